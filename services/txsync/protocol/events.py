@@ -1,0 +1,154 @@
+"""Inputs to the core (events) and its outputs (effects, gathered in one ``Ready`` batch).
+
+The caller's loop is: feed one event to ``ProtocolNode.step`` and apply the returned
+``Ready`` in this order, which is what makes crashes safe:
+
+1. ``persist``: make every effect durable (fsync) before anything else leaves the node.
+   A counter that was posted must never be forgotten, or a restarted node could stamp a
+   new transaction below a cut its peers already used.
+2. ``state_changes``: record each transaction's new state (clients may now be told).
+3. ``messages`` and ``bodies``: send posts and catch-up entries, push and fetch bodies.
+   Each may be lost, duplicated or reordered; the protocol tolerates all three.
+4. Arrange a ``Tick`` at ``next_tick_ms`` (or earlier; an early tick is harmless).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from txsync.protocol.model import MergeBase, NodeId, Post, SyncedEntries, TxId, TxMeta, TxState
+
+# --- events ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LocalTx:
+    """A client's transaction whose body the caller has already stored durably."""
+
+    tx_id: TxId
+
+
+@dataclass(frozen=True, slots=True)
+class PostReceived:
+    post: Post
+
+
+@dataclass(frozen=True, slots=True)
+class SyncedEntriesReceived:
+    entries: SyncedEntries
+
+
+@dataclass(frozen=True, slots=True)
+class BodyAcquired:
+    """The caller holds the body durably and its digest matched."""
+
+    tx_id: TxId
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now_ms: int
+
+
+Event = LocalTx | PostReceived | SyncedEntriesReceived | BodyAcquired | Tick
+
+# --- effects --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PersistCounter:
+    counter: int
+
+
+@dataclass(frozen=True, slots=True)
+class PersistIncoming:
+    """New metas in the incoming queue (the caller keeps them across restarts)."""
+
+    metas: tuple[TxMeta, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PersistSynced:
+    """Append ``metas`` to the synced queue at ``start`` and drop them from incoming."""
+
+    start: MergeBase
+    metas: tuple[TxMeta, ...]
+
+
+PersistEffect = PersistCounter | PersistIncoming | PersistSynced
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanged:
+    tx_id: TxId
+    state: TxState
+
+
+@dataclass(frozen=True, slots=True)
+class SendPost:
+    to: NodeId
+    post: Post
+
+
+@dataclass(frozen=True, slots=True)
+class SendSyncedEntries:
+    to: NodeId
+    entries: SyncedEntries
+
+
+@dataclass(frozen=True, slots=True)
+class ServeCatchUpFromLog:
+    """A lagger is behind the synced entries held in memory: the caller reads
+    ``[from_len, from_len + count_max)`` of its txlog and sends them as ``SyncedEntries``."""
+
+    to: NodeId
+    from_len: int
+    count_max: int
+
+
+MessageEffect = SendPost | SendSyncedEntries | ServeCatchUpFromLog
+
+
+@dataclass(frozen=True, slots=True)
+class PushBody:
+    """Origin side: send this new body to the listed members (PROTOCOL.md §5)."""
+
+    tx_id: TxId
+    to: tuple[NodeId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchBody:
+    """Ask ``source`` for a body. If the caller already holds it, it answers at once with
+    ``BodyAcquired`` instead."""
+
+    tx_id: TxId
+    source: NodeId
+
+
+BodyEffect = PushBody | FetchBody
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A local transaction or an incoming message the core refused, and why."""
+
+    what: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """One step's effects, applied by the caller in field order (see module docstring)."""
+
+    persist: tuple[PersistEffect, ...] = ()
+    state_changes: tuple[StateChanged, ...] = ()
+    messages: tuple[MessageEffect, ...] = ()
+    bodies: tuple[BodyEffect, ...] = ()
+    rejections: tuple[Rejected, ...] = ()
+    next_tick_ms: int | None = None
+
+    def is_empty(self) -> bool:
+        return not (
+            self.persist or self.state_changes or self.messages or self.bodies or self.rejections
+        )

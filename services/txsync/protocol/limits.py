@@ -1,0 +1,80 @@
+"""Named maxima and timings of the protocol core (units last in every name).
+
+Every queue, batch and message the core builds is bounded by one of these. The services
+read them from configuration; the simulator uses the defaults or its own small values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MEMBERS_MAX = 16
+"""Nodes in one configuration. Rounds cost O(members^2) messages, so this stays small."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    incoming_txs_max: int = 65_536
+    """Metas held in the incoming queue; foreign metas past it are learned later."""
+
+    local_admit_txs_max: int = 32_768
+    """A local transaction is refused once the incoming queue holds this many metas, so
+    that foreign metas always find room (backpressure reaches clients, not peers)."""
+
+    post_txs_max: int = 4_096
+    """Metas in one POST. Cutting a post short is safe for the same reason as cutting it at
+    the first unacquired body: every later post extends it below the cut."""
+
+    catchup_entries_max: int = 1_024
+    """Synced entries sent to a lagger in one message."""
+
+    synced_window_max: int = 100_000
+    """Synced entries the core keeps in memory; older ones are served from the txlog."""
+
+    pending_fetches_max: int = 65_536
+    """Bodies being fetched at once (bounded by the incoming queue in practice)."""
+
+    early_bodies_max: int = 4_096
+    """Bodies acquired before their meta arrived that the core remembers."""
+
+    def __post_init__(self) -> None:
+        assert self.incoming_txs_max > 0
+        assert 0 < self.local_admit_txs_max <= self.incoming_txs_max
+        assert self.post_txs_max > 0
+        assert self.catchup_entries_max > 0
+        assert self.synced_window_max >= self.catchup_entries_max
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    round_timeout_ms: int = 500
+    """A round whose posts are not all in by then ends empty (a member is missing)."""
+
+    idle_interval_ms: int = 1_000
+    """Gap between idle rounds (seed: 'once a second to once a minute')."""
+
+    busy_round_gap_ms: int = 0
+    """Least gap between the starts of two busy rounds (0: back to back, as the seed says)."""
+
+    repost_gap_ms: int = 2
+    """Least gap between two posts of one round. New knowledge (a local tx, merged metas,
+    an acquired body, a raised counter) is re-posted at once within a round, which takes
+    agreement from two round trips down to about one (PROTOCOL.md §6)."""
+
+    body_fetch_delay_ms: int = 50
+    """Wait for the origin's push before fetching a body ourselves."""
+
+    body_fetch_retry_ms: int = 200
+    """First retry gap of a body fetch; doubles per attempt up to the max."""
+
+    body_fetch_retry_max_ms: int = 5_000
+
+    catchup_resend_ms: int = 100
+    """Least gap between two catch-up messages to the same lagger at the same base."""
+
+    def __post_init__(self) -> None:
+        assert self.round_timeout_ms > 0
+        assert self.idle_interval_ms > 0
+        assert self.busy_round_gap_ms >= 0
+        assert self.repost_gap_ms >= 0
+        assert 0 < self.body_fetch_retry_ms <= self.body_fetch_retry_max_ms

@@ -1,0 +1,465 @@
+"""A whole cluster of protocol cores in one thread, driven by one seeded random source.
+
+Everything that happens is an event on one time-ordered heap: a message or body arriving,
+a node's timer, a client's submit, a crash or restart, a partition or its healing. The
+same seed always yields the same run, so any failure replays from its seed alone.
+
+The simulated node is the thinnest possible shell: it keeps exactly what the core asked
+it to persist (plus the bodies it holds), applies each ``Ready`` in the documented order,
+and after a crash restarts from that durable state alone.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from txsync.protocol import (
+    BodyAcquired,
+    DurableState,
+    Event,
+    FetchBody,
+    Limits,
+    LocalTx,
+    MergeBase,
+    NodeId,
+    PersistCounter,
+    PersistIncoming,
+    PersistSynced,
+    PostReceived,
+    ProtocolNode,
+    PushBody,
+    Ready,
+    SendPost,
+    SendSyncedEntries,
+    ServeCatchUpFromLog,
+    SyncedEntries,
+    SyncedEntriesReceived,
+    Tick,
+    Timing,
+    TxId,
+    TxMeta,
+    TxState,
+)
+from txsync.protocol.model import Message
+from txsync.sim.faults import FaultMix
+from txsync.sim.invariants import InvariantChecker, InvariantViolation
+
+NodeFactory = Callable[..., ProtocolNode]
+
+SIM_TIMING = Timing(
+    round_timeout_ms=150,
+    idle_interval_ms=300,
+    repost_gap_ms=2,
+    body_fetch_delay_ms=20,
+    body_fetch_retry_ms=40,
+    body_fetch_retry_max_ms=800,
+    catchup_resend_ms=40,
+)
+"""Shorter than the services' defaults so that a schedule covers many rounds quickly."""
+
+SIM_LIMITS = Limits(post_txs_max=64, catchup_entries_max=16, synced_window_max=64)
+"""Small enough that posts are cut, catch-up comes in chunks and old entries leave memory."""
+
+STEPS_MAX = 400_000
+"""A schedule that takes more steps than this is reported as a liveness failure."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    seed: int
+    nodes: int = 3
+    txs: int = 20
+    faults: FaultMix = field(default_factory=FaultMix)
+    submit_window_ms: int = 2_000
+    fault_window_ms: int = 3_000
+    liveness_bound_ms: int = 30_000
+    """After healing, every tx must be synced everywhere within this much simulated time."""
+
+
+@dataclass(slots=True)
+class _Durable:
+    counter: int = 0
+    epoch: int = 0
+    synced: list[TxMeta] = field(default_factory=list)
+    incoming: dict[TxId, TxMeta] = field(default_factory=dict)
+    bodies: set[TxId] = field(default_factory=set)
+
+    def restore(self) -> DurableState:
+        return DurableState(
+            counter=self.counter,
+            epoch=self.epoch,
+            synced_len=len(self.synced),
+            synced_tail=tuple(self.synced[-SIM_LIMITS.synced_window_max :]),
+            incoming=tuple((meta, meta.tx_id in self.bodies) for meta in self.incoming.values()),
+            synced_unacquired=tuple(m for m in self.synced if m.tx_id not in self.bodies),
+        )
+
+
+@dataclass(slots=True)
+class _SimNode:
+    node_id: NodeId
+    durable: _Durable
+    core: ProtocolNode | None
+    tick_at: int | None = None
+    torn_crash_pending: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Deliver:
+    to: NodeId
+    sender: NodeId
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class _DeliverBody:
+    to: NodeId
+    sender: NodeId
+    tx_id: TxId
+
+
+@dataclass(frozen=True, slots=True)
+class _FetchRequest:
+    to: NodeId
+    sender: NodeId
+    tx_id: TxId
+
+
+@dataclass(frozen=True, slots=True)
+class _Timer:
+    node: NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    tx_id: TxId
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Crash:
+    node: NodeId
+    torn: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Restart:
+    node: NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class _Partition:
+    groups: tuple[frozenset[NodeId], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Heal:
+    pass
+
+
+_NetworkEvent = _Deliver | _DeliverBody | _FetchRequest
+_SimEvent = _NetworkEvent | _Timer | _Submit | _Crash | _Restart | _Partition | _Heal
+
+
+@dataclass(slots=True)
+class SimStats:
+    steps: int = 0
+    messages: int = 0
+    dropped: int = 0
+    duplicated: int = 0
+    crashes: int = 0
+    partitions: int = 0
+    rounds: int = 0
+    synced: int = 0
+    acked: int = 0
+    end_ms: int = 0
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, node_factory: NodeFactory = ProtocolNode) -> None:
+        self.config = config
+        self.stats = SimStats()
+        self._rng = random.Random(config.seed)
+        self._factory = node_factory
+        self._ids = tuple(f"dc{index + 1}" for index in range(config.nodes))
+        self._now = 0
+        self._heap: list[tuple[int, int, _SimEvent]] = []
+        self._seq = 0
+        self._nodes = {node: _SimNode(node, _Durable(), None) for node in self._ids}
+        self._groups: tuple[frozenset[NodeId], ...] = ()
+        self._link_clock: dict[tuple[NodeId, NodeId], int] = {}
+        self._faults_on = True
+        self.checker = InvariantChecker(self._ids)
+        faults = config.faults
+        self._drop_p = self._rng.uniform(0.02, 0.2) if faults.drop else 0.0
+        self._dup_p = self._rng.uniform(0.02, 0.2) if faults.duplicate else 0.0
+        self._delay_ms = (5, 80) if faults.delay else (1, 5)
+
+    # --- the run ---------------------------------------------------------------------------
+
+    def run(self) -> SimStats:
+        """Run the schedule; raises ``InvariantViolation`` at the first broken rule."""
+        config = self.config
+        for node in self._ids:
+            self._start(node)
+        for _ in range(config.txs):
+            tx_id = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+            self._at(self._rng.randrange(config.submit_window_ms), _Submit(tx_id, 0))
+        self._schedule_faults()
+        heal_at = config.fault_window_ms
+        self._at(heal_at, _Heal())
+        deadline = heal_at + config.liveness_bound_ms
+        while self._heap:
+            at, _, event = heapq.heappop(self._heap)
+            if at > deadline:
+                break
+            self._now = at
+            self.stats.steps += 1
+            if self.stats.steps > STEPS_MAX:
+                raise InvariantViolation(5, f"no convergence within {STEPS_MAX} steps")
+            self._handle(event)
+            if at >= heal_at and self._converged():
+                self.checker.check_converged(self._ids)
+                self.stats.end_ms = at
+                self.stats.synced = self.checker.reference_len
+                self.stats.acked = len(self.checker.acked)
+                return self.stats
+        self.checker.check_converged(self._ids)
+        raise InvariantViolation(5, f"not converged {config.liveness_bound_ms} ms after healing")
+
+    def _converged(self) -> bool:
+        if len(self.checker.acked) < self.config.txs:
+            return False
+        target = self.checker.reference_len
+        for sim_node in self._nodes.values():
+            core = sim_node.core
+            if core is None or core.merge_base.synced_len != target or core.incoming_metas():
+                return False
+            if len(sim_node.durable.bodies) < target:
+                return False
+        return True
+
+    def _schedule_faults(self) -> None:
+        faults, window, rng = self.config.faults, self.config.fault_window_ms, self._rng
+        if faults.crash:
+            for _ in range(rng.randint(1, 2 * len(self._ids))):
+                node = rng.choice(self._ids)
+                self._at(rng.randrange(window), _Crash(node, torn=rng.random() < 0.4))
+        if faults.partition and len(self._ids) > 1:
+            at = rng.randrange(window // 4)
+            while at < window:
+                shuffled = list(self._ids)
+                rng.shuffle(shuffled)
+                cut = rng.randint(1, len(shuffled) - 1)
+                groups = (frozenset(shuffled[:cut]), frozenset(shuffled[cut:]))
+                self._at(at, _Partition(groups))
+                at += rng.randint(100, 1_500)
+                self._at(at, _Heal())
+                at += rng.randint(50, 800)
+
+    # --- events ----------------------------------------------------------------------------
+
+    def _handle(self, event: _SimEvent) -> None:
+        match event:
+            case _Timer(node):
+                sim_node = self._nodes[node]
+                if sim_node.core is not None and sim_node.tick_at == self._now:
+                    sim_node.tick_at = None
+                    self._step(node, Tick(self._now))
+            case _Deliver(to, _, message):
+                if self._nodes[to].core is not None and self._linked(event.sender, to):
+                    if isinstance(message, SyncedEntries):
+                        self._step(to, SyncedEntriesReceived(message))
+                    else:
+                        self._step(to, PostReceived(message))
+            case _DeliverBody(to, sender, tx_id):
+                target = self._nodes[to]
+                # A body we already hold is news only when we fetched it from ourselves.
+                news = tx_id not in target.durable.bodies or sender == to
+                if target.core is not None and self._linked(sender, to) and news:
+                    target.durable.bodies.add(tx_id)
+                    self._step(to, BodyAcquired(tx_id))
+            case _FetchRequest(to, sender, tx_id):
+                holder = self._nodes[to]
+                held = tx_id in holder.durable.bodies
+                if holder.core is not None and self._linked(sender, to) and held:
+                    self._send(_DeliverBody(sender, to, tx_id))
+            case _Submit(tx_id, attempt):
+                self._submit(tx_id, attempt)
+            case _Crash(node, torn):
+                if self._faults_on and self._nodes[node].core is not None:
+                    if torn:
+                        self._nodes[node].torn_crash_pending = True
+                    else:
+                        self._crash(node)
+            case _Restart(node):
+                if self._nodes[node].core is None:
+                    self._start(node)
+            case _Partition(groups):
+                if self._faults_on:
+                    self._groups = groups
+                    self.stats.partitions += 1
+            case _Heal():
+                self._groups = ()
+                if self._now >= self.config.fault_window_ms:
+                    self._faults_on = False
+                    for node, sim_node in self._nodes.items():
+                        sim_node.torn_crash_pending = False
+                        if sim_node.core is None:
+                            self._start(node)
+
+    def _submit(self, tx_id: TxId, attempt: int) -> None:
+        up = [node for node in self._ids if self._nodes[node].core is not None]
+        if not up:
+            self._at(self._now + 50, _Submit(tx_id, attempt + 1))
+            return
+        node = self._rng.choice(up)
+        self._nodes[node].durable.bodies.add(tx_id)
+        ready = self._step(node, LocalTx(tx_id))
+        if ready is not None and ready.rejections:
+            self._at(self._now + 50, _Submit(tx_id, attempt + 1))
+
+    def _start(self, node: NodeId) -> None:
+        sim_node = self._nodes[node]
+        sim_node.durable.epoch += 1
+        sim_node.core = self._factory(
+            node,
+            self._ids,
+            now_ms=self._now,
+            durable=sim_node.durable.restore(),
+            limits=SIM_LIMITS,
+            timing=SIM_TIMING,
+        )
+        sim_node.tick_at = None
+        self._step(node, Tick(self._now))
+
+    def _crash(self, node: NodeId) -> None:
+        sim_node = self._nodes[node]
+        sim_node.core = None
+        sim_node.tick_at = None
+        sim_node.torn_crash_pending = False
+        self.stats.crashes += 1
+        self._at(self._now + self._rng.randint(50, 1_500), _Restart(node))
+
+    # --- one step of one node, and its effects ---------------------------------------------
+
+    def _step(self, node: NodeId, event: Event) -> Ready | None:
+        sim_node = self._nodes[node]
+        core = sim_node.core
+        assert core is not None
+        rounds_before = core.round_no
+        try:
+            ready = core.step(event)
+        except AssertionError as error:
+            raise InvariantViolation(0, f"{node}: {error!r} on {type(event).__name__}") from error
+        self.stats.rounds += core.round_no - rounds_before
+        self._apply_durable(node, ready)
+        if sim_node.torn_crash_pending:
+            self._crash(node)  # after the durable writes, before anything is sent
+            return None
+        self._send_effects(node, ready)
+        self.checker.check_node(
+            node,
+            counter=core.counter,
+            synced_len=core.merge_base.synced_len,
+            incoming_ids=[meta.tx_id for meta in core.incoming_metas()],
+        )
+        if ready.next_tick_ms is not None:
+            self._arm_timer(sim_node, ready.next_tick_ms)
+        return ready
+
+    def _apply_durable(self, node: NodeId, ready: Ready) -> None:
+        durable = self._nodes[node].durable
+        for effect in ready.persist:
+            match effect:
+                case PersistCounter(counter):
+                    durable.counter = counter
+                case PersistIncoming(metas):
+                    durable.incoming.update((added.tx_id, added) for added in metas)
+                case PersistSynced(start, metas):
+                    held = all(self._body_held_somewhere(synced.tx_id) for synced in metas)
+                    self.checker.on_synced(node, start.synced_len, metas, held)
+                    durable.synced.extend(metas)
+                    for synced in metas:
+                        durable.incoming.pop(synced.tx_id, None)
+        for change in ready.state_changes:
+            self.checker.on_state(node, change.tx_id, change.state)
+            meta = durable.incoming.get(change.tx_id)
+            if change.state is TxState.INCOMING and meta is not None and meta.origin == node:
+                self.checker.on_acked(node, change.tx_id)  # the client's submit is answered
+
+    def _send_effects(self, node: NodeId, ready: Ready) -> None:
+        for message in ready.messages:
+            match message:
+                case SendPost(to, post):
+                    self._send(_Deliver(to, node, post))
+                case SendSyncedEntries(to, entries):
+                    self._send(_Deliver(to, node, entries))
+                case ServeCatchUpFromLog(to, from_len, count_max):
+                    synced = self._nodes[node].durable.synced
+                    start_base = _base_of(synced, from_len)
+                    chunk = tuple(synced[from_len : from_len + count_max])
+                    entries = SyncedEntries(0, node, start_base, chunk)
+                    self._send(_Deliver(to, node, entries))
+        for body in ready.bodies:
+            match body:
+                case PushBody(tx_id, peers):
+                    for peer in peers:
+                        self._send(_DeliverBody(peer, node, tx_id))
+                case FetchBody(tx_id, source):
+                    if tx_id in self._nodes[node].durable.bodies:
+                        self._at(self._now, _DeliverBody(node, node, tx_id))
+                    else:
+                        self._send(_FetchRequest(source, node, tx_id))
+
+    def _body_held_somewhere(self, tx_id: TxId) -> bool:
+        return any(tx_id in sim_node.durable.bodies for sim_node in self._nodes.values())
+
+    # --- the network -----------------------------------------------------------------------
+
+    def _linked(self, a: NodeId, b: NodeId) -> bool:
+        if a == b or not self._groups:
+            return True
+        return any(a in group and b in group for group in self._groups)
+
+    def _send(self, event: _NetworkEvent) -> None:
+        self.stats.messages += 1
+        faulty = self._faults_on
+        if faulty and self._drop_p and self._rng.random() < self._drop_p:
+            self.stats.dropped += 1
+            return
+        copies = 1
+        if faulty and self._dup_p and self._rng.random() < self._dup_p:
+            copies = 2
+            self.stats.duplicated += 1
+        for _ in range(copies):
+            self._at(self._arrival_ms(event.sender, event.to), event)
+
+    def _arrival_ms(self, sender: NodeId, to: NodeId) -> int:
+        arrival = self._now + self._rng.randint(*self._delay_ms)
+        if self.config.faults.reorder:
+            return arrival
+        link = (sender, to)
+        arrival = max(arrival, self._link_clock.get(link, 0))  # FIFO links, like TCP
+        self._link_clock[link] = arrival
+        return arrival
+
+    def _arm_timer(self, sim_node: _SimNode, at: int) -> None:
+        at = max(at, self._now + 1)  # a timer due now already ran in this step
+        if sim_node.tick_at is None or at < sim_node.tick_at:
+            sim_node.tick_at = at
+            self._at(at, _Timer(sim_node.node_id))
+
+    def _at(self, at: int, event: _SimEvent) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, event))
+
+
+def _base_of(synced: list[TxMeta], length: int) -> MergeBase:
+    if length == 0:
+        return MergeBase.genesis()
+    return MergeBase(length, synced[length - 1].tx_id)

@@ -1,0 +1,126 @@
+"""PROTOCOL.md §4 as executable checks, run by the simulator after every step.
+
+The checker watches the durable effects and state changes every node produces, keeps a
+reference synced order (the longest seen), and raises ``InvariantViolation`` the moment
+any rule breaks, naming the rule by its number in PROTOCOL.md §4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+from txsync.protocol import NodeId, TxId, TxMeta, TxState, is_allowed_transition
+
+
+class InvariantViolation(Exception):
+    def __init__(self, invariant: int, message: str) -> None:
+        super().__init__(f"invariant {invariant} ({INVARIANT_NAMES[invariant]}): {message}")
+        self.invariant = invariant
+
+
+INVARIANT_NAMES = {
+    0: "core assertion",
+    1: "prefix consistency",
+    2: "no duplicates",
+    3: "no loss",
+    4: "executability",
+    5: "liveness",
+    6: "monotonicity",
+}
+
+
+class InvariantChecker:
+    def __init__(self, nodes: Iterable[NodeId]) -> None:
+        self._reference: list[TxId] = []
+        self._synced_ids: dict[NodeId, set[TxId]] = {n: set() for n in nodes}
+        self._synced_len: dict[NodeId, int] = {n: 0 for n in self._synced_ids}
+        self._counter: dict[NodeId, int] = {n: 0 for n in self._synced_ids}
+        self._states: dict[NodeId, dict[TxId, TxState]] = {n: {} for n in self._synced_ids}
+        self._acked_pending: dict[NodeId, set[TxId]] = {n: set() for n in self._synced_ids}
+        self.acked: dict[TxId, NodeId] = {}
+
+    @property
+    def reference_len(self) -> int:
+        return len(self._reference)
+
+    # --- fed by the simulator as effects are applied --------------------------------------
+
+    def on_synced(
+        self, node: NodeId, start_len: int, metas: Iterable[TxMeta], body_held_somewhere: bool
+    ) -> None:
+        if start_len != self._synced_len[node]:
+            length = self._synced_len[node]
+            raise InvariantViolation(6, f"{node} appended at {start_len} to a queue {length} long")
+        ids = self._synced_ids[node]
+        position = start_len
+        for meta in metas:
+            if meta.tx_id in ids:
+                raise InvariantViolation(2, f"{node} synced {meta.tx_id} twice")
+            if not body_held_somewhere:
+                raise InvariantViolation(4, f"{node} synced {meta.tx_id} whose body no node holds")
+            if position < len(self._reference):
+                if self._reference[position] != meta.tx_id:
+                    raise InvariantViolation(
+                        1,
+                        f"{node} has {meta.tx_id} at position {position}, "
+                        f"another node has {self._reference[position]}",
+                    )
+            else:
+                self._reference.append(meta.tx_id)
+            ids.add(meta.tx_id)
+            self._acked_pending[node].discard(meta.tx_id)
+            position += 1
+        self._synced_len[node] = position
+
+    def on_state(self, node: NodeId, tx_id: TxId, state: TxState) -> None:
+        states = self._states[node]
+        current = states.get(tx_id)
+        if not is_allowed_transition(current, state):
+            name = current.name if current else "unknown"
+            raise InvariantViolation(6, f"{node}: tx {tx_id} moved {name} -> {state.name}")
+        states[tx_id] = state
+
+    def on_acked(self, node: NodeId, tx_id: TxId) -> None:
+        self.acked[tx_id] = node
+        if tx_id not in self._synced_ids[node]:
+            self._acked_pending[node].add(tx_id)
+
+    # --- checked after every step ---------------------------------------------------------
+
+    def check_node(
+        self,
+        node: NodeId,
+        *,
+        counter: int,
+        synced_len: int,
+        incoming_ids: Collection[TxId],
+    ) -> None:
+        if counter < self._counter[node]:
+            before = self._counter[node]
+            raise InvariantViolation(6, f"{node} counter went from {before} to {counter}")
+        self._counter[node] = counter
+        if synced_len != self._synced_len[node]:
+            raise InvariantViolation(
+                6, f"{node} synced length {synced_len}, but it persisted {self._synced_len[node]}"
+            )
+        synced = self._synced_ids[node]
+        both = next((tx for tx in incoming_ids if tx in synced), None)
+        if both is not None:
+            raise InvariantViolation(2, f"{node} holds {both} both synced and incoming")
+        lost = next((tx for tx in self._acked_pending[node] if tx not in incoming_ids), None)
+        if lost is not None:
+            raise InvariantViolation(3, f"origin {node} dropped acknowledged tx {lost} unsynced")
+
+    def check_converged(self, nodes: Iterable[NodeId]) -> None:
+        """After healing: every acknowledged tx is synced at every node, at one position."""
+        for node in nodes:
+            if self._synced_len[node] != len(self._reference):
+                raise InvariantViolation(
+                    5, f"{node} has {self._synced_len[node]} of {len(self._reference)} synced"
+                )
+            missing = next((tx for tx in self.acked if tx not in self._synced_ids[node]), None)
+            if missing is not None:
+                raise InvariantViolation(3, f"acknowledged tx {missing} never synced at {node}")
+
+    def state_of(self, node: NodeId, tx_id: TxId) -> TxState | None:
+        return self._states[node].get(tx_id)

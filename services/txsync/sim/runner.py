@@ -1,0 +1,110 @@
+"""Runs many seeded schedules per fault mix and reports them; used by ``txsync sim``."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from txsync.sim.cluster import NodeFactory, SimConfig, SimStats, Simulation
+from txsync.sim.faults import FaultMix
+from txsync.sim.invariants import InvariantViolation
+
+
+@dataclass(frozen=True, slots=True)
+class SeedOutcome:
+    config: SimConfig
+    stats: SimStats
+    violation: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None
+
+    def replay_command(self) -> str:
+        config = self.config
+        return shlex.join(
+            [
+                "txsync", "sim",
+                "--seed", str(config.seed),
+                "--nodes", str(config.nodes),
+                "--txs", str(config.txs),
+                "--faults", config.faults.name,
+            ]
+        )  # fmt: skip
+
+
+def run_seed(config: SimConfig, node_factory: NodeFactory | None = None) -> SeedOutcome:
+    simulation = Simulation(config) if node_factory is None else Simulation(config, node_factory)
+    try:
+        stats = simulation.run()
+    except InvariantViolation as violation:
+        simulation.stats.end_ms = simulation.stats.end_ms or -1
+        return SeedOutcome(config, simulation.stats, f"step {simulation.stats.steps}: {violation}")
+    return SeedOutcome(config, stats, None)
+
+
+def _run_seed_default(config: SimConfig) -> SeedOutcome:
+    return run_seed(config)
+
+
+@dataclass(frozen=True, slots=True)
+class MixSummary:
+    mix: FaultMix
+    seeds: int
+    failures: tuple[SeedOutcome, ...]
+    steps: int
+    rounds: int
+    synced: int
+    crashes: int
+    dropped: int
+
+    def line(self, seconds: float) -> str:
+        status = "OK" if not self.failures else f"{len(self.failures)} VIOLATION(S)"
+        return (
+            f"{self.mix.name:<45} {self.seeds:>6} seeds  {status:<14} "
+            f"synced={self.synced} rounds={self.rounds} steps={self.steps} "
+            f"crashes={self.crashes} dropped={self.dropped}  {seconds:.1f}s"
+        )
+
+
+def run_mix(
+    mix: FaultMix,
+    seeds: Iterator[int] | range,
+    *,
+    nodes: int,
+    txs: int,
+    jobs: int = 1,
+    node_factory: NodeFactory | None = None,
+    stop_at_first: bool = False,
+    on_outcome: Callable[[SeedOutcome], None] | None = None,
+) -> MixSummary:
+    configs = [SimConfig(seed=seed, nodes=nodes, txs=txs, faults=mix) for seed in seeds]
+    outcomes: Iterator[SeedOutcome]
+    if jobs > 1 and node_factory is None:
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        outcomes = pool.map(_run_seed_default, configs, chunksize=16)
+    else:
+        pool = None
+        outcomes = (run_seed(config, node_factory) for config in configs)
+    failures: list[SeedOutcome] = []
+    steps = rounds = synced = crashes = dropped = count = 0
+    try:
+        for outcome in outcomes:
+            count += 1
+            steps += outcome.stats.steps
+            rounds += outcome.stats.rounds
+            synced += outcome.stats.synced
+            crashes += outcome.stats.crashes
+            dropped += outcome.stats.dropped
+            if on_outcome is not None:
+                on_outcome(outcome)
+            if not outcome.ok:
+                failures.append(outcome)
+                if stop_at_first:
+                    break
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return MixSummary(mix, count, tuple(failures), steps, rounds, synced, crashes, dropped)
