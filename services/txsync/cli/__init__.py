@@ -1,0 +1,1 @@
+"""The ``txsync`` command line."""

@@ -1,0 +1,42 @@
+"""The ``txsync`` command. Each subcommand lives in its own module under ``txsync.cli``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from txsync import __version__
+from txsync.cli import sim_command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="txsync",
+        description=(
+            "TxSync: multi-master, multi-data-center transaction replication. "
+            "Several DCs accept writes, agree on one order with the TxLog sync protocol, "
+            "and every SQL worker applies that order."
+        ),
+        epilog="Run `txsync COMMAND --help` for a command's options and examples.",
+    )
+    parser.add_argument("--version", action="version", version=f"txsync {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sim_command.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    handler = options.handler
+    try:
+        code: int = handler(options)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
