@@ -40,6 +40,9 @@ class MergeBase:
     def genesis() -> MergeBase:
         return MergeBase(0, GENESIS_TX_ID)
 
+    def __str__(self) -> str:
+        return f"{self.synced_len}/{self.last_tx_id}"
+
 
 @dataclass(frozen=True, slots=True)
 class Post:

@@ -247,7 +247,8 @@ class ProtocolNode:
         self._fx.state_changes.append(StateChanged(tx_id, TxState.INCOMING))
         if self._others:
             self._fx.bodies.append(PushBody(tx_id, self._others))
-        self._learned(wakes=True)
+        self._dirty = True
+        self._wake()
 
     def _on_post(self, post: Post) -> None:
         if post.view_no != self._view_no:
@@ -272,7 +273,8 @@ class ProtocolNode:
             if known is None or post.is_newer_than(known):
                 self._ahead_posts[post.sender] = post
             self._merge(post)
-            self._learned(wakes=True)  # post soon so that the forerunner serves us
+            self._dirty = True  # post soon, so that the forerunner serves us
+            self._wake()
             return
         if post.base != base:
             self._reject(f"post from {post.sender}", f"FORK: base {post.base} vs ours {base}")
@@ -283,11 +285,10 @@ class ProtocolNode:
         self._posts[post.sender] = post
         if self._in_round:
             self._fresh.add(post.sender)
-        merged = self._merge(post)
-        if post.queue or merged:
-            self._learned(wakes=True)
-        elif raised:
+        if self._merge(post) or raised:
             self._dirty = True
+        if post.queue:
+            self._wake()
         if self._try_add():
             return
         if self._in_round and self._fresh.issuperset(self._others):
@@ -304,15 +305,20 @@ class ProtocolNode:
         ours = self._synced.base
         start = msg.start.synced_len
         end = start + len(msg.entries)
-        if start > ours.synced_len or end <= ours.synced_len:
-            return  # a gap before it, or nothing new: a later message will do
-        if self._synced.base_at(start) != msg.start:
-            self._reject(f"catch-up from {msg.sender}", f"FORK or unknown start {msg.start}")
+        if start > ours.synced_len:
+            return  # a gap before it: a later message will do
+        start_here = self._synced.base_at(start)
+        if start_here is None:
+            return  # older than what we keep in memory, so it cannot extend us
+        if start_here != msg.start:
+            self._reject(f"catch-up from {msg.sender}", f"FORK: start {msg.start} is not ours")
             return
-        for index in range(start, ours.synced_len):
+        for index in range(start, min(end, ours.synced_len)):
             if self._synced.id_at(index) != msg.entries[index - start].tx_id:
                 self._reject(f"catch-up from {msg.sender}", f"FORK at position {index}")
                 return
+        if end <= ours.synced_len:
+            return  # nothing new
         fresh = msg.entries[ours.synced_len - start :]
         self._append_synced(fresh, source=msg.sender)
         self._raise_counter(max(meta.ts for meta in fresh))
@@ -322,7 +328,7 @@ class ProtocolNode:
         self._drop_fetch(tx_id)
         if tx_id in self._incoming:
             if self._incoming.mark_acquired(tx_id):
-                self._learned(wakes=True)
+                self._dirty = True  # the postable prefix may have grown
             return
         if self._synced_unacquired.pop(tx_id, None) is not None:
             self._fx.state_changes.append(StateChanged(tx_id, TxState.ENQUEUED))
@@ -339,7 +345,7 @@ class ProtocolNode:
             if now >= self._round_deadline_ms:
                 self._end_round(progress=False)
             elif self._dirty and now >= self._last_post_ms + self._timing.repost_gap_ms:
-                self._post()
+                self._repost()
         elif now >= self._next_round_ms:
             self._start_round()
         if self._next_fetch_ms is not None and now >= self._next_fetch_ms:
@@ -353,7 +359,16 @@ class ProtocolNode:
         self._fresh.clear()
         self._post()
 
-    def _post(self) -> None:
+    def _repost(self) -> None:
+        """Re-post within a round, unless peers already have this very snapshot."""
+        last = self._posts.get(self._id)
+        queue = self._incoming.postable(self._limits.post_txs_max)
+        if last is not None and last.counter == self._counter and last.queue == queue:
+            self._dirty = False
+            return
+        self._post(queue)
+
+    def _post(self, queue: tuple[TxMeta, ...] | None = None) -> None:
         self._seq += 1
         post = Post(
             view_no=self._view_no,
@@ -362,7 +377,7 @@ class ProtocolNode:
             seq=self._seq,
             base=self._synced.base,
             counter=self._counter,
-            queue=self._incoming.postable(self._limits.post_txs_max),
+            queue=self._incoming.postable(self._limits.post_txs_max) if queue is None else queue,
         )
         self._posts[self._id] = post
         self._fx.messages.extend(SendPost(peer, post) for peer in self._others)
@@ -390,10 +405,9 @@ class ProtocolNode:
         if self._next_round_ms <= self._now_ms:
             self._start_round()
 
-    def _learned(self, *, wakes: bool) -> None:
-        """Something worth re-posting happened; ``wakes`` also ends idle mode."""
-        self._dirty = True
-        if wakes and self._mode is Mode.IDLE:
+    def _wake(self) -> None:
+        """Seed: back to busy on the first non-empty post or local transaction."""
+        if self._mode is Mode.IDLE:
             self._mode = Mode.BUSY
             if not self._in_round:
                 self._next_round_ms = self._now_ms
@@ -495,16 +509,17 @@ class ProtocolNode:
 
     def _serve_lagger(self, post: Post) -> None:
         their = post.base
+        in_memory = their.synced_len >= self._synced.window_start
+        if in_memory and self._synced.base_at(their.synced_len) != their:
+            self._reject(f"post from {post.sender}", f"FORK: lagger base {their} not ours")
+            return
         last = self._catchup_sent.get(post.sender)
         recently = last is not None and self._now_ms < last[1] + self._timing.catchup_resend_ms
         if recently and last is not None and last[0] == their.synced_len:
             return  # the chunk we sent is probably still on its way
         count_max = self._limits.catchup_entries_max
-        if their.synced_len < self._synced.window_start:
+        if not in_memory:
             self._fx.messages.append(ServeCatchUpFromLog(post.sender, their.synced_len, count_max))
-        elif self._synced.base_at(their.synced_len) != their:
-            self._reject(f"post from {post.sender}", f"FORK: lagger base {their} not ours")
-            return
         else:
             entries = SyncedEntries(
                 self._view_no, self._id, their, self._synced.entries(their.synced_len, count_max)
