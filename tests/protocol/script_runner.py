@@ -152,8 +152,8 @@ def render_ready(ready: Ready) -> list[str]:
                 out.append(f"serve-from-log {to} from={from_len} count={count_max}")
     for b in ready.bodies:
         match b:
-            case PushBody(tx_id, to):
-                out.append(f"push {tx_id} -> {','.join(to)}")
+            case PushBody(tx_id, peers):
+                out.append(f"push {tx_id} -> {','.join(peers)}")
             case FetchBody(tx_id, source):
                 out.append(f"fetch {tx_id} <- {source}")
     out.extend(f"reject {r.what}: {r.reason}" for r in ready.rejections)

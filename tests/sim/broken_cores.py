@@ -1,0 +1,61 @@
+"""Deliberately broken protocol cores: the simulator must catch each of them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from txsync.protocol import DurableState, ProtocolNode, TxMeta
+from txsync.protocol.queues import addable_prefix
+
+NO_CUT = 2**62
+
+
+class NoCutCore(ProtocolNode):
+    """ADD without the ts <= L cut. Harmless while ADD needs every member's post: each
+    post's counter covers every ts it carries (docs/protocol.md, 'The cut')."""
+
+    def _addable(self, queues: Sequence[Sequence[TxMeta]], limit_ts: int) -> tuple[TxMeta, ...]:
+        return addable_prefix(queues, NO_CUT)
+
+
+class MajorityAddNoCutCore(ProtocolNode):
+    """The seed's 'continue without the missing ones' decided per node: ADD as soon as a
+    majority posted, and without the cut. Forks the order."""
+
+    def _try_add(self) -> bool:
+        if 2 * len(self._posts) <= len(self._members):
+            return False
+        prefix = addable_prefix([post.queue for post in self._posts.values()], NO_CUT)
+        if not prefix:
+            return False
+        self._append_synced(prefix, source=None)
+        self._after_base_change()
+        return True
+
+
+class ForgetfulCounterCore(ProtocolNode):
+    """Restarts with its counter at zero, as if the counter were never made durable."""
+
+    def __init__(self, *args: Any, durable: DurableState | None = None, **kwargs: Any) -> None:
+        if durable is not None:
+            durable = DurableState(
+                counter=0,
+                epoch=durable.epoch,
+                synced_len=durable.synced_len,
+                synced_tail=durable.synced_tail,
+                incoming=durable.incoming,
+                synced_unacquired=durable.synced_unacquired,
+            )
+        super().__init__(*args, durable=durable, **kwargs)
+
+
+class UnionAddCore(ProtocolNode):
+    """ADD the longest posted queue instead of the common prefix."""
+
+    def _addable(self, queues: Sequence[Sequence[TxMeta]], limit_ts: int) -> tuple[TxMeta, ...]:
+        longest: Sequence[TxMeta] = ()
+        for queue in queues:
+            if len(queue) > len(longest):
+                longest = queue
+        return tuple(longest)
