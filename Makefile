@@ -1,0 +1,56 @@
+# TxSync developer commands. Every target creates what it needs (.venv, .tools) itself.
+#   make run         the main job (see README)
+#   make test        everything CI checks: lint, types, fresh generated code, all tests
+#   make test-quick  the tests without the slow sweeps
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
+
+.PHONY: help venv run test test-quick lint proto proto-check sim clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+venv: $(INSTALLED)  ## create .venv with the project and its dev tools
+
+$(INSTALLED): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+$(BUF):
+	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
+
+run: venv  ## the main job: a simulated 3-DC cluster through every fault mix
+	$(BIN)/txsync sim --nodes 3 --seeds 200
+
+sim: venv  ## the protocol's acceptance sweep: 2000 seeds, 5 nodes, every fault
+	$(BIN)/txsync sim --seeds 2000 --nodes 5 --faults delay,drop,duplicate,reorder,partition,crash
+
+proto: venv  ## regenerate services/txsync/v1 from proto/
+	$(BIN)/python scripts/gen_proto.py
+
+proto-check: venv  ## fail if the committed generated code is stale
+	$(BIN)/python scripts/gen_proto.py --check
+
+lint: venv $(BUF)  ## ruff, ruff format, mypy --strict, buf lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BUF) lint
+
+test: lint proto-check  ## everything CI checks
+	$(BIN)/python -m pytest
+
+test-quick: venv  ## the tests without the slow ones
+	$(BIN)/python -m pytest -m "not slow"
+
+clean:  ## remove the environments and caches
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis
