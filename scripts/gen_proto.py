@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
@@ -67,8 +68,19 @@ def generate(out_root: Path) -> list[Path]:
         f"--mypy_grpc_out={out_root}",
         *protos,
     ]
-    if protoc.main(args) != 0:
-        sys.exit("gen_proto: protoc failed (see the messages above)")
+    with tempfile.TemporaryFile() as plugin_log:
+        # The plugins chatter on stderr ("Writing mypy to ..."); show it only on failure.
+        saved = os.dup(2)
+        os.dup2(plugin_log.fileno(), 2)
+        try:
+            status = protoc.main(args)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        if status != 0:
+            plugin_log.seek(0)
+            sys.stderr.write(plugin_log.read().decode(errors="replace"))
+            sys.exit("gen_proto: protoc failed (see the messages above)")
     package_dir = out_root / PACKAGE
     (package_dir / "__init__.py").write_text(INIT_TEXT)
     (package_dir / "py.typed").write_text("")
