@@ -724,12 +724,21 @@ Global___ResumeSyncResponse: _TypeAlias = ResumeSyncResponse  # noqa: Y015
 class TruncateLogRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    BELOW_POSITION_FIELD_NUMBER: _builtins.int
+    below_position: _builtins.int
+    """Truncate below this synced position; 0 means as far as every peer and worker allows.
+    A position past what they allow is refused with FAILED_PRECONDITION.
+    """
     def __init__(
         self,
+        *,
+        below_position: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "below_position", b"below_position"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -86,7 +86,8 @@ class ClientServiceServicer:
     """Submit write transactions, follow them through their lifecycle, and read."""
 
     def Submit(self, request, context):
-        """Submit one transaction. Answers once the transaction is durable (fsynced) as INCOMING.
+        """Submit one transaction. Answers once it is durable (fsynced) as INCOMING; a tx that
+        fails validation gets INVALID_ARGUMENT and leaves no trace.
         RESOURCE_EXHAUSTED with a `retry-after-ms` trailer when the incoming queue or body
         store is over its limit; INVALID_ARGUMENT for a malformed body.
         """
@@ -119,7 +120,9 @@ class ClientServiceServicer:
         raise NotImplementedError("Method not implemented!")
 
     def List(self, request, context):
-        """Transactions at this DC, optionally in one state, in synced order, paged."""
+        """Transactions at this DC, optionally in one state, in the order this DC learned of
+        them, paged.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")

@@ -37,7 +37,8 @@ class ClientServiceStub:
     Submit: _grpc.UnaryUnaryMultiCallable[
         _client_pb2.SubmitRequest, _client_pb2.SubmitResponse
     ]
-    """Submit one transaction. Answers once the transaction is durable (fsynced) as INCOMING.
+    """Submit one transaction. Answers once it is durable (fsynced) as INCOMING; a tx that
+    fails validation gets INVALID_ARGUMENT and leaves no trace.
     RESOURCE_EXHAUSTED with a `retry-after-ms` trailer when the incoming queue or body
     store is over its limit; INVALID_ARGUMENT for a malformed body.
     """
@@ -58,7 +59,9 @@ class ClientServiceStub:
     List: _grpc.UnaryUnaryMultiCallable[
         _client_pb2.ListRequest, _client_pb2.ListResponse
     ]
-    """Transactions at this DC, optionally in one state, in synced order, paged."""
+    """Transactions at this DC, optionally in one state, in the order this DC learned of
+    them, paged.
+    """
     Query: _grpc.UnaryUnaryMultiCallable[
         _client_pb2.QueryRequest, _client_pb2.QueryResponse
     ]
@@ -72,7 +75,8 @@ class ClientServiceAsyncStub(ClientServiceStub):
     Submit: _aio.UnaryUnaryMultiCallable[
         _client_pb2.SubmitRequest, _client_pb2.SubmitResponse
     ]  # type: ignore[assignment]
-    """Submit one transaction. Answers once the transaction is durable (fsynced) as INCOMING.
+    """Submit one transaction. Answers once it is durable (fsynced) as INCOMING; a tx that
+    fails validation gets INVALID_ARGUMENT and leaves no trace.
     RESOURCE_EXHAUSTED with a `retry-after-ms` trailer when the incoming queue or body
     store is over its limit; INVALID_ARGUMENT for a malformed body.
     """
@@ -93,7 +97,9 @@ class ClientServiceAsyncStub(ClientServiceStub):
     List: _aio.UnaryUnaryMultiCallable[
         _client_pb2.ListRequest, _client_pb2.ListResponse
     ]  # type: ignore[assignment]
-    """Transactions at this DC, optionally in one state, in synced order, paged."""
+    """Transactions at this DC, optionally in one state, in the order this DC learned of
+    them, paged.
+    """
     Query: _aio.UnaryUnaryMultiCallable[
         _client_pb2.QueryRequest, _client_pb2.QueryResponse
     ]  # type: ignore[assignment]
@@ -110,7 +116,8 @@ class ClientServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[
         _client_pb2.SubmitResponse, _abc.Awaitable[_client_pb2.SubmitResponse]
     ]:
-        """Submit one transaction. Answers once the transaction is durable (fsynced) as INCOMING.
+        """Submit one transaction. Answers once it is durable (fsynced) as INCOMING; a tx that
+        fails validation gets INVALID_ARGUMENT and leaves no trace.
         RESOURCE_EXHAUSTED with a `retry-after-ms` trailer when the incoming queue or body
         store is over its limit; INVALID_ARGUMENT for a malformed body.
         """
@@ -164,7 +171,9 @@ class ClientServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[
         _client_pb2.ListResponse, _abc.Awaitable[_client_pb2.ListResponse]
     ]:
-        """Transactions at this DC, optionally in one state, in synced order, paged."""
+        """Transactions at this DC, optionally in one state, in the order this DC learned of
+        them, paged.
+        """
 
     @_abc_1.abstractmethod
     def Query(

@@ -22,6 +22,130 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class WatchLocalSubmitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchLocalSubmitsRequest: _TypeAlias = WatchLocalSubmitsRequest  # noqa: Y015
+
+@_typing.final
+class WatchLocalSubmitsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TX_ID_FIELD_NUMBER: _builtins.int
+    tx_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tx_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tx_id", b"tx_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchLocalSubmitsResponse: _TypeAlias = WatchLocalSubmitsResponse  # noqa: Y015
+
+@_typing.final
+class ReportProgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PeerSyncedLenEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal[
+            "key", b"key", "value", b"value"
+        ]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PEER_SYNCED_LEN_FIELD_NUMBER: _builtins.int
+    WORKERS_MIN_POSITION_FIELD_NUMBER: _builtins.int
+    workers_min_position: _builtins.int
+    """The lowest applied position among this DC's workers; unset while unknown."""
+    @_builtins.property
+    def peer_synced_len(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Synced length each peer DC reported (merge base), by node id (at most 16 entries)."""
+
+    def __init__(
+        self,
+        *,
+        peer_synced_len: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        workers_min_position: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "_workers_min_position",
+        b"_workers_min_position",
+        "workers_min_position",
+        b"workers_min_position",
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "_workers_min_position",
+        b"_workers_min_position",
+        "peer_synced_len",
+        b"peer_synced_len",
+        "workers_min_position",
+        b"workers_min_position",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__workers_min_position: _TypeAlias = _typing.Literal[
+        "workers_min_position"
+    ]  # noqa: Y015
+    _WhichOneofArgType__workers_min_position: _TypeAlias = _typing.Literal[
+        "_workers_min_position", b"_workers_min_position"
+    ]  # noqa: Y015
+    def WhichOneof(
+        self, oneof_group: _WhichOneofArgType__workers_min_position
+    ) -> _WhichOneofReturnType__workers_min_position | None: ...
+
+Global___ReportProgressRequest: _TypeAlias = ReportProgressRequest  # noqa: Y015
+
+@_typing.final
+class ReportProgressResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRUNCATABLE_BELOW_FIELD_NUMBER: _builtins.int
+    truncatable_below: _builtins.int
+    """Synced entries below this position may be truncated."""
+    def __init__(
+        self,
+        *,
+        truncatable_below: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "truncatable_below", b"truncatable_below"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportProgressResponse: _TypeAlias = ReportProgressResponse  # noqa: Y015
+
+@_typing.final
 class LoadProtocolStateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -40,12 +164,14 @@ Global___LoadProtocolStateRequest: _TypeAlias = LoadProtocolStateRequest  # noqa
 class LoadProtocolStateResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    NODE_ID_FIELD_NUMBER: _builtins.int
     COUNTER_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     MERGE_BASE_FIELD_NUMBER: _builtins.int
     SYNCED_TAIL_FIELD_NUMBER: _builtins.int
     INCOMING_FIELD_NUMBER: _builtins.int
     SYNCED_UNACQUIRED_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
     counter: _builtins.int
     epoch: _builtins.int
     @_builtins.property
@@ -69,6 +195,7 @@ class LoadProtocolStateResponse(_message.Message):
     def __init__(
         self,
         *,
+        node_id: _builtins.str = ...,
         counter: _builtins.int = ...,
         epoch: _builtins.int = ...,
         merge_base: _common_pb2.MergeBase | None = ...,
@@ -87,6 +214,8 @@ class LoadProtocolStateResponse(_message.Message):
         b"incoming",
         "merge_base",
         b"merge_base",
+        "node_id",
+        b"node_id",
         "synced_tail",
         b"synced_tail",
         "synced_unacquired",

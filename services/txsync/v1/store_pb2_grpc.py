@@ -80,6 +80,18 @@ class StoreInternalServiceStub:
             response_deserializer=txsync_dot_v1_dot_store__pb2.AdvanceStatesResponse.FromString,
             _registered_method=True,
         )
+        self.WatchLocalSubmits = channel.unary_stream(
+            "/txsync.v1.StoreInternalService/WatchLocalSubmits",
+            request_serializer=txsync_dot_v1_dot_store__pb2.WatchLocalSubmitsRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_store__pb2.WatchLocalSubmitsResponse.FromString,
+            _registered_method=True,
+        )
+        self.ReportProgress = channel.unary_unary(
+            "/txsync.v1.StoreInternalService/ReportProgress",
+            request_serializer=txsync_dot_v1_dot_store__pb2.ReportProgressRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_store__pb2.ReportProgressResponse.FromString,
+            _registered_method=True,
+        )
 
 
 class StoreInternalServiceServicer:
@@ -134,6 +146,23 @@ class StoreInternalServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def WatchLocalSubmits(self, request, context):
+        """Local submits not yet stamped by the protocol (first every pending one, then each new
+        one): the coordinator steps each as a local transaction. A submit is acknowledged as
+        INCOMING once durable, whether or not a coordinator is running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
+    def ReportProgress(self, request, context):
+        """How far the other DCs and this DC's workers have come; history below every one of
+        them may be truncated (TruncateLog).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
 
 def add_StoreInternalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +200,16 @@ def add_StoreInternalServiceServicer_to_server(servicer, server):
             servicer.AdvanceStates,
             request_deserializer=txsync_dot_v1_dot_store__pb2.AdvanceStatesRequest.FromString,
             response_serializer=txsync_dot_v1_dot_store__pb2.AdvanceStatesResponse.SerializeToString,
+        ),
+        "WatchLocalSubmits": grpc.unary_stream_rpc_method_handler(
+            servicer.WatchLocalSubmits,
+            request_deserializer=txsync_dot_v1_dot_store__pb2.WatchLocalSubmitsRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_store__pb2.WatchLocalSubmitsResponse.SerializeToString,
+        ),
+        "ReportProgress": grpc.unary_unary_rpc_method_handler(
+            servicer.ReportProgress,
+            request_deserializer=txsync_dot_v1_dot_store__pb2.ReportProgressRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_store__pb2.ReportProgressResponse.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -385,6 +424,66 @@ class StoreInternalService:
             "/txsync.v1.StoreInternalService/AdvanceStates",
             txsync_dot_v1_dot_store__pb2.AdvanceStatesRequest.SerializeToString,
             txsync_dot_v1_dot_store__pb2.AdvanceStatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def WatchLocalSubmits(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            "/txsync.v1.StoreInternalService/WatchLocalSubmits",
+            txsync_dot_v1_dot_store__pb2.WatchLocalSubmitsRequest.SerializeToString,
+            txsync_dot_v1_dot_store__pb2.WatchLocalSubmitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def ReportProgress(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/txsync.v1.StoreInternalService/ReportProgress",
+            txsync_dot_v1_dot_store__pb2.ReportProgressRequest.SerializeToString,
+            txsync_dot_v1_dot_store__pb2.ReportProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,6 +71,19 @@ class StoreInternalServiceStub:
     """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
     A backward or skipped transition is refused with FAILED_PRECONDITION.
     """
+    WatchLocalSubmits: _grpc.UnaryStreamMultiCallable[
+        _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
+    ]
+    """Local submits not yet stamped by the protocol (first every pending one, then each new
+    one): the coordinator steps each as a local transaction. A submit is acknowledged as
+    INCOMING once durable, whether or not a coordinator is running.
+    """
+    ReportProgress: _grpc.UnaryUnaryMultiCallable[
+        _store_pb2.ReportProgressRequest, _store_pb2.ReportProgressResponse
+    ]
+    """How far the other DCs and this DC's workers have come; history below every one of
+    them may be truncated (TruncateLog).
+    """
 
 @_typing.type_check_only
 class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
@@ -111,6 +124,19 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
     ]  # type: ignore[assignment]
     """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
     A backward or skipped transition is refused with FAILED_PRECONDITION.
+    """
+    WatchLocalSubmits: _aio.UnaryStreamMultiCallable[
+        _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
+    ]  # type: ignore[assignment]
+    """Local submits not yet stamped by the protocol (first every pending one, then each new
+    one): the coordinator steps each as a local transaction. A submit is acknowledged as
+    INCOMING once durable, whether or not a coordinator is running.
+    """
+    ReportProgress: _aio.UnaryUnaryMultiCallable[
+        _store_pb2.ReportProgressRequest, _store_pb2.ReportProgressResponse
+    ]  # type: ignore[assignment]
+    """How far the other DCs and this DC's workers have come; history below every one of
+    them may be truncated (TruncateLog).
     """
 
 class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -194,6 +220,33 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
     ]:
         """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
         A backward or skipped transition is refused with FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchLocalSubmits(
+        self,
+        request: _store_pb2.WatchLocalSubmitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _abc.Iterator[_store_pb2.WatchLocalSubmitsResponse],
+        _abc.AsyncIterator[_store_pb2.WatchLocalSubmitsResponse],
+    ]:
+        """Local submits not yet stamped by the protocol (first every pending one, then each new
+        one): the coordinator steps each as a local transaction. A submit is acknowledged as
+        INCOMING once durable, whether or not a coordinator is running.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportProgress(
+        self,
+        request: _store_pb2.ReportProgressRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _store_pb2.ReportProgressResponse,
+        _abc.Awaitable[_store_pb2.ReportProgressResponse],
+    ]:
+        """How far the other DCs and this DC's workers have come; history below every one of
+        them may be truncated (TruncateLog).
         """
 
 def add_StoreInternalServiceServicer_to_server(
