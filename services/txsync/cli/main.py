@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from txsync import __version__
 from txsync.cli import sim_command
+from txsync.transaction_store import server as transaction_store_server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"txsync {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sim_command.register(commands)
+    transaction_store_server.register(commands)
     return parser
 
 

@@ -1,0 +1,134 @@
+"""The transaction-store process: ``txsync transaction-store``.
+
+Serves ``ClientService`` and ``StoreInternalService`` with gRPC health checking and
+reflection. On SIGTERM or SIGINT it reports NOT_SERVING, stops accepting calls, lets
+in-flight calls finish (up to ``--grace-seconds``), makes the log durable and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from txsync.transaction_store.service import ClientServicer, StoreInternalServicer
+from txsync.transaction_store.store import StoreConfig, TransactionStore
+from txsync.transaction_store.txlog.files import LogCorruptionError
+from txsync.v1 import client_pb2, client_pb2_grpc, store_pb2, store_pb2_grpc
+
+log = logging.getLogger("txsync.transaction_store")
+
+MESSAGE_BYTES_MAX = 8 * 1024 * 1024
+SERVICE_NAMES = (
+    client_pb2.DESCRIPTOR.services_by_name["ClientService"].full_name,
+    store_pb2.DESCRIPTOR.services_by_name["StoreInternalService"].full_name,
+)
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+    ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+]
+
+
+async def serve(config: StoreConfig, listen: str, port_file: Path | None, grace_s: float) -> int:
+    try:
+        store = await TransactionStore.open(config)
+    except LogCorruptionError as error:
+        log.critical("%s", error)
+        return 3
+    recovery = store.recovery
+    log.info(
+        "txlog recovered: %d entries in %d batches from %s%s",
+        recovery.entries,
+        recovery.batches,
+        ", ".join(recovery.files_replayed) or "a new log",
+        f"; TORN TAIL: {recovery.torn_tail}" if recovery.torn_tail else "",
+    )
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    client_pb2_grpc.add_ClientServiceServicer_to_server(ClientServicer(store), server)
+    store_pb2_grpc.add_StoreInternalServiceServicer_to_server(StoreInternalServicer(store), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        log.critical("cannot listen on %s", listen)
+        return 2
+    await server.start()
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    address = f"{listen.rsplit(':', 1)[0]}:{port}"
+    if port_file is not None:
+        temporary = port_file.with_suffix(".tmp")
+        temporary.write_text(address)
+        temporary.replace(port_file)
+    log.info("transaction-store %s listening on %s", config.node_id, address)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("shutting down: finishing in-flight calls (up to %.0f s)", grace_s)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace_s)
+    await store.close()
+    log.info("transaction-store stopped cleanly")
+    return 0
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "transaction-store",
+        help="run a DC's transaction-store (the txlog and the client API)",
+        description=(
+            "Serve a DC's durable transaction log: the client API (submit, get, wait, list) "
+            "and the internal API of the sync-coordinator and worker-dispatch."
+        ),
+        epilog=(
+            "example:\n  txsync transaction-store --node-id dc1 --data ./data/dc1 "
+            "--listen 127.0.0.1:7001"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--node-id", required=True, help="this DC's node id (e.g. dc1)")
+    parser.add_argument("--data", type=Path, required=True, help="data directory (txlog/ inside)")
+    parser.add_argument("--listen", default="127.0.0.1:7001", help="host:port (port 0: any)")
+    parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
+    parser.add_argument("--incoming-max", type=int, default=32_768,
+                        help="refuse submits while this many txs are INCOMING")  # fmt: skip
+    parser.add_argument("--body-bytes-max", type=int, default=1 << 30,
+                        help="refuse submits while open bodies take this many bytes")  # fmt: skip
+    parser.add_argument("--log-file-bytes-max", type=int, default=64 << 20,
+                        help="rotate the txlog file past this size")  # fmt: skip
+    parser.add_argument("--grace-seconds", type=float, default=10.0,
+                        help="how long in-flight calls may finish at shutdown")  # fmt: skip
+    parser.set_defaults(handler=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    if options.incoming_max < 1 or options.body_bytes_max < 1 or options.log_file_bytes_max < 1:
+        print("error: limits must be positive", file=sys.stderr)
+        return 2
+    config = StoreConfig(
+        data_dir=options.data,
+        node_id=options.node_id,
+        incoming_txs_max=options.incoming_max,
+        open_body_bytes_max=options.body_bytes_max,
+        log_file_bytes_max=options.log_file_bytes_max,
+    )
+    return asyncio.run(serve(config, options.listen, options.port_file, options.grace_seconds))

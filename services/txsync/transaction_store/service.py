@@ -1,0 +1,375 @@
+"""gRPC servicers of the transaction-store: ``ClientService`` and ``StoreInternalService``.
+
+Thin: decode and check the request, call ``TransactionStore``, encode the answer. A
+``StoreError`` becomes its gRPC status; RESOURCE_EXHAUSTED carries the retry hint in the
+``retry-after-ms`` trailing metadata.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from txsync.protocol import MergeBase, TxMeta, TxState
+from txsync.transaction_store.state import TxRecord, meta_from_proto, meta_to_proto
+from txsync.transaction_store.store import StateChangeRequest, Submitted, TransactionStore
+from txsync.transaction_store.validation import (
+    BATCH_SUBMITS_MAX,
+    STREAM_SUBMITS_MAX,
+    StoreError,
+    check_idempotency_key,
+    check_page_size,
+    check_state,
+    check_traceparent,
+    check_tx_id,
+    check_wait_seconds,
+    invalid,
+)
+from txsync.v1 import (
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+    store_pb2,
+    store_pb2_grpc,
+)
+
+Request = TypeVar("Request", bound=Message)
+Response = TypeVar("Response", bound=Message)
+Handler = Callable[[Any, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]]
+
+
+def answers_errors(handler: Handler[Request, Response]) -> Handler[Request, Response]:
+    """Turn a ``StoreError`` raised by a unary handler into its gRPC status."""
+
+    @functools.wraps(handler)
+    async def wrapper(
+        self: Any, request: Request, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Response:
+        try:
+            return await handler(self, request, context)
+        except StoreError as error:
+            await _abort(context, error)
+            raise AssertionError("unreachable") from None
+
+    return wrapper
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: StoreError) -> None:
+    if error.retry_after_ms is not None:
+        context.set_trailing_metadata((("retry-after-ms", str(error.retry_after_ms)),))
+    await context.abort(error.code, error.message)
+
+
+def _submitted(result: Submitted) -> client_pb2.SubmitResponse:
+    return client_pb2.SubmitResponse(
+        tx_id=result.tx_id,
+        created=result.created,
+        state=common_pb2.TxState.ValueType(result.state.value),
+    )
+
+
+def _submit_args(submit: client_pb2.SubmitRequest) -> tuple[common_pb2.TxBody, str, str]:
+    return (submit.body, check_idempotency_key(submit.idempotency_key), "")
+
+
+def _results(results: list[Submitted | StoreError]) -> list[client_pb2.SubmitResult]:
+    out = []
+    for result in results:
+        if isinstance(result, StoreError):
+            out.append(client_pb2.SubmitResult(error=f"{result.code.name}: {result.message}"))
+        else:
+            out.append(client_pb2.SubmitResult(accepted=_submitted(result)))
+    return out
+
+
+def record_to_get_response(
+    record: TxRecord, node_id: str, body: common_pb2.TxBody | None
+) -> client_pb2.GetResponse:
+    response = client_pb2.GetResponse(
+        position=record.position,
+        traceparent=record.traceparent,
+    )
+    if record.state is not None:
+        response.state = common_pb2.TxState.ValueType(record.state.value)
+    if record.meta is not None:
+        response.meta.CopyFrom(meta_to_proto(record.meta))
+    for step in record.history:
+        transition = response.history.add(
+            state=common_pb2.TxState.ValueType(step.state.value),
+            service=step.service,
+            node_id=node_id,
+        )
+        transition.at.FromMilliseconds(step.at_unix_ms)
+    if record.outcome is not None:
+        response.outcome.CopyFrom(record.outcome)
+    if body is not None:
+        response.body.CopyFrom(body)
+    return response
+
+
+def _page_token(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode()
+
+
+def _after_seq(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode(token.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise invalid("page_token: not a token this service issued") from None
+    prefix, _, number = text.partition(":")
+    if prefix != "seq" or not number.isdigit():
+        raise invalid("page_token: not a token this service issued")
+    return int(number)
+
+
+class ClientServicer(client_pb2_grpc.ClientServiceServicer):
+    def __init__(self, store: TransactionStore) -> None:
+        self._store = store
+
+    @answers_errors
+    async def Submit(
+        self, request: client_pb2.SubmitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> client_pb2.SubmitResponse:
+        body, key, _ = _submit_args(request)
+        traceparent = check_traceparent(_traceparent(context))
+        return _submitted(await self._store.submit(body, key, traceparent))
+
+    @answers_errors
+    async def SubmitBatch(
+        self, request: client_pb2.SubmitBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> client_pb2.SubmitBatchResponse:
+        if not 1 <= len(request.submits) <= BATCH_SUBMITS_MAX:
+            raise invalid(f"submits: {len(request.submits)} is outside 1..{BATCH_SUBMITS_MAX}")
+        args = [_submit_args(submit) for submit in request.submits]
+        results = await self._store.submit_many(args)
+        return client_pb2.SubmitBatchResponse(results=_results(results))
+
+    async def SubmitStream(
+        self,
+        request_iterator: AsyncIterator[client_pb2.SubmitStreamRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> client_pb2.SubmitStreamResponse:
+        results: list[Submitted | StoreError] = []
+        chunk: list[tuple[common_pb2.TxBody, str, str]] = []
+        count = 0
+        try:
+            async for request in request_iterator:
+                count += 1
+                if count > STREAM_SUBMITS_MAX:
+                    raise invalid(f"a stream carries at most {STREAM_SUBMITS_MAX} submits")
+                chunk.append(_submit_args(request.submit))
+                if len(chunk) == BATCH_SUBMITS_MAX:
+                    results.extend(await self._store.submit_many(chunk))
+                    chunk = []
+            if chunk:
+                results.extend(await self._store.submit_many(chunk))
+        except StoreError as error:
+            await _abort(context, error)
+        return client_pb2.SubmitStreamResponse(results=_results(results))
+
+    @answers_errors
+    async def Get(
+        self, request: client_pb2.GetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> client_pb2.GetResponse:
+        record = self._store.get(request.tx_id)
+        body = await self._store.read_body(record.tx_id) if request.include_body else None
+        return record_to_get_response(record, self._store.config.node_id, body)
+
+    @answers_errors
+    async def Wait(
+        self, request: client_pb2.WaitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> client_pb2.WaitResponse:
+        check_tx_id(request.tx_id)
+        wanted = check_state(request.state)
+        seconds = check_wait_seconds(request.timeout.ToNanoseconds() / 1e9)
+        record, reached = await self._store.wait(request.tx_id, wanted, seconds)
+        response = client_pb2.WaitResponse(reached=reached)
+        if record.state is not None:
+            response.state = common_pb2.TxState.ValueType(record.state.value)
+        if record.outcome is not None:
+            response.outcome.CopyFrom(record.outcome)
+        return response
+
+    @answers_errors
+    async def List(
+        self, request: client_pb2.ListRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> client_pb2.ListResponse:
+        state = check_state(request.state) if request.state else None
+        page, last = self._store.list_page(
+            state, check_page_size(request.page_size), _after_seq(request.page_token)
+        )
+        node_id = self._store.config.node_id
+        return client_pb2.ListResponse(
+            transactions=[record_to_get_response(r, node_id, None) for r in page],
+            next_page_token=_page_token(last) if last is not None else "",
+        )
+
+    @answers_errors
+    async def Query(
+        self, request: client_pb2.QueryRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> client_pb2.QueryResponse:
+        raise StoreError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "no worker is registered in this DC, so there is nothing to read from",
+        )
+
+
+def _traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent" and isinstance(value, str):
+            return value
+    return ""
+
+
+def _meta(message: common_pb2.TxMeta, field: str) -> TxMeta:
+    if message.ts == 0:
+        raise invalid(f"{field}: a meta needs a positive ts")
+    if not message.origin:
+        raise invalid(f"{field}: a meta needs its origin")
+    return meta_from_proto(message)
+
+
+def _changes(messages: Any) -> list[StateChangeRequest]:
+    changes = []
+    for index, change in enumerate(messages):
+        changes.append(
+            StateChangeRequest(
+                tx_id=check_tx_id(change.tx_id, f"changes[{index}].tx_id"),
+                state=check_state(change.state, f"changes[{index}].state"),
+                outcome=change.outcome if change.HasField("outcome") else None,
+            )
+        )
+    return changes
+
+
+def _base_proto(base: MergeBase) -> common_pb2.MergeBase:
+    return common_pb2.MergeBase(synced_len=base.synced_len, last_tx_id=base.last_tx_id)
+
+
+class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
+    def __init__(self, store: TransactionStore) -> None:
+        self._store = store
+
+    @answers_errors
+    async def LoadProtocolState(
+        self,
+        request: store_pb2.LoadProtocolStateRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> store_pb2.LoadProtocolStateResponse:
+        epoch = await self._store.load_protocol_state()
+        state = self._store.state
+        response = store_pb2.LoadProtocolStateResponse(
+            node_id=state.node_id,
+            counter=state.counter,
+            epoch=epoch,
+            merge_base=_base_proto(state.merge_base),
+            synced_tail=[meta_to_proto(m) for m in state.synced[-100_000:]],
+        )
+        for meta in state.incoming.values():
+            record = state.txs[meta.tx_id]
+            response.incoming.add(meta=meta_to_proto(meta), acquired=record.body_held)
+        for meta in state.synced:
+            if not state.txs[meta.tx_id].body_held:
+                response.synced_unacquired.append(meta_to_proto(meta))
+        return response
+
+    @answers_errors
+    async def PersistStep(
+        self, request: store_pb2.PersistStepRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> store_pb2.PersistStepResponse:
+        start = None
+        if request.HasField("synced_start"):
+            start = MergeBase(request.synced_start.synced_len, request.synced_start.last_tx_id)
+        base = await self._store.persist_step(
+            counter=request.counter,
+            incoming=[_meta(m, f"incoming[{i}]") for i, m in enumerate(request.incoming)],
+            synced_start=start,
+            synced=[_meta(m, f"synced[{i}]") for i, m in enumerate(request.synced)],
+            changes=_changes(request.state_changes),
+            service=request.service or "sync-coordinator",
+        )
+        return store_pb2.PersistStepResponse(merge_base=_base_proto(base))
+
+    @answers_errors
+    async def StoreBody(
+        self, request: store_pb2.StoreBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> store_pb2.StoreBodyResponse:
+        stored = await self._store.store_body(request.tx_id, request.body, request.digest)
+        return store_pb2.StoreBodyResponse(stored=stored)
+
+    @answers_errors
+    async def ReadBody(
+        self, request: store_pb2.ReadBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> store_pb2.ReadBodyResponse:
+        check_tx_id(request.tx_id)
+        body = await self._store.read_body(request.tx_id)
+        record = self._store.state.txs.get(request.tx_id)
+        if body is None or record is None:
+            raise StoreError(grpc.StatusCode.NOT_FOUND, f"no body of {request.tx_id} held here")
+        return store_pb2.ReadBodyResponse(body=body.SerializeToString(), digest=record.body_digest)
+
+    @answers_errors
+    async def ReadSynced(
+        self, request: store_pb2.ReadSyncedRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> store_pb2.ReadSyncedResponse:
+        start, entries = self._store.read_synced(request.from_len, request.count_max)
+        return store_pb2.ReadSyncedResponse(
+            start=_base_proto(start), entries=[meta_to_proto(m) for m in entries]
+        )
+
+    async def FollowEnqueued(
+        self,
+        request: store_pb2.FollowEnqueuedRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[store_pb2.FollowEnqueuedResponse]:
+        try:
+            async for position, record in self._store.follow_enqueued(request.from_position):
+                body = await self._store.read_body(record.tx_id)
+                response = store_pb2.FollowEnqueuedResponse(
+                    position=position, traceparent=record.traceparent
+                )
+                if record.meta is not None:
+                    response.meta.CopyFrom(meta_to_proto(record.meta))
+                if body is not None:
+                    response.body.CopyFrom(body)
+                yield response
+        except StoreError as error:
+            await _abort(context, error)
+
+    @answers_errors
+    async def AdvanceStates(
+        self, request: store_pb2.AdvanceStatesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> store_pb2.AdvanceStatesResponse:
+        await self._store.advance_states(
+            _changes(request.changes), request.service or "worker-dispatch"
+        )
+        return store_pb2.AdvanceStatesResponse()
+
+    async def WatchLocalSubmits(
+        self,
+        request: store_pb2.WatchLocalSubmitsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[store_pb2.WatchLocalSubmitsResponse]:
+        async for tx_id in self._store.watch_local_submits():
+            yield store_pb2.WatchLocalSubmitsResponse(tx_id=tx_id)
+
+    @answers_errors
+    async def ReportProgress(
+        self, request: store_pb2.ReportProgressRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> store_pb2.ReportProgressResponse:
+        if len(request.peer_synced_len) > 16:
+            raise invalid("peer_synced_len: at most 16 peers")
+        workers = request.workers_min_position if request.HasField("workers_min_position") else None
+        truncatable = self._store.report_progress(dict(request.peer_synced_len), workers)
+        return store_pb2.ReportProgressResponse(truncatable_below=truncatable)
+
+
+__all__ = ["ClientServicer", "StoreInternalServicer", "TxState"]

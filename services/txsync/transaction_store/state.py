@@ -1,0 +1,280 @@
+"""The transaction-store's state in memory, rebuilt from the txlog at start-up.
+
+``StoreState.apply(entry)`` is the only thing that changes it, both when an entry is
+appended and when the log is replayed, so that what a restarted store knows is exactly
+what it knew before. ``apply`` trusts its input: the store validates every request
+before it builds entries (``store.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from txsync.protocol import MergeBase, TxMeta, TxState
+from txsync.v1 import common_pb2, txlog_pb2
+
+FINAL_STATES = frozenset({TxState.OK, TxState.FAILED})
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One transition in a transaction's history."""
+
+    state: TxState
+    at_unix_ms: int
+    service: str
+
+
+@dataclass(slots=True)
+class TxRecord:
+    tx_id: str
+    seq: int
+    """Order in which this store learned of the transaction (List pages by it)."""
+    local: bool = False
+    meta: TxMeta | None = None
+    idempotency_key: str = ""
+    body_digest: bytes = b""
+    body_bytes: int = 0
+    body_held: bool = False
+    traceparent: str = ""
+    history: list[Step] = field(default_factory=list)
+    outcome: common_pb2.Outcome | None = None
+    position: int = 0
+    """1-based position in the synced queue; 0 while not synced."""
+
+    @property
+    def state(self) -> TxState | None:
+        return self.history[-1].state if self.history else None
+
+
+def meta_from_proto(message: common_pb2.TxMeta) -> TxMeta:
+    return TxMeta(message.ts, message.tx_id, message.origin)
+
+
+def meta_to_proto(meta: TxMeta) -> common_pb2.TxMeta:
+    return common_pb2.TxMeta(ts=meta.ts, tx_id=meta.tx_id, origin=meta.origin)
+
+
+class StoreState:
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.counter = 0
+        self.epoch = 0
+        self.synced_offset = 0
+        """Synced entries below this index were truncated."""
+        self.synced: list[TxMeta] = []
+        self.txs: dict[str, TxRecord] = {}
+        self.idempotency: dict[str, str] = {}
+        self.pending_local: dict[str, None] = {}
+        """Local submits the protocol has not stamped yet, in submit order."""
+        self.incoming: dict[str, TxMeta] = {}
+        self.incoming_state_txs = 0
+        """Transactions in state INCOMING (backpressure)."""
+        self.open_body_bytes = 0
+        """Bytes of held bodies of transactions not yet OK or FAILED (backpressure)."""
+        self._next_seq = 1
+
+    # --- reads ---------------------------------------------------------------------------
+
+    @property
+    def synced_len(self) -> int:
+        return self.synced_offset + len(self.synced)
+
+    @property
+    def merge_base(self) -> MergeBase:
+        if self.synced_len == 0:
+            return MergeBase.genesis()
+        assert self.synced, "truncation always keeps the last synced entry"
+        return MergeBase(self.synced_len, self.synced[-1].tx_id)
+
+    def synced_at(self, index: int) -> TxMeta | None:
+        """The synced entry at 0-based ``index``, or None if truncated or beyond the end."""
+        offset = index - self.synced_offset
+        return self.synced[offset] if 0 <= offset < len(self.synced) else None
+
+    def tx(self, tx_id: str) -> TxRecord | None:
+        record = self.txs.get(tx_id)
+        return record if record is not None and record.history else None
+
+    def in_seq_order(self) -> Iterator[TxRecord]:
+        return (r for r in self.txs.values() if r.history)
+
+    # --- the one way to change it --------------------------------------------------------
+
+    def apply(self, entry: txlog_pb2.LogEntry) -> None:
+        kind = entry.WhichOneof("entry")
+        at = entry.at_unix_ms
+        if kind == "submitted":
+            self._apply_submitted(entry.submitted, at)
+        elif kind == "meta_known":
+            self._apply_meta(meta_from_proto(entry.meta_known.meta))
+        elif kind == "body_stored":
+            stored = entry.body_stored
+            record = self._record(stored.tx_id)
+            if not record.body_held:
+                record.body_held = True
+                record.body_digest = stored.body_digest
+                record.body_bytes = stored.body_bytes
+                if record.state not in FINAL_STATES:
+                    self.open_body_bytes += stored.body_bytes
+        elif kind == "counter":
+            self.counter = max(self.counter, entry.counter.counter)
+        elif kind == "epoch":
+            self.epoch = max(self.epoch, entry.epoch.epoch)
+        elif kind == "synced":
+            self._apply_synced([meta_from_proto(m) for m in entry.synced.metas])
+        elif kind == "state":
+            moved = entry.state
+            self._apply_state(
+                moved.tx_id,
+                TxState(moved.state),
+                at,
+                moved.service,
+                moved.outcome if moved.HasField("outcome") else None,
+            )
+        elif kind == "snapshot":
+            self._apply_snapshot(entry.snapshot)
+        else:
+            raise ValueError(f"log entry of unknown kind {kind!r}")
+
+    def _record(self, tx_id: str) -> TxRecord:
+        record = self.txs.get(tx_id)
+        if record is None:
+            record = TxRecord(tx_id=tx_id, seq=self._next_seq)
+            self._next_seq += 1
+            self.txs[tx_id] = record
+        return record
+
+    def _apply_submitted(self, submitted: txlog_pb2.TxSubmitted, at: int) -> None:
+        record = self._record(submitted.tx_id)
+        record.local = True
+        record.idempotency_key = submitted.idempotency_key
+        record.traceparent = submitted.traceparent
+        if submitted.idempotency_key:
+            self.idempotency[submitted.idempotency_key] = submitted.tx_id
+        if not record.body_held:
+            record.body_held = True
+            record.body_digest = submitted.body_digest
+            record.body_bytes = submitted.body_bytes
+            self.open_body_bytes += submitted.body_bytes
+        self.pending_local[submitted.tx_id] = None
+        self._apply_state(submitted.tx_id, TxState.INCOMING, at, submitted.service, None)
+
+    def _apply_meta(self, meta: TxMeta) -> None:
+        record = self._record(meta.tx_id)
+        record.meta = meta
+        self.pending_local.pop(meta.tx_id, None)
+        if record.position == 0:
+            self.incoming[meta.tx_id] = meta
+        self.counter = max(self.counter, meta.ts)
+
+    def _apply_synced(self, metas: list[TxMeta]) -> None:
+        for meta in metas:
+            record = self._record(meta.tx_id)
+            record.meta = meta
+            self.synced.append(meta)
+            record.position = self.synced_len
+            self.incoming.pop(meta.tx_id, None)
+            self.pending_local.pop(meta.tx_id, None)
+            self.counter = max(self.counter, meta.ts)
+
+    def _apply_state(
+        self,
+        tx_id: str,
+        state: TxState,
+        at: int,
+        service: str,
+        outcome: common_pb2.Outcome | None,
+    ) -> None:
+        record = self._record(tx_id)
+        before = record.state
+        if before == state:
+            return  # a repeated transition is a no-op (retries are safe)
+        record.history.append(Step(state, at, service))
+        if outcome is not None:
+            record.outcome = outcome
+        if state is TxState.INCOMING:
+            self.incoming_state_txs += 1
+        if before is TxState.INCOMING:
+            self.incoming_state_txs -= 1
+        if state in FINAL_STATES and record.body_held:
+            self.open_body_bytes -= record.body_bytes
+
+    def _apply_snapshot(self, snapshot: txlog_pb2.Snapshot) -> None:
+        fresh = StoreState(self.node_id)
+        fresh.counter = snapshot.counter
+        fresh.epoch = snapshot.epoch
+        fresh.synced_offset = snapshot.synced_len - len(snapshot.synced)
+        fresh.synced = [meta_from_proto(m) for m in snapshot.synced]
+        for saved in sorted(snapshot.txs, key=lambda t: t.seq):
+            record = fresh._record(saved.tx_id)
+            record.seq = saved.seq
+            fresh._next_seq = max(fresh._next_seq, saved.seq + 1)
+            record.local = saved.local
+            record.meta = meta_from_proto(saved.meta) if saved.has_meta else None
+            record.idempotency_key = saved.idempotency_key
+            record.body_digest = saved.body_digest
+            record.body_bytes = saved.body_bytes
+            record.body_held = saved.body_held
+            record.traceparent = saved.traceparent
+            record.history = [
+                Step(TxState(t.state), t.at.ToMilliseconds(), t.service) for t in saved.history
+            ]
+            record.outcome = saved.outcome if saved.HasField("outcome") else None
+            if record.idempotency_key:
+                fresh.idempotency[record.idempotency_key] = record.tx_id
+            state = record.state
+            if state is TxState.INCOMING:
+                fresh.incoming_state_txs += 1
+            if record.body_held and state not in FINAL_STATES:
+                fresh.open_body_bytes += record.body_bytes
+            if record.local and record.meta is None and state is not None:
+                fresh.pending_local[record.tx_id] = None
+        for index, meta in enumerate(fresh.synced):
+            fresh._record(meta.tx_id).position = fresh.synced_offset + index + 1
+        for record in fresh.txs.values():
+            if record.meta is not None and record.position == 0:
+                fresh.incoming[record.tx_id] = record.meta
+        self.__dict__.update(fresh.__dict__)
+
+    # --- snapshots for rotation -----------------------------------------------------------
+
+    def snapshot(self, truncate_below: int) -> tuple[txlog_pb2.Snapshot, list[str]]:
+        """A snapshot without the synced history below position ``truncate_below``
+        (1-based: entries at positions < it go), and the ids it leaves out."""
+        cut = max(0, min(truncate_below - 1, self.synced_len) - self.synced_offset)
+        cut = min(cut, max(0, len(self.synced) - 1))  # the merge base stays in memory
+        dropped = [meta.tx_id for meta in self.synced[:cut]]
+        gone = set(dropped)
+        snapshot = txlog_pb2.Snapshot(
+            counter=self.counter,
+            epoch=self.epoch,
+            synced_len=self.synced_len,
+            synced=[meta_to_proto(m) for m in self.synced[cut:]],
+        )
+        snapshot.synced_offset = self.synced_offset + cut
+        for record in self.txs.values():
+            if record.tx_id in gone:
+                continue
+            saved = snapshot.txs.add(
+                tx_id=record.tx_id,
+                has_meta=record.meta is not None,
+                idempotency_key=record.idempotency_key,
+                body_digest=record.body_digest,
+                body_bytes=record.body_bytes,
+                body_held=record.body_held,
+                traceparent=record.traceparent,
+                local=record.local,
+                seq=record.seq,
+            )
+            if record.meta is not None:
+                saved.meta.CopyFrom(meta_to_proto(record.meta))
+            if record.outcome is not None:
+                saved.outcome.CopyFrom(record.outcome)
+            for step in record.history:
+                transition = saved.history.add(
+                    state=step.state.value, service=step.service, node_id=self.node_id
+                )
+                transition.at.FromMilliseconds(step.at_unix_ms)
+        return snapshot, dropped

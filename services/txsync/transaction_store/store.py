@@ -1,0 +1,599 @@
+"""The transaction-store's logic, independent of gRPC plumbing (``service.py``).
+
+Every change follows one path: under the store's lock, validate the request against the
+current state, build log entries, and ``_stage`` them (hand them to the group-commit
+writer and apply them to memory); then, outside the lock, ``_durable`` waits until they
+are on disk, and only then is the request answered and are waiters woken.
+
+Validation never changes anything, so a refused request leaves no trace. Applying before
+durability keeps later validations consistent; the writer breaking (fsync failure) stops
+all writes rather than letting memory and disk disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from txsync.protocol import MergeBase, TxMeta, TxState, is_allowed_transition
+from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord, meta_to_proto
+from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
+from txsync.transaction_store.txlog.files import LogFiles, Recovery
+from txsync.transaction_store.txlog.framing import encode_frame
+from txsync.transaction_store.txlog.writer import GroupCommitWriter, WriterBrokenError
+from txsync.transaction_store.validation import (
+    PERSIST_METAS_MAX,
+    READ_SYNCED_MAX,
+    STATE_CHANGES_MAX,
+    StoreError,
+    check_body,
+    check_tx_id,
+    invalid,
+)
+from txsync.v1 import common_pb2, txlog_pb2
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "transaction-store"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    data_dir: Path
+    node_id: str
+    incoming_txs_max: int = 32_768
+    """Submits are refused (RESOURCE_EXHAUSTED) while this many transactions are INCOMING."""
+    open_body_bytes_max: int = 1 << 30
+    """...or while the bodies of unfinished transactions take this many bytes."""
+    retry_after_ms: int = 250
+    """The retry hint sent with RESOURCE_EXHAUSTED."""
+    log_file_bytes_max: int = 64 << 20
+    """The current log file is rotated (and truncated if allowed) past this size."""
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    tx_id: str
+    created: bool
+    state: TxState
+
+
+@dataclass(frozen=True, slots=True)
+class StateChangeRequest:
+    tx_id: str
+    state: TxState
+    outcome: common_pb2.Outcome | None = None
+
+
+@dataclass(slots=True)
+class Progress:
+    peer_synced_len: dict[str, int] = field(default_factory=dict)
+    workers_min_position: int | None = None
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TransactionStore:
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        txlog_dir = config.data_dir / "txlog"
+        self.state = StoreState(config.node_id)
+        self.files = LogFiles(txlog_dir)
+        self.bodies = BodyStore(txlog_dir / "transactions")
+        self.recovery = Recovery()
+        self.alarms: list[str] = []
+        self.progress = Progress()
+        self._writer = GroupCommitWriter(self.files)
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+        self._rotating = False
+
+    @classmethod
+    async def open(cls, config: StoreConfig) -> TransactionStore:
+        """Recover the txlog (cutting and reporting a torn tail) and start the writer."""
+        store = cls(config)
+        store.recovery = await asyncio.to_thread(store.files.recover, store.state.apply)
+        if store.recovery.torn_tail is not None:
+            alarm = f"txlog torn tail at start-up: {store.recovery.torn_tail}"
+            log.warning("%s", alarm)
+            store.alarms.append(alarm)
+        store._writer.start()
+        return store
+
+    async def close(self) -> None:
+        """Make everything durable and stop (graceful shutdown)."""
+        await self._writer.close()
+        self.files.close()
+
+    @property
+    def broken(self) -> str | None:
+        return self._writer.broken
+
+    # --- the one way to change anything --------------------------------------------------
+
+    def _stage(self, entries: Sequence[txlog_pb2.LogEntry]) -> asyncio.Future[None]:
+        """Under the lock: hand entries to the writer and apply them to memory."""
+        batch = txlog_pb2.LogBatch(entries=entries)
+        try:
+            future = self._writer.submit(encode_frame(batch.SerializeToString()))
+        except WriterBrokenError as error:
+            raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+        for entry in entries:
+            self.state.apply(entry)
+        return future
+
+    async def _durable(self, future: asyncio.Future[None]) -> None:
+        try:
+            await future
+        except WriterBrokenError as error:
+            raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+        self._notify()
+        if self.files.current_bytes > self.config.log_file_bytes_max and not self._rotating:
+            self._rotating = True
+            asyncio.get_running_loop().create_task(self._rotate_in_background())
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _entry(self, **kwargs: object) -> txlog_pb2.LogEntry:
+        return txlog_pb2.LogEntry(at_unix_ms=_now_ms(), **kwargs)  # type: ignore[arg-type]
+
+    # --- client API ----------------------------------------------------------------------
+
+    def _check_capacity(self, *, staged: int = 0) -> None:
+        """Backpressure; ``staged`` counts submits of this batch not yet applied."""
+        state, config = self.state, self.config
+        waiting = state.incoming_state_txs + staged
+        if waiting >= config.incoming_txs_max:
+            raise StoreError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{waiting} transactions are waiting to be ordered "
+                f"(limit {config.incoming_txs_max}); retry later",
+                retry_after_ms=config.retry_after_ms,
+            )
+        if state.open_body_bytes >= config.open_body_bytes_max:
+            raise StoreError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"unfinished transactions' bodies take {state.open_body_bytes} bytes "
+                f"(limit {config.open_body_bytes_max}); retry later",
+                retry_after_ms=config.retry_after_ms,
+            )
+
+    async def submit_many(
+        self, submits: Sequence[tuple[common_pb2.TxBody, str, str]]
+    ) -> list[Submitted | StoreError]:
+        """Submit (body, idempotency key, traceparent) triples; each answered on its own.
+        Bodies are written (and fsynced) before the lock; the log entries of every
+        accepted submit go into one batch, so a whole SubmitBatch costs one log fsync."""
+        prepared: list[tuple[str, bytes] | StoreError] = []
+        for body, _, _ in submits:
+            encoded = body.SerializeToString()
+            try:
+                check_body(body, len(encoded))
+            except StoreError as error:
+                prepared.append(error)
+                continue
+            prepared.append((str(uuid.uuid4()), encoded))
+        to_write = [item for item in prepared if not isinstance(item, StoreError)]
+        if to_write:
+            await asyncio.to_thread(self._write_bodies, to_write)
+
+        results: list[Submitted | StoreError] = []
+        entries: list[txlog_pb2.LogEntry] = []
+        unused: list[str] = []
+        async with self._lock:
+            batch_keys: dict[str, str] = {}
+            for (_, key, traceparent), item in zip(submits, prepared, strict=True):
+                if isinstance(item, StoreError):
+                    results.append(item)
+                    continue
+                tx_id, encoded = item
+                existing = None
+                if key:
+                    existing = self.state.idempotency.get(key) or batch_keys.get(key)
+                if existing is not None:
+                    record = self.state.txs.get(existing)
+                    state = record.state if record and record.state else TxState.INCOMING
+                    results.append(Submitted(existing, False, state))
+                    unused.append(tx_id)
+                    continue
+                try:
+                    self._check_capacity(staged=len(entries))
+                except StoreError as error:
+                    results.append(error)
+                    unused.append(tx_id)
+                    continue
+                entries.append(
+                    self._entry(
+                        submitted=txlog_pb2.TxSubmitted(
+                            tx_id=tx_id,
+                            idempotency_key=key,
+                            body_digest=body_digest(encoded),
+                            body_bytes=len(encoded),
+                            traceparent=traceparent,
+                            service=SERVICE_NAME,
+                        )
+                    )
+                )
+                if key:
+                    batch_keys[key] = tx_id
+                results.append(Submitted(tx_id, True, TxState.INCOMING))
+            future = self._stage(entries) if entries else None
+        if unused:
+            await asyncio.to_thread(self._delete_bodies, unused)
+        if future is not None:
+            await self._durable(future)
+        return results
+
+    def _write_bodies(self, bodies: Iterable[tuple[str, bytes]]) -> None:
+        for tx_id, encoded in bodies:
+            self.bodies.write(tx_id, encoded)
+
+    def _delete_bodies(self, tx_ids: Iterable[str]) -> None:
+        for tx_id in tx_ids:
+            self.bodies.delete(tx_id)
+
+    async def submit(
+        self, body: common_pb2.TxBody, idempotency_key: str = "", traceparent: str = ""
+    ) -> Submitted:
+        (result,) = await self.submit_many([(body, idempotency_key, traceparent)])
+        if isinstance(result, StoreError):
+            raise result
+        return result
+
+    def get(self, tx_id: str) -> TxRecord:
+        check_tx_id(tx_id)
+        record = self.state.tx(tx_id)
+        if record is None:
+            raise StoreError(grpc.StatusCode.NOT_FOUND, f"no transaction {tx_id} at this DC")
+        return record
+
+    async def read_body(self, tx_id: str) -> common_pb2.TxBody | None:
+        encoded = await asyncio.to_thread(self.bodies.read, tx_id)
+        if encoded is None:
+            return None
+        body = common_pb2.TxBody()
+        body.ParseFromString(encoded)
+        return body
+
+    async def wait(self, tx_id: str, state: TxState, timeout_s: float) -> tuple[TxRecord, bool]:
+        """Wait until the transaction's state is ``state`` or later (durably)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            record = self.get(tx_id)
+            current = record.state
+            if current is not None and _reached(current, state):
+                return record, True
+            changed = self._changed
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return record, False
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                return self.get(tx_id), False
+
+    def list_page(
+        self, state: TxState | None, page_size: int, after_seq: int
+    ) -> tuple[list[TxRecord], int | None]:
+        """A page of transactions (in the order learned) after ``after_seq``; the last
+        seq of the page if more may follow."""
+        page: list[TxRecord] = []
+        for record in self.state.in_seq_order():
+            if record.seq <= after_seq or (state is not None and record.state is not state):
+                continue
+            if len(page) == page_size:
+                return page, page[-1].seq
+            page.append(record)
+        return page, None
+
+    # --- internal API: the sync-coordinator -------------------------------------------
+
+    async def load_protocol_state(self) -> int:
+        """Raise and persist the epoch (a new incarnation of the coordinator)."""
+        async with self._lock:
+            epoch = self.state.epoch + 1
+            future = self._stage([self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))])
+        await self._durable(future)
+        return epoch
+
+    async def persist_step(
+        self,
+        *,
+        counter: int,
+        incoming: Sequence[TxMeta],
+        synced_start: MergeBase | None,
+        synced: Sequence[TxMeta],
+        changes: Sequence[StateChangeRequest],
+        service: str,
+    ) -> MergeBase:
+        if len(incoming) > PERSIST_METAS_MAX or len(synced) > PERSIST_METAS_MAX:
+            raise invalid(f"at most {PERSIST_METAS_MAX} incoming and synced metas per step")
+        if len(changes) > STATE_CHANGES_MAX:
+            raise invalid(f"at most {STATE_CHANGES_MAX} state changes per step")
+        async with self._lock:
+            entries = self._plan_step(
+                counter=counter,
+                incoming=incoming,
+                synced_start=synced_start,
+                synced=synced,
+                changes=changes,
+                service=service,
+            )
+            future = self._stage(entries) if entries else None
+        if future is not None:
+            await self._durable(future)
+        return self.state.merge_base
+
+    def _plan_step(
+        self,
+        *,
+        counter: int,
+        incoming: Sequence[TxMeta],
+        synced_start: MergeBase | None,
+        synced: Sequence[TxMeta],
+        changes: Sequence[StateChangeRequest],
+        service: str,
+    ) -> list[txlog_pb2.LogEntry]:
+        """Validate a protocol step completely, then return its entries (changes nothing)."""
+        state = self.state
+        entries: list[txlog_pb2.LogEntry] = []
+        if counter:
+            if counter < state.counter:
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"counter {counter} is below the stored {state.counter}: counters only rise",
+                )
+            entries.append(self._entry(counter=txlog_pb2.CounterRaised(counter=counter)))
+        for meta in incoming:
+            check_tx_id(meta.tx_id, "incoming.tx_id")
+            record = state.txs.get(meta.tx_id)
+            if record is not None and record.position:
+                raise StoreError(
+                    grpc.StatusCode.ALREADY_EXISTS, f"tx {meta.tx_id} is already synced"
+                )
+            if record is not None and record.meta is not None and record.meta != meta:
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"tx {meta.tx_id} is known as {record.meta}, not {meta}",
+                )
+            entries.append(self._entry(meta_known=txlog_pb2.MetaKnown(meta=meta_to_proto(meta))))
+        if synced:
+            if synced_start != state.merge_base:
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"synced append at {synced_start} does not extend the merge base "
+                    f"{state.merge_base}",
+                )
+            seen: set[str] = set()
+            for meta in synced:
+                check_tx_id(meta.tx_id, "synced.tx_id")
+                record = state.txs.get(meta.tx_id)
+                if (record is not None and record.position) or meta.tx_id in seen:
+                    raise StoreError(
+                        grpc.StatusCode.ALREADY_EXISTS, f"tx {meta.tx_id} is already synced"
+                    )
+                seen.add(meta.tx_id)
+            entries.append(
+                self._entry(
+                    synced=txlog_pb2.SyncedAppended(
+                        start=common_pb2.MergeBase(
+                            synced_len=state.merge_base.synced_len,
+                            last_tx_id=state.merge_base.last_tx_id,
+                        ),
+                        metas=[meta_to_proto(m) for m in synced],
+                    )
+                )
+            )
+        synced_ids = {meta.tx_id for meta in synced}
+        entries.extend(self._plan_changes(changes, service, newly_synced=synced_ids))
+        return entries
+
+    def _plan_changes(
+        self,
+        changes: Sequence[StateChangeRequest],
+        service: str,
+        *,
+        newly_synced: set[str] | None = None,
+    ) -> list[txlog_pb2.LogEntry]:
+        entries: list[txlog_pb2.LogEntry] = []
+        pending: dict[str, TxState | None] = {}
+        for change in changes:
+            check_tx_id(change.tx_id, "changes.tx_id")
+            if change.tx_id in pending:
+                current = pending[change.tx_id]
+            else:
+                record = self.state.txs.get(change.tx_id)
+                current = record.state if record is not None else None
+            if current is change.state:
+                continue  # repeated: a no-op, so that retries are safe
+            if not is_allowed_transition(current, change.state):
+                name = current.name if current is not None else "unknown"
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"tx {change.tx_id}: {name} -> {change.state.name} is not a forward step "
+                    "of INCOMING -> ACCEPTED -> ENQUEUED -> TESTING -> OK | FAILED",
+                )
+            record = self.state.txs.get(change.tx_id)
+            synced = change.tx_id in (newly_synced or set()) or bool(record and record.position)
+            if change.state is TxState.ACCEPTED and not synced:
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"tx {change.tx_id} cannot be ACCEPTED: it is not in the synced queue",
+                )
+            if change.state is TxState.ENQUEUED and not (record and record.body_held):
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"tx {change.tx_id} cannot be ENQUEUED: its body is not held here",
+                )
+            if change.state in FINAL_STATES and change.outcome is None:
+                raise invalid(f"tx {change.tx_id}: {change.state.name} needs an outcome")
+            moved = txlog_pb2.StateMoved(
+                tx_id=change.tx_id,
+                state=common_pb2.TxState.ValueType(change.state.value),
+                service=service,
+            )
+            if change.outcome is not None:
+                moved.outcome.CopyFrom(change.outcome)
+            entries.append(self._entry(state=moved))
+            pending[change.tx_id] = change.state
+        return entries
+
+    async def store_body(self, tx_id: str, encoded: bytes, digest: bytes) -> bool:
+        check_tx_id(tx_id)
+        body = common_pb2.TxBody()
+        try:
+            body.ParseFromString(encoded)
+        except DecodeError:
+            raise invalid("body: not an encoded TxBody") from None
+        check_body(body, len(encoded))
+        if body_digest(encoded) != digest:
+            raise StoreError(grpc.StatusCode.DATA_LOSS, f"body of {tx_id} fails its digest")
+        record = self.state.txs.get(tx_id)
+        if record is not None and record.body_held:
+            return False
+        await asyncio.to_thread(self.bodies.write, tx_id, encoded)
+        async with self._lock:
+            record = self.state.txs.get(tx_id)
+            if record is not None and record.body_held:
+                return False
+            stored = txlog_pb2.BodyStored(tx_id=tx_id, body_digest=digest, body_bytes=len(encoded))
+            future = self._stage([self._entry(body_stored=stored)])
+        await self._durable(future)
+        return True
+
+    def read_synced(self, from_len: int, count_max: int) -> tuple[MergeBase, list[TxMeta]]:
+        if not 1 <= count_max <= READ_SYNCED_MAX:
+            raise invalid(f"count_max: {count_max} is outside 1..{READ_SYNCED_MAX}")
+        state = self.state
+        if from_len > state.synced_len:
+            raise StoreError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"from_len {from_len} is past the synced queue's end {state.synced_len}",
+            )
+        if from_len < state.synced_offset or (from_len and state.synced_at(from_len - 1) is None):
+            raise StoreError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"synced entries below {state.synced_offset + 1} were truncated",
+            )
+        start = (
+            MergeBase.genesis()
+            if from_len == 0
+            else MergeBase(from_len, state.synced[from_len - 1 - state.synced_offset].tx_id)
+        )
+        begin = from_len - state.synced_offset
+        return start, state.synced[begin : begin + count_max]
+
+    async def watch_local_submits(self) -> AsyncIterator[str]:
+        sent: set[str] = set()
+        while True:
+            changed = self._changed
+            for tx_id in list(self.state.pending_local):
+                if tx_id not in sent:
+                    sent.add(tx_id)
+                    yield tx_id
+            sent.intersection_update(self.state.pending_local)
+            await changed.wait()
+
+    # --- internal API: worker-dispatch -------------------------------------------------
+
+    async def follow_enqueued(self, from_position: int) -> AsyncIterator[tuple[int, TxRecord]]:
+        """Yield each synced position from ``from_position`` once it is ENQUEUED or later."""
+        position = max(1, from_position)
+        while True:
+            changed = self._changed
+            meta = self.state.synced_at(position - 1)
+            if meta is None and position <= self.state.synced_offset:
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"position {position} was truncated"
+                )
+            record = self.state.txs.get(meta.tx_id) if meta is not None else None
+            state = record.state if record is not None else None
+            if record is not None and state is not None and state >= TxState.ENQUEUED:
+                yield position, record
+                position += 1
+                continue
+            await changed.wait()
+
+    async def advance_states(self, changes: Sequence[StateChangeRequest], service: str) -> None:
+        if len(changes) > STATE_CHANGES_MAX:
+            raise invalid(f"at most {STATE_CHANGES_MAX} changes per call")
+        for change in changes:
+            if change.state < TxState.TESTING:
+                raise invalid(
+                    f"tx {change.tx_id}: dispatch moves transactions to TESTING, OK or FAILED "
+                    f"only, not {change.state.name}"
+                )
+        async with self._lock:
+            entries = self._plan_changes(changes, service)
+            future = self._stage(entries) if entries else None
+        if future is not None:
+            await self._durable(future)
+
+    # --- progress, rotation and truncation ------------------------------------------
+
+    def report_progress(self, peers: dict[str, int], workers_min: int | None) -> int:
+        self.progress.peer_synced_len.update(peers)
+        if workers_min is not None:
+            self.progress.workers_min_position = workers_min
+        return self.truncatable_below()
+
+    def truncatable_below(self) -> int:
+        """Synced positions below this one every peer and every worker has passed."""
+        progress = self.progress
+        if not progress.peer_synced_len or progress.workers_min_position is None:
+            return 0
+        peers_min = min(progress.peer_synced_len.values())
+        passed = min(peers_min, progress.workers_min_position, self.state.synced_len)
+        return passed + 1 if passed else 0
+
+    async def truncate(self, below_position: int = 0) -> tuple[int, list[str]]:
+        """Rotate the log, dropping synced history below ``below_position`` (0: as far as
+        allowed). Returns the number of transactions dropped and the bak- files made."""
+        allowed = self.truncatable_below()
+        if below_position == 0:
+            below_position = allowed
+        elif below_position > allowed:
+            raise StoreError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"cannot truncate below {below_position}: peers and workers have only passed "
+                f"position {max(allowed - 1, 0)}",
+            )
+        return await self._rotate(below_position)
+
+    async def _rotate(self, below_position: int) -> tuple[int, list[str]]:
+        async with self._lock:
+            await self._writer.flush()
+            snapshot, dropped = self.state.snapshot(below_position)
+            backups = await asyncio.to_thread(self.files.rotate, snapshot, _now_ms())
+            entry = self._entry(snapshot=snapshot)
+            self.state.apply(entry)
+        if dropped:
+            await asyncio.to_thread(self._delete_bodies, dropped)
+        log.info("txlog rotated: %d transactions truncated, %s", len(dropped), backups)
+        return len(dropped), backups
+
+    async def _rotate_in_background(self) -> None:
+        try:
+            await self._rotate(self.truncatable_below())
+        except Exception:
+            log.exception("txlog rotation failed; the current file keeps growing")
+        finally:
+            self._rotating = False
+
+
+def _reached(current: TxState, wanted: TxState) -> bool:
+    if wanted in FINAL_STATES:
+        return current in FINAL_STATES
+    return current >= wanted

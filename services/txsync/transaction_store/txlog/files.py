@@ -1,0 +1,211 @@
+"""The txlog's files: ``log-<timestamp>.dat`` (current) and ``bak-<timestamp>.dat``.
+
+Recovery replays the newest log file that begins with a snapshot and every log file after
+it; older log files were superseded by a rotation and become ``bak-`` files, which are
+never read again and may be deleted. Only the last file may end in a torn tail, which is
+cut (and reported); damage anywhere else refuses start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf.message import DecodeError
+
+from txsync.transaction_store.txlog.framing import (
+    FRAME_PAYLOAD_BYTES_MAX,
+    HEADER,
+    encode_frame,
+    scan,
+)
+from txsync.v1 import txlog_pb2
+
+LOG_PREFIX = "log-"
+BAK_PREFIX = "bak-"
+SUFFIX = ".dat"
+
+
+class LogCorruptionError(Exception):
+    """The txlog is damaged somewhere a crash of ours cannot have damaged it."""
+
+    def __init__(self, path: Path, offset: int, reason: str) -> None:
+        super().__init__(
+            f"txlog corrupt in {path} at byte offset {offset}: {reason}. Refusing to start: "
+            "restore the data directory from a replica or a backup (see docs/operations.md)."
+        )
+        self.path = path
+        self.offset = offset
+
+
+@dataclass(slots=True)
+class Recovery:
+    files_replayed: list[str] = field(default_factory=list)
+    batches: int = 0
+    entries: int = 0
+    torn_tail: str | None = None
+    """What was cut from the end of the last file, if anything."""
+    superseded: list[str] = field(default_factory=list)
+    """Older log files renamed to bak- because a later file starts with a snapshot."""
+
+
+def _timestamp(path: Path) -> int:
+    return int(path.name[len(LOG_PREFIX) : -len(SUFFIX)])
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LogFiles:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._current: Path | None = None
+        self._fd: int | None = None
+        self.current_bytes = 0
+
+    @property
+    def current(self) -> Path:
+        assert self._current is not None, "recover() first"
+        return self._current
+
+    def log_files(self) -> list[Path]:
+        found = [
+            p
+            for p in self.directory.glob(f"{LOG_PREFIX}*{SUFFIX}")
+            if p.name[len(LOG_PREFIX) : -len(SUFFIX)].isdigit()
+        ]
+        return sorted(found, key=_timestamp)
+
+    def recover(self, apply: Callable[[txlog_pb2.LogEntry], None]) -> Recovery:
+        """Replay the log into ``apply`` and open the last file for appending."""
+        report = Recovery()
+        files = self.log_files()
+        if not files:
+            self._open(self._new_path())
+            return report
+        start = 0
+        for index, path in enumerate(files):
+            if _starts_with_snapshot(path):
+                start = index
+        for old in files[:start]:
+            report.superseded.append(self._to_backup(old))
+        live = files[start:]
+        for index, path in enumerate(live):
+            is_last = index == len(live) - 1
+            data = path.read_bytes()
+            result = scan(data)
+            if result.corruption is not None:
+                raise LogCorruptionError(path, result.good_end, result.corruption)
+            if result.torn_tail is not None:
+                if not is_last:
+                    raise LogCorruptionError(path, result.good_end, result.torn_tail)
+                cut = len(data) - result.good_end
+                report.torn_tail = (
+                    f"cut {cut} bytes at {path.name}:{result.good_end} ({result.torn_tail})"
+                )
+                with open(path, "r+b") as log:
+                    log.truncate(result.good_end)
+                    log.flush()
+                    os.fsync(log.fileno())
+            for offset, payload in result.frames:
+                batch = txlog_pb2.LogBatch()
+                try:
+                    batch.ParseFromString(payload)
+                except DecodeError as error:
+                    raise LogCorruptionError(path, offset, f"undecodable batch: {error}") from None
+                for entry in batch.entries:
+                    try:
+                        apply(entry)
+                    except (ValueError, KeyError, AssertionError) as error:
+                        raise LogCorruptionError(path, offset, f"unusable entry: {error}") from None
+                    report.entries += 1
+                report.batches += 1
+            report.files_replayed.append(path.name)
+        self._open(live[-1])
+        return report
+
+    def append_sync(self, data: bytes) -> None:
+        """Append frames and fsync (called from a worker thread by the writer)."""
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+        self.current_bytes += len(data)
+
+    def rotate(self, snapshot: txlog_pb2.Snapshot, at_unix_ms: int) -> list[str]:
+        """Start a new log file that begins with ``snapshot``; older files become bak-."""
+        batch = txlog_pb2.LogBatch()
+        batch.entries.add(at_unix_ms=at_unix_ms).snapshot.CopyFrom(snapshot)
+        frame = encode_frame(batch.SerializeToString())
+        old_files = self.log_files()
+        path = self._new_path()
+        temporary = path.with_suffix(".tmp")
+        with open(temporary, "wb") as out:
+            out.write(frame)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+        fsync_dir(self.directory)
+        self._close()
+        self._open(path)
+        backups = [self._to_backup(old) for old in old_files]
+        return backups
+
+    def close(self) -> None:
+        self._close()
+
+    def _new_path(self) -> Path:
+        stamp = time.time_ns()
+        existing = self.log_files()
+        if existing:
+            stamp = max(stamp, _timestamp(existing[-1]) + 1)
+        return self.directory / f"{LOG_PREFIX}{stamp}{SUFFIX}"
+
+    def _open(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fsync_dir(self.directory)
+        self._current = path
+        self.current_bytes = path.stat().st_size
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _to_backup(self, path: Path) -> str:
+        target = path.with_name(BAK_PREFIX + path.name[len(LOG_PREFIX) :])
+        os.replace(path, target)
+        fsync_dir(self.directory)
+        return target.name
+
+
+def _starts_with_snapshot(path: Path) -> bool:
+    """True if the file's first frame is whole and holds a snapshot (reads only that)."""
+    with open(path, "rb") as log:
+        header = log.read(HEADER.size)
+        if len(header) < HEADER.size:
+            return False
+        length, _ = HEADER.unpack(header)
+        if not 0 < length <= FRAME_PAYLOAD_BYTES_MAX:
+            return False
+        frame = header + log.read(length)
+    result = scan(frame)
+    if not result.frames:
+        return False
+    batch = txlog_pb2.LogBatch()
+    try:
+        batch.ParseFromString(result.frames[0][1])
+    except DecodeError:
+        return False
+    return bool(batch.entries) and batch.entries[0].WhichOneof("entry") == "snapshot"

@@ -1,0 +1,129 @@
+"""Checks on client and internal requests: each names the field and the limit it broke.
+
+The limits are the ones stated in ``proto/txsync/v1/*.proto``; a request that breaks one
+is answered INVALID_ARGUMENT and changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+
+from txsync.protocol import TxState
+from txsync.v1 import common_pb2
+
+STATEMENTS_MAX = 1_000
+SQL_BYTES_MAX = 64 * 1024
+PARAMS_MAX = 1_000
+VALUE_BYTES_MAX = 1024 * 1024
+BODY_BYTES_MAX = 4 * 1024 * 1024
+LABEL_BYTES_MAX = 256
+IDEMPOTENCY_KEY_BYTES_MAX = 128
+BATCH_SUBMITS_MAX = 1_000
+STREAM_SUBMITS_MAX = 100_000
+TRACEPARENT_CHARS_MAX = 55
+PERSIST_METAS_MAX = 4_096
+STATE_CHANGES_MAX = 16_384
+PAGE_SIZE_MAX = 1_000
+PAGE_SIZE_DEFAULT = 100
+WAIT_SECONDS_MAX = 600.0
+WAIT_SECONDS_DEFAULT = 30.0
+READ_SYNCED_MAX = 1_024
+
+
+class StoreError(Exception):
+    """A refused request: the gRPC status to answer with, and why."""
+
+    def __init__(
+        self, code: grpc.StatusCode, message: str, *, retry_after_ms: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+def invalid(message: str) -> StoreError:
+    return StoreError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def check_tx_id(tx_id: str, field: str = "tx_id") -> str:
+    try:
+        parsed = uuid.UUID(tx_id)
+    except ValueError:
+        raise invalid(f"{field}: {tx_id[:64]!r} is not a UUID") from None
+    if str(parsed) != tx_id:
+        raise invalid(f"{field}: {tx_id[:64]!r} is not a canonical lower-case UUID")
+    return tx_id
+
+
+def check_state(value: int, field: str = "state", *, allow_unspecified: bool = False) -> TxState:
+    if value == 0 and allow_unspecified:
+        return TxState.INCOMING  # callers treat "unspecified" themselves
+    try:
+        return TxState(value)
+    except ValueError:
+        names = ", ".join(f"TX_STATE_{s.name}" for s in TxState)
+        raise invalid(f"{field}: {value} is not a transaction state ({names})") from None
+
+
+def check_idempotency_key(key: str) -> str:
+    if len(key.encode()) > IDEMPOTENCY_KEY_BYTES_MAX:
+        raise invalid(f"idempotency_key: longer than {IDEMPOTENCY_KEY_BYTES_MAX} bytes")
+    return key
+
+
+def check_traceparent(value: str) -> str:
+    if len(value) > TRACEPARENT_CHARS_MAX:
+        raise invalid(f"traceparent: longer than {TRACEPARENT_CHARS_MAX} characters")
+    return value
+
+
+def check_body(body: common_pb2.TxBody, encoded_bytes: int) -> None:
+    """A transaction body: 1..1000 statements of non-empty SQL within every size limit."""
+    if encoded_bytes > BODY_BYTES_MAX:
+        raise invalid(f"body: {encoded_bytes} bytes encoded, more than {BODY_BYTES_MAX}")
+    if not body.statements:
+        raise invalid("body: a transaction needs at least one statement")
+    if len(body.statements) > STATEMENTS_MAX:
+        raise invalid(f"body: {len(body.statements)} statements, more than {STATEMENTS_MAX}")
+    if len(body.label.encode()) > LABEL_BYTES_MAX:
+        raise invalid(f"body.label: longer than {LABEL_BYTES_MAX} bytes")
+    for index, statement in enumerate(body.statements):
+        where = f"body.statements[{index}]"
+        sql_bytes = len(statement.sql.encode())
+        if not statement.sql.strip():
+            raise invalid(f"{where}.sql: empty")
+        if sql_bytes > SQL_BYTES_MAX:
+            raise invalid(f"{where}.sql: {sql_bytes} bytes, more than {SQL_BYTES_MAX}")
+        if len(statement.params) > PARAMS_MAX:
+            raise invalid(f"{where}.params: {len(statement.params)}, more than {PARAMS_MAX}")
+        for number, param in enumerate(statement.params):
+            kind = param.WhichOneof("value")
+            size = 0
+            if kind == "text_value":
+                size = len(param.text_value.encode())
+            elif kind == "blob_value":
+                size = len(param.blob_value)
+            if size > VALUE_BYTES_MAX:
+                limit = VALUE_BYTES_MAX
+                raise invalid(f"{where}.params[{number}]: {size} bytes, more than {limit}")
+
+
+def check_page_size(value: int) -> int:
+    if value == 0:
+        return PAGE_SIZE_DEFAULT
+    if value > PAGE_SIZE_MAX:
+        raise invalid(f"page_size: {value}, more than {PAGE_SIZE_MAX}")
+    return value
+
+
+def check_wait_seconds(seconds: float) -> float:
+    if seconds < 0:
+        raise invalid("timeout: negative")
+    if seconds == 0:
+        return WAIT_SECONDS_DEFAULT
+    if seconds > WAIT_SECONDS_MAX:
+        raise invalid(f"timeout: {seconds:.0f} s, more than {WAIT_SECONDS_MAX:.0f} s")
+    return seconds
