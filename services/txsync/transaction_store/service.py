@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
-from google.protobuf.message import Message
 
-from txsync.protocol import MergeBase, TxMeta, TxState
+from txsync.protocol import MergeBase, TxMeta
+from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
 from txsync.transaction_store.state import TxRecord, meta_from_proto, meta_to_proto
 from txsync.transaction_store.store import StateChangeRequest, Submitted, TransactionStore
 from txsync.transaction_store.validation import (
@@ -38,32 +37,6 @@ from txsync.v1 import (
     store_pb2,
     store_pb2_grpc,
 )
-
-Request = TypeVar("Request", bound=Message)
-Response = TypeVar("Response", bound=Message)
-Handler = Callable[[Any, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]]
-
-
-def answers_errors(handler: Handler[Request, Response]) -> Handler[Request, Response]:
-    """Turn a ``StoreError`` raised by a unary handler into its gRPC status."""
-
-    @functools.wraps(handler)
-    async def wrapper(
-        self: Any, request: Request, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Response:
-        try:
-            return await handler(self, request, context)
-        except StoreError as error:
-            await _abort(context, error)
-            raise AssertionError("unreachable") from None
-
-    return wrapper
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: StoreError) -> None:
-    if error.retry_after_ms is not None:
-        context.set_trailing_metadata((("retry-after-ms", str(error.retry_after_ms)),))
-    await context.abort(error.code, error.message)
 
 
 def _submitted(result: Submitted) -> client_pb2.SubmitResponse:
@@ -92,6 +65,7 @@ def record_to_get_response(
     record: TxRecord, node_id: str, body: common_pb2.TxBody | None
 ) -> client_pb2.GetResponse:
     response = client_pb2.GetResponse(
+        tx_id=record.tx_id,
         position=record.position,
         traceparent=record.traceparent,
     )
@@ -162,6 +136,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         count = 0
         try:
             async for request in request_iterator:
+                check_request(request)
                 count += 1
                 if count > STREAM_SUBMITS_MAX:
                     raise invalid(f"a stream carries at most {STREAM_SUBMITS_MAX} submits")
@@ -172,7 +147,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
             if chunk:
                 results.extend(await self._store.submit_many(chunk))
         except StoreError as error:
-            await _abort(context, error)
+            await abort(context, error)
         return client_pb2.SubmitStreamResponse(results=_results(results))
 
     @answers_errors
@@ -331,6 +306,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[store_pb2.FollowEnqueuedResponse]:
         try:
+            check_request(request)
             async for position, record in self._store.follow_enqueued(request.from_position):
                 body = await self._store.read_body(record.tx_id)
                 response = store_pb2.FollowEnqueuedResponse(
@@ -342,7 +318,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                     response.body.CopyFrom(body)
                 yield response
         except StoreError as error:
-            await _abort(context, error)
+            await abort(context, error)
 
     @answers_errors
     async def AdvanceStates(
@@ -358,6 +334,8 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         request: store_pb2.WatchLocalSubmitsRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[store_pb2.WatchLocalSubmitsResponse]:
+        if isinstance(request, MalformedRequest):
+            await abort(context, request.as_error())
         async for tx_id in self._store.watch_local_submits():
             yield store_pb2.WatchLocalSubmitsResponse(tx_id=tx_id)
 
@@ -370,6 +348,3 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         workers = request.workers_min_position if request.HasField("workers_min_position") else None
         truncatable = self._store.report_progress(dict(request.peer_synced_len), workers)
         return store_pb2.ReportProgressResponse(truncatable_below=truncatable)
-
-
-__all__ = ["ClientServicer", "StoreInternalServicer", "TxState"]

@@ -63,6 +63,8 @@ class StoreState:
         self.epoch = 0
         self.synced_offset = 0
         """Synced entries below this index were truncated."""
+        self.truncated_last_tx_id = ""
+        """Id of the entry at ``synced_offset - 1`` (the base a catch-up there starts at)."""
         self.synced: list[TxMeta] = []
         self.txs: dict[str, TxRecord] = {}
         self.idempotency: dict[str, str] = {}
@@ -87,6 +89,15 @@ class StoreState:
             return MergeBase.genesis()
         assert self.synced, "truncation always keeps the last synced entry"
         return MergeBase(self.synced_len, self.synced[-1].tx_id)
+
+    def base_at(self, length: int) -> MergeBase | None:
+        """The merge base the synced queue had at ``length`` (None: truncated away)."""
+        if length == 0:
+            return MergeBase.genesis()
+        if length == self.synced_offset and self.truncated_last_tx_id:
+            return MergeBase(length, self.truncated_last_tx_id)
+        meta = self.synced_at(length - 1)
+        return None if meta is None else MergeBase(length, meta.tx_id)
 
     def synced_at(self, index: int) -> TxMeta | None:
         """The synced entry at 0-based ``index``, or None if truncated or beyond the end."""
@@ -207,6 +218,7 @@ class StoreState:
         fresh.epoch = snapshot.epoch
         fresh.synced_offset = snapshot.synced_len - len(snapshot.synced)
         fresh.synced = [meta_from_proto(m) for m in snapshot.synced]
+        fresh.truncated_last_tx_id = snapshot.truncated_last_tx_id
         for saved in sorted(snapshot.txs, key=lambda t: t.seq):
             record = fresh._record(saved.tx_id)
             record.seq = saved.seq
@@ -254,6 +266,7 @@ class StoreState:
             synced=[meta_to_proto(m) for m in self.synced[cut:]],
         )
         snapshot.synced_offset = self.synced_offset + cut
+        snapshot.truncated_last_tx_id = dropped[-1] if dropped else self.truncated_last_tx_id
         for record in self.txs.values():
             if record.tx_id in gone:
                 continue

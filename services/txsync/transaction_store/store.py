@@ -138,7 +138,7 @@ class TransactionStore:
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         self._notify()
-        if self.files.current_bytes > self.config.log_file_bytes_max and not self._rotating:
+        if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._rotating = True
             asyncio.get_running_loop().create_task(self._rotate_in_background())
 
@@ -482,16 +482,12 @@ class TransactionStore:
                 grpc.StatusCode.OUT_OF_RANGE,
                 f"from_len {from_len} is past the synced queue's end {state.synced_len}",
             )
-        if from_len < state.synced_offset or (from_len and state.synced_at(from_len - 1) is None):
+        start = state.base_at(from_len)
+        if start is None or from_len < state.synced_offset:
             raise StoreError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"synced entries below {state.synced_offset + 1} were truncated",
+                f"synced entries below position {state.synced_offset + 1} were truncated",
             )
-        start = (
-            MergeBase.genesis()
-            if from_len == 0
-            else MergeBase(from_len, state.synced[from_len - 1 - state.synced_offset].tx_id)
-        )
         begin = from_len - state.synced_offset
         return start, state.synced[begin : begin + count_max]
 

@@ -11,6 +11,7 @@ import uuid
 import grpc
 
 from txsync.protocol import TxState
+from txsync.rpc import ServiceError
 from txsync.v1 import common_pb2
 
 STATEMENTS_MAX = 1_000
@@ -32,16 +33,8 @@ WAIT_SECONDS_DEFAULT = 30.0
 READ_SYNCED_MAX = 1_024
 
 
-class StoreError(Exception):
-    """A refused request: the gRPC status to answer with, and why."""
-
-    def __init__(
-        self, code: grpc.StatusCode, message: str, *, retry_after_ms: int | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.retry_after_ms = retry_after_ms
+StoreError = ServiceError
+"""The store's refusals are the services' common ``ServiceError``."""
 
 
 def invalid(message: str) -> StoreError:

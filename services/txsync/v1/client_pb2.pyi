@@ -227,6 +227,7 @@ Global___GetRequest: _TypeAlias = GetRequest  # noqa: Y015
 class GetResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    TX_ID_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
@@ -234,13 +235,16 @@ class GetResponse(_message.Message):
     POSITION_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    tx_id: _builtins.str
     state: _common_pb2.TxState.ValueType
     position: _builtins.int
     """Position in the synced queue (1-based); 0 while not yet accepted."""
     traceparent: _builtins.str
     """W3C traceparent of the transaction's trace."""
     @_builtins.property
-    def meta(self) -> _common_pb2.TxMeta: ...
+    def meta(self) -> _common_pb2.TxMeta:
+        """Set once the protocol has stamped the transaction (its ts)."""
+
     @_builtins.property
     def history(
         self,
@@ -254,6 +258,7 @@ class GetResponse(_message.Message):
     def __init__(
         self,
         *,
+        tx_id: _builtins.str = ...,
         meta: _common_pb2.TxMeta | None = ...,
         state: _common_pb2.TxState.ValueType = ...,
         history: _abc.Iterable[_common_pb2.Transition] | None = ...,
@@ -281,6 +286,8 @@ class GetResponse(_message.Message):
         b"state",
         "traceparent",
         b"traceparent",
+        "tx_id",
+        b"tx_id",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

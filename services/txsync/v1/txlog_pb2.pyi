@@ -373,12 +373,17 @@ class Snapshot(_message.Message):
     SYNCED_OFFSET_FIELD_NUMBER: _builtins.int
     SYNCED_FIELD_NUMBER: _builtins.int
     TXS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_LAST_TX_ID_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     epoch: _builtins.int
     synced_len: _builtins.int
     """Length of the synced queue including truncated history."""
     synced_offset: _builtins.int
     """Synced entries from `synced_offset` on (older ones were truncated)."""
+    truncated_last_tx_id: _builtins.str
+    """Id of the last truncated entry (index synced_offset - 1), so that catch-up can still
+    start exactly at the truncation point. Empty when nothing was truncated.
+    """
     @_builtins.property
     def synced(
         self,
@@ -396,6 +401,7 @@ class Snapshot(_message.Message):
         synced_offset: _builtins.int = ...,
         synced: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
         txs: _abc.Iterable[Global___SnapshotTx] | None = ...,
+        truncated_last_tx_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -410,6 +416,8 @@ class Snapshot(_message.Message):
         b"synced_len",
         "synced_offset",
         b"synced_offset",
+        "truncated_last_tx_id",
+        b"truncated_last_tx_id",
         "txs",
         b"txs",
     ]  # noqa: Y015

@@ -71,6 +71,14 @@ class LogFiles:
         self._current: Path | None = None
         self._fd: int | None = None
         self.current_bytes = 0
+        self.snapshot_bytes = 0
+        """Size of the snapshot frame the current file starts with (0: none)."""
+
+    @property
+    def appended_bytes(self) -> int:
+        """Bytes appended since the current file's snapshot: what rotation is paced by,
+        so that a large snapshot never makes every append rotate again."""
+        return self.current_bytes - self.snapshot_bytes
 
     @property
     def current(self) -> Path:
@@ -94,7 +102,7 @@ class LogFiles:
             return report
         start = 0
         for index, path in enumerate(files):
-            if _starts_with_snapshot(path):
+            if _snapshot_frame_bytes(path):
                 start = index
         for old in files[:start]:
             report.superseded.append(self._to_backup(old))
@@ -131,6 +139,7 @@ class LogFiles:
                 report.batches += 1
             report.files_replayed.append(path.name)
         self._open(live[-1])
+        self.snapshot_bytes = _snapshot_frame_bytes(live[-1])
         return report
 
     def append_sync(self, data: bytes) -> None:
@@ -159,6 +168,7 @@ class LogFiles:
         fsync_dir(self.directory)
         self._close()
         self._open(path)
+        self.snapshot_bytes = len(frame)
         backups = [self._to_backup(old) for old in old_files]
         return backups
 
@@ -190,22 +200,25 @@ class LogFiles:
         return target.name
 
 
-def _starts_with_snapshot(path: Path) -> bool:
-    """True if the file's first frame is whole and holds a snapshot (reads only that)."""
+def _snapshot_frame_bytes(path: Path) -> int:
+    """The size of the file's first frame if it is whole and holds a snapshot, else 0
+    (reads only that frame)."""
     with open(path, "rb") as log:
         header = log.read(HEADER.size)
         if len(header) < HEADER.size:
-            return False
+            return 0
         length, _ = HEADER.unpack(header)
         if not 0 < length <= FRAME_PAYLOAD_BYTES_MAX:
-            return False
+            return 0
         frame = header + log.read(length)
     result = scan(frame)
     if not result.frames:
-        return False
+        return 0
     batch = txlog_pb2.LogBatch()
     try:
         batch.ParseFromString(result.frames[0][1])
     except DecodeError:
-        return False
-    return bool(batch.entries) and batch.entries[0].WhichOneof("entry") == "snapshot"
+        return 0
+    if batch.entries and batch.entries[0].WhichOneof("entry") == "snapshot":
+        return len(frame)
+    return 0

@@ -1,0 +1,96 @@
+"""Start real TxSync service processes for tests, and stop or kill them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+START_TIMEOUT_S = 30.0
+
+
+def health_status(channel: grpc.Channel, service: str = "") -> int:
+    """The standard gRPC health check (typed here: the published stubs lack it)."""
+    check = channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+    answer: health_pb2.HealthCheckResponse = check(
+        health_pb2.HealthCheckRequest(service=service), timeout=1
+    )
+    return answer.status
+
+
+class ServiceProcess:
+    """One ``txsync <service>`` process listening on a free loopback port."""
+
+    def __init__(self, args: list[str], workdir: Path, name: str) -> None:
+        self._args = args
+        self._workdir = workdir
+        self._name = name
+        self.port_file = workdir / f"{name}.port"
+        self.log_path = workdir / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.starts = 0
+
+    def start(self) -> str:
+        assert self.process is None or self.process.poll() is not None, "already running"
+        self.port_file.unlink(missing_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
+        command = [sys.executable, "-m", "txsync.cli.main", *self._args]
+        command += ["--listen", "127.0.0.1:0", "--port-file", str(self.port_file)]
+        self.process = subprocess.Popen(command, stdout=log, stderr=log, cwd=self._workdir)
+        log.close()
+        self.starts += 1
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.port_file.exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self._name} exited {self.process.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self._name} did not start in time:\n{self.log()}")
+            time.sleep(0.01)
+        self.address = self.port_file.read_text()
+        self._wait_serving(deadline)
+        return self.address
+
+    def _wait_serving(self, deadline: float) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            while True:
+                try:
+                    if health_status(channel) == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self._name} never became healthy:\n{self.log()}")
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to flush anything."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM and wait for a graceful exit; returns the exit status."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout_s)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def transaction_store(data_dir: Path, node_id: str = "dc1", *extra: str) -> ServiceProcess:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    args = ["transaction-store", "--node-id", node_id, "--data", str(data_dir), *extra]
+    return ServiceProcess(args, data_dir, f"store-{node_id}")

@@ -1,0 +1,265 @@
+"""The transaction-store's gRPC APIs, against the real server process."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from txsync.transaction_store.txlog.bodies import body_digest
+from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, store_pb2, store_pb2_grpc
+
+from tests.support.processes import ServiceProcess, health_status, transaction_store
+
+
+def _body(value: int = 1) -> common_pb2.TxBody:
+    return common_pb2.TxBody(
+        statements=[
+            common_pb2.Statement(
+                sql="INSERT INTO t (v) VALUES (?)", params=[common_pb2.SqlValue(int_value=value)]
+            )
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    process = transaction_store(tmp_path_factory.mktemp("store"), "dc1", "--incoming-max", "5000")
+    process.start()
+    yield process
+    assert process.terminate() == 0, process.log()
+
+
+@pytest.fixture
+def client(server: ServiceProcess) -> Iterator[client_pb2_grpc.ClientServiceStub]:
+    with grpc.insecure_channel(server.address) as channel:
+        yield client_pb2_grpc.ClientServiceStub(channel)
+
+
+@pytest.fixture
+def internal(server: ServiceProcess) -> Iterator[store_pb2_grpc.StoreInternalServiceStub]:
+    with grpc.insecure_channel(server.address) as channel:
+        yield store_pb2_grpc.StoreInternalServiceStub(channel)
+
+
+def _code(call: object) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()  # type: ignore[operator]
+    error: grpc.Call = caught.value  # type: ignore[assignment]
+    return error.code(), error.details() or ""
+
+
+def _list_all(client: client_pb2_grpc.ClientServiceStub) -> list[str]:
+    ids: list[str] = []
+    token = ""
+    while True:
+        page = client.List(client_pb2.ListRequest(page_size=1000, page_token=token))
+        ids += [t.tx_id for t in page.transactions]
+        token = page.next_page_token
+        if not token:
+            return ids
+
+
+def test_bad_client_input_gets_a_clear_status_and_changes_nothing(
+    client: client_pb2_grpc.ClientServiceStub,
+) -> None:
+    before = client.List(client_pb2.ListRequest(page_size=1000))
+    huge = common_pb2.TxBody(statements=[common_pb2.Statement(sql="x" * 70_000)])
+    too_many = common_pb2.TxBody(statements=[common_pb2.Statement(sql="SELECT 1")] * 1001)
+    cases = [
+        (lambda: client.Submit(client_pb2.SubmitRequest(body=common_pb2.TxBody())),
+         "at least one statement"),
+        (lambda: client.Submit(client_pb2.SubmitRequest(body=huge)), "more than 65536"),
+        (lambda: client.Submit(client_pb2.SubmitRequest(body=too_many)), "more than 1000"),
+        (lambda: client.Submit(client_pb2.SubmitRequest(body=_body(), idempotency_key="k" * 129)),
+         "idempotency_key"),
+        (lambda: client.Get(client_pb2.GetRequest(tx_id="00ac16d7")), "is not a UUID"),
+        (lambda: client.List(client_pb2.ListRequest(state=common_pb2.TxState.ValueType(42))),
+         "42 is not a transaction state"),
+        (lambda: client.List(client_pb2.ListRequest(page_token="garbage!")), "page_token"),
+        (lambda: client.List(client_pb2.ListRequest(page_size=5000)), "more than 1000"),
+        (lambda: client.SubmitBatch(client_pb2.SubmitBatchRequest()), "outside 1..1000"),
+    ]  # fmt: skip
+    for call, text in cases:
+        code, details = _code(call)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+        assert text in details, details
+    code, _ = _code(lambda: client.Get(client_pb2.GetRequest(tx_id=str(uuid.uuid4()))))
+    assert code is grpc.StatusCode.NOT_FOUND
+    after = client.List(client_pb2.ListRequest(page_size=1000))
+    assert len(after.transactions) == len(before.transactions)
+
+
+def test_oversized_message_is_refused(client: client_pb2_grpc.ClientServiceStub) -> None:
+    blob = common_pb2.SqlValue(blob_value=b"x" * (9 * 1024 * 1024))
+    body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="INSERT", params=[blob])])
+    code, _ = _code(lambda: client.Submit(client_pb2.SubmitRequest(body=body)))
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED  # gRPC's own 8 MiB message cap
+
+
+def test_bad_internal_input_gets_a_clear_status(
+    internal: store_pb2_grpc.StoreInternalServiceStub, client: client_pb2_grpc.ClientServiceStub
+) -> None:
+    tx_id = client.Submit(client_pb2.SubmitRequest(body=_body())).tx_id
+    encoded = _body().SerializeToString()
+    cases = [
+        (lambda: internal.StoreBody(store_pb2.StoreBodyRequest(
+            tx_id=str(uuid.uuid4()), body=encoded, digest=b"bad")), grpc.StatusCode.DATA_LOSS),
+        (lambda: internal.ReadBody(store_pb2.ReadBodyRequest(tx_id=str(uuid.uuid4()))),
+         grpc.StatusCode.NOT_FOUND),
+        (lambda: internal.ReadSynced(store_pb2.ReadSyncedRequest(from_len=10**6, count_max=5)),
+         grpc.StatusCode.OUT_OF_RANGE),
+        (lambda: internal.ReadSynced(store_pb2.ReadSyncedRequest(count_max=5000)),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: internal.PersistStep(store_pb2.PersistStepRequest(
+            synced_start=common_pb2.MergeBase(synced_len=7, last_tx_id=tx_id),
+            synced=[common_pb2.TxMeta(ts=1, tx_id=tx_id, origin="dc1")])),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        (lambda: internal.PersistStep(store_pb2.PersistStepRequest(
+            incoming=[common_pb2.TxMeta(ts=0, tx_id=tx_id, origin="dc1")])),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: internal.AdvanceStates(store_pb2.AdvanceStatesRequest(changes=[
+            store_pb2.StateChange(tx_id=tx_id, state=common_pb2.TX_STATE_OK)])),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        (lambda: internal.AdvanceStates(store_pb2.AdvanceStatesRequest(changes=[
+            store_pb2.StateChange(tx_id=tx_id, state=common_pb2.TX_STATE_ACCEPTED)])),
+         grpc.StatusCode.INVALID_ARGUMENT),
+    ]  # fmt: skip
+    for call, expected in cases:
+        code, details = _code(call)
+        assert code is expected, (code, details)
+        assert details
+    got = client.Get(client_pb2.GetRequest(tx_id=tx_id))
+    assert got.state == common_pb2.TX_STATE_INCOMING and len(got.history) == 1
+
+
+def test_bodies_travel_between_dcs_with_their_digest(
+    internal: store_pb2_grpc.StoreInternalServiceStub,
+) -> None:
+    tx_id = str(uuid.uuid4())
+    encoded = _body(7).SerializeToString()
+    stored = internal.StoreBody(
+        store_pb2.StoreBodyRequest(tx_id=tx_id, body=encoded, digest=body_digest(encoded))
+    )
+    assert stored.stored
+    read = internal.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id))
+    assert read.body == encoded and read.digest == body_digest(encoded)
+
+
+def test_many_clients_single_and_batched_submits(
+    server: ServiceProcess, client: client_pb2_grpc.ClientServiceStub
+) -> None:
+    before = set(_list_all(client))
+    acknowledged: list[str] = []
+    lock = threading.Lock()
+
+    def single(worker: int) -> None:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = client_pb2_grpc.ClientServiceStub(channel)
+            for n in range(40):
+                key = f"single-{worker}-{n}"
+                tx_id = stub.Submit(client_pb2.SubmitRequest(body=_body(n), idempotency_key=key))
+                with lock:
+                    acknowledged.append(tx_id.tx_id)
+
+    def batched(worker: int) -> None:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = client_pb2_grpc.ClientServiceStub(channel)
+            for n in range(8):
+                request = client_pb2.SubmitBatchRequest(
+                    submits=[
+                        client_pb2.SubmitRequest(body=_body(i), idempotency_key=f"{worker}-{n}-{i}")
+                        for i in range(25)
+                    ]
+                )
+                results = stub.SubmitBatch(request).results
+                with lock:
+                    acknowledged.extend(r.accepted.tx_id for r in results)
+
+    threads = [threading.Thread(target=single, args=(w,)) for w in range(8)]
+    threads += [threading.Thread(target=batched, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(acknowledged) == 8 * 40 + 4 * 8 * 25
+    assert len(set(acknowledged)) == len(acknowledged)
+    listed = [tx for tx in _list_all(client) if tx not in before]
+    assert sorted(listed) == sorted(acknowledged)  # each exactly once
+
+
+def test_stream_submit_and_wait(client: client_pb2_grpc.ClientServiceStub) -> None:
+    requests = (
+        client_pb2.SubmitStreamRequest(submit=client_pb2.SubmitRequest(body=_body(i)))
+        for i in range(1500)
+    )
+    results = client.SubmitStream(requests).results
+    assert len(results) == 1500 and all(r.HasField("accepted") for r in results)
+    waited = client.Wait(
+        client_pb2.WaitRequest(
+            tx_id=results[0].accepted.tx_id,
+            state=common_pb2.TX_STATE_INCOMING,
+            timeout=duration_pb2.Duration(seconds=1),
+        )
+    )
+    assert waited.reached and waited.state == common_pb2.TX_STATE_INCOMING
+    not_yet = client.Wait(
+        client_pb2.WaitRequest(
+            tx_id=results[0].accepted.tx_id,
+            state=common_pb2.TX_STATE_ACCEPTED,
+            timeout=duration_pb2.Duration(nanos=100_000_000),
+        )
+    )
+    assert not not_yet.reached
+
+
+def test_health_and_reflection(server: ServiceProcess) -> None:
+    with grpc.insecure_channel(server.address) as channel:
+        status = health_status(channel, "txsync.v1.ClientService")
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        reflection: Any = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = reflection.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+        names = {s.name for r in responses for s in r.list_services_response.service}
+        assert {"txsync.v1.ClientService", "txsync.v1.StoreInternalService"} <= names
+
+
+def test_sigterm_finishes_cleanly_and_restart_remembers(tmp_path: Path) -> None:
+    process = transaction_store(tmp_path, "dc9")
+    process.start()
+    with grpc.insecure_channel(process.address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        tx_id = stub.Submit(client_pb2.SubmitRequest(body=_body(), idempotency_key="once")).tx_id
+    assert process.terminate() == 0
+    assert "stopped cleanly" in process.log()
+    process.start()
+    with grpc.insecure_channel(process.address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        again = stub.Submit(client_pb2.SubmitRequest(body=_body(), idempotency_key="once"))
+        assert again.tx_id == tx_id and not again.created
+    assert process.terminate() == 0
+
+
+def test_corrupt_log_refuses_start_with_file_and_offset(tmp_path: Path) -> None:
+    process = transaction_store(tmp_path, "dc8")
+    process.start()
+    with grpc.insecure_channel(process.address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        for _ in range(3):
+            stub.Submit(client_pb2.SubmitRequest(body=_body()))
+    assert process.terminate() == 0
+    log_file = next((tmp_path / "txlog").glob("log-*.dat"))
+    data = bytearray(log_file.read_bytes())
+    data[12] ^= 0xFF  # inside the first frame's payload
+    log_file.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="exited 3"):
+        process.start()
+    assert f"txlog corrupt in {log_file} at byte offset 0" in process.log()

@@ -1,0 +1,287 @@
+"""The store's rules on real files: the lifecycle only moves forward, bad internal
+requests change nothing, backpressure refuses with a hint, and restarts remember all."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+from txsync.protocol import MergeBase, TxMeta, TxState
+from txsync.transaction_store.store import StateChangeRequest, StoreConfig, TransactionStore
+from txsync.transaction_store.validation import StoreError
+from txsync.v1 import common_pb2
+
+T = TypeVar("T")
+
+
+def _body(sql: str = "INSERT INTO t VALUES (1)") -> common_pb2.TxBody:
+    return common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql)])
+
+
+def _run(tmp_path: Path, scenario: Callable[[TransactionStore], Awaitable[T]], **config: int) -> T:
+    async def main() -> T:
+        store = await TransactionStore.open(StoreConfig(data_dir=tmp_path, node_id="dc1", **config))
+        try:
+            return await scenario(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+def _ok(tx_id: str = "", position: int = 1) -> common_pb2.Outcome:
+    return common_pb2.Outcome(state=common_pb2.TX_STATE_OK, position=position)
+
+
+async def _sync_local(store: TransactionStore, tx_id: str, ts: int) -> TxMeta:
+    meta = TxMeta(ts, tx_id, "dc1")
+    await store.persist_step(
+        counter=ts,
+        incoming=[meta],
+        synced_start=store.state.merge_base,
+        synced=[meta],
+        changes=[
+            StateChangeRequest(tx_id, TxState.ACCEPTED),
+            StateChangeRequest(tx_id, TxState.ENQUEUED),
+        ],
+        service="sync-coordinator",
+    )
+    return meta
+
+
+def test_full_lifecycle_is_recorded_and_survives_restart(tmp_path: Path) -> None:
+    async def first(store: TransactionStore) -> str:
+        submitted = await store.submit(_body(), "key-1")
+        await _sync_local(store, submitted.tx_id, 1)
+        await store.advance_states([StateChangeRequest(submitted.tx_id, TxState.TESTING)], "wd")
+        await store.advance_states(
+            [StateChangeRequest(submitted.tx_id, TxState.OK, _ok())], "worker-dispatch"
+        )
+        return submitted.tx_id
+
+    tx_id = _run(tmp_path, first)
+
+    async def second(store: TransactionStore) -> None:
+        record = store.get(tx_id)
+        assert [step.state for step in record.history] == list(TxState)[:5]
+        assert [step.service for step in record.history] == [
+            "transaction-store",
+            "sync-coordinator",
+            "sync-coordinator",
+            "wd",
+            "worker-dispatch",
+        ]
+        assert record.position == 1 and record.outcome is not None
+        again = await store.submit(_body(), "key-1")
+        assert (again.tx_id, again.created, again.state) == (tx_id, False, TxState.OK)
+
+    _run(tmp_path, second)
+
+
+@pytest.mark.parametrize(
+    ("moves", "refused"),
+    [
+        ([TxState.TESTING], TxState.TESTING),  # skips ACCEPTED and ENQUEUED
+        ([TxState.OK], TxState.OK),
+    ],
+)
+def test_skipped_transitions_are_refused(
+    tmp_path: Path, moves: list[TxState], refused: TxState
+) -> None:
+    async def scenario(store: TransactionStore) -> None:
+        tx_id = (await store.submit(_body())).tx_id
+        with pytest.raises(StoreError) as caught:
+            await store.advance_states(
+                [StateChangeRequest(tx_id, state, _ok()) for state in moves], "wd"
+            )
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert f"INCOMING -> {refused.name}" in caught.value.message
+        assert store.get(tx_id).state is TxState.INCOMING
+
+    _run(tmp_path, scenario)
+
+
+def test_backward_transition_is_refused_and_repeat_is_a_no_op(tmp_path: Path) -> None:
+    async def scenario(store: TransactionStore) -> None:
+        tx_id = (await store.submit(_body())).tx_id
+        await _sync_local(store, tx_id, 1)
+        await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd")
+        await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd")  # retry
+        with pytest.raises(StoreError) as caught:
+            await store.persist_step(
+                counter=0, incoming=[], synced_start=None, synced=[],
+                changes=[StateChangeRequest(tx_id, TxState.ENQUEUED)], service="sc",
+            )  # fmt: skip
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "TESTING -> ENQUEUED" in caught.value.message
+        assert len(store.get(tx_id).history) == 4
+
+    _run(tmp_path, scenario)
+
+
+def test_bad_protocol_steps_change_nothing(tmp_path: Path) -> None:
+    async def scenario(store: TransactionStore) -> None:
+        tx_id = (await store.submit(_body())).tx_id
+        meta = await _sync_local(store, tx_id, 5)
+        before = (store.state.counter, store.state.synced_len, store.files.current_bytes)
+        other = TxMeta(9, str(uuid.uuid4()), "dc2")
+        cases: list[tuple[dict[str, Any], grpc.StatusCode, str]] = [
+            (dict(counter=3), grpc.StatusCode.FAILED_PRECONDITION, "counters only rise"),
+            (dict(synced_start=MergeBase.genesis(), synced=[other]),
+             grpc.StatusCode.FAILED_PRECONDITION, "does not extend the merge base"),
+            (dict(synced_start=store.state.merge_base, synced=[meta]),
+             grpc.StatusCode.ALREADY_EXISTS, "already synced"),
+            (dict(synced_start=store.state.merge_base, synced=[other, other]),
+             grpc.StatusCode.ALREADY_EXISTS, "already synced"),
+            (dict(incoming=[meta]), grpc.StatusCode.ALREADY_EXISTS, "already synced"),
+            (dict(changes=[StateChangeRequest(other.tx_id, TxState.ACCEPTED)]),
+             grpc.StatusCode.FAILED_PRECONDITION, "unknown -> ACCEPTED"),
+            # A valid counter with an invalid change: the whole step is refused.
+            (dict(counter=50, changes=[StateChangeRequest(tx_id, TxState.OK, _ok())]),
+             grpc.StatusCode.FAILED_PRECONDITION, "ENQUEUED -> OK"),
+        ]  # fmt: skip
+        for fields, code, text in cases:
+            step: dict[str, Any] = dict(
+                counter=0, incoming=[], synced_start=None, synced=[], changes=[]
+            )
+            step.update(fields)
+            with pytest.raises(StoreError) as caught:
+                await store.persist_step(service="sc", **step)
+            assert caught.value.code is code, fields
+            assert text in caught.value.message, caught.value.message
+        after = (store.state.counter, store.state.synced_len, store.files.current_bytes)
+        assert after == before
+
+    _run(tmp_path, scenario)
+
+
+def test_backpressure_refuses_with_a_retry_hint(tmp_path: Path) -> None:
+    async def scenario(store: TransactionStore) -> None:
+        results = await store.submit_many([(_body(), "", "")] * 5)
+        refused = [r for r in results if isinstance(r, StoreError)]
+        assert len(refused) == 2
+        assert refused[0].code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused[0].retry_after_ms == 250
+        with pytest.raises(StoreError) as caught:
+            await store.submit(_body())
+        assert "waiting to be ordered" in caught.value.message
+        bodies = list((tmp_path / "txlog" / "transactions").glob("*/*.gz"))
+        assert len(bodies) == 3  # refused submits leave no body behind
+
+    _run(tmp_path, scenario, incoming_txs_max=3)
+
+
+def test_body_bytes_backpressure(tmp_path: Path) -> None:
+    async def scenario(store: TransactionStore) -> None:
+        await store.submit(_body("INSERT INTO t VALUES ('" + "x" * 500 + "')"))
+        with pytest.raises(StoreError) as caught:
+            await store.submit(_body())
+        assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "bodies take" in caught.value.message
+
+    _run(tmp_path, scenario, open_body_bytes_max=400)
+
+
+def test_body_exchange_checks_digests(tmp_path: Path) -> None:
+    async def scenario(store: TransactionStore) -> None:
+        tx_id = str(uuid.uuid4())
+        encoded = _body().SerializeToString()
+        with pytest.raises(StoreError) as caught:
+            await store.store_body(tx_id, encoded, b"\x00" * 32)
+        assert caught.value.code is grpc.StatusCode.DATA_LOSS
+        assert not store.bodies.holds(tx_id)
+        from txsync.transaction_store.txlog.bodies import body_digest
+
+        assert await store.store_body(tx_id, encoded, body_digest(encoded))
+        assert not await store.store_body(tx_id, encoded, body_digest(encoded))
+        with pytest.raises(StoreError, match="not an encoded TxBody"):
+            await store.store_body(str(uuid.uuid4()), b"\xff\xff\xff", b"")
+
+    _run(tmp_path, scenario)
+
+
+def test_follow_enqueued_and_local_submit_watch(tmp_path: Path) -> None:
+    async def scenario(store: TransactionStore) -> None:
+        first = (await store.submit(_body())).tx_id
+        watched: list[str] = []
+
+        async def watch() -> None:
+            async for tx_id in store.watch_local_submits():
+                watched.append(tx_id)
+                if len(watched) == 2:
+                    return
+
+        watcher = asyncio.create_task(watch())
+        second = (await store.submit(_body())).tx_id
+        await asyncio.wait_for(watcher, 5)
+        assert watched == [first, second]
+
+        followed: list[tuple[int, str]] = []
+
+        async def follow() -> None:
+            async for position, record in store.follow_enqueued(1):
+                followed.append((position, record.tx_id))
+                if len(followed) == 2:
+                    return
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0.05)
+        assert followed == []  # nothing is ENQUEUED yet
+        await _sync_local(store, second, 1)
+        await _sync_local(store, first, 2)
+        await asyncio.wait_for(follower, 5)
+        assert followed == [(1, second), (2, first)]
+
+    _run(tmp_path, scenario)
+
+
+def test_truncation_needs_every_peer_and_worker_past_it(tmp_path: Path) -> None:
+    async def scenario(store: TransactionStore) -> list[str]:
+        ids = [(await store.submit(_body())).tx_id for _ in range(4)]
+        for ts, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, ts)
+        with pytest.raises(StoreError) as caught:
+            await store.truncate(3)
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert store.report_progress({"dc2": 3, "dc3": 2}, 4) == 3
+        dropped, backups = await store.truncate(0)
+        assert dropped == 2 and len(backups) == 1
+        with pytest.raises(StoreError):
+            store.get(ids[0])
+        assert store.get(ids[2]).position == 3
+        with pytest.raises(StoreError, match="truncated"):
+            store.read_synced(1, 10)
+        start, entries = store.read_synced(2, 10)
+        assert start == MergeBase(2, ids[1]) and [m.tx_id for m in entries] == ids[2:]
+        return ids
+
+    ids = _run(tmp_path, scenario)
+
+    async def after_restart(store: TransactionStore) -> None:
+        assert store.state.synced_len == 4
+        assert store.get(ids[3]).position == 4
+        assert not store.bodies.holds(ids[0]) and store.bodies.holds(ids[3])
+
+    _run(tmp_path, after_restart)
+
+
+def test_automatic_rotation_keeps_everything(tmp_path: Path) -> None:
+    async def scenario(store: TransactionStore) -> int:
+        for _ in range(40):
+            await store.submit(_body())
+        await asyncio.sleep(0.2)  # let the background rotation finish
+        return len(store.state.txs)
+
+    count = _run(tmp_path, scenario, log_file_bytes_max=2_000)
+    assert count == 40
+    assert list((tmp_path / "txlog").glob("bak-*.dat"))
+
+    async def after_restart(store: TransactionStore) -> None:
+        assert len([r for r in store.state.in_seq_order()]) == 40
+
+    _run(tmp_path, after_restart)
