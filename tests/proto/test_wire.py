@@ -8,6 +8,7 @@ import uuid
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from txsync.protocol import GENESIS_TX_ID, Limits, MergeBase, Post, SyncedEntries, TxMeta
 from txsync.sync_coordinator.wire import (
     WireError,

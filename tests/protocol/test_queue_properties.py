@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+
 from txsync.protocol import GENESIS_TX_ID, IncomingQueue, MergeBase, SyncedQueue, TxMeta
 from txsync.protocol.queues import addable_prefix
 

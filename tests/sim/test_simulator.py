@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from txsync.sim import DEFAULT_MIXES, FaultMix, SimConfig, run_mix, run_seed
-from txsync.sim.cluster import NodeFactory
 
 from tests.sim.broken_cores import (
     ForgetfulCounterCore,
@@ -16,6 +14,8 @@ from tests.sim.broken_cores import (
     NoCutCore,
     UnionAddCore,
 )
+from txsync.sim import DEFAULT_MIXES, FaultMix, SimConfig, run_mix, run_seed
+from txsync.sim.cluster import NodeFactory
 
 REGRESSIONS = Path(__file__).parent / "regression_seeds.txt"
 FULL_MIX = "delay,drop,duplicate,reorder,partition,crash"

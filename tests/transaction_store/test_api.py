@@ -13,10 +13,10 @@ import pytest
 from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from txsync.transaction_store.txlog.bodies import body_digest
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, store_pb2, store_pb2_grpc
 
 from tests.support.processes import ServiceProcess, health_status, transaction_store
+from txsync.transaction_store.txlog.bodies import body_digest
+from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, store_pb2, store_pb2_grpc
 
 
 def _body(value: int = 1) -> common_pb2.TxBody:

@@ -17,9 +17,9 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from txsync.v1 import client_pb2, common_pb2, store_pb2
 
 from tests.support.processes import ServiceProcess, health_status, transaction_store
+from txsync.v1 import client_pb2, common_pb2, store_pb2
 
 TX = str(uuid.uuid4())
 META = common_pb2.TxMeta(ts=3, tx_id=TX, origin="dc2")

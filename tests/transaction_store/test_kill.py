@@ -21,9 +21,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 from tests.support.processes import ServiceProcess, transaction_store
+from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 KILL_POINTS = int(os.environ.get("TXSYNC_KILL_POINTS", "50"))
 SINGLE_CLIENTS = 4

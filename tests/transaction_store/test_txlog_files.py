@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.txlog.files import LogCorruptionError, LogFiles
 from txsync.transaction_store.txlog.framing import HEADER, encode_frame, scan

@@ -108,7 +108,7 @@ def register(commands: Any) -> None:
                         help="refuse submits while this many txs are INCOMING")  # fmt: skip
     parser.add_argument("--body-bytes-max", type=int, default=1 << 30,
                         help="refuse submits while open bodies take this many bytes")  # fmt: skip
-    parser.add_argument("--log-file-bytes-max", type=int, default=64 << 20,
+    parser.add_argument("--log-file-bytes-max", type=int, default=16 << 20,
                         help="rotate the txlog file past this size")  # fmt: skip
     parser.add_argument("--grace-seconds", type=float, default=10.0,
                         help="how long in-flight calls may finish at shutdown")  # fmt: skip

@@ -55,8 +55,10 @@ class StoreConfig:
     """...or while the bodies of unfinished transactions take this many bytes."""
     retry_after_ms: int = 250
     """The retry hint sent with RESOURCE_EXHAUSTED."""
-    log_file_bytes_max: int = 64 << 20
-    """The current log file is rotated (and truncated if allowed) past this size."""
+    log_file_bytes_max: int = 16 << 20
+    """The current log file is rotated (and truncated if allowed) once this many bytes
+    were appended since its snapshot. It also bounds start-up work: every body carried
+    by the live log is checked against its file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +99,18 @@ class TransactionStore:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
         self._rotating = False
+        self._rotation: asyncio.Task[None] | None = None
+        self._unsynced_bodies: set[str] = set()
+        """Body files whose only durable copy is a log entry of the current file."""
+        self.bodies_repaired = 0
 
     @classmethod
     async def open(cls, config: StoreConfig) -> TransactionStore:
         """Recover the txlog (cutting and reporting a torn tail) and start the writer."""
         store = cls(config)
-        store.recovery = await asyncio.to_thread(store.files.recover, store.state.apply)
+        store.recovery = await asyncio.to_thread(store.files.recover, store._replay)
+        if store.bodies_repaired:
+            log.warning("rewrote %d body files from the txlog", store.bodies_repaired)
         if store.recovery.torn_tail is not None:
             alarm = f"txlog torn tail at start-up: {store.recovery.torn_tail}"
             log.warning("%s", alarm)
@@ -110,8 +118,23 @@ class TransactionStore:
         store._writer.start()
         return store
 
+    def _replay(self, entry: txlog_pb2.LogEntry) -> None:
+        """Recovery: apply an entry, and bring back a body file it carries if needed."""
+        self.state.apply(entry)
+        kind = entry.WhichOneof("entry")
+        if kind == "snapshot":
+            self._unsynced_bodies.clear()
+            return
+        carried = entry.submitted if kind == "submitted" else entry.body_stored
+        if kind in ("submitted", "body_stored") and carried.body:
+            if self.bodies.repair(carried.tx_id, carried.body, carried.body_digest):
+                self.bodies_repaired += 1
+            self._unsynced_bodies.add(carried.tx_id)
+
     async def close(self) -> None:
         """Make everything durable and stop (graceful shutdown)."""
+        if self._rotation is not None:
+            await self._rotation
         await self._writer.close()
         self.files.close()
 
@@ -140,7 +163,8 @@ class TransactionStore:
         self._notify()
         if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._rotating = True
-            asyncio.get_running_loop().create_task(self._rotate_in_background())
+            # Keep a strong reference: the loop holds tasks only weakly.
+            self._rotation = asyncio.get_running_loop().create_task(self._rotate_in_background())
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -223,9 +247,11 @@ class TransactionStore:
                             body_bytes=len(encoded),
                             traceparent=traceparent,
                             service=SERVICE_NAME,
+                            body=encoded,
                         )
                     )
                 )
+                self._unsynced_bodies.add(tx_id)
                 if key:
                     batch_keys[key] = tx_id
                 results.append(Submitted(tx_id, True, TxState.INCOMING))
@@ -237,8 +263,7 @@ class TransactionStore:
         return results
 
     def _write_bodies(self, bodies: Iterable[tuple[str, bytes]]) -> None:
-        for tx_id, encoded in bodies:
-            self.bodies.write(tx_id, encoded)
+        self.bodies.write_many(list(bodies))
 
     def _delete_bodies(self, tx_ids: Iterable[str]) -> None:
         for tx_id in tx_ids:
@@ -468,8 +493,11 @@ class TransactionStore:
             record = self.state.txs.get(tx_id)
             if record is not None and record.body_held:
                 return False
-            stored = txlog_pb2.BodyStored(tx_id=tx_id, body_digest=digest, body_bytes=len(encoded))
+            stored = txlog_pb2.BodyStored(
+                tx_id=tx_id, body_digest=digest, body_bytes=len(encoded), body=encoded
+            )
             future = self._stage([self._entry(body_stored=stored)])
+            self._unsynced_bodies.add(tx_id)
         await self._durable(future)
         return True
 
@@ -569,8 +597,16 @@ class TransactionStore:
         return await self._rotate(below_position)
 
     async def _rotate(self, below_position: int) -> tuple[int, list[str]]:
+        # The snapshot carries no bodies, so every body file whose only durable copy is
+        # in the current log must be made durable first: most of them outside the lock,
+        # the few submitted meanwhile inside it.
+        early = list(self._unsynced_bodies)
+        await asyncio.to_thread(self.bodies.fsync_many, early)
         async with self._lock:
             await self._writer.flush()
+            late = list(self._unsynced_bodies.difference(early))
+            await asyncio.to_thread(self.bodies.fsync_many, late)
+            self._unsynced_bodies.clear()
             snapshot, dropped = self.state.snapshot(below_position)
             backups = await asyncio.to_thread(self.files.rotate, snapshot, _now_ms())
             entry = self._entry(snapshot=snapshot)

@@ -164,6 +164,7 @@ class TxSubmitted(_message.Message):
     BODY_BYTES_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     SERVICE_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     idempotency_key: _builtins.str
     body_digest: _builtins.bytes
@@ -171,6 +172,11 @@ class TxSubmitted(_message.Message):
     body_bytes: _builtins.int
     traceparent: _builtins.str
     service: _builtins.str
+    body: _builtins.bytes
+    """The encoded TxBody itself: the log entry is what makes the body durable (one fsync
+    per batch). The body file is written without fsync, rewritten from here at recovery
+    if it is missing or wrong, and fsynced before a rotation retires this entry.
+    """
     def __init__(
         self,
         *,
@@ -180,10 +186,13 @@ class TxSubmitted(_message.Message):
         body_bytes: _builtins.int = ...,
         traceparent: _builtins.str = ...,
         service: _builtins.str = ...,
+        body: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "body",
+        b"body",
         "body_bytes",
         b"body_bytes",
         "body_digest",
@@ -226,27 +235,37 @@ Global___MetaKnown: _TypeAlias = MetaKnown  # noqa: Y015
 
 @_typing.final
 class BodyStored(_message.Message):
-    """A body is held durably (its file was written and fsynced first)."""
+    """A body received from a peer is held durably (carried here, as in TxSubmitted)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TX_ID_FIELD_NUMBER: _builtins.int
     BODY_DIGEST_FIELD_NUMBER: _builtins.int
     BODY_BYTES_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     body_digest: _builtins.bytes
     body_bytes: _builtins.int
+    body: _builtins.bytes
     def __init__(
         self,
         *,
         tx_id: _builtins.str = ...,
         body_digest: _builtins.bytes = ...,
         body_bytes: _builtins.int = ...,
+        body: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "body_bytes", b"body_bytes", "body_digest", b"body_digest", "tx_id", b"tx_id"
+        "body",
+        b"body",
+        "body_bytes",
+        b"body_bytes",
+        "body_digest",
+        b"body_digest",
+        "tx_id",
+        b"tx_id",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

@@ -1,9 +1,11 @@
 """Transaction bodies on disk: ``transactions/<first 3 hex>/<uuid>.pb.gz`` (the seed's
-layout). Each file holds one gzip-compressed, serialized ``TxBody``.
+layout). Each file holds one gzip-compressed, serialized ``TxBody``; its digest is
+SHA-256 of the uncompressed encoded body.
 
-A body is written to a temporary file, fsynced, renamed into place and its directory
-fsynced, so a crash leaves either the whole body or none (stray ``.tmp`` files are
-removed at start-up). The digest is SHA-256 of the uncompressed encoded body.
+Files appear whole or not at all (written to ``.tmp``, then renamed; stray ``.tmp`` files
+are removed at start-up). They are *not* what makes a body durable: the log entry that
+carries the body is. So a body file is written without fsync on the submit path, and
+``fsync_many`` makes a set of them durable before a log rotation retires their entries.
 """
 
 from __future__ import annotations
@@ -33,19 +35,47 @@ class BodyStore:
         return self._root / tx_id[:3] / f"{tx_id}.{BODY_EXT}.gz"
 
     def write(self, tx_id: str, encoded: bytes) -> None:
-        """Durably store ``encoded`` (a serialized TxBody); overwrites an earlier copy."""
+        """Write a body file (whole or not at all), without fsync."""
         final = self.path(tx_id)
-        directory = final.parent
-        if not directory.exists():
-            directory.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(self._root)
+        final.parent.mkdir(exist_ok=True)
         temporary = final.with_suffix(".tmp")
         with open(temporary, "wb") as out:
             out.write(gzip.compress(encoded, compresslevel=GZIP_LEVEL, mtime=0))
-            out.flush()
-            os.fsync(out.fileno())
         os.replace(temporary, final)
-        _fsync_dir(directory)
+
+    def write_many(self, bodies: list[tuple[str, bytes]]) -> None:
+        for tx_id, encoded in bodies:
+            self.write(tx_id, encoded)
+
+    def fsync_many(self, tx_ids: list[str]) -> None:
+        """Make these body files durable (missing ones are skipped: truncated meanwhile)."""
+        directories: set[Path] = set()
+        for tx_id in tx_ids:
+            path = self.path(tx_id)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            directories.add(path.parent)
+        if directories:
+            directories.add(self._root)
+        for directory in directories:
+            _fsync_dir(directory)
+
+    def repair(self, tx_id: str, encoded: bytes, digest: bytes) -> bool:
+        """Rewrite the body file if it is missing or does not match; true if rewritten."""
+        try:
+            held = self.read(tx_id)
+        except (OSError, EOFError, gzip.BadGzipFile):
+            held = None
+        if held is not None and body_digest(held) == digest:
+            return False
+        self.write(tx_id, encoded)
+        return True
 
     def read(self, tx_id: str) -> bytes | None:
         """The encoded body, or None if not held (or unreadable, which is reported)."""
