@@ -35,7 +35,7 @@ class LogCorruptionError(Exception):
     def __init__(self, path: Path, offset: int, reason: str) -> None:
         super().__init__(
             f"txlog corrupt in {path} at byte offset {offset}: {reason}. Refusing to start: "
-            "restore the data directory from a replica or a backup (see docs/operations.md)."
+            "see 'When the txlog is corrupt' in docs/transaction-store.md."
         )
         self.path = path
         self.offset = offset
