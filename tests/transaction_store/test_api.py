@@ -16,7 +16,16 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.support.processes import ServiceProcess, health_status, transaction_store
 from txsync.transaction_store.txlog.bodies import body_digest
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, store_pb2, store_pb2_grpc
+from txsync.transaction_store.txlog.framing import scan
+from txsync.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+    store_pb2,
+    store_pb2_grpc,
+)
 
 
 def _body(value: int = 1) -> common_pb2.TxBody:
@@ -263,3 +272,31 @@ def test_corrupt_log_refuses_start_with_file_and_offset(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="exited 3"):
         process.start()
     assert f"txlog corrupt in {log_file} at byte offset 0" in process.log()
+
+
+def test_admin_status_reports_a_torn_tail_and_exports_the_log(tmp_path: Path) -> None:
+    process = transaction_store(tmp_path, "dc7")
+    process.start()
+    with grpc.insecure_channel(process.address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        for n in range(3):
+            stub.Submit(client_pb2.SubmitRequest(body=_body(n)))
+    process.kill()
+    log_file = next((tmp_path / "txlog").glob("log-*.dat"))
+    with open(log_file, "ab") as log:
+        log.write(b"\x40\x00\x00\x00\x12\x34")  # an append cut short by the crash
+    process.start()
+    with grpc.insecure_channel(process.address) as channel:
+        admin = admin_pb2_grpc.AdminServiceStub(channel)
+        status = admin.GetStatus(admin_pb2.GetStatusRequest()).local
+        assert status.node_id == "dc7" and status.incoming_len == 3 and status.healthy
+        assert any("torn tail" in alarm and log_file.name in alarm for alarm in status.alarms)
+        exported = b"".join(r.records for r in admin.ExportLog(admin_pb2.ExportLogRequest()))
+        assert len(scan(exported).frames) == 3 and scan(exported).torn_tail is None
+        code, details = _code(
+            lambda: admin.TruncateLog(admin_pb2.TruncateLogRequest(below_position=2))
+        )
+        assert code is grpc.StatusCode.FAILED_PRECONDITION and "only passed" in details
+        code, details = _code(lambda: admin.ListWorkers(admin_pb2.ListWorkersRequest()))
+        assert code is grpc.StatusCode.UNIMPLEMENTED and "worker-dispatch" in details
+    assert process.terminate() == 0

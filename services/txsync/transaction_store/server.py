@@ -20,17 +20,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from txsync.rpc import add_service
+from txsync.transaction_store.admin import AdminServicer
 from txsync.transaction_store.service import ClientServicer, StoreInternalServicer
 from txsync.transaction_store.store import StoreConfig, TransactionStore
 from txsync.transaction_store.txlog.files import LogCorruptionError
-from txsync.v1 import client_pb2, store_pb2
+from txsync.v1 import admin_pb2, client_pb2, store_pb2
 
 log = logging.getLogger("txsync.transaction_store")
 
 MESSAGE_BYTES_MAX = 8 * 1024 * 1024
 CLIENT_SERVICE = client_pb2.DESCRIPTOR.services_by_name["ClientService"]
 STORE_SERVICE = store_pb2.DESCRIPTOR.services_by_name["StoreInternalService"]
-SERVICE_NAMES = (CLIENT_SERVICE.full_name, STORE_SERVICE.full_name)
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
+SERVICE_NAMES = (CLIENT_SERVICE.full_name, STORE_SERVICE.full_name, ADMIN_SERVICE.full_name)
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
     ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
@@ -54,6 +56,7 @@ async def serve(config: StoreConfig, listen: str, port_file: Path | None, grace_
     server = grpc.aio.server(options=GRPC_OPTIONS)
     add_service(server, ClientServicer(store), CLIENT_SERVICE)
     add_service(server, StoreInternalServicer(store), STORE_SERVICE)
+    add_service(server, AdminServicer(store), ADMIN_SERVICE)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
