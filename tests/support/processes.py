@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,8 +32,11 @@ def health_status(channel: grpc.Channel, service: str = "") -> int:
 class ServiceProcess:
     """One ``txsync <service>`` process listening on a free loopback port."""
 
-    def __init__(self, args: list[str], workdir: Path, name: str) -> None:
+    def __init__(
+        self, args: list[str], workdir: Path, name: str, listen: str = "127.0.0.1:0"
+    ) -> None:
         self._args = args
+        self._listen = listen
         self._workdir = workdir
         self._name = name
         self.port_file = workdir / f"{name}.port"
@@ -46,7 +50,7 @@ class ServiceProcess:
         self.port_file.unlink(missing_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
         command = [sys.executable, "-m", "txsync.cli.main", *self._args]
-        command += ["--listen", "127.0.0.1:0", "--port-file", str(self.port_file)]
+        command += ["--listen", self._listen, "--port-file", str(self.port_file)]
         self.process = subprocess.Popen(command, stdout=log, stderr=log, cwd=self._workdir)
         log.close()
         self.starts += 1
@@ -90,7 +94,26 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def transaction_store(data_dir: Path, node_id: str = "dc1", *extra: str) -> ServiceProcess:
+def transaction_store(
+    data_dir: Path, node_id: str = "dc1", *extra: str, port: int = 0
+) -> ServiceProcess:
     data_dir.mkdir(parents=True, exist_ok=True)
     args = ["transaction-store", "--node-id", node_id, "--data", str(data_dir), *extra]
-    return ServiceProcess(args, data_dir, f"store-{node_id}")
+    return ServiceProcess(args, data_dir, f"store-{node_id}", listen=f"127.0.0.1:{port}")
+
+
+def free_port() -> int:
+    """A loopback port free right now (for services whose address peers need upfront)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def sync_coordinator(
+    workdir: Path, node_id: str, store: str, port: int, peers: dict[str, int], *extra: str
+) -> ServiceProcess:
+    args = ["sync-coordinator", "--node-id", node_id, "--store", store, *extra]
+    for peer, peer_port in peers.items():
+        args += ["--peer", f"{peer}=127.0.0.1:{peer_port}"]
+    return ServiceProcess(args, workdir, f"coordinator-{node_id}", listen=f"127.0.0.1:{port}")

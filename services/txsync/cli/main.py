@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from txsync import __version__
 from txsync.cli import sim_command
+from txsync.sync_coordinator import server as sync_coordinator_server
 from txsync.transaction_store import server as transaction_store_server
 
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sim_command.register(commands)
     transaction_store_server.register(commands)
+    sync_coordinator_server.register(commands)
     return parser
 
 

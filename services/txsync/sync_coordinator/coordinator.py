@@ -1,0 +1,350 @@
+"""The sync-coordinator's loop: the protocol core's shell over gRPC.
+
+One task owns the ``ProtocolNode``. It takes events from a bounded queue (peers' posts
+and catch-up, acquired bodies, local submits, timer ticks), steps the core for each, and
+applies the merged effects in the core's order: first one ``PersistStep`` to the
+transaction-store (durable), then the sends. Peers are reached through one sender task
+each, so a slow or dead peer never blocks the loop: of its queued posts only the newest
+is kept (the protocol needs nothing else), and other messages wait in a bounded queue
+that drops the oldest when full (the protocol retries everything it needs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from txsync.protocol import (
+    BodyAcquired,
+    DurableState,
+    Event,
+    FetchBody,
+    Limits,
+    LocalTx,
+    ProtocolNode,
+    PushBody,
+    Ready,
+    SendPost,
+    SendSyncedEntries,
+    ServeCatchUpFromLog,
+    SyncedEntries,
+    Tick,
+    Timing,
+)
+from txsync.sync_coordinator.effects import MergedPersist
+from txsync.sync_coordinator.wire import (
+    base_from_proto,
+    base_to_proto,
+    entries_to_proto,
+    meta_from_proto,
+    meta_to_proto,
+    post_to_proto,
+)
+from txsync.v1 import (
+    common_pb2,
+    peer_pb2,
+    peer_pb2_grpc,
+    store_pb2,
+    store_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+EVENTS_MAX = 10_000
+"""Events waiting for the loop; peers' calls wait (backpressure) beyond it."""
+EVENTS_PER_STEP_BATCH_MAX = 256
+"""Events stepped before one persist + send."""
+PEER_QUEUE_MAX = 1_024
+"""Messages other than posts waiting for one peer; the oldest is dropped beyond it."""
+SERVICE = "sync-coordinator"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoordinatorConfig:
+    node_id: str
+    peers: dict[str, str]
+    """Peer node id -> host:port of its PeerService."""
+    store_address: str
+    timing: Timing = field(default_factory=Timing)
+    limits: Limits = field(default_factory=Limits)
+    rpc_timeout_s: float = 2.0
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class PeerLink:
+    """Sends to one peer from its own task, so that the loop never waits on a peer."""
+
+    def __init__(self, node_id: str, address: str, timeout_s: float) -> None:
+        self.node_id = node_id
+        self._channel = grpc.aio.insecure_channel(address)
+        self.stub = peer_pb2_grpc.PeerServiceStub(self._channel)
+        self._timeout_s = timeout_s
+        self._post: peer_pb2.PostRequest | None = None
+        self._other: deque[peer_pb2.SendSyncedEntriesRequest | peer_pb2.PushBodyRequest] = deque(
+            maxlen=PEER_QUEUE_MAX
+        )
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+        self.failed = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"to-{self.node_id}")
+
+    def post(self, message: peer_pb2.PostRequest) -> None:
+        self._post = message  # an unsent older post is simply replaced
+        self._wakeup.set()
+
+    def send(self, message: peer_pb2.SendSyncedEntriesRequest | peer_pb2.PushBodyRequest) -> None:
+        self._other.append(message)
+        self._wakeup.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._channel.close()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._post is not None or self._other:
+                try:
+                    if self._post is not None:
+                        post, self._post = self._post, None
+                        await self.stub.Post(post, timeout=self._timeout_s)
+                    else:
+                        message = self._other.popleft()
+                        if isinstance(message, peer_pb2.PushBodyRequest):
+                            await self.stub.PushBody(message, timeout=self._timeout_s)
+                        else:
+                            await self.stub.SendSyncedEntries(message, timeout=self._timeout_s)
+                    self.sent += 1
+                except grpc.aio.AioRpcError as error:
+                    self.failed += 1
+                    log.debug("to %s: %s", self.node_id, error.code().name)
+
+
+class Coordinator:
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.events: asyncio.Queue[Event] = asyncio.Queue(maxsize=EVENTS_MAX)
+        self._store_channel = grpc.aio.insecure_channel(config.store_address)
+        self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
+        self.links = {
+            peer: PeerLink(peer, address, config.rpc_timeout_s)
+            for peer, address in config.peers.items()
+        }
+        self.node: ProtocolNode | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._next_tick_ms: int | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.steps = 0
+        self.rejections = 0
+
+    async def start(self) -> None:
+        """Load the durable protocol state from the store and start the loop."""
+        state = await self.store.LoadProtocolState(store_pb2.LoadProtocolStateRequest())
+        if state.node_id and state.node_id != self.config.node_id:
+            raise RuntimeError(
+                f"the store at {self.config.store_address} belongs to {state.node_id}, "
+                f"not {self.config.node_id}"
+            )
+        durable = DurableState(
+            counter=state.counter,
+            epoch=state.epoch,
+            synced_len=state.merge_base.synced_len,
+            synced_tail=tuple(meta_from_proto(m) for m in state.synced_tail),
+            incoming=tuple((meta_from_proto(e.meta), e.acquired) for e in state.incoming),
+            synced_unacquired=tuple(meta_from_proto(m) for m in state.synced_unacquired),
+        )
+        members = sorted([self.config.node_id, *self.config.peers])
+        self.node = ProtocolNode(
+            self.config.node_id,
+            members,
+            now_ms=_now_ms(),
+            durable=durable,
+            limits=self.config.limits,
+            timing=self.config.timing,
+        )
+        for link in self.links.values():
+            link.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._run(), name="protocol-loop"),
+            loop.create_task(self._watch_local_submits(), name="local-submits"),
+        ]
+        log.info(
+            "%s starts at merge base %s, counter %d, epoch %d, %d incoming; peers %s",
+            self.config.node_id,
+            self.node.merge_base,
+            durable.counter,
+            durable.epoch,
+            len(durable.incoming),
+            ", ".join(f"{p}={a}" for p, a in self.config.peers.items()),
+        )
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)  # the loop holds tasks only weakly
+        task.add_done_callback(self._background.discard)
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self._background]:
+            task.cancel()
+        for task in [*self._tasks, *self._background]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for link in self.links.values():
+            await link.close()
+        await self._store_channel.close()
+
+    # --- the loop --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        node = self.node
+        assert node is not None
+        await self._step_batch([Tick(_now_ms())])
+        while True:
+            timeout = None
+            if self._next_tick_ms is not None:
+                timeout = max(0.0, (self._next_tick_ms - _now_ms()) / 1000)
+            try:
+                first = await asyncio.wait_for(self.events.get(), timeout)
+                batch = [first]
+                while len(batch) < EVENTS_PER_STEP_BATCH_MAX and not self.events.empty():
+                    batch.append(self.events.get_nowait())
+                batch.append(Tick(_now_ms()))
+            except TimeoutError:
+                batch = [Tick(_now_ms())]
+            await self._step_batch(batch)
+
+    async def _step_batch(self, events: list[Event]) -> None:
+        node = self.node
+        assert node is not None
+        merged = MergedPersist()
+        readies: list[Ready] = []
+        for event in events:
+            ready = node.step(event)
+            self.steps += 1
+            merged.add(ready)
+            readies.append(ready)
+            for rejection in ready.rejections:
+                self.rejections += 1
+                level = logging.ERROR if "FORK" in rejection.reason else logging.DEBUG
+                log.log(level, "refused %s: %s", rejection.what, rejection.reason)
+        if not merged.is_empty():
+            await self._persist(merged)  # durable before anything leaves this node
+        for ready in readies:
+            await self._send(ready)
+        self._next_tick_ms = readies[-1].next_tick_ms if readies else None
+
+    async def _persist(self, merged: MergedPersist) -> None:
+        request = store_pb2.PersistStepRequest(
+            counter=merged.counter,
+            incoming=[meta_to_proto(m) for m in merged.incoming],
+            synced=[meta_to_proto(m) for m in merged.synced],
+            state_changes=[
+                store_pb2.StateChange(
+                    tx_id=c.tx_id, state=common_pb2.TxState.ValueType(c.state.value)
+                )
+                for c in merged.changes
+            ],
+            service=SERVICE,
+        )
+        if merged.synced_start is not None:
+            request.synced_start.CopyFrom(base_to_proto(merged.synced_start))
+        # A failure here is fatal for this incarnation: memory ran ahead of the disk.
+        await self.store.PersistStep(request, timeout=30)
+
+    async def _send(self, ready: Ready) -> None:
+        for message in ready.messages:
+            match message:
+                case SendPost(to, post):
+                    self.links[to].post(post_to_proto(post))
+                case SendSyncedEntries(to, entries):
+                    self.links[to].send(entries_to_proto(entries))
+                case ServeCatchUpFromLog(to, from_len, count_max):
+                    await self._serve_from_log(to, from_len, count_max)
+        for body in ready.bodies:
+            match body:
+                case PushBody(tx_id, peers):
+                    await self._push_body(tx_id, peers)
+                case FetchBody(tx_id, source):
+                    self._in_background(self._fetch_body(tx_id, source))
+
+    async def _serve_from_log(self, to: str, from_len: int, count_max: int) -> None:
+        try:
+            answer = await self.store.ReadSynced(
+                store_pb2.ReadSyncedRequest(from_len=from_len, count_max=min(count_max, 1024))
+            )
+        except grpc.aio.AioRpcError as error:
+            log.warning("cannot serve %s from the txlog at %d: %s", to, from_len, error.details())
+            return
+        if answer.entries:
+            entries = SyncedEntries(
+                0,
+                self.config.node_id,
+                base_from_proto(answer.start),
+                tuple(meta_from_proto(m) for m in answer.entries),
+            )
+            self.links[to].send(entries_to_proto(entries))
+
+    async def _push_body(self, tx_id: str, peers: tuple[str, ...]) -> None:
+        try:
+            body = await self.store.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id))
+        except grpc.aio.AioRpcError as error:
+            log.warning("cannot push %s: %s", tx_id, error.details())
+            return  # peers fetch it when they see its meta
+        push = peer_pb2.PushBodyRequest(
+            sender=self.config.node_id, tx_id=tx_id, body=body.body, digest=body.digest
+        )
+        for peer in peers:
+            self.links[peer].send(push)
+
+    async def _fetch_body(self, tx_id: str, source: str) -> None:
+        """Fetch a body (the core retries with backoff if this fails)."""
+        try:
+            await self.store.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id))
+        except grpc.aio.AioRpcError:
+            pass
+        else:
+            await self.events.put(BodyAcquired(tx_id))  # already held here
+            return
+        try:
+            got = await self.links[source].stub.GetBody(
+                peer_pb2.GetBodyRequest(sender=self.config.node_id, tx_id=tx_id),
+                timeout=self.config.rpc_timeout_s,
+            )
+            await self.store.StoreBody(
+                store_pb2.StoreBodyRequest(tx_id=tx_id, body=got.body, digest=got.digest)
+            )
+        except grpc.aio.AioRpcError as error:
+            log.debug("fetching %s from %s: %s", tx_id, source, error.code().name)
+            return
+        await self.events.put(BodyAcquired(tx_id))
+
+    async def _watch_local_submits(self) -> None:
+        """Local submits become LocalTx events; the watch restarts if the store restarts."""
+        while True:
+            try:
+                async for submit in self.store.WatchLocalSubmits(
+                    store_pb2.WatchLocalSubmitsRequest()
+                ):
+                    await self.events.put(LocalTx(submit.tx_id))
+            except grpc.aio.AioRpcError as error:
+                log.warning("local submit watch ended (%s); retrying", error.code().name)
+            await asyncio.sleep(0.5)

@@ -1,0 +1,122 @@
+"""``PeerService``: what other DCs' coordinators call on this one.
+
+Posts and catch-up are decoded and checked (``wire``) and queued for the protocol loop;
+pushed bodies are stored through the transaction-store (which checks their digest)
+before the loop hears they are acquired; bodies are served from the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from txsync.protocol import BodyAcquired, PostReceived, SyncedEntriesReceived
+from txsync.rpc import ServiceError, answers_errors
+from txsync.sync_coordinator.coordinator import Coordinator
+from txsync.sync_coordinator.wire import (
+    WireError,
+    check_node_id,
+    entries_from_proto,
+    post_from_proto,
+)
+from txsync.v1 import peer_pb2, peer_pb2_grpc, store_pb2
+
+
+def _invalid(error: WireError) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+
+class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
+        self._limits = coordinator.config.limits
+
+    def _check_peer(self, sender: str) -> None:
+        if sender not in self._coordinator.config.peers:
+            raise ServiceError(
+                grpc.StatusCode.PERMISSION_DENIED, f"{sender!r} is not a configured peer"
+            )
+
+    @answers_errors
+    async def Post(
+        self, request: peer_pb2.PostRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.PostResponse:
+        try:
+            post = post_from_proto(request, self._limits)
+        except WireError as error:
+            raise _invalid(error) from None
+        self._check_peer(post.sender)
+        await self._coordinator.events.put(PostReceived(post))
+        return peer_pb2.PostResponse()
+
+    @answers_errors
+    async def SendSyncedEntries(
+        self,
+        request: peer_pb2.SendSyncedEntriesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> peer_pb2.SendSyncedEntriesResponse:
+        try:
+            entries = entries_from_proto(request, self._limits)
+        except WireError as error:
+            raise _invalid(error) from None
+        self._check_peer(entries.sender)
+        await self._coordinator.events.put(SyncedEntriesReceived(entries))
+        return peer_pb2.SendSyncedEntriesResponse()
+
+    @answers_errors
+    async def PushBody(
+        self, request: peer_pb2.PushBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.PushBodyResponse:
+        try:
+            check_node_id(request.sender, "sender")
+        except WireError as error:
+            raise _invalid(error) from None
+        self._check_peer(request.sender)
+        try:
+            await self._coordinator.store.StoreBody(
+                store_pb2.StoreBodyRequest(
+                    tx_id=request.tx_id, body=request.body, digest=request.digest
+                )
+            )
+        except grpc.aio.AioRpcError as error:
+            raise ServiceError(error.code(), error.details() or "store refused") from None
+        await self._coordinator.events.put(BodyAcquired(request.tx_id))
+        return peer_pb2.PushBodyResponse()
+
+    @answers_errors
+    async def GetBody(
+        self, request: peer_pb2.GetBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.GetBodyResponse:
+        self._check_peer(request.sender)
+        try:
+            body = await self._coordinator.store.ReadBody(
+                store_pb2.ReadBodyRequest(tx_id=request.tx_id)
+            )
+        except grpc.aio.AioRpcError as error:
+            raise ServiceError(error.code(), error.details() or "store refused") from None
+        return peer_pb2.GetBodyResponse(body=body.body, digest=body.digest)
+
+    async def _views_later(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "view changes are not implemented yet: this coordinator runs a fixed view",
+        )
+
+    async def PrepareView(
+        self, request: peer_pb2.PrepareViewRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.PrepareViewResponse:
+        await self._views_later(context)
+        raise AssertionError("context.abort always raises")
+
+    async def AcceptView(
+        self, request: peer_pb2.AcceptViewRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.AcceptViewResponse:
+        await self._views_later(context)
+        raise AssertionError("context.abort always raises")
+
+    async def InstallView(
+        self, request: peer_pb2.InstallViewRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.InstallViewResponse:
+        await self._views_later(context)
+        raise AssertionError("context.abort always raises")

@@ -1,0 +1,152 @@
+"""The sync-coordinator process: ``txsync sync-coordinator``.
+
+Serves ``PeerService`` to the other DCs (plaintext for now: mutual TLS between DCs comes
+with the security work of this service's issue) and drives rounds with them, reading and
+writing the txlog through this DC's transaction-store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from txsync.protocol import MEMBERS_MAX, Timing
+from txsync.rpc import add_service
+from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig
+from txsync.sync_coordinator.peer_service import PeerServicer
+from txsync.sync_coordinator.wire import WireError, check_node_id
+from txsync.v1 import peer_pb2
+
+log = logging.getLogger("txsync.sync_coordinator")
+
+MESSAGE_BYTES_MAX = 8 * 1024 * 1024
+PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["PeerService"]
+
+
+async def serve(
+    config: CoordinatorConfig, listen: str, port_file: Path | None, grace_s: float
+) -> int:
+    coordinator = Coordinator(config)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+            ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+        ]
+    )
+    add_service(server, PeerServicer(coordinator), PEER_SERVICE)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (PEER_SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        log.critical("cannot listen on %s", listen)
+        return 2
+    await server.start()
+    try:
+        await coordinator.start()
+    except (grpc.aio.AioRpcError, RuntimeError) as error:
+        log.critical("cannot load the protocol state from the store: %s", error)
+        await server.stop(0)
+        return 3
+    for name in ("", PEER_SERVICE.full_name):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    address = f"{listen.rsplit(':', 1)[0]}:{port}"
+    if port_file is not None:
+        temporary = port_file.with_suffix(".tmp")
+        temporary.write_text(address)
+        temporary.replace(port_file)
+    log.info("sync-coordinator %s listening on %s", config.node_id, address)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace_s)
+    await coordinator.stop()
+    log.info("sync-coordinator stopped cleanly")
+    return 0
+
+
+def _peer(text: str) -> tuple[str, str]:
+    node_id, separator, address = text.partition("=")
+    if not separator or ":" not in address:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NODE_ID=HOST:PORT")
+    try:
+        check_node_id(node_id, "peer")
+    except WireError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return node_id, address
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "sync-coordinator",
+        help="run a DC's sync-coordinator (rounds with the other DCs)",
+        description=(
+            "Agree with the other DCs on one order of all transactions (the TxLog sync "
+            "protocol), through this DC's transaction-store."
+        ),
+        epilog=(
+            "example:\n  txsync sync-coordinator --node-id dc1 --store 127.0.0.1:7001 "
+            "--listen 127.0.0.1:7101 \\\n      --peer dc2=127.0.0.1:7201 --peer dc3=127.0.0.1:7301"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--node-id", required=True, help="this DC's node id")
+    parser.add_argument("--store", required=True, help="host:port of this DC's transaction-store")
+    parser.add_argument(
+        "--peer",
+        type=_peer,
+        action="append",
+        default=[],
+        metavar="ID=HOST:PORT",
+        help="another DC's coordinator; repeat per DC",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:7101", help="host:port for PeerService")
+    parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
+    parser.add_argument("--round-timeout-ms", type=int, default=500,
+                        help="a round without every peer's post ends empty after this")  # fmt: skip
+    parser.add_argument("--idle-interval-ms", type=int, default=1000,
+                        help="gap between idle rounds")  # fmt: skip
+    parser.add_argument("--grace-seconds", type=float, default=5.0)
+    parser.set_defaults(handler=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    peers = dict(options.peer)
+    if len(peers) != len(options.peer) or options.node_id in peers:
+        print("error: every --peer needs its own node id, other than --node-id", file=sys.stderr)
+        return 2
+    if len(peers) + 1 > MEMBERS_MAX:
+        print(f"error: at most {MEMBERS_MAX} nodes", file=sys.stderr)
+        return 2
+    if options.round_timeout_ms < 1 or options.idle_interval_ms < 1:
+        print("error: timings must be positive", file=sys.stderr)
+        return 2
+    config = CoordinatorConfig(
+        node_id=options.node_id,
+        peers=peers,
+        store_address=options.store,
+        timing=Timing(
+            round_timeout_ms=options.round_timeout_ms, idle_interval_ms=options.idle_interval_ms
+        ),
+    )
+    return asyncio.run(serve(config, options.listen, options.port_file, options.grace_seconds))
