@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv run test test-quick lint proto proto-check sim bench-store clean
+.PHONY: help venv run test test-quick lint proto proto-check sim bench-store bench-agreement clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -54,6 +54,9 @@ test-quick: venv  ## the tests without the slow ones
 
 bench-store: venv  ## submit throughput and latency of one transaction-store, fsync on
 	$(BIN)/python -m bench.store_bench
+
+bench-agreement: venv  ## submit -> ACCEPTED at all of 3 DCs, at 0, 10 and 50 ms RTT
+	$(BIN)/python -m bench.agreement_bench
 
 clean:  ## remove the environments and caches
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -227,6 +227,14 @@ def test_stream_submit_and_wait(client: client_pb2_grpc.ClientServiceStub) -> No
         )
     )
     assert not not_yet.reached
+    unknown = client.Wait(
+        client_pb2.WaitRequest(
+            tx_id=str(uuid.uuid4()),
+            state=common_pb2.TX_STATE_INCOMING,
+            timeout=duration_pb2.Duration(nanos=100_000_000),
+        )
+    )
+    assert not unknown.reached and unknown.state == common_pb2.TX_STATE_UNSPECIFIED
 
 
 def test_health_and_reflection(server: ServiceProcess) -> None:

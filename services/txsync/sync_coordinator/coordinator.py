@@ -64,6 +64,11 @@ EVENTS_PER_STEP_BATCH_MAX = 256
 """Events stepped before one persist + send."""
 PEER_QUEUE_MAX = 1_024
 """Messages other than posts waiting for one peer; the oldest is dropped beyond it."""
+PEER_IN_FLIGHT_MAX = 32
+"""Calls to one peer under way at once. Calls are pipelined, not sent one answer after
+another: at 50 ms RTT a one-at-a-time link carries 20 messages a second and makes every
+message wait a round trip behind the previous one. The protocol needs no order between
+messages (receivers keep the newest post by (epoch, seq))."""
 SERVICE = "sync-coordinator"
 
 
@@ -83,7 +88,8 @@ def _now_ms() -> int:
 
 
 class PeerLink:
-    """Sends to one peer from its own task, so that the loop never waits on a peer."""
+    """Sends to one peer from its own task, so that the loop never waits on a peer, with
+    up to PEER_IN_FLIGHT_MAX calls under way."""
 
     def __init__(self, node_id: str, address: str, timeout_s: float) -> None:
         self.node_id = node_id
@@ -96,6 +102,8 @@ class PeerLink:
         )
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._slots = asyncio.Semaphore(PEER_IN_FLIGHT_MAX)
+        self._calls: set[asyncio.Task[None]] = set()
         self.sent = 0
         self.failed = 0
 
@@ -111,31 +119,46 @@ class PeerLink:
         self._wakeup.set()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in [self._task, *self._calls]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._channel.close()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._post is not None or self._other:
-                try:
-                    if self._post is not None:
-                        post, self._post = self._post, None
-                        await self.stub.Post(post, timeout=self._timeout_s)
-                    else:
-                        message = self._other.popleft()
-                        if isinstance(message, peer_pb2.PushBodyRequest):
-                            await self.stub.PushBody(message, timeout=self._timeout_s)
-                        else:
-                            await self.stub.SendSyncedEntries(message, timeout=self._timeout_s)
-                    self.sent += 1
-                except grpc.aio.AioRpcError as error:
-                    self.failed += 1
-                    log.debug("to %s: %s", self.node_id, error.code().name)
+                await self._slots.acquire()  # a newer post may replace ours meanwhile
+                message_or_push: object
+                if self._post is not None:
+                    message_or_push, self._post = self._post, None
+                elif self._other:
+                    message_or_push = self._other.popleft()
+                else:
+                    self._slots.release()
+                    break
+                call = loop.create_task(self._call(message_or_push))
+                self._calls.add(call)  # the loop holds tasks only weakly
+                call.add_done_callback(self._calls.discard)
+
+    async def _call(self, message: object) -> None:
+        try:
+            if isinstance(message, peer_pb2.PostRequest):
+                await self.stub.Post(message, timeout=self._timeout_s)
+            elif isinstance(message, peer_pb2.PushBodyRequest):
+                await self.stub.PushBody(message, timeout=self._timeout_s)
+            elif isinstance(message, peer_pb2.SendSyncedEntriesRequest):
+                await self.stub.SendSyncedEntries(message, timeout=self._timeout_s)
+            self.sent += 1
+        except grpc.aio.AioRpcError as error:
+            self.failed += 1
+            log.debug("to %s: %s", self.node_id, error.code().name)
+        finally:
+            self._slots.release()
 
 
 class Coordinator:

@@ -167,6 +167,8 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         seconds = check_wait_seconds(request.timeout.ToNanoseconds() / 1e9)
         record, reached = await self._store.wait(request.tx_id, wanted, seconds)
         response = client_pb2.WaitResponse(reached=reached)
+        if record is None:
+            return response  # never heard of here within the timeout: state UNSPECIFIED
         if record.state is not None:
             response.state = common_pb2.TxState.ValueType(record.state.value)
         if record.outcome is not None:

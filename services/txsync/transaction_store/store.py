@@ -292,22 +292,27 @@ class TransactionStore:
         body.ParseFromString(encoded)
         return body
 
-    async def wait(self, tx_id: str, state: TxState, timeout_s: float) -> tuple[TxRecord, bool]:
-        """Wait until the transaction's state is ``state`` or later (durably)."""
+    async def wait(
+        self, tx_id: str, state: TxState, timeout_s: float
+    ) -> tuple[TxRecord | None, bool]:
+        """Wait until the transaction's state is ``state`` or later (durably). A
+        transaction this DC has not heard of yet (submitted at another DC) is waited for
+        too; the record is None if it never showed up."""
+        check_tx_id(tx_id)
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
-            record = self.get(tx_id)
-            current = record.state
+            changed = self._changed
+            record = self.state.tx(tx_id)
+            current = record.state if record is not None else None
             if current is not None and _reached(current, state):
                 return record, True
-            changed = self._changed
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 return record, False
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
             except TimeoutError:
-                return self.get(tx_id), False
+                return self.state.tx(tx_id), False
 
     def list_page(
         self, state: TxState | None, page_size: int, after_seq: int

@@ -114,7 +114,10 @@ class ClientServiceServicer:
         raise NotImplementedError("Method not implemented!")
 
     def Wait(self, request, context):
-        """Wait until a transaction reaches a state (or passes it) or the timeout ends."""
+        """Wait until a transaction reaches a state (or passes it) or the timeout ends. A
+        transaction this DC has not heard of yet (submitted at another DC) is waited for too;
+        if it never shows up the answer has reached=false and state UNSPECIFIED.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")

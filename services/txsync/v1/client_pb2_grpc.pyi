@@ -55,7 +55,10 @@ class ClientServiceStub:
     Wait: _grpc.UnaryUnaryMultiCallable[
         _client_pb2.WaitRequest, _client_pb2.WaitResponse
     ]
-    """Wait until a transaction reaches a state (or passes it) or the timeout ends."""
+    """Wait until a transaction reaches a state (or passes it) or the timeout ends. A
+    transaction this DC has not heard of yet (submitted at another DC) is waited for too;
+    if it never shows up the answer has reached=false and state UNSPECIFIED.
+    """
     List: _grpc.UnaryUnaryMultiCallable[
         _client_pb2.ListRequest, _client_pb2.ListResponse
     ]
@@ -93,7 +96,10 @@ class ClientServiceAsyncStub(ClientServiceStub):
     Wait: _aio.UnaryUnaryMultiCallable[
         _client_pb2.WaitRequest, _client_pb2.WaitResponse
     ]  # type: ignore[assignment]
-    """Wait until a transaction reaches a state (or passes it) or the timeout ends."""
+    """Wait until a transaction reaches a state (or passes it) or the timeout ends. A
+    transaction this DC has not heard of yet (submitted at another DC) is waited for too;
+    if it never shows up the answer has reached=false and state UNSPECIFIED.
+    """
     List: _aio.UnaryUnaryMultiCallable[
         _client_pb2.ListRequest, _client_pb2.ListResponse
     ]  # type: ignore[assignment]
@@ -161,7 +167,10 @@ class ClientServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[
         _client_pb2.WaitResponse, _abc.Awaitable[_client_pb2.WaitResponse]
     ]:
-        """Wait until a transaction reaches a state (or passes it) or the timeout ends."""
+        """Wait until a transaction reaches a state (or passes it) or the timeout ends. A
+        transaction this DC has not heard of yet (submitted at another DC) is waited for too;
+        if it never shows up the answer has reached=false and state UNSPECIFIED.
+        """
 
     @_abc_1.abstractmethod
     def List(

@@ -1,0 +1,93 @@
+"""A local multi-DC cluster of real processes (a transaction-store and a sync-coordinator
+per DC) on loopback, optionally with emulated WAN links between the coordinators."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from tests.support.processes import ServiceProcess, free_port, sync_coordinator, transaction_store
+from txsync.link_emulator import LinkEmulator, LinkSettings
+from txsync.v1 import store_pb2, store_pb2_grpc
+
+CONVERGE_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Dc:
+    node_id: str
+    store: ServiceProcess
+    coordinator: ServiceProcess
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        root: Path,
+        size: int,
+        *,
+        one_way_delay_ms: float | None = None,
+        coordinator_args: tuple[str, ...] = ("--round-timeout-ms", "300"),
+    ) -> None:
+        """``one_way_delay_ms`` None: coordinators talk directly; else through the link
+        emulator with that one-way delay on every directed link."""
+        ids = [f"dc{n + 1}" for n in range(size)]
+        ports = {node: free_port() for node in ids}
+        self.emulator: LinkEmulator | None = None
+        dial = {(a, b): ports[b] for a in ids for b in ids if a != b}
+        if one_way_delay_ms is not None:
+            self.emulator = LinkEmulator()
+            for a, b in dial:
+                settings = LinkSettings(delay_ms=one_way_delay_ms)
+                dial[(a, b)] = self.emulator.add_link(a, b, ports[b], settings)
+        self.dcs: list[Dc] = []
+        for node in ids:
+            store = transaction_store(root / node, node, port=free_port())
+            store.start()
+            peers = {p: dial[(node, p)] for p in ids if p != node}
+            coordinator = sync_coordinator(
+                root / node, node, store.address, ports[node], peers, *coordinator_args
+            )
+            self.dcs.append(Dc(node, store, coordinator))
+        for dc in self.dcs:
+            dc.coordinator.start()
+
+    def stop(self) -> None:
+        for dc in self.dcs:
+            for process in (dc.coordinator, dc.store):
+                if process.process is not None and process.process.poll() is None:
+                    assert process.terminate() == 0, process.log()
+        if self.emulator is not None:
+            self.emulator.close()
+
+    def synced(self, dc: Dc) -> list[str]:
+        with grpc.insecure_channel(dc.store.address) as channel:
+            stub = store_pb2_grpc.StoreInternalServiceStub(channel)
+            ids: list[str] = []
+            while True:
+                answer = stub.ReadSynced(
+                    store_pb2.ReadSyncedRequest(from_len=len(ids), count_max=1024)
+                )
+                if not answer.entries:
+                    return ids
+                ids.extend(m.tx_id for m in answer.entries)
+
+    def wait_converged(self, expected: set[str]) -> list[str]:
+        """Wait until every DC has synced exactly ``expected``, checking on the way that
+        the DCs' orders never fork; returns the common order."""
+        deadline = time.monotonic() + CONVERGE_TIMEOUT_S
+        while True:
+            orders = [self.synced(dc) for dc in self.dcs]
+            for order in orders:
+                shortest = min(len(order), len(orders[0]))
+                assert order[:shortest] == orders[0][:shortest], "the DCs' orders forked"
+            if all(set(order) == expected for order in orders):
+                assert all(order == orders[0] for order in orders), "the DCs' orders differ"
+                return orders[0]
+            if time.monotonic() > deadline:
+                counts = {dc.node_id: len(o) for dc, o in zip(self.dcs, orders, strict=True)}
+                raise AssertionError(f"no convergence on {len(expected)} txs: {counts}")
+            time.sleep(0.1)
