@@ -157,6 +157,7 @@ class ProtocolNode:
         self._posts: dict[NodeId, Post] = {}
         self._ahead_posts: dict[NodeId, Post] = {}
         self._dirty = False
+        self._asks_catch_up = False
         self._last_post_ms = now_ms
         self._catchup_sent: dict[NodeId, tuple[int, int]] = {}
         self._fx = _Effects()
@@ -273,7 +274,10 @@ class ProtocolNode:
             if known is None or post.is_newer_than(known):
                 self._ahead_posts[post.sender] = post
             self._merge(post)
-            self._dirty = True  # post soon, so that the forerunner serves us
+            # Post soon even if nothing changed: a forerunner serves a lagger only when
+            # the lagger's post reaches it, so this post is our request for catch-up.
+            self._asks_catch_up = True
+            self._dirty = True
             self._wake()
             return
         if post.base != base:
@@ -363,7 +367,8 @@ class ProtocolNode:
         """Re-post within a round, unless peers already have this very snapshot."""
         last = self._posts.get(self._id)
         queue = self._incoming.postable(self._limits.post_txs_max)
-        if last is not None and last.counter == self._counter and last.queue == queue:
+        unchanged = last is not None and last.counter == self._counter and last.queue == queue
+        if unchanged and not self._asks_catch_up:
             self._dirty = False
             return
         self._post(queue)
@@ -382,6 +387,7 @@ class ProtocolNode:
         self._posts[self._id] = post
         self._fx.messages.extend(SendPost(peer, post) for peer in self._others)
         self._dirty = False
+        self._asks_catch_up = False
         self._last_post_ms = self._now_ms
         self._try_add()
 

@@ -64,6 +64,8 @@ EVENTS_PER_STEP_BATCH_MAX = 256
 """Events stepped before one persist + send."""
 PEER_QUEUE_MAX = 1_024
 """Messages other than posts waiting for one peer; the oldest is dropped beyond it."""
+PENDING_POST_BASES_MAX = 8
+"""Merge bases with an unsent post to one peer; the oldest base is dropped beyond it."""
 PEER_IN_FLIGHT_MAX = 32
 """Calls to one peer under way at once. Calls are pipelined, not sent one answer after
 another: at 50 ms RTT a one-at-a-time link carries 20 messages a second and makes every
@@ -96,7 +98,10 @@ class PeerLink:
         self._channel = grpc.aio.insecure_channel(address)
         self.stub = peer_pb2_grpc.PeerServiceStub(self._channel)
         self._timeout_s = timeout_s
-        self._post: peer_pb2.PostRequest | None = None
+        self._posts: dict[tuple[int, str], peer_pb2.PostRequest] = {}
+        """Unsent posts, the newest per merge base: a newer post at the same base replaces
+        an older one, but a post from an older base still carries news (it can complete
+        the peer's ADD at that base), so it is not dropped for one from a newer base."""
         self._other: deque[peer_pb2.SendSyncedEntriesRequest | peer_pb2.PushBodyRequest] = deque(
             maxlen=PEER_QUEUE_MAX
         )
@@ -111,7 +116,9 @@ class PeerLink:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"to-{self.node_id}")
 
     def post(self, message: peer_pb2.PostRequest) -> None:
-        self._post = message  # an unsent older post is simply replaced
+        self._posts[(message.base.synced_len, message.base.last_tx_id)] = message
+        if len(self._posts) > PENDING_POST_BASES_MAX:
+            del self._posts[min(self._posts)]
         self._wakeup.set()
 
     def send(self, message: peer_pb2.SendSyncedEntriesRequest | peer_pb2.PushBodyRequest) -> None:
@@ -131,11 +138,11 @@ class PeerLink:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while self._post is not None or self._other:
+            while self._posts or self._other:
                 await self._slots.acquire()  # a newer post may replace ours meanwhile
                 message_or_push: object
-                if self._post is not None:
-                    message_or_push, self._post = self._post, None
+                if self._posts:
+                    message_or_push = self._posts.pop(min(self._posts))
                 elif self._other:
                     message_or_push = self._other.popleft()
                 else:
