@@ -31,9 +31,11 @@ class LocalCluster:
         *,
         one_way_delay_ms: float | None = None,
         coordinator_args: tuple[str, ...] = ("--round-timeout-ms", "300"),
+        tls_dir: Path | None = None,
     ) -> None:
         """``one_way_delay_ms`` None: coordinators talk directly; else through the link
-        emulator with that one-way delay on every directed link."""
+        emulator with that one-way delay on every directed link. ``tls_dir``: mutual TLS
+        with the certificates there (scripts/dev_ca.py); None: plaintext."""
         ids = [f"dc{n + 1}" for n in range(size)]
         ports = {node: free_port() for node in ids}
         self.emulator: LinkEmulator | None = None
@@ -48,9 +50,17 @@ class LocalCluster:
             store = transaction_store(root / node, node, port=free_port())
             store.start()
             peers = {p: dial[(node, p)] for p in ids if p != node}
+            security: tuple[str, ...] = ("--plaintext",)
+            if tls_dir is not None:
+                security = (
+                    "--tls-ca", str(tls_dir / "ca.pem"),
+                    "--tls-cert", str(tls_dir / f"{node}.pem"),
+                    "--tls-key", str(tls_dir / f"{node}.key"),
+                )  # fmt: skip
             coordinator = sync_coordinator(
-                root / node, node, store.address, ports[node], peers, *coordinator_args
-            )
+                root / node, node, store.address, ports[node], peers, *security,
+                *coordinator_args,
+            )  # fmt: skip
             self.dcs.append(Dc(node, store, coordinator))
         for dc in self.dcs:
             dc.coordinator.start()

@@ -33,10 +33,19 @@ class ServiceProcess:
     """One ``txsync <service>`` process listening on a free loopback port."""
 
     def __init__(
-        self, args: list[str], workdir: Path, name: str, listen: str = "127.0.0.1:0"
+        self,
+        args: list[str],
+        workdir: Path,
+        name: str,
+        listen: str = "127.0.0.1:0",
+        *,
+        plaintext_health: bool = True,
     ) -> None:
+        """``plaintext_health`` False: the service speaks TLS only; it is ready once it has
+        written its port file (which services do after they have fully started)."""
         self._args = args
         self._listen = listen
+        self._plaintext_health = plaintext_health
         self._workdir = workdir
         self._name = name
         self.port_file = workdir / f"{name}.port"
@@ -62,7 +71,8 @@ class ServiceProcess:
                 raise RuntimeError(f"{self._name} did not start in time:\n{self.log()}")
             time.sleep(0.01)
         self.address = self.port_file.read_text()
-        self._wait_serving(deadline)
+        if self._plaintext_health:
+            self._wait_serving(deadline)
         return self.address
 
     def _wait_serving(self, deadline: float) -> None:
@@ -116,4 +126,10 @@ def sync_coordinator(
     args = ["sync-coordinator", "--node-id", node_id, "--store", store, *extra]
     for peer, peer_port in peers.items():
         args += ["--peer", f"{peer}=127.0.0.1:{peer_port}"]
-    return ServiceProcess(args, workdir, f"coordinator-{node_id}", listen=f"127.0.0.1:{port}")
+    return ServiceProcess(
+        args,
+        workdir,
+        f"coordinator-{node_id}",
+        listen=f"127.0.0.1:{port}",
+        plaintext_health="--plaintext" in extra,
+    )

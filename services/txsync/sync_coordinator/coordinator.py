@@ -74,6 +74,25 @@ messages (receivers keep the newest post by (epoch, seq))."""
 SERVICE = "sync-coordinator"
 
 
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM bytes for mutual TLS between DCs: our CA, this node's certificate and key."""
+
+    ca: bytes
+    cert: bytes
+    key: bytes
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True
+        )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CoordinatorConfig:
     node_id: str
@@ -83,6 +102,8 @@ class CoordinatorConfig:
     timing: Timing = field(default_factory=Timing)
     limits: Limits = field(default_factory=Limits)
     rpc_timeout_s: float = 2.0
+    tls: TlsFiles | None = None
+    """None only when plaintext was asked for explicitly (local development)."""
 
 
 def _now_ms() -> int:
@@ -93,9 +114,17 @@ class PeerLink:
     """Sends to one peer from its own task, so that the loop never waits on a peer, with
     up to PEER_IN_FLIGHT_MAX calls under way."""
 
-    def __init__(self, node_id: str, address: str, timeout_s: float) -> None:
+    def __init__(self, node_id: str, address: str, timeout_s: float, tls: TlsFiles | None) -> None:
         self.node_id = node_id
-        self._channel = grpc.aio.insecure_channel(address)
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(address)
+        else:
+            # The peer's certificate must name its node id, whatever address we dial.
+            self._channel = grpc.aio.secure_channel(
+                address,
+                tls.channel_credentials(),
+                options=[("grpc.ssl_target_name_override", node_id)],
+            )
         self.stub = peer_pb2_grpc.PeerServiceStub(self._channel)
         self._timeout_s = timeout_s
         self._posts: dict[tuple[int, str], peer_pb2.PostRequest] = {}
@@ -175,7 +204,7 @@ class Coordinator:
         self._store_channel = grpc.aio.insecure_channel(config.store_address)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.links = {
-            peer: PeerLink(peer, address, config.rpc_timeout_s)
+            peer: PeerLink(peer, address, config.rpc_timeout_s, config.tls)
             for peer, address in config.peers.items()
         }
         self.node: ProtocolNode | None = None
@@ -184,6 +213,8 @@ class Coordinator:
         self._background: set[asyncio.Task[None]] = set()
         self.steps = 0
         self.rejections = 0
+        self.refused_peers: dict[str, int] = {}
+        """Calls refused because of who made them, by reason (logged as well)."""
 
     async def start(self) -> None:
         """Load the durable protocol state from the store and start the loop."""

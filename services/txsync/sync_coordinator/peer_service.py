@@ -7,6 +7,7 @@ before the loop hears they are acquired; bodies are served from the store.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import grpc
@@ -22,6 +23,14 @@ from txsync.sync_coordinator.wire import (
 )
 from txsync.v1 import peer_pb2, peer_pb2_grpc, store_pb2
 
+log = logging.getLogger(__name__)
+
+
+def _certificate_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The subject CN of the caller's verified client certificate."""
+    names = list(context.auth_context().get("x509_common_name") or [])
+    return names[0].decode() if names else None
+
 
 def _invalid(error: WireError) -> ServiceError:
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(error))
@@ -32,11 +41,23 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         self._coordinator = coordinator
         self._limits = coordinator.config.limits
 
-    def _check_peer(self, sender: str) -> None:
+    def _check_peer(self, sender: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Only configured peers, and (with mutual TLS) only as the node their
+        certificate names: a peer cannot speak for another."""
+        reason = None
         if sender not in self._coordinator.config.peers:
-            raise ServiceError(
-                grpc.StatusCode.PERMISSION_DENIED, f"{sender!r} is not a configured peer"
-            )
+            reason = f"{sender!r} is not a configured peer"
+        elif self._coordinator.config.tls is not None:
+            identity = _certificate_identity(context)
+            if identity != sender:
+                reason = f"certificate names {identity!r}, but the call claims to be {sender!r}"
+        if reason is None:
+            return
+        counts = self._coordinator.refused_peers
+        kind = "unconfigured" if sender not in self._coordinator.config.peers else "identity"
+        counts[kind] = counts.get(kind, 0) + 1
+        log.warning("refused a call from %s (%s): %s", context.peer(), kind, reason)
+        raise ServiceError(grpc.StatusCode.PERMISSION_DENIED, reason)
 
     @answers_errors
     async def Post(
@@ -46,7 +67,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             post = post_from_proto(request, self._limits)
         except WireError as error:
             raise _invalid(error) from None
-        self._check_peer(post.sender)
+        self._check_peer(post.sender, context)
         await self._coordinator.events.put(PostReceived(post))
         return peer_pb2.PostResponse()
 
@@ -60,7 +81,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             entries = entries_from_proto(request, self._limits)
         except WireError as error:
             raise _invalid(error) from None
-        self._check_peer(entries.sender)
+        self._check_peer(entries.sender, context)
         await self._coordinator.events.put(SyncedEntriesReceived(entries))
         return peer_pb2.SendSyncedEntriesResponse()
 
@@ -72,7 +93,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             check_node_id(request.sender, "sender")
         except WireError as error:
             raise _invalid(error) from None
-        self._check_peer(request.sender)
+        self._check_peer(request.sender, context)
         try:
             await self._coordinator.store.StoreBody(
                 store_pb2.StoreBodyRequest(
@@ -88,7 +109,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
     async def GetBody(
         self, request: peer_pb2.GetBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peer_pb2.GetBodyResponse:
-        self._check_peer(request.sender)
+        self._check_peer(request.sender, context)
         try:
             body = await self._coordinator.store.ReadBody(
                 store_pb2.ReadBodyRequest(tx_id=request.tx_id)

@@ -1,8 +1,8 @@
 """The sync-coordinator process: ``txsync sync-coordinator``.
 
-Serves ``PeerService`` to the other DCs (plaintext for now: mutual TLS between DCs comes
-with the security work of this service's issue) and drives rounds with them, reading and
-writing the txlog through this DC's transaction-store.
+Serves ``PeerService`` to the other DCs over mutual TLS (plaintext only when asked for
+with ``--plaintext``) and drives rounds with them, reading and writing the txlog through
+this DC's transaction-store.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from txsync.protocol import MEMBERS_MAX, Timing
 from txsync.rpc import add_service
-from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig
+from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig, TlsFiles
 from txsync.sync_coordinator.peer_service import PeerServicer
 from txsync.sync_coordinator.wire import WireError, check_node_id
 from txsync.v1 import peer_pb2
@@ -48,7 +48,11 @@ async def serve(
     reflection.enable_server_reflection(
         (PEER_SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(listen)
+    if config.tls is None:
+        log.warning("PLAINTEXT between DCs (--plaintext): for local development only")
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, config.tls.server_credentials())
     if port == 0:
         log.critical("cannot listen on %s", listen)
         return 2
@@ -122,6 +126,17 @@ def register(commands: Any) -> None:
     parser.add_argument("--idle-interval-ms", type=int, default=1000,
                         help="gap between idle rounds")  # fmt: skip
     parser.add_argument("--grace-seconds", type=float, default=5.0)
+    tls = parser.add_argument_group(
+        "security between DCs (mutual TLS; scripts/dev_ca.py makes development certificates)"
+    )
+    tls.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) that signs every node")
+    tls.add_argument("--tls-cert", type=Path, help="this node's certificate (PEM, CN = node id)")
+    tls.add_argument("--tls-key", type=Path, help="this node's private key (PEM)")
+    tls.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="no TLS between DCs: only for local development on loopback",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -141,7 +156,23 @@ def run(options: argparse.Namespace) -> int:
     if options.round_timeout_ms < 1 or options.idle_interval_ms < 1:
         print("error: timings must be positive", file=sys.stderr)
         return 2
+    tls_files = (options.tls_ca, options.tls_cert, options.tls_key)
+    if options.plaintext == any(tls_files) or (any(tls_files) and not all(tls_files)):
+        print(
+            "error: give --tls-ca, --tls-cert and --tls-key (mutual TLS between DCs), "
+            "or --plaintext for local development",
+            file=sys.stderr,
+        )
+        return 2
+    tls = None
+    if not options.plaintext:
+        try:
+            tls = TlsFiles(*(path.read_bytes() for path in tls_files))
+        except OSError as error:
+            print(f"error: cannot read TLS files: {error}", file=sys.stderr)
+            return 2
     config = CoordinatorConfig(
+        tls=tls,
         node_id=options.node_id,
         peers=peers,
         store_address=options.store,
