@@ -82,3 +82,17 @@ def test_a_dc_killed_and_restarted_catches_up(cluster3: LocalCluster) -> None:
     _submit_at(victim, 10, acked, lock)
     order = cluster3.wait_converged(set(acked))
     assert len(order) == 50
+
+
+def test_a_coordinator_that_loses_its_store_stops_instead_of_lingering(
+    cluster3: LocalCluster,
+) -> None:
+    acked: list[str] = []
+    lock = threading.Lock()
+    victim = cluster3.dcs[1]
+    victim.store.kill()
+    _submit_at(cluster3.dcs[0], 3, acked, lock)  # the victim must persist what it learns
+    process = victim.coordinator.process
+    assert process is not None
+    assert process.wait(timeout=30) == 1
+    assert "sync-coordinator stopped: protocol-loop ended" in victim.coordinator.log()

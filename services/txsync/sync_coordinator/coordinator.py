@@ -62,6 +62,11 @@ EVENTS_MAX = 10_000
 """Events waiting for the loop; peers' calls wait (backpressure) beyond it."""
 EVENTS_PER_STEP_BATCH_MAX = 256
 """Events stepped before one persist + send."""
+BATCH_METAS_FLUSH = 2_048
+BATCH_CHANGES_FLUSH = 8_192
+"""A batch is persisted early once its merged effects reach these sizes, well inside the
+store's per-step limits (16,384 metas, 65,536 changes) even after one more step's
+worth (a step adds at most post_txs_max metas and three changes for each)."""
 PEER_QUEUE_MAX = 1_024
 """Messages other than posts waiting for one peer; the oldest is dropped beyond it."""
 PENDING_POST_BASES_MAX = 8
@@ -209,6 +214,9 @@ class Coordinator:
         }
         self.node: ProtocolNode | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.failed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        """Resolved with the reason if the protocol loop dies: the process must then stop
+        (and be restarted from durable state), not linger as a healthy-looking zombie."""
         self._next_tick_ms: int | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.steps = 0
@@ -248,6 +256,8 @@ class Coordinator:
             loop.create_task(self._run(), name="protocol-loop"),
             loop.create_task(self._watch_local_submits(), name="local-submits"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(self._on_task_done)
         log.info(
             "%s starts at merge base %s, counter %d, epoch %d, %d incoming; peers %s",
             self.config.node_id,
@@ -258,17 +268,24 @@ class Coordinator:
             ", ".join(f"{p}={a}" for p, a in self.config.peers.items()),
         )
 
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self.failed.done():
+            return
+        error = task.exception()
+        reason = f"{task.get_name()} ended: {error!r}" if error else f"{task.get_name()} ended"
+        log.critical("%s", reason, exc_info=error)
+        self.failed.set_result(reason)
+
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)  # the loop holds tasks only weakly
         task.add_done_callback(self._background.discard)
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._background]:
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
             task.cancel()
-        for task in [*self._tasks, *self._background]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)  # a failure was logged already
         for link in self.links.values():
             await link.close()
         await self._store_channel.close()
@@ -298,8 +315,9 @@ class Coordinator:
         assert node is not None
         merged = MergedPersist()
         readies: list[Ready] = []
+        last: Ready | None = None
         for event in events:
-            ready = node.step(event)
+            ready = last = node.step(event)
             self.steps += 1
             merged.add(ready)
             readies.append(ready)
@@ -307,11 +325,18 @@ class Coordinator:
                 self.rejections += 1
                 level = logging.ERROR if "FORK" in rejection.reason else logging.DEBUG
                 log.log(level, "refused %s: %s", rejection.what, rejection.reason)
+            big = len(merged.incoming) + len(merged.synced) >= BATCH_METAS_FLUSH
+            if big or len(merged.changes) >= BATCH_CHANGES_FLUSH:
+                await self._flush(merged, readies)
+                merged, readies = MergedPersist(), []
+        await self._flush(merged, readies)
+        self._next_tick_ms = last.next_tick_ms if last is not None else None
+
+    async def _flush(self, merged: MergedPersist, readies: list[Ready]) -> None:
         if not merged.is_empty():
             await self._persist(merged)  # durable before anything leaves this node
         for ready in readies:
             await self._send(ready)
-        self._next_tick_ms = readies[-1].next_tick_ms if readies else None
 
     async def _persist(self, merged: MergedPersist) -> None:
         request = store_pb2.PersistStepRequest(

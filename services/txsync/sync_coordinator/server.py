@@ -76,10 +76,14 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    ends: list[asyncio.Future[Any]] = [loop.create_task(stop.wait()), coordinator.failed]
+    await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace_s)
     await coordinator.stop()
+    if coordinator.failed.done():
+        log.critical("sync-coordinator stopped: %s", coordinator.failed.result())
+        return 1
     log.info("sync-coordinator stopped cleanly")
     return 0
 

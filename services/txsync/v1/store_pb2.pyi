@@ -299,7 +299,7 @@ class PersistStepRequest(_message.Message):
     def incoming(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TxMeta]:
-        """At most 4096 metas."""
+        """At most 16384 metas."""
 
     @_builtins.property
     def synced_start(self) -> _common_pb2.MergeBase:
@@ -307,13 +307,13 @@ class PersistStepRequest(_message.Message):
 
     @_builtins.property
     def synced(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TxMeta]:
-        """At most 4096 entries."""
+        """At most 16384 entries."""
 
     @_builtins.property
     def state_changes(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___StateChange]:
-        """At most 16384 changes."""
+        """At most 65536 changes."""
 
     def __init__(
         self,
@@ -583,7 +583,7 @@ class AdvanceStatesRequest(_message.Message):
     def changes(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___StateChange]:
-        """At most 16384 changes."""
+        """At most 65536 changes."""
 
     def __init__(
         self,
