@@ -6,18 +6,26 @@
   reaches the handler as ``MalformedRequest`` instead of failing inside gRPC (which answers
   UNKNOWN with a Python traceback in the log). Handlers answer it INVALID_ARGUMENT.
 * ``answers_errors``: decorator for unary handlers that turns both into statuses.
+* Serving helpers every service process shares: ``new_server`` (message limits),
+  ``add_health_and_reflection``, ``mark_serving``, ``announce`` (port file) and
+  ``until_stopped`` (signals or a failure).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 
 class ServiceError(Exception):
@@ -112,3 +120,59 @@ def answers_errors(handler: Handler[Request, Response]) -> Handler[Request, Resp
             raise AssertionError("context.abort always raises") from None
 
     return wrapper
+
+
+# --- serving: what every service process does the same way ---------------------------
+
+MESSAGE_BYTES_MAX = 8 * 1024 * 1024
+"""Every gRPC message, in and out, on every service."""
+
+
+def new_server() -> grpc.aio.Server:
+    return grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+            ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+        ]
+    )
+
+
+def add_health_and_reflection(
+    server: grpc.aio.Server, services: Sequence[ServiceDescriptor]
+) -> health.aio.HealthServicer:
+    """Standard health checking (overall and per service) and server reflection."""
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    names = [service.full_name for service in services]
+    reflection.enable_server_reflection(
+        (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    return servicer
+
+
+async def mark_serving(
+    servicer: health.aio.HealthServicer, services: Sequence[ServiceDescriptor]
+) -> None:
+    for name in ("", *(service.full_name for service in services)):
+        await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
+def announce(listen: str, port: int, port_file: Path | None) -> str:
+    """The address actually bound, also written (atomically) to ``port_file`` if given:
+    tests and supervisors start services on port 0 and read where they landed."""
+    address = f"{listen.rsplit(':', 1)[0]}:{port}"
+    if port_file is not None:
+        temporary = port_file.with_suffix(".tmp")
+        temporary.write_text(address)
+        temporary.replace(port_file)
+    return address
+
+
+async def until_stopped(*failures: asyncio.Future[Any]) -> None:
+    """Wait for SIGTERM or SIGINT, or for any of ``failures`` to complete."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    ends: list[asyncio.Future[Any]] = [loop.create_task(stop.wait()), *failures]
+    await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)

@@ -3,6 +3,7 @@ per DC) on loopback, optionally with emulated WAN links between the coordinators
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import grpc
 
 from tests.support.processes import ServiceProcess, free_port, sync_coordinator, transaction_store
 from txsync.link_emulator import LinkEmulator, LinkSettings
-from txsync.v1 import store_pb2, store_pb2_grpc
+from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, store_pb2, store_pb2_grpc
 
 CONVERGE_TIMEOUT_S = 60.0
 
@@ -101,3 +102,25 @@ class LocalCluster:
                 counts = {dc.node_id: len(o) for dc, o in zip(self.dcs, orders, strict=True)}
                 raise AssertionError(f"no convergence on {len(expected)} txs: {counts}")
             time.sleep(0.1)
+
+
+def submit_at(dc: Dc, count: int, acked: list[str], lock: threading.Lock) -> None:
+    """Submit ``count`` one-row transactions at ``dc``, one after another, recording
+    each acknowledged id in ``acked``."""
+    with grpc.insecure_channel(dc.store.address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        for n in range(count):
+            body = common_pb2.TxBody(
+                statements=[
+                    common_pb2.Statement(
+                        sql="INSERT INTO t (dc, n) VALUES (?, ?)",
+                        params=[
+                            common_pb2.SqlValue(text_value=dc.node_id),
+                            common_pb2.SqlValue(int_value=n),
+                        ],
+                    )
+                ]
+            )
+            answer = stub.Submit(client_pb2.SubmitRequest(body=body))
+            with lock:
+                acked.append(answer.tx_id)

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from tests.support.cluster import Dc, LocalCluster
+from tests.support.cluster import LocalCluster, submit_at
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 
@@ -22,31 +22,11 @@ def cluster3(tmp_path: Path) -> Iterator[LocalCluster]:
     cluster.stop()
 
 
-def _submit_at(dc: Dc, count: int, acked: list[str], lock: threading.Lock) -> None:
-    with grpc.insecure_channel(dc.store.address) as channel:
-        stub = client_pb2_grpc.ClientServiceStub(channel)
-        for n in range(count):
-            body = common_pb2.TxBody(
-                statements=[
-                    common_pb2.Statement(
-                        sql="INSERT INTO t (dc, n) VALUES (?, ?)",
-                        params=[
-                            common_pb2.SqlValue(text_value=dc.node_id),
-                            common_pb2.SqlValue(int_value=n),
-                        ],
-                    )
-                ]
-            )
-            answer = stub.Submit(client_pb2.SubmitRequest(body=body))
-            with lock:
-                acked.append(answer.tx_id)
-
-
 def test_three_dcs_agree_on_one_order_of_concurrent_submits(cluster3: LocalCluster) -> None:
     acked: list[str] = []
     lock = threading.Lock()
     threads = [
-        threading.Thread(target=_submit_at, args=(dc, 60, acked, lock)) for dc in cluster3.dcs
+        threading.Thread(target=submit_at, args=(dc, 60, acked, lock)) for dc in cluster3.dcs
     ]
     for thread in threads:
         thread.start()
@@ -72,14 +52,14 @@ def test_a_dc_killed_and_restarted_catches_up(cluster3: LocalCluster) -> None:
     acked: list[str] = []
     lock = threading.Lock()
     first, victim = cluster3.dcs[0], cluster3.dcs[2]
-    _submit_at(first, 20, acked, lock)
+    submit_at(first, 20, acked, lock)
     cluster3.wait_converged(set(acked))
     victim.coordinator.kill()
     victim.store.kill()
-    _submit_at(first, 20, acked, lock)  # the others cannot order without it: empty rounds
+    submit_at(first, 20, acked, lock)  # the others cannot order without it: empty rounds
     victim.store.start()  # same port, same data: it recovers its txlog
     victim.coordinator.start()
-    _submit_at(victim, 10, acked, lock)
+    submit_at(victim, 10, acked, lock)
     order = cluster3.wait_converged(set(acked))
     assert len(order) == 50
 
@@ -91,7 +71,7 @@ def test_a_coordinator_that_loses_its_store_stops_instead_of_lingering(
     lock = threading.Lock()
     victim = cluster3.dcs[1]
     victim.store.kill()
-    _submit_at(cluster3.dcs[0], 3, acked, lock)  # the victim must persist what it learns
+    submit_at(cluster3.dcs[0], 3, acked, lock)  # the victim must persist what it learns
     process = victim.coordinator.process
     assert process is not None
     assert process.wait(timeout=30) == 1

@@ -11,8 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support.cluster import LocalCluster
-from tests.sync_coordinator.test_cluster import _submit_at
+from tests.support.cluster import LocalCluster, submit_at
 from txsync.protocol import GENESIS_TX_ID
 from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 
@@ -74,9 +73,7 @@ def _call_as(
 def test_three_dcs_agree_over_mutual_tls(cluster: LocalCluster) -> None:
     acked: list[str] = []
     lock = threading.Lock()
-    threads = [
-        threading.Thread(target=_submit_at, args=(dc, 15, acked, lock)) for dc in cluster.dcs
-    ]
+    threads = [threading.Thread(target=submit_at, args=(dc, 15, acked, lock)) for dc in cluster.dcs]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -14,6 +14,7 @@ from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tests.support.clients import list_tx_ids
 from tests.support.processes import ServiceProcess, health_status, transaction_store
 from txsync.transaction_store.txlog.bodies import body_digest
 from txsync.transaction_store.txlog.framing import scan
@@ -63,17 +64,6 @@ def _code(call: object) -> tuple[grpc.StatusCode, str]:
         call()  # type: ignore[operator]
     error: grpc.Call = caught.value  # type: ignore[assignment]
     return error.code(), error.details() or ""
-
-
-def _list_all(client: client_pb2_grpc.ClientServiceStub) -> list[str]:
-    ids: list[str] = []
-    token = ""
-    while True:
-        page = client.List(client_pb2.ListRequest(page_size=1000, page_token=token))
-        ids += [t.tx_id for t in page.transactions]
-        token = page.next_page_token
-        if not token:
-            return ids
 
 
 def test_bad_client_input_gets_a_clear_status_and_changes_nothing(
@@ -165,7 +155,7 @@ def test_bodies_travel_between_dcs_with_their_digest(
 def test_many_clients_single_and_batched_submits(
     server: ServiceProcess, client: client_pb2_grpc.ClientServiceStub
 ) -> None:
-    before = set(_list_all(client))
+    before = set(list_tx_ids(client))
     acknowledged: list[str] = []
     lock = threading.Lock()
 
@@ -200,7 +190,7 @@ def test_many_clients_single_and_batched_submits(
         thread.join()
     assert len(acknowledged) == 8 * 40 + 4 * 8 * 25
     assert len(set(acknowledged)) == len(acknowledged)
-    listed = [tx for tx in _list_all(client) if tx not in before]
+    listed = [tx for tx in list_tx_ids(client) if tx not in before]
     assert sorted(listed) == sorted(acknowledged)  # each exactly once
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests.support.clients import list_tx_ids
 from tests.support.processes import ServiceProcess, transaction_store
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
@@ -104,17 +105,6 @@ class Storm:
                         self.acked[key] = result.accepted.tx_id
 
 
-def _list_all(stub: client_pb2_grpc.ClientServiceStub) -> list[str]:
-    ids: list[str] = []
-    token = ""
-    while True:
-        page = stub.List(client_pb2.ListRequest(page_size=1000, page_token=token))
-        ids.extend(t.tx_id for t in page.transactions)
-        token = page.next_page_token
-        if not token:
-            return ids
-
-
 def _verify(process: ServiceProcess, storm: Storm, known: dict[str, str]) -> None:
     with grpc.insecure_channel(process.address) as channel:
         stub = client_pb2_grpc.ClientServiceStub(channel)
@@ -135,7 +125,7 @@ def _verify(process: ServiceProcess, storm: Storm, known: dict[str, str]) -> Non
                 if key in storm.acked:
                     assert (tx_id, result.accepted.created) == (storm.acked[key], False), key
                 known[key] = tx_id
-        listed = _list_all(stub)
+        listed = list_tx_ids(stub)
     assert len(listed) == len(set(listed)), "a transaction is listed twice"
     assert sorted(listed) == sorted(known.values()), "lost or extra transactions"
 

@@ -10,17 +10,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from txsync.protocol import MEMBERS_MAX, Timing
-from txsync.rpc import add_service
+from txsync.rpc import (
+    add_health_and_reflection,
+    add_service,
+    announce,
+    mark_serving,
+    new_server,
+    until_stopped,
+)
 from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig, TlsFiles
 from txsync.sync_coordinator.peer_service import PeerServicer
 from txsync.sync_coordinator.wire import WireError, check_node_id
@@ -28,7 +32,6 @@ from txsync.v1 import peer_pb2
 
 log = logging.getLogger("txsync.sync_coordinator")
 
-MESSAGE_BYTES_MAX = 8 * 1024 * 1024
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["PeerService"]
 
 
@@ -36,18 +39,9 @@ async def serve(
     config: CoordinatorConfig, listen: str, port_file: Path | None, grace_s: float
 ) -> int:
     coordinator = Coordinator(config)
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
-            ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
-        ]
-    )
+    server = new_server()
     add_service(server, PeerServicer(coordinator), PEER_SERVICE)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (PEER_SERVICE.full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    health_servicer = add_health_and_reflection(server, [PEER_SERVICE])
     if config.tls is None:
         log.warning("PLAINTEXT between DCs (--plaintext): for local development only")
         port = server.add_insecure_port(listen)
@@ -63,21 +57,11 @@ async def serve(
         log.critical("cannot load the protocol state from the store: %s", error)
         await server.stop(0)
         return 3
-    for name in ("", PEER_SERVICE.full_name):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    address = f"{listen.rsplit(':', 1)[0]}:{port}"
-    if port_file is not None:
-        temporary = port_file.with_suffix(".tmp")
-        temporary.write_text(address)
-        temporary.replace(port_file)
+    await mark_serving(health_servicer, [PEER_SERVICE])
+    address = announce(listen, port, port_file)
     log.info("sync-coordinator %s listening on %s", config.node_id, address)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    ends: list[asyncio.Future[Any]] = [loop.create_task(stop.wait()), coordinator.failed]
-    await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+    await until_stopped(coordinator.failed)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace_s)
     await coordinator.stop()

@@ -8,11 +8,11 @@ runs too so that a refused message is refused before it reaches the core.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 
 from google.protobuf.message import DecodeError
 
+from txsync.ids import is_genesis, tx_id_problem
 from txsync.protocol import GENESIS_TX_ID, Limits, MergeBase, Post, SyncedEntries, TxMeta
 from txsync.protocol.validation import post_problem, synced_entries_problem
 from txsync.v1 import common_pb2, peer_pb2
@@ -27,14 +27,9 @@ class WireError(ValueError):
 
 
 def _check_tx_id(tx_id: str, field: str) -> str:
-    if tx_id == GENESIS_TX_ID:
-        return tx_id
-    try:
-        parsed = uuid.UUID(tx_id)
-    except ValueError:
-        raise WireError(f"{field}: {tx_id[:40]!r} is not a UUID") from None
-    if str(parsed) != tx_id:
-        raise WireError(f"{field}: {tx_id[:40]!r} is not a canonical lower-case UUID")
+    problem = None if is_genesis(tx_id) else tx_id_problem(tx_id, field)
+    if problem is not None:
+        raise WireError(problem)
     return tx_id
 
 

@@ -10,16 +10,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-
-from txsync.rpc import add_service
+from txsync.rpc import (
+    add_health_and_reflection,
+    add_service,
+    announce,
+    mark_serving,
+    new_server,
+    until_stopped,
+)
 from txsync.transaction_store.admin import AdminServicer
 from txsync.transaction_store.service import ClientServicer, StoreInternalServicer
 from txsync.transaction_store.store import StoreConfig, TransactionStore
@@ -28,15 +30,10 @@ from txsync.v1 import admin_pb2, client_pb2, store_pb2
 
 log = logging.getLogger("txsync.transaction_store")
 
-MESSAGE_BYTES_MAX = 8 * 1024 * 1024
 CLIENT_SERVICE = client_pb2.DESCRIPTOR.services_by_name["ClientService"]
 STORE_SERVICE = store_pb2.DESCRIPTOR.services_by_name["StoreInternalService"]
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
-SERVICE_NAMES = (CLIENT_SERVICE.full_name, STORE_SERVICE.full_name, ADMIN_SERVICE.full_name)
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
-    ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
-]
+SERVICES = (CLIENT_SERVICE, STORE_SERVICE, ADMIN_SERVICE)
 
 
 async def serve(config: StoreConfig, listen: str, port_file: Path | None, grace_s: float) -> int:
@@ -53,34 +50,21 @@ async def serve(config: StoreConfig, listen: str, port_file: Path | None, grace_
         ", ".join(recovery.files_replayed) or "a new log",
         f"; TORN TAIL: {recovery.torn_tail}" if recovery.torn_tail else "",
     )
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = new_server()
     add_service(server, ClientServicer(store), CLIENT_SERVICE)
     add_service(server, StoreInternalServicer(store), STORE_SERVICE)
     add_service(server, AdminServicer(store), ADMIN_SERVICE)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    health_servicer = add_health_and_reflection(server, SERVICES)
     port = server.add_insecure_port(listen)
     if port == 0:
         log.critical("cannot listen on %s", listen)
         return 2
     await server.start()
-    for name in ("", *SERVICE_NAMES):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    address = f"{listen.rsplit(':', 1)[0]}:{port}"
-    if port_file is not None:
-        temporary = port_file.with_suffix(".tmp")
-        temporary.write_text(address)
-        temporary.replace(port_file)
+    await mark_serving(health_servicer, SERVICES)
+    address = announce(listen, port, port_file)
     log.info("transaction-store %s listening on %s", config.node_id, address)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    await until_stopped()
     log.info("shutting down: finishing in-flight calls (up to %.0f s)", grace_s)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace_s)

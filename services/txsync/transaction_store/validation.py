@@ -6,10 +6,9 @@ is answered INVALID_ARGUMENT and changes nothing.
 
 from __future__ import annotations
 
-import uuid
-
 import grpc
 
+from txsync.ids import tx_id_problem
 from txsync.protocol import TxState
 from txsync.rpc import ServiceError
 from txsync.v1 import common_pb2
@@ -42,12 +41,9 @@ def invalid(message: str) -> StoreError:
 
 
 def check_tx_id(tx_id: str, field: str = "tx_id") -> str:
-    try:
-        parsed = uuid.UUID(tx_id)
-    except ValueError:
-        raise invalid(f"{field}: {tx_id[:64]!r} is not a UUID") from None
-    if str(parsed) != tx_id:
-        raise invalid(f"{field}: {tx_id[:64]!r} is not a canonical lower-case UUID")
+    problem = tx_id_problem(tx_id, field)
+    if problem is not None:
+        raise invalid(problem)
     return tx_id
 
 

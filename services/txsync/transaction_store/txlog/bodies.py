@@ -15,6 +15,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from txsync.transaction_store.txlog.files import fsync_dir
+
 BODY_EXT = "pb"
 GZIP_LEVEL = 1
 """Fast compression: bodies are written on every submit's critical path."""
@@ -64,7 +66,7 @@ class BodyStore:
         if directories:
             directories.add(self._root)
         for directory in directories:
-            _fsync_dir(directory)
+            fsync_dir(directory)
 
     def repair(self, tx_id: str, encoded: bytes, digest: bytes) -> bool:
         """Rewrite the body file if it is missing or does not match; true if rewritten."""
@@ -90,11 +92,3 @@ class BodyStore:
 
     def delete(self, tx_id: str) -> None:
         self.path(tx_id).unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

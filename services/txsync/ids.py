@@ -1,0 +1,22 @@
+"""Identifier rules shared by every service (the pure core stays free of ``uuid``)."""
+
+from __future__ import annotations
+
+import uuid
+
+from txsync.protocol import GENESIS_TX_ID
+
+
+def tx_id_problem(tx_id: str, field: str) -> str | None:
+    """Why ``tx_id`` is not a canonical lower-case UUID, or None if it is one."""
+    try:
+        parsed = uuid.UUID(tx_id)
+    except ValueError:
+        return f"{field}: {tx_id[:64]!r} is not a UUID"
+    if str(parsed) != tx_id:
+        return f"{field}: {tx_id[:64]!r} is not a canonical lower-case UUID"
+    return None
+
+
+def is_genesis(tx_id: str) -> bool:
+    return tx_id == GENESIS_TX_ID
