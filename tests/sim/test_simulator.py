@@ -18,7 +18,7 @@ from txsync.sim import DEFAULT_MIXES, FaultMix, SimConfig, run_mix, run_seed
 from txsync.sim.cluster import NodeFactory
 
 REGRESSIONS = Path(__file__).parent / "regression_seeds.txt"
-FULL_MIX = "delay,drop,duplicate,reorder,partition,crash"
+FULL_MIX = "delay,drop,duplicate,reorder,partition,flap,crash"
 CI_SEEDS_PER_MIX = 500
 BUG_SEEDS_MAX = 200
 

@@ -22,8 +22,9 @@ examples:
   txsync sim --faults drop --faults partition  two mixes, one summary line each
 
 faults: delay (WAN latency), drop (lost messages), duplicate, reorder (non-FIFO links),
-partition (split and heal), crash (crash-restart from durable state, some torn between
-the durable writes and the sends). Invariants 1-6 of PROTOCOL.md section 4 are checked
+partition (split and heal, a third of the time one way only), flap (links cut and healed
+every 10-60 ms), crash (crash-restart from durable state, some torn between the durable
+writes and the sends). Invariants 1-6 of PROTOCOL.md section 4 are checked
 after every step; a violation prints the seed and the command that replays it, and the
 exit status is 1.
 """

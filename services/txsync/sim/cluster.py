@@ -153,7 +153,8 @@ class _Restart:
 
 @dataclass(frozen=True, slots=True)
 class _Partition:
-    groups: tuple[frozenset[NodeId], ...]
+    blocked: frozenset[tuple[NodeId, NodeId]]
+    """Directed links (sender, receiver) that lose everything while this lasts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +191,7 @@ class Simulation:
         self._heap: list[tuple[int, int, _SimEvent]] = []
         self._seq = 0
         self._nodes = {node: _SimNode(node, _Durable(), None) for node in self._ids}
-        self._groups: tuple[frozenset[NodeId], ...] = ()
+        self._blocked: frozenset[tuple[NodeId, NodeId]] = frozenset()
         self._link_clock: dict[tuple[NodeId, NodeId], int] = {}
         self._faults_on = True
         self.checker = InvariantChecker(self._ids)
@@ -249,17 +250,41 @@ class Simulation:
             for _ in range(rng.randint(1, 2 * len(self._ids))):
                 node = rng.choice(self._ids)
                 self._at(rng.randrange(window), _Crash(node, torn=rng.random() < 0.4))
-        if faults.partition and len(self._ids) > 1:
+        if len(self._ids) < 2:
+            return
+        if faults.partition:
             at = rng.randrange(window // 4)
             while at < window:
-                shuffled = list(self._ids)
-                rng.shuffle(shuffled)
-                cut = rng.randint(1, len(shuffled) - 1)
-                groups = (frozenset(shuffled[:cut]), frozenset(shuffled[cut:]))
-                self._at(at, _Partition(groups))
+                self._at(at, _Partition(self._random_split()))
                 at += rng.randint(100, 1_500)
                 self._at(at, _Heal())
                 at += rng.randint(50, 800)
+        if faults.flap:
+            at = rng.randrange(window // 8)
+            while at < window:
+                if rng.random() < 0.5:
+                    source, target = rng.sample(self._ids, 2)
+                    blocked = frozenset({(source, target)})  # one link, one way
+                else:
+                    blocked = self._random_split()
+                self._at(at, _Partition(blocked))
+                at += rng.randint(10, 60)
+                self._at(at, _Heal())
+                at += rng.randint(10, 60)
+
+    def _random_split(self) -> frozenset[tuple[NodeId, NodeId]]:
+        """Two random groups; in a third of the splits only one direction is cut (A still
+        hears B, B no longer hears A), which symmetric partitions never exercise."""
+        rng = self._rng
+        shuffled = list(self._ids)
+        rng.shuffle(shuffled)
+        cut = rng.randint(1, len(shuffled) - 1)
+        left, right = shuffled[:cut], shuffled[cut:]
+        one_way = rng.random() < 1 / 3
+        blocked = {(a, b) for a in left for b in right}
+        if not one_way:
+            blocked |= {(b, a) for a in left for b in right}
+        return frozenset(blocked)
 
     # --- events ----------------------------------------------------------------------------
 
@@ -299,12 +324,12 @@ class Simulation:
             case _Restart(node):
                 if self._nodes[node].core is None:
                     self._start(node)
-            case _Partition(groups):
+            case _Partition(blocked):
                 if self._faults_on:
-                    self._groups = groups
+                    self._blocked = blocked
                     self.stats.partitions += 1
             case _Heal():
-                self._groups = ()
+                self._blocked = frozenset()
                 if self._now >= self.config.fault_window_ms:
                     self._faults_on = False
                     for node, sim_node in self._nodes.items():
@@ -421,10 +446,8 @@ class Simulation:
 
     # --- the network -----------------------------------------------------------------------
 
-    def _linked(self, a: NodeId, b: NodeId) -> bool:
-        if a == b or not self._groups:
-            return True
-        return any(a in group and b in group for group in self._groups)
+    def _linked(self, sender: NodeId, receiver: NodeId) -> bool:
+        return (sender, receiver) not in self._blocked
 
     def _send(self, event: _NetworkEvent) -> None:
         self.stats.messages += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-FAULT_NAMES = ("delay", "drop", "duplicate", "reorder", "partition", "crash")
+FAULT_NAMES = ("delay", "drop", "duplicate", "reorder", "partition", "flap", "crash")
 
 DEFAULT_MIXES = (
     "none",
@@ -13,9 +13,10 @@ DEFAULT_MIXES = (
     "duplicate",
     "reorder",
     "partition",
+    "flap",
     "crash",
     "delay,drop,duplicate,reorder,crash",
-    "delay,drop,duplicate,reorder,partition,crash",
+    "delay,drop,duplicate,reorder,partition,flap,crash",
 )
 """What ``txsync sim`` runs when no ``--faults`` is given: each fault alone, then together."""
 
@@ -31,7 +32,10 @@ class FaultMix:
     reorder: bool = False
     """Links are not FIFO: every message takes its own random delay."""
     partition: bool = False
-    """The nodes split into two groups that cannot talk, then heal, repeatedly."""
+    """The nodes split into two groups that cannot talk (a third of the time in one
+    direction only), for 0.1-1.5 s, then heal, repeatedly."""
+    flap: bool = False
+    """Links flap every 10-60 ms: a single link cut one way, or a split, then healed."""
     crash: bool = False
     """Nodes crash (some between their durable writes and their sends) and restart."""
 

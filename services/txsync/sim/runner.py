@@ -63,7 +63,7 @@ class MixSummary:
     def line(self, seconds: float) -> str:
         status = "OK" if not self.failures else f"{len(self.failures)} VIOLATION(S)"
         return (
-            f"{self.mix.name:<45} {self.seeds:>6} seeds  {status:<14} "
+            f"{self.mix.name:<52} {self.seeds:>6} seeds  {status:<14} "
             f"synced={self.synced} rounds={self.rounds} steps={self.steps} "
             f"crashes={self.crashes} dropped={self.dropped}  {seconds:.1f}s"
         )
