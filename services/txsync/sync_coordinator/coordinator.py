@@ -71,6 +71,13 @@ PEER_QUEUE_MAX = 1_024
 """Messages other than posts waiting for one peer; the oldest is dropped beyond it."""
 PENDING_POST_BASES_MAX = 8
 """Merge bases with an unsent post to one peer; the oldest base is dropped beyond it."""
+PEER_CHANNEL_OPTIONS = [
+    # gRPC's default reconnect backoff grows to 120 s: after a long partition a healed
+    # peer could stay unreached for minutes. Rounds need it back within a few seconds.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
 PEER_IN_FLIGHT_MAX = 32
 """Calls to one peer under way at once. Calls are pipelined, not sent one answer after
 another: at 50 ms RTT a one-at-a-time link carries 20 messages a second and makes every
@@ -122,13 +129,13 @@ class PeerLink:
     def __init__(self, node_id: str, address: str, timeout_s: float, tls: TlsFiles | None) -> None:
         self.node_id = node_id
         if tls is None:
-            self._channel = grpc.aio.insecure_channel(address)
+            self._channel = grpc.aio.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
         else:
             # The peer's certificate must name its node id, whatever address we dial.
             self._channel = grpc.aio.secure_channel(
                 address,
                 tls.channel_credentials(),
-                options=[("grpc.ssl_target_name_override", node_id)],
+                options=[*PEER_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", node_id)],
             )
         self.stub = peer_pb2_grpc.PeerServiceStub(self._channel)
         self._timeout_s = timeout_s
