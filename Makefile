@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv run test test-quick lint proto proto-check sim bench-store bench-agreement clean
+.PHONY: help venv run sim-demo test test-quick lint proto proto-check sim bench-store bench-agreement clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,7 +28,10 @@ $(INSTALLED): pyproject.toml
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
 
-run: venv  ## the main job: a simulated 3-DC cluster through every fault mix
+run: venv  ## the main job: a local 3-DC cluster of real processes (Ctrl-C stops it)
+	$(BIN)/txsync dev up --data data
+
+sim-demo: venv  ## the protocol core on a simulated 3-DC cluster, through every fault mix
 	$(BIN)/txsync sim --nodes 3 --seeds 200
 
 sim: venv  ## the protocol's acceptance sweep: 2000 seeds, 5 nodes, every fault

@@ -47,6 +47,22 @@ class LocalCluster:
                 settings = LinkSettings(delay_ms=one_way_delay_ms)
                 dial[(a, b)] = self.emulator.add_link(a, b, ports[b], settings)
         self.dcs: list[Dc] = []
+        try:
+            self._start(root, ids, ports, dial, coordinator_args=coordinator_args, tls_dir=tls_dir)
+        except BaseException:
+            self.stop()  # do not leave half a cluster running
+            raise
+
+    def _start(
+        self,
+        root: Path,
+        ids: list[str],
+        ports: dict[str, int],
+        dial: dict[tuple[str, str], int],
+        *,
+        coordinator_args: tuple[str, ...],
+        tls_dir: Path | None,
+    ) -> None:
         for node in ids:
             store = transaction_store(root / node, node, port=free_port())
             store.start()
@@ -67,12 +83,16 @@ class LocalCluster:
             dc.coordinator.start()
 
     def stop(self) -> None:
+        """Stop every service; fail (after stopping them all) if one did not exit 0."""
+        unclean = []
         for dc in self.dcs:
             for process in (dc.coordinator, dc.store):
-                if process.process is not None and process.process.poll() is None:
-                    assert process.terminate() == 0, process.log()
+                running = process.process is not None and process.process.poll() is None
+                if running and process.terminate() != 0:
+                    unclean.append(process.log())
         if self.emulator is not None:
             self.emulator.close()
+        assert not unclean, unclean
 
     def synced(self, dc: Dc) -> list[str]:
         with grpc.insecure_channel(dc.store.address) as channel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -14,6 +15,15 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 START_TIMEOUT_S = 30.0
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """A test that failed half-way must not leave services running after pytest exits."""
+    for process in _RUNNING:
+        if process.poll() is None:
+            process.kill()
 
 
 def health_status(channel: grpc.Channel, service: str = "") -> int:
@@ -61,6 +71,7 @@ class ServiceProcess:
         command = [sys.executable, "-m", "txsync.cli.main", *self._args]
         command += ["--listen", self._listen, "--port-file", str(self.port_file)]
         self.process = subprocess.Popen(command, stdout=log, stderr=log, cwd=self._workdir)
+        _RUNNING.add(self.process)
         log.close()
         self.starts += 1
         deadline = time.monotonic() + START_TIMEOUT_S

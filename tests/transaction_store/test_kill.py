@@ -141,16 +141,19 @@ def test_sigkill_during_submit_storms_loses_and_duplicates_nothing(tmp_path: Pat
     known: dict[str, str] = {}
     acked_total = 0
     process.start()
-    for cycle in range(KILL_POINTS):
-        storm = Storm(process.address, cycle)
-        storm.start()
-        time.sleep(rng.uniform(0.02, 0.3))
-        process.kill()
-        storm.join()
-        process.start()
-        _verify(process, storm, known)
-        acked_total += len(storm.acked)
-    assert process.terminate() == 0
+    try:
+        for cycle in range(KILL_POINTS):
+            storm = Storm(process.address, cycle)
+            storm.start()
+            time.sleep(rng.uniform(0.02, 0.3))
+            process.kill()
+            storm.join()
+            process.start()
+            _verify(process, storm, known)
+            acked_total += len(storm.acked)
+        assert process.terminate() == 0  # and after all that, a clean shutdown
+    finally:
+        process.kill()  # only if something above failed half-way
     rotated = len(list((tmp_path / "txlog").glob("bak-*.dat")))
     torn_tails = process.log().count("TORN TAIL")
     print(

@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from txsync import __version__
-from txsync.cli import sim_command
+from txsync import __version__, dev_cluster
+from txsync.cli import sim_command, submit_command
 from txsync.sync_coordinator import server as sync_coordinator_server
 from txsync.transaction_store import server as transaction_store_server
 
@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim_command.register(commands)
     transaction_store_server.register(commands)
     sync_coordinator_server.register(commands)
+    dev_cluster.register(commands)
+    submit_command.register(commands)
     return parser
 
 

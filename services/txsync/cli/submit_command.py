@@ -1,0 +1,132 @@
+"""``txsync submit``: send one transaction to a DC and optionally wait for a state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+
+from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
+
+WAIT_STATES = {
+    "incoming": common_pb2.TX_STATE_INCOMING,
+    "accepted": common_pb2.TX_STATE_ACCEPTED,
+    "enqueued": common_pb2.TX_STATE_ENQUEUED,
+    "ok": common_pb2.TX_STATE_OK,
+}
+
+EPILOG = """\
+parameters: each --param fills the next '?'. Whole numbers and decimals become numbers,
+'null' becomes NULL, anything else is text; prefix 's:' to force text ('s:42').
+
+examples:
+  txsync submit --cluster data/cluster.json --dc dc1 \\
+      --sql 'INSERT INTO accounts (id, balance) VALUES (?, ?)' --param 1 --param 100
+  txsync submit --address 127.0.0.1:7101 --sql 'DELETE FROM t' --wait accepted -o json
+"""
+
+
+def parse_param(text: str) -> common_pb2.SqlValue:
+    if text.startswith("s:"):
+        return common_pb2.SqlValue(text_value=text[2:])
+    if text == "null":
+        return common_pb2.SqlValue()
+    try:
+        return common_pb2.SqlValue(int_value=int(text))
+    except ValueError:
+        pass
+    try:
+        return common_pb2.SqlValue(real_value=float(text))
+    except ValueError:
+        return common_pb2.SqlValue(text_value=text)
+
+
+def resolve_address(options: argparse.Namespace) -> str:
+    if options.address:
+        return str(options.address)
+    if options.cluster is None:
+        raise SystemExit("error: give --address HOST:PORT, or --cluster FILE with --dc ID")
+    try:
+        layout = json.loads(Path(options.cluster).read_text())
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"error: cannot read {options.cluster}: {error}") from None
+    dcs = layout.get("dcs", {})
+    dc = options.dc or next(iter(dcs), None)
+    if dc not in dcs:
+        raise SystemExit(f"error: no DC {dc!r} in {options.cluster} (it has {', '.join(dcs)})")
+    return str(dcs[dc]["store"])
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "submit",
+        help="submit a write transaction to a DC",
+        description="Submit one transaction (one SQL statement) to a DC's client API.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--address", help="the DC's client API, HOST:PORT")
+    where.add_argument("--cluster", type=Path, help="cluster.json written by `txsync dev up`")
+    parser.add_argument("--dc", help="which DC of --cluster (default: the first)")
+    parser.add_argument("--sql", required=True, help="one parameterised SQL statement")
+    parser.add_argument("--param", action="append", default=[], help="a parameter; repeat")
+    parser.add_argument("--key", default="", help="idempotency key (a retry returns the same tx)")
+    parser.add_argument("--wait", choices=sorted(WAIT_STATES), help="wait for this state")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
+    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    parser.set_defaults(handler=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    address = resolve_address(options)
+    body = common_pb2.TxBody(
+        statements=[
+            common_pb2.Statement(sql=options.sql, params=[parse_param(p) for p in options.param])
+        ]
+    )
+    started = time.monotonic()
+    with grpc.insecure_channel(address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        try:
+            submitted = stub.Submit(
+                client_pb2.SubmitRequest(body=body, idempotency_key=options.key), timeout=10
+            )
+            result: dict[str, Any] = {
+                "tx_id": submitted.tx_id,
+                "created": submitted.created,
+                "state": common_pb2.TxState.Name(submitted.state),
+            }
+            reached = True
+            if options.wait:
+                waited = stub.Wait(
+                    client_pb2.WaitRequest(
+                        tx_id=submitted.tx_id,
+                        state=WAIT_STATES[options.wait],
+                        timeout=duration_pb2.Duration(seconds=int(options.timeout)),
+                    ),
+                    timeout=options.timeout + 5,
+                )
+                reached = waited.reached
+                result["state"] = common_pb2.TxState.Name(waited.state)
+                result["reached"] = reached
+                result["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
+        except grpc.RpcError as error:
+            code = error.code().name if hasattr(error, "code") else "UNKNOWN"
+            details = error.details() if hasattr(error, "details") else str(error)
+            print(f"error: {address}: {code}: {details}", file=sys.stderr)
+            return 1
+    if options.output == "json":
+        print(json.dumps(result))
+    else:
+        line = f"{result['tx_id']}  {result['state']}"
+        if "elapsed_ms" in result:
+            line += f"  ({result['elapsed_ms']} ms)" if reached else "  (timed out)"
+        print(line)
+    return 0 if reached else 3

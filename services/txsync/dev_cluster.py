@@ -1,0 +1,260 @@
+"""``txsync dev up``: a local multi-DC cluster of real processes on this machine.
+
+Per DC a transaction-store and a sync-coordinator, each its own process on loopback,
+plaintext (local development only), data under ``--data/<dc>``. Coordinators reach each
+other through the link emulator when ``--wan-delay-ms`` is given. Once every service is
+healthy the endpoints go to ``<data>/cluster.json`` and a short guide is printed.
+
+Nothing is restarted silently: if any service exits, the whole cluster is stopped and
+the command exits non-zero, naming the service and its log. Ctrl-C or SIGTERM stops
+every service cleanly and removes ``cluster.json``. Starting again on the same data
+directory resumes the same cluster (same DCs, same ports, same txlogs: the shape is kept
+in ``<data>/layout.json``).
+
+Workers (applying the order to SQLite) arrive with the worker services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from txsync.link_emulator import LinkEmulator, LinkSettings
+
+START_TIMEOUT_S = 30.0
+DCS_MAX = 9
+
+
+@dataclass
+class Service:
+    name: str
+    command: list[str]
+    log_path: Path
+    address: str
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it from here on
+        self.process = subprocess.Popen(
+            self.command, stdout=log, stderr=log, start_new_session=True
+        )
+        log.close()
+
+    def wait_healthy(self, deadline: float) -> None:
+        check_health = None
+        with grpc.insecure_channel(self.address) as channel:
+            check_health = channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString,
+            )
+            while True:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise RuntimeError(
+                        f"{self.name} exited {self.process.returncode}; see {self.log_path}"
+                    )
+                try:
+                    answer = check_health(health_pb2.HealthCheckRequest(), timeout=1)
+                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} did not become healthy; see {self.log_path}")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout_s: float) -> int | None:
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def _layout(data: Path, dcs: int, base_port: int) -> dict[str, Any]:
+    """The cluster's shape; kept in cluster.json so that a restart resumes it."""
+    nodes = [f"dc{n + 1}" for n in range(dcs)]
+    return {
+        "dcs": {
+            node: {
+                "store": f"127.0.0.1:{base_port + 100 * (n + 1) + 1}",
+                "coordinator": f"127.0.0.1:{base_port + 100 * (n + 1) + 2}",
+                "data": str(data / node),
+            }
+            for n, node in enumerate(nodes)
+        }
+    }
+
+
+def up(options: argparse.Namespace) -> int:
+    data: Path = options.data.resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    layout_file = data / "layout.json"  # the cluster's shape, kept to resume it
+    state_file = data / "cluster.json"  # present exactly while the cluster is up
+    state_file.unlink(missing_ok=True)  # left behind if a previous run was killed
+    layout = _layout(data, options.dcs, options.base_port)
+    if layout_file.exists():
+        saved = json.loads(layout_file.read_text())
+        if sorted(saved["dcs"]) != sorted(layout["dcs"]):
+            print(
+                f"error: {data} holds a cluster of {len(saved['dcs'])} DCs; use another "
+                f"--data or --dcs {len(saved['dcs'])}",
+                file=sys.stderr,
+            )
+            return 2
+        layout = saved
+        print(f"resuming the cluster in {data}")
+    else:
+        layout_file.write_text(json.dumps(layout, indent=2) + "\n")
+    dcs: dict[str, dict[str, str]] = layout["dcs"]
+    python = [sys.executable, "-m", "txsync.cli.main"]
+    emulator = LinkEmulator() if options.wan_delay_ms else None
+    services: list[Service] = []
+    for node, dc in dcs.items():
+        Path(dc["data"]).mkdir(parents=True, exist_ok=True)
+        services.append(
+            Service(
+                f"{node} transaction-store",
+                [*python, "transaction-store", "--node-id", node, "--data", dc["data"],
+                 "--listen", dc["store"]],
+                Path(dc["data"]) / "transaction-store.log",
+                dc["store"],
+            )
+        )  # fmt: skip
+    for node, dc in dcs.items():
+        peers = []
+        for peer, peer_dc in dcs.items():
+            if peer == node:
+                continue
+            port = int(peer_dc["coordinator"].rsplit(":", 1)[1])
+            if emulator is not None:
+                settings = LinkSettings(delay_ms=options.wan_delay_ms / 2)
+                port = emulator.add_link(node, peer, port, settings)
+            peers += ["--peer", f"{peer}=127.0.0.1:{port}"]
+        services.append(
+            Service(
+                f"{node} sync-coordinator",
+                [*python, "sync-coordinator", "--node-id", node, "--store", dc["store"],
+                 "--listen", dc["coordinator"], "--plaintext", *peers],
+                Path(dc["data"]) / "sync-coordinator.log",
+                dc["coordinator"],
+            )
+        )  # fmt: skip
+
+    stopping = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    code = 0
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for service in services:
+            service.start()
+            service.wait_healthy(deadline)
+        state_file.write_text(json.dumps(layout, indent=2) + "\n")
+        _print_guide(dcs, state_file, options.wan_delay_ms)
+        while not stopping:
+            for service in services:
+                assert service.process is not None
+                if service.process.poll() is not None:
+                    print(
+                        f"\n{service.name} exited {service.process.returncode}: stopping the "
+                        f"cluster (see {service.log_path})",
+                        file=sys.stderr,
+                    )
+                    code = 1
+                    stopping = True
+                    break
+            time.sleep(0.2)
+    except RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = 1
+    finally:
+        state_file.unlink(missing_ok=True)
+        print("\nstopping the cluster ...", flush=True)
+        for service in reversed(services):
+            service.stop()
+        for service in reversed(services):
+            service.wait_stopped(timeout_s=15)
+        if emulator is not None:
+            emulator.close()
+        print("stopped.")
+    return code
+
+
+def _print_guide(dcs: dict[str, dict[str, str]], state_file: Path, wan_delay_ms: float) -> None:
+    first = next(iter(dcs))
+    print()
+    print(
+        f"TxSync: {len(dcs)} DCs up"
+        + (f", {wan_delay_ms:.0f} ms RTT between them" if wan_delay_ms else "")
+    )
+    for node, dc in dcs.items():
+        print(f"  {node}: client API {dc['store']}   coordinator {dc['coordinator']}")
+        print(f"       data and logs in {dc['data']}")
+    print(f"endpoints: {state_file}")
+    print()
+    print("try it (in another terminal):")
+    print(f"  .venv/bin/txsync submit --cluster {state_file} --dc {first} \\")
+    print("      --sql 'INSERT INTO accounts (id, balance) VALUES (?, ?)' --param 1 --param 100 \\")
+    print("      --wait accepted")
+    print("Ctrl-C stops every service; `make run` again resumes the same cluster.")
+    sys.stdout.flush()
+
+
+def register(commands: Any) -> None:
+    dev = commands.add_parser("dev", help="local development cluster")
+    sub = dev.add_subparsers(dest="dev_command", metavar="COMMAND", required=True)
+    parser = sub.add_parser(
+        "up",
+        help="start a local multi-DC cluster of real processes",
+        description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--dcs", type=int, default=3, help="number of DCs (default 3)")
+    parser.add_argument("--data", type=Path, default=Path("data"), help="data directory")
+    parser.add_argument(
+        "--base-port",
+        type=int,
+        default=7000,
+        help="DC n listens on base+100n+1 (store) and base+100n+2 (coordinator)",
+    )
+    parser.add_argument("--wan-delay-ms", type=float, default=0.0,
+                        help="round-trip time injected between DCs (link emulator)")  # fmt: skip
+    parser.set_defaults(handler=_checked_up)
+
+
+def _checked_up(options: argparse.Namespace) -> int:
+    if not 1 <= options.dcs <= DCS_MAX:
+        print(f"error: --dcs must be 1..{DCS_MAX}", file=sys.stderr)
+        return 2
+    if not 1024 <= options.base_port <= 65535 - 100 * (DCS_MAX + 1):
+        print("error: --base-port out of range", file=sys.stderr)
+        return 2
+    if options.wan_delay_ms < 0:
+        print("error: --wan-delay-ms must not be negative", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return up(options)
