@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from txsync.protocol import MEMBERS_MAX, Timing
+from txsync.protocol import MEMBERS_MAX, Limits, Timing
 from txsync.rpc import (
     add_health_and_reflection,
     add_service,
@@ -53,8 +53,17 @@ async def serve(
     await server.start()
     try:
         await coordinator.start()
-    except (grpc.aio.AioRpcError, RuntimeError) as error:
-        log.critical("cannot load the protocol state from the store: %s", error)
+    except grpc.aio.AioRpcError as error:
+        log.critical(
+            "cannot load the protocol state from the transaction-store at %s: %s: %s",
+            config.store_address,
+            error.code().name,
+            error.details(),
+        )
+        await server.stop(0)
+        return 3
+    except RuntimeError as error:
+        log.critical("%s", error)
         await server.stop(0)
         return 3
     await mark_serving(health_servicer, [PEER_SERVICE])
@@ -93,7 +102,8 @@ def register(commands: Any) -> None:
         ),
         epilog=(
             "example:\n  txsync sync-coordinator --node-id dc1 --store 127.0.0.1:7001 "
-            "--listen 127.0.0.1:7101 \\\n      --peer dc2=127.0.0.1:7201 --peer dc3=127.0.0.1:7301"
+            "--listen 127.0.0.1:7101 \\\n      --peer dc2=127.0.0.1:7201 --peer dc3=127.0.0.1:7301 "
+            "\\\n      --tls-ca certs/ca.pem --tls-cert certs/dc1.pem --tls-key certs/dc1.key"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -109,10 +119,30 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--listen", default="127.0.0.1:7101", help="host:port for PeerService")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
-    parser.add_argument("--round-timeout-ms", type=int, default=500,
-                        help="a round without every peer's post ends empty after this")  # fmt: skip
-    parser.add_argument("--idle-interval-ms", type=int, default=1000,
-                        help="gap between idle rounds")  # fmt: skip
+    timing, limits = Timing(), Limits()
+    tuning = parser.add_argument_group("timings and limits (defaults suit a laptop and a WAN)")
+    for name, help_text in (
+        ("round_timeout_ms", "a round without every peer's post ends empty after this"),
+        ("idle_interval_ms", "gap between idle rounds"),
+        ("busy_round_gap_ms", "least gap between busy rounds (0: back to back)"),
+        ("repost_gap_ms", "least gap between two posts of one round"),
+        ("body_fetch_delay_ms", "wait for the origin's push before fetching a body"),
+        ("body_fetch_retry_ms", "first retry gap of a body fetch (doubles)"),
+        ("body_fetch_retry_max_ms", "longest retry gap of a body fetch"),
+        ("catchup_resend_ms", "least gap between catch-ups to one lagger"),
+    ):
+        tuning.add_argument(
+            "--" + name.replace("_", "-"), type=int, default=getattr(timing, name), help=help_text
+        )
+    for name, help_text in (
+        ("incoming_txs_max", "metas held in the incoming queue"),
+        ("post_txs_max", "metas in one post"),
+        ("catchup_entries_max", "synced entries in one catch-up message"),
+        ("synced_window_max", "synced entries kept in memory (older ones come from the txlog)"),
+    ):
+        tuning.add_argument(
+            "--" + name.replace("_", "-"), type=int, default=getattr(limits, name), help=help_text
+        )
     parser.add_argument("--grace-seconds", type=float, default=5.0)
     tls = parser.add_argument_group(
         "security between DCs (mutual TLS; scripts/dev_ca.py makes development certificates)"
@@ -128,6 +158,21 @@ def register(commands: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def _tuning_problem(options: argparse.Namespace) -> str | None:
+    """Why the timings and limits given cannot work, naming the flag; None if they can."""
+    for name in (*Timing.__dataclass_fields__, "incoming_txs_max", "post_txs_max",
+                 "catchup_entries_max", "synced_window_max"):  # fmt: skip
+        may_be_zero = name.endswith("_gap_ms")
+        if getattr(options, name) < (0 if may_be_zero else 1):
+            flag = "--" + name.replace("_", "-")
+            return f"{flag} must be {'at least 0' if may_be_zero else 'positive'}"
+    if options.body_fetch_retry_ms > options.body_fetch_retry_max_ms:
+        return "--body-fetch-retry-ms must not exceed --body-fetch-retry-max-ms"
+    if options.synced_window_max < options.catchup_entries_max:
+        return "--synced-window-max must be at least --catchup-entries-max"
+    return None
+
+
 def run(options: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO,
@@ -141,9 +186,18 @@ def run(options: argparse.Namespace) -> int:
     if len(peers) + 1 > MEMBERS_MAX:
         print(f"error: at most {MEMBERS_MAX} nodes", file=sys.stderr)
         return 2
-    if options.round_timeout_ms < 1 or options.idle_interval_ms < 1:
-        print("error: timings must be positive", file=sys.stderr)
+    problem = _tuning_problem(options)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
+    timing = Timing(**{name: getattr(options, name) for name in Timing.__dataclass_fields__})
+    limits = Limits(
+        incoming_txs_max=options.incoming_txs_max,
+        local_admit_txs_max=min(Limits().local_admit_txs_max, options.incoming_txs_max),
+        post_txs_max=options.post_txs_max,
+        catchup_entries_max=options.catchup_entries_max,
+        synced_window_max=options.synced_window_max,
+    )
     tls_files = (options.tls_ca, options.tls_cert, options.tls_key)
     if options.plaintext == any(tls_files) or (any(tls_files) and not all(tls_files)):
         print(
@@ -164,8 +218,7 @@ def run(options: argparse.Namespace) -> int:
         node_id=options.node_id,
         peers=peers,
         store_address=options.store,
-        timing=Timing(
-            round_timeout_ms=options.round_timeout_ms, idle_interval_ms=options.idle_interval_ms
-        ),
+        timing=timing,
+        limits=limits,
     )
     return asyncio.run(serve(config, options.listen, options.port_file, options.grace_seconds))
