@@ -4,9 +4,10 @@ One task owns the ``ProtocolNode``. It takes events from a bounded queue (peers'
 and catch-up, acquired bodies, local submits, timer ticks), steps the core for each, and
 applies the merged effects in the core's order: first one ``PersistStep`` to the
 transaction-store (durable), then the sends. Peers are reached through one sender task
-each, so a slow or dead peer never blocks the loop: of its queued posts only the newest
-is kept (the protocol needs nothing else), and other messages wait in a bounded queue
-that drops the oldest when full (the protocol retries everything it needs).
+each, so a slow or dead peer never blocks the loop: of its queued posts the newest per
+merge base is kept, and other messages wait in a bounded queue that drops the oldest when
+full (the protocol retries everything it needs). Sends that need a store read first
+(body pushes, catch-up from the txlog) run beside the loop, never inside it.
 """
 
 from __future__ import annotations
@@ -300,8 +301,6 @@ class Coordinator:
     # --- the loop --------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        node = self.node
-        assert node is not None
         await self._step_batch([Tick(_now_ms())])
         while True:
             timeout = None
@@ -343,7 +342,7 @@ class Coordinator:
         if not merged.is_empty():
             await self._persist(merged)  # durable before anything leaves this node
         for ready in readies:
-            await self._send(ready)
+            self._send(ready)
 
     async def _persist(self, merged: MergedPersist) -> None:
         request = store_pb2.PersistStepRequest(
@@ -363,7 +362,7 @@ class Coordinator:
         # A failure here is fatal for this incarnation: memory ran ahead of the disk.
         await self.store.PersistStep(request, timeout=30)
 
-    async def _send(self, ready: Ready) -> None:
+    def _send(self, ready: Ready) -> None:
         for message in ready.messages:
             match message:
                 case SendPost(to, post):
@@ -371,11 +370,11 @@ class Coordinator:
                 case SendSyncedEntries(to, entries):
                     self.links[to].send(entries_to_proto(entries))
                 case ServeCatchUpFromLog(to, from_len, count_max):
-                    await self._serve_from_log(to, from_len, count_max)
+                    self._in_background(self._serve_from_log(to, from_len, count_max))
         for body in ready.bodies:
             match body:
                 case PushBody(tx_id, peers):
-                    await self._push_body(tx_id, peers)
+                    self._in_background(self._push_body(tx_id, peers))
                 case FetchBody(tx_id, source):
                     self._in_background(self._fetch_body(tx_id, source))
 

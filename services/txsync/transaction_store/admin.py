@@ -14,10 +14,11 @@ from typing import Any
 
 import grpc
 
+from txsync.codec import base_to_proto
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
 from txsync.transaction_store.store import TransactionStore
 from txsync.transaction_store.txlog.framing import HEADER, scan
-from txsync.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from txsync.v1 import admin_pb2, admin_pb2_grpc
 
 EXPORT_CHUNK_BYTES_MAX = 1024 * 1024
 
@@ -50,9 +51,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             alarms.append(store.broken)
         local = admin_pb2.DcStatus(
             node_id=state.node_id,
-            merge_base=common_pb2.MergeBase(
-                synced_len=state.merge_base.synced_len, last_tx_id=state.merge_base.last_tx_id
-            ),
+            merge_base=base_to_proto(state.merge_base),
             counter=state.counter,
             incoming_len=len(state.incoming) + len(state.pending_local),
             alarms=alarms,

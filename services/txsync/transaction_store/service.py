@@ -14,9 +14,10 @@ from typing import Any
 
 import grpc
 
+from txsync.codec import WireError, base_to_proto, meta_from_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta
 from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
-from txsync.transaction_store.state import TxRecord, meta_from_proto, meta_to_proto
+from txsync.transaction_store.state import TxRecord
 from txsync.transaction_store.store import StateChangeRequest, Submitted, TransactionStore
 from txsync.transaction_store.validation import (
     BATCH_SUBMITS_MAX,
@@ -209,9 +210,10 @@ def _traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 def _meta(message: common_pb2.TxMeta, field: str) -> TxMeta:
     if message.ts == 0:
         raise invalid(f"{field}: a meta needs a positive ts")
-    if not message.origin:
-        raise invalid(f"{field}: a meta needs its origin")
-    return meta_from_proto(message)
+    try:
+        return meta_from_proto(message, field)
+    except WireError as error:
+        raise invalid(str(error)) from None
 
 
 def _changes(messages: Any) -> list[StateChangeRequest]:
@@ -225,10 +227,6 @@ def _changes(messages: Any) -> list[StateChangeRequest]:
             )
         )
     return changes
-
-
-def _base_proto(base: MergeBase) -> common_pb2.MergeBase:
-    return common_pb2.MergeBase(synced_len=base.synced_len, last_tx_id=base.last_tx_id)
 
 
 class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
@@ -247,7 +245,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             node_id=state.node_id,
             counter=state.counter,
             epoch=epoch,
-            merge_base=_base_proto(state.merge_base),
+            merge_base=base_to_proto(state.merge_base),
             synced_tail=[meta_to_proto(m) for m in state.synced[-100_000:]],
         )
         for meta in state.incoming.values():
@@ -273,7 +271,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             changes=_changes(request.state_changes),
             service=request.service or "sync-coordinator",
         )
-        return store_pb2.PersistStepResponse(merge_base=_base_proto(base))
+        return store_pb2.PersistStepResponse(merge_base=base_to_proto(base))
 
     @answers_errors
     async def StoreBody(
@@ -299,7 +297,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     ) -> store_pb2.ReadSyncedResponse:
         start, entries = self._store.read_synced(request.from_len, request.count_max)
         return store_pb2.ReadSyncedResponse(
-            start=_base_proto(start), entries=[meta_to_proto(m) for m in entries]
+            start=base_to_proto(start), entries=[meta_to_proto(m) for m in entries]
         )
 
     async def FollowEnqueued(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from txsync.codec import meta_from_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -46,14 +47,6 @@ class TxRecord:
     @property
     def state(self) -> TxState | None:
         return self.history[-1].state if self.history else None
-
-
-def meta_from_proto(message: common_pb2.TxMeta) -> TxMeta:
-    return TxMeta(message.ts, message.tx_id, message.origin)
-
-
-def meta_to_proto(meta: TxMeta) -> common_pb2.TxMeta:
-    return common_pb2.TxMeta(ts=meta.ts, tx_id=meta.tx_id, origin=meta.origin)
 
 
 class StoreState:

@@ -23,8 +23,9 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import DecodeError
 
+from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta, TxState, is_allowed_transition
-from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord, meta_to_proto
+from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
 from txsync.transaction_store.txlog.files import LogFiles, Recovery
 from txsync.transaction_store.txlog.framing import encode_frame
@@ -125,8 +126,10 @@ class TransactionStore:
         if kind == "snapshot":
             self._unsynced_bodies.clear()
             return
+        if kind not in ("submitted", "body_stored"):
+            return
         carried = entry.submitted if kind == "submitted" else entry.body_stored
-        if kind in ("submitted", "body_stored") and carried.body:
+        if carried.body:
             if self.bodies.repair(carried.tx_id, carried.body, carried.body_digest):
                 self.bodies_repaired += 1
             self._unsynced_bodies.add(carried.tx_id)
@@ -198,8 +201,9 @@ class TransactionStore:
         self, submits: Sequence[tuple[common_pb2.TxBody, str, str]]
     ) -> list[Submitted | StoreError]:
         """Submit (body, idempotency key, traceparent) triples; each answered on its own.
-        Bodies are written (and fsynced) before the lock; the log entries of every
-        accepted submit go into one batch, so a whole SubmitBatch costs one log fsync."""
+        Body files are written (without fsync) before the lock; the log entries of every
+        accepted submit carry their bodies and go into one batch, so a whole SubmitBatch
+        costs one fsync."""
         prepared: list[tuple[str, bytes] | StoreError] = []
         for body, _, _ in submits:
             encoded = body.SerializeToString()
@@ -418,10 +422,7 @@ class TransactionStore:
             entries.append(
                 self._entry(
                     synced=txlog_pb2.SyncedAppended(
-                        start=common_pb2.MergeBase(
-                            synced_len=state.merge_base.synced_len,
-                            last_tx_id=state.merge_base.last_tx_id,
-                        ),
+                        start=base_to_proto(state.merge_base),
                         metas=[meta_to_proto(m) for m in synced],
                     )
                 )
@@ -441,11 +442,9 @@ class TransactionStore:
         pending: dict[str, TxState | None] = {}
         for change in changes:
             check_tx_id(change.tx_id, "changes.tx_id")
-            if change.tx_id in pending:
-                current = pending[change.tx_id]
-            else:
-                record = self.state.txs.get(change.tx_id)
-                current = record.state if record is not None else None
+            record = self.state.txs.get(change.tx_id)
+            committed = record.state if record is not None else None
+            current = pending.get(change.tx_id, committed)  # earlier in this request first
             if current is change.state:
                 continue  # repeated: a no-op, so that retries are safe
             if not is_allowed_transition(current, change.state):
@@ -455,7 +454,6 @@ class TransactionStore:
                     f"tx {change.tx_id}: {name} -> {change.state.name} is not a forward step "
                     "of INCOMING -> ACCEPTED -> ENQUEUED -> TESTING -> OK | FAILED",
                 )
-            record = self.state.txs.get(change.tx_id)
             synced = change.tx_id in (newly_synced or set()) or bool(record and record.position)
             if change.state is TxState.ACCEPTED and not synced:
                 raise StoreError(

@@ -1,0 +1,71 @@
+"""The shared types of ``proto/txsync/v1/common.proto`` <-> ``txsync.protocol`` values.
+
+One codec for every service: decoding checks ids, node ids and number ranges and raises
+``WireError`` naming the field (callers answer INVALID_ARGUMENT, or, replaying their own
+log, report corruption). Service-specific messages build on it (``sync_coordinator.wire``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from txsync.ids import is_genesis, tx_id_problem
+from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta
+from txsync.v1 import common_pb2
+
+NODE_ID_CHARS_MAX = 63
+COUNTER_MAX = 2**63 - 1
+"""Counters, timestamps and lengths travel as uint64 but stay within int64 everywhere."""
+
+
+class WireError(ValueError):
+    """A message that cannot be decoded or breaks the contract."""
+
+
+def check_tx_id(tx_id: str, field: str) -> str:
+    problem = None if is_genesis(tx_id) else tx_id_problem(tx_id, field)
+    if problem is not None:
+        raise WireError(problem)
+    return tx_id
+
+
+def check_node_id(node_id: str, field: str) -> str:
+    if not node_id or len(node_id) > NODE_ID_CHARS_MAX:
+        raise WireError(f"{field}: a node id has 1 to {NODE_ID_CHARS_MAX} characters")
+    if not all(ch.isascii() and (ch.isalnum() or ch in "-_.") for ch in node_id):
+        raise WireError(f"{field}: {node_id!r} may hold only letters, digits, '-', '_' and '.'")
+    return node_id
+
+
+def check_number(value: int, field: str) -> int:
+    if value > COUNTER_MAX:
+        raise WireError(f"{field}: {value} is above {COUNTER_MAX}")
+    return value
+
+
+def meta_to_proto(meta: TxMeta) -> common_pb2.TxMeta:
+    return common_pb2.TxMeta(ts=meta.ts, tx_id=meta.tx_id, origin=meta.origin)
+
+
+def meta_from_proto(message: common_pb2.TxMeta, field: str = "meta") -> TxMeta:
+    return TxMeta(
+        ts=check_number(message.ts, f"{field}.ts"),
+        tx_id=check_tx_id(message.tx_id, f"{field}.tx_id"),
+        origin=check_node_id(message.origin, f"{field}.origin"),
+    )
+
+
+def metas_from_proto(messages: Iterable[common_pb2.TxMeta], field: str) -> tuple[TxMeta, ...]:
+    return tuple(meta_from_proto(m, f"{field}[{i}]") for i, m in enumerate(messages))
+
+
+def base_to_proto(base: MergeBase) -> common_pb2.MergeBase:
+    return common_pb2.MergeBase(synced_len=base.synced_len, last_tx_id=base.last_tx_id)
+
+
+def base_from_proto(message: common_pb2.MergeBase, field: str = "base") -> MergeBase:
+    length = check_number(message.synced_len, f"{field}.synced_len")
+    last = check_tx_id(message.last_tx_id or GENESIS_TX_ID, f"{field}.last_tx_id")
+    if (length == 0) != (last == GENESIS_TX_ID):
+        raise WireError(f"{field}: only an empty synced queue ends at the genesis id")
+    return MergeBase(length, last)
