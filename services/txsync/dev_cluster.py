@@ -31,6 +31,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from txsync.link_emulator import LinkEmulator, LinkSettings
+from txsync.rpc import health_status
 
 START_TIMEOUT_S = 30.0
 DCS_MAX = 9
@@ -52,13 +53,7 @@ class Service:
         log.close()
 
     def wait_healthy(self, deadline: float) -> None:
-        check_health = None
         with grpc.insecure_channel(self.address) as channel:
-            check_health = channel.unary_unary(
-                "/grpc.health.v1.Health/Check",
-                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=health_pb2.HealthCheckResponse.FromString,
-            )
             while True:
                 assert self.process is not None
                 if self.process.poll() is not None:
@@ -66,8 +61,7 @@ class Service:
                         f"{self.name} exited {self.process.returncode}; see {self.log_path}"
                     )
                 try:
-                    answer = check_health(health_pb2.HealthCheckRequest(), timeout=1)
-                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    if health_status(channel) == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.RpcError:
                     pass

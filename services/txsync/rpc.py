@@ -176,3 +176,16 @@ async def until_stopped(*failures: asyncio.Future[Any]) -> None:
         loop.add_signal_handler(signum, stop.set)
     ends: list[asyncio.Future[Any]] = [loop.create_task(stop.wait()), *failures]
     await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+
+
+def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 1.0) -> int:
+    """One standard gRPC health check (the published stubs lack a typed one)."""
+    check = channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+    answer: health_pb2.HealthCheckResponse = check(
+        health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+    )
+    return answer.status

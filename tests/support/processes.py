@@ -14,6 +14,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2
 
+from txsync.rpc import health_status
+
+__all__ = ["ServiceProcess", "free_port", "health_status", "sync_coordinator", "transaction_store"]
+
 START_TIMEOUT_S = 30.0
 _RUNNING: set[subprocess.Popen[bytes]] = set()
 
@@ -24,19 +28,6 @@ def _kill_leftovers() -> None:
     for process in _RUNNING:
         if process.poll() is None:
             process.kill()
-
-
-def health_status(channel: grpc.Channel, service: str = "") -> int:
-    """The standard gRPC health check (typed here: the published stubs lack it)."""
-    check = channel.unary_unary(
-        "/grpc.health.v1.Health/Check",
-        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-        response_deserializer=health_pb2.HealthCheckResponse.FromString,
-    )
-    answer: health_pb2.HealthCheckResponse = check(
-        health_pb2.HealthCheckRequest(service=service), timeout=1
-    )
-    return answer.status
 
 
 class ServiceProcess:

@@ -44,17 +44,15 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
     def _check_peer(self, sender: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """Only configured peers, and (with mutual TLS) only as the node their
         certificate names: a peer cannot speak for another."""
-        reason = None
-        if sender not in self._coordinator.config.peers:
-            reason = f"{sender!r} is not a configured peer"
-        elif self._coordinator.config.tls is not None:
-            identity = _certificate_identity(context)
-            if identity != sender:
-                reason = f"certificate names {identity!r}, but the call claims to be {sender!r}"
-        if reason is None:
+        config = self._coordinator.config
+        if sender not in config.peers:
+            kind, reason = "unconfigured", f"{sender!r} is not a configured peer"
+        elif config.tls is not None and (identity := _certificate_identity(context)) != sender:
+            kind = "identity"
+            reason = f"certificate names {identity!r}, but the call claims to be {sender!r}"
+        else:
             return
         counts = self._coordinator.refused_peers
-        kind = "unconfigured" if sender not in self._coordinator.config.peers else "identity"
         counts[kind] = counts.get(kind, 0) + 1
         log.warning("refused a call from %s (%s): %s", context.peer(), kind, reason)
         raise ServiceError(grpc.StatusCode.PERMISSION_DENIED, reason)
