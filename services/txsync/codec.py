@@ -10,12 +10,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from txsync.ids import is_genesis, tx_id_problem
-from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta
+from txsync.protocol import (
+    GENESIS_TX_ID,
+    MEMBERS_MAX,
+    Ballot,
+    MergeBase,
+    TxMeta,
+    View,
+    ViewProposal,
+)
 from txsync.v1 import common_pb2
 
 NODE_ID_CHARS_MAX = 63
 COUNTER_MAX = 2**63 - 1
 """Counters, timestamps and lengths travel as uint64 but stay within int64 everywhere."""
+SEAL_ENTRIES_MAX = 4_096
+"""A seal is one common prefix of posted queues, so it is bounded like a post."""
 
 
 class WireError(ValueError):
@@ -69,3 +79,42 @@ def base_from_proto(message: common_pb2.MergeBase, field: str = "base") -> Merge
     if (length == 0) != (last == GENESIS_TX_ID):
         raise WireError(f"{field}: only an empty synced queue ends at the genesis id")
     return MergeBase(length, last)
+
+
+def ballot_to_proto(ballot: Ballot) -> common_pb2.Ballot:
+    return common_pb2.Ballot(
+        view_no=ballot.view_no, attempt=ballot.attempt, proposer=ballot.proposer
+    )
+
+
+def ballot_from_proto(message: common_pb2.Ballot, field: str = "ballot") -> Ballot:
+    return Ballot(
+        check_number(message.view_no, f"{field}.view_no"),
+        check_number(message.attempt, f"{field}.attempt"),
+        check_node_id(message.proposer, f"{field}.proposer"),
+    )
+
+
+def proposal_to_proto(proposal: ViewProposal) -> common_pb2.ViewProposal:
+    return common_pb2.ViewProposal(
+        view=common_pb2.View(view_no=proposal.view.view_no, members=list(proposal.view.members)),
+        seal_start=base_to_proto(proposal.seal_start),
+        seal=[meta_to_proto(meta) for meta in proposal.seal],
+    )
+
+
+def proposal_from_proto(message: common_pb2.ViewProposal, field: str = "proposal") -> ViewProposal:
+    """Shape only; whether the proposal makes sense is the core's check."""
+    if len(message.view.members) > MEMBERS_MAX:
+        raise WireError(f"{field}.view.members: more than {MEMBERS_MAX}")
+    if len(message.seal) > SEAL_ENTRIES_MAX:
+        raise WireError(f"{field}.seal: more than {SEAL_ENTRIES_MAX} entries")
+    view = View(
+        check_number(message.view.view_no, f"{field}.view.view_no"),
+        tuple(check_node_id(m, f"{field}.view.members") for m in message.view.members),
+    )
+    return ViewProposal(
+        view,
+        base_from_proto(message.seal_start, f"{field}.seal_start"),
+        metas_from_proto(message.seal, f"{field}.seal"),
+    )

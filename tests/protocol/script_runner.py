@@ -18,6 +18,17 @@ Commands (tx and node names are short words; ``t1@3/a`` is tx t1 with ts 3 from 
     entries a from=b start=0 queue=t1@1/a
     body a t1
     tick a 500
+    change a                                          (an operator asks for a view change)
+    prepare a from=b ballot=1.1.b                     (view_no.attempt.proposer)
+    promise a from=b ballot=1.1.a base=0 counter=3 [queue=...] [accepted=1.1.c view=1:a,b
+          seal_start=0 seal=t1@1/a]
+    accept a from=b ballot=1.1.b view=1:a,b [seal_start=0] [seal=...]
+    accepted a from=b ballot=1.1.a
+    install a from=b view=1:a,b [seal_start=0] [seal=...]
+    refused a from=b ballot=1.1.a view=0 [promised=1.2.c]
+    query a from=b view=0
+
+``node`` also takes ``view=1:a,b`` (an installed view, seal empty at genesis).
 
 Creating a node steps it once with ``Tick(now)``. Set ``TXSYNC_REWRITE=1`` to rewrite
 the expected blocks from what the core does now (then review the diff by eye).
@@ -30,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from txsync.protocol import (
+    Ballot,
     BodyAcquired,
     DurableState,
     Event,
@@ -38,8 +50,11 @@ from txsync.protocol import (
     LocalTx,
     MergeBase,
     PersistCounter,
+    PersistDropIncoming,
     PersistIncoming,
     PersistSynced,
+    PersistView,
+    PersistViewVote,
     Post,
     PostReceived,
     ProtocolNode,
@@ -47,11 +62,24 @@ from txsync.protocol import (
     Ready,
     SendPost,
     SendSyncedEntries,
+    SendViewMessage,
     ServeCatchUpFromLog,
     SyncedEntries,
     SyncedEntriesReceived,
     Tick,
     TxMeta,
+    View,
+    ViewAccept,
+    ViewAccepted,
+    ViewChangeRequested,
+    ViewInstall,
+    ViewMessage,
+    ViewMessageReceived,
+    ViewPrepare,
+    ViewPromise,
+    ViewProposal,
+    ViewQuery,
+    ViewRefused,
 )
 
 
@@ -125,6 +153,55 @@ def show_base(base: MergeBase) -> str:
     return "0" if base.synced_len == 0 else f"{base.synced_len}/{base.last_tx_id}"
 
 
+def _ballot(text: str | None) -> Ballot | None:
+    if not text or text == "-":
+        return None
+    view_no, attempt, proposer = text.split(".")
+    return Ballot(int(view_no), int(attempt), proposer)
+
+
+def _proposal(kv: dict[str, str]) -> ViewProposal:
+    view_no, members = kv["view"].split(":")
+    view = View(int(view_no), tuple(members.split(",")))
+    return ViewProposal(view, _base(kv.get("seal_start", "0")), _metas(kv.get("seal", "")))
+
+
+def show_ballot(ballot: Ballot | None) -> str:
+    return "-" if ballot is None else f"{ballot.view_no}.{ballot.attempt}.{ballot.proposer}"
+
+
+def show_proposal(proposal: ViewProposal | None) -> str:
+    if proposal is None:
+        return "-"
+    view = proposal.view
+    seal = show_metas(proposal.seal)
+    return (
+        f"view={view.view_no}:{','.join(view.members)} seal={show_base(proposal.seal_start)}+{seal}"
+    )
+
+
+def show_view_message(message: ViewMessage) -> str:
+    match message:
+        case ViewPrepare(_, ballot):
+            return f"prepare {show_ballot(ballot)}"
+        case ViewPromise(_, ballot, base, counter, queue, accepted_ballot, accepted):
+            return (
+                f"promise {show_ballot(ballot)} base={show_base(base)} counter={counter} "
+                f"{show_metas(queue)} accepted={show_ballot(accepted_ballot)} "
+                f"{show_proposal(accepted)}"
+            )
+        case ViewAccept(_, ballot, proposal):
+            return f"accept {show_ballot(ballot)} {show_proposal(proposal)}"
+        case ViewAccepted(_, ballot):
+            return f"accepted {show_ballot(ballot)}"
+        case ViewInstall(_, proposal):
+            return f"install {show_proposal(proposal)}"
+        case ViewRefused(_, ballot, view_no, promised):
+            return f"refused {show_ballot(ballot)} view={view_no} promised={show_ballot(promised)}"
+        case ViewQuery(_, view_no):
+            return f"query view={view_no}"
+
+
 def render_ready(ready: Ready) -> list[str]:
     out: list[str] = []
     for p in ready.persist:
@@ -135,6 +212,15 @@ def render_ready(ready: Ready) -> list[str]:
                 out.append(f"persist incoming {show_metas(metas)}")
             case PersistSynced(start, metas):
                 out.append(f"persist synced at {show_base(start)} {show_metas(metas)}")
+            case PersistDropIncoming(tx_ids):
+                out.append(f"persist drop {','.join(tx_ids)}")
+            case PersistViewVote(promised, accepted_ballot, accepted):
+                out.append(
+                    f"persist vote promised={show_ballot(promised)} "
+                    f"accepted={show_ballot(accepted_ballot)} {show_proposal(accepted)}"
+                )
+            case PersistView(installed):
+                out.append(f"persist view {show_proposal(installed)}")
     out.extend(f"state {c.tx_id} {c.state.name}" for c in ready.state_changes)
     for m in ready.messages:
         match m:
@@ -150,6 +236,8 @@ def render_ready(ready: Ready) -> list[str]:
                 )
             case ServeCatchUpFromLog(to, from_len, count_max):
                 out.append(f"serve-from-log {to} from={from_len} count={count_max}")
+            case SendViewMessage(to, message):
+                out.append(f"send {to} {show_view_message(message)}")
     for b in ready.bodies:
         match b:
             case PushBody(tx_id, peers):
@@ -159,6 +247,9 @@ def render_ready(ready: Ready) -> list[str]:
     out.extend(f"reject {r.what}: {r.reason}" for r in ready.rejections)
     out.append(f"next-tick {ready.next_tick_ms}")
     return out
+
+
+VIEW_VERBS = ("prepare", "promise", "accept", "accepted", "install", "refused", "query")
 
 
 class ScriptRun:
@@ -199,9 +290,45 @@ class ScriptRun:
         elif verb == "tick":
             self.now[name] = int(rest[0])
             event = Tick(self.now[name])
+        elif verb == "change":
+            event = ViewChangeRequested()
+        elif verb in VIEW_VERBS:
+            event = ViewMessageReceived(self._view_message(verb, kv))
         else:
             raise ValueError(f"unknown command {verb!r}")
         return render_ready(node.step(event))
+
+    @staticmethod
+    def _view_message(verb: str, kv: dict[str, str]) -> ViewMessage:
+        sender = kv["from"]
+        ballot = _ballot(kv.get("ballot"))
+        if verb == "prepare":
+            assert ballot is not None
+            return ViewPrepare(sender, ballot)
+        if verb == "promise":
+            assert ballot is not None
+            accepted_ballot = _ballot(kv.get("accepted"))
+            return ViewPromise(
+                sender,
+                ballot,
+                _base(kv["base"]),
+                int(kv["counter"]),
+                _metas(kv.get("queue", "")),
+                accepted_ballot,
+                _proposal(kv) if accepted_ballot is not None else None,
+            )
+        if verb == "accept":
+            assert ballot is not None
+            return ViewAccept(sender, ballot, _proposal(kv))
+        if verb == "accepted":
+            assert ballot is not None
+            return ViewAccepted(sender, ballot)
+        if verb == "install":
+            return ViewInstall(sender, _proposal(kv))
+        if verb == "refused":
+            assert ballot is not None
+            return ViewRefused(sender, ballot, int(kv["view"]), _ballot(kv.get("promised")))
+        return ViewQuery(sender, int(kv["view"]))
 
     def _create(self, name: str, kv: dict[str, str]) -> list[str]:
         now = int(kv.get("now", "0"))
@@ -222,6 +349,7 @@ class ScriptRun:
             synced_len=len(synced),
             synced_tail=synced,
             incoming=incoming,
+            view=_proposal(kv) if "view" in kv else None,
         )
         node = ProtocolNode(
             name, kv["members"].split(","), now_ms=now, durable=durable, limits=limits

@@ -10,7 +10,15 @@ from pathlib import Path
 import txsync.protocol
 
 CORE_DIR = Path(txsync.protocol.__file__).parent
-ALLOWED_IMPORTS = {"__future__", "bisect", "collections.abc", "dataclasses", "enum", "typing"}
+ALLOWED_IMPORTS = {
+    "__future__",
+    "bisect",
+    "collections.abc",
+    "dataclasses",
+    "enum",
+    "itertools",
+    "typing",
+}
 FORBIDDEN_MODULES = {
     "asyncio", "grpc", "logging", "random", "secrets", "selectors", "socket", "sqlite3",
     "ssl", "subprocess", "threading", "time", "uuid", "datetime", "os",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from txsync.protocol import DurableState, ProtocolNode, TxMeta
+from txsync.protocol import DurableState, MergeBase, ProtocolNode, TxMeta, ViewPromise
 from txsync.protocol.queues import addable_prefix
 
 NO_CUT = 2**62
@@ -29,7 +29,7 @@ class MajorityAddNoCutCore(ProtocolNode):
         prefix = addable_prefix([post.queue for post in self._posts.values()], NO_CUT)
         if not prefix:
             return False
-        self._append_synced(prefix, source=None)
+        self._append_synced(prefix, holders=())
         self._after_base_change()
         return True
 
@@ -59,3 +59,20 @@ class UnionAddCore(ProtocolNode):
             if len(queue) > len(longest):
                 longest = queue
         return tuple(longest)
+
+
+class UnfrozenPromiseCore(ProtocolNode):
+    """Keeps posting and adding in its view after promising to leave it, so the seal no
+    longer bounds what the old view added."""
+
+    def _is_frozen(self) -> bool:
+        return False
+
+
+class SealWithoutQueuesCore(ProtocolNode):
+    """Seals the old view at the shortest promiser's base, ignoring the queues posted
+    there: whatever an ADD at that base appended elsewhere is lost to the new view."""
+
+    def _seal(self, promises: Collection[ViewPromise]) -> tuple[MergeBase, tuple[TxMeta, ...]]:
+        start, _ = super()._seal(promises)
+        return start, ()

@@ -12,6 +12,8 @@ from tests.sim.broken_cores import (
     ForgetfulCounterCore,
     MajorityAddNoCutCore,
     NoCutCore,
+    SealWithoutQueuesCore,
+    UnfrozenPromiseCore,
     UnionAddCore,
 )
 from txsync.sim import DEFAULT_MIXES, FaultMix, SimConfig, run_mix, run_seed
@@ -21,6 +23,7 @@ REGRESSIONS = Path(__file__).parent / "regression_seeds.txt"
 FULL_MIX = "delay,drop,duplicate,reorder,partition,flap,crash"
 CI_SEEDS_PER_MIX = 500
 BUG_SEEDS_MAX = 200
+ALL_FAULTS = "delay,drop,duplicate,reorder,partition,flap,crash"
 
 
 def _regressions() -> list[SimConfig]:
@@ -82,8 +85,17 @@ def test_sweep_500_seeds_five_nodes_every_fault() -> None:
         (MajorityAddNoCutCore, "delay,drop,duplicate,reorder,crash", 5, {1, 2}),
         (ForgetfulCounterCore, "crash", 3, {6}),
         (UnionAddCore, "delay", 3, {0, 1}),
+        (UnfrozenPromiseCore, ALL_FAULTS, 3, {1, 2}),
+        (SealWithoutQueuesCore, ALL_FAULTS, 3, {1, 2}),
     ],
-    ids=["majority-add-no-cut", "majority-add-no-cut-faults", "forgetful-counter", "union-add"],
+    ids=[
+        "majority-add-no-cut",
+        "majority-add-no-cut-faults",
+        "forgetful-counter",
+        "union-add",
+        "promise-without-freeze",
+        "seal-without-queues",
+    ],
 )
 def test_a_broken_core_is_caught_within_200_seeds(
     core: NodeFactory, mix: str, nodes: int, invariants: set[int]

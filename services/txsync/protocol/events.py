@@ -16,7 +16,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from txsync.protocol.model import MergeBase, NodeId, Post, SyncedEntries, TxId, TxMeta, TxState
+from txsync.protocol.model import (
+    Ballot,
+    MergeBase,
+    NodeId,
+    Post,
+    SyncedEntries,
+    TxId,
+    TxMeta,
+    TxState,
+    ViewMessage,
+    ViewProposal,
+)
 
 # --- events ---------------------------------------------------------------------------
 
@@ -46,11 +57,30 @@ class BodyAcquired:
 
 
 @dataclass(frozen=True, slots=True)
+class ViewMessageReceived:
+    message: ViewMessage
+
+
+@dataclass(frozen=True, slots=True)
+class ViewChangeRequested:
+    """An operator asks for a view change now (the new view keeps every member that
+    answers and takes back every caught-up node that was excluded)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     now_ms: int
 
 
-Event = LocalTx | PostReceived | SyncedEntriesReceived | BodyAcquired | Tick
+Event = (
+    LocalTx
+    | PostReceived
+    | SyncedEntriesReceived
+    | BodyAcquired
+    | ViewMessageReceived
+    | ViewChangeRequested
+    | Tick
+)
 
 # --- effects --------------------------------------------------------------------------
 
@@ -75,7 +105,39 @@ class PersistSynced:
     metas: tuple[TxMeta, ...]
 
 
-PersistEffect = PersistCounter | PersistIncoming | PersistSynced
+@dataclass(frozen=True, slots=True)
+class PersistDropIncoming:
+    """Forget these incoming metas: their origin left the view and their body is not
+    held here (the origin keeps them and posts them again when it rejoins)."""
+
+    tx_ids: tuple[TxId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PersistViewVote:
+    """The acceptor's Paxos state for the next view change, durable before any answer."""
+
+    promised: Ballot
+    accepted_ballot: Ballot | None
+    accepted: ViewProposal | None
+
+
+@dataclass(frozen=True, slots=True)
+class PersistView:
+    """A view is installed (its seal is already appended): it replaces the current view
+    and clears the vote."""
+
+    installed: ViewProposal
+
+
+PersistEffect = (
+    PersistCounter
+    | PersistIncoming
+    | PersistSynced
+    | PersistDropIncoming
+    | PersistViewVote
+    | PersistView
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +168,13 @@ class ServeCatchUpFromLog:
     count_max: int
 
 
-MessageEffect = SendPost | SendSyncedEntries | ServeCatchUpFromLog
+@dataclass(frozen=True, slots=True)
+class SendViewMessage:
+    to: NodeId
+    message: ViewMessage
+
+
+MessageEffect = SendPost | SendSyncedEntries | ServeCatchUpFromLog | SendViewMessage
 
 
 @dataclass(frozen=True, slots=True)

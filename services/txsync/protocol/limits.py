@@ -72,9 +72,32 @@ class Timing:
     catchup_resend_ms: int = 100
     """Least gap between two catch-up messages to the same lagger at the same base."""
 
+    exclusion_timeout_ms: int = 3_000
+    """A view member heard nothing from for this long is excluded by a view change
+    (PROTOCOL.md §3)."""
+
+    view_change_timeout_ms: int = 2_000
+    """A view change not installed by then is tried again with a higher ballot, by its
+    proposer or by any member frozen by its promise."""
+
+    view_change_stagger_ms: int = 200
+    """Added per rank in the configuration to the two timeouts above, so that members
+    that notice a silence together do not duel with equal ballots."""
+
+    view_resend_ms: int = 200
+    """Prepares and accepts are sent again at this gap to those that have not answered;
+    also the least gap between two answers about views to the same node."""
+
+    promise_wait_ms: int = 200
+    """After a majority promised, how long the proposer waits for the rest, so that a
+    slow but live member is not excluded."""
+
     def __post_init__(self) -> None:
         assert self.round_timeout_ms > 0
         assert self.idle_interval_ms > 0
         assert self.busy_round_gap_ms >= 0
         assert self.repost_gap_ms >= 0
         assert 0 < self.body_fetch_retry_ms <= self.body_fetch_retry_max_ms
+        assert self.exclusion_timeout_ms > 0 and self.view_change_timeout_ms > 0
+        assert self.view_change_stagger_ms >= 0 and self.view_resend_ms > 0
+        assert 0 <= self.promise_wait_ms < self.view_change_timeout_ms

@@ -75,7 +75,123 @@ class SyncedEntries:
     entries: tuple[TxMeta, ...]
 
 
-Message = Post | SyncedEntries
+@dataclass(frozen=True, slots=True, order=True)
+class Ballot:
+    """A view-change proposal's number (PROTOCOL.md §3), ordered as a tuple.
+
+    ``view_no`` is the view it would install, so ballots of one view change (one Paxos
+    instance) compare by ``attempt``, then by proposer to break ties.
+    """
+
+    view_no: int
+    attempt: int
+    proposer: NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The members that take part in rounds: always a weight majority of the configuration."""
+
+    view_no: int
+    members: tuple[NodeId, ...]
+    """Sorted and unique."""
+
+
+@dataclass(frozen=True, slots=True)
+class ViewProposal:
+    """What a view change decides: the new view and the seal, the old view's final synced
+    queue, given as ``seal_start`` (a base every promiser had reached) plus ``seal``."""
+
+    view: View
+    seal_start: MergeBase
+    seal: tuple[TxMeta, ...]
+
+    @property
+    def seal_end(self) -> MergeBase:
+        if not self.seal:
+            return self.seal_start
+        return MergeBase(self.seal_start.synced_len + len(self.seal), self.seal[-1].tx_id)
+
+    @staticmethod
+    def initial(members: tuple[NodeId, ...]) -> ViewProposal:
+        """View 0: every configured node, starting from the empty synced queue."""
+        return ViewProposal(View(0, tuple(sorted(members))), MergeBase.genesis(), ())
+
+
+@dataclass(frozen=True, slots=True)
+class ViewPrepare:
+    """Phase 1a: "promise not to post in your view nor accept lower ballots"."""
+
+    sender: NodeId
+    ballot: Ballot
+
+
+@dataclass(frozen=True, slots=True)
+class ViewPromise:
+    """Phase 1b: the promiser's state at the moment it froze, for the seal rule."""
+
+    sender: NodeId
+    ballot: Ballot
+    base: MergeBase
+    counter: int
+    queue: tuple[TxMeta, ...]
+    """The postable incoming queue (acquired bodies only, cut like a post)."""
+    accepted_ballot: Ballot | None
+    accepted: ViewProposal | None
+    """A proposal this node accepted for the same view change (Paxos: re-propose it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ViewAccept:
+    """Phase 2a: "accept this proposal unless you promised a higher ballot"."""
+
+    sender: NodeId
+    ballot: Ballot
+    proposal: ViewProposal
+
+
+@dataclass(frozen=True, slots=True)
+class ViewAccepted:
+    """Phase 2b."""
+
+    sender: NodeId
+    ballot: Ballot
+
+
+@dataclass(frozen=True, slots=True)
+class ViewInstall:
+    """A decided view (chosen by a weight majority): install it. Also the answer to any
+    node found in an older view."""
+
+    sender: NodeId
+    proposal: ViewProposal
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRefused:
+    """The answer to a prepare or accept this node will not take, with its reason as
+    state: its current view and the highest ballot it promised."""
+
+    sender: NodeId
+    ballot: Ballot
+    view_no: int
+    promised: Ballot | None
+
+
+@dataclass(frozen=True, slots=True)
+class ViewQuery:
+    """ "I am in view ``view_no``": sent to a node seen in a newer view, which answers with
+    its ``ViewInstall``."""
+
+    sender: NodeId
+    view_no: int
+
+
+ViewMessage = (
+    ViewPrepare | ViewPromise | ViewAccept | ViewAccepted | ViewInstall | ViewRefused | ViewQuery
+)
+
+Message = Post | SyncedEntries | ViewMessage
 
 
 class TxState(enum.IntEnum):

@@ -21,12 +21,21 @@ How a round runs here (the seed's POST, COLLECT, ADD, MERGE, made message-driven
 * A post from behind our merge base comes from a lagger: we send it the synced entries it
   lacks. A post from ahead comes from a forerunner: we merge its metas and post soon so
   that it serves us.
+
+Views (PROTOCOL.md §3; the rules in ``txsync.protocol.views``): a member silent for
+``exclusion_timeout_ms``, a caught-up excluded node posting to us, or an operator starts a
+view change, a Paxos instance per view number. Promising freezes a member: it neither
+posts nor ADDs in its view until a new view is installed, which is what lets the seal
+bound everything the old view added. An excluded node keeps posting to the members, is
+served catch-up and, once caught up, is taken back by the next view change. Metas are only
+ever merged from members' posts: a meta learned any other way mid-view could slip below
+an ADD another member already made, and the seal rule relies on that never happening.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from txsync.protocol.events import (
@@ -37,22 +46,29 @@ from txsync.protocol.events import (
     LocalTx,
     MessageEffect,
     PersistCounter,
+    PersistDropIncoming,
     PersistEffect,
     PersistIncoming,
     PersistSynced,
+    PersistView,
+    PersistViewVote,
     PostReceived,
     PushBody,
     Ready,
     Rejected,
     SendPost,
     SendSyncedEntries,
+    SendViewMessage,
     ServeCatchUpFromLog,
     StateChanged,
     SyncedEntriesReceived,
     Tick,
+    ViewChangeRequested,
+    ViewMessageReceived,
 )
 from txsync.protocol.limits import MEMBERS_MAX, Limits, Timing
 from txsync.protocol.model import (
+    Ballot,
     MergeBase,
     NodeId,
     Post,
@@ -60,14 +76,42 @@ from txsync.protocol.model import (
     TxId,
     TxMeta,
     TxState,
+    View,
+    ViewAccept,
+    ViewAccepted,
+    ViewInstall,
+    ViewMessage,
+    ViewPrepare,
+    ViewPromise,
+    ViewProposal,
+    ViewQuery,
+    ViewRefused,
 )
 from txsync.protocol.queues import IncomingQueue, SyncedQueue, addable_prefix
 from txsync.protocol.validation import post_problem, synced_entries_problem
+from txsync.protocol.views import (
+    SealConflict,
+    is_weight_majority,
+    new_members,
+    promise_problem,
+    proposal_problem,
+    seal_after,
+)
 
 
 class Mode(enum.Enum):
     BUSY = "busy"
     IDLE = "idle"
+
+
+class QuorumState(enum.Enum):
+    MAJORITY = "majority"
+    """A member of the installed view that heard a weight majority lately: it can add."""
+    MINORITY = "minority"
+    """Excluded from the view, or cut off from a weight majority: it adds nothing and its
+    transactions stay INCOMING until it is back."""
+    VIEW_CHANGE = "view_change"
+    """Frozen by a promise while a new view is agreed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +127,23 @@ class DurableState:
     """Incoming metas and whether each body is held."""
     synced_unacquired: tuple[TxMeta, ...] = ()
     """Synced transactions whose bodies are not held yet (they came by catch-up)."""
+    view: ViewProposal | None = None
+    """The installed view (None: view 0 of the whole configuration)."""
+    promised: Ballot | None = None
+    accepted_ballot: Ballot | None = None
+    accepted: ViewProposal | None = None
+
+
+@dataclass(slots=True)
+class _ViewChange:
+    """This node's own proposal while it runs (Paxos phases 1 and 2)."""
+
+    ballot: Ballot
+    started_ms: int
+    promises: dict[NodeId, ViewPromise]
+    proposal: ViewProposal | None = None
+    accepted_by: set[NodeId] = field(default_factory=set)
+    last_sent_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -105,24 +166,40 @@ class ProtocolNode:
     def __init__(
         self,
         node_id: NodeId,
-        members: Sequence[NodeId],
+        configuration: Sequence[NodeId],
         *,
         now_ms: int,
         durable: DurableState | None = None,
         limits: Limits | None = None,
         timing: Timing | None = None,
-        view_no: int = 0,
+        weights: Mapping[NodeId, int] | None = None,
     ) -> None:
-        assert node_id in members, "a node is a member of its own view"
-        assert len(set(members)) == len(members) <= MEMBERS_MAX
+        assert node_id in configuration, "a node is part of its own configuration"
+        assert len(set(configuration)) == len(configuration) <= MEMBERS_MAX
         durable = durable or DurableState()
         self._id = node_id
-        self._members = tuple(members)
-        self._others = tuple(m for m in members if m != node_id)
-        self._view_no = view_no
+        self._weights = dict(weights) if weights is not None else dict.fromkeys(configuration, 1)
+        assert set(self._weights) == set(configuration) and min(self._weights.values()) > 0
+        self._configured = tuple(sorted(configuration))
+        self._rank = self._configured.index(node_id)
         self._limits = limits or Limits()
         self._timing = timing or Timing()
         self._now_ms = now_ms
+
+        self._installed = ViewProposal.initial(self._configured)
+        self._members: tuple[NodeId, ...] = ()
+        self._others: tuple[NodeId, ...] = ()
+        self._set_view(durable.view or self._installed)
+        self._promised = durable.promised
+        self._accepted_ballot = durable.accepted_ballot
+        self._accepted = durable.accepted
+        self._attempt = self._promised.attempt if self._promised is not None else 0
+        self._frozen_since_ms: int | None = now_ms if self._is_frozen_by_promise() else None
+        self._last_vote_ms = now_ms
+        self._view_change: _ViewChange | None = None
+        self._change_due_ms: int | None = None
+        self._heard_ms = dict.fromkeys(self._configured, now_ms)
+        self._view_answered_ms: dict[NodeId, int] = {}
 
         self._counter = durable.counter
         self._persisted_counter = durable.counter
@@ -169,8 +246,32 @@ class ProtocolNode:
         return self._id
 
     @property
+    def configuration(self) -> tuple[NodeId, ...]:
+        return self._configured
+
+    @property
     def members(self) -> tuple[NodeId, ...]:
+        """The installed view's members (this node may not be one of them)."""
         return self._members
+
+    @property
+    def installed_view(self) -> ViewProposal:
+        return self._installed
+
+    @property
+    def is_member(self) -> bool:
+        return self._id in self._members
+
+    def quorum_state(self) -> QuorumState:
+        if self._frozen_since_ms is not None:
+            return QuorumState.VIEW_CHANGE
+        if not self.is_member:
+            return QuorumState.MINORITY
+        recent = self._now_ms - self._timing.exclusion_timeout_ms
+        heard = [node for node, at in self._heard_ms.items() if at > recent or node == self._id]
+        if is_weight_majority(heard, self._weights):
+            return QuorumState.MAJORITY
+        return QuorumState.MINORITY
 
     @property
     def counter(self) -> int:
@@ -178,7 +279,7 @@ class ProtocolNode:
 
     @property
     def view_no(self) -> int:
-        return self._view_no
+        return self._installed.view.view_no
 
     @property
     def mode(self) -> Mode:
@@ -217,6 +318,10 @@ class ProtocolNode:
                 self._on_synced_entries(entries)
             case BodyAcquired(tx_id):
                 self._on_body(tx_id)
+            case ViewMessageReceived(message):
+                self._on_view_message(message)
+            case ViewChangeRequested():
+                self._change_due_ms = self._now_ms
         self._run_timers()
         fx = self._fx
         if self._counter != self._persisted_counter:
@@ -252,18 +357,25 @@ class ProtocolNode:
         self._wake()
 
     def _on_post(self, post: Post) -> None:
-        if post.view_no != self._view_no:
-            self._reject(f"post from {post.sender}", f"view {post.view_no} is not ours")
+        if not self._is_peer(post.sender, "post"):
             return
-        if post.sender not in self._others:
-            self._reject(f"post from {post.sender}", "sender is not a peer in our view")
+        if not self._same_view(post.sender, post.view_no):
             return
         problem = post_problem(post, self._limits)
         if problem is not None:
             self._reject(f"post from {post.sender}", problem)
             return
-        raised = self._raise_counter(post.counter)
         base = self._synced.base
+        if post.sender not in self._members or not self.is_member or self._is_frozen():
+            # Metas come only from members' posts, and a frozen node neither posts nor
+            # adds: all that is left to do is to serve the sender if it lags, and to take
+            # an excluded node back once it has caught up.
+            if post.base.synced_len < base.synced_len:
+                self._serve_lagger(post)
+            if post.sender not in self._members and self.is_member:
+                self._consider_rejoin(post)
+            return
+        raised = self._raise_counter(post.counter)
         if post.base.synced_len < base.synced_len:
             self._serve_lagger(post)
             if raised:
@@ -299,8 +411,9 @@ class ProtocolNode:
             self._end_round(progress=False)
 
     def _on_synced_entries(self, msg: SyncedEntries) -> None:
-        if msg.view_no != self._view_no or msg.sender not in self._others:
-            self._reject(f"catch-up from {msg.sender}", "not a peer in our view")
+        # Synced entries are agreed facts whatever view the sender is in; the prefix
+        # checks below are what guard against a forked sender.
+        if not self._is_peer(msg.sender, "catch-up"):
             return
         problem = synced_entries_problem(msg, self._limits)
         if problem is not None:
@@ -324,7 +437,7 @@ class ProtocolNode:
         if end <= ours.synced_len:
             return  # nothing new
         fresh = msg.entries[ours.synced_len - start :]
-        self._append_synced(fresh, source=msg.sender)
+        self._append_synced(fresh, holders=(msg.sender,))
         self._raise_counter(max(meta.ts for meta in fresh))
         self._after_base_change()
 
@@ -345,7 +458,10 @@ class ProtocolNode:
 
     def _run_timers(self) -> None:
         now = self._now_ms
-        if self._in_round:
+        self._run_view_timers()
+        if self._is_frozen():
+            pass  # no rounds in a view this node promised to leave
+        elif self._in_round:
             if now >= self._round_deadline_ms:
                 self._end_round(progress=False)
             elif self._dirty and now >= self._last_post_ms + self._timing.repost_gap_ms:
@@ -376,7 +492,7 @@ class ProtocolNode:
     def _post(self, queue: tuple[TxMeta, ...] | None = None) -> None:
         self._seq += 1
         post = Post(
-            view_no=self._view_no,
+            view_no=self.view_no,
             sender=self._id,
             epoch=self._epoch,
             seq=self._seq,
@@ -420,7 +536,7 @@ class ProtocolNode:
 
     def _try_add(self) -> bool:
         """ADD if a post of every member is at hand for our base; true if the base moved."""
-        if len(self._posts) < len(self._members):
+        if not self.is_member or self._is_frozen() or len(self._posts) < len(self._members):
             return False
         posts = self._posts.values()
         limit_ts = min(post.counter for post in posts)
@@ -429,7 +545,7 @@ class ProtocolNode:
             return False
         head = tuple(self._incoming.metas()[: len(prefix)])
         assert head == prefix, "an ADDed prefix is always the head of our own queue"
-        self._append_synced(prefix, source=None)
+        self._append_synced(prefix, holders=())
         self._after_base_change()
         return True
 
@@ -455,8 +571,10 @@ class ProtocolNode:
             self._next_round_ms = min(self._next_round_ms, self._now_ms)
             self._start_round()
 
-    def _append_synced(self, metas: Sequence[TxMeta], *, source: NodeId | None) -> None:
-        """Append agreed metas; ``source`` is the forerunner for catch-up, None for ADD."""
+    def _append_synced(self, metas: Sequence[TxMeta], *, holders: Sequence[NodeId]) -> None:
+        """Append agreed metas. ``holders`` (besides each origin) may hold the bodies we
+        lack: the forerunner for catch-up, the new members for a seal, none for ADD
+        (whose bodies are all held: only acquired metas are posted)."""
         start = self._synced.base
         self._synced.extend(metas)
         self._fx.persist.append(PersistSynced(start, tuple(metas)))
@@ -476,9 +594,9 @@ class ProtocolNode:
                 changes.append(StateChanged(tx_id, TxState.ENQUEUED))
             else:
                 self._synced_unacquired[tx_id] = meta
-                holders = (source, meta.origin) if source is not None else (meta.origin,)
-                self._want_body(tx_id, holders)
-        if source is None:
+                self._want_body(tx_id, (*holders, meta.origin))
+        head = tuple(self._incoming.metas()[: len(metas)])
+        if head == tuple(metas):
             self._incoming.pop_prefix(len(metas))
         else:
             self._incoming.remove(meta.tx_id for meta in metas)
@@ -528,10 +646,361 @@ class ProtocolNode:
             self._fx.messages.append(ServeCatchUpFromLog(post.sender, their.synced_len, count_max))
         else:
             entries = SyncedEntries(
-                self._view_no, self._id, their, self._synced.entries(their.synced_len, count_max)
+                self.view_no, self._id, their, self._synced.entries(their.synced_len, count_max)
             )
             self._fx.messages.append(SendSyncedEntries(post.sender, entries))
         self._catchup_sent[post.sender] = (their.synced_len, self._now_ms)
+
+    # --- views (PROTOCOL.md §3) ---------------------------------------------------------
+
+    def _is_peer(self, sender: NodeId, what: str) -> bool:
+        """A configured node other than us; hearing from it keeps it from exclusion."""
+        if sender == self._id or sender not in self._weights:
+            self._reject(f"{what} from {sender}", "sender is not a configured peer")
+            return False
+        self._heard_ms[sender] = self._now_ms
+        return True
+
+    def _same_view(self, sender: NodeId, view_no: int) -> bool:
+        """True if ``sender`` is in our view; otherwise tell whichever side is behind."""
+        if view_no < self.view_no:
+            self._send_install(sender)
+        elif view_no > self.view_no:
+            self._send_view_answer(sender, ViewQuery(self._id, self.view_no))
+        return view_no == self.view_no
+
+    def _is_frozen(self) -> bool:
+        return self._frozen_since_ms is not None
+
+    def _is_frozen_by_promise(self) -> bool:
+        return self._promised is not None and self._id in self._members
+
+    def _set_view(self, installed: ViewProposal) -> None:
+        self._installed = installed
+        self._members = installed.view.members
+        # A member posts to the other members; an excluded node posts to all members, to
+        # be served catch-up and, once caught up, to be taken back.
+        self._others = tuple(m for m in self._members if m != self._id)
+
+    def _on_view_message(self, message: ViewMessage) -> None:
+        if not self._is_peer(message.sender, type(message).__name__):
+            return
+        match message:
+            case ViewPrepare(sender, ballot):
+                self._on_prepare(sender, ballot)
+            case ViewPromise():
+                self._on_promise(message)
+            case ViewAccept(sender, ballot, proposal):
+                self._on_accept(sender, ballot, proposal)
+            case ViewAccepted(sender, ballot):
+                self._on_accepted(sender, ballot)
+            case ViewInstall(sender, proposal):
+                if proposal.view.view_no > self.view_no:
+                    problem = proposal_problem(proposal, self._weights, self._limits)
+                    if problem is not None:
+                        self._reject(f"install from {sender}", problem)
+                        return
+                    self._install(proposal, source=sender)
+            case ViewRefused(sender, ballot, view_no, promised):
+                self._on_refused(sender, ballot, view_no, promised)
+            case ViewQuery(sender, view_no):
+                if view_no < self.view_no:
+                    self._send_install(sender)
+
+    def _ballot_is_for_next_view(self, sender: NodeId, ballot: Ballot) -> bool:
+        """Paxos runs one instance per view number: only the next view's ballots count.
+        A sender behind us gets our install; one ahead of us is asked for its own."""
+        if ballot.view_no <= self.view_no:
+            self._send_install(sender)
+            return False
+        if ballot.view_no > self.view_no + 1:
+            self._send_view_answer(sender, ViewQuery(self._id, self.view_no))
+            return False
+        return True
+
+    def _on_prepare(self, sender: NodeId, ballot: Ballot) -> None:
+        if not self._ballot_is_for_next_view(sender, ballot):
+            return
+        if self._promised is not None and ballot < self._promised:
+            refusal = ViewRefused(self._id, ballot, self.view_no, self._promised)
+            self._fx.messages.append(SendViewMessage(sender, refusal))
+            return
+        if ballot != self._promised:
+            self._vote(ballot, self._accepted_ballot, self._accepted)
+        self._fx.messages.append(SendViewMessage(sender, self._promise_for(ballot)))
+
+    def _on_accept(self, sender: NodeId, ballot: Ballot, proposal: ViewProposal) -> None:
+        if not self._ballot_is_for_next_view(sender, ballot):
+            return
+        if self._promised is not None and ballot < self._promised:
+            refusal = ViewRefused(self._id, ballot, self.view_no, self._promised)
+            self._fx.messages.append(SendViewMessage(sender, refusal))
+            return
+        problem = proposal_problem(proposal, self._weights, self._limits)
+        if problem is None and proposal.view.view_no != ballot.view_no:
+            problem = f"proposal for view {proposal.view.view_no} under ballot {ballot}"
+        if problem is not None:
+            self._reject(f"accept from {sender}", problem)
+            return
+        if ballot != self._accepted_ballot:
+            self._vote(ballot, ballot, proposal)
+        self._fx.messages.append(SendViewMessage(sender, ViewAccepted(self._id, ballot)))
+
+    def _vote(
+        self, promised: Ballot, accepted_ballot: Ballot | None, accepted: ViewProposal | None
+    ) -> None:
+        """Record a promise or an acceptance durably; a member stops its rounds."""
+        self._promised = promised
+        self._accepted_ballot = accepted_ballot
+        self._accepted = accepted
+        self._attempt = max(self._attempt, promised.attempt)
+        self._last_vote_ms = self._now_ms
+        self._fx.persist.append(PersistViewVote(promised, accepted_ballot, accepted))
+        change = self._view_change
+        if change is not None and change.ballot < promised:
+            self._view_change = None  # a higher ballot runs this view change now
+        if self.is_member and self._frozen_since_ms is None:
+            self._frozen_since_ms = self._now_ms
+            self._in_round = False
+            self._posts.clear()
+
+    def _promise_for(self, ballot: Ballot) -> ViewPromise:
+        return ViewPromise(
+            sender=self._id,
+            ballot=ballot,
+            base=self._synced.base,
+            counter=self._counter,
+            queue=self._incoming.postable(self._limits.post_txs_max),
+            accepted_ballot=self._accepted_ballot,
+            accepted=self._accepted,
+        )
+
+    def _start_view_change(self) -> None:
+        """Propose the next view (only a member proposes): phase 1 to every configured node."""
+        if not self.is_member:
+            return
+        self._attempt += 1
+        ballot = Ballot(self.view_no + 1, self._attempt, self._id)
+        self._change_due_ms = None
+        self._vote(ballot, self._accepted_ballot, self._accepted)
+        self._view_change = _ViewChange(
+            ballot, self._now_ms, {self._id: self._promise_for(ballot)}, last_sent_ms=self._now_ms
+        )
+        for peer in self._configured:
+            if peer != self._id:
+                self._fx.messages.append(SendViewMessage(peer, ViewPrepare(self._id, ballot)))
+
+    def _on_promise(self, promise: ViewPromise) -> None:
+        change = self._view_change
+        if change is None or promise.ballot != change.ballot or change.proposal is not None:
+            return  # late, or for a ballot we gave up
+        problem = promise_problem(promise, self._limits)
+        if problem is not None:
+            self._reject(f"promise from {promise.sender}", problem)
+            return
+        change.promises[promise.sender] = promise
+        self._run_view_timers()
+
+    def _on_refused(
+        self, sender: NodeId, ballot: Ballot, view_no: int, promised: Ballot | None
+    ) -> None:
+        if view_no > self.view_no:
+            self._send_view_answer(sender, ViewQuery(self._id, self.view_no))
+            return
+        change = self._view_change
+        if change is None or ballot != change.ballot:
+            return
+        if promised is not None and promised > change.ballot:
+            # Someone else's higher ballot runs this view change; we stay frozen and take
+            # over if it does not finish in time.
+            self._attempt = max(self._attempt, promised.attempt)
+            self._view_change = None
+
+    def _propose(self, change: _ViewChange) -> None:
+        """Phase 2: re-propose the highest accepted proposal (Paxos), else seal and choose."""
+        promises = change.promises.values()
+        accepted = [p for p in promises if p.accepted is not None and p.accepted_ballot is not None]
+        if accepted:
+            best = max(accepted, key=lambda p: p.accepted_ballot or change.ballot)
+            assert best.accepted is not None
+            proposal = best.accepted
+        else:
+            try:
+                start, seal = self._seal(promises)
+            except SealConflict as conflict:
+                self._reject("view change", f"FORK: {conflict}")
+                self._view_change = None
+                return
+            end = start.synced_len + len(seal)
+            members = new_members(
+                self._installed.view,
+                promises,
+                end,
+                self._weights,
+                self._limits.catchup_entries_max,
+            )
+            proposal = ViewProposal(View(change.ballot.view_no, members), start, seal)
+        change.proposal = proposal
+        change.accepted_by = {self._id}
+        change.last_sent_ms = self._now_ms
+        self._vote(change.ballot, change.ballot, proposal)
+        accept = ViewAccept(self._id, change.ballot, proposal)
+        for peer in self._configured:
+            if peer != self._id:
+                self._fx.messages.append(SendViewMessage(peer, accept))
+
+    def _seal(self, promises: Collection[ViewPromise]) -> tuple[MergeBase, tuple[TxMeta, ...]]:
+        """The seal rule; a separate method so tests can inject a broken one."""
+        return seal_after(self._installed, promises)
+
+    def _on_accepted(self, sender: NodeId, ballot: Ballot) -> None:
+        change = self._view_change
+        if change is None or change.proposal is None or ballot != change.ballot:
+            return
+        change.accepted_by.add(sender)
+        if is_weight_majority(change.accepted_by, self._weights):
+            proposal = change.proposal
+            for peer in self._configured:
+                if peer != self._id:
+                    self._fx.messages.append(SendViewMessage(peer, ViewInstall(self._id, proposal)))
+            self._install(proposal, source=None)
+
+    def _install(self, proposal: ViewProposal, *, source: NodeId | None) -> None:
+        """Adopt a chosen view: append what we lack of its seal, forget incoming metas we
+        cannot get a body for, and start rounds in it."""
+        start = proposal.seal_start.synced_len
+        ours = self._synced.length
+        if ours >= start:
+            start_here = self._synced.base_at(start)
+            if start_here is not None and start_here != proposal.seal_start:
+                self._reject(f"install of view {proposal.view.view_no}", "FORK at its seal start")
+                return
+            for index, meta in enumerate(proposal.seal[: max(0, ours - start)]):
+                held = self._synced.id_at(start + index)
+                if held is not None and held != meta.tx_id:
+                    self._reject(
+                        f"install of view {proposal.view.view_no}", f"FORK at {start + index}"
+                    )
+                    return
+            fresh = proposal.seal[ours - start :]
+            if fresh:
+                holders = [m for m in proposal.view.members if m != self._id]
+                if source is not None:
+                    holders.insert(0, source)
+                self._append_synced(fresh, holders=holders)
+                self._raise_counter(max(meta.ts for meta in fresh))
+        # else: we lag behind the seal; as a lagger in the new view we are served catch-up.
+        members = set(proposal.view.members)
+        dropped = tuple(
+            meta.tx_id
+            for meta in self._incoming.metas()
+            if meta.origin not in members
+            and meta.origin != self._id
+            and not self._incoming.is_acquired(meta.tx_id)
+        )
+        if dropped:
+            self._incoming.remove(dropped)
+            for tx_id in dropped:
+                self._drop_fetch(tx_id)
+            self._fx.persist.append(PersistDropIncoming(dropped))
+        self._fx.persist.append(PersistView(proposal))
+        self._set_view(proposal)
+        self._promised = None
+        self._accepted_ballot = None
+        self._accepted = None
+        self._frozen_since_ms = None
+        self._view_change = None
+        self._change_due_ms = None
+        self._heard_ms = dict.fromkeys(self._configured, self._now_ms)
+        self._posts = {}
+        self._ahead_posts = {}
+        self._catchup_sent = {}
+        self._dirty = True
+        self._mode = Mode.BUSY
+        self._in_round = False
+        self._start_round()
+
+    def _consider_rejoin(self, post: Post) -> None:
+        """An excluded node that has caught up is taken back by the next view change
+        (started after our rank's stagger, so that members do not all propose at once)."""
+        caught_up = post.base.synced_len + self._limits.catchup_entries_max >= self._synced.length
+        if caught_up and self._view_change is None and self._change_due_ms is None:
+            self._change_due_ms = self._now_ms + self._stagger_ms()
+
+    def _stagger_ms(self) -> int:
+        return self._rank * self._timing.view_change_stagger_ms
+
+    def _send_install(self, to: NodeId) -> None:
+        if self.view_no > 0:
+            self._send_view_answer(to, ViewInstall(self._id, self._installed))
+
+    def _send_view_answer(self, to: NodeId, message: ViewMessage) -> None:
+        """Answers about views are rate-limited per node: a lagging node posts often."""
+        last = self._view_answered_ms.get(to)
+        if last is not None and self._now_ms < last + self._timing.view_resend_ms:
+            return
+        self._view_answered_ms[to] = self._now_ms
+        self._fx.messages.append(SendViewMessage(to, message))
+
+    def _run_view_timers(self) -> None:
+        now, timing = self._now_ms, self._timing
+        change = self._view_change
+        if change is not None:
+            if now >= change.started_ms + timing.view_change_timeout_ms + self._stagger_ms():
+                self._start_view_change()  # a higher attempt
+            elif change.proposal is None:
+                if self._ready_to_propose(change):
+                    self._propose(change)
+                elif now >= change.last_sent_ms + timing.view_resend_ms:
+                    change.last_sent_ms = now
+                    prepare = ViewPrepare(self._id, change.ballot)
+                    for peer in self._configured:
+                        if peer not in change.promises:
+                            self._fx.messages.append(SendViewMessage(peer, prepare))
+            elif now >= change.last_sent_ms + timing.view_resend_ms:
+                change.last_sent_ms = now
+                accept = ViewAccept(self._id, change.ballot, change.proposal)
+                for peer in self._configured:
+                    if peer not in change.accepted_by:
+                        self._fx.messages.append(SendViewMessage(peer, accept))
+            return
+        due = self._view_change_due_ms()
+        if due is not None and now >= due:
+            self._start_view_change()
+
+    def _ready_to_propose(self, change: _ViewChange) -> bool:
+        if not is_weight_majority(change.promises, self._weights):
+            return False
+        everyone = len(change.promises) == len(self._configured)
+        return everyone or self._now_ms >= change.started_ms + self._timing.promise_wait_ms
+
+    def _view_change_due_ms(self) -> int | None:
+        """When this node (a member, not proposing) should start a view change."""
+        if not self.is_member:
+            return None
+        timing = self._timing
+        if self._frozen_since_ms is not None:
+            # Frozen by a promise whose proposer went quiet: take the view change over.
+            return self._last_vote_ms + timing.view_change_timeout_ms + self._stagger_ms()
+        due = self._change_due_ms
+        if self._others:
+            last_heard = min(self._heard_ms[member] for member in self._others)
+            silent_due = last_heard + timing.exclusion_timeout_ms + self._stagger_ms()
+            due = silent_due if due is None else min(due, silent_due)
+        return due
+
+    def _view_timer_due_ms(self) -> int | None:
+        change = self._view_change
+        if change is None:
+            return self._view_change_due_ms()
+        timing = self._timing
+        due = min(
+            change.started_ms + timing.view_change_timeout_ms + self._stagger_ms(),
+            change.last_sent_ms + timing.view_resend_ms,
+        )
+        if change.proposal is None and is_weight_majority(change.promises, self._weights):
+            due = min(due, change.started_ms + timing.promise_wait_ms)
+        return due
 
     # --- bodies --------------------------------------------------------------------------
 
@@ -574,7 +1043,10 @@ class ProtocolNode:
         self._fx.rejections.append(Rejected(what, reason))
 
     def _next_tick_ms(self) -> int:
-        if self._in_round:
+        view_due = self._view_timer_due_ms()
+        if self._is_frozen():
+            soonest = view_due if view_due is not None else self._now_ms + 1_000_000
+        elif self._in_round:
             soonest = self._round_deadline_ms
             if self._dirty:
                 soonest = min(soonest, self._last_post_ms + self._timing.repost_gap_ms)
@@ -582,4 +1054,6 @@ class ProtocolNode:
             soonest = self._next_round_ms
         if self._next_fetch_ms is not None:
             soonest = min(soonest, self._next_fetch_ms)
+        if view_due is not None:
+            soonest = min(soonest, view_due)
         return max(soonest, self._now_ms)

@@ -3,6 +3,8 @@ never trusts a peer to be well-formed, only to be honest."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from txsync.protocol.limits import Limits
 from txsync.protocol.model import Post, SyncedEntries, TxMeta
 
@@ -16,21 +18,27 @@ def _metas_problem(metas: tuple[TxMeta, ...]) -> str | None:
     return None
 
 
+def sorted_metas_problem(metas: tuple[TxMeta, ...], counter: int | None) -> str | None:
+    """Why a posted queue (or a seal) is malformed: bad metas, not strictly sorted, or a
+    timestamp above the sender's ``counter`` (None: no counter to check against)."""
+    problem = _metas_problem(metas)
+    if problem is not None:
+        return problem
+    for before, after in pairwise(metas):
+        if not before < after:
+            return f"queue not strictly sorted at tx {after.tx_id}"
+    if counter is not None and metas and metas[-1].ts > counter:
+        return f"queue holds ts {metas[-1].ts} above the sender's counter {counter}"
+    return None
+
+
 def post_problem(post: Post, limits: Limits) -> str | None:
     """Why ``post`` must be refused, or None if it is well-formed."""
     if len(post.queue) > limits.post_txs_max:
         return f"{len(post.queue)} metas exceed post_txs_max={limits.post_txs_max}"
     if post.base.synced_len < 0 or post.counter < 0 or post.epoch < 0 or post.seq < 0:
         return "negative length, counter, epoch or sequence number"
-    problem = _metas_problem(post.queue)
-    if problem is not None:
-        return problem
-    for before, after in zip(post.queue, post.queue[1:], strict=False):
-        if not before < after:
-            return f"queue not strictly sorted at tx {after.tx_id}"
-    if post.queue and post.queue[-1].ts > post.counter:
-        return f"queue holds ts {post.queue[-1].ts} above the sender's counter {post.counter}"
-    return None
+    return sorted_metas_problem(post.queue, post.counter)
 
 
 def synced_entries_problem(msg: SyncedEntries, limits: Limits) -> str | None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from txsync.protocol import (
+    Ballot,
     BodyAcquired,
     DurableState,
     Event,
@@ -27,14 +28,19 @@ from txsync.protocol import (
     MergeBase,
     NodeId,
     PersistCounter,
+    PersistDropIncoming,
     PersistIncoming,
     PersistSynced,
+    PersistView,
+    PersistViewVote,
+    Post,
     PostReceived,
     ProtocolNode,
     PushBody,
     Ready,
     SendPost,
     SendSyncedEntries,
+    SendViewMessage,
     ServeCatchUpFromLog,
     SyncedEntries,
     SyncedEntriesReceived,
@@ -43,6 +49,8 @@ from txsync.protocol import (
     TxId,
     TxMeta,
     TxState,
+    ViewMessageReceived,
+    ViewProposal,
 )
 from txsync.protocol.model import Message
 from txsync.sim.faults import FaultMix
@@ -58,6 +66,11 @@ SIM_TIMING = Timing(
     body_fetch_retry_ms=40,
     body_fetch_retry_max_ms=800,
     catchup_resend_ms=40,
+    exclusion_timeout_ms=400,
+    view_change_timeout_ms=300,
+    view_change_stagger_ms=30,
+    view_resend_ms=40,
+    promise_wait_ms=40,
 )
 """Shorter than the services' defaults so that a schedule covers many rounds quickly."""
 
@@ -87,6 +100,10 @@ class _Durable:
     synced: list[TxMeta] = field(default_factory=list)
     incoming: dict[TxId, TxMeta] = field(default_factory=dict)
     bodies: set[TxId] = field(default_factory=set)
+    view: ViewProposal | None = None
+    promised: Ballot | None = None
+    accepted_ballot: Ballot | None = None
+    accepted: ViewProposal | None = None
 
     def restore(self) -> DurableState:
         return DurableState(
@@ -96,6 +113,10 @@ class _Durable:
             synced_tail=tuple(self.synced[-SIM_LIMITS.synced_window_max :]),
             incoming=tuple((meta, meta.tx_id in self.bodies) for meta in self.incoming.values()),
             synced_unacquired=tuple(m for m in self.synced if m.tx_id not in self.bodies),
+            view=self.view,
+            promised=self.promised,
+            accepted_ballot=self.accepted_ballot,
+            accepted=self.accepted,
         )
 
 
@@ -177,6 +198,7 @@ class SimStats:
     rounds: int = 0
     synced: int = 0
     acked: int = 0
+    views: int = 0
     end_ms: int = 0
 
 
@@ -299,8 +321,10 @@ class Simulation:
                 if self._nodes[to].core is not None and self._linked(event.sender, to):
                     if isinstance(message, SyncedEntries):
                         self._step(to, SyncedEntriesReceived(message))
-                    else:
+                    elif isinstance(message, Post):
                         self._step(to, PostReceived(message))
+                    else:
+                        self._step(to, ViewMessageReceived(message))
             case _DeliverBody(to, sender, tx_id):
                 target = self._nodes[to]
                 # A body we already hold is news only when we fetched it from ourselves.
@@ -411,6 +435,19 @@ class Simulation:
                     durable.synced.extend(metas)
                     for synced in metas:
                         durable.incoming.pop(synced.tx_id, None)
+                case PersistDropIncoming(tx_ids):
+                    self.checker.on_forgotten(node, tx_ids)
+                    for tx_id in tx_ids:
+                        durable.incoming.pop(tx_id, None)
+                case PersistViewVote(promised, accepted_ballot, accepted):
+                    durable.promised = promised
+                    durable.accepted_ballot = accepted_ballot
+                    durable.accepted = accepted
+                case PersistView(installed):
+                    self.checker.on_view(node, installed)
+                    self.stats.views = self.checker.views_installed
+                    durable.view = installed
+                    durable.promised = durable.accepted_ballot = durable.accepted = None
         for change in ready.state_changes:
             self.checker.on_state(node, change.tx_id, change.state)
             meta = durable.incoming.get(change.tx_id)
@@ -428,8 +465,12 @@ class Simulation:
                     synced = self._nodes[node].durable.synced
                     start_base = _base_of(synced, from_len)
                     chunk = tuple(synced[from_len : from_len + count_max])
-                    entries = SyncedEntries(0, node, start_base, chunk)
+                    core = self._nodes[node].core
+                    view_no = core.view_no if core is not None else 0
+                    entries = SyncedEntries(view_no, node, start_base, chunk)
                     self._send(_Deliver(to, node, entries))
+                case SendViewMessage(to, view_message):
+                    self._send(_Deliver(to, node, view_message))
         for body in ready.bodies:
             match body:
                 case PushBody(tx_id, peers):

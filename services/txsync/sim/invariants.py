@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from txsync.protocol import NodeId, TxId, TxMeta, TxState, is_allowed_transition
+from txsync.protocol import NodeId, TxId, TxMeta, TxState, ViewProposal, is_allowed_transition
 
 
 class InvariantViolation(Exception):
@@ -26,6 +26,7 @@ INVARIANT_NAMES = {
     4: "executability",
     5: "liveness",
     6: "monotonicity",
+    8: "one view per view number",
 }
 
 
@@ -38,6 +39,12 @@ class InvariantChecker:
         self._states: dict[NodeId, dict[TxId, TxState]] = {n: {} for n in self._synced_ids}
         self._acked_pending: dict[NodeId, set[TxId]] = {n: set() for n in self._synced_ids}
         self.acked: dict[TxId, NodeId] = {}
+        self._views: dict[int, ViewProposal] = {}
+        self._view_no: dict[NodeId, int] = {n: 0 for n in self._synced_ids}
+
+    @property
+    def views_installed(self) -> int:
+        return len(self._views)
 
     @property
     def reference_len(self) -> int:
@@ -79,6 +86,31 @@ class InvariantChecker:
             name = current.name if current else "unknown"
             raise InvariantViolation(6, f"{node}: tx {tx_id} moved {name} -> {state.name}")
         states[tx_id] = state
+
+    def on_forgotten(self, node: NodeId, tx_ids: Iterable[TxId]) -> None:
+        """A node forgot incoming metas of an origin that left its view (PROTOCOL.md §3):
+        the node may learn them again later, as if for the first time."""
+        states = self._states[node]
+        for tx_id in tx_ids:
+            if self.acked.get(tx_id) == node:
+                raise InvariantViolation(3, f"origin {node} forgot its acknowledged tx {tx_id}")
+            if states.get(tx_id) is not TxState.INCOMING:
+                raise InvariantViolation(6, f"{node} forgot {tx_id} in state {states.get(tx_id)}")
+            del states[tx_id]
+
+    def on_view(self, node: NodeId, installed: ViewProposal) -> None:
+        """Every node that installs view ``n`` installs the same members and seal."""
+        view_no = installed.view.view_no
+        if view_no <= self._view_no[node]:
+            raise InvariantViolation(
+                6, f"{node} installed view {view_no} while in view {self._view_no[node]}"
+            )
+        self._view_no[node] = view_no
+        known = self._views.setdefault(view_no, installed)
+        if known != installed:
+            raise InvariantViolation(
+                8, f"view {view_no}: {node} installed {installed}, not {known}"
+            )
 
     def on_acked(self, node: NodeId, tx_id: TxId) -> None:
         self.acked[tx_id] = node

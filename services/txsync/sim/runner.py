@@ -59,13 +59,15 @@ class MixSummary:
     synced: int
     crashes: int
     dropped: int
+    views: int
+    """View changes installed (counted once per view number and seed)."""
 
     def line(self, seconds: float) -> str:
         status = "OK" if not self.failures else f"{len(self.failures)} VIOLATION(S)"
         return (
             f"{self.mix.name:<52} {self.seeds:>6} seeds  {status:<14} "
             f"synced={self.synced} rounds={self.rounds} steps={self.steps} "
-            f"crashes={self.crashes} dropped={self.dropped}  {seconds:.1f}s"
+            f"crashes={self.crashes} dropped={self.dropped} views={self.views}  {seconds:.1f}s"
         )
 
 
@@ -89,7 +91,7 @@ def run_mix(
         pool = None
         outcomes = (run_seed(config, node_factory) for config in configs)
     failures: list[SeedOutcome] = []
-    steps = rounds = synced = crashes = dropped = count = 0
+    steps = rounds = synced = crashes = dropped = views = count = 0
     try:
         for outcome in outcomes:
             count += 1
@@ -98,6 +100,7 @@ def run_mix(
             synced += outcome.stats.synced
             crashes += outcome.stats.crashes
             dropped += outcome.stats.dropped
+            views += outcome.stats.views
             if on_outcome is not None:
                 on_outcome(outcome)
             if not outcome.ok:
@@ -107,4 +110,4 @@ def run_mix(
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    return MixSummary(mix, count, tuple(failures), steps, rounds, synced, crashes, dropped)
+    return MixSummary(mix, count, tuple(failures), steps, rounds, synced, crashes, dropped, views)

@@ -23,7 +23,9 @@ from typing import Any
 
 import grpc
 
+from txsync.codec import ballot_from_proto, ballot_to_proto, proposal_from_proto, proposal_to_proto
 from txsync.protocol import (
+    Ballot,
     BodyAcquired,
     DurableState,
     Event,
@@ -32,9 +34,11 @@ from txsync.protocol import (
     LocalTx,
     ProtocolNode,
     PushBody,
+    QuorumState,
     Ready,
     SendPost,
     SendSyncedEntries,
+    SendViewMessage,
     ServeCatchUpFromLog,
     SyncedEntries,
     Tick,
@@ -48,6 +52,7 @@ from txsync.sync_coordinator.wire import (
     meta_from_proto,
     meta_to_proto,
     post_to_proto,
+    view_message_to_proto,
 )
 from txsync.v1 import (
     common_pb2,
@@ -112,6 +117,8 @@ class CoordinatorConfig:
     peers: dict[str, str]
     """Peer node id -> host:port of its PeerService."""
     store_address: str
+    weights: dict[str, int] = field(default_factory=dict)
+    """Node id -> vote weight (default 1 each); a view needs a weight majority."""
     timing: Timing = field(default_factory=Timing)
     limits: Limits = field(default_factory=Limits)
     rpc_timeout_s: float = 2.0
@@ -121,6 +128,11 @@ class CoordinatorConfig:
 
 def _now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+_OtherMessage = (
+    peer_pb2.SendSyncedEntriesRequest | peer_pb2.PushBodyRequest | peer_pb2.SendViewMessageRequest
+)
 
 
 class PeerLink:
@@ -144,9 +156,7 @@ class PeerLink:
         """Unsent posts, the newest per merge base: a newer post at the same base replaces
         an older one, but a post from an older base still carries news (it can complete
         the peer's ADD at that base), so it is not dropped for one from a newer base."""
-        self._other: deque[peer_pb2.SendSyncedEntriesRequest | peer_pb2.PushBodyRequest] = deque(
-            maxlen=PEER_QUEUE_MAX
-        )
+        self._other: deque[_OtherMessage] = deque(maxlen=PEER_QUEUE_MAX)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(PEER_IN_FLIGHT_MAX)
@@ -163,7 +173,7 @@ class PeerLink:
             del self._posts[min(self._posts)]
         self._wakeup.set()
 
-    def send(self, message: peer_pb2.SendSyncedEntriesRequest | peer_pb2.PushBodyRequest) -> None:
+    def send(self, message: _OtherMessage) -> None:
         self._other.append(message)
         self._wakeup.set()
 
@@ -202,6 +212,8 @@ class PeerLink:
                 await self.stub.PushBody(message, timeout=self._timeout_s)
             elif isinstance(message, peer_pb2.SendSyncedEntriesRequest):
                 await self.stub.SendSyncedEntries(message, timeout=self._timeout_s)
+            elif isinstance(message, peer_pb2.SendViewMessageRequest):
+                await self.stub.SendViewMessage(message, timeout=self._timeout_s)
             self.sent += 1
         except grpc.aio.AioRpcError as error:
             self.failed += 1
@@ -247,16 +259,31 @@ class Coordinator:
             synced_tail=tuple(meta_from_proto(m) for m in state.synced_tail),
             incoming=tuple((meta_from_proto(e.meta), e.acquired) for e in state.incoming),
             synced_unacquired=tuple(meta_from_proto(m) for m in state.synced_unacquired),
+            view=proposal_from_proto(state.view, "view") if state.HasField("view") else None,
+            promised=ballot_from_proto(state.vote.promised) if state.HasField("vote") else None,
+            accepted_ballot=(
+                ballot_from_proto(state.vote.accepted_ballot)
+                if state.vote.HasField("accepted_ballot")
+                else None
+            ),
+            accepted=(
+                proposal_from_proto(state.vote.accepted)
+                if state.vote.HasField("accepted_ballot")
+                else None
+            ),
         )
-        members = sorted([self.config.node_id, *self.config.peers])
+        configuration = sorted([self.config.node_id, *self.config.peers])
         self.node = ProtocolNode(
             self.config.node_id,
-            members,
+            configuration,
             now_ms=_now_ms(),
             durable=durable,
             limits=self.config.limits,
             timing=self.config.timing,
+            weights={node: self.config.weights.get(node, 1) for node in configuration},
         )
+        self._view_no = self.node.view_no
+        self._quorum = self.node.quorum_state()
         for link in self.links.values():
             link.start()
         loop = asyncio.get_running_loop()
@@ -267,8 +294,10 @@ class Coordinator:
         for task in self._tasks:
             task.add_done_callback(self._on_task_done)
         log.info(
-            "%s starts at merge base %s, counter %d, epoch %d, %d incoming; peers %s",
+            "%s starts in view %d %s at merge base %s, counter %d, epoch %d, %d incoming; peers %s",
             self.config.node_id,
+            self.node.view_no,
+            list(self.node.members),
             self.node.merge_base,
             durable.counter,
             durable.epoch,
@@ -337,6 +366,24 @@ class Coordinator:
                 merged, readies = MergedPersist(), []
         await self._flush(merged, readies)
         self._next_tick_ms = last.next_tick_ms if last is not None else None
+        self._log_view_changes(node)
+
+    def _log_view_changes(self, node: ProtocolNode) -> None:
+        """One line when the view or the quorum state changes (operators grep for these)."""
+        if node.view_no != self._view_no:
+            self._view_no = node.view_no
+            excluded = sorted(set(node.configuration) - set(node.members))
+            log.warning(
+                "VIEW %d installed: members %s%s",
+                node.view_no,
+                ", ".join(node.members),
+                f"; excluded {', '.join(excluded)}" if excluded else "",
+            )
+        quorum = node.quorum_state()
+        if quorum is not self._quorum:
+            self._quorum = quorum
+            level = logging.WARNING if quorum is QuorumState.MINORITY else logging.INFO
+            log.log(level, "QUORUM %s in view %d", quorum.name, node.view_no)
 
     async def _flush(self, merged: MergedPersist, readies: list[Ready]) -> None:
         if not merged.is_empty():
@@ -359,6 +406,15 @@ class Coordinator:
         )
         if merged.synced_start is not None:
             request.synced_start.CopyFrom(base_to_proto(merged.synced_start))
+        request.forgotten.extend(merged.forgotten)
+        if merged.installed is not None:
+            request.installed_view.CopyFrom(proposal_to_proto(merged.installed))
+        if merged.vote is not None:
+            request.vote.promised.CopyFrom(ballot_to_proto(merged.vote.promised))
+            accepted_ballot: Ballot | None = merged.vote.accepted_ballot
+            if accepted_ballot is not None and merged.vote.accepted is not None:
+                request.vote.accepted_ballot.CopyFrom(ballot_to_proto(accepted_ballot))
+                request.vote.accepted.CopyFrom(proposal_to_proto(merged.vote.accepted))
         # A failure here is fatal for this incarnation: memory ran ahead of the disk.
         await self.store.PersistStep(request, timeout=30)
 
@@ -371,6 +427,8 @@ class Coordinator:
                     self.links[to].send(entries_to_proto(entries))
                 case ServeCatchUpFromLog(to, from_len, count_max):
                     self._in_background(self._serve_from_log(to, from_len, count_max))
+                case SendViewMessage(to, view_message):
+                    self.links[to].send(view_message_to_proto(view_message))
         for body in ready.bodies:
             match body:
                 case PushBody(tx_id, peers):
@@ -388,7 +446,7 @@ class Coordinator:
             return
         if answer.entries:
             entries = SyncedEntries(
-                0,
+                self.node.view_no if self.node is not None else 0,
                 self.config.node_id,
                 base_from_proto(answer.start),
                 tuple(meta_from_proto(m) for m in answer.entries),

@@ -5,6 +5,11 @@ everything durable the batch produced goes to the transaction-store in one
 ``PersistStep`` (one fsync), and only then is anything sent. Merging keeps the core's
 order: counters take the highest, metas and state changes keep their order, and synced
 appends (always contiguous) become one append from the first start.
+
+Views add three effects. The store writes a step's forgotten metas before its new metas
+and its installed view before its vote, so the merge keeps only what the core's order
+means: a vote made before an install in the same batch is void, and a meta forgotten
+then learned again in one batch is simply kept (never both forgotten and re-learned).
 """
 
 from __future__ import annotations
@@ -14,11 +19,16 @@ from dataclasses import dataclass, field
 from txsync.protocol import (
     MergeBase,
     PersistCounter,
+    PersistDropIncoming,
     PersistIncoming,
     PersistSynced,
+    PersistView,
+    PersistViewVote,
     Ready,
     StateChanged,
+    TxId,
     TxMeta,
+    ViewProposal,
 )
 
 
@@ -29,6 +39,9 @@ class MergedPersist:
     synced_start: MergeBase | None = None
     synced: list[TxMeta] = field(default_factory=list)
     changes: list[StateChanged] = field(default_factory=list)
+    forgotten: dict[TxId, None] = field(default_factory=dict)
+    installed: ViewProposal | None = None
+    vote: PersistViewVote | None = None
 
     def add(self, ready: Ready) -> None:
         for effect in ready.persist:
@@ -44,7 +57,33 @@ class MergedPersist:
                         end = self.synced_start.synced_len + len(self.synced)
                         assert start.synced_len == end, "synced appends are contiguous"
                     self.synced.extend(metas)
+                case PersistDropIncoming(tx_ids):
+                    self._forget(tx_ids)
+                case PersistView(installed):
+                    self.installed = installed
+                    self.vote = None
+                case PersistViewVote():
+                    self.vote = effect
         self.changes.extend(ready.state_changes)
+        for change in ready.state_changes:
+            self.forgotten.pop(change.tx_id, None)  # learned again after being forgotten
+
+    def _forget(self, tx_ids: tuple[TxId, ...]) -> None:
+        gone = set(tx_ids)
+        learned_in_batch = {meta.tx_id for meta in self.incoming} & gone
+        if learned_in_batch:
+            # Learned and forgotten within this batch: the store never needs to hear of it.
+            self.incoming = [m for m in self.incoming if m.tx_id not in learned_in_batch]
+            self.changes = [c for c in self.changes if c.tx_id not in learned_in_batch]
+        self.forgotten.update(dict.fromkeys(t for t in tx_ids if t not in learned_in_batch))
 
     def is_empty(self) -> bool:
-        return not (self.counter or self.incoming or self.synced or self.changes)
+        return not (
+            self.counter
+            or self.incoming
+            or self.synced
+            or self.changes
+            or self.forgotten
+            or self.installed
+            or self.vote
+        )

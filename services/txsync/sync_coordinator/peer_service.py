@@ -1,6 +1,7 @@
 """``PeerService``: what other DCs' coordinators call on this one.
 
-Posts and catch-up are decoded and checked (``wire``) and queued for the protocol loop;
+Posts, catch-up and view messages are decoded and checked (``wire``) and queued for the
+protocol loop;
 pushed bodies are stored through the transaction-store (which checks their digest)
 before the loop hears they are acquired; bodies are served from the store.
 """
@@ -12,7 +13,12 @@ from typing import Any
 
 import grpc
 
-from txsync.protocol import BodyAcquired, PostReceived, SyncedEntriesReceived
+from txsync.protocol import (
+    BodyAcquired,
+    PostReceived,
+    SyncedEntriesReceived,
+    ViewMessageReceived,
+)
 from txsync.rpc import ServiceError, answers_errors
 from txsync.sync_coordinator.coordinator import Coordinator
 from txsync.sync_coordinator.wire import (
@@ -20,6 +26,7 @@ from txsync.sync_coordinator.wire import (
     check_node_id,
     entries_from_proto,
     post_from_proto,
+    view_message_from_proto,
 )
 from txsync.v1 import peer_pb2, peer_pb2_grpc, store_pb2
 
@@ -116,26 +123,16 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             raise ServiceError(error.code(), error.details() or "store refused") from None
         return peer_pb2.GetBodyResponse(body=body.body, digest=body.digest)
 
-    async def _views_later(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "view changes are not implemented yet: this coordinator runs a fixed view",
-        )
-
-    async def PrepareView(
-        self, request: peer_pb2.PrepareViewRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> peer_pb2.PrepareViewResponse:
-        await self._views_later(context)
-        raise AssertionError("context.abort always raises")
-
-    async def AcceptView(
-        self, request: peer_pb2.AcceptViewRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> peer_pb2.AcceptViewResponse:
-        await self._views_later(context)
-        raise AssertionError("context.abort always raises")
-
-    async def InstallView(
-        self, request: peer_pb2.InstallViewRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> peer_pb2.InstallViewResponse:
-        await self._views_later(context)
-        raise AssertionError("context.abort always raises")
+    @answers_errors
+    async def SendViewMessage(
+        self,
+        request: peer_pb2.SendViewMessageRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> peer_pb2.SendViewMessageResponse:
+        try:
+            message = view_message_from_proto(request, self._limits)
+        except WireError as error:
+            raise _invalid(error) from None
+        self._check_peer(message.sender, context)
+        await self._coordinator.events.put(ViewMessageReceived(message))
+        return peer_pb2.SendViewMessageResponse()

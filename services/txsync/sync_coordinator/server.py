@@ -92,6 +92,20 @@ def _peer(text: str) -> tuple[str, str]:
     return node_id, address
 
 
+WEIGHT_MAX = 1_000
+
+
+def _weight(text: str) -> tuple[str, int]:
+    node_id, separator, number = text.partition("=")
+    if not separator or not number.isdigit() or not 1 <= int(number) <= WEIGHT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NODE_ID=N with 1 <= N <= {WEIGHT_MAX}")
+    try:
+        check_node_id(node_id, "weight")
+    except WireError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return node_id, int(number)
+
+
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "sync-coordinator",
@@ -117,6 +131,14 @@ def register(commands: Any) -> None:
         metavar="ID=HOST:PORT",
         help="another DC's coordinator; repeat per DC",
     )
+    parser.add_argument(
+        "--weight",
+        type=_weight,
+        action="append",
+        default=[],
+        metavar="ID=N",
+        help="vote weight of a node (default 1 each); a view needs more than half the total",
+    )
     parser.add_argument("--listen", default="127.0.0.1:7101", help="host:port for PeerService")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
     timing, limits = Timing(), Limits()
@@ -130,6 +152,11 @@ def register(commands: Any) -> None:
         ("body_fetch_retry_ms", "first retry gap of a body fetch (doubles)"),
         ("body_fetch_retry_max_ms", "longest retry gap of a body fetch"),
         ("catchup_resend_ms", "least gap between catch-ups to one lagger"),
+        ("exclusion_timeout_ms", "a member silent this long is excluded by a view change"),
+        ("view_change_timeout_ms", "a view change not installed by then is tried again"),
+        ("view_change_stagger_ms", "added per rank to the two above, so proposers do not duel"),
+        ("view_resend_ms", "gap between resent prepares/accepts, and between view answers"),
+        ("promise_wait_ms", "after a majority promised, wait this long for the others"),
     ):
         tuning.add_argument(
             "--" + name.replace("_", "-"), type=int, default=getattr(timing, name), help=help_text
@@ -162,7 +189,10 @@ def _tuning_problem(options: argparse.Namespace) -> str | None:
     """Why the timings and limits given cannot work, naming the flag; None if they can."""
     for name in (*Timing.__dataclass_fields__, "incoming_txs_max", "post_txs_max",
                  "catchup_entries_max", "synced_window_max"):  # fmt: skip
-        may_be_zero = name.endswith("_gap_ms")
+        may_be_zero = name.endswith("_gap_ms") or name in (
+            "view_change_stagger_ms",
+            "promise_wait_ms",
+        )
         if getattr(options, name) < (0 if may_be_zero else 1):
             flag = "--" + name.replace("_", "-")
             return f"{flag} must be {'at least 0' if may_be_zero else 'positive'}"
@@ -170,6 +200,8 @@ def _tuning_problem(options: argparse.Namespace) -> str | None:
         return "--body-fetch-retry-ms must not exceed --body-fetch-retry-max-ms"
     if options.synced_window_max < options.catchup_entries_max:
         return "--synced-window-max must be at least --catchup-entries-max"
+    if options.promise_wait_ms >= options.view_change_timeout_ms:
+        return "--promise-wait-ms must be below --view-change-timeout-ms"
     return None
 
 
@@ -185,6 +217,11 @@ def run(options: argparse.Namespace) -> int:
         return 2
     if len(peers) + 1 > MEMBERS_MAX:
         print(f"error: at most {MEMBERS_MAX} nodes", file=sys.stderr)
+        return 2
+    weights = dict(options.weight)
+    unknown = sorted(set(weights) - {options.node_id, *peers})
+    if unknown:
+        print(f"error: --weight for unconfigured node(s) {', '.join(unknown)}", file=sys.stderr)
         return 2
     problem = _tuning_problem(options)
     if problem is not None:
@@ -217,6 +254,7 @@ def run(options: argparse.Namespace) -> int:
         tls=tls,
         node_id=options.node_id,
         peers=peers,
+        weights=weights,
         store_address=options.store,
         timing=timing,
         limits=limits,

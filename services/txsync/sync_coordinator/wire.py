@@ -13,6 +13,8 @@ from google.protobuf.message import DecodeError
 
 from txsync.codec import (
     WireError,
+    ballot_from_proto,
+    ballot_to_proto,
     base_from_proto,
     base_to_proto,
     check_node_id,
@@ -20,8 +22,22 @@ from txsync.codec import (
     meta_from_proto,
     meta_to_proto,
     metas_from_proto,
+    proposal_from_proto,
+    proposal_to_proto,
 )
-from txsync.protocol import Limits, Post, SyncedEntries
+from txsync.protocol import (
+    Limits,
+    Post,
+    SyncedEntries,
+    ViewAccept,
+    ViewAccepted,
+    ViewInstall,
+    ViewMessage,
+    ViewPrepare,
+    ViewPromise,
+    ViewQuery,
+    ViewRefused,
+)
 from txsync.protocol.validation import post_problem, synced_entries_problem
 from txsync.v1 import peer_pb2
 
@@ -38,6 +54,8 @@ __all__ = [  # the shared codec's names stay importable from here
     "meta_to_proto",
     "post_from_proto",
     "post_to_proto",
+    "view_message_from_proto",
+    "view_message_to_proto",
 ]
 
 
@@ -113,3 +131,88 @@ def decode_entries(data: bytes, limits: Limits) -> SyncedEntries:
     except DecodeError as error:
         raise WireError(f"not a SendSyncedEntriesRequest: {error}") from None
     return entries_from_proto(message, limits)
+
+
+def view_message_to_proto(message: ViewMessage) -> peer_pb2.SendViewMessageRequest:
+    request = peer_pb2.SendViewMessageRequest(sender=message.sender)
+    match message:
+        case ViewPrepare(_, ballot):
+            request.prepare.CopyFrom(ballot_to_proto(ballot))
+        case ViewPromise(_, ballot, base, counter, queue, accepted_ballot, accepted):
+            promise = request.promise
+            promise.ballot.CopyFrom(ballot_to_proto(ballot))
+            promise.base.CopyFrom(base_to_proto(base))
+            promise.counter = counter
+            promise.queue.extend(meta_to_proto(meta) for meta in queue)
+            if accepted_ballot is not None and accepted is not None:
+                promise.accepted_ballot.CopyFrom(ballot_to_proto(accepted_ballot))
+                promise.accepted.CopyFrom(proposal_to_proto(accepted))
+        case ViewAccept(_, ballot, proposal):
+            request.accept.ballot.CopyFrom(ballot_to_proto(ballot))
+            request.accept.proposal.CopyFrom(proposal_to_proto(proposal))
+        case ViewAccepted(_, ballot):
+            request.accepted.CopyFrom(ballot_to_proto(ballot))
+        case ViewInstall(_, proposal):
+            request.install.CopyFrom(proposal_to_proto(proposal))
+        case ViewRefused(_, ballot, view_no, promised):
+            request.refused.ballot.CopyFrom(ballot_to_proto(ballot))
+            request.refused.view_no = view_no
+            if promised is not None:
+                request.refused.promised.CopyFrom(ballot_to_proto(promised))
+        case ViewQuery(_, view_no):
+            request.query_view_no = view_no
+    return request
+
+
+def view_message_from_proto(
+    request: peer_pb2.SendViewMessageRequest, limits: Limits
+) -> ViewMessage:
+    """Shape and sizes only; the core judges whether the message makes sense."""
+    sender = check_node_id(request.sender, "sender")
+    kind = request.WhichOneof("message")
+    if kind == "prepare":
+        return ViewPrepare(sender, ballot_from_proto(request.prepare, "prepare"))
+    if kind == "promise":
+        promise = request.promise
+        if len(promise.queue) > limits.post_txs_max:
+            raise WireError(
+                f"promise.queue: {len(promise.queue)} metas exceed {limits.post_txs_max}"
+            )
+        accepted = promise.HasField("accepted_ballot")
+        return ViewPromise(
+            sender,
+            ballot_from_proto(promise.ballot, "promise.ballot"),
+            base_from_proto(promise.base, "promise.base"),
+            check_number(promise.counter, "promise.counter"),
+            metas_from_proto(promise.queue, "promise.queue"),
+            ballot_from_proto(promise.accepted_ballot, "promise.accepted_ballot")
+            if accepted
+            else None,
+            proposal_from_proto(promise.accepted, "promise.accepted") if accepted else None,
+        )
+    if kind == "accept":
+        return ViewAccept(
+            sender,
+            ballot_from_proto(request.accept.ballot, "accept.ballot"),
+            proposal_from_proto(request.accept.proposal, "accept.proposal"),
+        )
+    if kind == "accepted":
+        return ViewAccepted(sender, ballot_from_proto(request.accepted, "accepted"))
+    if kind == "install":
+        return ViewInstall(sender, proposal_from_proto(request.install, "install"))
+    if kind == "refused":
+        refused = request.refused
+        promised = (
+            ballot_from_proto(refused.promised, "refused.promised")
+            if refused.HasField("promised")
+            else None
+        )
+        return ViewRefused(
+            sender,
+            ballot_from_proto(refused.ballot, "refused.ballot"),
+            check_number(refused.view_no, "refused.view_no"),
+            promised,
+        )
+    if kind == "query_view_no":
+        return ViewQuery(sender, check_number(request.query_view_no, "query_view_no"))
+    raise WireError("message: none of prepare, promise, accept, accepted, install, refused, query")

@@ -37,6 +37,7 @@ from txsync.v1 import (
     common_pb2,
     store_pb2,
     store_pb2_grpc,
+    txlog_pb2,
 )
 
 
@@ -254,6 +255,13 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         for meta in state.synced:
             if not state.txs[meta.tx_id].body_held:
                 response.synced_unacquired.append(meta_to_proto(meta))
+        if state.view is not None:
+            response.view.CopyFrom(state.view)
+        if state.vote is not None:
+            response.vote.promised.CopyFrom(state.vote.promised)
+            if state.vote.HasField("accepted_ballot"):
+                response.vote.accepted_ballot.CopyFrom(state.vote.accepted_ballot)
+                response.vote.accepted.CopyFrom(state.vote.accepted)
         return response
 
     @answers_errors
@@ -270,6 +278,9 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             synced=[_meta(m, f"synced[{i}]") for i, m in enumerate(request.synced)],
             changes=_changes(request.state_changes),
             service=request.service or "sync-coordinator",
+            forgotten=list(request.forgotten),
+            installed_view=request.installed_view if request.HasField("installed_view") else None,
+            vote=_vote(request) if request.HasField("vote") else None,
         )
         return store_pb2.PersistStepResponse(merge_base=base_to_proto(base))
 
@@ -348,3 +359,12 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         workers = request.workers_min_position if request.HasField("workers_min_position") else None
         truncatable = self._store.report_progress(dict(request.peer_synced_len), workers)
         return store_pb2.ReportProgressResponse(truncatable_below=truncatable)
+
+
+def _vote(request: store_pb2.PersistStepRequest) -> txlog_pb2.ViewVoted:
+    """The vote as the txlog keeps it (kept for the coordinator, not interpreted here)."""
+    vote = txlog_pb2.ViewVoted(promised=request.vote.promised)
+    if request.vote.HasField("accepted_ballot"):
+        vote.accepted_ballot.CopyFrom(request.vote.accepted_ballot)
+        vote.accepted.CopyFrom(request.vote.accepted)
+    return vote

@@ -68,6 +68,10 @@ class StoreState:
         """Transactions in state INCOMING (backpressure)."""
         self.open_body_bytes = 0
         """Bytes of held bodies of transactions not yet OK or FAILED (backpressure)."""
+        self.view: common_pb2.ViewProposal | None = None
+        """The coordinator's installed view (None: view 0 of the whole configuration)."""
+        self.vote: txlog_pb2.ViewVoted | None = None
+        """The coordinator's vote in the next view change (kept for it, not interpreted)."""
         self._next_seq = 1
 
     # --- reads ---------------------------------------------------------------------------
@@ -75,6 +79,10 @@ class StoreState:
     @property
     def synced_len(self) -> int:
         return self.synced_offset + len(self.synced)
+
+    @property
+    def view_no(self) -> int:
+        return self.view.view.view_no if self.view is not None else 0
 
     @property
     def merge_base(self) -> MergeBase:
@@ -139,6 +147,14 @@ class StoreState:
             )
         elif kind == "snapshot":
             self._apply_snapshot(entry.snapshot)
+        elif kind == "view_voted":
+            self.vote = entry.view_voted
+        elif kind == "view_installed":
+            self.view = entry.view_installed.installed
+            self.vote = None
+        elif kind == "forgotten":
+            for tx_id in entry.forgotten.tx_ids:
+                self._forget(tx_id)
         else:
             raise ValueError(f"log entry of unknown kind {kind!r}")
 
@@ -172,6 +188,13 @@ class StoreState:
         if record.position == 0:
             self.incoming[meta.tx_id] = meta
         self.counter = max(self.counter, meta.ts)
+
+    def _forget(self, tx_id: str) -> None:
+        """Drop an incoming foreign tx whose body is not held (checked before logging)."""
+        record = self.txs.pop(tx_id, None)
+        self.incoming.pop(tx_id, None)
+        if record is not None and record.state is TxState.INCOMING:
+            self.incoming_state_txs -= 1
 
     def _apply_synced(self, metas: list[TxMeta]) -> None:
         for meta in metas:
@@ -212,6 +235,10 @@ class StoreState:
         fresh.synced_offset = snapshot.synced_len - len(snapshot.synced)
         fresh.synced = [meta_from_proto(m) for m in snapshot.synced]
         fresh.truncated_last_tx_id = snapshot.truncated_last_tx_id
+        if snapshot.HasField("view"):
+            fresh.view = snapshot.view.installed
+        if snapshot.HasField("vote"):
+            fresh.vote = snapshot.vote
         for saved in sorted(snapshot.txs, key=lambda t: t.seq):
             record = fresh._record(saved.tx_id)
             record.seq = saved.seq
@@ -258,6 +285,10 @@ class StoreState:
             synced_len=self.synced_len,
             synced=[meta_to_proto(m) for m in self.synced[cut:]],
         )
+        if self.view is not None:
+            snapshot.view.installed.CopyFrom(self.view)
+        if self.vote is not None:
+            snapshot.vote.CopyFrom(self.vote)
         snapshot.synced_offset = self.synced_offset + cut
         snapshot.truncated_last_tx_id = dropped[-1] if dropped else self.truncated_last_tx_id
         for record in self.txs.values():

@@ -351,9 +351,14 @@ class TransactionStore:
         synced: Sequence[TxMeta],
         changes: Sequence[StateChangeRequest],
         service: str,
+        forgotten: Sequence[str] = (),
+        installed_view: common_pb2.ViewProposal | None = None,
+        vote: txlog_pb2.ViewVoted | None = None,
     ) -> MergeBase:
-        if len(incoming) > PERSIST_METAS_MAX or len(synced) > PERSIST_METAS_MAX:
-            raise invalid(f"at most {PERSIST_METAS_MAX} incoming and synced metas per step")
+        if max(len(incoming), len(synced), len(forgotten)) > PERSIST_METAS_MAX:
+            raise invalid(
+                f"at most {PERSIST_METAS_MAX} incoming, synced and forgotten metas per step"
+            )
         if len(changes) > STATE_CHANGES_MAX:
             raise invalid(f"at most {STATE_CHANGES_MAX} state changes per step")
         async with self._lock:
@@ -364,6 +369,9 @@ class TransactionStore:
                 synced=synced,
                 changes=changes,
                 service=service,
+                forgotten=forgotten,
+                installed_view=installed_view,
+                vote=vote,
             )
             future = self._stage(entries) if entries else None
         if future is not None:
@@ -379,8 +387,15 @@ class TransactionStore:
         synced: Sequence[TxMeta],
         changes: Sequence[StateChangeRequest],
         service: str,
+        forgotten: Sequence[str],
+        installed_view: common_pb2.ViewProposal | None,
+        vote: txlog_pb2.ViewVoted | None,
     ) -> list[txlog_pb2.LogEntry]:
-        """Validate a protocol step completely, then return its entries (changes nothing)."""
+        """Validate a protocol step completely, then return its entries (changes nothing).
+
+        Entry order: counter, forgotten metas, metas, synced append, view, vote, states.
+        (The coordinator never forgets and re-learns a meta within one step.)
+        """
         state = self.state
         entries: list[txlog_pb2.LogEntry] = []
         if counter:
@@ -390,6 +405,12 @@ class TransactionStore:
                     f"counter {counter} is below the stored {state.counter}: counters only rise",
                 )
             entries.append(self._entry(counter=txlog_pb2.CounterRaised(counter=counter)))
+        if forgotten:
+            for tx_id in forgotten:
+                self._check_forgettable(tx_id)
+            entries.append(
+                self._entry(forgotten=txlog_pb2.IncomingForgotten(tx_ids=list(forgotten)))
+            )
         for meta in incoming:
             check_tx_id(meta.tx_id, "incoming.tx_id")
             record = state.txs.get(meta.tx_id)
@@ -427,9 +448,36 @@ class TransactionStore:
                     )
                 )
             )
+        if installed_view is not None:
+            if installed_view.view.view_no <= state.view_no:
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"view {installed_view.view.view_no} is not newer than the installed "
+                    f"view {state.view_no}",
+                )
+            entries.append(
+                self._entry(view_installed=txlog_pb2.ViewInstalled(installed=installed_view))
+            )
+        if vote is not None:
+            entries.append(self._entry(view_voted=vote))
         synced_ids = {meta.tx_id for meta in synced}
         entries.extend(self._plan_changes(changes, service, newly_synced=synced_ids))
         return entries
+
+    def _check_forgettable(self, tx_id: str) -> None:
+        check_tx_id(tx_id, "forgotten")
+        record = self.state.txs.get(tx_id)
+        problem = None
+        if record is None or record.meta is None:
+            problem = "is not known here"
+        elif record.local:
+            problem = "was submitted here (an origin never forgets its own transactions)"
+        elif record.position:
+            problem = "is synced"
+        elif record.body_held:
+            problem = "has its body held here"
+        if problem is not None:
+            raise StoreError(grpc.StatusCode.FAILED_PRECONDITION, f"tx {tx_id} {problem}")
 
     def _plan_changes(
         self,

@@ -168,7 +168,7 @@ class DcStatus(_message.Message):
     workers_total: _builtins.int
     healthy: _builtins.bool
     @_builtins.property
-    def view(self) -> _peer_pb2.View: ...
+    def view(self) -> _common_pb2.View: ...
     @_builtins.property
     def peers(
         self,
@@ -183,7 +183,7 @@ class DcStatus(_message.Message):
         self,
         *,
         node_id: _builtins.str = ...,
-        view: _peer_pb2.View | None = ...,
+        view: _common_pb2.View | None = ...,
         peers: _abc.Iterable[Global___PeerStatus] | None = ...,
         mode: Global___SyncMode.ValueType = ...,
         quorum: Global___QuorumState.ValueType = ...,

@@ -127,6 +127,104 @@ class MergeBase(_message.Message):
 Global___MergeBase: _TypeAlias = MergeBase  # noqa: Y015
 
 @_typing.final
+class Ballot(_message.Message):
+    """A view-change proposal's number: the view it would install, then the attempt, then
+    the proposer (ties broken by node id).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIEW_NO_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    PROPOSER_FIELD_NUMBER: _builtins.int
+    view_no: _builtins.int
+    attempt: _builtins.int
+    proposer: _builtins.str
+    def __init__(
+        self,
+        *,
+        view_no: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+        proposer: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "attempt", b"attempt", "proposer", b"proposer", "view_no", b"view_no"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Ballot: _TypeAlias = Ballot  # noqa: Y015
+
+@_typing.final
+class View(_message.Message):
+    """The nodes taking part in rounds; always a weight majority of the configuration."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIEW_NO_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    view_no: _builtins.int
+    @_builtins.property
+    def members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sorted node ids, at most 16."""
+
+    def __init__(
+        self,
+        *,
+        view_no: _builtins.int = ...,
+        members: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "members", b"members", "view_no", b"view_no"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___View: _TypeAlias = View  # noqa: Y015
+
+@_typing.final
+class ViewProposal(_message.Message):
+    """What a view change decides: the new view and the old view's final synced queue (the
+    seal), given as a base every promiser had reached plus the entries after it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIEW_FIELD_NUMBER: _builtins.int
+    SEAL_START_FIELD_NUMBER: _builtins.int
+    SEAL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def view(self) -> Global___View: ...
+    @_builtins.property
+    def seal_start(self) -> Global___MergeBase: ...
+    @_builtins.property
+    def seal(self) -> _containers.RepeatedCompositeFieldContainer[Global___TxMeta]:
+        """At most 4096 entries."""
+
+    def __init__(
+        self,
+        *,
+        view: Global___View | None = ...,
+        seal_start: Global___MergeBase | None = ...,
+        seal: _abc.Iterable[Global___TxMeta] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "seal_start", b"seal_start", "view", b"view"
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "seal", b"seal", "seal_start", b"seal_start", "view", b"view"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewProposal: _TypeAlias = ViewProposal  # noqa: Y015
+
+@_typing.final
 class SqlValue(_message.Message):
     """One parameter of a statement. Unset `value` means SQL NULL."""
 

@@ -23,7 +23,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x14txsync/v1/peer.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\xcd\x01\n\x0bPostRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12"\n\x04\x62\x61se\x18\x05 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x04\x12 \n\x05queue\x18\x07 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08outcomes\x18\x08 \x03(\x0b\x32\x18.txsync.v1.OutcomeDigest"i\n\rOutcomeDigest\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12!\n\x05state\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x14\n\x0cstate_digest\x18\x04 \x01(\x0c"\x0e\n\x0cPostResponse"\x84\x01\n\x18SendSyncedEntriesRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12#\n\x05start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\x1b\n\x19SendSyncedEntriesResponse"N\n\x0fPushBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x04 \x01(\x0c"\x12\n\x10PushBodyResponse"/\n\x0eGetBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t"/\n\x0fGetBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c"+\n\x06\x42\x61llot\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x10\n\x08proposer\x18\x02 \x01(\t"G\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12\x0f\n\x07witness\x18\x04 \x01(\x08";\n\x04View\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12"\n\x07members\x18\x02 \x03(\x0b\x32\x11.txsync.v1.Member"Z\n\x12PrepareViewRequest\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12!\n\x08proposed\x18\x02 \x01(\x0b\x32\x0f.txsync.v1.View"\xc6\x02\n\x13PrepareViewResponse\x12\x10\n\x08promised\x18\x01 \x01(\x08\x12*\n\x0fpromised_ballot\x18\x02 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12.\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x0b\x32\x1c.txsync.v1.AcceptViewRequest\x12 \n\x07\x63urrent\x18\x04 \x01(\x0b\x32\x0f.txsync.v1.View\x12(\n\nmerge_base\x18\x05 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12&\n\x0bsynced_tail\x18\x06 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12)\n\tlast_post\x18\x07 \x01(\x0b\x32\x16.txsync.v1.PostRequest\x12"\n\x07orphans\x18\x08 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\xc6\x01\n\x11\x41\x63\x63\x65ptViewRequest\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12\x1d\n\x04view\x18\x02 \x01(\x0b\x32\x0f.txsync.v1.View\x12"\n\x04seal\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\'\n\x0cseal_entries\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12"\n\x07orphans\x18\x05 \x03(\x0b\x32\x11.txsync.v1.TxMeta"&\n\x12\x41\x63\x63\x65ptViewResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08"D\n\x12InstallViewRequest\x12.\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1c.txsync.v1.AcceptViewRequest"\x15\n\x13InstallViewResponse2\x94\x04\n\x0bPeerService\x12\x37\n\x04Post\x12\x16.txsync.v1.PostRequest\x1a\x17.txsync.v1.PostResponse\x12^\n\x11SendSyncedEntries\x12#.txsync.v1.SendSyncedEntriesRequest\x1a$.txsync.v1.SendSyncedEntriesResponse\x12\x43\n\x08PushBody\x12\x1a.txsync.v1.PushBodyRequest\x1a\x1b.txsync.v1.PushBodyResponse\x12@\n\x07GetBody\x12\x19.txsync.v1.GetBodyRequest\x1a\x1a.txsync.v1.GetBodyResponse\x12L\n\x0bPrepareView\x12\x1d.txsync.v1.PrepareViewRequest\x1a\x1e.txsync.v1.PrepareViewResponse\x12I\n\nAcceptView\x12\x1c.txsync.v1.AcceptViewRequest\x1a\x1d.txsync.v1.AcceptViewResponse\x12L\n\x0bInstallView\x12\x1d.txsync.v1.InstallViewRequest\x1a\x1e.txsync.v1.InstallViewResponseb\x06proto3'
+    b'\n\x14txsync/v1/peer.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\xcd\x01\n\x0bPostRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12"\n\x04\x62\x61se\x18\x05 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x04\x12 \n\x05queue\x18\x07 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08outcomes\x18\x08 \x03(\x0b\x32\x18.txsync.v1.OutcomeDigest"i\n\rOutcomeDigest\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12!\n\x05state\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x14\n\x0cstate_digest\x18\x04 \x01(\x0c"\x0e\n\x0cPostResponse"\x84\x01\n\x18SendSyncedEntriesRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12#\n\x05start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\x1b\n\x19SendSyncedEntriesResponse"N\n\x0fPushBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x04 \x01(\x0c"\x12\n\x10PushBodyResponse"/\n\x0eGetBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t"/\n\x0fGetBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c"G\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12\x0f\n\x07witness\x18\x04 \x01(\x08"\xc4\x02\n\x16SendViewMessageRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12$\n\x07prepare\x18\x02 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12)\n\x07promise\x18\x03 \x01(\x0b\x32\x16.txsync.v1.ViewPromiseH\x00\x12\'\n\x06\x61\x63\x63\x65pt\x18\x04 \x01(\x0b\x32\x15.txsync.v1.ViewAcceptH\x00\x12%\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12*\n\x07install\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposalH\x00\x12)\n\x07refused\x18\x07 \x01(\x0b\x32\x16.txsync.v1.ViewRefusedH\x00\x12\x17\n\rquery_view_no\x18\x08 \x01(\x04H\x00\x42\t\n\x07message"\x19\n\x17SendViewMessageResponse"\xde\x01\n\x0bViewPromise\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12"\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x04\x12 \n\x05queue\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0f\x61\x63\x63\x65pted_ballot\x18\x05 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"Z\n\nViewAccept\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08proposal\x18\x02 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"f\n\x0bViewRefused\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12\x0f\n\x07view_no\x18\x02 \x01(\x04\x12#\n\x08promised\x18\x03 \x01(\x0b\x32\x11.txsync.v1.Ballot2\x87\x03\n\x0bPeerService\x12\x37\n\x04Post\x12\x16.txsync.v1.PostRequest\x1a\x17.txsync.v1.PostResponse\x12^\n\x11SendSyncedEntries\x12#.txsync.v1.SendSyncedEntriesRequest\x1a$.txsync.v1.SendSyncedEntriesResponse\x12\x43\n\x08PushBody\x12\x1a.txsync.v1.PushBodyRequest\x1a\x1b.txsync.v1.PushBodyResponse\x12@\n\x07GetBody\x12\x19.txsync.v1.GetBodyRequest\x1a\x1a.txsync.v1.GetBodyResponse\x12X\n\x0fSendViewMessage\x12!.txsync.v1.SendViewMessageRequest\x1a".txsync.v1.SendViewMessageResponseb\x06proto3'
 )
 
 _globals = globals()
@@ -49,24 +49,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_GETBODYREQUEST"]._serialized_end = 701
     _globals["_GETBODYRESPONSE"]._serialized_start = 703
     _globals["_GETBODYRESPONSE"]._serialized_end = 750
-    _globals["_BALLOT"]._serialized_start = 752
-    _globals["_BALLOT"]._serialized_end = 795
-    _globals["_MEMBER"]._serialized_start = 797
-    _globals["_MEMBER"]._serialized_end = 868
-    _globals["_VIEW"]._serialized_start = 870
-    _globals["_VIEW"]._serialized_end = 929
-    _globals["_PREPAREVIEWREQUEST"]._serialized_start = 931
-    _globals["_PREPAREVIEWREQUEST"]._serialized_end = 1021
-    _globals["_PREPAREVIEWRESPONSE"]._serialized_start = 1024
-    _globals["_PREPAREVIEWRESPONSE"]._serialized_end = 1350
-    _globals["_ACCEPTVIEWREQUEST"]._serialized_start = 1353
-    _globals["_ACCEPTVIEWREQUEST"]._serialized_end = 1551
-    _globals["_ACCEPTVIEWRESPONSE"]._serialized_start = 1553
-    _globals["_ACCEPTVIEWRESPONSE"]._serialized_end = 1591
-    _globals["_INSTALLVIEWREQUEST"]._serialized_start = 1593
-    _globals["_INSTALLVIEWREQUEST"]._serialized_end = 1661
-    _globals["_INSTALLVIEWRESPONSE"]._serialized_start = 1663
-    _globals["_INSTALLVIEWRESPONSE"]._serialized_end = 1684
-    _globals["_PEERSERVICE"]._serialized_start = 1687
-    _globals["_PEERSERVICE"]._serialized_end = 2219
+    _globals["_MEMBER"]._serialized_start = 752
+    _globals["_MEMBER"]._serialized_end = 823
+    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_start = 826
+    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_end = 1150
+    _globals["_SENDVIEWMESSAGERESPONSE"]._serialized_start = 1152
+    _globals["_SENDVIEWMESSAGERESPONSE"]._serialized_end = 1177
+    _globals["_VIEWPROMISE"]._serialized_start = 1180
+    _globals["_VIEWPROMISE"]._serialized_end = 1402
+    _globals["_VIEWACCEPT"]._serialized_start = 1404
+    _globals["_VIEWACCEPT"]._serialized_end = 1494
+    _globals["_VIEWREFUSED"]._serialized_start = 1496
+    _globals["_VIEWREFUSED"]._serialized_end = 1598
+    _globals["_PEERSERVICE"]._serialized_start = 1601
+    _globals["_PEERSERVICE"]._serialized_end = 1992
 # @@protoc_insertion_point(module_scope)

@@ -300,31 +300,9 @@ class GetBodyResponse(_message.Message):
 Global___GetBodyResponse: _TypeAlias = GetBodyResponse  # noqa: Y015
 
 @_typing.final
-class Ballot(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    VIEW_NO_FIELD_NUMBER: _builtins.int
-    PROPOSER_FIELD_NUMBER: _builtins.int
-    view_no: _builtins.int
-    proposer: _builtins.str
-    def __init__(
-        self,
-        *,
-        view_no: _builtins.int = ...,
-        proposer: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "proposer", b"proposer", "view_no", b"view_no"
-    ]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Ballot: _TypeAlias = Ballot  # noqa: Y015
-
-@_typing.final
 class Member(_message.Message):
+    """Configuration of one node (used by membership changes)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_ID_FIELD_NUMBER: _builtins.int
@@ -356,249 +334,114 @@ class Member(_message.Message):
 Global___Member: _TypeAlias = Member  # noqa: Y015
 
 @_typing.final
-class View(_message.Message):
+class SendViewMessageRequest(_message.Message):
+    """One message of a view change (PROTOCOL.md §3). Like posts, view messages are one-way:
+    answers come back as messages of their own, and the core retries what gets lost.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    VIEW_NO_FIELD_NUMBER: _builtins.int
-    MEMBERS_FIELD_NUMBER: _builtins.int
-    view_no: _builtins.int
-    @_builtins.property
-    def members(
-        self,
-    ) -> _containers.RepeatedCompositeFieldContainer[Global___Member]: ...
-    def __init__(
-        self,
-        *,
-        view_no: _builtins.int = ...,
-        members: _abc.Iterable[Global___Member] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "members", b"members", "view_no", b"view_no"
-    ]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___View: _TypeAlias = View  # noqa: Y015
-
-@_typing.final
-class PrepareViewRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    BALLOT_FIELD_NUMBER: _builtins.int
-    PROPOSED_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def ballot(self) -> Global___Ballot: ...
-    @_builtins.property
-    def proposed(self) -> Global___View: ...
-    def __init__(
-        self,
-        *,
-        ballot: Global___Ballot | None = ...,
-        proposed: Global___View | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "ballot", b"ballot", "proposed", b"proposed"
-    ]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "ballot", b"ballot", "proposed", b"proposed"
-    ]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PrepareViewRequest: _TypeAlias = PrepareViewRequest  # noqa: Y015
-
-@_typing.final
-class PrepareViewResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    PROMISED_FIELD_NUMBER: _builtins.int
-    PROMISED_BALLOT_FIELD_NUMBER: _builtins.int
+    SENDER_FIELD_NUMBER: _builtins.int
+    PREPARE_FIELD_NUMBER: _builtins.int
+    PROMISE_FIELD_NUMBER: _builtins.int
+    ACCEPT_FIELD_NUMBER: _builtins.int
     ACCEPTED_FIELD_NUMBER: _builtins.int
-    CURRENT_FIELD_NUMBER: _builtins.int
-    MERGE_BASE_FIELD_NUMBER: _builtins.int
-    SYNCED_TAIL_FIELD_NUMBER: _builtins.int
-    LAST_POST_FIELD_NUMBER: _builtins.int
-    ORPHANS_FIELD_NUMBER: _builtins.int
-    promised: _builtins.bool
+    INSTALL_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    QUERY_VIEW_NO_FIELD_NUMBER: _builtins.int
+    sender: _builtins.str
+    query_view_no: _builtins.int
+    """"I am in this view": a node in a newer view answers with its install."""
     @_builtins.property
-    def promised_ballot(self) -> Global___Ballot:
-        """The highest ballot this node promised (when it refuses)."""
+    def prepare(self) -> _common_pb2.Ballot:
+        """Phase 1a: promise not to post in your view nor to accept a lower ballot."""
 
     @_builtins.property
-    def accepted(self) -> Global___AcceptViewRequest:
-        """A view this node accepted but never saw installed (the proposer must re-propose it)."""
+    def promise(self) -> Global___ViewPromise: ...
+    @_builtins.property
+    def accept(self) -> Global___ViewAccept:
+        """Phase 2a."""
 
     @_builtins.property
-    def current(self) -> Global___View: ...
-    @_builtins.property
-    def merge_base(self) -> _common_pb2.MergeBase: ...
-    @_builtins.property
-    def synced_tail(
-        self,
-    ) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TxMeta]:
-        """The synced entries past the proposer's merge base (at most 1024; more by catch-up)."""
+    def accepted(self) -> _common_pb2.Ballot:
+        """Phase 2b."""
 
     @_builtins.property
-    def last_post(self) -> Global___PostRequest:
-        """This node's last post in the old view."""
+    def install(self) -> _common_pb2.ViewProposal:
+        """A decided view: install it (also the answer to a node found in an older view)."""
 
     @_builtins.property
-    def orphans(
-        self,
-    ) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TxMeta]:
-        """Metas of acquired transactions whose origin leaves the view (at most 4096)."""
-
+    def refused(self) -> Global___ViewRefused: ...
     def __init__(
         self,
         *,
-        promised: _builtins.bool = ...,
-        promised_ballot: Global___Ballot | None = ...,
-        accepted: Global___AcceptViewRequest | None = ...,
-        current: Global___View | None = ...,
-        merge_base: _common_pb2.MergeBase | None = ...,
-        synced_tail: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
-        last_post: Global___PostRequest | None = ...,
-        orphans: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
+        sender: _builtins.str = ...,
+        prepare: _common_pb2.Ballot | None = ...,
+        promise: Global___ViewPromise | None = ...,
+        accept: Global___ViewAccept | None = ...,
+        accepted: _common_pb2.Ballot | None = ...,
+        install: _common_pb2.ViewProposal | None = ...,
+        refused: Global___ViewRefused | None = ...,
+        query_view_no: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "accept",
+        b"accept",
         "accepted",
         b"accepted",
-        "current",
-        b"current",
-        "last_post",
-        b"last_post",
-        "merge_base",
-        b"merge_base",
-        "promised_ballot",
-        b"promised_ballot",
+        "install",
+        b"install",
+        "message",
+        b"message",
+        "prepare",
+        b"prepare",
+        "promise",
+        b"promise",
+        "query_view_no",
+        b"query_view_no",
+        "refused",
+        b"refused",
     ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "accept",
+        b"accept",
         "accepted",
         b"accepted",
-        "current",
-        b"current",
-        "last_post",
-        b"last_post",
-        "merge_base",
-        b"merge_base",
-        "orphans",
-        b"orphans",
-        "promised",
-        b"promised",
-        "promised_ballot",
-        b"promised_ballot",
-        "synced_tail",
-        b"synced_tail",
+        "install",
+        b"install",
+        "message",
+        b"message",
+        "prepare",
+        b"prepare",
+        "promise",
+        b"promise",
+        "query_view_no",
+        b"query_view_no",
+        "refused",
+        b"refused",
+        "sender",
+        b"sender",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PrepareViewResponse: _TypeAlias = PrepareViewResponse  # noqa: Y015
-
-@_typing.final
-class AcceptViewRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    BALLOT_FIELD_NUMBER: _builtins.int
-    VIEW_FIELD_NUMBER: _builtins.int
-    SEAL_FIELD_NUMBER: _builtins.int
-    SEAL_ENTRIES_FIELD_NUMBER: _builtins.int
-    ORPHANS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def ballot(self) -> Global___Ballot: ...
-    @_builtins.property
-    def view(self) -> Global___View: ...
-    @_builtins.property
-    def seal(self) -> _common_pb2.MergeBase:
-        """The seal: where the old view's synced queue ends (every member adopts it)."""
-
-    @_builtins.property
-    def seal_entries(
-        self,
-    ) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TxMeta]:
-        """Entries between the shortest promiser's base and the seal (at most 4096)."""
-
-    @_builtins.property
-    def orphans(
-        self,
-    ) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TxMeta]:
-        """Orphaned metas every member starts the new view with (at most 4096)."""
-
-    def __init__(
-        self,
-        *,
-        ballot: Global___Ballot | None = ...,
-        view: Global___View | None = ...,
-        seal: _common_pb2.MergeBase | None = ...,
-        seal_entries: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
-        orphans: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "ballot", b"ballot", "seal", b"seal", "view", b"view"
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal[
+        "prepare",
+        "promise",
+        "accept",
+        "accepted",
+        "install",
+        "refused",
+        "query_view_no",
     ]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "ballot",
-        b"ballot",
-        "orphans",
-        b"orphans",
-        "seal",
-        b"seal",
-        "seal_entries",
-        b"seal_entries",
-        "view",
-        b"view",
-    ]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def WhichOneof(
+        self, oneof_group: _WhichOneofArgType_message
+    ) -> _WhichOneofReturnType_message | None: ...
 
-Global___AcceptViewRequest: _TypeAlias = AcceptViewRequest  # noqa: Y015
+Global___SendViewMessageRequest: _TypeAlias = SendViewMessageRequest  # noqa: Y015
 
 @_typing.final
-class AcceptViewResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    ACCEPTED_FIELD_NUMBER: _builtins.int
-    accepted: _builtins.bool
-    def __init__(
-        self,
-        *,
-        accepted: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___AcceptViewResponse: _TypeAlias = AcceptViewResponse  # noqa: Y015
-
-@_typing.final
-class InstallViewRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    ACCEPTED_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def accepted(self) -> Global___AcceptViewRequest: ...
-    def __init__(
-        self,
-        *,
-        accepted: Global___AcceptViewRequest | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___InstallViewRequest: _TypeAlias = InstallViewRequest  # noqa: Y015
-
-@_typing.final
-class InstallViewResponse(_message.Message):
+class SendViewMessageResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -610,4 +453,130 @@ class InstallViewResponse(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___InstallViewResponse: _TypeAlias = InstallViewResponse  # noqa: Y015
+Global___SendViewMessageResponse: _TypeAlias = SendViewMessageResponse  # noqa: Y015
+
+@_typing.final
+class ViewPromise(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BALLOT_FIELD_NUMBER: _builtins.int
+    BASE_FIELD_NUMBER: _builtins.int
+    COUNTER_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    ACCEPTED_BALLOT_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    counter: _builtins.int
+    @_builtins.property
+    def ballot(self) -> _common_pb2.Ballot: ...
+    @_builtins.property
+    def base(self) -> _common_pb2.MergeBase: ...
+    @_builtins.property
+    def queue(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TxMeta]:
+        """The postable incoming queue, at most 4096 metas."""
+
+    @_builtins.property
+    def accepted_ballot(self) -> _common_pb2.Ballot:
+        """A proposal this node accepted for the same view change, if any."""
+
+    @_builtins.property
+    def accepted(self) -> _common_pb2.ViewProposal: ...
+    def __init__(
+        self,
+        *,
+        ballot: _common_pb2.Ballot | None = ...,
+        base: _common_pb2.MergeBase | None = ...,
+        counter: _builtins.int = ...,
+        queue: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
+        accepted_ballot: _common_pb2.Ballot | None = ...,
+        accepted: _common_pb2.ViewProposal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "accepted",
+        b"accepted",
+        "accepted_ballot",
+        b"accepted_ballot",
+        "ballot",
+        b"ballot",
+        "base",
+        b"base",
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "accepted",
+        b"accepted",
+        "accepted_ballot",
+        b"accepted_ballot",
+        "ballot",
+        b"ballot",
+        "base",
+        b"base",
+        "counter",
+        b"counter",
+        "queue",
+        b"queue",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewPromise: _TypeAlias = ViewPromise  # noqa: Y015
+
+@_typing.final
+class ViewAccept(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BALLOT_FIELD_NUMBER: _builtins.int
+    PROPOSAL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ballot(self) -> _common_pb2.Ballot: ...
+    @_builtins.property
+    def proposal(self) -> _common_pb2.ViewProposal: ...
+    def __init__(
+        self,
+        *,
+        ballot: _common_pb2.Ballot | None = ...,
+        proposal: _common_pb2.ViewProposal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "ballot", b"ballot", "proposal", b"proposal"
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "ballot", b"ballot", "proposal", b"proposal"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewAccept: _TypeAlias = ViewAccept  # noqa: Y015
+
+@_typing.final
+class ViewRefused(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BALLOT_FIELD_NUMBER: _builtins.int
+    VIEW_NO_FIELD_NUMBER: _builtins.int
+    PROMISED_FIELD_NUMBER: _builtins.int
+    view_no: _builtins.int
+    @_builtins.property
+    def ballot(self) -> _common_pb2.Ballot: ...
+    @_builtins.property
+    def promised(self) -> _common_pb2.Ballot:
+        """Unset when nothing was promised."""
+
+    def __init__(
+        self,
+        *,
+        ballot: _common_pb2.Ballot | None = ...,
+        view_no: _builtins.int = ...,
+        promised: _common_pb2.Ballot | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "ballot", b"ballot", "promised", b"promised"
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "ballot", b"ballot", "promised", b"promised", "view_no", b"view_no"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewRefused: _TypeAlias = ViewRefused  # noqa: Y015

@@ -62,22 +62,10 @@ class PeerServiceStub:
             response_deserializer=txsync_dot_v1_dot_peer__pb2.GetBodyResponse.FromString,
             _registered_method=True,
         )
-        self.PrepareView = channel.unary_unary(
-            "/txsync.v1.PeerService/PrepareView",
-            request_serializer=txsync_dot_v1_dot_peer__pb2.PrepareViewRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_peer__pb2.PrepareViewResponse.FromString,
-            _registered_method=True,
-        )
-        self.AcceptView = channel.unary_unary(
-            "/txsync.v1.PeerService/AcceptView",
-            request_serializer=txsync_dot_v1_dot_peer__pb2.AcceptViewRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_peer__pb2.AcceptViewResponse.FromString,
-            _registered_method=True,
-        )
-        self.InstallView = channel.unary_unary(
-            "/txsync.v1.PeerService/InstallView",
-            request_serializer=txsync_dot_v1_dot_peer__pb2.InstallViewRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_peer__pb2.InstallViewResponse.FromString,
+        self.SendViewMessage = channel.unary_unary(
+            "/txsync.v1.PeerService/SendViewMessage",
+            request_serializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageResponse.FromString,
             _registered_method=True,
         )
 
@@ -109,20 +97,10 @@ class PeerServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
-    def PrepareView(self, request, context):
-        """View change, phase 1 (Paxos prepare): freeze posting in the old view and report."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
-    def AcceptView(self, request, context):
-        """View change, phase 2: accept the proposed view and its seal."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
-    def InstallView(self, request, context):
-        """View change, commit: install an accepted view (also sent to nodes that rejoin)."""
+    def SendViewMessage(self, request, context):
+        """One message of a view change (prepare, promise, accept, accepted, install, refusal or
+        query), one-way like a post.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
@@ -150,20 +128,10 @@ def add_PeerServiceServicer_to_server(servicer, server):
             request_deserializer=txsync_dot_v1_dot_peer__pb2.GetBodyRequest.FromString,
             response_serializer=txsync_dot_v1_dot_peer__pb2.GetBodyResponse.SerializeToString,
         ),
-        "PrepareView": grpc.unary_unary_rpc_method_handler(
-            servicer.PrepareView,
-            request_deserializer=txsync_dot_v1_dot_peer__pb2.PrepareViewRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_peer__pb2.PrepareViewResponse.SerializeToString,
-        ),
-        "AcceptView": grpc.unary_unary_rpc_method_handler(
-            servicer.AcceptView,
-            request_deserializer=txsync_dot_v1_dot_peer__pb2.AcceptViewRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_peer__pb2.AcceptViewResponse.SerializeToString,
-        ),
-        "InstallView": grpc.unary_unary_rpc_method_handler(
-            servicer.InstallView,
-            request_deserializer=txsync_dot_v1_dot_peer__pb2.InstallViewRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_peer__pb2.InstallViewResponse.SerializeToString,
+        "SendViewMessage": grpc.unary_unary_rpc_method_handler(
+            servicer.SendViewMessage,
+            request_deserializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageResponse.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -298,7 +266,7 @@ class PeerService:
         )
 
     @staticmethod
-    def PrepareView(
+    def SendViewMessage(
         request,
         target,
         options=(),
@@ -313,69 +281,9 @@ class PeerService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            "/txsync.v1.PeerService/PrepareView",
-            txsync_dot_v1_dot_peer__pb2.PrepareViewRequest.SerializeToString,
-            txsync_dot_v1_dot_peer__pb2.PrepareViewResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
-    def AcceptView(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.PeerService/AcceptView",
-            txsync_dot_v1_dot_peer__pb2.AcceptViewRequest.SerializeToString,
-            txsync_dot_v1_dot_peer__pb2.AcceptViewResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
-    def InstallView(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.PeerService/InstallView",
-            txsync_dot_v1_dot_peer__pb2.InstallViewRequest.SerializeToString,
-            txsync_dot_v1_dot_peer__pb2.InstallViewResponse.FromString,
+            "/txsync.v1.PeerService/SendViewMessage",
+            txsync_dot_v1_dot_peer__pb2.SendViewMessageRequest.SerializeToString,
+            txsync_dot_v1_dot_peer__pb2.SendViewMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,18 +50,12 @@ class PeerServiceStub:
         _peer_pb2.GetBodyRequest, _peer_pb2.GetBodyResponse
     ]
     """Any node serves a body it holds by id (NOT_FOUND otherwise)."""
-    PrepareView: _grpc.UnaryUnaryMultiCallable[
-        _peer_pb2.PrepareViewRequest, _peer_pb2.PrepareViewResponse
+    SendViewMessage: _grpc.UnaryUnaryMultiCallable[
+        _peer_pb2.SendViewMessageRequest, _peer_pb2.SendViewMessageResponse
     ]
-    """View change, phase 1 (Paxos prepare): freeze posting in the old view and report."""
-    AcceptView: _grpc.UnaryUnaryMultiCallable[
-        _peer_pb2.AcceptViewRequest, _peer_pb2.AcceptViewResponse
-    ]
-    """View change, phase 2: accept the proposed view and its seal."""
-    InstallView: _grpc.UnaryUnaryMultiCallable[
-        _peer_pb2.InstallViewRequest, _peer_pb2.InstallViewResponse
-    ]
-    """View change, commit: install an accepted view (also sent to nodes that rejoin)."""
+    """One message of a view change (prepare, promise, accept, accepted, install, refusal or
+    query), one-way like a post.
+    """
 
 @_typing.type_check_only
 class PeerServiceAsyncStub(PeerServiceStub):
@@ -82,18 +76,12 @@ class PeerServiceAsyncStub(PeerServiceStub):
         _peer_pb2.GetBodyRequest, _peer_pb2.GetBodyResponse
     ]  # type: ignore[assignment]
     """Any node serves a body it holds by id (NOT_FOUND otherwise)."""
-    PrepareView: _aio.UnaryUnaryMultiCallable[
-        _peer_pb2.PrepareViewRequest, _peer_pb2.PrepareViewResponse
+    SendViewMessage: _aio.UnaryUnaryMultiCallable[
+        _peer_pb2.SendViewMessageRequest, _peer_pb2.SendViewMessageResponse
     ]  # type: ignore[assignment]
-    """View change, phase 1 (Paxos prepare): freeze posting in the old view and report."""
-    AcceptView: _aio.UnaryUnaryMultiCallable[
-        _peer_pb2.AcceptViewRequest, _peer_pb2.AcceptViewResponse
-    ]  # type: ignore[assignment]
-    """View change, phase 2: accept the proposed view and its seal."""
-    InstallView: _aio.UnaryUnaryMultiCallable[
-        _peer_pb2.InstallViewRequest, _peer_pb2.InstallViewResponse
-    ]  # type: ignore[assignment]
-    """View change, commit: install an accepted view (also sent to nodes that rejoin)."""
+    """One message of a view change (prepare, promise, accept, accepted, install, refusal or
+    query), one-way like a post.
+    """
 
 class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5)."""
@@ -138,34 +126,17 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Any node serves a body it holds by id (NOT_FOUND otherwise)."""
 
     @_abc_1.abstractmethod
-    def PrepareView(
+    def SendViewMessage(
         self,
-        request: _peer_pb2.PrepareViewRequest,
+        request: _peer_pb2.SendViewMessageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[
-        _peer_pb2.PrepareViewResponse, _abc.Awaitable[_peer_pb2.PrepareViewResponse]
+        _peer_pb2.SendViewMessageResponse,
+        _abc.Awaitable[_peer_pb2.SendViewMessageResponse],
     ]:
-        """View change, phase 1 (Paxos prepare): freeze posting in the old view and report."""
-
-    @_abc_1.abstractmethod
-    def AcceptView(
-        self,
-        request: _peer_pb2.AcceptViewRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _peer_pb2.AcceptViewResponse, _abc.Awaitable[_peer_pb2.AcceptViewResponse]
-    ]:
-        """View change, phase 2: accept the proposed view and its seal."""
-
-    @_abc_1.abstractmethod
-    def InstallView(
-        self,
-        request: _peer_pb2.InstallViewRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _peer_pb2.InstallViewResponse, _abc.Awaitable[_peer_pb2.InstallViewResponse]
-    ]:
-        """View change, commit: install an accepted view (also sent to nodes that rejoin)."""
+        """One message of a view change (prepare, promise, accept, accepted, install, refusal or
+        query), one-way like a post.
+        """
 
 def add_PeerServiceServicer_to_server(
     servicer: PeerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]

@@ -171,6 +171,8 @@ class LoadProtocolStateResponse(_message.Message):
     SYNCED_TAIL_FIELD_NUMBER: _builtins.int
     INCOMING_FIELD_NUMBER: _builtins.int
     SYNCED_UNACQUIRED_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    VOTE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     counter: _builtins.int
     epoch: _builtins.int
@@ -192,6 +194,14 @@ class LoadProtocolStateResponse(_message.Message):
     ) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TxMeta]:
         """Synced transactions whose bodies are not held yet."""
 
+    @_builtins.property
+    def view(self) -> _common_pb2.ViewProposal:
+        """The installed view (unset: view 0 of the whole configuration)."""
+
+    @_builtins.property
+    def vote(self) -> Global___ViewVote:
+        """The coordinator's vote in the next view change, if any."""
+
     def __init__(
         self,
         *,
@@ -202,8 +212,12 @@ class LoadProtocolStateResponse(_message.Message):
         synced_tail: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
         incoming: _abc.Iterable[Global___IncomingEntry] | None = ...,
         synced_unacquired: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
+        view: _common_pb2.ViewProposal | None = ...,
+        vote: Global___ViewVote | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["merge_base", b"merge_base"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "merge_base", b"merge_base", "view", b"view", "vote", b"vote"
+    ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "counter",
@@ -220,11 +234,59 @@ class LoadProtocolStateResponse(_message.Message):
         b"synced_tail",
         "synced_unacquired",
         b"synced_unacquired",
+        "view",
+        b"view",
+        "vote",
+        b"vote",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LoadProtocolStateResponse: _TypeAlias = LoadProtocolStateResponse  # noqa: Y015
+
+@_typing.final
+class ViewVote(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMISED_FIELD_NUMBER: _builtins.int
+    ACCEPTED_BALLOT_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def promised(self) -> _common_pb2.Ballot: ...
+    @_builtins.property
+    def accepted_ballot(self) -> _common_pb2.Ballot:
+        """Unset when nothing was accepted."""
+
+    @_builtins.property
+    def accepted(self) -> _common_pb2.ViewProposal: ...
+    def __init__(
+        self,
+        *,
+        promised: _common_pb2.Ballot | None = ...,
+        accepted_ballot: _common_pb2.Ballot | None = ...,
+        accepted: _common_pb2.ViewProposal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "accepted",
+        b"accepted",
+        "accepted_ballot",
+        b"accepted_ballot",
+        "promised",
+        b"promised",
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "accepted",
+        b"accepted",
+        "accepted_ballot",
+        b"accepted_ballot",
+        "promised",
+        b"promised",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewVote: _TypeAlias = ViewVote  # noqa: Y015
 
 @_typing.final
 class IncomingEntry(_message.Message):
@@ -291,6 +353,9 @@ class PersistStepRequest(_message.Message):
     SYNCED_FIELD_NUMBER: _builtins.int
     STATE_CHANGES_FIELD_NUMBER: _builtins.int
     SERVICE_FIELD_NUMBER: _builtins.int
+    FORGOTTEN_FIELD_NUMBER: _builtins.int
+    INSTALLED_VIEW_FIELD_NUMBER: _builtins.int
+    VOTE_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     """0 leaves the counter as it is; otherwise it must not be lower than the stored one."""
     service: _builtins.str
@@ -315,6 +380,18 @@ class PersistStepRequest(_message.Message):
     ) -> _containers.RepeatedCompositeFieldContainer[Global___StateChange]:
         """At most 65536 changes."""
 
+    @_builtins.property
+    def forgotten(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Incoming metas to forget (at most 16384): not local, not synced, body not held."""
+
+    @_builtins.property
+    def installed_view(self) -> _common_pb2.ViewProposal:
+        """A view installed in this step (its seal is in `synced`); it clears the vote."""
+
+    @_builtins.property
+    def vote(self) -> Global___ViewVote:
+        """The vote after this step (written after `installed_view`)."""
+
     def __init__(
         self,
         *,
@@ -324,14 +401,28 @@ class PersistStepRequest(_message.Message):
         synced: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
         state_changes: _abc.Iterable[Global___StateChange] | None = ...,
         service: _builtins.str = ...,
+        forgotten: _abc.Iterable[_builtins.str] | None = ...,
+        installed_view: _common_pb2.ViewProposal | None = ...,
+        vote: Global___ViewVote | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["synced_start", b"synced_start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "installed_view",
+        b"installed_view",
+        "synced_start",
+        b"synced_start",
+        "vote",
+        b"vote",
+    ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "counter",
         b"counter",
+        "forgotten",
+        b"forgotten",
         "incoming",
         b"incoming",
+        "installed_view",
+        b"installed_view",
         "service",
         b"service",
         "state_changes",
@@ -340,6 +431,8 @@ class PersistStepRequest(_message.Message):
         b"synced",
         "synced_start",
         b"synced_start",
+        "vote",
+        b"vote",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

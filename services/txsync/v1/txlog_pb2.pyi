@@ -60,6 +60,9 @@ class LogEntry(_message.Message):
     SYNCED_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    VIEW_VOTED_FIELD_NUMBER: _builtins.int
+    VIEW_INSTALLED_FIELD_NUMBER: _builtins.int
+    FORGOTTEN_FIELD_NUMBER: _builtins.int
     at_unix_ms: _builtins.int
     """Wall-clock time of the append, milliseconds since the Unix epoch."""
     @_builtins.property
@@ -78,6 +81,12 @@ class LogEntry(_message.Message):
     def state(self) -> Global___StateMoved: ...
     @_builtins.property
     def snapshot(self) -> Global___Snapshot: ...
+    @_builtins.property
+    def view_voted(self) -> Global___ViewVoted: ...
+    @_builtins.property
+    def view_installed(self) -> Global___ViewInstalled: ...
+    @_builtins.property
+    def forgotten(self) -> Global___IncomingForgotten: ...
     def __init__(
         self,
         *,
@@ -90,6 +99,9 @@ class LogEntry(_message.Message):
         synced: Global___SyncedAppended | None = ...,
         state: Global___StateMoved | None = ...,
         snapshot: Global___Snapshot | None = ...,
+        view_voted: Global___ViewVoted | None = ...,
+        view_installed: Global___ViewInstalled | None = ...,
+        forgotten: Global___IncomingForgotten | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "body_stored",
@@ -100,6 +112,8 @@ class LogEntry(_message.Message):
         b"entry",
         "epoch",
         b"epoch",
+        "forgotten",
+        b"forgotten",
         "meta_known",
         b"meta_known",
         "snapshot",
@@ -110,6 +124,10 @@ class LogEntry(_message.Message):
         b"submitted",
         "synced",
         b"synced",
+        "view_installed",
+        b"view_installed",
+        "view_voted",
+        b"view_voted",
     ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
@@ -123,6 +141,8 @@ class LogEntry(_message.Message):
         b"entry",
         "epoch",
         b"epoch",
+        "forgotten",
+        b"forgotten",
         "meta_known",
         b"meta_known",
         "snapshot",
@@ -133,6 +153,10 @@ class LogEntry(_message.Message):
         b"submitted",
         "synced",
         b"synced",
+        "view_installed",
+        b"view_installed",
+        "view_voted",
+        b"view_voted",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_entry: _TypeAlias = _typing.Literal[
@@ -144,6 +168,9 @@ class LogEntry(_message.Message):
         "synced",
         "state",
         "snapshot",
+        "view_voted",
+        "view_installed",
+        "forgotten",
     ]  # noqa: Y015
     _WhichOneofArgType_entry: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
     def WhichOneof(
@@ -151,6 +178,98 @@ class LogEntry(_message.Message):
     ) -> _WhichOneofReturnType_entry | None: ...
 
 Global___LogEntry: _TypeAlias = LogEntry  # noqa: Y015
+
+@_typing.final
+class ViewVoted(_message.Message):
+    """The coordinator promised (and maybe accepted) in the next view change (PROTOCOL.md §3)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMISED_FIELD_NUMBER: _builtins.int
+    ACCEPTED_BALLOT_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def promised(self) -> _common_pb2.Ballot: ...
+    @_builtins.property
+    def accepted_ballot(self) -> _common_pb2.Ballot:
+        """Unset when nothing was accepted."""
+
+    @_builtins.property
+    def accepted(self) -> _common_pb2.ViewProposal: ...
+    def __init__(
+        self,
+        *,
+        promised: _common_pb2.Ballot | None = ...,
+        accepted_ballot: _common_pb2.Ballot | None = ...,
+        accepted: _common_pb2.ViewProposal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "accepted",
+        b"accepted",
+        "accepted_ballot",
+        b"accepted_ballot",
+        "promised",
+        b"promised",
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "accepted",
+        b"accepted",
+        "accepted_ballot",
+        b"accepted_ballot",
+        "promised",
+        b"promised",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewVoted: _TypeAlias = ViewVoted  # noqa: Y015
+
+@_typing.final
+class ViewInstalled(_message.Message):
+    """A view was installed; it replaces the previous one and clears the vote."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTALLED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def installed(self) -> _common_pb2.ViewProposal: ...
+    def __init__(
+        self,
+        *,
+        installed: _common_pb2.ViewProposal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["installed", b"installed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["installed", b"installed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewInstalled: _TypeAlias = ViewInstalled  # noqa: Y015
+
+@_typing.final
+class IncomingForgotten(_message.Message):
+    """Incoming metas forgotten at a view change: their origin left the view and their body
+    is not held here (the origin keeps them; they are learned again when it rejoins).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TX_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tx_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        tx_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tx_ids", b"tx_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IncomingForgotten: _TypeAlias = IncomingForgotten  # noqa: Y015
 
 @_typing.final
 class TxSubmitted(_message.Message):
@@ -393,6 +512,8 @@ class Snapshot(_message.Message):
     SYNCED_FIELD_NUMBER: _builtins.int
     TXS_FIELD_NUMBER: _builtins.int
     TRUNCATED_LAST_TX_ID_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    VOTE_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     epoch: _builtins.int
     synced_len: _builtins.int
@@ -411,6 +532,12 @@ class Snapshot(_message.Message):
     def txs(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___SnapshotTx]: ...
+    @_builtins.property
+    def view(self) -> Global___ViewInstalled:
+        """The installed view (unset: view 0 of the whole configuration) and the pending vote."""
+
+    @_builtins.property
+    def vote(self) -> Global___ViewVoted: ...
     def __init__(
         self,
         *,
@@ -421,8 +548,10 @@ class Snapshot(_message.Message):
         synced: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
         txs: _abc.Iterable[Global___SnapshotTx] | None = ...,
         truncated_last_tx_id: _builtins.str = ...,
+        view: Global___ViewInstalled | None = ...,
+        vote: Global___ViewVoted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view", "vote", b"vote"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "counter",
@@ -439,6 +568,10 @@ class Snapshot(_message.Message):
         b"truncated_last_tx_id",
         "txs",
         b"txs",
+        "view",
+        b"view",
+        "vote",
+        b"vote",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
