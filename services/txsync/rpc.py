@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,7 +66,15 @@ def _safe_deserializer(message_class: type[Message]) -> Callable[[bytes], object
     return deserialize
 
 
-def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescriptor) -> None:
+def add_service(
+    server: grpc.aio.Server,
+    servicer: object,
+    service: ServiceDescriptor,
+    elsewhere: Mapping[str, str] | None = None,
+) -> None:
+    """Serve ``service`` with ``servicer``'s methods of the same names. A method the
+    servicer lacks answers UNIMPLEMENTED, naming who serves it (``elsewhere``: method
+    name -> owner) so that a caller knows where to go."""
     handlers = {}
     for method in service.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
@@ -78,14 +86,36 @@ def add_service(server: grpc.aio.Server, servicer: object, service: ServiceDescr
             (True, False): grpc.stream_unary_rpc_method_handler,
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[kind]
+        implementation = getattr(servicer, method.name, None)
+        if implementation is None:
+            owner = (elsewhere or {}).get(method.name)
+            reason = (
+                f"{method.name} is served by {owner}, not by this service"
+                if owner
+                else f"{method.name} is not served here"
+            )
+            implementation = _unimplemented(reason, streaming=method.server_streaming)
         handlers[method.name] = make(
-            getattr(servicer, method.name),
+            implementation,
             request_deserializer=_safe_deserializer(request_class),
             response_serializer=response_class.SerializeToString,
         )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
+
+
+def _unimplemented(reason: str, *, streaming: bool) -> Callable[..., Any]:
+    async def unary(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, reason)
+
+    async def stream(
+        request: object, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[None]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, reason)
+        yield None  # never reached: makes this an async generator like a streaming handler
+
+    return stream if streaming else unary
 
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], error: ServiceError) -> None:

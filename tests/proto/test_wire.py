@@ -6,16 +6,37 @@ import contextlib
 import uuid
 
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from txsync.protocol import GENESIS_TX_ID, Limits, MergeBase, Post, SyncedEntries, TxMeta
+from txsync.protocol import (
+    GENESIS_TX_ID,
+    Ballot,
+    Limits,
+    MergeBase,
+    Post,
+    SyncedEntries,
+    TxMeta,
+    View,
+    ViewAccept,
+    ViewAccepted,
+    ViewInstall,
+    ViewMessage,
+    ViewPrepare,
+    ViewPromise,
+    ViewProposal,
+    ViewQuery,
+    ViewRefused,
+)
 from txsync.sync_coordinator.wire import (
     WireError,
     decode_entries,
     decode_post,
     entries_to_proto,
     post_to_proto,
+    view_message_from_proto,
+    view_message_to_proto,
 )
 from txsync.v1 import common_pb2, peer_pb2
 
@@ -129,3 +150,63 @@ def test_bad_tx_ids_and_bases_are_named() -> None:
     too_many.queue.extend(too_many.queue[0] for _ in range(LIMITS.post_txs_max))
     with pytest.raises(WireError, match="exceed 16"):
         decode_post(too_many.SerializeToString(), LIMITS)
+
+
+ballots = st.builds(Ballot, st.integers(1, 2**40), st.integers(0, 2**40), node_ids)
+
+
+@st.composite
+def proposals(draw: st.DrawFn) -> ViewProposal:
+    members = tuple(sorted(draw(st.sets(node_ids, min_size=1, max_size=5))))
+    ids = draw(st.lists(tx_ids, unique=True, max_size=LIMITS.post_txs_max))
+    seal = tuple(sorted(TxMeta(draw(st.integers(1, 1000)), tx_id, members[0]) for tx_id in ids))
+    length = draw(st.integers(0, 10**6))
+    start = MergeBase(length, draw(tx_ids)) if length else MergeBase.genesis()
+    return ViewProposal(View(draw(st.integers(1, 2**40)), members), start, seal)
+
+
+@st.composite
+def view_messages(draw: st.DrawFn) -> ViewMessage:
+    sender = draw(node_ids)
+    kind = draw(st.sampled_from(["prepare", "promise", "accept", "accepted", "install",
+                                 "refused", "query"]))  # fmt: skip
+    ballot = draw(ballots)
+    if kind == "prepare":
+        return ViewPrepare(sender, ballot)
+    if kind == "promise":
+        post = draw(posts())
+        accepted = draw(st.none() | proposals())
+        return ViewPromise(
+            sender, ballot, post.base, post.counter, post.queue,
+            draw(ballots) if accepted is not None else None, accepted,
+        )  # fmt: skip
+    if kind == "accept":
+        return ViewAccept(sender, ballot, draw(proposals()))
+    if kind == "accepted":
+        return ViewAccepted(sender, ballot)
+    if kind == "install":
+        return ViewInstall(sender, draw(proposals()))
+    if kind == "refused":
+        return ViewRefused(sender, ballot, draw(counters), draw(st.none() | ballots))
+    return ViewQuery(sender, draw(counters))
+
+
+@given(view_messages())
+def test_view_messages_round_trip(message: ViewMessage) -> None:
+    raw = view_message_to_proto(message).SerializeToString()
+    assert view_message_from_proto(peer_pb2.SendViewMessageRequest.FromString(raw), LIMITS) == (
+        message
+    )
+
+
+@settings(max_examples=300)
+@given(view_messages(), st.data())
+def test_view_decoder_refuses_mutations_without_crashing(
+    message: ViewMessage, data: st.DataObject
+) -> None:
+    raw = bytearray(view_message_to_proto(message).SerializeToString())
+    for _ in range(data.draw(st.integers(1, 4))):
+        index = data.draw(st.integers(0, len(raw) - 1))
+        raw[index] = data.draw(st.integers(0, 255))
+    with contextlib.suppress(WireError, DecodeError):
+        view_message_from_proto(peer_pb2.SendViewMessageRequest.FromString(bytes(raw)), LIMITS)

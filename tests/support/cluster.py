@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,15 @@ import grpc
 
 from tests.support.processes import ServiceProcess, free_port, sync_coordinator, transaction_store
 from txsync.link_emulator import LinkEmulator, LinkSettings
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, store_pb2, store_pb2_grpc
+from txsync.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+    store_pb2,
+    store_pb2_grpc,
+)
 
 CONVERGE_TIMEOUT_S = 60.0
 
@@ -33,11 +42,15 @@ class LocalCluster:
         one_way_delay_ms: float | None = None,
         coordinator_args: tuple[str, ...] = ("--round-timeout-ms", "300"),
         tls_dir: Path | None = None,
+        names: list[str] | None = None,
+        store_args: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         """``one_way_delay_ms`` None: coordinators talk directly; else through the link
         emulator with that one-way delay on every directed link. ``tls_dir``: mutual TLS
-        with the certificates there (scripts/dev_ca.py); None: plaintext."""
-        ids = [f"dc{n + 1}" for n in range(size)]
+        with the certificates there (scripts/dev_ca.py); None: plaintext. ``names``: node
+        ids (default dc1..dcN); ``store_args``: extra flags for some nodes' stores."""
+        ids = names or [f"dc{n + 1}" for n in range(size)]
+        assert len(ids) == size
         ports = {node: free_port() for node in ids}
         self.emulator: LinkEmulator | None = None
         dial = {(a, b): ports[b] for a in ids for b in ids if a != b}
@@ -48,7 +61,15 @@ class LocalCluster:
                 dial[(a, b)] = self.emulator.add_link(a, b, ports[b], settings)
         self.dcs: list[Dc] = []
         try:
-            self._start(root, ids, ports, dial, coordinator_args=coordinator_args, tls_dir=tls_dir)
+            self._start(
+                root,
+                ids,
+                ports,
+                dial,
+                coordinator_args=coordinator_args,
+                tls_dir=tls_dir,
+                store_args=store_args or {},
+            )
         except BaseException:
             self.stop()  # do not leave half a cluster running
             raise
@@ -62,9 +83,12 @@ class LocalCluster:
         *,
         coordinator_args: tuple[str, ...],
         tls_dir: Path | None,
+        store_args: dict[str, tuple[str, ...]],
     ) -> None:
         for node in ids:
-            store = transaction_store(root / node, node, port=free_port())
+            store = transaction_store(
+                root / node, node, *store_args.get(node, ()), port=free_port()
+            )
             store.start()
             peers = {p: dial[(node, p)] for p in ids if p != node}
             security: tuple[str, ...] = ("--plaintext",)
@@ -94,6 +118,22 @@ class LocalCluster:
             self.emulator.close()
         assert not unclean, unclean
 
+    def dc(self, node_id: str) -> Dc:
+        return next(dc for dc in self.dcs if dc.node_id == node_id)
+
+    def status(self, dc: Dc) -> admin_pb2.DcStatus:
+        """The coordinator's own status: its view and quorum state."""
+        with grpc.insecure_channel(dc.coordinator.address) as channel:
+            stub = admin_pb2_grpc.AdminServiceStub(channel)
+            return stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).local
+
+    def wait_for(self, what: str, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not within {timeout_s} s: {what}")
+            time.sleep(0.1)
+
     def synced(self, dc: Dc) -> list[str]:
         with grpc.insecure_channel(dc.store.address) as channel:
             stub = store_pb2_grpc.StoreInternalServiceStub(channel)
@@ -106,12 +146,13 @@ class LocalCluster:
                     return ids
                 ids.extend(m.tx_id for m in answer.entries)
 
-    def wait_converged(self, expected: set[str]) -> list[str]:
-        """Wait until every DC has synced exactly ``expected``, checking on the way that
-        the DCs' orders never fork; returns the common order."""
+    def wait_converged(self, expected: set[str], dcs: list[Dc] | None = None) -> list[str]:
+        """Wait until every DC (or each of ``dcs``) has synced exactly ``expected``,
+        checking on the way that the orders never fork; returns the common order."""
         deadline = time.monotonic() + CONVERGE_TIMEOUT_S
+        dcs = dcs or self.dcs
         while True:
-            orders = [self.synced(dc) for dc in self.dcs]
+            orders = [self.synced(dc) for dc in dcs]
             for order in orders:
                 shortest = min(len(order), len(orders[0]))
                 assert order[:shortest] == orders[0][:shortest], "the DCs' orders forked"
@@ -119,7 +160,7 @@ class LocalCluster:
                 assert all(order == orders[0] for order in orders), "the DCs' orders differ"
                 return orders[0]
             if time.monotonic() > deadline:
-                counts = {dc.node_id: len(o) for dc, o in zip(self.dcs, orders, strict=True)}
+                counts = {dc.node_id: len(o) for dc, o in zip(dcs, orders, strict=True)}
                 raise AssertionError(f"no convergence on {len(expected)} txs: {counts}")
             time.sleep(0.1)
 

@@ -4,6 +4,7 @@ requests change nothing, backpressure refuses with a hint, and restarts remember
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -12,10 +13,11 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from txsync.protocol import MergeBase, TxMeta, TxState
+from txsync.codec import meta_to_proto
+from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.transaction_store.store import StateChangeRequest, StoreConfig, TransactionStore
 from txsync.transaction_store.validation import StoreError
-from txsync.v1 import common_pb2
+from txsync.v1 import common_pb2, txlog_pb2
 
 T = TypeVar("T")
 
@@ -24,7 +26,7 @@ def _body(sql: str = "INSERT INTO t VALUES (1)") -> common_pb2.TxBody:
     return common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql)])
 
 
-def _run(tmp_path: Path, scenario: Callable[[TransactionStore], Awaitable[T]], **config: int) -> T:
+def _run(tmp_path: Path, scenario: Callable[[TransactionStore], Awaitable[T]], **config: Any) -> T:
     async def main() -> T:
         store = await TransactionStore.open(StoreConfig(data_dir=tmp_path, node_id="dc1", **config))
         try:
@@ -319,3 +321,73 @@ def test_body_files_lost_with_the_page_cache_come_back_from_the_log(tmp_path: Pa
             assert await store.read_body(tx_id) is not None
 
     _run(tmp_path, after_rotation)
+
+
+def _proposal(view_no: int, members: list[str], seal: list[TxMeta]) -> common_pb2.ViewProposal:
+    return common_pb2.ViewProposal(
+        view=common_pb2.View(view_no=view_no, members=members),
+        seal_start=common_pb2.MergeBase(synced_len=0, last_tx_id=GENESIS_TX_ID),
+        seal=[meta_to_proto(meta) for meta in seal],
+    )
+
+
+def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: Path) -> None:
+    """What a view change makes durable: the vote, the installed view (clearing the vote)
+    and forgotten foreign metas; an origin's own transactions are never forgotten."""
+    foreign = [TxMeta(n, str(uuid.uuid4()), "dc3") for n in (1, 2)]
+    pushed_first = foreign[1]
+    vote = txlog_pb2.ViewVoted(promised=common_pb2.Ballot(view_no=1, attempt=1, proposer="dc2"))
+
+    async def scenario(store: TransactionStore) -> str:
+        local = (await store.submit(_body())).tx_id
+        await store.persist_step(
+            counter=2,
+            incoming=[*foreign, TxMeta(3, local, "dc1")],
+            synced_start=None,
+            synced=[],
+            changes=[StateChangeRequest(m.tx_id, TxState.INCOMING) for m in foreign],
+            service="sc",
+            vote=vote,
+        )
+        assert store.state.vote == vote and store.state.view_no == 0
+        # A peer's push stored this body just before the core, not yet told, forgot it.
+        body = _body("INSERT INTO t VALUES (2)").SerializeToString()
+        await store.store_body(pushed_first.tx_id, body, hashlib.sha256(body).digest())
+        for refused in (local, str(uuid.uuid4())):
+            with pytest.raises(StoreError) as caught:
+                await store.persist_step(
+                    counter=0, incoming=[], synced_start=None, synced=[], changes=[],
+                    service="sc", forgotten=[refused],
+                )  # fmt: skip
+            assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        await store.persist_step(
+            counter=0,
+            incoming=[],
+            synced_start=None,
+            synced=[],
+            changes=[],
+            service="sc",
+            forgotten=[m.tx_id for m in foreign],
+            installed_view=_proposal(1, ["dc1", "dc2"], []),
+        )
+        with pytest.raises(StoreError, match="not newer"):
+            await store.persist_step(
+                counter=0, incoming=[], synced_start=None, synced=[], changes=[],
+                service="sc", installed_view=_proposal(1, ["dc1", "dc2"], []),
+            )  # fmt: skip
+        await store.truncate(0)  # a rotation: the snapshot must carry the view too
+        return local
+
+    local = _run(tmp_path, scenario)
+
+    async def after_restart(store: TransactionStore) -> None:
+        state = store.state
+        assert state.view is not None and state.view_no == 1
+        assert list(state.view.view.members) == ["dc1", "dc2"]
+        assert state.vote is None, "installing a view clears the vote"
+        assert set(state.incoming) == {local}
+        assert foreign[0].tx_id not in state.txs
+        kept = state.txs[pushed_first.tx_id]
+        assert kept.body_held and kept.meta is None, "a held body outlives its forgotten meta"
+
+    _run(tmp_path, after_restart)

@@ -262,16 +262,26 @@ class ProtocolNode:
     def is_member(self) -> bool:
         return self._id in self._members
 
+    @property
+    def now_ms(self) -> int:
+        """The latest time a ``Tick`` brought (the clock of ``last_heard_ms``)."""
+        return self._now_ms
+
+    def last_heard_ms(self) -> Mapping[NodeId, int]:
+        """When each configured node was last heard from (this node: its start)."""
+        return dict(self._heard_ms)
+
     def quorum_state(self) -> QuorumState:
-        if self._frozen_since_ms is not None:
-            return QuorumState.VIEW_CHANGE
-        if not self.is_member:
-            return QuorumState.MINORITY
+        """MINORITY whenever no weight majority was heard from within the exclusion
+        timeout (a node cut off keeps trying view changes it cannot win, and must say
+        plainly that it is cut off), or when excluded from the view."""
         recent = self._now_ms - self._timing.exclusion_timeout_ms
         heard = [node for node, at in self._heard_ms.items() if at > recent or node == self._id]
-        if is_weight_majority(heard, self._weights):
-            return QuorumState.MAJORITY
-        return QuorumState.MINORITY
+        if not is_weight_majority(heard, self._weights):
+            return QuorumState.MINORITY
+        if self._frozen_since_ms is not None:
+            return QuorumState.VIEW_CHANGE
+        return QuorumState.MAJORITY if self.is_member else QuorumState.MINORITY
 
     @property
     def counter(self) -> int:

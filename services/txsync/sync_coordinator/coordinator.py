@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +241,11 @@ class Coordinator:
         self._background: set[asyncio.Task[None]] = set()
         self.steps = 0
         self.rejections = 0
+        self.weights = {
+            node: config.weights.get(node, 1) for node in (config.node_id, *config.peers)
+        }
+        self.quorum_listeners: list[Callable[[QuorumState], None]] = []
+        """Called (in the loop) whenever the quorum state changes, and once at start."""
         self.refused_peers: dict[str, int] = {}
         """Calls refused because of who made them, by reason (logged as well)."""
 
@@ -280,7 +285,7 @@ class Coordinator:
             durable=durable,
             limits=self.config.limits,
             timing=self.config.timing,
-            weights={node: self.config.weights.get(node, 1) for node in configuration},
+            weights=self.weights,
         )
         self._view_no = self.node.view_no
         self._quorum = self.node.quorum_state()
@@ -384,6 +389,8 @@ class Coordinator:
             self._quorum = quorum
             level = logging.WARNING if quorum is QuorumState.MINORITY else logging.INFO
             log.log(level, "QUORUM %s in view %d", quorum.name, node.view_no)
+            for listener in self.quorum_listeners:
+                listener(quorum)
 
     async def _flush(self, merged: MergedPersist, readies: list[Ready]) -> None:
         if not merged.is_empty():

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1.health_pb2 import HealthCheckResponse
 
-from txsync.protocol import MEMBERS_MAX, Limits, Timing
+from txsync.protocol import MEMBERS_MAX, Limits, QuorumState, Timing
 from txsync.rpc import (
     add_health_and_reflection,
     add_service,
@@ -25,23 +26,47 @@ from txsync.rpc import (
     new_server,
     until_stopped,
 )
+from txsync.sync_coordinator.admin import NOT_HERE as ADMIN_NOT_HERE
+from txsync.sync_coordinator.admin import CoordinatorAdmin
 from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig, TlsFiles
 from txsync.sync_coordinator.peer_service import PeerServicer
 from txsync.sync_coordinator.wire import WireError, check_node_id
-from txsync.v1 import peer_pb2
+from txsync.v1 import admin_pb2, peer_pb2
 
 log = logging.getLogger("txsync.sync_coordinator")
 
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["PeerService"]
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
+QUORUM_HEALTH = "txsync.v1.Quorum"
+"""Health-check service name that is SERVING only while this DC is in a majority view
+(a readiness probe for clients; the overall health "" stays SERVING while the process
+works, so a minority DC is not restarted for being cut off)."""
 
 
 async def serve(
-    config: CoordinatorConfig, listen: str, port_file: Path | None, grace_s: float
+    config: CoordinatorConfig,
+    listen: str,
+    port_file: Path | None,
+    grace_s: float,
+    admin_listen: str | None = None,
 ) -> int:
     coordinator = Coordinator(config)
     server = new_server()
     add_service(server, PeerServicer(coordinator), PEER_SERVICE)
-    health_servicer = add_health_and_reflection(server, [PEER_SERVICE])
+    add_service(server, CoordinatorAdmin(coordinator), ADMIN_SERVICE, ADMIN_NOT_HERE)
+    health_servicer = add_health_and_reflection(server, [PEER_SERVICE, ADMIN_SERVICE])
+    healths = [health_servicer]
+    admin_server = None
+    if admin_listen is not None:
+        # Plaintext admin and health for this host (probes, operators' CLI) beside the
+        # mutual-TLS port the other DCs use.
+        admin_server = new_server()
+        add_service(admin_server, CoordinatorAdmin(coordinator), ADMIN_SERVICE, ADMIN_NOT_HERE)
+        healths.append(add_health_and_reflection(admin_server, [ADMIN_SERVICE]))
+        if admin_server.add_insecure_port(admin_listen) == 0:
+            log.critical("cannot listen on %s (--admin-listen)", admin_listen)
+            return 2
+        await admin_server.start()
     if config.tls is None:
         log.warning("PLAINTEXT between DCs (--plaintext): for local development only")
         port = server.add_insecure_port(listen)
@@ -60,25 +85,54 @@ async def serve(
             error.code().name,
             error.details(),
         )
-        await server.stop(0)
+        await _stop_servers(server, admin_server, 0)
         return 3
     except RuntimeError as error:
         log.critical("%s", error)
-        await server.stop(0)
+        await _stop_servers(server, admin_server, 0)
         return 3
-    await mark_serving(health_servicer, [PEER_SERVICE])
+    for health in healths:
+        await mark_serving(health, [PEER_SERVICE, ADMIN_SERVICE])
+
+    publishing: set[asyncio.Task[None]] = set()
+
+    def publish_quorum(quorum: QuorumState) -> None:
+        status = (
+            HealthCheckResponse.SERVING
+            if quorum is QuorumState.MAJORITY
+            else HealthCheckResponse.NOT_SERVING
+        )
+        for health in healths:
+            task = asyncio.get_running_loop().create_task(health.set(QUORUM_HEALTH, status))
+            publishing.add(task)  # the loop holds tasks only weakly
+            task.add_done_callback(publishing.discard)
+
+    coordinator.quorum_listeners.append(publish_quorum)
+    assert coordinator.node is not None
+    publish_quorum(coordinator.node.quorum_state())
     address = announce(listen, port, port_file)
     log.info("sync-coordinator %s listening on %s", config.node_id, address)
+    if admin_listen is not None:
+        log.info("admin and health (plaintext) on %s", admin_listen)
 
     await until_stopped(coordinator.failed)
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace_s)
+    for health in healths:
+        await health.enter_graceful_shutdown()
+    await _stop_servers(server, admin_server, grace_s)
     await coordinator.stop()
     if coordinator.failed.done():
         log.critical("sync-coordinator stopped: %s", coordinator.failed.result())
         return 1
     log.info("sync-coordinator stopped cleanly")
     return 0
+
+
+async def _stop_servers(
+    server: grpc.aio.Server, admin_server: grpc.aio.Server | None, grace_s: float
+) -> None:
+    await server.stop(grace_s)
+    if admin_server is not None:
+        await admin_server.stop(grace_s)
 
 
 def _peer(text: str) -> tuple[str, str]:
@@ -141,6 +195,11 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--listen", default="127.0.0.1:7101", help="host:port for PeerService")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
+    parser.add_argument(
+        "--admin-listen",
+        metavar="HOST:PORT",
+        help="also serve admin and health checks in plaintext here (probes, local CLI)",
+    )
     timing, limits = Timing(), Limits()
     tuning = parser.add_argument_group("timings and limits (defaults suit a laptop and a WAN)")
     for name, help_text in (
@@ -259,4 +318,8 @@ def run(options: argparse.Namespace) -> int:
         timing=timing,
         limits=limits,
     )
-    return asyncio.run(serve(config, options.listen, options.port_file, options.grace_seconds))
+    return asyncio.run(
+        serve(
+            config, options.listen, options.port_file, options.grace_seconds, options.admin_listen
+        )
+    )

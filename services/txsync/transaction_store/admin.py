@@ -2,8 +2,8 @@
 
 Served here: this DC's status as the store sees it (merge base, counter, incoming queue,
 alarms such as a torn tail cut at start-up), log truncation, and log export. The other
-calls belong to services that aggregate into this one as they arrive; until then they
-answer UNIMPLEMENTED and say which service will serve them.
+calls belong to other services (``NOT_HERE``); asked here, they answer UNIMPLEMENTED and
+name the service that serves them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from txsync.codec import base_to_proto
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
 from txsync.transaction_store.store import TransactionStore
 from txsync.transaction_store.txlog.framing import HEADER, scan
-from txsync.v1 import admin_pb2, admin_pb2_grpc
+from txsync.v1 import admin_pb2
 
 EXPORT_CHUNK_BYTES_MAX = 1024 * 1024
 
@@ -32,7 +32,10 @@ NOT_HERE = {
 }
 
 
-class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer:
+    """Served with ``add_service(..., elsewhere=NOT_HERE)``: the calls other services own
+    answer UNIMPLEMENTED naming the owner."""
+
     def __init__(self, store: TransactionStore) -> None:
         self._store = store
 
@@ -84,51 +87,3 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             chunk += frame
         if chunk:
             yield admin_pb2.ExportLogResponse(records=bytes(chunk))
-
-    # Calls other services own: an explicit refusal naming the owner.
-
-    async def ListWorkers(
-        self, request: admin_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> admin_pb2.ListWorkersResponse:
-        await _elsewhere(context, "ListWorkers")
-        raise AssertionError("context.abort always raises")
-
-    async def ListRounds(
-        self, request: admin_pb2.ListRoundsRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> admin_pb2.ListRoundsResponse:
-        await _elsewhere(context, "ListRounds")
-        raise AssertionError("context.abort always raises")
-
-    async def GetTransaction(
-        self,
-        request: admin_pb2.GetTransactionRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> admin_pb2.GetTransactionResponse:
-        await _elsewhere(context, "GetTransaction")
-        raise AssertionError("context.abort always raises")
-
-    async def ChangeMembership(
-        self,
-        request: admin_pb2.ChangeMembershipRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> admin_pb2.ChangeMembershipResponse:
-        await _elsewhere(context, "ChangeMembership")
-        raise AssertionError("context.abort always raises")
-
-    async def PauseSync(
-        self, request: admin_pb2.PauseSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> admin_pb2.PauseSyncResponse:
-        await _elsewhere(context, "PauseSync")
-        raise AssertionError("context.abort always raises")
-
-    async def ResumeSync(
-        self, request: admin_pb2.ResumeSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> admin_pb2.ResumeSyncResponse:
-        await _elsewhere(context, "ResumeSync")
-        raise AssertionError("context.abort always raises")
-
-
-async def _elsewhere(context: grpc.aio.ServicerContext[Any, Any], name: str) -> None:
-    await context.abort(
-        grpc.StatusCode.UNIMPLEMENTED, f"{name} is served by {NOT_HERE[name]}, not by this service"
-    )

@@ -22,7 +22,7 @@ from txsync.rpc import (
     new_server,
     until_stopped,
 )
-from txsync.transaction_store.admin import AdminServicer
+from txsync.transaction_store.admin import NOT_HERE, AdminServicer
 from txsync.transaction_store.service import ClientServicer, StoreInternalServicer
 from txsync.transaction_store.store import StoreConfig, TransactionStore
 from txsync.transaction_store.txlog.files import LogCorruptionError
@@ -53,7 +53,7 @@ async def serve(config: StoreConfig, listen: str, port_file: Path | None, grace_
     server = new_server()
     add_service(server, ClientServicer(store), CLIENT_SERVICE)
     add_service(server, StoreInternalServicer(store), STORE_SERVICE)
-    add_service(server, AdminServicer(store), ADMIN_SERVICE)
+    add_service(server, AdminServicer(store), ADMIN_SERVICE, NOT_HERE)
     health_servicer = add_health_and_reflection(server, SERVICES)
     port = server.add_insecure_port(listen)
     if port == 0:
@@ -99,6 +99,9 @@ def register(commands: Any) -> None:
                         help="rotate the txlog file past this size")  # fmt: skip
     parser.add_argument("--grace-seconds", type=float, default=10.0,
                         help="how long in-flight calls may finish at shutdown")  # fmt: skip
+    parser.add_argument("--witness", action="store_true",
+                        help="this node is a witness: it votes and relays transactions "
+                             "between DCs but takes none from clients")  # fmt: skip
     parser.set_defaults(handler=run)
 
 
@@ -117,5 +120,6 @@ def run(options: argparse.Namespace) -> int:
         incoming_txs_max=options.incoming_max,
         open_body_bytes_max=options.body_bytes_max,
         log_file_bytes_max=options.log_file_bytes_max,
+        witness=options.witness,
     )
     return asyncio.run(serve(config, options.listen, options.port_file, options.grace_seconds))

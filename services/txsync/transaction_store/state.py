@@ -190,10 +190,18 @@ class StoreState:
         self.counter = max(self.counter, meta.ts)
 
     def _forget(self, tx_id: str) -> None:
-        """Drop an incoming foreign tx whose body is not held (checked before logging)."""
-        record = self.txs.pop(tx_id, None)
+        """Forget an incoming foreign tx's meta (checked before logging). A body that
+        arrived meanwhile stays, as a body whose meta is not known yet; without one the
+        record goes."""
         self.incoming.pop(tx_id, None)
-        if record is not None and record.state is TxState.INCOMING:
+        record = self.txs.get(tx_id)
+        if record is None:
+            return
+        if record.body_held:
+            record.meta = None
+            return
+        del self.txs[tx_id]
+        if record.state is TxState.INCOMING:
             self.incoming_state_txs -= 1
 
     def _apply_synced(self, metas: list[TxMeta]) -> None:

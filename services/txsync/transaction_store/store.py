@@ -60,6 +60,9 @@ class StoreConfig:
     """The current log file is rotated (and truncated if allowed) once this many bytes
     were appended since its snapshot. It also bounds start-up work: every body carried
     by the live log is checked against its file."""
+    witness: bool = False
+    """A witness node (PROTOCOL.md §1) votes and relays but has no workers: it refuses
+    client transactions, which would otherwise be ordered by a DC that applies nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +207,11 @@ class TransactionStore:
         Body files are written (without fsync) before the lock; the log entries of every
         accepted submit carry their bodies and go into one batch, so a whole SubmitBatch
         costs one fsync."""
+        if self.config.witness:
+            raise StoreError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.config.node_id} is a witness (it applies nothing): submit at a DC",
+            )
         prepared: list[tuple[str, bytes] | StoreError] = []
         for body, _, _ in submits:
             encoded = body.SerializeToString()
@@ -474,8 +482,8 @@ class TransactionStore:
             problem = "was submitted here (an origin never forgets its own transactions)"
         elif record.position:
             problem = "is synced"
-        elif record.body_held:
-            problem = "has its body held here"
+        # A held body is no reason to refuse: a peer's push may have stored it just
+        # before the coordinator's core, not yet told, forgot the meta.
         if problem is not None:
             raise StoreError(grpc.StatusCode.FAILED_PRECONDITION, f"tx {tx_id} {problem}")
 

@@ -37,7 +37,11 @@ class _QuorumStateEnumTypeWrapper(
     QUORUM_STATE_MAJORITY: _QuorumState.ValueType  # 1
     """In a view holding a majority of the configuration's weight: ordering."""
     QUORUM_STATE_MINORITY: _QuorumState.ValueType  # 2
-    """Cut off from a majority: accepts submits as INCOMING but orders nothing."""
+    """Cut off from a majority, or excluded from the view: accepts submits as INCOMING but
+    orders nothing.
+    """
+    QUORUM_STATE_VIEW_CHANGE: _QuorumState.ValueType  # 3
+    """Frozen by a promise while a new view is agreed (usually well under a second)."""
 
 class QuorumState(_QuorumState, metaclass=_QuorumStateEnumTypeWrapper): ...
 
@@ -45,7 +49,11 @@ QUORUM_STATE_UNSPECIFIED: QuorumState.ValueType  # 0
 QUORUM_STATE_MAJORITY: QuorumState.ValueType  # 1
 """In a view holding a majority of the configuration's weight: ordering."""
 QUORUM_STATE_MINORITY: QuorumState.ValueType  # 2
-"""Cut off from a majority: accepts submits as INCOMING but orders nothing."""
+"""Cut off from a majority, or excluded from the view: accepts submits as INCOMING but
+orders nothing.
+"""
+QUORUM_STATE_VIEW_CHANGE: QuorumState.ValueType  # 3
+"""Frozen by a promise while a new view is agreed (usually well under a second)."""
 Global___QuorumState: _TypeAlias = QuorumState  # noqa: Y015
 
 class _SyncMode:

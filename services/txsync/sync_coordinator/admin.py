@@ -1,0 +1,88 @@
+"""The sync-coordinator's part of the admin API: this DC's view of the protocol.
+
+``GetStatus`` answers with the installed view, the quorum state (a node in a minority
+says so here, in its health and in its log), the round mode, the merge base and counter,
+and when each peer was last heard from. The transaction-store serves the parts it owns
+(alarms of the txlog, truncation, export); cluster-wide aggregation comes with the admin
+CLI (issue 6). Other calls answer UNIMPLEMENTED, naming the service that owns them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+
+from txsync.codec import base_to_proto
+from txsync.protocol import Mode, QuorumState
+from txsync.rpc import ServiceError, answers_errors
+from txsync.sync_coordinator.coordinator import Coordinator
+from txsync.v1 import admin_pb2, common_pb2, peer_pb2
+
+QUORUM_STATES = {
+    QuorumState.MAJORITY: admin_pb2.QUORUM_STATE_MAJORITY,
+    QuorumState.MINORITY: admin_pb2.QUORUM_STATE_MINORITY,
+    QuorumState.VIEW_CHANGE: admin_pb2.QUORUM_STATE_VIEW_CHANGE,
+}
+MODES = {Mode.BUSY: admin_pb2.SYNC_MODE_BUSY, Mode.IDLE: admin_pb2.SYNC_MODE_IDLE}
+
+
+NOT_HERE = {
+    "ListWorkers": "worker-dispatch",
+    "GetTransaction": "transaction-store",
+    "TruncateLog": "transaction-store",
+    "ExportLog": "transaction-store",
+}
+
+
+class CoordinatorAdmin:
+    """Served with ``add_service(..., elsewhere=NOT_HERE)``."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
+
+    @answers_errors
+    async def GetStatus(
+        self, request: admin_pb2.GetStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> admin_pb2.GetStatusResponse:
+        node = self._coordinator.node
+        if node is None:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "still loading the protocol state")
+        if request.cluster:
+            raise ServiceError(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "the cluster-wide status comes with the admin CLI; ask without cluster",
+            )
+        weights = self._coordinator.weights
+        quorum = node.quorum_state()
+        recent_ms = node.now_ms - self._coordinator.config.timing.exclusion_timeout_ms
+        wall_minus_core_ms = time.time_ns() // 1_000_000 - node.now_ms
+        local = admin_pb2.DcStatus(
+            node_id=node.node_id,
+            view=common_pb2.View(view_no=node.view_no, members=list(node.members)),
+            mode=MODES[node.mode],
+            quorum=QUORUM_STATES[quorum],
+            merge_base=base_to_proto(node.merge_base),
+            counter=node.counter,
+            incoming_len=len(node.incoming_metas()),
+            healthy=quorum is QuorumState.MAJORITY,
+        )
+        for peer, heard_ms in sorted(node.last_heard_ms().items()):
+            if peer == node.node_id:
+                continue
+            status = local.peers.add(
+                member=peer_pb2.Member(
+                    node_id=peer,
+                    url=self._coordinator.config.peers.get(peer, ""),
+                    weight=weights[peer],
+                ),
+                reachable=heard_ms > recent_ms,
+            )
+            status.last_heard.FromMilliseconds(heard_ms + wall_minus_core_ms)
+        if quorum is QuorumState.MINORITY:
+            local.alarms.append(
+                "MINORITY: this DC is not in a view that holds a weight majority; it adds "
+                "nothing and its transactions stay INCOMING until it is back"
+            )
+        return admin_pb2.GetStatusResponse(local=local)

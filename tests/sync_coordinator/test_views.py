@@ -1,0 +1,146 @@
+"""View changes between real DCs (PROTOCOL.md §3): a partitioned DC is excluded and the
+majority keeps ordering; the cut-off DC says it is in a minority and orders nothing; it
+rejoins after healing. Two DCs and a witness survive the loss of either DC.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from tests.support.cluster import LocalCluster, submit_at
+from txsync.rpc import health_status
+from txsync.v1 import admin_pb2, client_pb2, client_pb2_grpc, common_pb2
+
+VIEW_ARGS = (
+    "--round-timeout-ms", "300",
+    "--exclusion-timeout-ms", "1500",
+    "--view-change-timeout-ms", "1500",
+    "--view-change-stagger-ms", "100",
+    "--view-resend-ms", "100",
+    "--promise-wait-ms", "100",
+)  # fmt: skip
+QUORUM_HEALTH = "txsync.v1.Quorum"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path, 3, one_way_delay_ms=1, coordinator_args=VIEW_ARGS)
+    yield cluster
+    cluster.stop()
+
+
+def _quorum_health(cluster: LocalCluster, node: str) -> int:
+    with grpc.insecure_channel(cluster.dc(node).coordinator.address) as channel:
+        return health_status(channel, QUORUM_HEALTH)
+
+
+def test_majority_excludes_a_cut_off_dc_keeps_ordering_and_takes_it_back(
+    cluster: LocalCluster,
+) -> None:
+    emulator = cluster.emulator
+    assert emulator is not None
+    dc1, dc2, dc3 = cluster.dcs
+    acked: list[str] = []
+    lock = threading.Lock()
+    submit_at(dc1, 5, acked, lock)
+    cluster.wait_converged(set(acked))
+    assert cluster.status(dc1).quorum == admin_pb2.QUORUM_STATE_MAJORITY
+
+    emulator.partition({"dc1"}, {"dc2", "dc3"})
+    cluster.wait_for(
+        "dc2 and dc3 install a view without dc1",
+        lambda: (
+            list(cluster.status(dc2).view.members) == ["dc2", "dc3"]
+            and list(cluster.status(dc3).view.members) == ["dc2", "dc3"]
+        ),
+    )
+    cluster.wait_for(
+        "dc1 reports that it is in a minority",
+        lambda: cluster.status(dc1).quorum == admin_pb2.QUORUM_STATE_MINORITY,
+    )
+    minority = cluster.status(dc1)
+    assert not minority.healthy and any("MINORITY" in alarm for alarm in minority.alarms)
+    assert _quorum_health(cluster, "dc1") == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert _quorum_health(cluster, "dc2") == health_pb2.HealthCheckResponse.SERVING
+
+    before_cut = list(acked)
+    majority_txs: list[str] = []
+    minority_txs: list[str] = []
+    submit_at(dc2, 10, majority_txs, lock)
+    submit_at(dc3, 10, majority_txs, lock)
+    submit_at(dc1, 5, minority_txs, lock)  # acknowledged INCOMING, not ordered yet
+    # The majority orders its own transactions while dc1 is still cut off.
+    cluster.wait_converged({*before_cut, *majority_txs}, [dc2, dc3])
+    dc1_order = cluster.synced(dc1)
+    assert not set(minority_txs) & set(dc1_order), "a minority DC ordered something"
+    assert cluster.synced(dc2)[: len(dc1_order)] == dc1_order
+
+    emulator.heal()
+    order = cluster.wait_converged({*before_cut, *majority_txs, *minority_txs})
+    assert len(order) == 30
+    cluster.wait_for(
+        "dc1 rejoins the view",
+        lambda: all(len(cluster.status(dc).view.members) == 3 for dc in cluster.dcs),
+    )
+    assert cluster.status(dc1).quorum == admin_pb2.QUORUM_STATE_MAJORITY
+    assert _quorum_health(cluster, "dc1") == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.fixture
+def with_witness(tmp_path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(
+        tmp_path,
+        3,
+        one_way_delay_ms=1,
+        coordinator_args=VIEW_ARGS,
+        names=["dc1", "dc2", "witness"],
+        store_args={"witness": ("--witness",)},
+    )
+    yield cluster
+    cluster.stop()
+
+
+@pytest.mark.parametrize("lost", ["dc1", "dc2"])
+def test_two_dcs_and_a_witness_survive_losing_either_dc(
+    with_witness: LocalCluster, lost: str
+) -> None:
+    cluster = with_witness
+    survivor = cluster.dc("dc2" if lost == "dc1" else "dc1")
+    gone, witness = cluster.dc(lost), cluster.dc("witness")
+    acked: list[str] = []
+    lock = threading.Lock()
+    submit_at(survivor, 5, acked, lock)
+    cluster.wait_converged(set(acked))
+
+    gone.coordinator.kill()
+    gone.store.kill()
+    cluster.wait_for(
+        f"{survivor.node_id} and the witness exclude {lost}",
+        lambda: (
+            list(cluster.status(survivor).view.members) == sorted([survivor.node_id, "witness"])
+        ),
+    )
+    submit_at(survivor, 10, acked, lock)
+    cluster.wait_converged(set(acked), [survivor, witness])
+
+    gone.store.start()
+    gone.coordinator.start()
+    cluster.wait_converged(set(acked))
+    cluster.wait_for(f"{lost} rejoins", lambda: len(cluster.status(survivor).view.members) == 3)
+
+
+def test_a_witness_refuses_client_transactions(with_witness: LocalCluster) -> None:
+    witness = with_witness.dc("witness")
+    with grpc.insecure_channel(witness.store.address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="SELECT 1")])
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Submit(client_pb2.SubmitRequest(body=body))
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "witness" in (refused.value.details() or "")
