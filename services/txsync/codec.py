@@ -14,6 +14,7 @@ from txsync.protocol import (
     GENESIS_TX_ID,
     MEMBERS_MAX,
     Ballot,
+    Configuration,
     MergeBase,
     TxMeta,
     View,
@@ -24,6 +25,8 @@ from txsync.v1 import common_pb2
 NODE_ID_CHARS_MAX = 63
 COUNTER_MAX = 2**63 - 1
 """Counters, timestamps and lengths travel as uint64 but stay within int64 everywhere."""
+WEIGHT_MAX = 1_000
+"""A node's vote weight is 1..WEIGHT_MAX."""
 SEAL_ENTRIES_MAX = 4_096
 """A seal is one common prefix of posted queues, so it is bounded like a post."""
 
@@ -96,10 +99,18 @@ def ballot_from_proto(message: common_pb2.Ballot, field: str = "ballot") -> Ball
 
 
 def proposal_to_proto(proposal: ViewProposal) -> common_pb2.ViewProposal:
+    configuration = proposal.configuration
     return common_pb2.ViewProposal(
         view=common_pb2.View(view_no=proposal.view.view_no, members=list(proposal.view.members)),
         seal_start=base_to_proto(proposal.seal_start),
         seal=[meta_to_proto(meta) for meta in proposal.seal],
+        configuration=common_pb2.Configuration(
+            weights=[
+                common_pb2.NodeWeight(node_id=node, weight=weight)
+                for node, weight in configuration.weights
+            ],
+            applied_position=configuration.applied_position,
+        ),
     )
 
 
@@ -113,8 +124,25 @@ def proposal_from_proto(message: common_pb2.ViewProposal, field: str = "proposal
         check_number(message.view.view_no, f"{field}.view.view_no"),
         tuple(check_node_id(m, f"{field}.view.members") for m in message.view.members),
     )
+    weights = message.configuration.weights
+    if len(weights) > MEMBERS_MAX:
+        raise WireError(f"{field}.configuration.weights: more than {MEMBERS_MAX}")
+    configuration = Configuration(
+        tuple(
+            (check_node_id(w.node_id, f"{field}.configuration"), check_weight(w.weight, field))
+            for w in weights
+        ),
+        check_number(message.configuration.applied_position, f"{field}.applied_position"),
+    )
     return ViewProposal(
         view,
         base_from_proto(message.seal_start, f"{field}.seal_start"),
         metas_from_proto(message.seal, f"{field}.seal"),
+        configuration,
     )
+
+
+def check_weight(weight: int, field: str) -> int:
+    if not 1 <= weight <= WEIGHT_MAX:
+        raise WireError(f"{field}: weight {weight} is not within 1..{WEIGHT_MAX}")
+    return weight

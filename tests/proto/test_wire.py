@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from txsync.protocol import (
     GENESIS_TX_ID,
     Ballot,
+    Configuration,
     Limits,
     MergeBase,
     Post,
@@ -162,7 +163,9 @@ def proposals(draw: st.DrawFn) -> ViewProposal:
     seal = tuple(sorted(TxMeta(draw(st.integers(1, 1000)), tx_id, members[0]) for tx_id in ids))
     length = draw(st.integers(0, 10**6))
     start = MergeBase(length, draw(tx_ids)) if length else MergeBase.genesis()
-    return ViewProposal(View(draw(st.integers(1, 2**40)), members), start, seal)
+    weights = {member: draw(st.integers(1, 1000)) for member in members}
+    configuration = Configuration.of(weights, draw(st.integers(0, 10**6)))
+    return ViewProposal(View(draw(st.integers(1, 2**40)), members), start, seal, configuration)
 
 
 @st.composite

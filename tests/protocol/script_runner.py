@@ -19,6 +19,7 @@ Commands (tx and node names are short words; ``t1@3/a`` is tx t1 with ts 3 from 
     body a t1
     tick a 500
     change a                                          (an operator asks for a view change)
+    membership a position=7 node=d weight=1           (a membership entry synced at 7)
     prepare a from=b ballot=1.1.b                     (view_no.attempt.proposer)
     promise a from=b ballot=1.1.a base=0 counter=3 [queue=...] [accepted=1.1.c view=1:a,b
           seal_start=0 seal=t1@1/a]
@@ -28,7 +29,8 @@ Commands (tx and node names are short words; ``t1@3/a`` is tx t1 with ts 3 from 
     refused a from=b ballot=1.1.a view=0 [promised=1.2.c]
     query a from=b view=0
 
-``node`` also takes ``view=1:a,b`` (an installed view, seal empty at genesis).
+``node`` also takes ``view=1:a,b`` (an installed view, seal empty at genesis); views take
+``config=a,b,c=2`` (weights; default: the members, weight 1) and ``applied=N``.
 
 Creating a node steps it once with ``Tick(now)``. Set ``TXSYNC_REWRITE=1`` to rewrite
 the expected blocks from what the core does now (then review the diff by eye).
@@ -43,6 +45,9 @@ from pathlib import Path
 from txsync.protocol import (
     Ballot,
     BodyAcquired,
+    ConfigChange,
+    ConfigChangeSynced,
+    Configuration,
     DurableState,
     Event,
     FetchBody,
@@ -161,9 +166,17 @@ def _ballot(text: str | None) -> Ballot | None:
 
 
 def _proposal(kv: dict[str, str]) -> ViewProposal:
+    """``view=1:a,b`` [``config=a,b,c`` (weight 1 each, or ``a=2``)] [``applied=N``]:
+    the configuration defaults to the members."""
     view_no, members = kv["view"].split(":")
     view = View(int(view_no), tuple(members.split(",")))
-    return ViewProposal(view, _base(kv.get("seal_start", "0")), _metas(kv.get("seal", "")))
+    weights: dict[str, int] = {}
+    for item in kv.get("config", members).split(","):
+        node, _, weight = item.partition("=")
+        weights[node] = int(weight or "1")
+    configuration = Configuration.of(weights, int(kv.get("applied", "0")))
+    seal = _metas(kv.get("seal", ""))
+    return ViewProposal(view, _base(kv.get("seal_start", "0")), seal, configuration)
 
 
 def show_ballot(ballot: Ballot | None) -> str:
@@ -174,10 +187,15 @@ def show_proposal(proposal: ViewProposal | None) -> str:
     if proposal is None:
         return "-"
     view = proposal.view
-    seal = show_metas(proposal.seal)
-    return (
-        f"view={view.view_no}:{','.join(view.members)} seal={show_base(proposal.seal_start)}+{seal}"
-    )
+    shown = f"view={view.view_no}:{','.join(view.members)} "
+    shown += f"seal={show_base(proposal.seal_start)}+{show_metas(proposal.seal)}"
+    configuration = proposal.configuration
+    if configuration.weights != tuple((member, 1) for member in view.members):
+        weights = (n if w == 1 else f"{n}={w}" for n, w in configuration.weights)
+        shown += " config=" + ",".join(weights)
+    if configuration.applied_position:
+        shown += f" applied={configuration.applied_position}"
+    return shown
 
 
 def show_view_message(message: ViewMessage) -> str:
@@ -292,6 +310,9 @@ class ScriptRun:
             event = Tick(self.now[name])
         elif verb == "change":
             event = ViewChangeRequested()
+        elif verb == "membership":
+            change = ConfigChange(kv["node"], int(kv["weight"]))
+            event = ConfigChangeSynced(int(kv["position"]), change)
         elif verb in VIEW_VERBS:
             event = ViewMessageReceived(self._view_message(verb, kv))
         else:

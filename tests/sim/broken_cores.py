@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from txsync.protocol import DurableState, MergeBase, ProtocolNode, TxMeta, ViewPromise
+from txsync.protocol import (
+    DurableState,
+    MergeBase,
+    ProtocolNode,
+    TxMeta,
+    ViewPromise,
+)
 from txsync.protocol.queues import addable_prefix
 
 NO_CUT = 2**62

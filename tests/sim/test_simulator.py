@@ -55,7 +55,10 @@ def test_a_seed_replays_identically() -> None:
 def test_every_fault_mix_quick(mix: str) -> None:
     summary = run_mix(FaultMix.parse(mix), range(25), nodes=3, txs=15)
     assert not summary.failures, summary.failures[0].violation
-    assert summary.synced == 25 * 15
+    if "membership" in mix:  # membership entries are synced too
+        assert summary.synced > 25 * 15
+    else:
+        assert summary.synced == 25 * 15
 
 
 @pytest.mark.slow

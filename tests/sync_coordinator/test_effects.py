@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from txsync.protocol import (
     Ballot,
+    Configuration,
     MergeBase,
     PersistCounter,
     PersistDropIncoming,
@@ -21,7 +22,9 @@ from txsync.protocol import (
 from txsync.sync_coordinator.effects import MergedPersist
 
 T1, T2, T3 = (TxMeta(n, f"00000000-0000-4000-8000-00000000000{n}", "dc2") for n in (1, 2, 3))
-VIEW_1 = ViewProposal(View(1, ("dc1", "dc2")), MergeBase.genesis(), ())
+VIEW_1 = ViewProposal(
+    View(1, ("dc1", "dc2")), MergeBase.genesis(), (), Configuration.of({"dc1": 1, "dc2": 1})
+)
 VOTE = PersistViewVote(Ballot(1, 1, "dc1"), None, None)
 
 

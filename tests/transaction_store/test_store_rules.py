@@ -328,6 +328,9 @@ def _proposal(view_no: int, members: list[str], seal: list[TxMeta]) -> common_pb
         view=common_pb2.View(view_no=view_no, members=members),
         seal_start=common_pb2.MergeBase(synced_len=0, last_tx_id=GENESIS_TX_ID),
         seal=[meta_to_proto(meta) for meta in seal],
+        configuration=common_pb2.Configuration(
+            weights=[common_pb2.NodeWeight(node_id=m, weight=1) for m in members]
+        ),
     )
 
 

@@ -6,6 +6,7 @@ Imports nothing that does I/O, reads a clock or draws random numbers: feed event
 
 from txsync.protocol.events import (
     BodyAcquired,
+    ConfigChangeSynced,
     Event,
     FetchBody,
     LocalTx,
@@ -34,6 +35,8 @@ from txsync.protocol.model import (
     ALLOWED_TRANSITIONS,
     GENESIS_TX_ID,
     Ballot,
+    ConfigChange,
+    Configuration,
     MergeBase,
     Message,
     NodeId,
@@ -63,6 +66,9 @@ __all__ = [
     "MEMBERS_MAX",
     "Ballot",
     "BodyAcquired",
+    "ConfigChange",
+    "ConfigChangeSynced",
+    "Configuration",
     "DurableState",
     "Event",
     "FetchBody",

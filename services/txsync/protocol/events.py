@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from txsync.protocol.model import (
     Ballot,
+    ConfigChange,
     MergeBase,
     NodeId,
     Post,
@@ -68,6 +69,16 @@ class ViewChangeRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigChangeSynced:
+    """A membership entry is in our synced queue at ``position`` (1-based) and its body
+    is held. The caller feeds these in synced order, without gaps, from the installed
+    configuration's ``applied_position`` on (also after a restart)."""
+
+    position: int
+    change: ConfigChange
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     now_ms: int
 
@@ -79,6 +90,7 @@ Event = (
     | BodyAcquired
     | ViewMessageReceived
     | ViewChangeRequested
+    | ConfigChangeSynced
     | Tick
 )
 

@@ -98,13 +98,53 @@ class View:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigChange:
+    """One membership change, ordered as an entry of the synced queue (PROTOCOL.md §3):
+    set ``node``'s vote weight; 0 removes it, and a node not configured yet is added."""
+
+    node: NodeId
+    weight: int
+
+
+@dataclass(frozen=True, slots=True)
+class Configuration:
+    """The configured nodes and their vote weights, and the synced position of the last
+    membership entry it reflects (0: none)."""
+
+    weights: tuple[tuple[NodeId, int], ...]
+    """Sorted by node id; every weight positive."""
+    applied_position: int = 0
+
+    @staticmethod
+    def of(weights: dict[NodeId, int], applied_position: int = 0) -> Configuration:
+        return Configuration(tuple(sorted(weights.items())), applied_position)
+
+    def as_dict(self) -> dict[NodeId, int]:
+        return dict(self.weights)
+
+    def with_change(self, change: ConfigChange, position: int) -> Configuration:
+        """The configuration after the membership entry at ``position``. One that would
+        leave no node changes nothing but still counts as applied."""
+        weights = self.as_dict()
+        if change.weight > 0:
+            weights[change.node] = change.weight
+        else:
+            weights.pop(change.node, None)
+        if not weights:
+            weights = self.as_dict()
+        return Configuration.of(weights, position)
+
+
+@dataclass(frozen=True, slots=True)
 class ViewProposal:
-    """What a view change decides: the new view and the seal, the old view's final synced
-    queue, given as ``seal_start`` (a base every promiser had reached) plus ``seal``."""
+    """What a view change decides: the new view, its configuration, and the seal, the old
+    view's final synced queue, given as ``seal_start`` (a base every promiser had reached)
+    plus ``seal``."""
 
     view: View
     seal_start: MergeBase
     seal: tuple[TxMeta, ...]
+    configuration: Configuration
 
     @property
     def seal_end(self) -> MergeBase:
@@ -113,9 +153,10 @@ class ViewProposal:
         return MergeBase(self.seal_start.synced_len + len(self.seal), self.seal[-1].tx_id)
 
     @staticmethod
-    def initial(members: tuple[NodeId, ...]) -> ViewProposal:
+    def initial(weights: dict[NodeId, int]) -> ViewProposal:
         """View 0: every configured node, starting from the empty synced queue."""
-        return ViewProposal(View(0, tuple(sorted(members))), MergeBase.genesis(), ())
+        view = View(0, tuple(sorted(weights)))
+        return ViewProposal(view, MergeBase.genesis(), (), Configuration.of(weights))
 
 
 @dataclass(frozen=True, slots=True)

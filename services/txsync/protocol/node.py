@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from txsync.protocol.events import (
     BodyAcquired,
     BodyEffect,
+    ConfigChangeSynced,
     Event,
     FetchBody,
     LocalTx,
@@ -69,6 +70,8 @@ from txsync.protocol.events import (
 from txsync.protocol.limits import MEMBERS_MAX, Limits, Timing
 from txsync.protocol.model import (
     Ballot,
+    ConfigChange,
+    Configuration,
     MergeBase,
     NodeId,
     Post,
@@ -174,22 +177,29 @@ class ProtocolNode:
         timing: Timing | None = None,
         weights: Mapping[NodeId, int] | None = None,
     ) -> None:
-        assert node_id in configuration, "a node is part of its own configuration"
-        assert len(set(configuration)) == len(configuration) <= MEMBERS_MAX
+        """``configuration`` and ``weights`` (default 1 each) are the initial configuration,
+        used until a view is installed: from then on the installed view's configuration
+        (changed by membership entries of the synced queue) rules."""
         durable = durable or DurableState()
         self._id = node_id
-        self._weights = dict(weights) if weights is not None else dict.fromkeys(configuration, 1)
-        assert set(self._weights) == set(configuration) and min(self._weights.values()) > 0
-        self._configured = tuple(sorted(configuration))
-        self._rank = self._configured.index(node_id)
         self._limits = limits or Limits()
         self._timing = timing or Timing()
         self._now_ms = now_ms
 
-        self._installed = ViewProposal.initial(self._configured)
+        initial = dict(weights) if weights is not None else dict.fromkeys(configuration, 1)
+        assert set(initial) == set(configuration) and min(initial.values()) > 0
+        assert len(initial) <= MEMBERS_MAX
+        installed = durable.view or ViewProposal.initial(initial)
+        assert durable.view is not None or node_id in initial, "a node starts configured"
+        self._installed = installed
+        self._weights: dict[NodeId, int] = {}
+        self._configured: tuple[NodeId, ...] = ()
+        self._rank = 0
         self._members: tuple[NodeId, ...] = ()
         self._others: tuple[NodeId, ...] = ()
-        self._set_view(durable.view or self._installed)
+        self._set_view(installed)
+        self._config_changes: dict[int, ConfigChange] = {}
+        """Membership changes synced here and not yet in the configuration, by ordinal."""
         self._promised = durable.promised
         self._accepted_ballot = durable.accepted_ballot
         self._accepted = durable.accepted
@@ -198,7 +208,7 @@ class ProtocolNode:
         self._last_vote_ms = now_ms
         self._view_change: _ViewChange | None = None
         self._change_due_ms: int | None = None
-        self._heard_ms = dict.fromkeys(self._configured, now_ms)
+        self._heard_ms: dict[NodeId, int] = dict.fromkeys(self._configured, now_ms)
         self._view_answered_ms: dict[NodeId, int] = {}
 
         self._counter = durable.counter
@@ -332,6 +342,8 @@ class ProtocolNode:
                 self._on_view_message(message)
             case ViewChangeRequested():
                 self._change_due_ms = self._now_ms
+            case ConfigChangeSynced(position, change):
+                self._on_config_change(position, change)
         self._run_timers()
         fx = self._fx
         if self._counter != self._persisted_counter:
@@ -512,6 +524,11 @@ class ProtocolNode:
         )
         self._posts[self._id] = post
         self._fx.messages.extend(SendPost(peer, post) for peer in self._others)
+        if self._id not in self._weights:
+            # Not (or no longer) configured: nobody takes our posts, but whoever installed
+            # a newer view tells us about it (we may have been added meanwhile).
+            for peer in self._configured:
+                self._send_view_answer(peer, ViewQuery(self._id, self.view_no))
         self._dirty = False
         self._asks_catch_up = False
         self._last_post_ms = self._now_ms
@@ -687,12 +704,24 @@ class ProtocolNode:
 
     def _set_view(self, installed: ViewProposal) -> None:
         self._installed = installed
+        self._weights = installed.configuration.as_dict()
+        self._configured = tuple(sorted(self._weights))
+        configured = self._id in self._weights
+        self._rank = self._configured.index(self._id) if configured else 0
         self._members = installed.view.members
         # A member posts to the other members; an excluded node posts to all members, to
-        # be served catch-up and, once caught up, to be taken back.
-        self._others = tuple(m for m in self._members if m != self._id)
+        # be served catch-up and, once caught up, to be taken back. A node removed from
+        # the configuration falls silent.
+        others = tuple(m for m in self._members if m != self._id)
+        self._others = others if configured else ()
 
     def _on_view_message(self, message: ViewMessage) -> None:
+        if isinstance(message, ViewQuery) and message.sender != self._id:
+            # Anyone may ask which view is current: a node just added to the
+            # configuration (or removed from it) learns that way where it stands.
+            if message.view_no < self.view_no:
+                self._send_install(message.sender)
+            return
         if not self._is_peer(message.sender, type(message).__name__):
             return
         match message:
@@ -706,16 +735,13 @@ class ProtocolNode:
                 self._on_accepted(sender, ballot)
             case ViewInstall(sender, proposal):
                 if proposal.view.view_no > self.view_no:
-                    problem = proposal_problem(proposal, self._weights, self._limits)
+                    problem = proposal_problem(proposal, self._limits, None)
                     if problem is not None:
                         self._reject(f"install from {sender}", problem)
                         return
                     self._install(proposal, source=sender)
             case ViewRefused(sender, ballot, view_no, promised):
                 self._on_refused(sender, ballot, view_no, promised)
-            case ViewQuery(sender, view_no):
-                if view_no < self.view_no:
-                    self._send_install(sender)
 
     def _ballot_is_for_next_view(self, sender: NodeId, ballot: Ballot) -> bool:
         """Paxos runs one instance per view number: only the next view's ballots count.
@@ -746,7 +772,7 @@ class ProtocolNode:
             refusal = ViewRefused(self._id, ballot, self.view_no, self._promised)
             self._fx.messages.append(SendViewMessage(sender, refusal))
             return
-        problem = proposal_problem(proposal, self._weights, self._limits)
+        problem = proposal_problem(proposal, self._limits, self._installed.configuration)
         if problem is None and proposal.view.view_no != ballot.view_no:
             problem = f"proposal for view {proposal.view.view_no} under ballot {ballot}"
         if problem is not None:
@@ -849,7 +875,11 @@ class ProtocolNode:
                 self._weights,
                 self._limits.catchup_entries_max,
             )
-            proposal = ViewProposal(View(change.ballot.view_no, members), start, seal)
+            configuration = self._next_configuration(members)
+            weights = configuration.as_dict()
+            members = tuple(m for m in members if m in weights)
+            view = View(change.ballot.view_no, members)
+            proposal = ViewProposal(view, start, seal, configuration)
         change.proposal = proposal
         change.accepted_by = {self._id}
         change.last_sent_ms = self._now_ms
@@ -870,9 +900,9 @@ class ProtocolNode:
         change.accepted_by.add(sender)
         if is_weight_majority(change.accepted_by, self._weights):
             proposal = change.proposal
-            for peer in self._configured:
-                if peer != self._id:
-                    self._fx.messages.append(SendViewMessage(peer, ViewInstall(self._id, proposal)))
+            told = {*self._configured, *proposal.configuration.as_dict()} - {self._id}
+            for peer in sorted(told):
+                self._fx.messages.append(SendViewMessage(peer, ViewInstall(self._id, proposal)))
             self._install(proposal, source=None)
 
     def _install(self, proposal: ViewProposal, *, source: NodeId | None) -> None:
@@ -913,14 +943,21 @@ class ProtocolNode:
             for tx_id in dropped:
                 self._drop_fetch(tx_id)
             self._fx.persist.append(PersistDropIncoming(dropped))
+        applied_before = self._installed.configuration.applied_position
         self._fx.persist.append(PersistView(proposal))
         self._set_view(proposal)
+        applied = proposal.configuration.applied_position
+        self._config_changes = {n: c for n, c in self._config_changes.items() if n > applied}
+        self._change_due_ms = None
+        if applied > applied_before and self._config_changes and self.is_member:
+            # The next membership change, one view change later. (One that had to wait
+            # for a majority waits for the next view change for any other reason.)
+            self._change_due_ms = self._now_ms + self._stagger_ms()
         self._promised = None
         self._accepted_ballot = None
         self._accepted = None
         self._frozen_since_ms = None
         self._view_change = None
-        self._change_due_ms = None
         self._heard_ms = dict.fromkeys(self._configured, self._now_ms)
         self._posts = {}
         self._ahead_posts = {}
@@ -929,6 +966,33 @@ class ProtocolNode:
         self._mode = Mode.BUSY
         self._in_round = False
         self._start_round()
+
+    def _on_config_change(self, position: int, change: ConfigChange) -> None:
+        """A membership entry is synced here: the next view change applies it (one per
+        view change, in synced order). Operators are refused a new change while one
+        waits, which bounds what is kept here."""
+        if position <= self._installed.configuration.applied_position:
+            return
+        first = not self._config_changes
+        self._config_changes[position] = change
+        if first and self._view_change is None:
+            due = self._now_ms + self._stagger_ms()
+            if self._change_due_ms is None or due < self._change_due_ms:
+                self._change_due_ms = due
+
+    def _next_configuration(self, members: Sequence[NodeId]) -> Configuration:
+        """The configuration of the next view: the current one with the next pending
+        membership change, unless that would leave ``members`` without a weight majority
+        (an added node joins later, as any excluded node does, once it has caught up)."""
+        current = self._installed.configuration
+        if not self._config_changes:
+            return current
+        position = min(self._config_changes)
+        candidate = current.with_change(self._config_changes[position], position)
+        weights = candidate.as_dict()
+        if not is_weight_majority([m for m in members if m in weights], weights):
+            return current
+        return candidate
 
     def _consider_rejoin(self, post: Post) -> None:
         """An excluded node that has caught up is taken back by the next view change

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from txsync.protocol.limits import Limits
+from txsync.protocol.limits import MEMBERS_MAX, Limits
 from txsync.protocol.model import (
+    Configuration,
     MergeBase,
     NodeId,
     TxMeta,
@@ -89,9 +90,17 @@ def new_members(
 
 
 def proposal_problem(
-    proposal: ViewProposal, weights: Mapping[NodeId, int], limits: Limits
+    proposal: ViewProposal, limits: Limits, current: Configuration | None
 ) -> str | None:
-    """Why a proposal or install must be refused, or None if it is well-formed."""
+    """Why a proposal or install must be refused, or None if it is well-formed. With
+    ``current`` (the acceptor's configuration; an accept, not an install) it must also be
+    the same configuration or the next one, at most one node's weight apart."""
+    configuration = proposal.configuration
+    weights = configuration.as_dict()
+    if len(weights) != len(configuration.weights) or len(weights) > MEMBERS_MAX:
+        return f"configuration repeats a node or holds more than {MEMBERS_MAX}"
+    if list(weights) != sorted(weights) or min(weights.values(), default=0) <= 0:
+        return "configuration not sorted, empty, or with a weight below 1"
     members = proposal.view.members
     if list(members) != sorted(set(members)):
         return "members not sorted and unique"
@@ -104,6 +113,12 @@ def proposal_problem(
         return "view number or seal start out of range"
     if len(proposal.seal) > limits.post_txs_max:
         return f"{len(proposal.seal)} seal entries exceed post_txs_max={limits.post_txs_max}"
+    if current is not None:
+        moved = configuration.applied_position - current.applied_position
+        before = current.as_dict()
+        differing = {n for n in {*before, *weights} if before.get(n) != weights.get(n)}
+        if moved < 0 or len(differing) > (1 if moved else 0):
+            return "configuration is neither ours nor ours with one later membership change"
     return sorted_metas_problem(proposal.seal, None)
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from txsync.protocol import (
     Ballot,
     BodyAcquired,
+    ConfigChange,
+    ConfigChangeSynced,
     DurableState,
     Event,
     FetchBody,
@@ -127,6 +129,8 @@ class _SimNode:
     core: ProtocolNode | None
     tick_at: int | None = None
     torn_crash_pending: bool = False
+    fed_position: int = 0
+    """Synced positions scanned for membership entries (the shell's follower)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +166,11 @@ class _Submit:
 
 
 @dataclass(frozen=True, slots=True)
+class _ChangeMembership:
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Crash:
     node: NodeId
     torn: bool
@@ -184,7 +193,9 @@ class _Heal:
 
 
 _NetworkEvent = _Deliver | _DeliverBody | _FetchRequest
-_SimEvent = _NetworkEvent | _Timer | _Submit | _Crash | _Restart | _Partition | _Heal
+_SimEvent = (
+    _NetworkEvent | _Timer | _Submit | _ChangeMembership | _Crash | _Restart | _Partition | _Heal
+)
 
 
 @dataclass(slots=True)
@@ -208,11 +219,17 @@ class Simulation:
         self.stats = SimStats()
         self._rng = random.Random(config.seed)
         self._factory = node_factory
-        self._ids = tuple(f"dc{index + 1}" for index in range(config.nodes))
+        self._initial = tuple(f"dc{index + 1}" for index in range(config.nodes))
+        spare = (f"dc{config.nodes + 1}",) if config.faults.membership else ()
+        self._ids = self._initial + spare
+        """Every node; with membership changes one spare starts unconfigured."""
+        self._membership: dict[TxId, ConfigChange] = {}
         self._now = 0
         self._heap: list[tuple[int, int, _SimEvent]] = []
         self._seq = 0
         self._nodes = {node: _SimNode(node, _Durable(), None) for node in self._ids}
+        for node in spare:  # it knows the configuration it is not part of yet
+            self._nodes[node].durable.view = ViewProposal.initial(dict.fromkeys(self._initial, 1))
         self._blocked: frozenset[tuple[NodeId, NodeId]] = frozenset()
         self._link_clock: dict[tuple[NodeId, NodeId], int] = {}
         self._faults_on = True
@@ -246,19 +263,27 @@ class Simulation:
                 raise InvariantViolation(5, f"no convergence within {STEPS_MAX} steps")
             self._handle(event)
             if at >= heal_at and self._converged():
-                self.checker.check_converged(self._ids)
+                self.checker.check_converged(self._configured(), self._configured())
                 self.stats.end_ms = at
                 self.stats.synced = self.checker.reference_len
                 self.stats.acked = len(self.checker.acked)
                 return self.stats
-        self.checker.check_converged(self._ids)
+        self.checker.check_converged(self._configured(), self._configured())
         raise InvariantViolation(5, f"not converged {config.liveness_bound_ms} ms after healing")
+
+    def _configured(self) -> tuple[NodeId, ...]:
+        """The nodes of the newest installed configuration: those that must converge."""
+        latest = self.checker.latest_view
+        if latest is None:
+            return self._initial
+        return tuple(node for node, _ in latest.configuration.weights)
 
     def _converged(self) -> bool:
         if len(self.checker.acked) < self.config.txs:
             return False
         target = self.checker.reference_len
-        for sim_node in self._nodes.values():
+        for node in self._configured():
+            sim_node = self._nodes[node]
             core = sim_node.core
             if core is None or core.merge_base.synced_len != target or core.incoming_metas():
                 return False
@@ -272,6 +297,9 @@ class Simulation:
             for _ in range(rng.randint(1, 2 * len(self._ids))):
                 node = rng.choice(self._ids)
                 self._at(rng.randrange(window), _Crash(node, torn=rng.random() < 0.4))
+        if faults.membership:
+            for _ in range(rng.randint(1, 3)):
+                self._at(rng.randrange(window), _ChangeMembership(0))
         if len(self._ids) < 2:
             return
         if faults.partition:
@@ -339,6 +367,8 @@ class Simulation:
                     self._send(_DeliverBody(sender, to, tx_id))
             case _Submit(tx_id, attempt):
                 self._submit(tx_id, attempt)
+            case _ChangeMembership(attempt):
+                self._change_membership(attempt)
             case _Crash(node, torn):
                 if self._faults_on and self._nodes[node].core is not None:
                     if torn:
@@ -362,7 +392,7 @@ class Simulation:
                             self._start(node)
 
     def _submit(self, tx_id: TxId, attempt: int) -> None:
-        up = [node for node in self._ids if self._nodes[node].core is not None]
+        up = [node for node in self._configured() if self._nodes[node].core is not None]
         if not up:
             self._at(self._now + 50, _Submit(tx_id, attempt + 1))
             return
@@ -372,12 +402,52 @@ class Simulation:
         if ready is not None and ready.rejections:
             self._at(self._now + 50, _Submit(tx_id, attempt + 1))
 
+    def _change_membership(self, attempt: int) -> None:
+        """An operator's membership entry at a configured node that is up: add the spare,
+        else remove a node (keeping three), else change a weight."""
+        configured = self._configured()
+        up = [node for node in configured if self._nodes[node].core is not None]
+        if not up:
+            self._at(self._now + 50, _ChangeMembership(attempt + 1))
+            return
+        rng = self._rng
+        spare = [node for node in self._ids if node not in configured and node not in self._initial]
+        if spare:
+            change = ConfigChange(spare[0], 1)
+        elif len(configured) > 3:
+            change = ConfigChange(rng.choice(configured), 0)
+        else:
+            change = ConfigChange(rng.choice(configured), rng.choice((1, 2)))
+        tx_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        self._membership[tx_id] = change
+        node = rng.choice(up)
+        self._nodes[node].durable.bodies.add(tx_id)
+        ready = self._step(node, LocalTx(tx_id))
+        if ready is not None and ready.rejections:
+            self._at(self._now + 50, _ChangeMembership(attempt + 1))
+
+    def _feed_membership(self, node: NodeId) -> None:
+        """What the coordinator's follower does: in synced order, without gaps, tell the
+        core of each membership entry whose body is held."""
+        sim_node = self._nodes[node]
+        durable = sim_node.durable
+        while sim_node.core is not None and sim_node.fed_position < len(durable.synced):
+            meta = durable.synced[sim_node.fed_position]
+            if meta.tx_id not in durable.bodies:
+                return
+            sim_node.fed_position += 1
+            change = self._membership.get(meta.tx_id)
+            if change is not None:
+                self._step(node, ConfigChangeSynced(sim_node.fed_position, change))
+
     def _start(self, node: NodeId) -> None:
         sim_node = self._nodes[node]
         sim_node.durable.epoch += 1
+        view = sim_node.durable.view
+        sim_node.fed_position = view.configuration.applied_position if view is not None else 0
         sim_node.core = self._factory(
             node,
-            self._ids,
+            self._initial,
             now_ms=self._now,
             durable=sim_node.durable.restore(),
             limits=SIM_LIMITS,
@@ -419,6 +489,8 @@ class Simulation:
         )
         if ready.next_tick_ms is not None:
             self._arm_timer(sim_node, ready.next_tick_ms)
+        if self._membership and not isinstance(event, ConfigChangeSynced):
+            self._feed_membership(node)
         return ready
 
     def _apply_durable(self, node: NodeId, ready: Ready) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-FAULT_NAMES = ("delay", "drop", "duplicate", "reorder", "partition", "flap", "crash")
+FAULT_NAMES = (
+    "delay", "drop", "duplicate", "reorder", "partition", "flap", "crash", "membership",
+)  # fmt: skip
 
 DEFAULT_MIXES = (
     "none",
@@ -17,6 +19,8 @@ DEFAULT_MIXES = (
     "crash",
     "delay,drop,duplicate,reorder,crash",
     "delay,drop,duplicate,reorder,partition,flap,crash",
+    "membership",
+    "delay,drop,duplicate,reorder,partition,flap,crash,membership",
 )
 """What ``txsync sim`` runs when no ``--faults`` is given: each fault alone, then together."""
 
@@ -38,6 +42,9 @@ class FaultMix:
     """Links flap every 10-60 ms: a single link cut one way, or a split, then healed."""
     crash: bool = False
     """Nodes crash (some between their durable writes and their sends) and restart."""
+    membership: bool = False
+    """Operators change the configuration through membership entries: a spare node is
+    added, configured nodes are removed (never below three) or change weight."""
 
     @staticmethod
     def parse(text: str) -> FaultMix:

@@ -40,6 +40,7 @@ class InvariantChecker:
         self._acked_pending: dict[NodeId, set[TxId]] = {n: set() for n in self._synced_ids}
         self.acked: dict[TxId, NodeId] = {}
         self._views: dict[int, ViewProposal] = {}
+        self.latest_view: ViewProposal | None = None
         self._view_no: dict[NodeId, int] = {n: 0 for n in self._synced_ids}
 
     @property
@@ -107,6 +108,8 @@ class InvariantChecker:
             )
         self._view_no[node] = view_no
         known = self._views.setdefault(view_no, installed)
+        if self.latest_view is None or view_no > self.latest_view.view.view_no:
+            self.latest_view = installed
         if known != installed:
             raise InvariantViolation(
                 8, f"view {view_no}: {node} installed {installed}, not {known}"
@@ -143,14 +146,23 @@ class InvariantChecker:
         if lost is not None:
             raise InvariantViolation(3, f"origin {node} dropped acknowledged tx {lost} unsynced")
 
-    def check_converged(self, nodes: Iterable[NodeId]) -> None:
-        """After healing: every acknowledged tx is synced at every node, at one position."""
+    def check_converged(self, nodes: Iterable[NodeId], origins: Collection[NodeId]) -> None:
+        """After healing: every tx acknowledged at one of ``origins`` (the configured
+        nodes: a removed node's unsynced transactions leave with it) is synced at every
+        one of ``nodes``, at one position."""
         for node in nodes:
             if self._synced_len[node] != len(self._reference):
                 raise InvariantViolation(
                     5, f"{node} has {self._synced_len[node]} of {len(self._reference)} synced"
                 )
-            missing = next((tx for tx in self.acked if tx not in self._synced_ids[node]), None)
+            missing = next(
+                (
+                    tx
+                    for tx, origin in self.acked.items()
+                    if origin in origins and tx not in self._synced_ids[node]
+                ),
+                None,
+            )
             if missing is not None:
                 raise InvariantViolation(3, f"acknowledged tx {missing} never synced at {node}")
 

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from grpc_health.v1.health_pb2 import HealthCheckResponse
 
+from txsync.codec import WEIGHT_MAX
 from txsync.protocol import MEMBERS_MAX, Limits, QuorumState, Timing
 from txsync.rpc import (
     add_health_and_reflection,
@@ -144,9 +145,6 @@ def _peer(text: str) -> tuple[str, str]:
     except WireError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return node_id, address
-
-
-WEIGHT_MAX = 1_000
 
 
 def _weight(text: str) -> tuple[str, int]:

@@ -197,6 +197,7 @@ class ViewProposal(_message.Message):
     VIEW_FIELD_NUMBER: _builtins.int
     SEAL_START_FIELD_NUMBER: _builtins.int
     SEAL_FIELD_NUMBER: _builtins.int
+    CONFIGURATION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def view(self) -> Global___View: ...
     @_builtins.property
@@ -205,24 +206,128 @@ class ViewProposal(_message.Message):
     def seal(self) -> _containers.RepeatedCompositeFieldContainer[Global___TxMeta]:
         """At most 4096 entries."""
 
+    @_builtins.property
+    def configuration(self) -> Global___Configuration:
+        """The configuration from this view on."""
+
     def __init__(
         self,
         *,
         view: Global___View | None = ...,
         seal_start: Global___MergeBase | None = ...,
         seal: _abc.Iterable[Global___TxMeta] | None = ...,
+        configuration: Global___Configuration | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "seal_start", b"seal_start", "view", b"view"
+        "configuration", b"configuration", "seal_start", b"seal_start", "view", b"view"
     ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "seal", b"seal", "seal_start", b"seal_start", "view", b"view"
+        "configuration",
+        b"configuration",
+        "seal",
+        b"seal",
+        "seal_start",
+        b"seal_start",
+        "view",
+        b"view",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ViewProposal: _TypeAlias = ViewProposal  # noqa: Y015
+
+@_typing.final
+class Configuration(_message.Message):
+    """The configured nodes (at most 16, sorted by node id) with their vote weights."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEIGHTS_FIELD_NUMBER: _builtins.int
+    APPLIED_POSITION_FIELD_NUMBER: _builtins.int
+    applied_position: _builtins.int
+    """Synced position of the last membership entry this configuration reflects (0: none)."""
+    @_builtins.property
+    def weights(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___NodeWeight]: ...
+    def __init__(
+        self,
+        *,
+        weights: _abc.Iterable[Global___NodeWeight] | None = ...,
+        applied_position: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "applied_position", b"applied_position", "weights", b"weights"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Configuration: _TypeAlias = Configuration  # noqa: Y015
+
+@_typing.final
+class NodeWeight(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    weight: _builtins.int
+    """1 to 1000."""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        weight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "node_id", b"node_id", "weight", b"weight"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeWeight: _TypeAlias = NodeWeight  # noqa: Y015
+
+@_typing.final
+class MembershipChange(_message.Message):
+    """A membership entry (PROTOCOL.md §3): a transaction whose body carries this instead of
+    statements is ordered like any other and changes the configuration at the next view
+    change. Weight 0 removes the node; a node not configured yet is added.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    WITNESS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    weight: _builtins.int
+    url: _builtins.str
+    """host:port of the node's PeerService (needed to add it)."""
+    witness: _builtins.bool
+    """A witness votes and relays but applies nothing."""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        weight: _builtins.int = ...,
+        url: _builtins.str = ...,
+        witness: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "node_id", b"node_id", "url", b"url", "weight", b"weight", "witness", b"witness"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MembershipChange: _TypeAlias = MembershipChange  # noqa: Y015
 
 @_typing.final
 class SqlValue(_message.Message):
@@ -327,6 +432,7 @@ class TxBody(_message.Message):
 
     STATEMENTS_FIELD_NUMBER: _builtins.int
     LABEL_FIELD_NUMBER: _builtins.int
+    MEMBERSHIP_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """Free-form client label kept with the transaction (at most 256 bytes)."""
     @_builtins.property
@@ -335,16 +441,21 @@ class TxBody(_message.Message):
     ) -> _containers.RepeatedCompositeFieldContainer[Global___Statement]:
         """1 to 1000 statements; the encoded body is at most 4 MiB."""
 
+    @_builtins.property
+    def membership(self) -> Global___MembershipChange:
+        """Set (and no statements) for a membership entry; only the admin API submits these."""
+
     def __init__(
         self,
         *,
         statements: _abc.Iterable[Global___Statement] | None = ...,
         label: _builtins.str = ...,
+        membership: Global___MembershipChange | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["membership", b"membership"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "label", b"label", "statements", b"statements"
+        "label", b"label", "membership", b"membership", "statements", b"statements"
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
