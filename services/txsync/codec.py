@@ -25,6 +25,7 @@ from txsync.v1 import common_pb2
 NODE_ID_CHARS_MAX = 63
 COUNTER_MAX = 2**63 - 1
 """Counters, timestamps and lengths travel as uint64 but stay within int64 everywhere."""
+URL_CHARS_MAX = 255
 WEIGHT_MAX = 1_000
 """A node's vote weight is 1..WEIGHT_MAX."""
 SEAL_ENTRIES_MAX = 4_096
@@ -100,13 +101,14 @@ def ballot_from_proto(message: common_pb2.Ballot, field: str = "ballot") -> Ball
 
 def proposal_to_proto(proposal: ViewProposal) -> common_pb2.ViewProposal:
     configuration = proposal.configuration
+    urls = dict(configuration.addresses)
     return common_pb2.ViewProposal(
         view=common_pb2.View(view_no=proposal.view.view_no, members=list(proposal.view.members)),
         seal_start=base_to_proto(proposal.seal_start),
         seal=[meta_to_proto(meta) for meta in proposal.seal],
         configuration=common_pb2.Configuration(
             weights=[
-                common_pb2.NodeWeight(node_id=node, weight=weight)
+                common_pb2.NodeWeight(node_id=node, weight=weight, url=urls.get(node, ""))
                 for node, weight in configuration.weights
             ],
             applied_position=configuration.applied_position,
@@ -133,6 +135,7 @@ def proposal_from_proto(message: common_pb2.ViewProposal, field: str = "proposal
             for w in weights
         ),
         check_number(message.configuration.applied_position, f"{field}.applied_position"),
+        tuple((w.node_id, check_url(w.url, field)) for w in weights if w.url),
     )
     return ViewProposal(
         view,
@@ -140,6 +143,12 @@ def proposal_from_proto(message: common_pb2.ViewProposal, field: str = "proposal
         metas_from_proto(message.seal, f"{field}.seal"),
         configuration,
     )
+
+
+def check_url(url: str, field: str) -> str:
+    if len(url) > URL_CHARS_MAX or (url and ":" not in url):
+        raise WireError(f"{field}: {url[:40]!r} is not host:port of at most {URL_CHARS_MAX}")
+    return url
 
 
 def check_weight(weight: int, field: str) -> int:

@@ -44,11 +44,14 @@ class LocalCluster:
         tls_dir: Path | None = None,
         names: list[str] | None = None,
         store_args: dict[str, tuple[str, ...]] | None = None,
+        joining: frozenset[str] = frozenset(),
     ) -> None:
         """``one_way_delay_ms`` None: coordinators talk directly; else through the link
         emulator with that one-way delay on every directed link. ``tls_dir``: mutual TLS
         with the certificates there (scripts/dev_ca.py); None: plaintext. ``names``: node
-        ids (default dc1..dcN); ``store_args``: extra flags for some nodes' stores."""
+        ids (default dc1..dcN); ``store_args``: extra flags for some nodes' stores;
+        ``joining``: nodes outside the initial configuration (started with --join; the
+        others do not list them)."""
         ids = names or [f"dc{n + 1}" for n in range(size)]
         assert len(ids) == size
         ports = {node: free_port() for node in ids}
@@ -69,6 +72,7 @@ class LocalCluster:
                 coordinator_args=coordinator_args,
                 tls_dir=tls_dir,
                 store_args=store_args or {},
+                joining=joining,
             )
         except BaseException:
             self.stop()  # do not leave half a cluster running
@@ -84,13 +88,15 @@ class LocalCluster:
         coordinator_args: tuple[str, ...],
         tls_dir: Path | None,
         store_args: dict[str, tuple[str, ...]],
+        joining: frozenset[str],
     ) -> None:
+        self.ports = ports
         for node in ids:
             store = transaction_store(
                 root / node, node, *store_args.get(node, ()), port=free_port()
             )
             store.start()
-            peers = {p: dial[(node, p)] for p in ids if p != node}
+            peers = {p: dial[(node, p)] for p in ids if p != node and p not in joining}
             security: tuple[str, ...] = ("--plaintext",)
             if tls_dir is not None:
                 security = (
@@ -98,9 +104,10 @@ class LocalCluster:
                     "--tls-cert", str(tls_dir / f"{node}.pem"),
                     "--tls-key", str(tls_dir / f"{node}.key"),
                 )  # fmt: skip
+            join = ("--join",) if node in joining else ()
             coordinator = sync_coordinator(
                 root / node, node, store.address, ports[node], peers, *security,
-                *coordinator_args,
+                *coordinator_args, *join,
             )  # fmt: skip
             self.dcs.append(Dc(node, store, coordinator))
         for dc in self.dcs:

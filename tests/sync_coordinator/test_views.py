@@ -13,9 +13,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.support.cluster import LocalCluster, submit_at
+from tests.support.cluster import Dc, LocalCluster, submit_at
 from txsync.rpc import health_status
-from txsync.v1 import admin_pb2, client_pb2, client_pb2_grpc, common_pb2
+from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2, peer_pb2
 
 VIEW_ARGS = (
     "--round-timeout-ms", "300",
@@ -144,3 +144,55 @@ def test_a_witness_refuses_client_transactions(with_witness: LocalCluster) -> No
             stub.Submit(client_pb2.SubmitRequest(body=body))
     assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "witness" in (refused.value.details() or "")
+
+
+def _change_membership(dc: Dc, request: admin_pb2.ChangeMembershipRequest) -> str:
+    with grpc.insecure_channel(dc.store.address) as channel:
+        answer = admin_pb2_grpc.AdminServiceStub(channel).ChangeMembership(request, timeout=5)
+        return answer.tx_id
+
+
+def _configured(cluster: LocalCluster, dc: Dc) -> list[str]:
+    status = cluster.status(dc)
+    return sorted([status.node_id, *(peer.member.node_id for peer in status.peers)])
+
+
+def test_membership_entries_add_a_node_then_remove_one(tmp_path: Path) -> None:
+    cluster = LocalCluster(
+        tmp_path,
+        4,
+        coordinator_args=VIEW_ARGS,
+        names=["dc1", "dc2", "dc3", "dc4"],
+        joining=frozenset({"dc4"}),
+    )
+    try:
+        dc1, dc2, dc3, dc4 = cluster.dcs
+        acked: list[str] = []
+        lock = threading.Lock()
+        submit_at(dc1, 5, acked, lock)
+        cluster.wait_converged(set(acked), [dc1, dc2, dc3])
+        assert cluster.status(dc4).quorum == admin_pb2.QUORUM_STATE_MINORITY  # not added yet
+
+        add = peer_pb2.Member(node_id="dc4", url=f"127.0.0.1:{cluster.ports['dc4']}")
+        acked.append(_change_membership(dc1, admin_pb2.ChangeMembershipRequest(add=add)))
+        everyone = ["dc1", "dc2", "dc3", "dc4"]
+        cluster.wait_for(
+            "dc4 is added, catches up and becomes a member",
+            lambda: all(list(cluster.status(dc).view.members) == everyone for dc in cluster.dcs),
+        )
+        submit_at(dc4, 5, acked, lock)
+        cluster.wait_converged(set(acked))
+
+        remove = admin_pb2.ChangeMembershipRequest(remove_node_id="dc3")
+        acked.append(_change_membership(dc2, remove))  # ordered like any transaction
+        survivors = [dc1, dc2, dc4]
+        cluster.wait_for(
+            "dc3 is removed from every survivor's configuration",
+            lambda: all(_configured(cluster, dc) == ["dc1", "dc2", "dc4"] for dc in survivors),
+        )
+        dc3.coordinator.terminate()  # a removed DC can be shut down: the others go on
+        dc3.store.terminate()
+        submit_at(dc2, 5, acked, lock)
+        cluster.wait_converged(set(acked), survivors)
+    finally:
+        cluster.stop()

@@ -394,3 +394,43 @@ def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: 
         assert kept.body_held and kept.meta is None, "a held body outlives its forgotten meta"
 
     _run(tmp_path, after_restart)
+
+
+def test_membership_entries_come_one_at_a_time_and_only_from_the_admin_api(
+    tmp_path: Path,
+) -> None:
+    change = common_pb2.MembershipChange(node_id="dc4", weight=1, url="127.0.0.1:7401")
+
+    async def scenario(store: TransactionStore) -> None:
+        with pytest.raises(StoreError, match="admin API") as refused:
+            await store.submit(common_pb2.TxBody(membership=change))
+        assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        first = await store.change_membership(change)
+        assert store.get(first.tx_id).membership
+        with pytest.raises(StoreError, match="one change at a time") as waiting:
+            await store.change_membership(common_pb2.MembershipChange(node_id="dc3"))
+        assert waiting.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        meta = await _sync_local(store, first.tx_id, 1)
+        with pytest.raises(StoreError, match="one change at a time"):  # synced, not applied
+            await store.change_membership(common_pb2.MembershipChange(node_id="dc3"))
+        applied = _proposal(1, ["dc1"], [])
+        applied.configuration.applied_position = 1
+        await store.persist_step(
+            counter=0, incoming=[], synced_start=None, synced=[], changes=[], service="sc",
+            installed_view=applied,
+        )  # fmt: skip
+        await store.change_membership(common_pb2.MembershipChange(node_id="dc3"))
+        followed = store.follow_enqueued(1, membership_only=True)
+        position, record = await anext(followed)
+        assert (position, record.tx_id) == (1, meta.tx_id)
+        await followed.aclose()
+        for bad in (
+            common_pb2.MembershipChange(node_id="", weight=1),
+            common_pb2.MembershipChange(node_id="dc5", weight=5_000),
+            common_pb2.MembershipChange(node_id="dc5", weight=1, url="no-port"),
+        ):
+            with pytest.raises(StoreError) as invalid_change:
+                await store.change_membership(bad)
+            assert invalid_change.value.code is grpc.StatusCode.INVALID_ARGUMENT
+
+    _run(tmp_path, scenario)

@@ -104,6 +104,8 @@ class ConfigChange:
 
     node: NodeId
     weight: int
+    address: str = ""
+    """Where the node answers (opaque to the core; kept if empty)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +116,17 @@ class Configuration:
     weights: tuple[tuple[NodeId, int], ...]
     """Sorted by node id; every weight positive."""
     applied_position: int = 0
+    addresses: tuple[tuple[NodeId, str], ...] = ()
+    """Where each node answers, for the services (the core only carries it along)."""
 
     @staticmethod
-    def of(weights: dict[NodeId, int], applied_position: int = 0) -> Configuration:
-        return Configuration(tuple(sorted(weights.items())), applied_position)
+    def of(
+        weights: dict[NodeId, int],
+        applied_position: int = 0,
+        addresses: dict[NodeId, str] | None = None,
+    ) -> Configuration:
+        known = sorted((n, a) for n, a in (addresses or {}).items() if n in weights and a)
+        return Configuration(tuple(sorted(weights.items())), applied_position, tuple(known))
 
     def as_dict(self) -> dict[NodeId, int]:
         return dict(self.weights)
@@ -125,14 +134,16 @@ class Configuration:
     def with_change(self, change: ConfigChange, position: int) -> Configuration:
         """The configuration after the membership entry at ``position``. One that would
         leave no node changes nothing but still counts as applied."""
-        weights = self.as_dict()
+        weights, addresses = self.as_dict(), dict(self.addresses)
         if change.weight > 0:
             weights[change.node] = change.weight
+            if change.address:
+                addresses[change.node] = change.address
         else:
             weights.pop(change.node, None)
         if not weights:
             weights = self.as_dict()
-        return Configuration.of(weights, position)
+        return Configuration.of(weights, position, addresses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +164,13 @@ class ViewProposal:
         return MergeBase(self.seal_start.synced_len + len(self.seal), self.seal[-1].tx_id)
 
     @staticmethod
-    def initial(weights: dict[NodeId, int]) -> ViewProposal:
+    def initial(
+        weights: dict[NodeId, int], addresses: dict[NodeId, str] | None = None
+    ) -> ViewProposal:
         """View 0: every configured node, starting from the empty synced queue."""
         view = View(0, tuple(sorted(weights)))
-        return ViewProposal(view, MergeBase.genesis(), (), Configuration.of(weights))
+        configuration = Configuration.of(weights, 0, addresses)
+        return ViewProposal(view, MergeBase.genesis(), (), configuration)
 
 
 @dataclass(frozen=True, slots=True)

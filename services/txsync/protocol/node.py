@@ -176,10 +176,12 @@ class ProtocolNode:
         limits: Limits | None = None,
         timing: Timing | None = None,
         weights: Mapping[NodeId, int] | None = None,
+        addresses: Mapping[NodeId, str] | None = None,
     ) -> None:
         """``configuration`` and ``weights`` (default 1 each) are the initial configuration,
         used until a view is installed: from then on the installed view's configuration
-        (changed by membership entries of the synced queue) rules."""
+        (changed by membership entries of the synced queue) rules. A node joining an
+        existing cluster starts outside its configuration and asks for the current view."""
         durable = durable or DurableState()
         self._id = node_id
         self._limits = limits or Limits()
@@ -189,8 +191,7 @@ class ProtocolNode:
         initial = dict(weights) if weights is not None else dict.fromkeys(configuration, 1)
         assert set(initial) == set(configuration) and min(initial.values()) > 0
         assert len(initial) <= MEMBERS_MAX
-        installed = durable.view or ViewProposal.initial(initial)
-        assert durable.view is not None or node_id in initial, "a node starts configured"
+        installed = durable.view or ViewProposal.initial(initial, dict(addresses or {}))
         self._installed = installed
         self._weights: dict[NodeId, int] = {}
         self._configured: tuple[NodeId, ...] = ()

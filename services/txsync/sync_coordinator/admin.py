@@ -33,6 +33,7 @@ NOT_HERE = {
     "GetTransaction": "transaction-store",
     "TruncateLog": "transaction-store",
     "ExportLog": "transaction-store",
+    "ChangeMembership": "transaction-store",
 }
 
 
@@ -75,7 +76,7 @@ class CoordinatorAdmin:
                 member=peer_pb2.Member(
                     node_id=peer,
                     url=self._coordinator.config.peers.get(peer, ""),
-                    weight=weights[peer],
+                    weight=weights.get(peer, 0),
                 ),
                 reachable=heard_ms > recent_ms,
             )

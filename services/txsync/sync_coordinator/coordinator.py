@@ -27,6 +27,8 @@ from txsync.codec import ballot_from_proto, ballot_to_proto, proposal_from_proto
 from txsync.protocol import (
     Ballot,
     BodyAcquired,
+    ConfigChange,
+    ConfigChangeSynced,
     DurableState,
     Event,
     FetchBody,
@@ -119,6 +121,9 @@ class CoordinatorConfig:
     store_address: str
     weights: dict[str, int] = field(default_factory=dict)
     """Node id -> vote weight (default 1 each); a view needs a weight majority."""
+    joining: bool = False
+    """This node joins a running cluster: it is not in the initial configuration (an
+    operator adds it with a membership change); ignored once a view is installed."""
     timing: Timing = field(default_factory=Timing)
     limits: Limits = field(default_factory=Limits)
     rpc_timeout_s: float = 2.0
@@ -241,9 +246,10 @@ class Coordinator:
         self._background: set[asyncio.Task[None]] = set()
         self.steps = 0
         self.rejections = 0
-        self.weights = {
-            node: config.weights.get(node, 1) for node in (config.node_id, *config.peers)
-        }
+        joining = () if config.joining else (config.node_id,)
+        self.weights = {node: config.weights.get(node, 1) for node in (*joining, *config.peers)}
+        self._retired_links: list[PeerLink] = []
+        """Links to removed nodes, closed at stop (they may still be told a view)."""
         self.quorum_listeners: list[Callable[[QuorumState], None]] = []
         """Called (in the loop) whenever the quorum state changes, and once at start."""
         self.refused_peers: dict[str, int] = {}
@@ -277,7 +283,10 @@ class Coordinator:
                 else None
             ),
         )
-        configuration = sorted([self.config.node_id, *self.config.peers])
+        # A joining node is not in the configuration it starts from: it asks the peers
+        # for the current view until a membership entry has added it.
+        joining = [] if self.config.joining else [self.config.node_id]
+        configuration = sorted([*joining, *self.config.peers])
         self.node = ProtocolNode(
             self.config.node_id,
             configuration,
@@ -286,6 +295,7 @@ class Coordinator:
             limits=self.config.limits,
             timing=self.config.timing,
             weights=self.weights,
+            addresses=self.config.peers,
         )
         self._view_no = self.node.view_no
         self._quorum = self.node.quorum_state()
@@ -295,6 +305,7 @@ class Coordinator:
         self._tasks = [
             loop.create_task(self._run(), name="protocol-loop"),
             loop.create_task(self._watch_local_submits(), name="local-submits"),
+            loop.create_task(self._follow_membership(), name="membership"),
         ]
         for task in self._tasks:
             task.add_done_callback(self._on_task_done)
@@ -328,7 +339,7 @@ class Coordinator:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)  # a failure was logged already
-        for link in self.links.values():
+        for link in [*self.links.values(), *self._retired_links]:
             await link.close()
         await self._store_channel.close()
 
@@ -395,8 +406,41 @@ class Coordinator:
     async def _flush(self, merged: MergedPersist, readies: list[Ready]) -> None:
         if not merged.is_empty():
             await self._persist(merged)  # durable before anything leaves this node
+        if merged.installed is not None:
+            self._sync_links()
         for ready in readies:
             self._send(ready)
+
+    def _sync_links(self) -> None:
+        """Links follow the configuration: a node added by a membership entry is dialled
+        at the address the entry gave; a removed one is hung up on (after this batch's
+        sends: it is told of the view that removes it)."""
+        node = self.node
+        assert node is not None
+        configuration = node.installed_view.configuration
+        addresses = dict(configuration.addresses)
+        wanted = {n for n, _ in configuration.weights if n != self.config.node_id}
+        for peer in sorted(wanted - set(self.links)):
+            address = addresses.get(peer)
+            if address is None:
+                log.error("no address for %s, added to the configuration: cannot reach it", peer)
+                continue
+            link = PeerLink(peer, address, self.config.rpc_timeout_s, self.config.tls)
+            link.start()
+            self.links[peer] = link
+            self.weights[peer] = dict(configuration.weights)[peer]
+            log.warning("MEMBERSHIP: %s added at %s", peer, address)
+        for peer in sorted(set(self.links) - wanted):
+            log.warning("MEMBERSHIP: %s removed", peer)
+            self._retired_links.append(self.links.pop(peer))
+        self.weights.update(configuration.weights)
+
+    def is_known_peer(self, node_id: str) -> bool:
+        """A node we may take calls from: a peer of the configuration, or one we still
+        tell about a newer view (it may just have been added or removed)."""
+        return node_id in self.links or (
+            self.node is not None and node_id in self.node.configuration
+        )
 
     async def _persist(self, merged: MergedPersist) -> None:
         request = store_pb2.PersistStepRequest(
@@ -425,17 +469,28 @@ class Coordinator:
         # A failure here is fatal for this incarnation: memory ran ahead of the disk.
         await self.store.PersistStep(request, timeout=30)
 
+    def _link(self, to: str) -> PeerLink | None:
+        link = self.links.get(to) or next(
+            (retired for retired in self._retired_links if retired.node_id == to), None
+        )
+        if link is None:
+            log.debug("no link to %s (not configured)", to)
+        return link
+
     def _send(self, ready: Ready) -> None:
         for message in ready.messages:
             match message:
                 case SendPost(to, post):
-                    self.links[to].post(post_to_proto(post))
+                    if link := self._link(to):
+                        link.post(post_to_proto(post))
                 case SendSyncedEntries(to, entries):
-                    self.links[to].send(entries_to_proto(entries))
+                    if link := self._link(to):
+                        link.send(entries_to_proto(entries))
                 case ServeCatchUpFromLog(to, from_len, count_max):
                     self._in_background(self._serve_from_log(to, from_len, count_max))
                 case SendViewMessage(to, view_message):
-                    self.links[to].send(view_message_to_proto(view_message))
+                    if link := self._link(to):
+                        link.send(view_message_to_proto(view_message))
         for body in ready.bodies:
             match body:
                 case PushBody(tx_id, peers):
@@ -451,14 +506,15 @@ class Coordinator:
         except grpc.aio.AioRpcError as error:
             log.warning("cannot serve %s from the txlog at %d: %s", to, from_len, error.details())
             return
-        if answer.entries:
+        link = self._link(to)
+        if answer.entries and link is not None:
             entries = SyncedEntries(
                 self.node.view_no if self.node is not None else 0,
                 self.config.node_id,
                 base_from_proto(answer.start),
                 tuple(meta_from_proto(m) for m in answer.entries),
             )
-            self.links[to].send(entries_to_proto(entries))
+            link.send(entries_to_proto(entries))
 
     async def _push_body(self, tx_id: str, peers: tuple[str, ...]) -> None:
         try:
@@ -470,7 +526,8 @@ class Coordinator:
             sender=self.config.node_id, tx_id=tx_id, body=body.body, digest=body.digest
         )
         for peer in peers:
-            self.links[peer].send(push)
+            if link := self._link(peer):
+                link.send(push)
 
     async def _fetch_body(self, tx_id: str, source: str) -> None:
         """Fetch a body (the core retries with backoff if this fails)."""
@@ -481,8 +538,11 @@ class Coordinator:
         else:
             await self.events.put(BodyAcquired(tx_id))  # already held here
             return
+        link = self._link(source)
+        if link is None:
+            return
         try:
-            got = await self.links[source].stub.GetBody(
+            got = await link.stub.GetBody(
                 peer_pb2.GetBodyRequest(sender=self.config.node_id, tx_id=tx_id),
                 timeout=self.config.rpc_timeout_s,
             )
@@ -493,6 +553,28 @@ class Coordinator:
             log.debug("fetching %s from %s: %s", tx_id, source, error.code().name)
             return
         await self.events.put(BodyAcquired(tx_id))
+
+    async def _follow_membership(self) -> None:
+        """Feed the core each membership entry of the synced queue, in order, from the
+        installed configuration's position on (the store streams them once every earlier
+        position is ENQUEUED, so none is skipped)."""
+        node = self.node
+        assert node is not None
+        fed = node.installed_view.configuration.applied_position
+        while True:
+            request = store_pb2.FollowEnqueuedRequest(from_position=fed + 1, membership_only=True)
+            try:
+                async for entry in self.store.FollowEnqueued(request):
+                    change = entry.body.membership
+                    fed = entry.position
+                    await self.events.put(
+                        ConfigChangeSynced(
+                            entry.position, ConfigChange(change.node_id, change.weight, change.url)
+                        )
+                    )
+            except grpc.aio.AioRpcError as error:
+                log.warning("membership follower ended (%s); retrying", error.code().name)
+            await asyncio.sleep(0.5)
 
     async def _watch_local_submits(self) -> None:
         """Local submits become LocalTx events; the watch restarts if the store restarts."""

@@ -18,6 +18,7 @@ from txsync.protocol import (
     PostReceived,
     SyncedEntriesReceived,
     ViewMessageReceived,
+    ViewQuery,
 )
 from txsync.rpc import ServiceError, answers_errors
 from txsync.sync_coordinator.coordinator import Coordinator
@@ -48,11 +49,15 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         self._coordinator = coordinator
         self._limits = coordinator.config.limits
 
-    def _check_peer(self, sender: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    def _check_peer(
+        self, sender: str, context: grpc.aio.ServicerContext[Any, Any], *, anyone: bool = False
+    ) -> None:
         """Only configured peers, and (with mutual TLS) only as the node their
-        certificate names: a peer cannot speak for another."""
+        certificate names: a peer cannot speak for another. ``anyone``: any node with a
+        valid certificate for its name (a joining node asking which view is current)."""
         config = self._coordinator.config
-        if sender not in config.peers:
+        known = anyone or self._coordinator.is_known_peer(sender)
+        if sender == config.node_id or not known:
             kind, reason = "unconfigured", f"{sender!r} is not a configured peer"
         elif config.tls is not None and (identity := _certificate_identity(context)) != sender:
             kind = "identity"
@@ -133,6 +138,6 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             message = view_message_from_proto(request, self._limits)
         except WireError as error:
             raise _invalid(error) from None
-        self._check_peer(message.sender, context)
+        self._check_peer(message.sender, context, anyone=isinstance(message, ViewQuery))
         await self._coordinator.events.put(ViewMessageReceived(message))
         return peer_pb2.SendViewMessageResponse()

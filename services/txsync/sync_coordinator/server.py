@@ -191,6 +191,12 @@ def register(commands: Any) -> None:
         metavar="ID=N",
         help="vote weight of a node (default 1 each); a view needs more than half the total",
     )
+    parser.add_argument(
+        "--join",
+        action="store_true",
+        help="join a running cluster: start outside the configuration and wait to be added "
+        "(txsync admin ChangeMembership add, at any DC); --peer lists the current nodes",
+    )
     parser.add_argument("--listen", default="127.0.0.1:7101", help="host:port for PeerService")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
     parser.add_argument(
@@ -312,6 +318,7 @@ def run(options: argparse.Namespace) -> int:
         node_id=options.node_id,
         peers=peers,
         weights=weights,
+        joining=options.join,
         store_address=options.store,
         timing=timing,
         limits=limits,

@@ -18,7 +18,7 @@ from txsync.codec import base_to_proto
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
 from txsync.transaction_store.store import TransactionStore
 from txsync.transaction_store.txlog.framing import HEADER, scan
-from txsync.v1 import admin_pb2
+from txsync.v1 import admin_pb2, common_pb2
 
 EXPORT_CHUNK_BYTES_MAX = 1024 * 1024
 
@@ -26,7 +26,6 @@ NOT_HERE = {
     "ListWorkers": "worker-dispatch",
     "ListRounds": "sync-coordinator",
     "GetTransaction": "the cluster-wide admin aggregation",
-    "ChangeMembership": "sync-coordinator",
     "PauseSync": "sync-coordinator",
     "ResumeSync": "sync-coordinator",
 }
@@ -61,6 +60,46 @@ class AdminServicer:
             healthy=store.broken is None,
         )
         return admin_pb2.GetStatusResponse(local=local)
+
+    @answers_errors
+    async def ChangeMembership(
+        self,
+        request: admin_pb2.ChangeMembershipRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> admin_pb2.ChangeMembershipResponse:
+        """Order a membership entry in the synced queue; the next view change applies it
+        (PROTOCOL.md §3). Adding needs the node's PeerService address."""
+        kind = request.WhichOneof("change")
+        if kind == "add":
+            member = request.add
+            if not member.url:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT, "add: the node's url is needed"
+                )
+            change = common_pb2.MembershipChange(
+                node_id=member.node_id,
+                weight=member.weight or 1,
+                url=member.url,
+                witness=member.witness,
+            )
+        elif kind == "remove_node_id":
+            change = common_pb2.MembershipChange(node_id=request.remove_node_id, weight=0)
+        elif kind == "set_weight":
+            if request.set_weight.weight < 1:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT, "set_weight: weight must be at least 1"
+                )
+            change = common_pb2.MembershipChange(
+                node_id=request.set_weight.node_id,
+                weight=request.set_weight.weight,
+                url=request.set_weight.url,
+            )
+        else:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT, "give one of add, remove_node_id, set_weight"
+            )
+        submitted = await self._store.change_membership(change)
+        return admin_pb2.ChangeMembershipResponse(tx_id=submitted.tx_id)
 
     @answers_errors
     async def TruncateLog(

@@ -318,7 +318,9 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     ) -> AsyncIterator[store_pb2.FollowEnqueuedResponse]:
         try:
             check_request(request)
-            async for position, record in self._store.follow_enqueued(request.from_position):
+            async for position, record in self._store.follow_enqueued(
+                request.from_position, membership_only=request.membership_only
+            ):
                 body = await self._store.read_body(record.tx_id)
                 response = store_pb2.FollowEnqueuedResponse(
                     position=position, traceparent=record.traceparent

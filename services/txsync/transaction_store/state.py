@@ -43,6 +43,8 @@ class TxRecord:
     outcome: common_pb2.Outcome | None = None
     position: int = 0
     """1-based position in the synced queue; 0 while not synced."""
+    membership: bool = False
+    """The body is a membership entry (known once the body is)."""
 
     @property
     def state(self) -> TxState | None:
@@ -124,6 +126,7 @@ class StoreState:
         elif kind == "body_stored":
             stored = entry.body_stored
             record = self._record(stored.tx_id)
+            record.membership = stored.membership
             if not record.body_held:
                 record.body_held = True
                 record.body_digest = stored.body_digest
@@ -169,6 +172,7 @@ class StoreState:
     def _apply_submitted(self, submitted: txlog_pb2.TxSubmitted, at: int) -> None:
         record = self._record(submitted.tx_id)
         record.local = True
+        record.membership = submitted.membership
         record.idempotency_key = submitted.idempotency_key
         record.traceparent = submitted.traceparent
         if submitted.idempotency_key:
@@ -252,6 +256,7 @@ class StoreState:
             record.seq = saved.seq
             fresh._next_seq = max(fresh._next_seq, saved.seq + 1)
             record.local = saved.local
+            record.membership = saved.membership
             record.meta = meta_from_proto(saved.meta) if saved.has_meta else None
             record.idempotency_key = saved.idempotency_key
             record.body_digest = saved.body_digest
@@ -312,6 +317,7 @@ class StoreState:
                 traceparent=record.traceparent,
                 local=record.local,
                 seq=record.seq,
+                membership=record.membership,
             )
             if record.meta is not None:
                 saved.meta.CopyFrom(meta_to_proto(record.meta))

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from txsync.transaction_store.validation import (
     STATE_CHANGES_MAX,
     StoreError,
     check_body,
+    check_membership,
     check_tx_id,
     invalid,
 )
@@ -201,13 +202,13 @@ class TransactionStore:
             )
 
     async def submit_many(
-        self, submits: Sequence[tuple[common_pb2.TxBody, str, str]]
+        self, submits: Sequence[tuple[common_pb2.TxBody, str, str]], *, admin: bool = False
     ) -> list[Submitted | StoreError]:
         """Submit (body, idempotency key, traceparent) triples; each answered on its own.
         Body files are written (without fsync) before the lock; the log entries of every
         accepted submit carry their bodies and go into one batch, so a whole SubmitBatch
-        costs one fsync."""
-        if self.config.witness:
+        costs one fsync. Membership entries come only from the admin API (``admin``)."""
+        if self.config.witness and not admin:
             raise StoreError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{self.config.node_id} is a witness (it applies nothing): submit at a DC",
@@ -217,6 +218,8 @@ class TransactionStore:
             encoded = body.SerializeToString()
             try:
                 check_body(body, len(encoded))
+                if body.HasField("membership") and not admin:
+                    raise invalid("body.membership: membership changes go through the admin API")
             except StoreError as error:
                 prepared.append(error)
                 continue
@@ -260,6 +263,7 @@ class TransactionStore:
                             traceparent=traceparent,
                             service=SERVICE_NAME,
                             body=encoded,
+                            membership=admin,
                         )
                     )
                 )
@@ -553,7 +557,11 @@ class TransactionStore:
             if record is not None and record.body_held:
                 return False
             stored = txlog_pb2.BodyStored(
-                tx_id=tx_id, body_digest=digest, body_bytes=len(encoded), body=encoded
+                tx_id=tx_id,
+                body_digest=digest,
+                body_bytes=len(encoded),
+                body=encoded,
+                membership=body.HasField("membership"),
             )
             future = self._stage([self._entry(body_stored=stored)])
             self._unsynced_bodies.add(tx_id)
@@ -591,8 +599,29 @@ class TransactionStore:
 
     # --- internal API: worker-dispatch -------------------------------------------------
 
-    async def follow_enqueued(self, from_position: int) -> AsyncIterator[tuple[int, TxRecord]]:
-        """Yield each synced position from ``from_position`` once it is ENQUEUED or later."""
+    async def change_membership(self, change: common_pb2.MembershipChange) -> Submitted:
+        """Submit a membership entry (admin API). One at a time: refused while an entry
+        submitted here is not yet in the installed configuration."""
+        check_membership(change)  # bad input first, whatever is pending
+        applied = self.state.view.configuration.applied_position if self.state.view else 0
+        for record in self.state.txs.values():
+            if record.membership and record.local and not 0 < record.position <= applied:
+                raise StoreError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"membership change {record.tx_id} is not applied yet: one change at a "
+                    "time (retry once the view that applies it is installed)",
+                )
+        body = common_pb2.TxBody(membership=change)
+        (result,) = await self.submit_many([(body, "", "")], admin=True)
+        if isinstance(result, StoreError):
+            raise result
+        return result
+
+    async def follow_enqueued(
+        self, from_position: int, *, membership_only: bool = False
+    ) -> AsyncGenerator[tuple[int, TxRecord], None]:
+        """Yield each synced position from ``from_position`` once it is ENQUEUED or later
+        (``membership_only``: only the membership entries, still strictly in order)."""
         position = max(1, from_position)
         while True:
             changed = self._changed
@@ -604,7 +633,8 @@ class TransactionStore:
             record = self.state.txs.get(meta.tx_id) if meta is not None else None
             state = record.state if record is not None else None
             if record is not None and state is not None and state >= TxState.ENQUEUED:
-                yield position, record
+                if record.membership or not membership_only:
+                    yield position, record
                 position += 1
                 continue
             await changed.wait()

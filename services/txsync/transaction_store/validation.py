@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import grpc
 
+from txsync.codec import WEIGHT_MAX, WireError, check_node_id, check_url
 from txsync.ids import tx_id_problem
 from txsync.protocol import TxState
 from txsync.rpc import ServiceError
@@ -69,10 +70,26 @@ def check_traceparent(value: str) -> str:
     return value
 
 
+def check_membership(change: common_pb2.MembershipChange) -> None:
+    try:
+        check_node_id(change.node_id, "membership.node_id")
+        check_url(change.url, "membership.url")
+    except WireError as error:
+        raise invalid(str(error)) from None
+    if change.weight > WEIGHT_MAX:
+        raise invalid(f"membership.weight: {change.weight}, more than {WEIGHT_MAX}")
+
+
 def check_body(body: common_pb2.TxBody, encoded_bytes: int) -> None:
-    """A transaction body: 1..1000 statements of non-empty SQL within every size limit."""
+    """A transaction body: 1..1000 statements of non-empty SQL within every size limit,
+    or a membership entry (no statements)."""
     if encoded_bytes > BODY_BYTES_MAX:
         raise invalid(f"body: {encoded_bytes} bytes encoded, more than {BODY_BYTES_MAX}")
+    if body.HasField("membership"):
+        if body.statements:
+            raise invalid("body: a membership entry carries no statements")
+        check_membership(body.membership)
+        return
     if not body.statements:
         raise invalid("body: a transaction needs at least one statement")
     if len(body.statements) > STATEMENTS_MAX:

@@ -273,19 +273,23 @@ class NodeWeight(_message.Message):
 
     NODE_ID_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     weight: _builtins.int
     """1 to 1000."""
+    url: _builtins.str
+    """host:port of the node's PeerService (at most 255 characters; may be empty)."""
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         weight: _builtins.int = ...,
+        url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "node_id", b"node_id", "weight", b"weight"
+        "node_id", b"node_id", "url", b"url", "weight", b"weight"
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

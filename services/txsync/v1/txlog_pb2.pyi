@@ -284,6 +284,7 @@ class TxSubmitted(_message.Message):
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     SERVICE_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
+    MEMBERSHIP_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     idempotency_key: _builtins.str
     body_digest: _builtins.bytes
@@ -296,6 +297,8 @@ class TxSubmitted(_message.Message):
     per batch). The body file is written without fsync, rewritten from here at recovery
     if it is missing or wrong, and fsynced before a rotation retires this entry.
     """
+    membership: _builtins.bool
+    """The body is a membership entry (PROTOCOL.md §3)."""
     def __init__(
         self,
         *,
@@ -306,6 +309,7 @@ class TxSubmitted(_message.Message):
         traceparent: _builtins.str = ...,
         service: _builtins.str = ...,
         body: _builtins.bytes = ...,
+        membership: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -318,6 +322,8 @@ class TxSubmitted(_message.Message):
         b"body_digest",
         "idempotency_key",
         b"idempotency_key",
+        "membership",
+        b"membership",
         "service",
         b"service",
         "traceparent",
@@ -362,10 +368,13 @@ class BodyStored(_message.Message):
     BODY_DIGEST_FIELD_NUMBER: _builtins.int
     BODY_BYTES_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
+    MEMBERSHIP_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     body_digest: _builtins.bytes
     body_bytes: _builtins.int
     body: _builtins.bytes
+    membership: _builtins.bool
+    """The body is a membership entry."""
     def __init__(
         self,
         *,
@@ -373,6 +382,7 @@ class BodyStored(_message.Message):
         body_digest: _builtins.bytes = ...,
         body_bytes: _builtins.int = ...,
         body: _builtins.bytes = ...,
+        membership: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -383,6 +393,8 @@ class BodyStored(_message.Message):
         b"body_bytes",
         "body_digest",
         b"body_digest",
+        "membership",
+        b"membership",
         "tx_id",
         b"tx_id",
     ]  # noqa: Y015
@@ -594,6 +606,7 @@ class SnapshotTx(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     LOCAL_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
+    MEMBERSHIP_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     has_meta: _builtins.bool
     idempotency_key: _builtins.str
@@ -603,6 +616,7 @@ class SnapshotTx(_message.Message):
     traceparent: _builtins.str
     local: _builtins.bool
     seq: _builtins.int
+    membership: _builtins.bool
     @_builtins.property
     def meta(self) -> _common_pb2.TxMeta: ...
     @_builtins.property
@@ -626,6 +640,7 @@ class SnapshotTx(_message.Message):
         outcome: _common_pb2.Outcome | None = ...,
         local: _builtins.bool = ...,
         seq: _builtins.int = ...,
+        membership: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "meta", b"meta", "outcome", b"outcome"
@@ -646,6 +661,8 @@ class SnapshotTx(_message.Message):
         b"idempotency_key",
         "local",
         b"local",
+        "membership",
+        b"membership",
         "meta",
         b"meta",
         "outcome",
