@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,13 +46,16 @@ class LocalCluster:
         names: list[str] | None = None,
         store_args: dict[str, tuple[str, ...]] | None = None,
         joining: frozenset[str] = frozenset(),
+        metrics: bool = False,
     ) -> None:
         """``one_way_delay_ms`` None: coordinators talk directly; else through the link
         emulator with that one-way delay on every directed link. ``tls_dir``: mutual TLS
         with the certificates there (scripts/dev_ca.py); None: plaintext. ``names``: node
         ids (default dc1..dcN); ``store_args``: extra flags for some nodes' stores;
         ``joining``: nodes outside the initial configuration (started with --join; the
-        others do not list them)."""
+        others do not list them); ``metrics``: coordinators serve Prometheus metrics on
+        ``metrics_ports``."""
+        self.metrics_ports: dict[str, int] = {}
         ids = names or [f"dc{n + 1}" for n in range(size)]
         assert len(ids) == size
         ports = {node: free_port() for node in ids}
@@ -73,6 +77,7 @@ class LocalCluster:
                 tls_dir=tls_dir,
                 store_args=store_args or {},
                 joining=joining,
+                metrics=metrics,
             )
         except BaseException:
             self.stop()  # do not leave half a cluster running
@@ -89,6 +94,7 @@ class LocalCluster:
         tls_dir: Path | None,
         store_args: dict[str, tuple[str, ...]],
         joining: frozenset[str],
+        metrics: bool,
     ) -> None:
         self.ports = ports
         for node in ids:
@@ -104,7 +110,10 @@ class LocalCluster:
                     "--tls-cert", str(tls_dir / f"{node}.pem"),
                     "--tls-key", str(tls_dir / f"{node}.key"),
                 )  # fmt: skip
-            join = ("--join",) if node in joining else ()
+            join: tuple[str, ...] = ("--join",) if node in joining else ()
+            if metrics:
+                self.metrics_ports[node] = free_port()
+                join += ("--metrics-listen", f"127.0.0.1:{self.metrics_ports[node]}")
             coordinator = sync_coordinator(
                 root / node, node, store.address, ports[node], peers, *security,
                 *coordinator_args, *join,
@@ -133,6 +142,16 @@ class LocalCluster:
         with grpc.insecure_channel(dc.coordinator.address) as channel:
             stub = admin_pb2_grpc.AdminServiceStub(channel)
             return stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).local
+
+    def metric(self, dc: Dc, name: str) -> float:
+        """One value from the coordinator's Prometheus endpoint."""
+        url = f"http://127.0.0.1:{self.metrics_ports[dc.node_id]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            text = answer.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"no metric {name} at {url}")
 
     def wait_for(self, what: str, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

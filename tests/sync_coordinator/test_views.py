@@ -30,7 +30,9 @@ QUORUM_HEALTH = "txsync.v1.Quorum"
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path, 3, one_way_delay_ms=1, coordinator_args=VIEW_ARGS)
+    cluster = LocalCluster(
+        tmp_path, 3, one_way_delay_ms=1, coordinator_args=VIEW_ARGS, metrics=True
+    )
     yield cluster
     cluster.stop()
 
@@ -68,6 +70,9 @@ def test_majority_excludes_a_cut_off_dc_keeps_ordering_and_takes_it_back(
     assert not minority.healthy and any("MINORITY" in alarm for alarm in minority.alarms)
     assert _quorum_health(cluster, "dc1") == health_pb2.HealthCheckResponse.NOT_SERVING
     assert _quorum_health(cluster, "dc2") == health_pb2.HealthCheckResponse.SERVING
+    assert cluster.metric(dc1, "txsync_quorum_majority") == 0
+    assert cluster.metric(dc2, "txsync_quorum_majority") == 1
+    assert cluster.metric(dc2, "txsync_view_members") == 2
 
     before_cut = list(acked)
     majority_txs: list[str] = []
@@ -90,6 +95,8 @@ def test_majority_excludes_a_cut_off_dc_keeps_ordering_and_takes_it_back(
     )
     assert cluster.status(dc1).quorum == admin_pb2.QUORUM_STATE_MAJORITY
     assert _quorum_health(cluster, "dc1") == health_pb2.HealthCheckResponse.SERVING
+    assert cluster.metric(dc1, "txsync_quorum_majority") == 1
+    assert cluster.metric(dc1, "txsync_synced_length") == 30
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import grpc
 from grpc_health.v1.health_pb2 import HealthCheckResponse
 
 from txsync.codec import WEIGHT_MAX
-from txsync.protocol import MEMBERS_MAX, Limits, QuorumState, Timing
+from txsync.protocol import MEMBERS_MAX, Limits, ProtocolNode, QuorumState, Timing
 from txsync.rpc import (
     add_health_and_reflection,
     add_service,
@@ -32,6 +33,7 @@ from txsync.sync_coordinator.admin import CoordinatorAdmin
 from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig, TlsFiles
 from txsync.sync_coordinator.peer_service import PeerServicer
 from txsync.sync_coordinator.wire import WireError, check_node_id
+from txsync.telemetry import Gauge, Metrics
 from txsync.v1 import admin_pb2, peer_pb2
 
 log = logging.getLogger("txsync.sync_coordinator")
@@ -44,14 +46,59 @@ QUORUM_HEALTH = "txsync.v1.Quorum"
 works, so a minority DC is not restarted for being cut off)."""
 
 
+QUORUM_STATE_VALUES = {QuorumState.MINORITY: 0, QuorumState.MAJORITY: 1, QuorumState.VIEW_CHANGE: 2}
+
+
+def _coordinator_gauges(coordinator: Coordinator) -> list[Gauge]:
+    def read(value: Callable[[ProtocolNode], float]) -> Callable[[], float | None]:
+        return lambda: None if coordinator.node is None else value(coordinator.node)
+
+    return [
+        Gauge(
+            "txsync.quorum.majority",
+            "1 while this DC is in a view holding a weight majority, else 0 (a minority "
+            "adds nothing; its transactions stay INCOMING)",
+            read(lambda node: float(node.quorum_state() is QuorumState.MAJORITY)),
+        ),
+        Gauge(
+            "txsync.quorum.state",
+            "0 minority, 1 majority, 2 view change under way",
+            read(lambda node: QUORUM_STATE_VALUES[node.quorum_state()]),
+        ),
+        Gauge("txsync.view.number", "installed view", read(lambda node: node.view_no)),
+        Gauge("txsync.view.members", "members of the view", read(lambda node: len(node.members))),
+        Gauge(
+            "txsync.synced.length",
+            "entries in the synced queue",
+            read(lambda node: node.merge_base.synced_len),
+        ),
+        Gauge(
+            "txsync.incoming.length",
+            "metas in the incoming queue",
+            read(lambda node: len(node.incoming_metas())),
+        ),
+    ]
+
+
 async def serve(
     config: CoordinatorConfig,
+    *,
     listen: str,
     port_file: Path | None,
     grace_s: float,
     admin_listen: str | None = None,
+    metrics_listen: str | None = None,
 ) -> int:
     coordinator = Coordinator(config)
+    metrics = None
+    if metrics_listen is not None:
+        metrics = Metrics("sync-coordinator", config.node_id)
+        metrics.gauges(_coordinator_gauges(coordinator))
+        try:
+            metrics.serve(metrics_listen)
+        except OSError as error:
+            log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
+            return 2
     server = new_server()
     add_service(server, PeerServicer(coordinator), PEER_SERVICE)
     add_service(server, CoordinatorAdmin(coordinator), ADMIN_SERVICE, ADMIN_NOT_HERE)
@@ -120,6 +167,8 @@ async def serve(
     for health in healths:
         await health.enter_graceful_shutdown()
     await _stop_servers(server, admin_server, grace_s)
+    if metrics is not None:
+        metrics.close()
     await coordinator.stop()
     if coordinator.failed.done():
         log.critical("sync-coordinator stopped: %s", coordinator.failed.result())
@@ -190,6 +239,11 @@ def register(commands: Any) -> None:
         default=[],
         metavar="ID=N",
         help="vote weight of a node (default 1 each); a view needs more than half the total",
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics (quorum, view, queue lengths) at http://HOST:PORT/metrics",
     )
     parser.add_argument(
         "--join",
@@ -325,6 +379,11 @@ def run(options: argparse.Namespace) -> int:
     )
     return asyncio.run(
         serve(
-            config, options.listen, options.port_file, options.grace_seconds, options.admin_listen
+            config,
+            listen=options.listen,
+            port_file=options.port_file,
+            grace_s=options.grace_seconds,
+            admin_listen=options.admin_listen,
+            metrics_listen=options.metrics_listen,
         )
     )

@@ -1,0 +1,69 @@
+"""Metrics through OpenTelemetry, scraped by Prometheus.
+
+Each service that is given ``--metrics-listen HOST:PORT`` serves ``/metrics`` there; the
+OpenTelemetry resource names the service and the DC. Metric names follow OpenTelemetry
+(``txsync.quorum.majority``); Prometheus shows them with underscores
+(``txsync_quorum_majority``). Tracing and the other exporters come with the observability
+work (issue 6); this module is where they will start too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import start_http_server
+
+
+@dataclass(frozen=True, slots=True)
+class Gauge:
+    """One observable gauge: read when scraped, never pushed."""
+
+    name: str
+    description: str
+    read: Callable[[], float | None]
+    """The current value, or None when there is nothing to report yet."""
+    unit: str = ""
+
+
+class Metrics:
+    def __init__(self, service: str, node_id: str) -> None:
+        self._reader = PrometheusMetricReader()
+        resource = Resource.create({"service.name": service, "txsync.dc": node_id})
+        self._provider = MeterProvider(resource=resource, metric_readers=[self._reader])
+        self.meter: Meter = self._provider.get_meter("txsync")
+        self._servers: list[Callable[[], None]] = []
+
+    def gauges(self, gauges: Iterable[Gauge]) -> None:
+        for gauge in gauges:
+            self.meter.create_observable_gauge(
+                gauge.name,
+                callbacks=[_observe(gauge.read)],
+                description=gauge.description,
+                unit=gauge.unit,
+            )
+
+    def serve(self, listen: str) -> None:
+        """Serve ``/metrics`` on ``listen`` (host:port) from a daemon thread."""
+        host, _, port = listen.rpartition(":")
+        server, _thread = start_http_server(int(port), addr=host or "127.0.0.1")
+        self._servers.append(server.shutdown)
+
+    def close(self) -> None:
+        for shutdown in self._servers:
+            shutdown()
+        self._provider.shutdown()
+
+
+def _observe(
+    read: Callable[[], float | None],
+) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        value = read()
+        return [] if value is None else [Observation(value)]
+
+    return callback
