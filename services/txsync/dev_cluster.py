@@ -11,6 +11,10 @@ every service cleanly and removes ``cluster.json``. Starting again on the same d
 directory resumes the same cluster (same DCs, same ports, same txlogs: the shape is kept
 in ``<data>/layout.json``).
 
+``--witness`` adds a witness node (a store that takes no client transactions and a
+coordinator that votes and relays), so that ``--dcs 2 --witness`` survives losing either
+DC. Every coordinator serves Prometheus metrics (quorum, view, queue lengths).
+
 Workers (applying the order to SQLite) arrive with the worker services.
 """
 
@@ -83,15 +87,17 @@ class Service:
             return self.process.wait()
 
 
-def _layout(data: Path, dcs: int, base_port: int) -> dict[str, Any]:
+def _layout(data: Path, dcs: int, base_port: int, *, witness: bool) -> dict[str, Any]:
     """The cluster's shape; kept in cluster.json so that a restart resumes it."""
-    nodes = [f"dc{n + 1}" for n in range(dcs)]
+    nodes = [f"dc{n + 1}" for n in range(dcs)] + (["witness"] if witness else [])
     return {
         "dcs": {
             node: {
                 "store": f"127.0.0.1:{base_port + 100 * (n + 1) + 1}",
                 "coordinator": f"127.0.0.1:{base_port + 100 * (n + 1) + 2}",
+                "metrics": f"127.0.0.1:{base_port + 100 * (n + 1) + 3}",
                 "data": str(data / node),
+                "witness": node == "witness",
             }
             for n, node in enumerate(nodes)
         }
@@ -104,13 +110,13 @@ def up(options: argparse.Namespace) -> int:
     layout_file = data / "layout.json"  # the cluster's shape, kept to resume it
     state_file = data / "cluster.json"  # present exactly while the cluster is up
     state_file.unlink(missing_ok=True)  # left behind if a previous run was killed
-    layout = _layout(data, options.dcs, options.base_port)
+    layout = _layout(data, options.dcs, options.base_port, witness=options.witness)
     if layout_file.exists():
         saved = json.loads(layout_file.read_text())
         if sorted(saved["dcs"]) != sorted(layout["dcs"]):
             print(
-                f"error: {data} holds a cluster of {len(saved['dcs'])} DCs; use another "
-                f"--data or --dcs {len(saved['dcs'])}",
+                f"error: {data} holds a cluster of {', '.join(saved['dcs'])}; use another "
+                "--data, or the same --dcs and --witness as when it was made",
                 file=sys.stderr,
             )
             return 2
@@ -118,7 +124,7 @@ def up(options: argparse.Namespace) -> int:
         print(f"resuming the cluster in {data}")
     else:
         layout_file.write_text(json.dumps(layout, indent=2) + "\n")
-    dcs: dict[str, dict[str, str]] = layout["dcs"]
+    dcs: dict[str, dict[str, Any]] = layout["dcs"]
     python = [sys.executable, "-m", "txsync.cli.main"]
     emulator = LinkEmulator() if options.wan_delay_ms else None
     services: list[Service] = []
@@ -128,7 +134,7 @@ def up(options: argparse.Namespace) -> int:
             Service(
                 f"{node} transaction-store",
                 [*python, "transaction-store", "--node-id", node, "--data", dc["data"],
-                 "--listen", dc["store"]],
+                 "--listen", dc["store"], *(["--witness"] if dc.get("witness") else [])],
                 Path(dc["data"]) / "transaction-store.log",
                 dc["store"],
             )
@@ -147,7 +153,8 @@ def up(options: argparse.Namespace) -> int:
             Service(
                 f"{node} sync-coordinator",
                 [*python, "sync-coordinator", "--node-id", node, "--store", dc["store"],
-                 "--listen", dc["coordinator"], "--plaintext", *peers],
+                 "--listen", dc["coordinator"], "--plaintext", *peers,
+                 *(["--metrics-listen", dc["metrics"]] if "metrics" in dc else [])],
                 Path(dc["data"]) / "sync-coordinator.log",
                 dc["coordinator"],
             )
@@ -198,15 +205,21 @@ def up(options: argparse.Namespace) -> int:
     return code
 
 
-def _print_guide(dcs: dict[str, dict[str, str]], state_file: Path, wan_delay_ms: float) -> None:
+def _print_guide(dcs: dict[str, dict[str, Any]], state_file: Path, wan_delay_ms: float) -> None:
     first = next(iter(dcs))
     print()
+    witnesses = sum(1 for dc in dcs.values() if dc.get("witness"))
     print(
-        f"TxSync: {len(dcs)} DCs up"
+        f"TxSync: {len(dcs) - witnesses} DCs"
+        + (" and a witness" if witnesses else "")
+        + " up"
         + (f", {wan_delay_ms:.0f} ms RTT between them" if wan_delay_ms else "")
     )
     for node, dc in dcs.items():
-        print(f"  {node}: client API {dc['store']}   coordinator {dc['coordinator']}")
+        role = "  (witness: votes and relays, takes no transactions)" if dc.get("witness") else ""
+        print(f"  {node}: client API {dc['store']}   coordinator {dc['coordinator']}{role}")
+        if "metrics" in dc:
+            print(f"       metrics http://{dc['metrics']}/metrics")
         print(f"       data and logs in {dc['data']}")
     print(f"endpoints: {state_file}")
     print()
@@ -237,6 +250,9 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--wan-delay-ms", type=float, default=0.0,
                         help="round-trip time injected between DCs (link emulator)")  # fmt: skip
+    parser.add_argument("--witness", action="store_true",
+                        help="add a witness node (votes and relays, takes no transactions): "
+                             "with --dcs 2 the cluster survives losing either DC")  # fmt: skip
     parser.set_defaults(handler=_checked_up)
 
 
