@@ -35,7 +35,7 @@ sim-demo: venv  ## the protocol core on a simulated 3-DC cluster, through every 
 	$(BIN)/txsync sim --nodes 3 --seeds 200
 
 sim: venv  ## the protocol's acceptance sweep: 2000 seeds, 5 nodes, every fault
-	$(BIN)/txsync sim --seeds 2000 --nodes 5 --faults delay,drop,duplicate,reorder,partition,flap,crash
+	$(BIN)/txsync sim --seeds 2000 --nodes 5 --faults delay,drop,duplicate,reorder,partition,flap,crash,membership
 
 proto: venv  ## regenerate services/txsync/v1 from proto/
 	$(BIN)/python scripts/gen_proto.py

@@ -24,7 +24,9 @@ examples:
 faults: delay (WAN latency), drop (lost messages), duplicate, reorder (non-FIFO links),
 partition (split and heal, a third of the time one way only), flap (links cut and healed
 every 10-60 ms), crash (crash-restart from durable state, some torn between the durable
-writes and the sends). Invariants 1-6 of PROTOCOL.md section 4 are checked
+writes and the sends), membership (operators add a spare node, remove nodes, change
+weights). Partitions longer than 400 ms make the majority exclude the rest by a view
+change. Invariants 1-6 of PROTOCOL.md section 4, and one view per view number, are checked
 after every step; a violation prints the seed and the command that replays it, and the
 exit status is 1.
 """
