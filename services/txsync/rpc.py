@@ -163,6 +163,10 @@ def new_server() -> grpc.aio.Server:
         options=[
             ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
             ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+            # gRPC sets SO_REUSEPORT by default: a second process started on a port in use
+            # would then share it silently, and the kernel would split the callers between
+            # the two. Refusing the port makes that mistake a clear start-up error.
+            ("grpc.so_reuseport", 0),
         ]
     )
 

@@ -114,12 +114,19 @@ def transaction_store(
     return ServiceProcess(args, data_dir, f"store-{node_id}", listen=f"127.0.0.1:{port}")
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port free right now (for services whose address peers need upfront)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A loopback port free right now (for services whose address peers need upfront),
+    never the same twice in one test run: the kernel may offer a just-closed port again."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port: int = probe.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def sync_coordinator(
