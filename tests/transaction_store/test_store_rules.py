@@ -17,7 +17,7 @@ from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.transaction_store.store import StateChangeRequest, StoreConfig, TransactionStore
 from txsync.transaction_store.validation import StoreError
-from txsync.v1 import common_pb2, txlog_pb2
+from txsync.v1 import common_pb2
 
 T = TypeVar("T")
 
@@ -339,7 +339,7 @@ def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: 
     and forgotten foreign metas; an origin's own transactions are never forgotten."""
     foreign = [TxMeta(n, str(uuid.uuid4()), "dc3") for n in (1, 2)]
     pushed_first = foreign[1]
-    vote = txlog_pb2.ViewVoted(promised=common_pb2.Ballot(view_no=1, attempt=1, proposer="dc2"))
+    vote = common_pb2.ViewVote(promised=common_pb2.Ballot(view_no=1, attempt=1, proposer="dc2"))
 
     async def scenario(store: TransactionStore) -> str:
         local = (await store.submit(_body())).tx_id

@@ -37,7 +37,6 @@ from txsync.v1 import (
     common_pb2,
     store_pb2,
     store_pb2_grpc,
-    txlog_pb2,
 )
 
 
@@ -258,10 +257,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         if state.view is not None:
             response.view.CopyFrom(state.view)
         if state.vote is not None:
-            response.vote.promised.CopyFrom(state.vote.promised)
-            if state.vote.HasField("accepted_ballot"):
-                response.vote.accepted_ballot.CopyFrom(state.vote.accepted_ballot)
-                response.vote.accepted.CopyFrom(state.vote.accepted)
+            response.vote.CopyFrom(state.vote)
         return response
 
     @answers_errors
@@ -280,7 +276,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             service=request.service or "sync-coordinator",
             forgotten=list(request.forgotten),
             installed_view=request.installed_view if request.HasField("installed_view") else None,
-            vote=_vote(request) if request.HasField("vote") else None,
+            vote=request.vote if request.HasField("vote") else None,
         )
         return store_pb2.PersistStepResponse(merge_base=base_to_proto(base))
 
@@ -361,12 +357,3 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         workers = request.workers_min_position if request.HasField("workers_min_position") else None
         truncatable = self._store.report_progress(dict(request.peer_synced_len), workers)
         return store_pb2.ReportProgressResponse(truncatable_below=truncatable)
-
-
-def _vote(request: store_pb2.PersistStepRequest) -> txlog_pb2.ViewVoted:
-    """The vote as the txlog keeps it (kept for the coordinator, not interpreted here)."""
-    vote = txlog_pb2.ViewVoted(promised=request.vote.promised)
-    if request.vote.HasField("accepted_ballot"):
-        vote.accepted_ballot.CopyFrom(request.vote.accepted_ballot)
-        vote.accepted.CopyFrom(request.vote.accepted)
-    return vote

@@ -72,7 +72,7 @@ class StoreState:
         """Bytes of held bodies of transactions not yet OK or FAILED (backpressure)."""
         self.view: common_pb2.ViewProposal | None = None
         """The coordinator's installed view (None: view 0 of the whole configuration)."""
-        self.vote: txlog_pb2.ViewVoted | None = None
+        self.vote: common_pb2.ViewVote | None = None
         """The coordinator's vote in the next view change (kept for it, not interpreted)."""
         self._next_seq = 1
 

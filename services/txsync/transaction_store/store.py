@@ -365,7 +365,7 @@ class TransactionStore:
         service: str,
         forgotten: Sequence[str] = (),
         installed_view: common_pb2.ViewProposal | None = None,
-        vote: txlog_pb2.ViewVoted | None = None,
+        vote: common_pb2.ViewVote | None = None,
     ) -> MergeBase:
         if max(len(incoming), len(synced), len(forgotten)) > PERSIST_METAS_MAX:
             raise invalid(
@@ -401,7 +401,7 @@ class TransactionStore:
         service: str,
         forgotten: Sequence[str],
         installed_view: common_pb2.ViewProposal | None,
-        vote: txlog_pb2.ViewVoted | None,
+        vote: common_pb2.ViewVote | None,
     ) -> list[txlog_pb2.LogEntry]:
         """Validate a protocol step completely, then return its entries (changes nothing).
 

@@ -334,6 +334,54 @@ class MembershipChange(_message.Message):
 Global___MembershipChange: _TypeAlias = MembershipChange  # noqa: Y015
 
 @_typing.final
+class ViewVote(_message.Message):
+    """A coordinator's vote in the next view change: the highest ballot it promised and what
+    it accepted, if anything (kept durable by its transaction-store).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMISED_FIELD_NUMBER: _builtins.int
+    ACCEPTED_BALLOT_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def promised(self) -> Global___Ballot: ...
+    @_builtins.property
+    def accepted_ballot(self) -> Global___Ballot:
+        """Unset when nothing was accepted."""
+
+    @_builtins.property
+    def accepted(self) -> Global___ViewProposal: ...
+    def __init__(
+        self,
+        *,
+        promised: Global___Ballot | None = ...,
+        accepted_ballot: Global___Ballot | None = ...,
+        accepted: Global___ViewProposal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "accepted",
+        b"accepted",
+        "accepted_ballot",
+        b"accepted_ballot",
+        "promised",
+        b"promised",
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "accepted",
+        b"accepted",
+        "accepted_ballot",
+        b"accepted_ballot",
+        "promised",
+        b"promised",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewVote: _TypeAlias = ViewVote  # noqa: Y015
+
+@_typing.final
 class SqlValue(_message.Message):
     """One parameter of a statement. Unset `value` means SQL NULL."""
 

@@ -23,7 +23,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x15txsync/v1/store.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\x1a\n\x18WatchLocalSubmitsRequest"*\n\x19WatchLocalSubmitsResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t"\xd7\x01\n\x15ReportProgressRequest\x12L\n\x0fpeer_synced_len\x18\x01 \x03(\x0b\x32\x33.txsync.v1.ReportProgressRequest.PeerSyncedLenEntry\x12!\n\x14workers_min_position\x18\x02 \x01(\x04H\x00\x88\x01\x01\x1a\x34\n\x12PeerSyncedLenEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x17\n\x15_workers_min_position"3\n\x16ReportProgressResponse\x12\x19\n\x11truncatable_below\x18\x01 \x01(\x04"\x1a\n\x18LoadProtocolStateRequest"\xc2\x02\n\x19LoadProtocolStateResponse\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12(\n\nmerge_base\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12&\n\x0bsynced_tail\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08incoming\x18\x05 \x03(\x0b\x32\x18.txsync.v1.IncomingEntry\x12,\n\x11synced_unacquired\x18\x06 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12%\n\x04view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"\x86\x01\n\x08ViewVote\x12#\n\x08promised\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12*\n\x0f\x61\x63\x63\x65pted_ballot\x18\x02 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"B\n\rIncomingEntry\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08\x61\x63quired\x18\x02 \x01(\x08"d\n\x0bStateChange\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x03 \x01(\x0b\x32\x12.txsync.v1.Outcome"\xc0\x02\n\x12PersistStepRequest\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12#\n\x08incoming\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0csynced_start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12!\n\x06synced\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12-\n\rstate_changes\x18\x05 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x11\n\tforgotten\x18\x07 \x03(\t\x12/\n\x0einstalled_view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"?\n\x13PersistStepResponse\x12(\n\nmerge_base\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase"?\n\x10StoreBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c"#\n\x11StoreBodyResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08" \n\x0fReadBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t"0\n\x10ReadBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c"8\n\x11ReadSyncedRequest\x12\x10\n\x08\x66rom_len\x18\x01 \x01(\x04\x12\x11\n\tcount_max\x18\x02 \x01(\r"]\n\x12ReadSyncedResponse\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"G\n\x15\x46ollowEnqueuedRequest\x12\x15\n\rfrom_position\x18\x01 \x01(\x04\x12\x17\n\x0fmembership_only\x18\x02 \x01(\x08"\x81\x01\n\x16\x46ollowEnqueuedResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x1f\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x11.txsync.v1.TxBody\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"P\n\x14\x41\x64vanceStatesRequest\x12\'\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x02 \x01(\t"\x17\n\x15\x41\x64vanceStatesResponse2\x82\x06\n\x14StoreInternalService\x12^\n\x11LoadProtocolState\x12#.txsync.v1.LoadProtocolStateRequest\x1a$.txsync.v1.LoadProtocolStateResponse\x12L\n\x0bPersistStep\x12\x1d.txsync.v1.PersistStepRequest\x1a\x1e.txsync.v1.PersistStepResponse\x12\x46\n\tStoreBody\x12\x1b.txsync.v1.StoreBodyRequest\x1a\x1c.txsync.v1.StoreBodyResponse\x12\x43\n\x08ReadBody\x12\x1a.txsync.v1.ReadBodyRequest\x1a\x1b.txsync.v1.ReadBodyResponse\x12I\n\nReadSynced\x12\x1c.txsync.v1.ReadSyncedRequest\x1a\x1d.txsync.v1.ReadSyncedResponse\x12W\n\x0e\x46ollowEnqueued\x12 .txsync.v1.FollowEnqueuedRequest\x1a!.txsync.v1.FollowEnqueuedResponse0\x01\x12R\n\rAdvanceStates\x12\x1f.txsync.v1.AdvanceStatesRequest\x1a .txsync.v1.AdvanceStatesResponse\x12`\n\x11WatchLocalSubmits\x12#.txsync.v1.WatchLocalSubmitsRequest\x1a$.txsync.v1.WatchLocalSubmitsResponse0\x01\x12U\n\x0eReportProgress\x12 .txsync.v1.ReportProgressRequest\x1a!.txsync.v1.ReportProgressResponseb\x06proto3'
+    b'\n\x15txsync/v1/store.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\x1a\n\x18WatchLocalSubmitsRequest"*\n\x19WatchLocalSubmitsResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t"\xd7\x01\n\x15ReportProgressRequest\x12L\n\x0fpeer_synced_len\x18\x01 \x03(\x0b\x32\x33.txsync.v1.ReportProgressRequest.PeerSyncedLenEntry\x12!\n\x14workers_min_position\x18\x02 \x01(\x04H\x00\x88\x01\x01\x1a\x34\n\x12PeerSyncedLenEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x17\n\x15_workers_min_position"3\n\x16ReportProgressResponse\x12\x19\n\x11truncatable_below\x18\x01 \x01(\x04"\x1a\n\x18LoadProtocolStateRequest"\xc2\x02\n\x19LoadProtocolStateResponse\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12(\n\nmerge_base\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12&\n\x0bsynced_tail\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08incoming\x18\x05 \x03(\x0b\x32\x18.txsync.v1.IncomingEntry\x12,\n\x11synced_unacquired\x18\x06 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12%\n\x04view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"B\n\rIncomingEntry\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08\x61\x63quired\x18\x02 \x01(\x08"d\n\x0bStateChange\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x03 \x01(\x0b\x32\x12.txsync.v1.Outcome"\xc0\x02\n\x12PersistStepRequest\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12#\n\x08incoming\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0csynced_start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12!\n\x06synced\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12-\n\rstate_changes\x18\x05 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x11\n\tforgotten\x18\x07 \x03(\t\x12/\n\x0einstalled_view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"?\n\x13PersistStepResponse\x12(\n\nmerge_base\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase"?\n\x10StoreBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c"#\n\x11StoreBodyResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08" \n\x0fReadBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t"0\n\x10ReadBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c"8\n\x11ReadSyncedRequest\x12\x10\n\x08\x66rom_len\x18\x01 \x01(\x04\x12\x11\n\tcount_max\x18\x02 \x01(\r"]\n\x12ReadSyncedResponse\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"G\n\x15\x46ollowEnqueuedRequest\x12\x15\n\rfrom_position\x18\x01 \x01(\x04\x12\x17\n\x0fmembership_only\x18\x02 \x01(\x08"\x81\x01\n\x16\x46ollowEnqueuedResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x1f\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x11.txsync.v1.TxBody\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"P\n\x14\x41\x64vanceStatesRequest\x12\'\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x02 \x01(\t"\x17\n\x15\x41\x64vanceStatesResponse2\x82\x06\n\x14StoreInternalService\x12^\n\x11LoadProtocolState\x12#.txsync.v1.LoadProtocolStateRequest\x1a$.txsync.v1.LoadProtocolStateResponse\x12L\n\x0bPersistStep\x12\x1d.txsync.v1.PersistStepRequest\x1a\x1e.txsync.v1.PersistStepResponse\x12\x46\n\tStoreBody\x12\x1b.txsync.v1.StoreBodyRequest\x1a\x1c.txsync.v1.StoreBodyResponse\x12\x43\n\x08ReadBody\x12\x1a.txsync.v1.ReadBodyRequest\x1a\x1b.txsync.v1.ReadBodyResponse\x12I\n\nReadSynced\x12\x1c.txsync.v1.ReadSyncedRequest\x1a\x1d.txsync.v1.ReadSyncedResponse\x12W\n\x0e\x46ollowEnqueued\x12 .txsync.v1.FollowEnqueuedRequest\x1a!.txsync.v1.FollowEnqueuedResponse0\x01\x12R\n\rAdvanceStates\x12\x1f.txsync.v1.AdvanceStatesRequest\x1a .txsync.v1.AdvanceStatesResponse\x12`\n\x11WatchLocalSubmits\x12#.txsync.v1.WatchLocalSubmitsRequest\x1a$.txsync.v1.WatchLocalSubmitsResponse0\x01\x12U\n\x0eReportProgress\x12 .txsync.v1.ReportProgressRequest\x1a!.txsync.v1.ReportProgressResponseb\x06proto3'
 )
 
 _globals = globals()
@@ -47,36 +47,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_LOADPROTOCOLSTATEREQUEST"]._serialized_end = 429
     _globals["_LOADPROTOCOLSTATERESPONSE"]._serialized_start = 432
     _globals["_LOADPROTOCOLSTATERESPONSE"]._serialized_end = 754
-    _globals["_VIEWVOTE"]._serialized_start = 757
-    _globals["_VIEWVOTE"]._serialized_end = 891
-    _globals["_INCOMINGENTRY"]._serialized_start = 893
-    _globals["_INCOMINGENTRY"]._serialized_end = 959
-    _globals["_STATECHANGE"]._serialized_start = 961
-    _globals["_STATECHANGE"]._serialized_end = 1061
-    _globals["_PERSISTSTEPREQUEST"]._serialized_start = 1064
-    _globals["_PERSISTSTEPREQUEST"]._serialized_end = 1384
-    _globals["_PERSISTSTEPRESPONSE"]._serialized_start = 1386
-    _globals["_PERSISTSTEPRESPONSE"]._serialized_end = 1449
-    _globals["_STOREBODYREQUEST"]._serialized_start = 1451
-    _globals["_STOREBODYREQUEST"]._serialized_end = 1514
-    _globals["_STOREBODYRESPONSE"]._serialized_start = 1516
-    _globals["_STOREBODYRESPONSE"]._serialized_end = 1551
-    _globals["_READBODYREQUEST"]._serialized_start = 1553
-    _globals["_READBODYREQUEST"]._serialized_end = 1585
-    _globals["_READBODYRESPONSE"]._serialized_start = 1587
-    _globals["_READBODYRESPONSE"]._serialized_end = 1635
-    _globals["_READSYNCEDREQUEST"]._serialized_start = 1637
-    _globals["_READSYNCEDREQUEST"]._serialized_end = 1693
-    _globals["_READSYNCEDRESPONSE"]._serialized_start = 1695
-    _globals["_READSYNCEDRESPONSE"]._serialized_end = 1788
-    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_start = 1790
-    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_end = 1861
-    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_start = 1864
-    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_end = 1993
-    _globals["_ADVANCESTATESREQUEST"]._serialized_start = 1995
-    _globals["_ADVANCESTATESREQUEST"]._serialized_end = 2075
-    _globals["_ADVANCESTATESRESPONSE"]._serialized_start = 2077
-    _globals["_ADVANCESTATESRESPONSE"]._serialized_end = 2100
-    _globals["_STOREINTERNALSERVICE"]._serialized_start = 2103
-    _globals["_STOREINTERNALSERVICE"]._serialized_end = 2873
+    _globals["_INCOMINGENTRY"]._serialized_start = 756
+    _globals["_INCOMINGENTRY"]._serialized_end = 822
+    _globals["_STATECHANGE"]._serialized_start = 824
+    _globals["_STATECHANGE"]._serialized_end = 924
+    _globals["_PERSISTSTEPREQUEST"]._serialized_start = 927
+    _globals["_PERSISTSTEPREQUEST"]._serialized_end = 1247
+    _globals["_PERSISTSTEPRESPONSE"]._serialized_start = 1249
+    _globals["_PERSISTSTEPRESPONSE"]._serialized_end = 1312
+    _globals["_STOREBODYREQUEST"]._serialized_start = 1314
+    _globals["_STOREBODYREQUEST"]._serialized_end = 1377
+    _globals["_STOREBODYRESPONSE"]._serialized_start = 1379
+    _globals["_STOREBODYRESPONSE"]._serialized_end = 1414
+    _globals["_READBODYREQUEST"]._serialized_start = 1416
+    _globals["_READBODYREQUEST"]._serialized_end = 1448
+    _globals["_READBODYRESPONSE"]._serialized_start = 1450
+    _globals["_READBODYRESPONSE"]._serialized_end = 1498
+    _globals["_READSYNCEDREQUEST"]._serialized_start = 1500
+    _globals["_READSYNCEDREQUEST"]._serialized_end = 1556
+    _globals["_READSYNCEDRESPONSE"]._serialized_start = 1558
+    _globals["_READSYNCEDRESPONSE"]._serialized_end = 1651
+    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_start = 1653
+    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_end = 1724
+    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_start = 1727
+    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_end = 1856
+    _globals["_ADVANCESTATESREQUEST"]._serialized_start = 1858
+    _globals["_ADVANCESTATESREQUEST"]._serialized_end = 1938
+    _globals["_ADVANCESTATESRESPONSE"]._serialized_start = 1940
+    _globals["_ADVANCESTATESRESPONSE"]._serialized_end = 1963
+    _globals["_STOREINTERNALSERVICE"]._serialized_start = 1966
+    _globals["_STOREINTERNALSERVICE"]._serialized_end = 2736
 # @@protoc_insertion_point(module_scope)

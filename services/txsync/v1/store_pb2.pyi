@@ -199,7 +199,7 @@ class LoadProtocolStateResponse(_message.Message):
         """The installed view (unset: view 0 of the whole configuration)."""
 
     @_builtins.property
-    def vote(self) -> Global___ViewVote:
+    def vote(self) -> _common_pb2.ViewVote:
         """The coordinator's vote in the next view change, if any."""
 
     def __init__(
@@ -213,7 +213,7 @@ class LoadProtocolStateResponse(_message.Message):
         incoming: _abc.Iterable[Global___IncomingEntry] | None = ...,
         synced_unacquired: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
         view: _common_pb2.ViewProposal | None = ...,
-        vote: Global___ViewVote | None = ...,
+        vote: _common_pb2.ViewVote | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "merge_base", b"merge_base", "view", b"view", "vote", b"vote"
@@ -243,50 +243,6 @@ class LoadProtocolStateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LoadProtocolStateResponse: _TypeAlias = LoadProtocolStateResponse  # noqa: Y015
-
-@_typing.final
-class ViewVote(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    PROMISED_FIELD_NUMBER: _builtins.int
-    ACCEPTED_BALLOT_FIELD_NUMBER: _builtins.int
-    ACCEPTED_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def promised(self) -> _common_pb2.Ballot: ...
-    @_builtins.property
-    def accepted_ballot(self) -> _common_pb2.Ballot:
-        """Unset when nothing was accepted."""
-
-    @_builtins.property
-    def accepted(self) -> _common_pb2.ViewProposal: ...
-    def __init__(
-        self,
-        *,
-        promised: _common_pb2.Ballot | None = ...,
-        accepted_ballot: _common_pb2.Ballot | None = ...,
-        accepted: _common_pb2.ViewProposal | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "accepted",
-        b"accepted",
-        "accepted_ballot",
-        b"accepted_ballot",
-        "promised",
-        b"promised",
-    ]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "accepted",
-        b"accepted",
-        "accepted_ballot",
-        b"accepted_ballot",
-        "promised",
-        b"promised",
-    ]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ViewVote: _TypeAlias = ViewVote  # noqa: Y015
 
 @_typing.final
 class IncomingEntry(_message.Message):
@@ -389,7 +345,7 @@ class PersistStepRequest(_message.Message):
         """A view installed in this step (its seal is in `synced`); it clears the vote."""
 
     @_builtins.property
-    def vote(self) -> Global___ViewVote:
+    def vote(self) -> _common_pb2.ViewVote:
         """The vote after this step (written after `installed_view`)."""
 
     def __init__(
@@ -403,7 +359,7 @@ class PersistStepRequest(_message.Message):
         service: _builtins.str = ...,
         forgotten: _abc.Iterable[_builtins.str] | None = ...,
         installed_view: _common_pb2.ViewProposal | None = ...,
-        vote: Global___ViewVote | None = ...,
+        vote: _common_pb2.ViewVote | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "installed_view",

@@ -23,7 +23,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x15txsync/v1/txlog.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"0\n\x08LogBatch\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.txsync.v1.LogEntry"\x96\x04\n\x08LogEntry\x12\x12\n\nat_unix_ms\x18\x01 \x01(\x03\x12+\n\tsubmitted\x18\x02 \x01(\x0b\x32\x16.txsync.v1.TxSubmittedH\x00\x12*\n\nmeta_known\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MetaKnownH\x00\x12,\n\x0b\x62ody_stored\x18\x04 \x01(\x0b\x32\x15.txsync.v1.BodyStoredH\x00\x12+\n\x07\x63ounter\x18\x05 \x01(\x0b\x32\x18.txsync.v1.CounterRaisedH\x00\x12(\n\x05\x65poch\x18\x06 \x01(\x0b\x32\x17.txsync.v1.EpochStartedH\x00\x12+\n\x06synced\x18\x07 \x01(\x0b\x32\x19.txsync.v1.SyncedAppendedH\x00\x12&\n\x05state\x18\x08 \x01(\x0b\x32\x15.txsync.v1.StateMovedH\x00\x12\'\n\x08snapshot\x18\t \x01(\x0b\x32\x13.txsync.v1.SnapshotH\x00\x12*\n\nview_voted\x18\n \x01(\x0b\x32\x14.txsync.v1.ViewVotedH\x00\x12\x32\n\x0eview_installed\x18\x0b \x01(\x0b\x32\x18.txsync.v1.ViewInstalledH\x00\x12\x31\n\tforgotten\x18\x0c \x01(\x0b\x32\x1c.txsync.v1.IncomingForgottenH\x00\x42\x07\n\x05\x65ntry"\x87\x01\n\tViewVoted\x12#\n\x08promised\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12*\n\x0f\x61\x63\x63\x65pted_ballot\x18\x02 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x0b\x32\x17.txsync.v1.ViewProposal";\n\rViewInstalled\x12*\n\tinstalled\x18\x01 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"#\n\x11IncomingForgotten\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t"\xa6\x01\n\x0bTxSubmitted\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x03 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btraceparent\x18\x05 \x01(\t\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12\x12\n\nmembership\x18\x08 \x01(\x08",\n\tMetaKnown\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta"f\n\nBodyStored\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x02 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x12\n\nmembership\x18\x05 \x01(\x08" \n\rCounterRaised\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04"\x1d\n\x0c\x45pochStarted\x12\r\n\x05\x65poch\x18\x01 \x01(\x04"W\n\x0eSyncedAppended\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12 \n\x05metas\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"t\n\nStateMoved\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07service\x18\x03 \x01(\t\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome"\x86\x02\n\x08Snapshot\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nsynced_len\x18\x03 \x01(\x04\x12\x15\n\rsynced_offset\x18\x04 \x01(\x04\x12!\n\x06synced\x18\x05 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12"\n\x03txs\x18\x06 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x1c\n\x14truncated_last_tx_id\x18\x07 \x01(\t\x12&\n\x04view\x18\x08 \x01(\x0b\x32\x18.txsync.v1.ViewInstalled\x12"\n\x04vote\x18\t \x01(\x0b\x32\x14.txsync.v1.ViewVoted"\xb5\x02\n\nSnapshotTx\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08has_meta\x18\x03 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x05 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x06 \x01(\x04\x12\x11\n\tbody_held\x18\x07 \x01(\x08\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12&\n\x07history\x18\t \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\n \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\r\n\x05local\x18\x0b \x01(\x08\x12\x0b\n\x03seq\x18\x0c \x01(\x04\x12\x12\n\nmembership\x18\r \x01(\x08\x62\x06proto3'
+    b'\n\x15txsync/v1/txlog.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"0\n\x08LogBatch\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.txsync.v1.LogEntry"\x95\x04\n\x08LogEntry\x12\x12\n\nat_unix_ms\x18\x01 \x01(\x03\x12+\n\tsubmitted\x18\x02 \x01(\x0b\x32\x16.txsync.v1.TxSubmittedH\x00\x12*\n\nmeta_known\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MetaKnownH\x00\x12,\n\x0b\x62ody_stored\x18\x04 \x01(\x0b\x32\x15.txsync.v1.BodyStoredH\x00\x12+\n\x07\x63ounter\x18\x05 \x01(\x0b\x32\x18.txsync.v1.CounterRaisedH\x00\x12(\n\x05\x65poch\x18\x06 \x01(\x0b\x32\x17.txsync.v1.EpochStartedH\x00\x12+\n\x06synced\x18\x07 \x01(\x0b\x32\x19.txsync.v1.SyncedAppendedH\x00\x12&\n\x05state\x18\x08 \x01(\x0b\x32\x15.txsync.v1.StateMovedH\x00\x12\'\n\x08snapshot\x18\t \x01(\x0b\x32\x13.txsync.v1.SnapshotH\x00\x12)\n\nview_voted\x18\n \x01(\x0b\x32\x13.txsync.v1.ViewVoteH\x00\x12\x32\n\x0eview_installed\x18\x0b \x01(\x0b\x32\x18.txsync.v1.ViewInstalledH\x00\x12\x31\n\tforgotten\x18\x0c \x01(\x0b\x32\x1c.txsync.v1.IncomingForgottenH\x00\x42\x07\n\x05\x65ntry";\n\rViewInstalled\x12*\n\tinstalled\x18\x01 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"#\n\x11IncomingForgotten\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t"\xa6\x01\n\x0bTxSubmitted\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x03 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btraceparent\x18\x05 \x01(\t\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12\x12\n\nmembership\x18\x08 \x01(\x08",\n\tMetaKnown\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta"f\n\nBodyStored\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x02 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x12\n\nmembership\x18\x05 \x01(\x08" \n\rCounterRaised\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04"\x1d\n\x0c\x45pochStarted\x12\r\n\x05\x65poch\x18\x01 \x01(\x04"W\n\x0eSyncedAppended\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12 \n\x05metas\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"t\n\nStateMoved\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07service\x18\x03 \x01(\t\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome"\x85\x02\n\x08Snapshot\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nsynced_len\x18\x03 \x01(\x04\x12\x15\n\rsynced_offset\x18\x04 \x01(\x04\x12!\n\x06synced\x18\x05 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12"\n\x03txs\x18\x06 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x1c\n\x14truncated_last_tx_id\x18\x07 \x01(\t\x12&\n\x04view\x18\x08 \x01(\x0b\x32\x18.txsync.v1.ViewInstalled\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"\xb5\x02\n\nSnapshotTx\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08has_meta\x18\x03 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x05 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x06 \x01(\x04\x12\x11\n\tbody_held\x18\x07 \x01(\x08\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12&\n\x07history\x18\t \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\n \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\r\n\x05local\x18\x0b \x01(\x08\x12\x0b\n\x03seq\x18\x0c \x01(\x04\x12\x12\n\nmembership\x18\r \x01(\x08\x62\x06proto3'
 )
 
 _globals = globals()
@@ -34,29 +34,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_LOGBATCH"]._serialized_start = 60
     _globals["_LOGBATCH"]._serialized_end = 108
     _globals["_LOGENTRY"]._serialized_start = 111
-    _globals["_LOGENTRY"]._serialized_end = 645
-    _globals["_VIEWVOTED"]._serialized_start = 648
-    _globals["_VIEWVOTED"]._serialized_end = 783
-    _globals["_VIEWINSTALLED"]._serialized_start = 785
-    _globals["_VIEWINSTALLED"]._serialized_end = 844
-    _globals["_INCOMINGFORGOTTEN"]._serialized_start = 846
-    _globals["_INCOMINGFORGOTTEN"]._serialized_end = 881
-    _globals["_TXSUBMITTED"]._serialized_start = 884
-    _globals["_TXSUBMITTED"]._serialized_end = 1050
-    _globals["_METAKNOWN"]._serialized_start = 1052
-    _globals["_METAKNOWN"]._serialized_end = 1096
-    _globals["_BODYSTORED"]._serialized_start = 1098
-    _globals["_BODYSTORED"]._serialized_end = 1200
-    _globals["_COUNTERRAISED"]._serialized_start = 1202
-    _globals["_COUNTERRAISED"]._serialized_end = 1234
-    _globals["_EPOCHSTARTED"]._serialized_start = 1236
-    _globals["_EPOCHSTARTED"]._serialized_end = 1265
-    _globals["_SYNCEDAPPENDED"]._serialized_start = 1267
-    _globals["_SYNCEDAPPENDED"]._serialized_end = 1354
-    _globals["_STATEMOVED"]._serialized_start = 1356
-    _globals["_STATEMOVED"]._serialized_end = 1472
-    _globals["_SNAPSHOT"]._serialized_start = 1475
-    _globals["_SNAPSHOT"]._serialized_end = 1737
-    _globals["_SNAPSHOTTX"]._serialized_start = 1740
-    _globals["_SNAPSHOTTX"]._serialized_end = 2049
+    _globals["_LOGENTRY"]._serialized_end = 644
+    _globals["_VIEWINSTALLED"]._serialized_start = 646
+    _globals["_VIEWINSTALLED"]._serialized_end = 705
+    _globals["_INCOMINGFORGOTTEN"]._serialized_start = 707
+    _globals["_INCOMINGFORGOTTEN"]._serialized_end = 742
+    _globals["_TXSUBMITTED"]._serialized_start = 745
+    _globals["_TXSUBMITTED"]._serialized_end = 911
+    _globals["_METAKNOWN"]._serialized_start = 913
+    _globals["_METAKNOWN"]._serialized_end = 957
+    _globals["_BODYSTORED"]._serialized_start = 959
+    _globals["_BODYSTORED"]._serialized_end = 1061
+    _globals["_COUNTERRAISED"]._serialized_start = 1063
+    _globals["_COUNTERRAISED"]._serialized_end = 1095
+    _globals["_EPOCHSTARTED"]._serialized_start = 1097
+    _globals["_EPOCHSTARTED"]._serialized_end = 1126
+    _globals["_SYNCEDAPPENDED"]._serialized_start = 1128
+    _globals["_SYNCEDAPPENDED"]._serialized_end = 1215
+    _globals["_STATEMOVED"]._serialized_start = 1217
+    _globals["_STATEMOVED"]._serialized_end = 1333
+    _globals["_SNAPSHOT"]._serialized_start = 1336
+    _globals["_SNAPSHOT"]._serialized_end = 1597
+    _globals["_SNAPSHOTTX"]._serialized_start = 1600
+    _globals["_SNAPSHOTTX"]._serialized_end = 1909
 # @@protoc_insertion_point(module_scope)

@@ -82,7 +82,9 @@ class LogEntry(_message.Message):
     @_builtins.property
     def snapshot(self) -> Global___Snapshot: ...
     @_builtins.property
-    def view_voted(self) -> Global___ViewVoted: ...
+    def view_voted(self) -> _common_pb2.ViewVote:
+        """The coordinator promised (and maybe accepted) in the next view change."""
+
     @_builtins.property
     def view_installed(self) -> Global___ViewInstalled: ...
     @_builtins.property
@@ -99,7 +101,7 @@ class LogEntry(_message.Message):
         synced: Global___SyncedAppended | None = ...,
         state: Global___StateMoved | None = ...,
         snapshot: Global___Snapshot | None = ...,
-        view_voted: Global___ViewVoted | None = ...,
+        view_voted: _common_pb2.ViewVote | None = ...,
         view_installed: Global___ViewInstalled | None = ...,
         forgotten: Global___IncomingForgotten | None = ...,
     ) -> None: ...
@@ -178,52 +180,6 @@ class LogEntry(_message.Message):
     ) -> _WhichOneofReturnType_entry | None: ...
 
 Global___LogEntry: _TypeAlias = LogEntry  # noqa: Y015
-
-@_typing.final
-class ViewVoted(_message.Message):
-    """The coordinator promised (and maybe accepted) in the next view change (PROTOCOL.md §3)."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    PROMISED_FIELD_NUMBER: _builtins.int
-    ACCEPTED_BALLOT_FIELD_NUMBER: _builtins.int
-    ACCEPTED_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def promised(self) -> _common_pb2.Ballot: ...
-    @_builtins.property
-    def accepted_ballot(self) -> _common_pb2.Ballot:
-        """Unset when nothing was accepted."""
-
-    @_builtins.property
-    def accepted(self) -> _common_pb2.ViewProposal: ...
-    def __init__(
-        self,
-        *,
-        promised: _common_pb2.Ballot | None = ...,
-        accepted_ballot: _common_pb2.Ballot | None = ...,
-        accepted: _common_pb2.ViewProposal | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "accepted",
-        b"accepted",
-        "accepted_ballot",
-        b"accepted_ballot",
-        "promised",
-        b"promised",
-    ]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "accepted",
-        b"accepted",
-        "accepted_ballot",
-        b"accepted_ballot",
-        "promised",
-        b"promised",
-    ]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ViewVoted: _TypeAlias = ViewVoted  # noqa: Y015
 
 @_typing.final
 class ViewInstalled(_message.Message):
@@ -549,7 +505,7 @@ class Snapshot(_message.Message):
         """The installed view (unset: view 0 of the whole configuration) and the pending vote."""
 
     @_builtins.property
-    def vote(self) -> Global___ViewVoted: ...
+    def vote(self) -> _common_pb2.ViewVote: ...
     def __init__(
         self,
         *,
@@ -561,7 +517,7 @@ class Snapshot(_message.Message):
         txs: _abc.Iterable[Global___SnapshotTx] | None = ...,
         truncated_last_tx_id: _builtins.str = ...,
         view: Global___ViewInstalled | None = ...,
-        vote: Global___ViewVoted | None = ...,
+        vote: _common_pb2.ViewVote | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view", "vote", b"vote"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
