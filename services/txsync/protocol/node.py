@@ -200,7 +200,7 @@ class ProtocolNode:
         self._others: tuple[NodeId, ...] = ()
         self._set_view(installed)
         self._config_changes: dict[int, ConfigChange] = {}
-        """Membership changes synced here and not yet in the configuration, by ordinal."""
+        """Membership changes synced here and not yet in the configuration, by position."""
         self._promised = durable.promised
         self._accepted_ballot = durable.accepted_ballot
         self._accepted = durable.accepted
