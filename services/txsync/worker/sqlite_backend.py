@@ -1,0 +1,271 @@
+"""The SQLite backend (the embedded default): one database file in WAL mode.
+
+Exactly once: a transaction's statements and the worker's applied position (plus the
+running digest and the outcome) are written in **one** SQLite transaction, so a crash at
+any point leaves either all of it or none of it, and the worker resumes from the position
+its database records. A failing statement rolls its transaction's statements back (a
+savepoint) and the position still advances, with the outcome FAILED: the failure is part
+of the agreed history, like a success.
+
+``synchronous=NORMAL`` in WAL mode keeps every commit atomic; a power loss may drop the
+last commits, and then the position drops with them, so the worker re-applies them: still
+exactly once for its database. The data and the bookkeeping live in the same file, so a
+snapshot (the online backup API) carries its own position.
+
+Reads run on their own connections with ``query_only`` and an authorizer that refuses
+writes; user statements may never write the ``_txsync_`` tables.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from txsync.v1 import common_pb2
+from txsync.worker.outcomes import GENESIS_DIGEST, Applied, Outcome, next_digest
+
+OUTCOMES_KEPT = 4_096
+"""Outcomes kept for re-delivery after a reconnect (older ones are pruned)."""
+RESULT_BYTES_MAX = 4 * 1024 * 1024
+"""A query's rows are cut (``truncated``) past this many bytes of values."""
+BUSY_TIMEOUT_S = 10.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS _txsync_applied (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    position INTEGER NOT NULL,
+    tx_id TEXT NOT NULL,
+    state_digest BLOB NOT NULL
+);
+INSERT OR IGNORE INTO _txsync_applied VALUES (1, 0, '', zeroblob(32));
+CREATE TABLE IF NOT EXISTS _txsync_outcomes (
+    position INTEGER PRIMARY KEY,
+    tx_id TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    rows_affected TEXT NOT NULL,
+    state_digest BLOB NOT NULL,
+    error TEXT NOT NULL
+);
+"""
+
+_WRITE_ACTIONS = {
+    sqlite3.SQLITE_INSERT,
+    sqlite3.SQLITE_UPDATE,
+    sqlite3.SQLITE_DELETE,
+    sqlite3.SQLITE_DROP_TABLE,
+    sqlite3.SQLITE_ALTER_TABLE,
+    sqlite3.SQLITE_CREATE_INDEX,
+    sqlite3.SQLITE_DROP_INDEX,
+    sqlite3.SQLITE_CREATE_TRIGGER,
+}
+_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
+_NEVER_IN_A_TRANSACTION = {
+    sqlite3.SQLITE_TRANSACTION,  # BEGIN/COMMIT/ROLLBACK would end ours half-way
+    sqlite3.SQLITE_SAVEPOINT,
+    sqlite3.SQLITE_ATTACH,
+    sqlite3.SQLITE_DETACH,
+    sqlite3.SQLITE_PRAGMA,  # journal mode, synchronous, ... are the worker's business
+}
+
+
+class ApplyOrderError(Exception):
+    """A transaction that is not the next one (a gap, or one applied so long ago that
+    its outcome is gone)."""
+
+
+class QueryRefused(Exception):
+    """A query that writes, or that the database refuses to prepare."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    columns: tuple[str, ...]
+    rows: tuple[tuple[object, ...], ...]
+    truncated: bool
+    position: int
+    """The applied position the rows were read at."""
+
+
+def to_python(value: common_pb2.SqlValue) -> object:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "bool_value":
+        return int(value.bool_value)
+    return getattr(value, kind)
+
+
+def to_sql_value(value: object) -> common_pb2.SqlValue:
+    if value is None:
+        return common_pb2.SqlValue()
+    if isinstance(value, bool):
+        return common_pb2.SqlValue(bool_value=value)
+    if isinstance(value, int):
+        return common_pb2.SqlValue(int_value=value)
+    if isinstance(value, float):
+        return common_pb2.SqlValue(real_value=value)
+    if isinstance(value, bytes):
+        return common_pb2.SqlValue(blob_value=value)
+    return common_pb2.SqlValue(text_value=str(value))
+
+
+def _guard_bookkeeping(action: int, table: str | None, *_: object) -> int:
+    """User statements may read the ``_txsync_`` tables but never change them, and may
+    not end, nest or reconfigure the worker's transaction."""
+    if action in _NEVER_IN_A_TRANSACTION:
+        return sqlite3.SQLITE_DENY
+    if action in _WRITE_ACTIONS and table is not None and table.startswith("_txsync_"):
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+def _read_only(action: int, *_: object) -> int:
+    return sqlite3.SQLITE_OK if action in _READ_ACTIONS else sqlite3.SQLITE_DENY
+
+
+class SqliteBackend:
+    name = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # one writer; calls come from worker threads
+        self._conn = sqlite3.connect(
+            path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S
+        )
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def applied(self) -> Applied:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT position, tx_id, state_digest FROM _txsync_applied"
+            ).fetchone()
+        return Applied(int(row[0]), str(row[1]), bytes(row[2]) or GENESIS_DIGEST)
+
+    def apply(
+        self, position: int, tx_id: str, body: common_pb2.TxBody, *, run: bool = True
+    ) -> Outcome:
+        """Apply the transaction at ``position`` (which must be the next one), or return
+        its recorded outcome if it was applied already. ``run=False`` records it FAILED
+        without running it (the DC's testing worker failed it)."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                outcome = self._apply_in_transaction(conn, position, tx_id, body, run)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            if outcome is None:  # applied earlier: nothing to write
+                conn.execute("ROLLBACK")
+                return self._recorded(position, tx_id)
+            conn.execute("COMMIT")
+            return outcome
+
+    def _apply_in_transaction(
+        self,
+        conn: sqlite3.Connection,
+        position: int,
+        tx_id: str,
+        body: common_pb2.TxBody,
+        run: bool,
+    ) -> Outcome | None:
+        last, _, digest = conn.execute(
+            "SELECT position, tx_id, state_digest FROM _txsync_applied"
+        ).fetchone()
+        if position <= last:
+            return None
+        if position != last + 1:
+            raise ApplyOrderError(f"position {position} after {last}: a gap")
+        ok, error = False, "not run: the DC's testing worker failed it"
+        rows: tuple[int, ...] = ()
+        if run:
+            ok, rows, error = self._run(conn, body)
+            if not conn.in_transaction:
+                # Some errors (a full disk, an ON CONFLICT ROLLBACK clause) roll back the
+                # whole transaction, not just the savepoint; we still hold the writer lock.
+                conn.execute("BEGIN IMMEDIATE")
+        digest = next_digest(bytes(digest), position, tx_id, body, ok=ok, rows_affected=rows)
+        conn.execute(
+            "UPDATE _txsync_applied SET position = ?, tx_id = ?, state_digest = ?",
+            (position, tx_id, digest),
+        )
+        conn.execute(
+            "INSERT INTO _txsync_outcomes VALUES (?, ?, ?, ?, ?, ?)",
+            (position, tx_id, int(ok), ",".join(map(str, rows)), digest, error),
+        )
+        conn.execute(
+            "DELETE FROM _txsync_outcomes WHERE position <= ?", (position - OUTCOMES_KEPT,)
+        )
+        return Outcome(position, tx_id, ok, rows, digest, error)
+
+    @staticmethod
+    def _run(
+        conn: sqlite3.Connection, body: common_pb2.TxBody
+    ) -> tuple[bool, tuple[int, ...], str]:
+        conn.execute("SAVEPOINT tx")
+        conn.set_authorizer(_guard_bookkeeping)
+        rows: list[int] = []
+        try:
+            for statement in body.statements:
+                cursor = conn.execute(statement.sql, [to_python(p) for p in statement.params])
+                rows.append(max(cursor.rowcount, 0))
+        except (sqlite3.Error, ValueError, OverflowError) as error:
+            conn.set_authorizer(None)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO tx")
+                conn.execute("RELEASE tx")
+            return False, (), f"{type(error).__name__}: {error}"
+        conn.set_authorizer(None)
+        conn.execute("RELEASE tx")
+        return True, tuple(rows), ""
+
+    def _recorded(self, position: int, tx_id: str) -> Outcome:
+        row = self._conn.execute(
+            "SELECT tx_id, ok, rows_affected, state_digest, error FROM _txsync_outcomes "
+            "WHERE position = ?",
+            (position,),
+        ).fetchone()
+        if row is None:
+            raise ApplyOrderError(f"position {position} was applied long ago; outcome pruned")
+        if row[0] != tx_id:
+            raise ApplyOrderError(f"position {position} holds {row[0]}, not {tx_id}")
+        rows = tuple(int(n) for n in str(row[2]).split(",") if n)
+        return Outcome(position, tx_id, bool(row[1]), rows, bytes(row[3]), str(row[4]))
+
+    def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult:
+        """Run a read-only statement on its own connection (reads never wait on writes in
+        WAL mode); the applied position is read in the same snapshot as the rows."""
+        conn = sqlite3.connect(
+            f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S
+        )
+        try:
+            conn.execute("PRAGMA query_only=ON")
+            conn.execute("BEGIN")
+            position = int(conn.execute("SELECT position FROM _txsync_applied").fetchone()[0])
+            conn.set_authorizer(_read_only)
+            try:
+                cursor = conn.execute(statement.sql, [to_python(p) for p in statement.params])
+            except sqlite3.DatabaseError as error:
+                raise QueryRefused(f"{type(error).__name__}: {error}") from None
+            columns = tuple(d[0] for d in cursor.description or ())
+            rows: list[tuple[object, ...]] = []
+            size = 0
+            truncated = False
+            for row in cursor:
+                size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in row)
+                if len(rows) >= max_rows or size > RESULT_BYTES_MAX:
+                    truncated = True
+                    break
+                rows.append(tuple(row))
+            return QueryResult(columns, tuple(rows), truncated, position)
+        finally:
+            conn.close()
