@@ -16,7 +16,14 @@ from grpc_health.v1 import health_pb2
 
 from txsync.rpc import health_status
 
-__all__ = ["ServiceProcess", "free_port", "health_status", "sync_coordinator", "transaction_store"]
+__all__ = [
+    "ServiceProcess",
+    "free_port",
+    "health_status",
+    "sync_coordinator",
+    "transaction_store",
+    "worker",
+]
 
 START_TIMEOUT_S = 30.0
 _RUNNING: set[subprocess.Popen[bytes]] = set()
@@ -142,3 +149,9 @@ def sync_coordinator(
         listen=f"127.0.0.1:{port}",
         plaintext_health="--plaintext" in extra,
     )
+
+
+def worker(data_dir: Path, worker_id: str = "w1", *extra: str) -> ServiceProcess:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    args = ["worker", "--worker-id", worker_id, "--data", str(data_dir), *extra]
+    return ServiceProcess(args, data_dir, f"worker-{worker_id}")

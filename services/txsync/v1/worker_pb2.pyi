@@ -28,11 +28,14 @@ class ApplyRequest(_message.Message):
     TX_ID_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    SKIP_FIELD_NUMBER: _builtins.int
     position: _builtins.int
     """Synced position (1-based); must be the worker's applied position + 1."""
     tx_id: _builtins.str
     traceparent: _builtins.str
     """W3C traceparent of the transaction's trace."""
+    skip: _builtins.bool
+    """The DC's testing worker failed it: record it FAILED at this position without running."""
     @_builtins.property
     def body(self) -> _common_pb2.TxBody: ...
     def __init__(
@@ -42,6 +45,7 @@ class ApplyRequest(_message.Message):
         tx_id: _builtins.str = ...,
         body: _common_pb2.TxBody | None = ...,
         traceparent: _builtins.str = ...,
+        skip: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -50,6 +54,8 @@ class ApplyRequest(_message.Message):
         b"body",
         "position",
         b"position",
+        "skip",
+        b"skip",
         "traceparent",
         b"traceparent",
         "tx_id",
@@ -94,12 +100,15 @@ class WorkerServiceQueryRequest(_message.Message):
     TIMEOUT_FIELD_NUMBER: _builtins.int
     MAX_ROWS_FIELD_NUMBER: _builtins.int
     after_position: _builtins.int
+    """Wait until the worker has applied this far (read-your-writes); 0: read at once."""
     max_rows: _builtins.int
-    """At most 10000."""
+    """At most 10000 (default 1000); past it, or past 4 MiB of values, `truncated` is set."""
     @_builtins.property
     def statement(self) -> _common_pb2.Statement: ...
     @_builtins.property
-    def timeout(self) -> _duration_pb2.Duration: ...
+    def timeout(self) -> _duration_pb2.Duration:
+        """How long to wait for `after_position` (default 5 s, at most 60 s)."""
+
     def __init__(
         self,
         *,

@@ -1,0 +1,110 @@
+"""The worker process: ``txsync worker``.
+
+Serves ``WorkerService`` over one database (SQLite by default) with gRPC health checking
+and reflection. On SIGTERM or SIGINT it reports NOT_SERVING, lets in-flight calls finish
+(up to ``--grace-seconds``) and exits 0; a transaction cut off by a harder stop is rolled
+back by the database and applied again when dispatch resends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from txsync.rpc import (
+    add_health_and_reflection,
+    add_service,
+    announce,
+    mark_serving,
+    new_server,
+    until_stopped,
+)
+from txsync.v1 import worker_pb2
+from txsync.worker.service import WorkerServicer
+from txsync.worker.sqlite_backend import SqliteBackend
+
+log = logging.getLogger("txsync.worker")
+
+WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
+NOT_HERE = {
+    "ExportSnapshot": "workers once recovery lands (issue 5)",
+    "ImportSnapshot": "workers once recovery lands (issue 5)",
+}
+
+
+async def serve(
+    worker_id: str, database: Path, *, listen: str, port_file: Path | None, grace_s: float
+) -> int:
+    backend = SqliteBackend(database)
+    servicer = WorkerServicer(worker_id, backend)
+    server = new_server()
+    add_service(server, servicer, WORKER_SERVICE, NOT_HERE)
+    health = add_health_and_reflection(server, [WORKER_SERVICE])
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        log.critical("cannot listen on %s", listen)
+        return 2
+    await server.start()
+    await mark_serving(health, [WORKER_SERVICE])
+    address = announce(listen, port, port_file)
+    applied = servicer.applied
+    log.info(
+        "worker %s (%s, %s) listening on %s; applied up to position %d",
+        worker_id,
+        backend.name,
+        database,
+        address,
+        applied.position,
+    )
+    await until_stopped()
+    servicer.draining = True
+    await health.enter_graceful_shutdown()
+    await server.stop(grace_s)
+    backend.close()
+    log.info("worker %s stopped cleanly at position %d", worker_id, servicer.applied.position)
+    return 0
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "worker",
+        help="run a worker: apply the agreed order to a SQL database",
+        description=(
+            "Apply a DC's synced transactions, in order and exactly once, to one database "
+            "(SQLite, WAL), and serve reads after a position."
+        ),
+        epilog="example:\n  txsync worker --worker-id dc1-w1 --data ./data/dc1/w1 "
+        "--listen 127.0.0.1:7011",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--worker-id", required=True, help="this worker's id (e.g. dc1-w1)")
+    parser.add_argument(
+        "--data", type=Path, required=True, help="data directory (the database file inside)"
+    )
+    parser.add_argument("--listen", default="127.0.0.1:7011", help="host:port (port 0: any)")
+    parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
+    parser.add_argument("--grace-seconds", type=float, default=5.0,
+                        help="how long in-flight calls may finish at shutdown")  # fmt: skip
+    parser.set_defaults(handler=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    database = options.data / "worker.sqlite"
+    return asyncio.run(
+        serve(
+            options.worker_id,
+            database,
+            listen=options.listen,
+            port_file=options.port_file,
+            grace_s=options.grace_seconds,
+        )
+    )

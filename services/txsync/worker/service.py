@@ -1,0 +1,149 @@
+"""``WorkerService``: apply in order, read after a position, report position and health.
+
+The backend is synchronous (SQLite's driver, psycopg's blocking mode), so every database
+call runs in a worker thread; the backend serialises writers itself. Waiting readers
+sleep on one condition that every apply wakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import grpc
+
+from txsync.rpc import ServiceError, abort, answers_errors, check_request
+from txsync.v1 import common_pb2, worker_pb2
+from txsync.worker.outcomes import Applied, Outcome
+from txsync.worker.sqlite_backend import ApplyOrderError, QueryRefused, QueryResult, to_sql_value
+
+log = logging.getLogger(__name__)
+
+QUERY_TIMEOUT_DEFAULT_S = 5.0
+QUERY_TIMEOUT_MAX_S = 60.0
+QUERY_ROWS_DEFAULT = 1_000
+QUERY_ROWS_MAX = 10_000
+
+
+class Backend(Protocol):
+    name: str
+
+    def applied(self) -> Applied: ...
+
+    def apply(
+        self, position: int, tx_id: str, body: common_pb2.TxBody, *, run: bool = True
+    ) -> Outcome: ...
+
+    def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult: ...
+
+
+class WorkerServicer:
+    """Served with ``add_service``; snapshot export and import come with recovery."""
+
+    def __init__(self, worker_id: str, backend: Backend) -> None:
+        self.worker_id = worker_id
+        self.backend = backend
+        self.applied = backend.applied()
+        self.draining = False
+        self._applied_changed = asyncio.Condition()
+
+    async def Apply(
+        self,
+        requests: AsyncIterator[worker_pb2.ApplyRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[worker_pb2.ApplyResponse]:
+        """One outcome per transaction, in order. A transaction that is not the next one
+        ends the stream with FAILED_PRECONDITION naming our position, so that dispatch
+        resumes from there; one applied before is answered from its recorded outcome."""
+        async for request in requests:
+            try:
+                check_request(request)
+                outcome = await asyncio.to_thread(
+                    self.backend.apply,
+                    request.position,
+                    request.tx_id,
+                    request.body,
+                    run=not request.skip,
+                )
+            except ApplyOrderError as error:
+                where = self.applied.position
+                await abort(
+                    context,
+                    ServiceError(
+                        grpc.StatusCode.FAILED_PRECONDITION, f"{error} (applied: {where})"
+                    ),
+                )
+                return
+            except ServiceError as error:
+                await abort(context, error)
+                return
+            if outcome.position > self.applied.position:
+                self.applied = Applied(outcome.position, outcome.tx_id, outcome.state_digest)
+                async with self._applied_changed:
+                    self._applied_changed.notify_all()
+            yield worker_pb2.ApplyResponse(tx_id=outcome.tx_id, outcome=outcome.to_proto())
+
+    @answers_errors
+    async def Query(
+        self,
+        request: worker_pb2.WorkerServiceQueryRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_pb2.WorkerServiceQueryResponse:
+        timeout_s = QUERY_TIMEOUT_DEFAULT_S
+        if request.HasField("timeout"):
+            timeout_s = request.timeout.ToTimedelta().total_seconds()
+        if not 0 < timeout_s <= QUERY_TIMEOUT_MAX_S:
+            raise _invalid(f"timeout: must be above 0 and at most {QUERY_TIMEOUT_MAX_S:.0f} s")
+        max_rows = request.max_rows or QUERY_ROWS_DEFAULT
+        if max_rows > QUERY_ROWS_MAX:
+            raise _invalid(f"max_rows: at most {QUERY_ROWS_MAX}")
+        if not request.statement.sql.strip():
+            raise _invalid("statement.sql: empty")
+        await self._wait_applied(request.after_position, timeout_s)
+        try:
+            result = await asyncio.to_thread(self.backend.query, request.statement, max_rows)
+        except QueryRefused as error:
+            raise _invalid(f"statement refused (reads only): {error}") from None
+        return worker_pb2.WorkerServiceQueryResponse(
+            columns=list(result.columns),
+            rows=[
+                worker_pb2.WorkerRow(values=[to_sql_value(value) for value in row])
+                for row in result.rows
+            ],
+            truncated=result.truncated,
+            position=result.position,
+        )
+
+    async def _wait_applied(self, position: int, timeout_s: float) -> None:
+        async def reached() -> None:
+            async with self._applied_changed:
+                await self._applied_changed.wait_for(lambda: self.applied.position >= position)
+
+        try:
+            await asyncio.wait_for(reached(), timeout_s)
+        except TimeoutError:
+            raise ServiceError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"not applied up to position {position} within {timeout_s:g} s "
+                f"(applied: {self.applied.position})",
+            ) from None
+
+    @answers_errors
+    async def Heartbeat(
+        self, request: worker_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.HeartbeatResponse:
+        applied = self.applied
+        return worker_pb2.HeartbeatResponse(
+            worker_id=self.worker_id,
+            position=applied.position,
+            tx_id=applied.tx_id,
+            state_digest=applied.state_digest,
+            backend=self.backend.name,
+            draining=self.draining,
+        )
+
+
+def _invalid(reason: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, reason)

@@ -1,0 +1,95 @@
+"""A real worker process over gRPC: streamed applies, read-your-writes, refusals."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from tests.support.processes import ServiceProcess, worker
+from tests.worker.apply_driver import body_at
+from txsync.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+
+@pytest.fixture
+def running_worker(tmp_path: Path) -> Iterator[ServiceProcess]:
+    process = worker(tmp_path / "w1", "w1")
+    process.start()
+    yield process
+    assert process.terminate() == 0, process.log()
+
+
+def _requests(
+    first: int, last: int, skip: frozenset[int] = frozenset()
+) -> Iterator[worker_pb2.ApplyRequest]:
+    for position in range(first, last + 1):
+        yield worker_pb2.ApplyRequest(
+            position=position, tx_id=f"tx-{position}", body=body_at(position),
+            skip=position in skip,
+        )  # fmt: skip
+
+
+def _count_query(after: int, timeout_s: float = 10) -> worker_pb2.WorkerServiceQueryRequest:
+    return worker_pb2.WorkerServiceQueryRequest(
+        statement=common_pb2.Statement(sql="SELECT count(*) FROM applied_log"),
+        after_position=after,
+        timeout=Duration(seconds=int(timeout_s)),
+    )
+
+
+def test_streamed_applies_reads_after_a_position_and_heartbeats(
+    running_worker: ServiceProcess,
+) -> None:
+    with grpc.insecure_channel(running_worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        # A read that waits for position 200, issued before anything is applied.
+        answers: list[worker_pb2.WorkerServiceQueryResponse] = []
+        reader = threading.Thread(target=lambda: answers.append(stub.Query(_count_query(200))))
+        reader.start()
+        outcomes = list(stub.Apply(_requests(1, 300, skip=frozenset({250}))))
+        reader.join()
+        assert [o.outcome.position for o in outcomes] == list(range(1, 301))
+        states = {o.outcome.position: o.outcome.state for o in outcomes}
+        assert states[250] == common_pb2.TX_STATE_FAILED and states[1] == common_pb2.TX_STATE_OK
+        assert answers[0].position >= 200 and answers[0].rows[0].values[0].int_value >= 199
+
+        beat = stub.Heartbeat(worker_pb2.HeartbeatRequest())
+        assert (beat.worker_id, beat.position, beat.tx_id) == ("w1", 300, "tx-300")
+        assert beat.state_digest == outcomes[-1].outcome.state_digest and beat.backend == "sqlite"
+
+        # Re-sent positions are answered from the record; a gap ends the stream.
+        again = list(stub.Apply(_requests(299, 300)))
+        assert [a.outcome.state_digest for a in again] == [
+            o.outcome.state_digest for o in outcomes[-2:]
+        ]
+        with pytest.raises(grpc.RpcError) as gap:
+            list(stub.Apply(_requests(305, 305)))
+        assert gap.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "applied: 300" in (gap.value.details() or "")
+
+
+def test_queries_refuse_writes_bad_limits_and_time_out(running_worker: ServiceProcess) -> None:
+    with grpc.insecure_channel(running_worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        list(stub.Apply(_requests(1, 3)))
+        cases = [
+            (worker_pb2.WorkerServiceQueryRequest(
+                statement=common_pb2.Statement(sql="DELETE FROM applied_log")),
+             grpc.StatusCode.INVALID_ARGUMENT, "reads only"),
+            (worker_pb2.WorkerServiceQueryRequest(
+                statement=common_pb2.Statement(sql="SELECT 1"), max_rows=20_000),
+             grpc.StatusCode.INVALID_ARGUMENT, "max_rows"),
+            (_count_query(after=10, timeout_s=1), grpc.StatusCode.DEADLINE_EXCEEDED, "applied: 3"),
+        ]  # fmt: skip
+        for request, code, words in cases:
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Query(request)
+            assert refused.value.code() is code and words in (refused.value.details() or "")
+        with pytest.raises(grpc.RpcError) as later:
+            next(iter(stub.ExportSnapshot(worker_pb2.ExportSnapshotRequest())))
+        assert later.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        assert stub.Query(_count_query(after=3)).rows[0].values[0].int_value == 2
