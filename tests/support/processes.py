@@ -23,6 +23,7 @@ __all__ = [
     "sync_coordinator",
     "transaction_store",
     "worker",
+    "worker_dispatch",
 ]
 
 START_TIMEOUT_S = 30.0
@@ -151,7 +152,16 @@ def sync_coordinator(
     )
 
 
-def worker(data_dir: Path, worker_id: str = "w1", *extra: str) -> ServiceProcess:
+def worker(data_dir: Path, worker_id: str = "w1", *extra: str, port: int = 0) -> ServiceProcess:
+    """``port``: fixed, so that a restarted worker answers where dispatch dials it."""
     data_dir.mkdir(parents=True, exist_ok=True)
     args = ["worker", "--worker-id", worker_id, "--data", str(data_dir), *extra]
-    return ServiceProcess(args, data_dir, f"worker-{worker_id}")
+    return ServiceProcess(args, data_dir, f"worker-{worker_id}", listen=f"127.0.0.1:{port}")
+
+
+def worker_dispatch(workdir: Path, store: str, workers: dict[str, str]) -> ServiceProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    args = ["worker-dispatch", "--store", store]
+    for worker_id, address in workers.items():
+        args += ["--worker", f"{worker_id}={address}"]
+    return ServiceProcess(args, workdir, "worker-dispatch")

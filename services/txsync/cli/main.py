@@ -11,6 +11,7 @@ from txsync.cli import sim_command, submit_command
 from txsync.sync_coordinator import server as sync_coordinator_server
 from txsync.transaction_store import server as transaction_store_server
 from txsync.worker import server as worker_server
+from txsync.worker_dispatch import server as worker_dispatch_server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     transaction_store_server.register(commands)
     sync_coordinator_server.register(commands)
     worker_server.register(commands)
+    worker_dispatch_server.register(commands)
     dev_cluster.register(commands)
     submit_command.register(commands)
     return parser

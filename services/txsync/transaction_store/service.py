@@ -318,9 +318,14 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                 request.from_position, membership_only=request.membership_only
             ):
                 body = await self._store.read_body(record.tx_id)
+                state = record.state
                 response = store_pb2.FollowEnqueuedResponse(
-                    position=position, traceparent=record.traceparent
+                    position=position,
+                    traceparent=record.traceparent,
+                    state=common_pb2.TxState.ValueType(state.value if state else 0),
                 )
+                if record.outcome is not None:
+                    response.outcome.CopyFrom(record.outcome)
                 if record.meta is not None:
                     response.meta.CopyFrom(meta_to_proto(record.meta))
                 if body is not None:

@@ -597,13 +597,23 @@ class FollowEnqueuedResponse(_message.Message):
     META_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     position: _builtins.int
     traceparent: _builtins.str
     """W3C traceparent of the transaction's trace."""
+    state: _common_pb2.TxState.ValueType
+    """Its state when streamed (ENQUEUED, TESTING, OK or FAILED: dispatch resumes from
+    where its workers are, so it may see transactions that are done already).
+    """
     @_builtins.property
     def meta(self) -> _common_pb2.TxMeta: ...
     @_builtins.property
     def body(self) -> _common_pb2.TxBody: ...
+    @_builtins.property
+    def outcome(self) -> _common_pb2.Outcome:
+        """The DC's outcome, once OK or FAILED."""
+
     def __init__(
         self,
         *,
@@ -611,16 +621,24 @@ class FollowEnqueuedResponse(_message.Message):
         meta: _common_pb2.TxMeta | None = ...,
         body: _common_pb2.TxBody | None = ...,
         traceparent: _builtins.str = ...,
+        state: _common_pb2.TxState.ValueType = ...,
+        outcome: _common_pb2.Outcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "meta", b"meta"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "body", b"body", "meta", b"meta", "outcome", b"outcome"
+    ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "body",
         b"body",
         "meta",
         b"meta",
+        "outcome",
+        b"outcome",
         "position",
         b"position",
+        "state",
+        b"state",
         "traceparent",
         b"traceparent",
     ]  # noqa: Y015

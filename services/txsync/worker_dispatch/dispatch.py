@@ -1,0 +1,322 @@
+"""Feeding a DC's synced transactions to its workers (PROTOCOL.md §4.7).
+
+One **pipeline** at a time, over the workers that are healthy and in sync: one of them is
+the **testing worker** (it keeps the role while fit; otherwise the first in configured
+order takes it). Transactions stream from the store's
+``FollowEnqueued`` in synced order; each goes to the testing worker first (the store
+records TESTING), its outcome becomes the DC's (OK or FAILED, recorded in the store), and
+then every other worker applies it, running it on OK and recording it unrun on FAILED.
+Every worker answers with its running state digest; one that differs from the testing
+worker's is **out of sync**: it gets no more work, and the admin status and the log say
+so, naming the position.
+
+Nothing waits on a round trip: each worker has one streamed ``Apply`` call with up to
+``WINDOW`` transactions in flight, and the testing worker runs ahead of the others by up
+to a window. Heartbeats (every second) notice a dead or stuck worker within
+``DEAD_AFTER_S``; any change in the healthy set restarts the pipeline from the lowest
+position among the workers it keeps, so the testing role moves to the next healthy worker.
+Restarting is safe because workers apply exactly once: a position a worker already has is
+answered from its record, and a finished transaction is only re-sent to workers behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from txsync.v1 import (
+    common_pb2,
+    store_pb2,
+    store_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+WINDOW = 256
+"""Transactions in flight per worker."""
+HEARTBEAT_S = 1.0
+DEAD_AFTER_S = 3.0
+"""A worker that has not answered a heartbeat for this long is taken out of the pipeline."""
+STATE_BATCH_MAX = 512
+"""State changes sent to the store in one call."""
+SERVICE = "worker-dispatch"
+FINAL = (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED)
+
+
+@dataclass(eq=False)
+class WorkerLink:
+    worker_id: str
+    address: str
+    channel: grpc.aio.Channel
+    stub: worker_pb2_grpc.WorkerServiceAsyncStub
+    position: int = 0
+    state_digest: bytes = b""
+    healthy: bool = False
+    out_of_sync: str = ""
+    """Why this worker diverged (empty: in sync)."""
+    last_heartbeat_s: float = 0.0
+    expected: deque[tuple[int, bytes]] = field(default_factory=deque)
+    """(position, digest the DC holds there) for each request in flight."""
+
+
+class _Restart(Exception):
+    """The healthy set changed or a worker failed: build the pipeline anew."""
+
+
+class Dispatch:
+    def __init__(self, store_address: str, workers: dict[str, str]) -> None:
+        self._store_channel = grpc.aio.insecure_channel(store_address)
+        self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
+        self.workers: dict[str, WorkerLink] = {}
+        for worker_id, address in workers.items():
+            channel = grpc.aio.insecure_channel(address)
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            self.workers[worker_id] = WorkerLink(worker_id, address, channel, stub)
+        self.tester: str | None = None
+        self.applied_ok = 0
+        self._changed = asyncio.Event()
+        self._first_beats = asyncio.Event()
+        """Set once every worker was asked once: the testing role is chosen among all."""
+        self._changes: list[store_pb2.StateChange] = []
+        self._changes_ready = asyncio.Event()
+
+    async def close(self) -> None:
+        for link in self.workers.values():
+            await link.channel.close()
+        await self._store_channel.close()
+
+    # --- health -----------------------------------------------------------------------
+
+    async def watch_heartbeats(self) -> None:
+        while True:
+            await asyncio.gather(*(self._beat(link) for link in self.workers.values()))
+            self._first_beats.set()
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _beat(self, link: WorkerLink) -> None:
+        try:
+            beat = await link.stub.Heartbeat(worker_pb2.HeartbeatRequest(), timeout=HEARTBEAT_S)
+        except grpc.aio.AioRpcError:
+            dead = time.monotonic() - link.last_heartbeat_s > DEAD_AFTER_S
+            if link.healthy and dead:
+                link.healthy = False
+                log.warning(
+                    "worker %s missed heartbeats for %.0f s: out", link.worker_id, DEAD_AFTER_S
+                )
+                self._changed.set()
+            return
+        link.last_heartbeat_s = time.monotonic()
+        if beat.draining and link.healthy:
+            link.healthy = False
+            log.info("worker %s is draining: out", link.worker_id)
+            self._changed.set()
+        elif not beat.draining and not link.healthy:
+            link.healthy = True
+            link.position, link.state_digest = beat.position, beat.state_digest
+            log.info("worker %s healthy at position %d", link.worker_id, beat.position)
+            self._changed.set()
+
+    # --- the pipeline -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        flusher = asyncio.get_running_loop().create_task(self._flush_states())
+        await self._first_beats.wait()
+        try:
+            while True:
+                ready = [w for w in self.workers.values() if w.healthy and not w.out_of_sync]
+                self._changed.clear()
+                if not ready:
+                    self.tester = None
+                    await self._changed.wait()
+                    continue
+                # The testing worker keeps its role while it is fit: a worker coming back
+                # is behind, and the DC's progress would wait for it to catch up.
+                tester = next((w for w in ready if w.worker_id == self.tester), ready[0])
+                if self.tester != tester.worker_id:
+                    log.warning("testing worker: %s", tester.worker_id)
+                self.tester = tester.worker_id
+                try:
+                    await self._pipeline(tester, [w for w in ready if w is not tester])
+                except _Restart as why:
+                    log.info("pipeline restarts: %s", why)
+                except grpc.aio.AioRpcError as error:
+                    log.warning("pipeline restarts: %s %s", error.code().name, error.details())
+                    await asyncio.sleep(0.2)
+        finally:
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+
+    async def _pipeline(self, tester: WorkerLink, followers: list[WorkerLink]) -> None:
+        start = min(w.position for w in (tester, *followers)) + 1
+        log.info(
+            "pipeline from position %d: testing %s, then %s",
+            start,
+            tester.worker_id,
+            ", ".join(f.worker_id for f in followers) or "no other worker",
+        )
+        queues = {
+            w.worker_id: asyncio.Queue[worker_pb2.ApplyRequest](WINDOW)
+            for w in (tester, *followers)
+        }
+        for worker in (tester, *followers):
+            worker.expected.clear()
+        tasks = [
+            asyncio.create_task(self._feed(start, tester, followers, queues)),
+            asyncio.create_task(self._stream(tester, queues[tester.worker_id], followers, queues)),
+            *(
+                asyncio.create_task(self._stream(f, queues[f.worker_id], [], queues))
+                for f in followers
+            ),
+            asyncio.create_task(self._changed.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                error = task.exception()
+                if error is not None:
+                    raise error
+            raise _Restart("the set of healthy workers changed")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _feed(
+        self,
+        start: int,
+        tester: WorkerLink,
+        followers: list[WorkerLink],
+        queues: dict[str, asyncio.Queue[worker_pb2.ApplyRequest]],
+    ) -> None:
+        request = store_pb2.FollowEnqueuedRequest(from_position=start)
+        async for entry in self.store.FollowEnqueued(request):
+            apply = worker_pb2.ApplyRequest(
+                position=entry.position,
+                tx_id=entry.meta.tx_id,
+                body=entry.body,
+                traceparent=entry.traceparent,
+            )
+            if entry.state in FINAL:
+                # Done already: only workers behind it need it, following the DC's verdict.
+                apply.skip = entry.state == common_pb2.TX_STATE_FAILED
+                for worker in (tester, *followers):
+                    if worker.position < entry.position:
+                        await self._send(worker, queues, apply, entry.outcome.state_digest)
+                continue
+            if entry.state == common_pb2.TX_STATE_ENQUEUED:
+                self._record(entry.meta.tx_id, common_pb2.TX_STATE_TESTING)
+            await self._send(tester, queues, apply, b"")
+
+    async def _send(
+        self,
+        worker: WorkerLink,
+        queues: dict[str, asyncio.Queue[worker_pb2.ApplyRequest]],
+        request: worker_pb2.ApplyRequest,
+        expected_digest: bytes,
+    ) -> None:
+        await queues[worker.worker_id].put(request)
+        worker.expected.append((request.position, expected_digest))
+
+    async def _stream(
+        self,
+        worker: WorkerLink,
+        queue: asyncio.Queue[worker_pb2.ApplyRequest],
+        followers: list[WorkerLink],
+        queues: dict[str, asyncio.Queue[worker_pb2.ApplyRequest]],
+    ) -> None:
+        """One worker's Apply stream. The testing worker's outcomes become the DC's and
+        go on to the ``followers``; every worker's digest is checked against the DC's."""
+        pending: dict[int, worker_pb2.ApplyRequest] = {}
+        call = worker.stub.Apply()
+
+        async def write() -> None:
+            while True:
+                request = await queue.get()
+                pending[request.position] = request
+                await call.write(request)
+
+        writer = asyncio.get_running_loop().create_task(write())
+        try:
+            await self._read(worker, call, pending, followers, queues)
+        except grpc.aio.AioRpcError as error:
+            if error.code() is grpc.StatusCode.UNAVAILABLE:
+                # Gone: out at once (heartbeats bring it back), rather than after
+                # DEAD_AFTER_S of retries against a closed port.
+                worker.healthy = False
+                raise _Restart(f"{worker.worker_id} unreachable ({error.code().name})") from None
+            raise
+        finally:
+            writer.cancel()
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await writer
+
+    async def _read(
+        self,
+        worker: WorkerLink,
+        call: grpc.aio.StreamStreamCall[worker_pb2.ApplyRequest, worker_pb2.ApplyResponse],
+        pending: dict[int, worker_pb2.ApplyRequest],
+        followers: list[WorkerLink],
+        queues: dict[str, asyncio.Queue[worker_pb2.ApplyRequest]],
+    ) -> None:
+        async for response in call:
+            outcome = response.outcome
+            position, expected = worker.expected.popleft()
+            request = pending.pop(position)
+            if expected and outcome.state_digest != expected:
+                worker.out_of_sync = f"digest differs at position {position} ({response.tx_id})"
+                log.error("OUT OF SYNC: worker %s: %s", worker.worker_id, worker.out_of_sync)
+                raise _Restart(f"{worker.worker_id} out of sync")
+            worker.position, worker.state_digest = position, outcome.state_digest
+            if expected:
+                continue  # the DC had decided this one already
+            # The testing worker decided: its outcome is the DC's.
+            self._record(response.tx_id, outcome.state, outcome)
+            if outcome.state == common_pb2.TX_STATE_OK:
+                self.applied_ok += 1
+            following = worker_pb2.ApplyRequest()
+            following.CopyFrom(request)
+            following.skip = outcome.state != common_pb2.TX_STATE_OK
+            for follower in followers:
+                if follower.position < position:
+                    await self._send(follower, queues, following, outcome.state_digest)
+
+    # --- the store --------------------------------------------------------------------
+
+    def _record(
+        self,
+        tx_id: str,
+        state: common_pb2.TxState.ValueType,
+        outcome: common_pb2.Outcome | None = None,
+    ) -> None:
+        change = store_pb2.StateChange(tx_id=tx_id, state=state)
+        if outcome is not None:
+            change.outcome.CopyFrom(outcome)
+        self._changes.append(change)
+        self._changes_ready.set()
+
+    async def _flush_states(self) -> None:
+        """State changes go to the store in batches (one fsync each), in order."""
+        while True:
+            await self._changes_ready.wait()
+            self._changes_ready.clear()
+            while self._changes:
+                batch = self._changes[:STATE_BATCH_MAX]
+                try:
+                    await self.store.AdvanceStates(
+                        store_pb2.AdvanceStatesRequest(changes=batch, service=SERVICE), timeout=30
+                    )
+                except grpc.aio.AioRpcError as error:
+                    log.warning("store refused states (%s); retrying", error.details())
+                    await asyncio.sleep(0.5)
+                    continue
+                del self._changes[: len(batch)]

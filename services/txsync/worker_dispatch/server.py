@@ -1,0 +1,113 @@
+"""The worker-dispatch process: ``txsync worker-dispatch``.
+
+Feeds its DC's synced transactions to the workers named with ``--worker`` (see
+``dispatch.py``) and serves the admin API's ``ListWorkers`` (position, role, health, out
+of sync) with health checking and reflection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from txsync.rpc import (
+    add_health_and_reflection,
+    add_service,
+    announce,
+    mark_serving,
+    new_server,
+    until_stopped,
+)
+from txsync.v1 import admin_pb2
+from txsync.worker_dispatch.admin import NOT_HERE, DispatchAdmin
+from txsync.worker_dispatch.dispatch import Dispatch
+
+log = logging.getLogger("txsync.worker_dispatch")
+
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
+
+
+async def serve(store: str, workers: dict[str, str], *, listen: str, port_file: Path | None) -> int:
+    dispatch = Dispatch(store, workers)
+    server = new_server()
+    add_service(server, DispatchAdmin(dispatch), ADMIN_SERVICE, NOT_HERE)
+    health = add_health_and_reflection(server, [ADMIN_SERVICE])
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        log.critical("cannot listen on %s", listen)
+        return 2
+    await server.start()
+    loop = asyncio.get_running_loop()
+    tasks = [
+        loop.create_task(dispatch.watch_heartbeats(), name="heartbeats"),
+        loop.create_task(dispatch.run(), name="pipeline"),
+    ]
+    await mark_serving(health, [ADMIN_SERVICE])
+    address = announce(listen, port, port_file)
+    log.info("worker-dispatch listening on %s; workers %s", address, ", ".join(workers))
+    await until_stopped(*tasks)
+    crashed = [task for task in tasks if task.done()]  # they run forever unless they fail
+    await health.enter_graceful_shutdown()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await server.stop(2)
+    await dispatch.close()
+    if crashed:
+        log.critical("worker-dispatch failed: %s ended: %r", crashed[0].get_name(),
+                     crashed[0].exception())  # fmt: skip
+        return 1
+    log.info("worker-dispatch stopped cleanly")
+    return 0
+
+
+def _worker(text: str) -> tuple[str, str]:
+    worker_id, separator, address = text.partition("=")
+    if not separator or not worker_id or ":" not in address:
+        raise argparse.ArgumentTypeError(f"{text!r} is not WORKER_ID=HOST:PORT")
+    return worker_id, address
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "worker-dispatch",
+        help="run a DC's worker-dispatch (feeds the agreed order to the workers)",
+        description=(
+            "Give each synced transaction to the testing worker first, then (on OK) to "
+            "every other worker; spot dead and out-of-sync workers."
+        ),
+        epilog="example:\n  txsync worker-dispatch --store 127.0.0.1:7001 "
+        "--worker w1=127.0.0.1:7011 --worker w2=127.0.0.1:7012 --listen 127.0.0.1:7003",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--store", required=True, help="host:port of this DC's transaction-store")
+    parser.add_argument(
+        "--worker",
+        type=_worker,
+        action="append",
+        default=[],
+        metavar="ID=HOST:PORT",
+        help="a worker; repeat per worker (the first healthy one is the testing worker)",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:7003", help="host:port for admin/health")
+    parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
+    parser.set_defaults(handler=run)
+
+
+def run(options: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    workers = dict(options.worker)
+    if not workers or len(workers) != len(options.worker):
+        print("error: give at least one --worker, each with its own id", file=sys.stderr)
+        return 2
+    return asyncio.run(
+        serve(options.store, workers, listen=options.listen, port_file=options.port_file)
+    )

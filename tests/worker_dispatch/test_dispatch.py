@@ -1,0 +1,122 @@
+"""One DC of real processes: store, coordinator, worker-dispatch and two SQLite workers.
+Transactions reach OK through the testing worker and every worker holds the same digest;
+the testing role moves when its worker dies; a worker edited behind its back is caught."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.support.cluster import LocalCluster, submit_at
+from tests.support.processes import ServiceProcess, free_port, worker, worker_dispatch
+from txsync.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+)
+
+
+@dataclass
+class Dc:
+    cluster: LocalCluster
+    workers: dict[str, ServiceProcess]
+    dispatch: ServiceProcess
+
+    def submit(self, sql: str) -> str:
+        with grpc.insecure_channel(self.cluster.dcs[0].store.address) as channel:
+            stub = client_pb2_grpc.ClientServiceStub(channel)
+            body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql)])
+            return stub.Submit(client_pb2.SubmitRequest(body=body)).tx_id
+
+    def state(self, tx_id: str) -> int:
+        with grpc.insecure_channel(self.cluster.dcs[0].store.address) as channel:
+            stub = client_pb2_grpc.ClientServiceStub(channel)
+            return stub.Get(client_pb2.GetRequest(tx_id=tx_id)).state
+
+    def workers_status(self) -> dict[str, admin_pb2.WorkerStatus]:
+        with grpc.insecure_channel(self.dispatch.address) as channel:
+            stub = admin_pb2_grpc.AdminServiceStub(channel)
+            answer = stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5)
+        return {w.worker_id: w for w in answer.workers}
+
+    def wait_all_final(self, tx_ids: list[str]) -> None:
+        final = (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED)
+        self.cluster.wait_for(
+            "every transaction OK or FAILED", lambda: all(self.state(t) in final for t in tx_ids)
+        )
+
+
+@pytest.fixture
+def dc(tmp_path: Path) -> Iterator[Dc]:
+    cluster = LocalCluster(tmp_path, 1)
+    workers = {name: worker(tmp_path / name, name, port=free_port()) for name in ("w1", "w2")}
+    try:
+        for process in workers.values():
+            process.start()
+        addresses = {name: process.address for name, process in workers.items()}
+        dispatch = worker_dispatch(tmp_path / "dispatch", cluster.dcs[0].store.address, addresses)
+        dispatch.start()
+        yield Dc(cluster, workers, dispatch)
+        assert dispatch.terminate() == 0, dispatch.log()
+    finally:
+        for process in workers.values():
+            if process.process is not None and process.process.poll() is None:
+                process.terminate()
+        cluster.stop()
+
+
+def test_transactions_reach_ok_everywhere_and_the_testing_role_moves(dc: Dc) -> None:
+    ids = [dc.submit("CREATE TABLE t (dc TEXT, n INTEGER)")]
+    acked: list[str] = []
+    submit_at(dc.cluster.dcs[0], 40, acked, threading.Lock())
+    ids += acked
+    ids.append(dc.submit("INSERT INTO missing_table VALUES (1)"))  # fails at the tester
+    dc.wait_all_final(ids)
+    assert dc.state(ids[-1]) == common_pb2.TX_STATE_FAILED
+    assert all(dc.state(t) == common_pb2.TX_STATE_OK for t in ids[:-1])
+    dc.cluster.wait_for(
+        "both workers at the end with one digest",
+        lambda: (
+            len({(w.position, w.state_digest) for w in dc.workers_status().values()}) == 1
+            and dc.workers_status()["w2"].position == len(ids)
+        ),
+    )
+    assert dc.workers_status()["w1"].testing
+
+    dc.workers["w1"].kill()
+    dc.cluster.wait_for("w2 takes the testing role", lambda: dc.workers_status()["w2"].testing)
+    later = [dc.submit(f"INSERT INTO t VALUES ('after', {n})") for n in range(10)]
+    dc.wait_all_final(later)
+    assert all(dc.state(t) == common_pb2.TX_STATE_OK for t in later)
+
+    dc.workers["w1"].start()  # it catches up from its own position
+    dc.cluster.wait_for(
+        "w1 back and caught up",
+        lambda: (
+            dc.workers_status()["w1"].position == len(ids) + len(later)
+            and dc.workers_status()["w1"].state_digest == dc.workers_status()["w2"].state_digest
+        ),
+    )
+
+
+def test_a_worker_edited_behind_its_back_is_caught_out_of_sync(dc: Dc, tmp_path: Path) -> None:
+    ids = [dc.submit("CREATE TABLE t (n INTEGER)")]
+    ids += [dc.submit(f"INSERT INTO t VALUES ({n})") for n in range(5)]
+    dc.wait_all_final(ids)
+    dc.cluster.wait_for("w2 caught up", lambda: dc.workers_status()["w2"].position == len(ids))
+    with sqlite3.connect(tmp_path / "w2" / "worker.sqlite") as behind_its_back:
+        behind_its_back.execute("DELETE FROM t WHERE n = 3")
+    update = dc.submit("UPDATE t SET n = n + 10 WHERE n >= 3")  # 2 rows at w1, 1 at w2
+    dc.wait_all_final([update])
+    dc.cluster.wait_for("w2 marked out of sync", lambda: dc.workers_status()["w2"].out_of_sync)
+    after = dc.submit("INSERT INTO t VALUES (99)")
+    dc.wait_all_final([after])
+    assert dc.workers_status()["w1"].testing and not dc.workers_status()["w1"].out_of_sync
