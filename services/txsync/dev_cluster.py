@@ -15,7 +15,9 @@ in ``<data>/layout.json``).
 coordinator that votes and relays), so that ``--dcs 2 --witness`` survives losing either
 DC. Every coordinator serves Prometheus metrics (quorum, view, queue lengths).
 
-Workers (applying the order to SQLite) arrive with the worker services.
+Each DC also runs ``--workers`` SQLite workers (default 2) and a worker-dispatch that
+feeds them the agreed order (the testing worker first). Snapshot recovery of workers is
+still to come.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from txsync.rpc import health_status
 
 START_TIMEOUT_S = 30.0
 DCS_MAX = 9
+WORKERS_MAX = 8
+"""Ports base+100n+11.. hold the workers: 8 fit below the next DC's range."""
 
 
 @dataclass
@@ -87,21 +91,29 @@ class Service:
             return self.process.wait()
 
 
-def _layout(data: Path, dcs: int, base_port: int, *, witness: bool) -> dict[str, Any]:
-    """The cluster's shape; kept in cluster.json so that a restart resumes it."""
+def _layout(data: Path, dcs: int, base_port: int, *, witness: bool, workers: int) -> dict[str, Any]:
+    """The cluster's shape; kept in cluster.json so that a restart resumes it. DC n uses
+    ports base+100n+1 (store), +2 (coordinator), +3 (metrics), +4 (dispatch) and +11...
+    (workers); a witness runs no workers."""
     nodes = [f"dc{n + 1}" for n in range(dcs)] + (["witness"] if witness else [])
-    return {
-        "dcs": {
-            node: {
-                "store": f"127.0.0.1:{base_port + 100 * (n + 1) + 1}",
-                "coordinator": f"127.0.0.1:{base_port + 100 * (n + 1) + 2}",
-                "metrics": f"127.0.0.1:{base_port + 100 * (n + 1) + 3}",
-                "data": str(data / node),
-                "witness": node == "witness",
-            }
-            for n, node in enumerate(nodes)
+    layout: dict[str, Any] = {"dcs": {}}
+    for n, node in enumerate(nodes):
+        base = base_port + 100 * (n + 1)
+        dc: dict[str, Any] = {
+            "store": f"127.0.0.1:{base + 1}",
+            "coordinator": f"127.0.0.1:{base + 2}",
+            "metrics": f"127.0.0.1:{base + 3}",
+            "data": str(data / node),
+            "witness": node == "witness",
+            "workers": {},
         }
-    }
+        if node != "witness" and workers:
+            dc["dispatch"] = f"127.0.0.1:{base + 4}"
+            dc["workers"] = {
+                f"{node}-w{w + 1}": f"127.0.0.1:{base + 11 + w}" for w in range(workers)
+            }
+        layout["dcs"][node] = dc
+    return layout
 
 
 def up(options: argparse.Namespace) -> int:
@@ -110,13 +122,18 @@ def up(options: argparse.Namespace) -> int:
     layout_file = data / "layout.json"  # the cluster's shape, kept to resume it
     state_file = data / "cluster.json"  # present exactly while the cluster is up
     state_file.unlink(missing_ok=True)  # left behind if a previous run was killed
-    layout = _layout(data, options.dcs, options.base_port, witness=options.witness)
+    layout = _layout(
+        data, options.dcs, options.base_port, witness=options.witness, workers=options.workers
+    )
     if layout_file.exists():
         saved = json.loads(layout_file.read_text())
-        if sorted(saved["dcs"]) != sorted(layout["dcs"]):
+        if sorted(saved["dcs"]) != sorted(layout["dcs"]) or any(
+            sorted(saved["dcs"][node].get("workers", {})) != sorted(dc["workers"])
+            for node, dc in layout["dcs"].items()
+        ):
             print(
                 f"error: {data} holds a cluster of {', '.join(saved['dcs'])}; use another "
-                "--data, or the same --dcs and --witness as when it was made",
+                "--data, or the same --dcs, --workers and --witness as when it was made",
                 file=sys.stderr,
             )
             return 2
@@ -149,6 +166,27 @@ def up(options: argparse.Namespace) -> int:
                 settings = LinkSettings(delay_ms=options.wan_delay_ms / 2)
                 port = emulator.add_link(node, peer, port, settings)
             peers += ["--peer", f"{peer}=127.0.0.1:{port}"]
+        for worker_id, address in dc.get("workers", {}).items():
+            services.append(
+                Service(
+                    f"{worker_id} worker",
+                    [*python, "worker", "--worker-id", worker_id,
+                     "--data", str(Path(dc["data"]) / worker_id), "--listen", address],
+                    Path(dc["data"]) / f"{worker_id}.log",
+                    address,
+                )
+            )  # fmt: skip
+        if dc.get("dispatch"):
+            workers = [f"--worker={w}={a}" for w, a in dc["workers"].items()]
+            services.append(
+                Service(
+                    f"{node} worker-dispatch",
+                    [*python, "worker-dispatch", "--store", dc["store"],
+                     "--listen", dc["dispatch"], *workers],
+                    Path(dc["data"]) / "worker-dispatch.log",
+                    dc["dispatch"],
+                )
+            )  # fmt: skip
         services.append(
             Service(
                 f"{node} sync-coordinator",
@@ -220,6 +258,8 @@ def _print_guide(dcs: dict[str, dict[str, Any]], state_file: Path, wan_delay_ms:
         print(f"  {node}: client API {dc['store']}   coordinator {dc['coordinator']}{role}")
         if "metrics" in dc:
             print(f"       metrics http://{dc['metrics']}/metrics")
+        if dc.get("workers"):
+            print(f"       {len(dc['workers'])} SQLite workers; worker-dispatch {dc['dispatch']}")
         print(f"       data and logs in {dc['data']}")
     print(f"endpoints: {state_file}")
     print()
@@ -250,6 +290,8 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--wan-delay-ms", type=float, default=0.0,
                         help="round-trip time injected between DCs (link emulator)")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=2,
+                        help="SQLite workers per DC (default 2; 0: none)")  # fmt: skip
     parser.add_argument("--witness", action="store_true",
                         help="add a witness node (votes and relays, takes no transactions): "
                              "with --dcs 2 the cluster survives losing either DC")  # fmt: skip
@@ -262,6 +304,9 @@ def _checked_up(options: argparse.Namespace) -> int:
         return 2
     if not 1024 <= options.base_port <= 65535 - 100 * (DCS_MAX + 1):
         print("error: --base-port out of range", file=sys.stderr)
+        return 2
+    if not 0 <= options.workers <= WORKERS_MAX:
+        print(f"error: --workers must be 0..{WORKERS_MAX}", file=sys.stderr)
         return 2
     if options.wan_delay_ms < 0:
         print("error: --wan-delay-ms must not be negative", file=sys.stderr)

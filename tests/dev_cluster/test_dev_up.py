@@ -66,12 +66,19 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
     process = _up(data, base)
     layout = json.loads((data / "cluster.json").read_text())
     assert sorted(layout["dcs"]) == ["dc1", "dc2", "dc3"]
-    answer = _txsync("submit", "--cluster", str(data / "cluster.json"), "--dc", "dc2",
+    cluster = str(data / "cluster.json")
+    create = "CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT)"
+    table = _txsync("submit", "--cluster", cluster, "--dc", "dc1", "--sql", create, "--wait", "ok")
+    assert table.returncode == 0, table.stderr
+    answer = _txsync("submit", "--cluster", cluster, "--dc", "dc2",
                      "--sql", "INSERT INTO t (a, b) VALUES (?, ?)", "--param", "1",
-                     "--param", "s:x", "--wait", "accepted", "-o", "json")  # fmt: skip
+                     "--param", "s:x", "--wait", "ok", "-o", "json")  # fmt: skip
     assert answer.returncode == 0, answer.stderr
     submitted = json.loads(answer.stdout)
-    assert submitted["reached"] and submitted["state"] in ("TX_STATE_ACCEPTED", "TX_STATE_ENQUEUED")
+    assert submitted["reached"] and submitted["state"] == "TX_STATE_OK"  # applied by workers
+    again = _txsync("submit", "--cluster", cluster, "--dc", "dc3",
+                    "--sql", "INSERT INTO t (a, b) VALUES (1, 'y')", "--wait", "ok")  # fmt: skip
+    assert again.returncode == 4 and "UNIQUE constraint failed" in again.stdout
     output = _down(process)
     assert "3 DCs up" in output and "stopped." in output
     for dc in layout["dcs"].values():  # every service is gone: nothing listens any more
@@ -86,7 +93,7 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
             got = client_pb2_grpc.ClientServiceStub(channel).Get(
                 client_pb2.GetRequest(tx_id=submitted["tx_id"])
             )
-            assert got.position == 1  # the same cluster, resumed with its order
+            assert got.position == 2  # the same cluster, resumed with its order
     finally:
         output = _down(process)
     assert "resuming the cluster" in output

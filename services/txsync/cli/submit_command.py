@@ -28,7 +28,12 @@ parameters: each --param fills the next '?'. Whole numbers and decimals become n
 examples:
   txsync submit --cluster data/cluster.json --dc dc1 \\
       --sql 'INSERT INTO accounts (id, balance) VALUES (?, ?)' --param 1 --param 100
+  txsync submit --cluster data/cluster.json --dc dc2 --sql 'UPDATE accounts SET
+      balance = balance - 10 WHERE id = 1' --wait ok
   txsync submit --address 127.0.0.1:7101 --sql 'DELETE FROM t' --wait accepted -o json
+
+exit status: 0 reached the state waited for, 1 refused or unreachable, 3 timed out,
+4 FAILED (the DC's testing worker's database refused it; the error is printed).
 """
 
 
@@ -115,6 +120,8 @@ def run(options: argparse.Namespace) -> int:
                 )
                 reached = waited.reached
                 result["state"] = common_pb2.TxState.Name(waited.state)
+                if waited.state == common_pb2.TX_STATE_FAILED:
+                    result["error"] = waited.outcome.error
                 result["reached"] = reached
                 result["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
         except grpc.RpcError as error:
@@ -128,5 +135,9 @@ def run(options: argparse.Namespace) -> int:
         line = f"{result['tx_id']}  {result['state']}"
         if "elapsed_ms" in result:
             line += f"  ({result['elapsed_ms']} ms)" if reached else "  (timed out)"
+        if "error" in result:
+            line += f"\n  {result['error']}"
         print(line)
+    if "error" in result:
+        return 4  # the DC's testing worker refused it: FAILED everywhere
     return 0 if reached else 3
