@@ -16,7 +16,7 @@ import pytest
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.transaction_store.store import StateChangeRequest, StoreConfig, TransactionStore
-from txsync.transaction_store.validation import StoreError
+from txsync.transaction_store.validation import StoreError, nondeterminism
 from txsync.v1 import common_pb2
 
 T = TypeVar("T")
@@ -434,3 +434,32 @@ def test_membership_entries_come_one_at_a_time_and_only_from_the_admin_api(
             assert invalid_change.value.code is grpc.StatusCode.INVALID_ARGUMENT
 
     _run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(
+    ("sql", "found"),
+    [
+        ("INSERT INTO t VALUES (random())", "random()"),
+        ("UPDATE t SET at = CURRENT_TIMESTAMP", "current_timestamp"),
+        ("INSERT INTO t VALUES (datetime('now'))", "'now'"),
+        ("INSERT INTO t SELECT now()", "now()"),
+        ("INSERT INTO t VALUES (last_insert_rowid())", "last_insert_rowid()"),
+        ("INSERT INTO t VALUES ('random() is only text here')", None),
+        ("INSERT INTO t (randomness, now_column) VALUES (?, ?)", None),
+    ],
+)
+def test_statements_that_differ_per_worker_are_refused_at_submit(
+    tmp_path: Path, sql: str, found: str | None
+) -> None:
+    assert nondeterminism(sql) == found
+
+    async def scenario(store: TransactionStore) -> None:
+        if found is None:
+            await store.submit(_body(sql))
+            return
+        with pytest.raises(StoreError, match="as a parameter") as refused:
+            await store.submit(_body(sql))
+        assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+
+    _run(tmp_path, scenario)
+    _run(tmp_path / "allowed", lambda store: store.submit(_body(sql)), allow_nondeterministic=True)

@@ -99,6 +99,9 @@ def register(commands: Any) -> None:
                         help="rotate the txlog file past this size")  # fmt: skip
     parser.add_argument("--grace-seconds", type=float, default=10.0,
                         help="how long in-flight calls may finish at shutdown")  # fmt: skip
+    parser.add_argument("--allow-nondeterministic", action="store_true",
+                        help="accept statements whose result differs per worker "
+                             "(random(), 'now', ...): replicas may then diverge")  # fmt: skip
     parser.add_argument("--witness", action="store_true",
                         help="this node is a witness: it votes and relays transactions "
                              "between DCs but takes none from clients")  # fmt: skip
@@ -121,5 +124,6 @@ def run(options: argparse.Namespace) -> int:
         open_body_bytes_max=options.body_bytes_max,
         log_file_bytes_max=options.log_file_bytes_max,
         witness=options.witness,
+        allow_nondeterministic=options.allow_nondeterministic,
     )
     return asyncio.run(serve(config, options.listen, options.port_file, options.grace_seconds))

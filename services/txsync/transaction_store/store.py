@@ -61,6 +61,8 @@ class StoreConfig:
     """The current log file is rotated (and truncated if allowed) once this many bytes
     were appended since its snapshot. It also bounds start-up work: every body carried
     by the live log is checked against its file."""
+    allow_nondeterministic: bool = False
+    """Accept statements whose result depends on the worker (random(), 'now', ...)."""
     witness: bool = False
     """A witness node (PROTOCOL.md §1) votes and relays but has no workers: it refuses
     client transactions, which would otherwise be ordered by a DC that applies nothing."""
@@ -217,7 +219,11 @@ class TransactionStore:
         for body, _, _ in submits:
             encoded = body.SerializeToString()
             try:
-                check_body(body, len(encoded))
+                check_body(
+                    body,
+                    len(encoded),
+                    allow_nondeterministic=self.config.allow_nondeterministic,
+                )
                 if body.HasField("membership") and not admin:
                     raise invalid("body.membership: membership changes go through the admin API")
             except StoreError as error:

@@ -6,6 +6,8 @@ is answered INVALID_ARGUMENT and changes nothing.
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 from txsync.codec import WEIGHT_MAX, WireError, check_node_id, check_url
@@ -70,6 +72,32 @@ def check_traceparent(value: str) -> str:
     return value
 
 
+_NONDETERMINISTIC_CALLS = re.compile(
+    r"\b(random|randomblob|gen_random_uuid|uuid_generate_v[14]|uuid|setseed|now|"
+    r"clock_timestamp|statement_timestamp|transaction_timestamp|timeofday|changes|"
+    r"total_changes|last_insert_rowid)\s*\("
+)
+_NONDETERMINISTIC_WORDS = re.compile(
+    r"\b(current_timestamp|current_date|current_time|localtime|localtimestamp)\b"
+)
+_STRING = re.compile(r"'(?:[^']|'')*'")
+
+
+def nondeterminism(sql: str) -> str | None:
+    """What in ``sql`` would give each worker its own result (a clock, a random number,
+    connection state), or None. Workers must all reach the same state from the same
+    statements; a value like this belongs in a parameter, computed once by the client."""
+    lowered = sql.lower()
+    if "'now'" in lowered:
+        return "'now'"
+    code = _STRING.sub("''", lowered)  # names inside string literals are data
+    found = _NONDETERMINISTIC_CALLS.search(code)
+    if found is not None:
+        return f"{found.group(1)}()"
+    found = _NONDETERMINISTIC_WORDS.search(code)
+    return None if found is None else found.group(1)
+
+
 def check_membership(change: common_pb2.MembershipChange) -> None:
     try:
         check_node_id(change.node_id, "membership.node_id")
@@ -80,9 +108,12 @@ def check_membership(change: common_pb2.MembershipChange) -> None:
         raise invalid(f"membership.weight: {change.weight}, more than {WEIGHT_MAX}")
 
 
-def check_body(body: common_pb2.TxBody, encoded_bytes: int) -> None:
+def check_body(
+    body: common_pb2.TxBody, encoded_bytes: int, *, allow_nondeterministic: bool = True
+) -> None:
     """A transaction body: 1..1000 statements of non-empty SQL within every size limit,
-    or a membership entry (no statements)."""
+    or a membership entry (no statements). Unless allowed, a statement whose result
+    depends on the worker running it is refused (``nondeterminism``)."""
     if encoded_bytes > BODY_BYTES_MAX:
         raise invalid(f"body: {encoded_bytes} bytes encoded, more than {BODY_BYTES_MAX}")
     if body.HasField("membership"):
@@ -103,6 +134,12 @@ def check_body(body: common_pb2.TxBody, encoded_bytes: int) -> None:
             raise invalid(f"{where}.sql: empty")
         if sql_bytes > SQL_BYTES_MAX:
             raise invalid(f"{where}.sql: {sql_bytes} bytes, more than {SQL_BYTES_MAX}")
+        if not allow_nondeterministic and (found := nondeterminism(statement.sql)):
+            raise invalid(
+                f"{where}.sql: {found} gives every worker its own value, so replicas would "
+                "diverge; pass the value as a parameter (or start the store with "
+                "--allow-nondeterministic)"
+            )
         if len(statement.params) > PARAMS_MAX:
             raise invalid(f"{where}.params: {len(statement.params)}, more than {PARAMS_MAX}")
         for number, param in enumerate(statement.params):
