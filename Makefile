@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv run sim-demo test test-quick lint proto proto-check sim bench-store bench-agreement clean
+.PHONY: help venv run sim-demo test test-quick lint proto proto-check sim bench-store bench-agreement bench-apply clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -60,6 +60,9 @@ bench-store: venv  ## submit throughput and latency of one transaction-store, fs
 
 bench-agreement: venv  ## submit -> ACCEPTED at all of 3 DCs, at 0, 10 and 50 ms RTT
 	$(BIN)/python -m bench.agreement_bench
+
+bench-apply: venv  ## one DC applying with 1, 2 and 4 SQLite workers: applied/s and latency
+	$(BIN)/python -m bench.apply_bench
 
 clean:  ## remove the environments and caches
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -2,5 +2,5 @@
 worker first, then the rest on OK), watches their health and positions, recovers workers
 that fall out of sync, and publishes outcome digests for cross-DC comparison.
 
-Contract: ``proto/txsync/v1/worker.proto`` (``DispatchService``). Implementation: issue 5.
+Contract: ``proto/txsync/v1/worker.proto``; notes: ``docs/workers.md``.
 """
