@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv run sim-demo test test-quick lint proto proto-check sim bench-store bench-agreement bench-apply clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim bench-store bench-agreement bench-apply clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,10 +49,13 @@ lint: venv $(BUF)  ## ruff, ruff format, mypy --strict, buf lint
 	$(BIN)/mypy
 	$(BUF) lint
 
-test: lint proto-check  ## everything CI checks
+system-packages:  ## Debian packages the tests run (PostgreSQL), installed if missing
+	scripts/ensure_system_packages.sh
+
+test: lint proto-check system-packages  ## everything CI checks
 	$(BIN)/python -m pytest
 
-test-quick: venv  ## the tests without the slow ones
+test-quick: venv system-packages  ## the tests without the slow ones
 	$(BIN)/python -m pytest -m "not slow"
 
 bench-store: venv  ## submit throughput and latency of one transaction-store, fsync on

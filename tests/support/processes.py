@@ -152,10 +152,14 @@ def sync_coordinator(
     )
 
 
-def worker(data_dir: Path, worker_id: str = "w1", *extra: str, port: int = 0) -> ServiceProcess:
-    """``port``: fixed, so that a restarted worker answers where dispatch dials it."""
+def worker(
+    data_dir: Path, worker_id: str = "w1", *extra: str, port: int = 0, postgres: str = ""
+) -> ServiceProcess:
+    """``port``: fixed, so that a restarted worker answers where dispatch dials it;
+    ``postgres``: a conninfo to apply to PostgreSQL instead of SQLite in ``data_dir``."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    args = ["worker", "--worker-id", worker_id, "--data", str(data_dir), *extra]
+    database = ["--postgres", postgres] if postgres else ["--data", str(data_dir)]
+    args = ["worker", "--worker-id", worker_id, *database, *extra]
     return ServiceProcess(args, data_dir, f"worker-{worker_id}", listen=f"127.0.0.1:{port}")
 
 

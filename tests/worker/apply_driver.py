@@ -15,7 +15,7 @@ from txsync.worker.sqlite_backend import SqliteBackend
 SETUP = (
     "CREATE TABLE IF NOT EXISTS applied_log (position INTEGER PRIMARY KEY)",
     "CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)",
-    "INSERT OR IGNORE INTO counter VALUES (1, 0)",
+    "INSERT INTO counter VALUES (1, 0)",  # portable SQL: PostgreSQL workers run it too
 )
 
 

@@ -10,14 +10,19 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
+from tests.support.postgres import PostgresServer
 from tests.support.processes import ServiceProcess, worker
 from tests.worker.apply_driver import body_at
 from txsync.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 
-@pytest.fixture
-def running_worker(tmp_path: Path) -> Iterator[ServiceProcess]:
-    process = worker(tmp_path / "w1", "w1")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def running_worker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServiceProcess]:
+    conninfo = ""
+    if request.param == "postgresql":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        conninfo = server.new_database()
+    process = worker(tmp_path / "w1", "w1", postgres=conninfo)
     process.start()
     yield process
     assert process.terminate() == 0, process.log()
@@ -59,7 +64,8 @@ def test_streamed_applies_reads_after_a_position_and_heartbeats(
 
         beat = stub.Heartbeat(worker_pb2.HeartbeatRequest())
         assert (beat.worker_id, beat.position, beat.tx_id) == ("w1", 300, "tx-300")
-        assert beat.state_digest == outcomes[-1].outcome.state_digest and beat.backend == "sqlite"
+        assert beat.state_digest == outcomes[-1].outcome.state_digest
+        assert beat.backend in ("sqlite", "postgresql")
 
         # Re-sent positions are answered from the record; a gap ends the stream.
         again = list(stub.Apply(_requests(299, 300)))

@@ -1,9 +1,10 @@
 """The worker process: ``txsync worker``.
 
-Serves ``WorkerService`` over one database (SQLite by default) with gRPC health checking
-and reflection. On SIGTERM or SIGINT it reports NOT_SERVING, lets in-flight calls finish
-(up to ``--grace-seconds``) and exits 0; a transaction cut off by a harder stop is rolled
-back by the database and applied again when dispatch resends it.
+Serves ``WorkerService`` over one database (SQLite in ``--data``, or PostgreSQL with
+``--postgres``) with gRPC health checking and reflection. On SIGTERM or SIGINT it reports
+NOT_SERVING, lets in-flight calls finish (up to ``--grace-seconds``) and exits 0; a
+transaction cut off by a harder stop is rolled back by the database and applied again
+when dispatch resends it.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from txsync.rpc import (
     add_health_and_reflection,
@@ -24,7 +28,8 @@ from txsync.rpc import (
     until_stopped,
 )
 from txsync.v1 import worker_pb2
-from txsync.worker.service import WorkerServicer
+from txsync.worker.postgres_backend import PostgresBackend
+from txsync.worker.service import Backend, WorkerServicer
 from txsync.worker.sqlite_backend import SqliteBackend
 
 log = logging.getLogger("txsync.worker")
@@ -37,9 +42,8 @@ NOT_HERE = {
 
 
 async def serve(
-    worker_id: str, database: Path, *, listen: str, port_file: Path | None, grace_s: float
+    worker_id: str, backend: Backend, *, listen: str, port_file: Path | None, grace_s: float
 ) -> int:
-    backend = SqliteBackend(database)
     servicer = WorkerServicer(worker_id, backend)
     server = new_server()
     add_service(server, servicer, WORKER_SERVICE, NOT_HERE)
@@ -53,10 +57,9 @@ async def serve(
     address = announce(listen, port, port_file)
     applied = servicer.applied
     log.info(
-        "worker %s (%s, %s) listening on %s; applied up to position %d",
+        "worker %s (%s) listening on %s; applied up to position %d",
         worker_id,
         backend.name,
-        database,
         address,
         applied.position,
     )
@@ -83,7 +86,13 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--worker-id", required=True, help="this worker's id (e.g. dc1-w1)")
     parser.add_argument(
-        "--data", type=Path, required=True, help="data directory (the database file inside)"
+        "--data", type=Path, help="data directory of a SQLite worker (worker.sqlite inside)"
+    )
+    parser.add_argument(
+        "--postgres",
+        metavar="CONNINFO",
+        help="apply to this PostgreSQL database instead (psycopg conninfo, e.g. "
+        "'host=127.0.0.1 dbname=app user=txsync')",
     )
     parser.add_argument("--listen", default="127.0.0.1:7011", help="host:port (port 0: any)")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
@@ -98,11 +107,22 @@ def run(options: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
-    database = options.data / "worker.sqlite"
+    if (options.data is None) == (options.postgres is None):
+        print("error: give --data (SQLite) or --postgres CONNINFO, not both", file=sys.stderr)
+        return 2
+    backend: Backend
+    try:
+        if options.postgres:
+            backend = PostgresBackend(options.postgres)
+        else:
+            backend = SqliteBackend(options.data / "worker.sqlite")
+    except (OSError, sqlite3.Error, psycopg.Error) as error:
+        print(f"error: cannot open the database: {error}", file=sys.stderr)
+        return 2
     return asyncio.run(
         serve(
             options.worker_id,
-            database,
+            backend,
             listen=options.listen,
             port_file=options.port_file,
             grace_s=options.grace_seconds,

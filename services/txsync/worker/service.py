@@ -38,6 +38,8 @@ class Backend(Protocol):
 
     def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult: ...
 
+    def close(self) -> None: ...
+
 
 class WorkerServicer:
     """Served with ``add_service``; snapshot export and import come with recovery."""

@@ -1,15 +1,14 @@
-"""The SQLite backend on real files: order, exactly once, failures, digests, reads."""
+"""Both backends (SQLite files, a real PostgreSQL): order, exactly once, failures,
+digests, reads."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
 import pytest
 
+from tests.worker.conftest import BackendFactory
 from txsync.v1 import common_pb2
 from txsync.worker.outcomes import GENESIS_DIGEST
-from txsync.worker.sqlite_backend import ApplyOrderError, QueryRefused, SqliteBackend
+from txsync.worker.sqlite_backend import ApplyOrderError, QueryRefused
 
 SCHEMA = "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)"
 
@@ -40,29 +39,33 @@ def _history() -> list[common_pb2.TxBody]:
     ]
 
 
-def test_applies_in_order_once_with_outcomes_and_a_digest_chain(tmp_path: Path) -> None:
-    backend = SqliteBackend(tmp_path / "a.db")
+def test_applies_in_order_once_with_outcomes_and_a_digest_chain(
+    open_backend: BackendFactory,
+) -> None:
+    backend = open_backend("a")
     assert backend.applied().position == 0 and backend.applied().state_digest == GENESIS_DIGEST
     outcomes = [backend.apply(n, f"tx{n}", body) for n, body in enumerate(_history(), start=1)]
     assert [o.ok for o in outcomes] == [True, True, True, False, True]
     assert [o.rows_affected for o in outcomes] == [(0,), (1, 1), (1,), (), (2,)]
-    assert "UNIQUE constraint failed" in outcomes[3].error
+    assert outcomes[3].error  # the database's own words for a duplicate key
     assert len({o.state_digest for o in outcomes}) == 5
     read = backend.query(
         common_pb2.Statement(sql="SELECT id, balance FROM accounts ORDER BY id"), 10
     )
     assert read.rows == ((1, 91), (2, 6)) and read.position == 5
     # A second worker applying the same history holds the same digest at every position.
-    twin = SqliteBackend(tmp_path / "b.db")
+    twin = open_backend("b")
     twins = [twin.apply(n, f"tx{n}", body) for n, body in enumerate(_history(), start=1)]
     assert [o.state_digest for o in twins] == [o.state_digest for o in outcomes]
     # The same statements under another id are another history.
-    other = SqliteBackend(tmp_path / "c.db")
+    other = open_backend("c")
     assert other.apply(1, "other", _history()[0]).state_digest != outcomes[0].state_digest
 
 
-def test_redelivery_returns_the_recorded_outcome_and_gaps_are_refused(tmp_path: Path) -> None:
-    backend = SqliteBackend(tmp_path / "w.db")
+def test_redelivery_returns_the_recorded_outcome_and_gaps_are_refused(
+    open_backend: BackendFactory,
+) -> None:
+    backend = open_backend("w")
     first = backend.apply(1, "tx1", _history()[0])
     assert backend.apply(1, "tx1", _history()[0]) == first  # not run twice
     with pytest.raises(ApplyOrderError, match="holds tx1"):
@@ -70,14 +73,14 @@ def test_redelivery_returns_the_recorded_outcome_and_gaps_are_refused(tmp_path: 
     with pytest.raises(ApplyOrderError, match="gap"):
         backend.apply(3, "tx3", _history()[2])
     backend.close()
-    reopened = SqliteBackend(tmp_path / "w.db")
+    reopened = open_backend("w")
     assert reopened.applied().position == 1 and reopened.applied().tx_id == "tx1"
 
 
 def test_a_transaction_the_testing_worker_failed_is_recorded_without_running(
-    tmp_path: Path,
+    open_backend: BackendFactory,
 ) -> None:
-    tester, follower = SqliteBackend(tmp_path / "t.db"), SqliteBackend(tmp_path / "f.db")
+    tester, follower = open_backend("t"), open_backend("f")
     for n, body in enumerate(_history()[:3], start=1):
         tester.apply(n, f"tx{n}", body)
         follower.apply(n, f"tx{n}", body)
@@ -97,28 +100,30 @@ def test_a_transaction_the_testing_worker_failed_is_recorded_without_running(
         "ATTACH DATABASE ':memory:' AS other",
     ],
 )
-def test_user_statements_cannot_touch_the_bookkeeping(tmp_path: Path, sql: str) -> None:
-    backend = SqliteBackend(tmp_path / "w.db")
+def test_user_statements_cannot_touch_the_bookkeeping(
+    open_backend: BackendFactory, sql: str
+) -> None:
+    backend = open_backend("w")
     backend.apply(1, "tx1", _history()[0])
     outcome = backend.apply(2, "tx2", _body(("INSERT INTO accounts VALUES (7, 7)", ()), (sql, ())))
-    assert not outcome.ok and "not authorized" in outcome.error
+    assert not outcome.ok and outcome.error
     assert backend.applied().position == 2
     read = backend.query(common_pb2.Statement(sql="SELECT count(*) FROM accounts"), 1)
     assert read.rows == ((0,),), "the failed transaction's first statement was rolled back"
 
 
-def test_queries_are_read_only_and_cut_at_max_rows(tmp_path: Path) -> None:
-    backend = SqliteBackend(tmp_path / "w.db")
+def test_queries_are_read_only_and_cut_at_max_rows(open_backend: BackendFactory) -> None:
+    backend = open_backend("w")
     backend.apply(1, "tx1", _history()[0])
     inserts = [("INSERT INTO accounts VALUES (?, ?)", (n, n)) for n in range(50)]
     backend.apply(2, "tx2", _body(*inserts))
     result = backend.query(common_pb2.Statement(sql="SELECT * FROM accounts"), 20)
     assert len(result.rows) == 20 and result.truncated and result.columns == ("id", "balance")
     for write in ("DELETE FROM accounts", "CREATE TABLE x (a)", "PRAGMA journal_mode=DELETE"):
-        with pytest.raises(QueryRefused, match="not authorized"):
+        with pytest.raises(QueryRefused):
             backend.query(common_pb2.Statement(sql=write), 10)
     with pytest.raises(QueryRefused, match="syntax"):
         backend.query(common_pb2.Statement(sql="SELEKT 1"), 10)
     # Nothing above wrote anything.
-    with sqlite3.connect(tmp_path / "w.db") as check:
-        assert check.execute("SELECT count(*) FROM accounts").fetchone() == (50,)
+    count = backend.query(common_pb2.Statement(sql="SELECT count(*) FROM accounts"), 1)
+    assert count.rows == ((50,),)
