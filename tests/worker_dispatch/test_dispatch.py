@@ -120,3 +120,34 @@ def test_a_worker_edited_behind_its_back_is_caught_out_of_sync(dc: Dc, tmp_path:
     after = dc.submit("INSERT INTO t VALUES (99)")
     dc.wait_all_final([after])
     assert dc.workers_status()["w1"].testing and not dc.workers_status()["w1"].out_of_sync
+
+
+def test_a_worker_added_under_load_catches_up_to_the_same_digest_and_drains(
+    dc: Dc, tmp_path: Path
+) -> None:
+    ids = [dc.submit("CREATE TABLE t (dc TEXT, n INTEGER)")]
+    acked: list[str] = []
+    load = threading.Thread(
+        target=submit_at, args=(dc.cluster.dcs[0], 150, acked, threading.Lock())
+    )
+    load.start()
+    # A third worker starts (as `kubectl scale` would add one) and registers itself.
+    added = worker(tmp_path / "w3", "w3", "--dispatch", dc.dispatch.address, port=free_port())
+    added.start()
+    try:
+        load.join()
+        ids += acked
+        dc.wait_all_final(ids)
+        dc.cluster.wait_for(
+            "w3 applied everything, with the DC's digest",
+            lambda: (
+                (status := dc.workers_status()).get("w3") is not None
+                and status["w3"].position == len(ids)
+                and status["w3"].state_digest == status["w1"].state_digest
+                and not status["w3"].out_of_sync
+            ),
+        )
+    finally:
+        assert added.terminate() == 0, added.log()  # drains: dispatch forgets it
+    dc.cluster.wait_for("w3 drained", lambda: "w3" not in dc.workers_status())
+    assert "drained" in dc.dispatch.log()

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psycopg
 
 from txsync.rpc import (
@@ -27,7 +28,7 @@ from txsync.rpc import (
     new_server,
     until_stopped,
 )
-from txsync.v1 import worker_pb2
+from txsync.v1 import worker_pb2, worker_pb2_grpc
 from txsync.worker.postgres_backend import PostgresBackend
 from txsync.worker.service import Backend, WorkerServicer
 from txsync.worker.sqlite_backend import SqliteBackend
@@ -41,8 +42,39 @@ NOT_HERE = {
 }
 
 
+async def _register(dispatch: str, request: worker_pb2.RegisterWorkerRequest) -> None:
+    """Register with dispatch, retrying until it answers (it may start after us)."""
+    async with grpc.aio.insecure_channel(dispatch) as channel:
+        stub = worker_pb2_grpc.DispatchServiceStub(channel)
+        while True:
+            try:
+                await stub.RegisterWorker(request, timeout=5)
+            except grpc.aio.AioRpcError as error:
+                log.warning("dispatch %s: %s; retrying", dispatch, error.code().name)
+                await asyncio.sleep(1)
+                continue
+            log.info("registered with worker-dispatch at %s", dispatch)
+            return
+
+
+async def _drain(dispatch: str, worker_id: str) -> None:
+    async with grpc.aio.insecure_channel(dispatch) as channel:
+        stub = worker_pb2_grpc.DispatchServiceStub(channel)
+        try:
+            await stub.DrainWorker(worker_pb2.DrainWorkerRequest(worker_id=worker_id), timeout=5)
+        except grpc.aio.AioRpcError as error:
+            log.warning("could not tell dispatch %s we drain: %s", dispatch, error.code().name)
+
+
 async def serve(
-    worker_id: str, backend: Backend, *, listen: str, port_file: Path | None, grace_s: float
+    worker_id: str,
+    backend: Backend,
+    *,
+    listen: str,
+    port_file: Path | None,
+    grace_s: float,
+    dispatch: str | None = None,
+    advertise: str | None = None,
 ) -> int:
     servicer = WorkerServicer(worker_id, backend)
     server = new_server()
@@ -63,8 +95,19 @@ async def serve(
         address,
         applied.position,
     )
+    registering = None
+    if dispatch is not None:
+        request = worker_pb2.RegisterWorkerRequest(
+            worker_id=worker_id, url=advertise or address, backend=backend.name
+        )
+        registering = asyncio.get_running_loop().create_task(_register(dispatch, request))
     await until_stopped()
     servicer.draining = True
+    if registering is not None:
+        registering.cancel()
+        await asyncio.gather(registering, return_exceptions=True)
+    if dispatch is not None:
+        await _drain(dispatch, worker_id)
     await health.enter_graceful_shutdown()
     await server.stop(grace_s)
     backend.close()
@@ -96,6 +139,17 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--listen", default="127.0.0.1:7011", help="host:port (port 0: any)")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
+    parser.add_argument(
+        "--dispatch",
+        metavar="HOST:PORT",
+        help="register with this worker-dispatch at start (and drain from it at stop)",
+    )
+    parser.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="the address dispatch dials (default: the address bound; give it when "
+        "listening on 0.0.0.0, e.g. the pod's DNS name)",
+    )
     parser.add_argument("--grace-seconds", type=float, default=5.0,
                         help="how long in-flight calls may finish at shutdown")  # fmt: skip
     parser.set_defaults(handler=run)
@@ -126,5 +180,7 @@ def run(options: argparse.Namespace) -> int:
             listen=options.listen,
             port_file=options.port_file,
             grace_s=options.grace_seconds,
+            dispatch=options.dispatch,
+            advertise=options.advertise,
         )
     )

@@ -71,15 +71,21 @@ class _Restart(Exception):
     """The healthy set changed or a worker failed: build the pipeline anew."""
 
 
+WORKERS_MAX = 64
+"""Workers one dispatch feeds (each adds a stream and a heartbeat per second)."""
+
+
+class TooManyWorkers(Exception):
+    pass
+
+
 class Dispatch:
     def __init__(self, store_address: str, workers: dict[str, str]) -> None:
         self._store_channel = grpc.aio.insecure_channel(store_address)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.workers: dict[str, WorkerLink] = {}
         for worker_id, address in workers.items():
-            channel = grpc.aio.insecure_channel(address)
-            stub = worker_pb2_grpc.WorkerServiceStub(channel)
-            self.workers[worker_id] = WorkerLink(worker_id, address, channel, stub)
+            self._link(worker_id, address)
         self.tester: str | None = None
         self.applied_ok = 0
         self._changed = asyncio.Event()
@@ -87,6 +93,36 @@ class Dispatch:
         """Set once every worker was asked once: the testing role is chosen among all."""
         self._changes: list[store_pb2.StateChange] = []
         self._changes_ready = asyncio.Event()
+
+    def _link(self, worker_id: str, address: str) -> WorkerLink:
+        channel = grpc.aio.insecure_channel(address)
+        link = WorkerLink(worker_id, address, channel, worker_pb2_grpc.WorkerServiceStub(channel))
+        self.workers[worker_id] = link
+        return link
+
+    async def register(self, worker_id: str, address: str) -> None:
+        """A worker that started (``kubectl scale`` up, or by hand) joins: it is fed from
+        its own position once its first heartbeat answers (from the log; snapshot copy
+        for workers far behind comes with recovery)."""
+        known = self.workers.get(worker_id)
+        if known is not None and known.address == address:
+            return
+        if known is None and len(self.workers) >= WORKERS_MAX:
+            raise TooManyWorkers(f"at most {WORKERS_MAX} workers per dispatch")
+        if known is not None:
+            await self.drain(worker_id)
+        self._link(worker_id, address)
+        log.info("worker %s registered at %s", worker_id, address)
+
+    async def drain(self, worker_id: str) -> bool:
+        """Stop feeding a worker (it is stopping); false if unknown."""
+        link = self.workers.pop(worker_id, None)
+        if link is None:
+            return False
+        log.info("worker %s drained at position %d", worker_id, link.position)
+        self._changed.set()
+        await link.channel.close()
+        return True
 
     async def close(self) -> None:
         for link in self.workers.values():
@@ -97,7 +133,8 @@ class Dispatch:
 
     async def watch_heartbeats(self) -> None:
         while True:
-            await asyncio.gather(*(self._beat(link) for link in self.workers.values()))
+            links = list(self.workers.values())  # registrations may change the dict meanwhile
+            await asyncio.gather(*(self._beat(link) for link in links))
             self._first_beats.set()
             await asyncio.sleep(HEARTBEAT_S)
 

@@ -22,20 +22,23 @@ from txsync.rpc import (
     new_server,
     until_stopped,
 )
-from txsync.v1 import admin_pb2
+from txsync.v1 import admin_pb2, worker_pb2
 from txsync.worker_dispatch.admin import NOT_HERE, DispatchAdmin
 from txsync.worker_dispatch.dispatch import Dispatch
+from txsync.worker_dispatch.service import DispatchServicer
 
 log = logging.getLogger("txsync.worker_dispatch")
 
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
+DISPATCH_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["DispatchService"]
 
 
 async def serve(store: str, workers: dict[str, str], *, listen: str, port_file: Path | None) -> int:
     dispatch = Dispatch(store, workers)
     server = new_server()
     add_service(server, DispatchAdmin(dispatch), ADMIN_SERVICE, NOT_HERE)
-    health = add_health_and_reflection(server, [ADMIN_SERVICE])
+    add_service(server, DispatchServicer(dispatch), DISPATCH_SERVICE)
+    health = add_health_and_reflection(server, [ADMIN_SERVICE, DISPATCH_SERVICE])
     port = server.add_insecure_port(listen)
     if port == 0:
         log.critical("cannot listen on %s", listen)
@@ -46,7 +49,7 @@ async def serve(store: str, workers: dict[str, str], *, listen: str, port_file: 
         loop.create_task(dispatch.watch_heartbeats(), name="heartbeats"),
         loop.create_task(dispatch.run(), name="pipeline"),
     ]
-    await mark_serving(health, [ADMIN_SERVICE])
+    await mark_serving(health, [ADMIN_SERVICE, DISPATCH_SERVICE])
     address = announce(listen, port, port_file)
     log.info("worker-dispatch listening on %s; workers %s", address, ", ".join(workers))
     await until_stopped(*tasks)
@@ -91,7 +94,8 @@ def register(commands: Any) -> None:
         action="append",
         default=[],
         metavar="ID=HOST:PORT",
-        help="a worker; repeat per worker (the first healthy one is the testing worker)",
+        help="a worker; repeat per worker (the first healthy one is the testing worker); "
+        "workers started with --dispatch register themselves instead",
     )
     parser.add_argument("--listen", default="127.0.0.1:7003", help="host:port for admin/health")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
@@ -105,8 +109,8 @@ def run(options: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     workers = dict(options.worker)
-    if not workers or len(workers) != len(options.worker):
-        print("error: give at least one --worker, each with its own id", file=sys.stderr)
+    if len(workers) != len(options.worker):
+        print("error: every --worker needs its own id", file=sys.stderr)
         return 2
     return asyncio.run(
         serve(options.store, workers, listen=options.listen, port_file=options.port_file)
