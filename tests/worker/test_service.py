@@ -99,3 +99,41 @@ def test_queries_refuse_writes_bad_limits_and_time_out(running_worker: ServicePr
             next(iter(stub.ExportSnapshot(worker_pb2.ExportSnapshotRequest())))
         assert later.value.code() is grpc.StatusCode.UNIMPLEMENTED
         assert stub.Query(_count_query(after=3)).rows[0].values[0].int_value == 2
+
+
+def test_snapshots_copy_a_worker_and_a_bad_one_changes_nothing(tmp_path: Path) -> None:
+    source, target = worker(tmp_path / "src", "src"), worker(tmp_path / "dst", "dst")
+    source.start()
+    target.start()
+    try:
+        with (
+            grpc.insecure_channel(source.address) as from_channel,
+            grpc.insecure_channel(target.address) as to_channel,
+        ):
+            exporter = worker_pb2_grpc.WorkerServiceStub(from_channel)
+            importer = worker_pb2_grpc.WorkerServiceStub(to_channel)
+            list(exporter.Apply(_requests(1, 50)))
+            chunks = list(exporter.ExportSnapshot(worker_pb2.ExportSnapshotRequest()))
+            assert chunks[-1].snapshot_digest and chunks[-1].position == 50
+
+            tampered = worker_pb2.ExportSnapshotResponse()
+            tampered.CopyFrom(chunks[-1])
+            tampered.data = b"x" + tampered.data[1:]
+            bad = [*chunks[:-1], tampered]
+            with pytest.raises(grpc.RpcError) as refused:
+                importer.ImportSnapshot(
+                    iter(worker_pb2.ImportSnapshotRequest(chunk=c) for c in bad)
+                )
+            assert refused.value.code() is grpc.StatusCode.DATA_LOSS
+            assert importer.Heartbeat(worker_pb2.HeartbeatRequest()).position == 0  # untouched
+
+            done = importer.ImportSnapshot(
+                iter(worker_pb2.ImportSnapshotRequest(chunk=c) for c in chunks)
+            )
+            assert done.position == 50 and done.state_digest == chunks[-1].state_digest
+            again = list(importer.Apply(_requests(51, 60)))  # it goes on from the snapshot
+            mirror = list(exporter.Apply(_requests(51, 60)))
+            assert again[-1].outcome.state_digest == mirror[-1].outcome.state_digest
+    finally:
+        for process in (source, target):
+            assert process.terminate() == 0, process.log()

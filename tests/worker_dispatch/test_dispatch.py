@@ -107,7 +107,7 @@ def test_transactions_reach_ok_everywhere_and_the_testing_role_moves(dc: Dc) -> 
     )
 
 
-def test_a_worker_edited_behind_its_back_is_caught_out_of_sync(dc: Dc, tmp_path: Path) -> None:
+def test_a_worker_edited_behind_its_back_is_caught_and_recovered(dc: Dc, tmp_path: Path) -> None:
     ids = [dc.submit("CREATE TABLE t (n INTEGER)")]
     ids += [dc.submit(f"INSERT INTO t VALUES ({n})") for n in range(5)]
     dc.wait_all_final(ids)
@@ -116,10 +116,26 @@ def test_a_worker_edited_behind_its_back_is_caught_out_of_sync(dc: Dc, tmp_path:
         behind_its_back.execute("DELETE FROM t WHERE n = 3")
     update = dc.submit("UPDATE t SET n = n + 10 WHERE n >= 3")  # 2 rows at w1, 1 at w2
     dc.wait_all_final([update])
-    dc.cluster.wait_for("w2 marked out of sync", lambda: dc.workers_status()["w2"].out_of_sync)
+    # w2 is caught out of sync, recovered from a snapshot of w1 and fed again.
+    dc.cluster.wait_for(
+        "w2 caught, recovered and back in step",
+        lambda: (
+            "RECOVERY: w2 restored" in dc.dispatch.log()
+            and not (status := dc.workers_status())["w2"].out_of_sync
+            and status["w2"].position == len(ids) + 1
+            and status["w2"].state_digest == status["w1"].state_digest
+        ),
+    )
+    assert "OUT OF SYNC: worker w2: digest differs at position 7" in dc.dispatch.log()
     after = dc.submit("INSERT INTO t VALUES (99)")
     dc.wait_all_final([after])
-    assert dc.workers_status()["w1"].testing and not dc.workers_status()["w1"].out_of_sync
+    dc.cluster.wait_for(
+        "both apply the next one alike",
+        lambda: len({(w.position, w.state_digest) for w in dc.workers_status().values()}) == 1,
+    )
+    with sqlite3.connect(tmp_path / "w2" / "worker.sqlite") as restored:
+        rows = sorted(n for (n,) in restored.execute("SELECT n FROM t"))
+    assert rows == [0, 1, 2, 13, 14, 99], "the deleted row is back, updated like w1's"
 
 
 def test_a_worker_added_under_load_catches_up_to_the_same_digest_and_drains(

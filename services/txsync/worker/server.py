@@ -14,6 +14,7 @@ import asyncio
 import logging
 import sqlite3
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,6 @@ from txsync.worker.sqlite_backend import SqliteBackend
 log = logging.getLogger("txsync.worker")
 
 WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
-NOT_HERE = {
-    "ExportSnapshot": "workers once recovery lands (issue 5)",
-    "ImportSnapshot": "workers once recovery lands (issue 5)",
-}
 
 
 async def _register(dispatch: str, request: worker_pb2.RegisterWorkerRequest) -> None:
@@ -70,15 +67,16 @@ async def serve(
     worker_id: str,
     backend: Backend,
     *,
+    scratch: Path,
     listen: str,
     port_file: Path | None,
     grace_s: float,
     dispatch: str | None = None,
     advertise: str | None = None,
 ) -> int:
-    servicer = WorkerServicer(worker_id, backend)
+    servicer = WorkerServicer(worker_id, backend, scratch)
     server = new_server()
-    add_service(server, servicer, WORKER_SERVICE, NOT_HERE)
+    add_service(server, servicer, WORKER_SERVICE)
     health = add_health_and_reflection(server, [WORKER_SERVICE])
     port = server.add_insecure_port(listen)
     if port == 0:
@@ -173,10 +171,13 @@ def run(options: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error, psycopg.Error) as error:
         print(f"error: cannot open the database: {error}", file=sys.stderr)
         return 2
+    scratch = options.data or Path(tempfile.mkdtemp(prefix="txsync-worker-"))
+    scratch.mkdir(parents=True, exist_ok=True)
     return asyncio.run(
         serve(
             options.worker_id,
             backend,
+            scratch=scratch,
             listen=options.listen,
             port_file=options.port_file,
             grace_s=options.grace_seconds,

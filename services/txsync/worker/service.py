@@ -8,9 +8,11 @@ sleep on one condition that every apply wakes.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -25,6 +27,7 @@ QUERY_TIMEOUT_DEFAULT_S = 5.0
 QUERY_TIMEOUT_MAX_S = 60.0
 QUERY_ROWS_DEFAULT = 1_000
 QUERY_ROWS_MAX = 10_000
+SNAPSHOT_CHUNK_BYTES = 1024 * 1024
 
 
 class Backend(Protocol):
@@ -41,15 +44,23 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class WorkerServicer:
-    """Served with ``add_service``; snapshot export and import come with recovery."""
+class SnapshotBackend(Backend, Protocol):
+    def export_snapshot(self, target: Path) -> Applied: ...
 
-    def __init__(self, worker_id: str, backend: Backend) -> None:
+    def replace_with(self, snapshot: Path) -> Applied: ...
+
+
+class WorkerServicer:
+    """Served with ``add_service``. ``scratch``: where snapshots are staged."""
+
+    def __init__(self, worker_id: str, backend: Backend, scratch: Path | None = None) -> None:
         self.worker_id = worker_id
         self.backend = backend
+        self.scratch = scratch
         self.applied = backend.applied()
         self.draining = False
         self._applied_changed = asyncio.Condition()
+        self._exported: Applied | None = None
 
     async def Apply(
         self,
@@ -132,6 +143,108 @@ class WorkerServicer:
                 f"(applied: {self.applied.position})",
             ) from None
 
+    def _snapshots(self) -> tuple[SnapshotBackend, Path]:
+        backend, scratch = self.backend, self.scratch
+        if scratch is None or not hasattr(backend, "export_snapshot"):
+            raise ServiceError(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"snapshots of {backend.name} workers are not implemented yet",
+            )
+        return cast(SnapshotBackend, backend), scratch
+
+    async def ExportSnapshot(
+        self,
+        request: worker_pb2.ExportSnapshotRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[worker_pb2.ExportSnapshotResponse]:
+        """A consistent copy in chunks; ``resume_offset`` continues the last export."""
+        try:
+            check_request(request)
+            backend, scratch = self._snapshots()
+        except ServiceError as error:
+            await abort(context, error)
+            return
+        path = scratch / "export.snapshot"
+        if request.resume_offset == 0 or self._exported is None or not path.exists():
+            self._exported = await asyncio.to_thread(backend.export_snapshot, path)
+        applied = self._exported
+        total = path.stat().st_size
+        if request.resume_offset > total:
+            await abort(context, _invalid(f"resume_offset {request.resume_offset} > {total}"))
+            return
+        whole = hashlib.sha256()
+        with path.open("rb") as source:
+            offset = 0
+            while True:
+                data = await asyncio.to_thread(source.read, SNAPSHOT_CHUNK_BYTES)
+                whole.update(data)
+                last = offset + len(data) >= total
+                if offset + len(data) > request.resume_offset or last:
+                    skip = max(0, request.resume_offset - offset)
+                    yield worker_pb2.ExportSnapshotResponse(
+                        position=applied.position,
+                        state_digest=applied.state_digest,
+                        offset=offset + skip,
+                        data=data[skip:],
+                        total_bytes=total,
+                        snapshot_digest=whole.digest() if last else b"",
+                    )
+                offset += len(data)
+                if last:
+                    return
+
+    async def ImportSnapshot(
+        self,
+        requests: AsyncIterator[worker_pb2.ImportSnapshotRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_pb2.ImportSnapshotResponse:
+        """Replace the database with a streamed snapshot. Chunks go to a staging file; the
+        database is replaced only once the whole snapshot is in and its digest checks, so
+        an interrupted import leaves the old database in place (a later import may resume
+        at the staging file's length)."""
+        try:
+            backend, scratch = self._snapshots()
+        except ServiceError as error:
+            await abort(context, error)
+            raise AssertionError("abort raises") from None
+        staging = scratch / "import.partial"
+        chunk: worker_pb2.ExportSnapshotResponse | None = None
+        async for request in requests:
+            chunk = request.chunk
+            held = staging.stat().st_size if staging.exists() else 0
+            if chunk.offset == 0:
+                staging.unlink(missing_ok=True)
+                held = 0
+            if chunk.offset != held:
+                await abort(
+                    context,
+                    ServiceError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"chunk at offset {chunk.offset}, but {held} bytes are staged "
+                        "(resume from there, or start at 0)",
+                    ),
+                )
+            with staging.open("ab") as target:
+                target.write(chunk.data)
+        if chunk is None or not chunk.snapshot_digest:
+            await abort(context, _invalid("the snapshot ended before its last chunk"))
+            raise AssertionError("abort raises")
+        digest = await asyncio.to_thread(_file_digest, staging)
+        if digest != chunk.snapshot_digest:
+            staging.unlink(missing_ok=True)
+            await abort(
+                context,
+                ServiceError(grpc.StatusCode.DATA_LOSS, "snapshot digest mismatch: discarded"),
+            )
+        applied = await asyncio.to_thread(backend.replace_with, staging)
+        self.applied = applied
+        log.warning(
+            "database replaced by a snapshot at position %d (%s)", applied.position, applied.tx_id
+        )
+        return worker_pb2.ImportSnapshotResponse(
+            position=applied.position, state_digest=applied.state_digest
+        )
+
     @answers_errors
     async def Heartbeat(
         self, request: worker_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -145,6 +258,14 @@ class WorkerServicer:
             backend=self.backend.name,
             draining=self.draining,
         )
+
+
+def _file_digest(path: Path) -> bytes:
+    whole = hashlib.sha256()
+    with path.open("rb") as source:
+        while data := source.read(SNAPSHOT_CHUNK_BYTES):
+            whole.update(data)
+    return whole.digest()
 
 
 def _invalid(reason: str) -> ServiceError:

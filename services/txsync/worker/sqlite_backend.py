@@ -143,6 +143,41 @@ class SqliteBackend:
         with self._lock:
             self._conn.close()
 
+    def export_snapshot(self, target: Path) -> Applied:
+        """A consistent copy of the whole database (the online backup API: writers wait
+        only for the copy's pages), which carries its own applied position."""
+        target.unlink(missing_ok=True)
+        with self._lock:
+            copy = sqlite3.connect(target)
+            try:
+                self._conn.backup(copy)
+                row = copy.execute(
+                    "SELECT position, tx_id, state_digest FROM _txsync_applied"
+                ).fetchone()
+                copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+            finally:
+                copy.close()
+        return Applied(int(row[0]), str(row[1]), bytes(row[2]))
+
+    def replace_with(self, snapshot: Path) -> Applied:
+        """Make ``snapshot`` (checked already) this worker's database, atomically: until
+        the rename the old database stays in place."""
+        with self._lock:
+            # Fold the log into the file first: a crash before the rename then leaves the
+            # old database whole.
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._conn.close()
+            for suffix in ("-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            snapshot.replace(self.path)
+            self._conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S
+            )
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.executescript(_SCHEMA)
+        return self.applied()
+
     def applied(self) -> Applied:
         with self._lock:
             row = self._conn.execute(

@@ -44,6 +44,7 @@ class DispatchAdmin:
                 out_of_sync=bool(link.out_of_sync),
                 position=link.position,
                 state_digest=link.state_digest,
+                recovery_progress=link.recovery_progress,
             )
             if link.last_heartbeat_s:
                 status.last_heartbeat.FromMilliseconds(

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -45,6 +46,9 @@ WINDOW = 256
 HEARTBEAT_S = 1.0
 DEAD_AFTER_S = 3.0
 """A worker that has not answered a heartbeat for this long is taken out of the pipeline."""
+RECOVERY_CHECK_S = 1.0
+RECOVERY_TIMEOUT_S = 600.0
+"""A whole snapshot copy (export and import) must finish within this."""
 STATE_BATCH_MAX = 512
 """State changes sent to the store in one call."""
 SERVICE = "worker-dispatch"
@@ -65,6 +69,9 @@ class WorkerLink:
     last_heartbeat_s: float = 0.0
     expected: deque[tuple[int, bytes]] = field(default_factory=deque)
     """(position, digest the DC holds there) for each request in flight."""
+    recovery_progress: float = 0.0
+    """0..1 while a snapshot is copied to it."""
+    recoveries: int = 0
 
 
 class _Restart(Exception):
@@ -326,6 +333,57 @@ class Dispatch:
             for follower in followers:
                 if follower.position < position:
                     await self._send(follower, queues, following, outcome.state_digest)
+
+    # --- recovery ---------------------------------------------------------------------
+
+    async def watch_recoveries(self) -> None:
+        """Bring every out-of-sync worker back: copy a snapshot from a worker in sync
+        (the testing worker), then let the pipeline replay the log from its position."""
+        while True:
+            await asyncio.sleep(RECOVERY_CHECK_S)
+            source = self.workers.get(self.tester or "")
+            if source is None or not source.healthy or source.out_of_sync:
+                continue
+            for link in list(self.workers.values()):
+                if link.out_of_sync and link.healthy:
+                    try:
+                        await self._recover(link, source)
+                    except grpc.aio.AioRpcError as error:
+                        log.warning(
+                            "recovery of %s from %s failed (%s: %s); retrying",
+                            link.worker_id,
+                            source.worker_id,
+                            error.code().name,
+                            error.details(),
+                        )
+                    finally:
+                        link.recovery_progress = 0.0
+
+    async def _recover(self, target: WorkerLink, source: WorkerLink) -> None:
+        log.warning(
+            "RECOVERY: copying a snapshot from %s to %s (%s)",
+            source.worker_id,
+            target.worker_id,
+            target.out_of_sync,
+        )
+
+        async def chunks() -> AsyncIterator[worker_pb2.ImportSnapshotRequest]:
+            export = source.stub.ExportSnapshot(worker_pb2.ExportSnapshotRequest())
+            async for chunk in export:
+                done = chunk.offset + len(chunk.data)
+                target.recovery_progress = done / chunk.total_bytes if chunk.total_bytes else 1.0
+                yield worker_pb2.ImportSnapshotRequest(chunk=chunk)
+
+        imported = await target.stub.ImportSnapshot(chunks(), timeout=RECOVERY_TIMEOUT_S)
+        target.position, target.state_digest = imported.position, imported.state_digest
+        target.out_of_sync = ""
+        target.recoveries += 1
+        log.warning(
+            "RECOVERY: %s restored at position %d; it replays the log from there",
+            target.worker_id,
+            imported.position,
+        )
+        self._changed.set()
 
     # --- the store --------------------------------------------------------------------
 

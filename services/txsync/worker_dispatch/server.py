@@ -48,6 +48,7 @@ async def serve(store: str, workers: dict[str, str], *, listen: str, port_file: 
     tasks = [
         loop.create_task(dispatch.watch_heartbeats(), name="heartbeats"),
         loop.create_task(dispatch.run(), name="pipeline"),
+        loop.create_task(dispatch.watch_recoveries(), name="recoveries"),
     ]
     await mark_serving(health, [ADMIN_SERVICE, DISPATCH_SERVICE])
     address = announce(listen, port, port_file)
