@@ -81,6 +81,9 @@ class CoordinatorAdmin:
                 reachable=heard_ms > recent_ms,
             )
             status.last_heard.FromMilliseconds(heard_ms + wall_minus_core_ms)
+        local.alarms.extend(self._coordinator.outcomes.alarms)
+        if self._coordinator.outcomes.alarm_count:
+            local.healthy = False
         if quorum is QuorumState.MINORITY:
             local.alarms.append(
                 "MINORITY: this DC is not in a view that holds a weight majority; it adds "

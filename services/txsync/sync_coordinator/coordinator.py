@@ -47,6 +47,7 @@ from txsync.protocol import (
     Timing,
 )
 from txsync.sync_coordinator.effects import MergedPersist
+from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
 from txsync.sync_coordinator.wire import (
     base_from_proto,
     base_to_proto,
@@ -168,6 +169,8 @@ class PeerLink:
         self._calls: set[asyncio.Task[None]] = set()
         self.sent = 0
         self.failed = 0
+        self.outcomes_sent = 0
+        """The last of our finished outcomes put on a post to this peer."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"to-{self.node_id}")
@@ -248,6 +251,7 @@ class Coordinator:
         self.rejections = 0
         joining = () if config.joining else (config.node_id,)
         self.weights = {node: config.weights.get(node, 1) for node in (*joining, *config.peers)}
+        self.outcomes = OutcomeLedger(config.node_id)
         self._retired_links: list[PeerLink] = []
         """Links to removed nodes, closed at stop (they may still be told a view)."""
         self.quorum_listeners: list[Callable[[QuorumState], None]] = []
@@ -306,6 +310,7 @@ class Coordinator:
             loop.create_task(self._run(), name="protocol-loop"),
             loop.create_task(self._watch_local_submits(), name="local-submits"),
             loop.create_task(self._follow_membership(), name="membership"),
+            loop.create_task(self._follow_outcomes(), name="outcomes"),
         ]
         for task in self._tasks:
             task.add_done_callback(self._on_task_done)
@@ -482,7 +487,18 @@ class Coordinator:
             match message:
                 case SendPost(to, post):
                     if link := self._link(to):
-                        link.post(post_to_proto(post))
+                        outgoing = post_to_proto(post)
+                        for finished in self.outcomes.since(link.outcomes_sent):
+                            outgoing.outcomes.add(
+                                position=finished.position,
+                                tx_id=finished.tx_id,
+                                state=common_pb2.TX_STATE_OK
+                                if finished.ok
+                                else common_pb2.TX_STATE_FAILED,
+                                state_digest=finished.state_digest,
+                            )
+                            link.outcomes_sent = finished.position
+                        link.post(outgoing)
                 case SendSyncedEntries(to, entries):
                     if link := self._link(to):
                         link.send(entries_to_proto(entries))
@@ -574,6 +590,30 @@ class Coordinator:
                     )
             except grpc.aio.AioRpcError as error:
                 log.warning("membership follower ended (%s); retrying", error.code().name)
+            await asyncio.sleep(0.5)
+
+    async def _follow_outcomes(self) -> None:
+        """This DC's finished transactions, for the other DCs to compare (``outcomes``)."""
+        node = self.node
+        assert node is not None
+        followed = max(0, node.merge_base.synced_len - OUTCOMES_PER_POST)
+        while True:
+            request = store_pb2.FollowEnqueuedRequest(
+                from_position=followed + 1, finished_only=True
+            )
+            try:
+                async for entry in self.store.FollowEnqueued(request):
+                    followed = entry.position
+                    self.outcomes.add_own(
+                        Finished(
+                            entry.position,
+                            entry.meta.tx_id,
+                            entry.state == common_pb2.TX_STATE_OK,
+                            entry.outcome.state_digest,
+                        )
+                    )
+            except grpc.aio.AioRpcError as error:
+                log.warning("outcome follower ended (%s); retrying", error.code().name)
             await asyncio.sleep(0.5)
 
     async def _watch_local_submits(self) -> None:

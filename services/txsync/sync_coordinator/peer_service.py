@@ -22,6 +22,7 @@ from txsync.protocol import (
 )
 from txsync.rpc import ServiceError, answers_errors
 from txsync.sync_coordinator.coordinator import Coordinator
+from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
 from txsync.sync_coordinator.wire import (
     WireError,
     check_node_id,
@@ -29,7 +30,7 @@ from txsync.sync_coordinator.wire import (
     post_from_proto,
     view_message_from_proto,
 )
-from txsync.v1 import peer_pb2, peer_pb2_grpc, store_pb2
+from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc, store_pb2
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,18 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(post.sender, context)
+        if len(request.outcomes) > OUTCOMES_PER_POST:
+            raise _invalid(WireError(f"outcomes: more than {OUTCOMES_PER_POST}"))
+        for outcome in request.outcomes:
+            self._coordinator.outcomes.add_theirs(
+                post.sender,
+                Finished(
+                    outcome.position,
+                    outcome.tx_id,
+                    outcome.state == common_pb2.TX_STATE_OK,
+                    outcome.state_digest,
+                ),
+            )
         await self._coordinator.events.put(PostReceived(post))
         return peer_pb2.PostResponse()
 

@@ -77,6 +77,11 @@ def _coordinator_gauges(coordinator: Coordinator) -> list[Gauge]:
             "metas in the incoming queue",
             read(lambda node: len(node.incoming_metas())),
         ),
+        Gauge(
+            "txsync.divergence.alarms",
+            "other DCs whose outcome digests differ from ours (0 while all agree)",
+            lambda: coordinator.outcomes.alarm_count,
+        ),
     ]
 
 

@@ -315,9 +315,11 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         try:
             check_request(request)
             async for position, record in self._store.follow_enqueued(
-                request.from_position, membership_only=request.membership_only
+                request.from_position,
+                membership_only=request.membership_only,
+                finished_only=request.finished_only,
             ):
-                body = await self._store.read_body(record.tx_id)
+                body = None if request.finished_only else await self._store.read_body(record.tx_id)
                 state = record.state
                 response = store_pb2.FollowEnqueuedResponse(
                     position=position,

@@ -624,7 +624,7 @@ class TransactionStore:
         return result
 
     async def follow_enqueued(
-        self, from_position: int, *, membership_only: bool = False
+        self, from_position: int, *, membership_only: bool = False, finished_only: bool = False
     ) -> AsyncGenerator[tuple[int, TxRecord], None]:
         """Yield each synced position from ``from_position`` once it is ENQUEUED or later
         (``membership_only``: only the membership entries, still strictly in order)."""
@@ -638,7 +638,8 @@ class TransactionStore:
                 )
             record = self.state.txs.get(meta.tx_id) if meta is not None else None
             state = record.state if record is not None else None
-            if record is not None and state is not None and state >= TxState.ENQUEUED:
+            wanted = TxState.OK if finished_only else TxState.ENQUEUED
+            if record is not None and state is not None and state >= wanted:
                 if record.membership or not membership_only:
                     yield position, record
                 position += 1

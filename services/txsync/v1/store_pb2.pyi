@@ -567,22 +567,33 @@ class FollowEnqueuedRequest(_message.Message):
 
     FROM_POSITION_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_ONLY_FIELD_NUMBER: _builtins.int
+    FINISHED_ONLY_FIELD_NUMBER: _builtins.int
     from_position: _builtins.int
     """First synced position (1-based) wanted."""
     membership_only: _builtins.bool
     """Only membership entries (the sync-coordinator's follower); still in synced order,
     each sent once every position before it is ENQUEUED.
     """
+    finished_only: _builtins.bool
+    """Each transaction only once it is OK or FAILED, with its outcome (the coordinator's
+    outcome exchange with other DCs); still in synced order.
+    """
     def __init__(
         self,
         *,
         from_position: _builtins.int = ...,
         membership_only: _builtins.bool = ...,
+        finished_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "from_position", b"from_position", "membership_only", b"membership_only"
+        "finished_only",
+        b"finished_only",
+        "from_position",
+        b"from_position",
+        "membership_only",
+        b"membership_only",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

@@ -1,0 +1,92 @@
+"""Cross-DC divergence detection: every DC's finished outcomes, compared by position.
+
+Each DC's coordinator follows its store's finished transactions (OK or FAILED with the
+testing worker's running state digest) and piggybacks the new ones on its posts (at most
+``OUTCOMES_PER_POST``); every coordinator compares what the others report with its own
+outcome at the same position. The digest chains a worker's whole history, so DCs whose
+workers applied the same order alike hold equal digests at every position; the first
+position where two DCs differ is where they went apart. A lost post only delays
+detection: any later position differs too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+OUTCOMES_KEPT = 65_536
+"""Positions remembered, ours and the peers' (older ones are forgotten)."""
+OUTCOMES_PER_POST = 1_024
+ALARMS_KEPT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    position: int
+    tx_id: str
+    ok: bool
+    state_digest: bytes
+
+    def differs(self, other: Finished) -> bool:
+        return (self.tx_id, self.ok, self.state_digest) != (
+            other.tx_id,
+            other.ok,
+            other.state_digest,
+        )
+
+    def describe(self) -> str:
+        verdict = "OK" if self.ok else "FAILED"
+        return f"{verdict} {self.state_digest.hex()[:12]}"
+
+
+class OutcomeLedger:
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.own: OrderedDict[int, Finished] = OrderedDict()
+        self._theirs: OrderedDict[int, dict[str, Finished]] = OrderedDict()
+        self.alarms: deque[str] = deque(maxlen=ALARMS_KEPT)
+        self.alarm_count = 0
+        self.compared = 0
+        self._diverged: set[str] = set()
+        """Peers already reported: one alarm per peer, at the first position seen."""
+
+    def add_own(self, finished: Finished) -> None:
+        self.own[finished.position] = finished
+        _trim(self.own)
+        for peer, theirs in self._theirs.pop(finished.position, {}).items():
+            self._compare(finished, peer, theirs)
+
+    def add_theirs(self, peer: str, finished: Finished) -> None:
+        ours = self.own.get(finished.position)
+        if ours is not None:
+            self._compare(ours, peer, finished)
+            return
+        self._theirs.setdefault(finished.position, {})[peer] = finished
+        _trim(self._theirs)
+
+    def since(self, position: int) -> list[Finished]:
+        """Our outcomes after ``position``, oldest first, at most one post's worth."""
+        fresh = [f for p, f in reversed(self.own.items()) if p > position]
+        return list(reversed(fresh[:OUTCOMES_PER_POST]))
+
+    def _compare(self, ours: Finished, peer: str, theirs: Finished) -> None:
+        self.compared += 1
+        if not ours.differs(theirs) or peer in self._diverged:
+            return
+        self._diverged.add(peer)
+        self.alarm_count += 1
+        alarm = (
+            f"DIVERGENCE at position {ours.position}: {self.node_id} has {ours.tx_id} "
+            f"{ours.describe()}, {peer} has {theirs.tx_id} {theirs.describe()}"
+        )
+        self.alarms.append(alarm)
+        log.error("%s", alarm)
+
+
+def _trim(entries: OrderedDict[int, Any]) -> None:
+    while len(entries) > OUTCOMES_KEPT:
+        entries.popitem(last=False)
