@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.postgres import PostgresServer
+from txsync.worker.backend import Backend
 from txsync.worker.postgres_backend import PostgresBackend
-from txsync.worker.service import Backend
 from txsync.worker.sqlite_backend import SqliteBackend
 
 BackendFactory = Callable[[str], Backend]

@@ -7,8 +7,8 @@ import pytest
 
 from tests.worker.conftest import BackendFactory
 from txsync.v1 import common_pb2
+from txsync.worker.backend import ApplyOrderError, QueryRefused
 from txsync.worker.outcomes import GENESIS_DIGEST
-from txsync.worker.sqlite_backend import ApplyOrderError, QueryRefused
 
 SCHEMA = "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)"
 

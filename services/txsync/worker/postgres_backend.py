@@ -23,15 +23,16 @@ import psycopg
 from psycopg import sql as psql
 
 from txsync.v1 import common_pb2
-from txsync.worker.outcomes import GENESIS_DIGEST, Applied, Outcome, next_digest
-from txsync.worker.sqlite_backend import (
+from txsync.worker.backend import (
     OUTCOMES_KEPT,
-    RESULT_BYTES_MAX,
     ApplyOrderError,
     QueryRefused,
     QueryResult,
+    collect_rows,
+    recorded_outcome,
     to_python,
 )
+from txsync.worker.outcomes import GENESIS_DIGEST, Applied, Outcome, next_digest
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS _txsync_applied (
@@ -167,12 +168,7 @@ class PostgresBackend:
             "WHERE position = %s",
             (position,),
         ).fetchone()
-        if row is None:
-            raise ApplyOrderError(f"position {position} was applied long ago; outcome pruned")
-        if row[0] != tx_id:
-            raise ApplyOrderError(f"position {position} holds {row[0]}, not {tx_id}")
-        rows = tuple(int(n) for n in str(row[2]).split(",") if n)
-        return Outcome(position, tx_id, bool(row[1]), rows, bytes(row[3]), str(row[4]))
+        return recorded_outcome(position, tx_id, row)
 
     def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult:
         refusal = _refusal(statement.sql)
@@ -188,14 +184,7 @@ class PostgresBackend:
             except psycopg.Error as error:
                 raise QueryRefused(f"{type(error).__name__}: {error}".strip()) from None
             columns = tuple(d.name for d in cursor.description or ())
-            result: list[tuple[object, ...]] = []
-            size, truncated = 0, False
-            for values in cursor if cursor.description else ():
-                plain = tuple(_plain(v) for v in values)
-                size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in plain)
-                if len(result) >= max_rows or size > RESULT_BYTES_MAX:
-                    truncated = True
-                    break
-                result.append(plain)
+            found = cursor if cursor.description else ()
+            result, truncated = collect_rows(found, max_rows, _plain)
             conn.execute("ROLLBACK")
-            return QueryResult(columns, tuple(result), truncated, int(row[0]))
+            return QueryResult(columns, result, truncated, int(row[0]))

@@ -30,8 +30,9 @@ from txsync.rpc import (
     until_stopped,
 )
 from txsync.v1 import worker_pb2, worker_pb2_grpc
+from txsync.worker.backend import Backend
 from txsync.worker.postgres_backend import PostgresBackend
-from txsync.worker.service import Backend, WorkerServicer
+from txsync.worker.service import WorkerServicer
 from txsync.worker.sqlite_backend import SqliteBackend
 
 log = logging.getLogger("txsync.worker")

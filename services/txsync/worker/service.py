@@ -12,14 +12,20 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import grpc
 
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
-from txsync.v1 import common_pb2, worker_pb2
-from txsync.worker.outcomes import Applied, Outcome
-from txsync.worker.sqlite_backend import ApplyOrderError, QueryRefused, QueryResult, to_sql_value
+from txsync.v1 import worker_pb2
+from txsync.worker.backend import (
+    ApplyOrderError,
+    Backend,
+    QueryRefused,
+    SnapshotBackend,
+    to_sql_value,
+)
+from txsync.worker.outcomes import Applied
 
 log = logging.getLogger(__name__)
 
@@ -28,26 +34,6 @@ QUERY_TIMEOUT_MAX_S = 60.0
 QUERY_ROWS_DEFAULT = 1_000
 QUERY_ROWS_MAX = 10_000
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
-
-
-class Backend(Protocol):
-    name: str
-
-    def applied(self) -> Applied: ...
-
-    def apply(
-        self, position: int, tx_id: str, body: common_pb2.TxBody, *, run: bool = True
-    ) -> Outcome: ...
-
-    def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult: ...
-
-    def close(self) -> None: ...
-
-
-class SnapshotBackend(Backend, Protocol):
-    def export_snapshot(self, target: Path) -> Applied: ...
-
-    def replace_with(self, snapshot: Path) -> Applied: ...
 
 
 class WorkerServicer:

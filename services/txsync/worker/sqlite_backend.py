@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from txsync.v1 import common_pb2
+from txsync.worker.backend import (
+    OUTCOMES_KEPT,
+    ApplyOrderError,
+    QueryRefused,
+    QueryResult,
+    collect_rows,
+    recorded_outcome,
+    to_python,
+)
 from txsync.worker.outcomes import GENESIS_DIGEST, Applied, Outcome, next_digest
 
-OUTCOMES_KEPT = 4_096
-"""Outcomes kept for re-delivery after a reconnect (older ones are pruned)."""
-RESULT_BYTES_MAX = 4 * 1024 * 1024
-"""A query's rows are cut (``truncated``) past this many bytes of values."""
 BUSY_TIMEOUT_S = 10.0
 
 _SCHEMA = """
@@ -68,47 +72,6 @@ _NEVER_IN_A_TRANSACTION = {
     sqlite3.SQLITE_DETACH,
     sqlite3.SQLITE_PRAGMA,  # journal mode, synchronous, ... are the worker's business
 }
-
-
-class ApplyOrderError(Exception):
-    """A transaction that is not the next one (a gap, or one applied so long ago that
-    its outcome is gone)."""
-
-
-class QueryRefused(Exception):
-    """A query that writes, or that the database refuses to prepare."""
-
-
-@dataclass(frozen=True, slots=True)
-class QueryResult:
-    columns: tuple[str, ...]
-    rows: tuple[tuple[object, ...], ...]
-    truncated: bool
-    position: int
-    """The applied position the rows were read at."""
-
-
-def to_python(value: common_pb2.SqlValue) -> object:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "bool_value":
-        return int(value.bool_value)
-    return getattr(value, kind)
-
-
-def to_sql_value(value: object) -> common_pb2.SqlValue:
-    if value is None:
-        return common_pb2.SqlValue()
-    if isinstance(value, bool):
-        return common_pb2.SqlValue(bool_value=value)
-    if isinstance(value, int):
-        return common_pb2.SqlValue(int_value=value)
-    if isinstance(value, float):
-        return common_pb2.SqlValue(real_value=value)
-    if isinstance(value, bytes):
-        return common_pb2.SqlValue(blob_value=value)
-    return common_pb2.SqlValue(text_value=str(value))
 
 
 def _guard_bookkeeping(action: int, table: str | None, *_: object) -> int:
@@ -269,12 +232,7 @@ class SqliteBackend:
             "WHERE position = ?",
             (position,),
         ).fetchone()
-        if row is None:
-            raise ApplyOrderError(f"position {position} was applied long ago; outcome pruned")
-        if row[0] != tx_id:
-            raise ApplyOrderError(f"position {position} holds {row[0]}, not {tx_id}")
-        rows = tuple(int(n) for n in str(row[2]).split(",") if n)
-        return Outcome(position, tx_id, bool(row[1]), rows, bytes(row[3]), str(row[4]))
+        return recorded_outcome(position, tx_id, row)
 
     def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult:
         """Run a read-only statement on its own connection (reads never wait on writes in
@@ -292,15 +250,7 @@ class SqliteBackend:
             except sqlite3.DatabaseError as error:
                 raise QueryRefused(f"{type(error).__name__}: {error}") from None
             columns = tuple(d[0] for d in cursor.description or ())
-            rows: list[tuple[object, ...]] = []
-            size = 0
-            truncated = False
-            for row in cursor:
-                size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in row)
-                if len(rows) >= max_rows or size > RESULT_BYTES_MAX:
-                    truncated = True
-                    break
-                rows.append(tuple(row))
-            return QueryResult(columns, tuple(rows), truncated, position)
+            rows, truncated = collect_rows(cursor, max_rows)
+            return QueryResult(columns, rows, truncated, position)
         finally:
             conn.close()

@@ -1,0 +1,106 @@
+"""What every worker backend provides (``Backend``) and the pieces they share: errors,
+query results, value conversions and the limits on what is kept and returned."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from txsync.v1 import common_pb2
+from txsync.worker.outcomes import Applied, Outcome
+
+OUTCOMES_KEPT = 4_096
+"""Outcomes kept for re-delivery after a reconnect (older ones are pruned)."""
+RESULT_BYTES_MAX = 4 * 1024 * 1024
+"""A query's rows are cut (``truncated``) past this many bytes of values."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def applied(self) -> Applied: ...
+
+    def apply(
+        self, position: int, tx_id: str, body: common_pb2.TxBody, *, run: bool = True
+    ) -> Outcome: ...
+
+    def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult: ...
+
+    def close(self) -> None: ...
+
+
+class SnapshotBackend(Backend, Protocol):
+    def export_snapshot(self, target: Path) -> Applied: ...
+
+    def replace_with(self, snapshot: Path) -> Applied: ...
+
+
+class ApplyOrderError(Exception):
+    """A transaction that is not the next one (a gap, or one applied so long ago that
+    its outcome is gone)."""
+
+
+class QueryRefused(Exception):
+    """A query that writes, or that the database refuses to prepare."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    columns: tuple[str, ...]
+    rows: tuple[tuple[object, ...], ...]
+    truncated: bool
+    position: int
+    """The applied position the rows were read at."""
+
+
+def to_python(value: common_pb2.SqlValue) -> object:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "bool_value":
+        return int(value.bool_value)
+    return getattr(value, kind)
+
+
+def to_sql_value(value: object) -> common_pb2.SqlValue:
+    if value is None:
+        return common_pb2.SqlValue()
+    if isinstance(value, bool):
+        return common_pb2.SqlValue(bool_value=value)
+    if isinstance(value, int):
+        return common_pb2.SqlValue(int_value=value)
+    if isinstance(value, float):
+        return common_pb2.SqlValue(real_value=value)
+    if isinstance(value, bytes):
+        return common_pb2.SqlValue(blob_value=value)
+    return common_pb2.SqlValue(text_value=str(value))
+
+
+def recorded_outcome(position: int, tx_id: str, row: tuple[object, ...] | None) -> Outcome:
+    """An outcome as ``_txsync_outcomes`` keeps it: ``(tx_id, ok, rows_affected, digest,
+    error)``; refuses a position pruned already or holding another transaction."""
+    if row is None:
+        raise ApplyOrderError(f"position {position} was applied long ago; outcome pruned")
+    if row[0] != tx_id:
+        raise ApplyOrderError(f"position {position} holds {row[0]}, not {tx_id}")
+    rows = tuple(int(n) for n in str(row[2]).split(",") if n)
+    digest = row[3]
+    assert isinstance(digest, bytes | bytearray | memoryview)
+    return Outcome(position, tx_id, bool(row[1]), rows, bytes(digest), str(row[4]))
+
+
+def collect_rows(
+    rows: Iterable[Iterable[object]], max_rows: int, plain: Callable[[object], object] = lambda v: v
+) -> tuple[tuple[tuple[object, ...], ...], bool]:
+    """At most ``max_rows`` rows and ``RESULT_BYTES_MAX`` bytes of values; true if cut."""
+    kept: list[tuple[object, ...]] = []
+    size = 0
+    for row in rows:
+        values = tuple(plain(v) for v in row)
+        size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in values)
+        if len(kept) >= max_rows or size > RESULT_BYTES_MAX:
+            return tuple(kept), True
+        kept.append(values)
+    return tuple(kept), False
