@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,3 +167,39 @@ def test_a_worker_added_under_load_catches_up_to_the_same_digest_and_drains(
         assert added.terminate() == 0, added.log()  # drains: dispatch forgets it
     dc.cluster.wait_for("w3 drained", lambda: "w3" not in dc.workers_status())
     assert "drained" in dc.dispatch.log()
+
+
+def test_workers_killed_mid_stream_apply_every_transaction_exactly_once(
+    dc: Dc, tmp_path: Path
+) -> None:
+    ids = [dc.submit("CREATE TABLE t (dc TEXT, n INTEGER)")]
+    acked: list[str] = []
+    load = threading.Thread(
+        target=submit_at, args=(dc.cluster.dcs[0], 300, acked, threading.Lock())
+    )
+    load.start()
+
+    # A follower, the testing worker, a follower again, each while transactions stream.
+    def submitted_at_least(count: int) -> Callable[[], bool]:
+        return lambda: len(acked) >= count
+
+    for round_no, victim in enumerate(("w2", "w1", "w2"), start=1):
+        dc.cluster.wait_for("the load is under way", submitted_at_least(70 * round_no))
+        dc.workers[victim].kill()
+        dc.workers[victim].start()
+    load.join()
+    ids += acked
+    dc.wait_all_final(ids)
+    dc.cluster.wait_for(
+        "both workers at the end with one digest",
+        lambda: (
+            {(w.position, w.state_digest) for w in dc.workers_status().values()}
+            == {(len(ids), dc.workers_status()["w1"].state_digest)}
+        ),
+    )
+    for name in ("w1", "w2"):
+        with sqlite3.connect(tmp_path / name / "worker.sqlite") as database:
+            count, distinct = database.execute(
+                "SELECT count(*), count(DISTINCT n) FROM t"
+            ).fetchone()
+        assert (count, distinct) == (300, 300), f"{name}: a transaction applied twice or lost"

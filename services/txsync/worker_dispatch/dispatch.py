@@ -194,6 +194,10 @@ class Dispatch:
                 except grpc.aio.AioRpcError as error:
                     log.warning("pipeline restarts: %s %s", error.code().name, error.details())
                     await asyncio.sleep(0.2)
+                except Exception:
+                    # A bug must not stop the DC applying: log it whole and start over.
+                    log.exception("pipeline failed; restarting")
+                    await asyncio.sleep(1)
         finally:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -286,7 +290,10 @@ class Dispatch:
             while True:
                 request = await queue.get()
                 pending[request.position] = request
-                await call.write(request)
+                try:
+                    await call.write(request)
+                except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+                    return  # the call ended: the reading side reports why
 
         writer = asyncio.get_running_loop().create_task(write())
         try:
