@@ -95,15 +95,18 @@ def test_queries_refuse_writes_bad_limits_and_time_out(running_worker: ServicePr
             with pytest.raises(grpc.RpcError) as refused:
                 stub.Query(request)
             assert refused.value.code() is code and words in (refused.value.details() or "")
-        if stub.Heartbeat(worker_pb2.HeartbeatRequest()).backend == "postgresql":
-            with pytest.raises(grpc.RpcError) as later:  # recovery copies SQLite files only
-                next(iter(stub.ExportSnapshot(worker_pb2.ExportSnapshotRequest())))
-            assert later.value.code() is grpc.StatusCode.UNIMPLEMENTED
         assert stub.Query(_count_query(after=3)).rows[0].values[0].int_value == 2
 
 
-def test_snapshots_copy_a_worker_and_a_bad_one_changes_nothing(tmp_path: Path) -> None:
-    source, target = worker(tmp_path / "src", "src"), worker(tmp_path / "dst", "dst")
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_snapshots_copy_a_worker_and_a_bad_one_changes_nothing(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    databases = {"src": "", "dst": ""}
+    if backend == "postgresql":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        databases = {name: server.new_database() for name in databases}
+    source, target = (worker(tmp_path / n, n, postgres=databases[n]) for n in ("src", "dst"))
     source.start()
     target.start()
     try:

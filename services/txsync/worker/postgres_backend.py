@@ -15,9 +15,13 @@ come from one snapshot.
 
 from __future__ import annotations
 
+import glob
 import re
+import shutil
+import subprocess
 import threading
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 from psycopg import sql as psql
@@ -77,6 +81,18 @@ def _refusal(sql: str) -> str | None:
     return None
 
 
+def _pg_tool(name: str, *args: str) -> None:
+    """Run ``pg_dump``/``pg_restore`` (from PATH, else Debian's versioned directory)."""
+    found = shutil.which(name) or next(
+        iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None
+    )
+    if found is None:
+        raise OSError(f"{name} not found: install PostgreSQL's client programs")
+    done = subprocess.run([found, *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"{name} failed ({done.returncode}): {done.stderr.strip()[:500]}")
+
+
 def _plain(value: object) -> object:
     """psycopg's richer types as the values a ``SqlValue`` carries."""
     if isinstance(value, Decimal):
@@ -103,6 +119,36 @@ class PostgresBackend:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+    def export_snapshot(self, target: Path) -> Applied:
+        """A consistent dump (``pg_dump`` custom format) taken in the snapshot of a
+        repeatable-read transaction that also reads the applied row, so the dump holds
+        exactly the position it reports."""
+        target.unlink(missing_ok=True)
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
+            row = conn.execute(
+                "SELECT position, tx_id, state_digest FROM _txsync_applied"
+            ).fetchone()
+            assert exported is not None and row is not None
+            _pg_tool("pg_dump", f"--snapshot={exported[0]}", "--format=custom",
+                     f"--file={target}", self._conninfo)  # fmt: skip
+            conn.execute("ROLLBACK")
+        return Applied(int(row[0]), str(row[1]), bytes(row[2]))
+
+    def replace_with(self, snapshot: Path) -> Applied:
+        """Empty the database and restore the dump in one transaction. If the restore
+        fails, the database is left empty (position 0): dispatch copies again or replays."""
+        with self._lock:
+            self._conn.close()
+            with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                conn.execute("DROP SCHEMA public CASCADE")
+                conn.execute("CREATE SCHEMA public")
+            _pg_tool("pg_restore", "--single-transaction", "--exit-on-error", "--no-owner",
+                     f"--dbname={self._conninfo}", str(snapshot))  # fmt: skip
+            self._conn = psycopg.connect(self._conninfo, autocommit=True)
+        return self.applied()
 
     def applied(self) -> Applied:
         with self._lock:

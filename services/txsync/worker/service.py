@@ -152,7 +152,11 @@ class WorkerServicer:
             return
         path = scratch / "export.snapshot"
         if request.resume_offset == 0 or self._exported is None or not path.exists():
-            self._exported = await asyncio.to_thread(backend.export_snapshot, path)
+            try:
+                self._exported = await asyncio.to_thread(backend.export_snapshot, path)
+            except OSError as error:
+                await abort(context, ServiceError(grpc.StatusCode.INTERNAL, str(error)))
+                return
         applied = self._exported
         total = path.stat().st_size
         if request.resume_offset > total:
@@ -222,7 +226,12 @@ class WorkerServicer:
                 context,
                 ServiceError(grpc.StatusCode.DATA_LOSS, "snapshot digest mismatch: discarded"),
             )
-        applied = await asyncio.to_thread(backend.replace_with, staging)
+        try:
+            applied = await asyncio.to_thread(backend.replace_with, staging)
+        except OSError as error:
+            self.applied = await asyncio.to_thread(backend.applied)
+            await abort(context, ServiceError(grpc.StatusCode.INTERNAL, str(error)))
+            raise AssertionError("abort raises") from None
         self.applied = applied
         log.warning(
             "database replaced by a snapshot at position %d (%s)", applied.position, applied.tx_id
