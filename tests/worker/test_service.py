@@ -61,6 +61,13 @@ def test_streamed_applies_reads_after_a_position_and_heartbeats(
         states = {o.outcome.position: o.outcome.state for o in outcomes}
         assert states[250] == common_pb2.TX_STATE_FAILED and states[1] == common_pb2.TX_STATE_OK
         assert answers[0].position >= 200 and answers[0].rows[0].values[0].int_value >= 199
+        by_id = stub.Query(
+            worker_pb2.WorkerServiceQueryRequest(
+                statement=common_pb2.Statement(sql="SELECT count(*) FROM applied_log"),
+                after_tx_id="tx-120",
+            )
+        )
+        assert by_id.position >= 120
 
         beat = stub.Heartbeat(worker_pb2.HeartbeatRequest())
         assert (beat.worker_id, beat.position, beat.tx_id) == ("w1", 300, "tx-300")

@@ -147,13 +147,19 @@ def test_a_worker_added_under_load_catches_up_to_the_same_digest_and_drains(
         target=submit_at, args=(dc.cluster.dcs[0], 150, acked, threading.Lock())
     )
     load.start()
-    # A third worker starts (as `kubectl scale` would add one) and registers itself.
+    dc.cluster.wait_for("well under way", lambda: dc.workers_status()["w1"].position > 120)
+    # A third worker starts (as `kubectl scale` would add one) and registers itself; it is
+    # far behind, so it starts from a snapshot of the testing worker, then the log.
     added = worker(tmp_path / "w3", "w3", "--dispatch", dc.dispatch.address, port=free_port())
     added.start()
     try:
         load.join()
         ids += acked
         dc.wait_all_final(ids)
+        dc.cluster.wait_for(
+            "w3 starts from a snapshot",
+            lambda: "RECOVERY: w3 restored" in dc.dispatch.log(),
+        )
         dc.cluster.wait_for(
             "w3 applied everything, with the DC's digest",
             lambda: (

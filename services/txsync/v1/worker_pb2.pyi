@@ -99,10 +99,15 @@ class WorkerServiceQueryRequest(_message.Message):
     AFTER_POSITION_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     MAX_ROWS_FIELD_NUMBER: _builtins.int
+    AFTER_TX_ID_FIELD_NUMBER: _builtins.int
     after_position: _builtins.int
     """Wait until the worker has applied this far (read-your-writes); 0: read at once."""
     max_rows: _builtins.int
     """At most 10000 (default 1000); past it, or past 4 MiB of values, `truncated` is set."""
+    after_tx_id: _builtins.str
+    """Or wait until this transaction is applied here (read-your-writes by id; it must be
+    among the worker's last 4096 or arrive within the timeout).
+    """
     @_builtins.property
     def statement(self) -> _common_pb2.Statement: ...
     @_builtins.property
@@ -116,6 +121,7 @@ class WorkerServiceQueryRequest(_message.Message):
         after_position: _builtins.int = ...,
         timeout: _duration_pb2.Duration | None = ...,
         max_rows: _builtins.int = ...,
+        after_tx_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "statement", b"statement", "timeout", b"timeout"
@@ -124,6 +130,8 @@ class WorkerServiceQueryRequest(_message.Message):
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "after_position",
         b"after_position",
+        "after_tx_id",
+        b"after_tx_id",
         "max_rows",
         b"max_rows",
         "statement",

@@ -28,6 +28,10 @@ class Backend(Protocol):
 
     def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult: ...
 
+    def position_of(self, tx_id: str) -> int | None:
+        """Where ``tx_id`` was applied, if among the recorded outcomes."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -208,6 +208,13 @@ class PostgresBackend:
             return False, (), f"{type(error).__name__}: {error}".strip()
         return True, tuple(rows), ""
 
+    def position_of(self, tx_id: str) -> int | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT position FROM _txsync_outcomes WHERE tx_id = %s", (tx_id,)
+            ).fetchone()
+        return None if row is None else int(row[0])
+
     def _recorded(self, position: int, tx_id: str) -> Outcome:
         row = self._conn.execute(
             "SELECT tx_id, ok, rows_affected, state_digest, error FROM _txsync_outcomes "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +35,7 @@ QUERY_TIMEOUT_MAX_S = 60.0
 QUERY_ROWS_DEFAULT = 1_000
 QUERY_ROWS_MAX = 10_000
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
+RECENT_TX_IDS_MAX = 65_536
 
 
 class WorkerServicer:
@@ -47,6 +49,8 @@ class WorkerServicer:
         self.draining = False
         self._applied_changed = asyncio.Condition()
         self._exported: Applied | None = None
+        self._recent: OrderedDict[str, int] = OrderedDict()
+        """Ids applied since start, for reads after a tx id (older ones: the backend)."""
 
     async def Apply(
         self,
@@ -80,6 +84,9 @@ class WorkerServicer:
                 return
             if outcome.position > self.applied.position:
                 self.applied = Applied(outcome.position, outcome.tx_id, outcome.state_digest)
+                self._recent[outcome.tx_id] = outcome.position
+                if len(self._recent) > RECENT_TX_IDS_MAX:
+                    self._recent.popitem(last=False)
                 async with self._applied_changed:
                     self._applied_changed.notify_all()
             yield worker_pb2.ApplyResponse(tx_id=outcome.tx_id, outcome=outcome.to_proto())
@@ -100,7 +107,10 @@ class WorkerServicer:
             raise _invalid(f"max_rows: at most {QUERY_ROWS_MAX}")
         if not request.statement.sql.strip():
             raise _invalid("statement.sql: empty")
-        await self._wait_applied(request.after_position, timeout_s)
+        if request.after_tx_id:
+            await self._wait_applied_tx(request.after_tx_id, timeout_s)
+        else:
+            await self._wait_applied(request.after_position, timeout_s)
         try:
             result = await asyncio.to_thread(self.backend.query, request.statement, max_rows)
         except QueryRefused as error:
@@ -239,6 +249,25 @@ class WorkerServicer:
         return worker_pb2.ImportSnapshotResponse(
             position=applied.position, state_digest=applied.state_digest
         )
+
+    async def _wait_applied_tx(self, tx_id: str, timeout_s: float) -> None:
+        if tx_id in self._recent:
+            return
+        if await asyncio.to_thread(self.backend.position_of, tx_id) is not None:
+            return  # applied before this process started
+
+        async def applied() -> None:
+            async with self._applied_changed:
+                await self._applied_changed.wait_for(lambda: tx_id in self._recent)
+
+        try:
+            await asyncio.wait_for(applied(), timeout_s)
+        except TimeoutError:
+            raise ServiceError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{tx_id} not applied here within {timeout_s:g} s "
+                f"(applied: {self.applied.position})",
+            ) from None
 
     @answers_errors
     async def Heartbeat(

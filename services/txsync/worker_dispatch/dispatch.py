@@ -46,6 +46,9 @@ WINDOW = 256
 HEARTBEAT_S = 1.0
 DEAD_AFTER_S = 3.0
 """A worker that has not answered a heartbeat for this long is taken out of the pipeline."""
+JOIN_FROM_LOG_MAX = 100
+"""A worker that joins further behind the testing worker than this starts from a
+snapshot; closer, it replays the log."""
 RECOVERY_CHECK_S = 1.0
 RECOVERY_TIMEOUT_S = 600.0
 """A whole snapshot copy (export and import) must finish within this."""
@@ -66,6 +69,9 @@ class WorkerLink:
     healthy: bool = False
     out_of_sync: str = ""
     """Why this worker diverged (empty: in sync)."""
+    needs_snapshot: str = ""
+    """Why this worker is to be brought up from a snapshot rather than the log (a new
+    worker far behind); it gets no work until then."""
     last_heartbeat_s: float = 0.0
     expected: deque[tuple[int, bytes]] = field(default_factory=deque)
     """(position, digest the DC holds there) for each request in flight."""
@@ -166,6 +172,11 @@ class Dispatch:
             link.healthy = True
             link.position, link.state_digest = beat.position, beat.state_digest
             log.info("worker %s healthy at position %d", link.worker_id, beat.position)
+            tester = self.workers.get(self.tester or "")
+            if tester is not None and tester is not link and tester.healthy:
+                behind = tester.position - link.position
+                if behind > JOIN_FROM_LOG_MAX:
+                    link.needs_snapshot = f"{behind} transactions behind the testing worker"
             self._changed.set()
 
     # --- the pipeline -----------------------------------------------------------------
@@ -175,7 +186,11 @@ class Dispatch:
         await self._first_beats.wait()
         try:
             while True:
-                ready = [w for w in self.workers.values() if w.healthy and not w.out_of_sync]
+                ready = [
+                    w
+                    for w in self.workers.values()
+                    if w.healthy and not w.out_of_sync and not w.needs_snapshot
+                ]
                 self._changed.clear()
                 if not ready:
                     self.tester = None
@@ -352,7 +367,7 @@ class Dispatch:
             if source is None or not source.healthy or source.out_of_sync:
                 continue
             for link in list(self.workers.values()):
-                if link.out_of_sync and link.healthy:
+                if (link.out_of_sync or link.needs_snapshot) and link.healthy:
                     try:
                         await self._recover(link, source)
                     except grpc.aio.AioRpcError as error:
@@ -371,7 +386,7 @@ class Dispatch:
             "RECOVERY: copying a snapshot from %s to %s (%s)",
             source.worker_id,
             target.worker_id,
-            target.out_of_sync,
+            target.out_of_sync or target.needs_snapshot,
         )
 
         async def chunks() -> AsyncIterator[worker_pb2.ImportSnapshotRequest]:
@@ -383,7 +398,7 @@ class Dispatch:
 
         imported = await target.stub.ImportSnapshot(chunks(), timeout=RECOVERY_TIMEOUT_S)
         target.position, target.state_digest = imported.position, imported.state_digest
-        target.out_of_sync = ""
+        target.out_of_sync = target.needs_snapshot = ""
         target.recoveries += 1
         log.warning(
             "RECOVERY: %s restored at position %d; it replays the log from there",
