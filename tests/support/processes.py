@@ -163,9 +163,11 @@ def worker(
     return ServiceProcess(args, data_dir, f"worker-{worker_id}", listen=f"127.0.0.1:{port}")
 
 
-def worker_dispatch(workdir: Path, store: str, workers: dict[str, str]) -> ServiceProcess:
+def worker_dispatch(
+    workdir: Path, store: str, workers: dict[str, str], *extra: str
+) -> ServiceProcess:
     workdir.mkdir(parents=True, exist_ok=True)
-    args = ["worker-dispatch", "--store", store]
+    args = ["worker-dispatch", "--store", store, *extra]
     for worker_id, address in workers.items():
         args += ["--worker", f"{worker_id}={address}"]
     return ServiceProcess(args, workdir, "worker-dispatch")

@@ -62,7 +62,9 @@ def dc(tmp_path: Path) -> Iterator[Dc]:
         for process in workers.values():
             process.start()
         addresses = {name: process.address for name, process in workers.items()}
-        dispatch = worker_dispatch(tmp_path / "dispatch", cluster.dcs[0].store.address, addresses)
+        dispatch = worker_dispatch(
+            tmp_path / "dispatch", cluster.dcs[0].store.address, addresses, "--stuck-after-s", "2"
+        )
         dispatch.start()
         yield Dc(cluster, workers, dispatch)
         assert dispatch.terminate() == 0, dispatch.log()
@@ -209,3 +211,30 @@ def test_workers_killed_mid_stream_apply_every_transaction_exactly_once(
                 "SELECT count(*), count(DISTINCT n) FROM t"
             ).fetchone()
         assert (count, distinct) == (300, 300), f"{name}: a transaction applied twice or lost"
+
+
+def test_a_stuck_testing_worker_loses_its_role_and_comes_back(dc: Dc, tmp_path: Path) -> None:
+    first = dc.submit("CREATE TABLE t (n INTEGER)")
+    dc.wait_all_final([first])
+    dc.cluster.wait_for("both at 1", lambda: dc.workers_status()["w2"].position == 1)
+    assert dc.workers_status()["w1"].testing
+    # Someone holds w1's database: w1 answers heartbeats but applies nothing.
+    blocker = sqlite3.connect(tmp_path / "w1" / "worker.sqlite", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        stuck = dc.submit("INSERT INTO t VALUES (1)")
+        dc.wait_all_final([stuck])  # decided by w2, while w1 is still blocked
+        status = dc.workers_status()
+        assert status["w2"].testing and not status["w1"].healthy
+        assert "worker w1 is stuck: no outcome for" in dc.dispatch.log()
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    dc.cluster.wait_for(
+        "w1 back in step",
+        lambda: (
+            (status := dc.workers_status())["w1"].healthy
+            and status["w1"].position == 2
+            and status["w1"].state_digest == status["w2"].state_digest
+        ),
+    )

@@ -151,8 +151,9 @@ class PostgresBackend:
         return self.applied()
 
     def applied(self) -> Applied:
-        with self._lock:
-            row = self._conn.execute(
+        """The committed position, on a connection of its own (never waits for an apply)."""
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            row = conn.execute(
                 "SELECT position, tx_id, state_digest FROM _txsync_applied"
             ).fetchone()
         assert row is not None

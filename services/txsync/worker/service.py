@@ -273,7 +273,13 @@ class WorkerServicer:
     async def Heartbeat(
         self, request: worker_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.HeartbeatResponse:
-        applied = self.applied
+        # From the database itself: an apply whose stream was cancelled may still have
+        # committed. A worker whose database is blocked cannot answer, and so looks dead.
+        applied = await asyncio.to_thread(self.backend.applied)
+        if applied.position > self.applied.position:
+            self.applied = applied
+            async with self._applied_changed:
+                self._applied_changed.notify_all()
         return worker_pb2.HeartbeatResponse(
             worker_id=self.worker_id,
             position=applied.position,

@@ -142,10 +142,17 @@ class SqliteBackend:
         return self.applied()
 
     def applied(self) -> Applied:
-        with self._lock:
-            row = self._conn.execute(
+        """The committed position, read on a connection of its own: it never waits for a
+        transaction being applied (WAL readers do not wait for the writer)."""
+        conn = sqlite3.connect(
+            f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S
+        )
+        try:
+            row = conn.execute(
                 "SELECT position, tx_id, state_digest FROM _txsync_applied"
             ).fetchone()
+        finally:
+            conn.close()
         return Applied(int(row[0]), str(row[1]), bytes(row[2]) or GENESIS_DIGEST)
 
     def apply(

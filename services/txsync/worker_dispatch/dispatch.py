@@ -75,6 +75,10 @@ class WorkerLink:
     last_heartbeat_s: float = 0.0
     expected: deque[tuple[int, bytes]] = field(default_factory=deque)
     """(position, digest the DC holds there) for each request in flight."""
+    progressed_s: float = 0.0
+    """When its last outcome arrived (monotonic), to tell a stuck worker from a busy one."""
+    stuck_at: int | None = None
+    """The position a stuck worker was taken out at: it is back once it moves past it."""
     recovery_progress: float = 0.0
     """0..1 while a snapshot is copied to it."""
     recoveries: int = 0
@@ -93,7 +97,11 @@ class TooManyWorkers(Exception):
 
 
 class Dispatch:
-    def __init__(self, store_address: str, workers: dict[str, str]) -> None:
+    def __init__(
+        self, store_address: str, workers: dict[str, str], *, stuck_after_s: float = 10.0
+    ) -> None:
+        self.stuck_after_s = stuck_after_s
+        """A worker with work in flight and no outcome for this long is taken out."""
         self._store_channel = grpc.aio.insecure_channel(store_address)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.workers: dict[str, WorkerLink] = {}
@@ -163,7 +171,22 @@ class Dispatch:
                 )
                 self._changed.set()
             return
-        link.last_heartbeat_s = time.monotonic()
+        now = link.last_heartbeat_s = time.monotonic()
+        if link.stuck_at is not None:
+            if beat.position <= link.stuck_at:
+                return  # still stuck where it was
+            link.stuck_at = None
+        if link.healthy and link.expected and now - link.progressed_s > self.stuck_after_s:
+            link.healthy = False
+            link.stuck_at = beat.position
+            log.warning(
+                "worker %s is stuck: no outcome for %.0f s with %d in flight: out",
+                link.worker_id,
+                now - link.progressed_s,
+                len(link.expected),
+            )
+            self._changed.set()
+            return
         if beat.draining and link.healthy:
             link.healthy = False
             log.info("worker %s is draining: out", link.worker_id)
@@ -226,6 +249,8 @@ class Dispatch:
             tester.worker_id,
             ", ".join(f.worker_id for f in followers) or "no other worker",
         )
+        for worker in (tester, *followers):
+            worker.progressed_s = time.monotonic()
         queues = {
             w.worker_id: asyncio.Queue[worker_pb2.ApplyRequest](WINDOW)
             for w in (tester, *followers)
@@ -343,6 +368,7 @@ class Dispatch:
                 log.error("OUT OF SYNC: worker %s: %s", worker.worker_id, worker.out_of_sync)
                 raise _Restart(f"{worker.worker_id} out of sync")
             worker.position, worker.state_digest = position, outcome.state_digest
+            worker.progressed_s = time.monotonic()
             if expected:
                 continue  # the DC had decided this one already
             # The testing worker decided: its outcome is the DC's.

@@ -33,8 +33,15 @@ ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
 DISPATCH_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["DispatchService"]
 
 
-async def serve(store: str, workers: dict[str, str], *, listen: str, port_file: Path | None) -> int:
-    dispatch = Dispatch(store, workers)
+async def serve(
+    store: str,
+    workers: dict[str, str],
+    *,
+    listen: str,
+    port_file: Path | None,
+    stuck_after_s: float = 10.0,
+) -> int:
+    dispatch = Dispatch(store, workers, stuck_after_s=stuck_after_s)
     server = new_server()
     add_service(server, DispatchAdmin(dispatch), ADMIN_SERVICE, NOT_HERE)
     add_service(server, DispatchServicer(dispatch), DISPATCH_SERVICE)
@@ -98,6 +105,13 @@ def register(commands: Any) -> None:
         help="a worker; repeat per worker (the first healthy one is the testing worker); "
         "workers started with --dispatch register themselves instead",
     )
+    parser.add_argument(
+        "--stuck-after-s",
+        type=float,
+        default=10.0,
+        help="a worker with work in flight and no outcome for this long is taken out "
+        "(the testing role moves on)",
+    )
     parser.add_argument("--listen", default="127.0.0.1:7003", help="host:port for admin/health")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
     parser.set_defaults(handler=run)
@@ -110,9 +124,18 @@ def run(options: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     workers = dict(options.worker)
+    if options.stuck_after_s <= 0:
+        print("error: --stuck-after-s must be positive", file=sys.stderr)
+        return 2
     if len(workers) != len(options.worker):
         print("error: every --worker needs its own id", file=sys.stderr)
         return 2
     return asyncio.run(
-        serve(options.store, workers, listen=options.listen, port_file=options.port_file)
+        serve(
+            options.store,
+            workers,
+            listen=options.listen,
+            port_file=options.port_file,
+            stuck_after_s=options.stuck_after_s,
+        )
     )
