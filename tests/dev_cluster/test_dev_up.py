@@ -79,6 +79,14 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
     again = _txsync("submit", "--cluster", cluster, "--dc", "dc3",
                     "--sql", "INSERT INTO t (a, b) VALUES (1, 'y')", "--wait", "ok")  # fmt: skip
     assert again.returncode == 4 and "UNIQUE constraint failed" in again.stdout
+    status = _txsync("status", "--cluster", cluster)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert status.stdout.count("MAJORITY") == 3 and status.stdout.count(" yes") == 3
+    workers = _txsync("workers", "--cluster", cluster, "-o", "json")
+    assert workers.returncode == 0, workers.stderr
+    listed = json.loads(workers.stdout)
+    assert sorted(listed) == ["dc1", "dc2", "dc3"]
+    assert all(len(w) == 2 and sum(x["testing"] for x in w) == 1 for w in listed.values())
     output = _down(process)
     assert "3 DCs up" in output and "stopped." in output
     for dc in layout["dcs"].values():  # every service is gone: nothing listens any more
@@ -100,6 +108,8 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
 
 
 def test_submit_and_dev_up_refuse_bad_input_clearly(tmp_path: Path) -> None:
+    missing = _txsync("status", "--cluster", str(tmp_path / "nowhere.json"))
+    assert missing.returncode == 2 and "is the cluster up?" in missing.stderr
     result = _txsync("submit", "--sql", "SELECT 1")
     assert result.returncode != 0 and "give --address" in result.stderr
     result = _txsync("dev", "up", "--dcs", "0", "--data", str(tmp_path))
