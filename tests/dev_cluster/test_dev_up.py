@@ -87,6 +87,14 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
     listed = json.loads(workers.stdout)
     assert sorted(listed) == ["dc1", "dc2", "dc3"]
     assert all(len(w) == 2 and sum(x["testing"] for x in w) == 1 for w in listed.values())
+    shown = _txsync("tx", "get", submitted["tx_id"], "--cluster", cluster, "--dc", "dc3")
+    assert shown.returncode == 0, shown.stderr
+    assert "OK  position 2" in shown.stdout and "INSERT INTO t" in shown.stdout
+    assert "outcome: OK, rows affected [1]" in shown.stdout
+    failed = _txsync("tx", "list", "--cluster", cluster, "--dc", "dc3", "--state", "failed")
+    assert failed.returncode == 0 and "(1 transaction)" in failed.stdout
+    unknown = _txsync("tx", "get", "00000000-0000-4000-8000-000000000000", "--cluster", cluster)
+    assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
     output = _down(process)
     assert "3 DCs up" in output and "stopped." in output
     for dc in layout["dcs"].values():  # every service is gone: nothing listens any more

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from txsync import __version__, dev_cluster
-from txsync.cli import sim_command, status_command, submit_command
+from txsync.cli import sim_command, status_command, submit_command, tx_command
 from txsync.sync_coordinator import server as sync_coordinator_server
 from txsync.transaction_store import server as transaction_store_server
 from txsync.worker import server as worker_server
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev_cluster.register(commands)
     submit_command.register(commands)
     status_command.register(commands)
+    tx_command.register(commands)
     return parser
 
 
