@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,11 @@ class OutcomeLedger:
         _trim(self._theirs)
 
     def since(self, position: int) -> list[Finished]:
-        """Our outcomes after ``position``, oldest first, at most one post's worth."""
-        fresh = [f for p, f in reversed(self.own.items()) if p > position]
-        return list(reversed(fresh[:OUTCOMES_PER_POST]))
+        """Our outcomes after ``position``, oldest first, at most one post's worth. Runs
+        for every post to every peer, so it walks back only over what is new (positions
+        are added in increasing order) instead of over everything kept."""
+        fresh = list(takewhile(lambda f: f.position > position, reversed(self.own.values())))
+        return fresh[::-1][:OUTCOMES_PER_POST]
 
     def _compare(self, ours: Finished, peer: str, theirs: Finished) -> None:
         self.compared += 1
