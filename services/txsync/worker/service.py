@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -126,17 +126,25 @@ class WorkerServicer:
         )
 
     async def _wait_applied(self, position: int, timeout_s: float) -> None:
+        await self._wait_until(
+            lambda: self.applied.position >= position,
+            f"not applied up to position {position}",
+            timeout_s,
+        )
+
+    async def _wait_until(self, condition: Callable[[], bool], what: str, timeout_s: float) -> None:
+        """Wait for ``condition`` (checked at every apply), or DEADLINE_EXCEEDED."""
+
         async def reached() -> None:
             async with self._applied_changed:
-                await self._applied_changed.wait_for(lambda: self.applied.position >= position)
+                await self._applied_changed.wait_for(condition)
 
         try:
             await asyncio.wait_for(reached(), timeout_s)
         except TimeoutError:
             raise ServiceError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"not applied up to position {position} within {timeout_s:g} s "
-                f"(applied: {self.applied.position})",
+                f"{what} within {timeout_s:g} s (applied: {self.applied.position})",
             ) from None
 
     def _snapshots(self) -> tuple[SnapshotBackend, Path]:
@@ -255,19 +263,9 @@ class WorkerServicer:
             return
         if await asyncio.to_thread(self.backend.position_of, tx_id) is not None:
             return  # applied before this process started
-
-        async def applied() -> None:
-            async with self._applied_changed:
-                await self._applied_changed.wait_for(lambda: tx_id in self._recent)
-
-        try:
-            await asyncio.wait_for(applied(), timeout_s)
-        except TimeoutError:
-            raise ServiceError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"{tx_id} not applied here within {timeout_s:g} s "
-                f"(applied: {self.applied.position})",
-            ) from None
+        await self._wait_until(
+            lambda: tx_id in self._recent, f"{tx_id} not applied here", timeout_s
+        )
 
     @answers_errors
     async def Heartbeat(
