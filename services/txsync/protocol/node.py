@@ -744,34 +744,31 @@ class ProtocolNode:
             case ViewRefused(sender, ballot, view_no, promised):
                 self._on_refused(sender, ballot, view_no, promised)
 
-    def _ballot_is_for_next_view(self, sender: NodeId, ballot: Ballot) -> bool:
-        """Paxos runs one instance per view number: only the next view's ballots count.
-        A sender behind us gets our install; one ahead of us is asked for its own."""
+    def _takes_ballot(self, sender: NodeId, ballot: Ballot) -> bool:
+        """Paxos runs one instance per view number: only the next view's ballots count,
+        and none below the one we promised. A sender behind us gets our install, one ahead
+        of us is asked for its own, a lower ballot is refused naming our promise."""
         if ballot.view_no <= self.view_no:
             self._send_install(sender)
             return False
         if ballot.view_no > self.view_no + 1:
             self._send_view_answer(sender, ViewQuery(self._id, self.view_no))
             return False
-        return True
-
-    def _on_prepare(self, sender: NodeId, ballot: Ballot) -> None:
-        if not self._ballot_is_for_next_view(sender, ballot):
-            return
         if self._promised is not None and ballot < self._promised:
             refusal = ViewRefused(self._id, ballot, self.view_no, self._promised)
             self._fx.messages.append(SendViewMessage(sender, refusal))
+            return False
+        return True
+
+    def _on_prepare(self, sender: NodeId, ballot: Ballot) -> None:
+        if not self._takes_ballot(sender, ballot):
             return
         if ballot != self._promised:
             self._vote(ballot, self._accepted_ballot, self._accepted)
         self._fx.messages.append(SendViewMessage(sender, self._promise_for(ballot)))
 
     def _on_accept(self, sender: NodeId, ballot: Ballot, proposal: ViewProposal) -> None:
-        if not self._ballot_is_for_next_view(sender, ballot):
-            return
-        if self._promised is not None and ballot < self._promised:
-            refusal = ViewRefused(self._id, ballot, self.view_no, self._promised)
-            self._fx.messages.append(SendViewMessage(sender, refusal))
+        if not self._takes_ballot(sender, ballot):
             return
         problem = proposal_problem(proposal, self._limits, self._installed.configuration)
         if problem is None and proposal.view.view_no != ballot.view_no:
