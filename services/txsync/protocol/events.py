@@ -10,11 +10,15 @@ The caller's loop is: feed one event to ``ProtocolNode.step`` and apply the retu
 3. ``messages`` and ``bodies``: send posts and catch-up entries, push and fetch bodies.
    Each may be lost, duplicated or reordered; the protocol tolerates all three.
 4. Arrange a ``Tick`` at ``next_tick_ms`` (or earlier; an early tick is harmless).
+
+``rounds`` reports rounds starting and ending, for tracing and metrics only: nothing the
+protocol needs depends on what the caller does with them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from txsync.protocol.model import (
     Ballot,
@@ -209,6 +213,42 @@ class FetchBody:
 BodyEffect = PushBody | FetchBody
 
 
+class RoundOutcome(Enum):
+    ADVANCED = "advanced"
+    """ADD moved the merge base (or a catch-up or view install did)."""
+    COMPLETE = "complete"
+    """Every peer posted and nothing could be added (usually an idle round)."""
+    DEADLINE = "deadline"
+    """The round timed out waiting for a member: an empty round."""
+    ABANDONED = "abandoned"
+    """A view change stopped it (this node promised, or a view was installed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoundStarted:
+    round_no: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundEnded:
+    round_no: int
+    started_ms: int
+    ended_ms: int
+    outcome: RoundOutcome
+    idle: bool
+    """The node went idle after it (every queue empty): rounds slow down."""
+    posts_sent: int
+    """Posts sent to peers in this round (re-posts included, one per peer)."""
+    posts_received: int
+    """Posts of peers that were new to this node during the round."""
+    added: int
+    """Metas this round's ADD appended to the synced queue."""
+
+
+RoundEffect = RoundStarted | RoundEnded
+
+
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """A local transaction or an incoming message the core refused, and why."""
@@ -226,6 +266,7 @@ class Ready:
     messages: tuple[MessageEffect, ...] = ()
     bodies: tuple[BodyEffect, ...] = ()
     rejections: tuple[Rejected, ...] = ()
+    rounds: tuple[RoundEffect, ...] = ()
     next_tick_ms: int | None = None
 
     def is_empty(self) -> bool:

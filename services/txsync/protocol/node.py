@@ -57,6 +57,10 @@ from txsync.protocol.events import (
     PushBody,
     Ready,
     Rejected,
+    RoundEffect,
+    RoundEnded,
+    RoundOutcome,
+    RoundStarted,
     SendPost,
     SendSyncedEntries,
     SendViewMessage,
@@ -163,6 +167,7 @@ class _Effects:
     messages: list[MessageEffect] = field(default_factory=list)
     bodies: list[BodyEffect] = field(default_factory=list)
     rejections: list[Rejected] = field(default_factory=list)
+    rounds: list[RoundEffect] = field(default_factory=list)
 
 
 class ProtocolNode:
@@ -242,6 +247,8 @@ class ProtocolNode:
         self._round_deadline_ms = now_ms
         self._next_round_ms = now_ms
         self._fresh: set[NodeId] = set()
+        self._round_posts_sent = 0
+        self._round_added = 0
         self._posts: dict[NodeId, Post] = {}
         self._ahead_posts: dict[NodeId, Post] = {}
         self._dirty = False
@@ -357,6 +364,7 @@ class ProtocolNode:
             messages=tuple(fx.messages),
             bodies=tuple(fx.bodies),
             rejections=tuple(fx.rejections),
+            rounds=tuple(fx.rounds),
             next_tick_ms=self._next_tick_ms(),
         )
 
@@ -431,7 +439,7 @@ class ProtocolNode:
         if self._try_add():
             return
         if self._in_round and self._fresh.issuperset(self._others):
-            self._end_round(progress=False)
+            self._end_round(RoundOutcome.COMPLETE)
 
     def _on_synced_entries(self, msg: SyncedEntries) -> None:
         # Synced entries are agreed facts whatever view the sender is in; the prefix
@@ -486,7 +494,7 @@ class ProtocolNode:
             pass  # no rounds in a view this node promised to leave
         elif self._in_round:
             if now >= self._round_deadline_ms:
-                self._end_round(progress=False)
+                self._end_round(RoundOutcome.DEADLINE)
             elif self._dirty and now >= self._last_post_ms + self._timing.repost_gap_ms:
                 self._repost()
         elif now >= self._next_round_ms:
@@ -500,6 +508,9 @@ class ProtocolNode:
         self._round_started_ms = self._now_ms
         self._round_deadline_ms = self._now_ms + self._timing.round_timeout_ms
         self._fresh.clear()
+        self._round_posts_sent = 0
+        self._round_added = 0
+        self._fx.rounds.append(RoundStarted(self._round_no, self._now_ms))
         self._post()
 
     def _repost(self) -> None:
@@ -525,6 +536,7 @@ class ProtocolNode:
         )
         self._posts[self._id] = post
         self._fx.messages.extend(SendPost(peer, post) for peer in self._others)
+        self._round_posts_sent += len(self._others)
         if self._id not in self._weights:
             # Not (or no longer) configured: nobody takes our posts, but whoever installed
             # a newer view tells us about it (we may have been added meanwhile).
@@ -535,15 +547,16 @@ class ProtocolNode:
         self._last_post_ms = self._now_ms
         self._try_add()
 
-    def _end_round(self, *, progress: bool) -> None:
+    def _end_round(self, outcome: RoundOutcome) -> None:
         self._in_round = False
         idle = (
-            not progress
+            outcome is not RoundOutcome.ADVANCED
             and len(self._incoming) == 0
             and not self._synced_unacquired
             and not self._ahead_posts
             and all(not post.queue for post in self._posts.values())
         )
+        self._report_round_end(outcome, idle=idle)
         if idle:
             self._mode = Mode.IDLE
             self._next_round_ms = self._now_ms + self._timing.idle_interval_ms
@@ -554,6 +567,25 @@ class ProtocolNode:
         )
         if self._next_round_ms <= self._now_ms:
             self._start_round()
+
+    def _report_round_end(self, outcome: RoundOutcome, *, idle: bool = False) -> None:
+        self._fx.rounds.append(
+            RoundEnded(
+                round_no=self._round_no,
+                started_ms=self._round_started_ms,
+                ended_ms=self._now_ms,
+                outcome=outcome,
+                idle=idle,
+                posts_sent=self._round_posts_sent,
+                posts_received=len(self._fresh),
+                added=self._round_added,
+            )
+        )
+
+    def _abandon_round(self) -> None:
+        if self._in_round:
+            self._in_round = False
+            self._report_round_end(RoundOutcome.ABANDONED)
 
     def _wake(self) -> None:
         """Seed: back to busy on the first non-empty post or local transaction."""
@@ -573,6 +605,7 @@ class ProtocolNode:
             return False
         head = tuple(self._incoming.metas()[: len(prefix)])
         assert head == prefix, "an ADDed prefix is always the head of our own queue"
+        self._round_added += len(prefix)
         self._append_synced(prefix, holders=())
         self._after_base_change()
         return True
@@ -593,7 +626,7 @@ class ProtocolNode:
         }
         self._dirty = True
         if self._in_round:
-            self._end_round(progress=True)
+            self._end_round(RoundOutcome.ADVANCED)
         else:
             self._mode = Mode.BUSY
             self._next_round_ms = min(self._next_round_ms, self._now_ms)
@@ -795,7 +828,7 @@ class ProtocolNode:
             self._view_change = None  # a higher ballot runs this view change now
         if self.is_member and self._frozen_since_ms is None:
             self._frozen_since_ms = self._now_ms
-            self._in_round = False
+            self._abandon_round()
             self._posts.clear()
 
     def _promise_for(self, ballot: Ballot) -> ViewPromise:
@@ -962,7 +995,7 @@ class ProtocolNode:
         self._catchup_sent = {}
         self._dirty = True
         self._mode = Mode.BUSY
-        self._in_round = False
+        self._abandon_round()
         self._start_round()
 
     def _on_config_change(self, position: int, change: ConfigChange) -> None:

@@ -40,6 +40,8 @@ from txsync.protocol import (
     ProtocolNode,
     PushBody,
     Ready,
+    RoundEnded,
+    RoundStarted,
     SendPost,
     SendSyncedEntries,
     SendViewMessage,
@@ -131,6 +133,8 @@ class _SimNode:
     torn_crash_pending: bool = False
     fed_position: int = 0
     """Synced positions scanned for membership entries (the shell's follower)."""
+    open_round: int | None = None
+    """The round the core reported started and not yet ended (its reports must pair)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,6 +447,7 @@ class Simulation:
     def _start(self, node: NodeId) -> None:
         sim_node = self._nodes[node]
         sim_node.durable.epoch += 1
+        sim_node.open_round = None  # a restarted core counts rounds from 0 again
         view = sim_node.durable.view
         sim_node.fed_position = view.configuration.applied_position if view is not None else 0
         sim_node.core = self._factory(
@@ -476,6 +481,7 @@ class Simulation:
         except AssertionError as error:
             raise InvariantViolation(0, f"{node}: {error!r} on {type(event).__name__}") from error
         self.stats.rounds += core.round_no - rounds_before
+        self._check_round_reports(sim_node, ready)
         self._apply_durable(node, ready)
         if sim_node.torn_crash_pending:
             self._crash(node)  # after the durable writes, before anything is sent
@@ -492,6 +498,26 @@ class Simulation:
         if self._membership and not isinstance(event, ConfigChangeSynced):
             self._feed_membership(node)
         return ready
+
+    @staticmethod
+    def _check_round_reports(sim_node: _SimNode, ready: Ready) -> None:
+        """Round reports (tracing and metrics rely on them) pair up: one start, then the
+        end of that very round, numbers counting up by one."""
+        for report in ready.rounds:
+            node = sim_node.node_id
+            match report:
+                case RoundStarted(round_no, _):
+                    if sim_node.open_round is not None:
+                        raise InvariantViolation(
+                            0, f"{node}: round {round_no} started in round {sim_node.open_round}"
+                        )
+                    sim_node.open_round = round_no
+                case RoundEnded(round_no=round_no, started_ms=started, ended_ms=ended):
+                    if sim_node.open_round != round_no or ended < started:
+                        raise InvariantViolation(
+                            0, f"{node}: round {round_no} ended, open {sim_node.open_round}"
+                        )
+                    sim_node.open_round = None
 
     def _apply_durable(self, node: NodeId, ready: Ready) -> None:
         durable = self._nodes[node].durable
