@@ -147,11 +147,18 @@ def up(options: argparse.Namespace) -> int:
     services: list[Service] = []
     for node, dc in dcs.items():
         Path(dc["data"]).mkdir(parents=True, exist_ok=True)
+        front_door = ["--coordinator", dc["coordinator"]]
+        if dc.get("dispatch"):
+            front_door += ["--dispatch", dc["dispatch"]]
+        for peer, peer_dc in dcs.items():
+            if peer != node:
+                front_door += ["--peer-store", f"{peer}={peer_dc['store']}"]
         services.append(
             Service(
                 f"{node} transaction-store",
                 [*python, "transaction-store", "--node-id", node, "--data", dc["data"],
-                 "--listen", dc["store"], *(["--witness"] if dc.get("witness") else [])],
+                 "--listen", dc["store"], *(["--witness"] if dc.get("witness") else []),
+                 *front_door],
                 Path(dc["data"]) / "transaction-store.log",
                 dc["store"],
             )
@@ -170,7 +177,7 @@ def up(options: argparse.Namespace) -> int:
             services.append(
                 Service(
                     f"{worker_id} worker",
-                    [*python, "worker", "--worker-id", worker_id,
+                    [*python, "worker", "--worker-id", worker_id, "--dc", node,
                      "--data", str(Path(dc["data"]) / worker_id), "--listen", address],
                     Path(dc["data"]) / f"{worker_id}.log",
                     address,
@@ -181,7 +188,7 @@ def up(options: argparse.Namespace) -> int:
             services.append(
                 Service(
                     f"{node} worker-dispatch",
-                    [*python, "worker-dispatch", "--store", dc["store"],
+                    [*python, "worker-dispatch", "--store", dc["store"], "--dc", node,
                      "--listen", dc["dispatch"], *workers],
                     Path(dc["data"]) / "worker-dispatch.log",
                     dc["dispatch"],

@@ -6,9 +6,9 @@
   reaches the handler as ``MalformedRequest`` instead of failing inside gRPC (which answers
   UNKNOWN with a Python traceback in the log). Handlers answer it INVALID_ARGUMENT.
 * ``answers_errors``: decorator for unary handlers that turns both into statuses.
-* Serving helpers every service process shares: ``new_server`` (message limits),
-  ``add_health_and_reflection``, ``mark_serving``, ``announce`` (port file) and
-  ``until_stopped`` (signals or a failure).
+* Serving helpers every service process shares: ``new_server`` (message limits, a span
+  per call), ``new_channel`` (the same for calls out), ``add_health_and_reflection``,
+  ``mark_serving``, ``announce`` (port file) and ``until_stopped`` (signals or a failure).
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import (
+    aio_client_interceptors,
+    aio_server_interceptor,
+    filters,
+)
 
 
 class ServiceError(Exception):
@@ -158,8 +163,21 @@ MESSAGE_BYTES_MAX = 8 * 1024 * 1024
 """Every gRPC message, in and out, on every service."""
 
 
-def new_server() -> grpc.aio.Server:
+_TRACED = filters.negate(
+    filters.any_of(
+        filters.health_check(),
+        filters.service_prefix("grpc.reflection."),
+    )
+)
+"""Every call gets a span (the standard gRPC instrumentation) except health checks, which
+probes make every few seconds, and reflection."""
+
+
+def new_server(*interceptors: grpc.aio.ServerInterceptor) -> grpc.aio.Server:
+    """A server whose calls are traced; ``interceptors`` run after tracing (so a refused
+    call still has its span)."""
     return grpc.aio.server(
+        interceptors=[aio_server_interceptor(filter_=_TRACED), *interceptors],
         options=[
             ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
             ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
@@ -167,8 +185,26 @@ def new_server() -> grpc.aio.Server:
             # would then share it silently, and the kernel would split the callers between
             # the two. Refusing the port makes that mistake a clear start-up error.
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
+
+
+def new_channel(
+    address: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.aio.Channel:
+    """A channel whose calls are traced and carry the current trace context in their
+    metadata; TLS when ``credentials`` are given."""
+    all_options = [
+        ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+        ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+        *options,
+    ]
+    interceptors = aio_client_interceptors(filter_=_TRACED)
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, all_options, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, credentials, all_options, interceptors=interceptors)
 
 
 def add_health_and_reflection(

@@ -296,5 +296,5 @@ def test_admin_status_reports_a_torn_tail_and_exports_the_log(tmp_path: Path) ->
         )
         assert code is grpc.StatusCode.FAILED_PRECONDITION and "only passed" in details
         code, details = _code(lambda: admin.ListWorkers(admin_pb2.ListWorkersRequest()))
-        assert code is grpc.StatusCode.UNIMPLEMENTED and "worker-dispatch" in details
+        assert code is grpc.StatusCode.FAILED_PRECONDITION and "--dispatch" in details
     assert process.terminate() == 0

@@ -2,9 +2,12 @@
 
 ``GetStatus`` answers with the installed view, the quorum state (a node in a minority
 says so here, in its health and in its log), the round mode, the merge base and counter,
-and when each peer was last heard from. The transaction-store serves the parts it owns
-(alarms of the txlog, truncation, export); cluster-wide aggregation comes with the admin
-CLI (issue 6). Other calls answer UNIMPLEMENTED, naming the service that owns them.
+the lag behind the most advanced peer, and when each peer was last heard from and how
+far along its last post was. ``ListRounds`` lists recent rounds; ``PauseSync`` and
+``ResumeSync`` stop and restart this DC's part in the protocol. The DC's
+transaction-store aggregates this with its own part and the worker-dispatch's, and asks
+the other DCs' stores for the cluster view; other calls answer UNIMPLEMENTED here,
+naming the service that owns them.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from typing import Any
 import grpc
 
 from txsync.codec import base_to_proto
-from txsync.protocol import Mode, QuorumState
+from txsync.protocol import Mode, QuorumState, RoundOutcome
 from txsync.rpc import ServiceError, answers_errors
 from txsync.sync_coordinator.coordinator import Coordinator
+from txsync.sync_coordinator.rounds import ROUNDS_KEPT
 from txsync.v1 import admin_pb2, common_pb2, peer_pb2
 
 QUORUM_STATES = {
@@ -50,11 +54,6 @@ class CoordinatorAdmin:
         node = self._coordinator.node
         if node is None:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, "still loading the protocol state")
-        if request.cluster:
-            raise ServiceError(
-                grpc.StatusCode.UNIMPLEMENTED,
-                "the cluster-wide status comes with the admin CLI; ask without cluster",
-            )
         weights = self._coordinator.weights
         quorum = node.quorum_state()
         recent_ms = node.now_ms - self._coordinator.config.timing.exclusion_timeout_ms
@@ -62,11 +61,12 @@ class CoordinatorAdmin:
         local = admin_pb2.DcStatus(
             node_id=node.node_id,
             view=common_pb2.View(view_no=node.view_no, members=list(node.members)),
-            mode=MODES[node.mode],
+            mode=admin_pb2.SYNC_MODE_PAUSED if self._coordinator.paused else MODES[node.mode],
             quorum=QUORUM_STATES[quorum],
             merge_base=base_to_proto(node.merge_base),
             counter=node.counter,
             incoming_len=len(node.incoming_metas()),
+            lag=self._coordinator.lag(),
             healthy=quorum is QuorumState.MAJORITY,
         )
         for peer, heard_ms in sorted(node.last_heard_ms().items()):
@@ -80,13 +80,55 @@ class CoordinatorAdmin:
                 ),
                 reachable=heard_ms > recent_ms,
             )
+            if (base := self._coordinator.peer_bases.get(peer)) is not None:
+                status.last_merge_base.CopyFrom(base_to_proto(base))
             status.last_heard.FromMilliseconds(heard_ms + wall_minus_core_ms)
         local.alarms.extend(self._coordinator.outcomes.alarms)
         if self._coordinator.outcomes.alarm_count:
             local.healthy = False
-        if quorum is QuorumState.MINORITY:
+        if self._coordinator.paused:
+            local.healthy = False
+            local.alarms.append("PAUSED: an operator paused sync at this DC (ResumeSync)")
+        elif quorum is QuorumState.MINORITY:
             local.alarms.append(
                 "MINORITY: this DC is not in a view that holds a weight majority; it adds "
                 "nothing and its transactions stay INCOMING until it is back"
             )
         return admin_pb2.GetStatusResponse(local=local)
+
+    @answers_errors
+    async def ListRounds(
+        self, request: admin_pb2.ListRoundsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> admin_pb2.ListRoundsResponse:
+        limit = request.limit or 50
+        if limit > ROUNDS_KEPT:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"limit: at most {ROUNDS_KEPT}")
+        answer = admin_pb2.ListRoundsResponse()
+        recent = self._coordinator.rounds.recent
+        for record in list(recent)[-limit:][::-1]:  # newest first
+            info = answer.rounds.add(
+                round_no=record.round_no,
+                posts_sent=record.posts_sent,
+                posts_received=record.posts_received,
+                added=record.added,
+                empty=record.outcome is RoundOutcome.DEADLINE,
+                idle=record.idle,
+                outcome=record.outcome.value,
+            )
+            info.started.FromNanoseconds(record.started_unix_ns)
+            info.duration.FromNanoseconds(record.duration_ns)
+        return answer
+
+    @answers_errors
+    async def PauseSync(
+        self, request: admin_pb2.PauseSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> admin_pb2.PauseSyncResponse:
+        self._coordinator.set_paused(True)
+        return admin_pb2.PauseSyncResponse()
+
+    @answers_errors
+    async def ResumeSync(
+        self, request: admin_pb2.ResumeSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> admin_pb2.ResumeSyncResponse:
+        self._coordinator.set_paused(False)
+        return admin_pb2.ResumeSyncResponse()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from opentelemetry import context as otel_context
 
 from txsync.codec import ballot_from_proto, ballot_to_proto, proposal_from_proto, proposal_to_proto
 from txsync.protocol import (
@@ -34,6 +35,7 @@ from txsync.protocol import (
     FetchBody,
     Limits,
     LocalTx,
+    MergeBase,
     ProtocolNode,
     PushBody,
     QuorumState,
@@ -46,8 +48,10 @@ from txsync.protocol import (
     Tick,
     Timing,
 )
+from txsync.rpc import new_channel
 from txsync.sync_coordinator.effects import MergedPersist
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
+from txsync.sync_coordinator.rounds import RoundTracker
 from txsync.sync_coordinator.wire import (
     base_from_proto,
     base_to_proto,
@@ -57,6 +61,7 @@ from txsync.sync_coordinator.wire import (
     post_to_proto,
     view_message_to_proto,
 )
+from txsync.telemetry import Metrics, context_of
 from txsync.v1 import (
     common_pb2,
     peer_pb2,
@@ -148,10 +153,10 @@ class PeerLink:
     def __init__(self, node_id: str, address: str, timeout_s: float, tls: TlsFiles | None) -> None:
         self.node_id = node_id
         if tls is None:
-            self._channel = grpc.aio.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
+            self._channel = new_channel(address, options=PEER_CHANNEL_OPTIONS)
         else:
             # The peer's certificate must name its node id, whatever address we dial.
-            self._channel = grpc.aio.secure_channel(
+            self._channel = new_channel(
                 address,
                 tls.channel_credentials(),
                 options=[*PEER_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", node_id)],
@@ -213,6 +218,14 @@ class PeerLink:
                 call.add_done_callback(self._calls.discard)
 
     async def _call(self, message: object) -> None:
+        # Calls join the trace they serve: a post its round's, a body its transaction's.
+        traceparent = ""
+        if isinstance(message, peer_pb2.PostRequest):
+            traceparent = message.round_traceparent
+        elif isinstance(message, peer_pb2.PushBodyRequest):
+            traceparent = message.traceparent
+        trace_context = context_of(traceparent)
+        token = None if trace_context is None else otel_context.attach(trace_context)
         try:
             if isinstance(message, peer_pb2.PostRequest):
                 await self.stub.Post(message, timeout=self._timeout_s)
@@ -227,14 +240,16 @@ class PeerLink:
             self.failed += 1
             log.debug("to %s: %s", self.node_id, error.code().name)
         finally:
+            if token is not None:
+                otel_context.detach(token)
             self._slots.release()
 
 
 class Coordinator:
-    def __init__(self, config: CoordinatorConfig) -> None:
+    def __init__(self, config: CoordinatorConfig, metrics: Metrics | None = None) -> None:
         self.config = config
         self.events: asyncio.Queue[Event] = asyncio.Queue(maxsize=EVENTS_MAX)
-        self._store_channel = grpc.aio.insecure_channel(config.store_address)
+        self._store_channel = new_channel(config.store_address)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.links = {
             peer: PeerLink(peer, address, config.rpc_timeout_s, config.tls)
@@ -258,6 +273,14 @@ class Coordinator:
         """Called (in the loop) whenever the quorum state changes, and once at start."""
         self.refused_peers: dict[str, int] = {}
         """Calls refused because of who made them, by reason (logged as well)."""
+        self.rounds = RoundTracker(config.node_id, metrics)
+        self.paused = False
+        """Set by an operator (``PauseSync``): this DC neither sends nor takes peer
+        messages, as if cut off. The others exclude it after the exclusion timeout and go
+        on if they hold a majority; its own submits stay INCOMING. Not kept across a
+        restart (a restarted coordinator takes part again)."""
+        self.peer_bases: dict[str, MergeBase] = {}
+        """The merge base of each peer's latest post: how far along it is (lag)."""
 
     async def start(self) -> None:
         """Load the durable protocol state from the store and start the loop."""
@@ -440,6 +463,13 @@ class Coordinator:
             self._retired_links.append(self.links.pop(peer))
         self.weights.update(configuration.weights)
 
+    def lag(self) -> int:
+        """Synced entries behind the most advanced peer whose post we have (0 if none
+        is ahead)."""
+        assert self.node is not None
+        ours = self.node.merge_base.synced_len
+        return max([0, *(base.synced_len - ours for base in self.peer_bases.values())])
+
     def is_known_peer(self, node_id: str) -> bool:
         """A node we may take calls from: a peer of the configuration, or one we still
         tell about a newer view (it may just have been added or removed)."""
@@ -482,12 +512,21 @@ class Coordinator:
             log.debug("no link to %s (not configured)", to)
         return link
 
+    def set_paused(self, paused: bool) -> None:
+        if paused != self.paused:
+            log.warning("SYNC %s by an operator", "PAUSED" if paused else "RESUMED")
+        self.paused = paused
+
     def _send(self, ready: Ready) -> None:
+        self.rounds.on_reports(ready.rounds)
+        if self.paused:
+            return
         for message in ready.messages:
             match message:
                 case SendPost(to, post):
                     if link := self._link(to):
                         outgoing = post_to_proto(post)
+                        outgoing.round_traceparent = self.rounds.traceparent
                         for finished in self.outcomes.since(link.outcomes_sent):
                             outgoing.outcomes.add(
                                 position=finished.position,
@@ -539,7 +578,11 @@ class Coordinator:
             log.warning("cannot push %s: %s", tx_id, error.details())
             return  # peers fetch it when they see its meta
         push = peer_pb2.PushBodyRequest(
-            sender=self.config.node_id, tx_id=tx_id, body=body.body, digest=body.digest
+            sender=self.config.node_id,
+            tx_id=tx_id,
+            body=body.body,
+            digest=body.digest,
+            traceparent=body.traceparent,
         )
         for peer in peers:
             if link := self._link(peer):
@@ -563,7 +606,9 @@ class Coordinator:
                 timeout=self.config.rpc_timeout_s,
             )
             await self.store.StoreBody(
-                store_pb2.StoreBodyRequest(tx_id=tx_id, body=got.body, digest=got.digest)
+                store_pb2.StoreBodyRequest(
+                    tx_id=tx_id, body=got.body, digest=got.digest, traceparent=got.traceparent
+                )
             )
         except grpc.aio.AioRpcError as error:
             log.debug("fetching %s from %s: %s", tx_id, source, error.code().name)

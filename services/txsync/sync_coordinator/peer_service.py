@@ -56,6 +56,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         """Only configured peers, and (with mutual TLS) only as the node their
         certificate names: a peer cannot speak for another. ``anyone``: any node with a
         valid certificate for its name (a joining node asking which view is current)."""
+        if self._coordinator.paused:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "sync is paused at this DC")
         config = self._coordinator.config
         known = anyone or self._coordinator.is_known_peer(sender)
         if sender == config.node_id or not known:
@@ -79,6 +81,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(post.sender, context)
+        self._coordinator.rounds.peer_round(post.sender, request.round_traceparent)
+        self._coordinator.peer_bases[post.sender] = post.base
         if len(request.outcomes) > OUTCOMES_PER_POST:
             raise _invalid(WireError(f"outcomes: more than {OUTCOMES_PER_POST}"))
         for outcome in request.outcomes:
@@ -120,7 +124,10 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         try:
             await self._coordinator.store.StoreBody(
                 store_pb2.StoreBodyRequest(
-                    tx_id=request.tx_id, body=request.body, digest=request.digest
+                    tx_id=request.tx_id,
+                    body=request.body,
+                    digest=request.digest,
+                    traceparent=request.traceparent,
                 )
             )
         except grpc.aio.AioRpcError as error:
@@ -139,7 +146,9 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             )
         except grpc.aio.AioRpcError as error:
             raise ServiceError(error.code(), error.details() or "store refused") from None
-        return peer_pb2.GetBodyResponse(body=body.body, digest=body.digest)
+        return peer_pb2.GetBodyResponse(
+            body=body.body, digest=body.digest, traceparent=body.traceparent
+        )
 
     @answers_errors
     async def SendViewMessage(

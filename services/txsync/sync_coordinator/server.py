@@ -30,10 +30,10 @@ from txsync.rpc import (
 )
 from txsync.sync_coordinator.admin import NOT_HERE as ADMIN_NOT_HERE
 from txsync.sync_coordinator.admin import CoordinatorAdmin
-from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig, TlsFiles
+from txsync.sync_coordinator.coordinator import SERVICE, Coordinator, CoordinatorConfig, TlsFiles
 from txsync.sync_coordinator.peer_service import PeerServicer
 from txsync.sync_coordinator.wire import WireError, check_node_id
-from txsync.telemetry import Gauge, Metrics
+from txsync.telemetry import Gauge, ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import admin_pb2, peer_pb2
 
 log = logging.getLogger("txsync.sync_coordinator")
@@ -78,6 +78,11 @@ def _coordinator_gauges(coordinator: Coordinator) -> list[Gauge]:
             read(lambda node: len(node.incoming_metas())),
         ),
         Gauge(
+            "txsync.lag",
+            "synced entries this DC is behind the most advanced peer it hears from",
+            lambda: None if coordinator.node is None else coordinator.lag(),
+        ),
+        Gauge(
             "txsync.divergence.alarms",
             "other DCs whose outcome digests differ from ours (0 while all agree)",
             lambda: coordinator.outcomes.alarm_count,
@@ -91,19 +96,17 @@ async def serve(
     listen: str,
     port_file: Path | None,
     grace_s: float,
+    telemetry: ServiceTelemetry,
     admin_listen: str | None = None,
     metrics_listen: str | None = None,
 ) -> int:
-    coordinator = Coordinator(config)
-    metrics = None
-    if metrics_listen is not None:
-        metrics = Metrics("sync-coordinator", config.node_id)
-        metrics.gauges(_coordinator_gauges(coordinator))
-        try:
-            metrics.serve(metrics_listen)
-        except OSError as error:
-            log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
-            return 2
+    coordinator = Coordinator(config, telemetry.metrics)
+    telemetry.metrics.gauges(_coordinator_gauges(coordinator))
+    try:
+        telemetry.serve_metrics(metrics_listen)
+    except OSError as error:
+        log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
+        return 2
     server = new_server()
     add_service(server, PeerServicer(coordinator), PEER_SERVICE)
     add_service(server, CoordinatorAdmin(coordinator), ADMIN_SERVICE, ADMIN_NOT_HERE)
@@ -172,9 +175,8 @@ async def serve(
     for health in healths:
         await health.enter_graceful_shutdown()
     await _stop_servers(server, admin_server, grace_s)
-    if metrics is not None:
-        metrics.close()
     await coordinator.stop()
+    telemetry.close()
     if coordinator.failed.done():
         log.critical("sync-coordinator stopped: %s", coordinator.failed.result())
         return 1
@@ -246,11 +248,6 @@ def register(commands: Any) -> None:
         help="vote weight of a node (default 1 each); a view needs more than half the total",
     )
     parser.add_argument(
-        "--metrics-listen",
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics (quorum, view, queue lengths) at http://HOST:PORT/metrics",
-    )
-    parser.add_argument(
         "--join",
         action="store_true",
         help="join a running cluster: start outside the configuration and wait to be added "
@@ -304,6 +301,7 @@ def register(commands: Any) -> None:
         action="store_true",
         help="no TLS between DCs: only for local development on loopback",
     )
+    add_telemetry_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -328,11 +326,6 @@ def _tuning_problem(options: argparse.Namespace) -> str | None:
 
 
 def run(options: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
     peers = dict(options.peer)
     if len(peers) != len(options.peer) or options.node_id in peers:
         print("error: every --peer needs its own node id, other than --node-id", file=sys.stderr)
@@ -382,12 +375,14 @@ def run(options: argparse.Namespace) -> int:
         timing=timing,
         limits=limits,
     )
+    telemetry = ServiceTelemetry.start(SERVICE, options.node_id, options)
     return asyncio.run(
         serve(
             config,
             listen=options.listen,
             port_file=options.port_file,
             grace_s=options.grace_seconds,
+            telemetry=telemetry,
             admin_listen=options.admin_listen,
             metrics_listen=options.metrics_listen,
         )

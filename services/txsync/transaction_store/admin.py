@@ -1,9 +1,9 @@
 """The transaction-store's part of the admin API (``AdminService``).
 
-Served here: this DC's status as the store sees it (merge base, counter, incoming queue,
-alarms such as a torn tail cut at start-up), log truncation, and log export. The other
-calls belong to other services (``NOT_HERE``); asked here, they answer UNIMPLEMENTED and
-name the service that serves them.
+The store is the DC's admin front door (``dc_admin``): it serves its own part (the txlog's
+alarms, such as a torn tail cut at start-up; membership changes, truncation, export),
+merges in the sync-coordinator's and worker-dispatch's, forwards the calls they own, and
+gathers the other DCs' answers for the cluster view and for transaction lookups.
 """
 
 from __future__ import annotations
@@ -16,37 +16,30 @@ import grpc
 
 from txsync.codec import base_to_proto
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
+from txsync.transaction_store.dc_admin import DcAdmin, DcServices, recompute_lag
+from txsync.transaction_store.service import record_to_get_response
 from txsync.transaction_store.store import TransactionStore
 from txsync.transaction_store.txlog.framing import HEADER, scan
+from txsync.transaction_store.validation import check_tx_id
 from txsync.v1 import admin_pb2, common_pb2
 
 EXPORT_CHUNK_BYTES_MAX = 1024 * 1024
 
-NOT_HERE = {
-    "ListWorkers": "worker-dispatch",
-    "ListRounds": "sync-coordinator",
-    "GetTransaction": "the cluster-wide admin aggregation",
-    "PauseSync": "sync-coordinator",
-    "ResumeSync": "sync-coordinator",
-}
+NOT_HERE: dict[str, str] = {}
 
 
 class AdminServicer:
     """Served with ``add_service(..., elsewhere=NOT_HERE)``: the calls other services own
     answer UNIMPLEMENTED naming the owner."""
 
-    def __init__(self, store: TransactionStore) -> None:
+    def __init__(self, store: TransactionStore, dc: DcAdmin | None = None) -> None:
         self._store = store
+        self._dc = dc or DcAdmin(DcServices())
 
     @answers_errors
     async def GetStatus(
         self, request: admin_pb2.GetStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.GetStatusResponse:
-        if request.cluster:
-            raise ServiceError(
-                grpc.StatusCode.UNIMPLEMENTED,
-                "the cluster-wide status comes with the sync-coordinator; ask without cluster",
-            )
         store, state = self._store, self._store.state
         alarms = list(store.alarms)
         if store.broken is not None:
@@ -59,7 +52,71 @@ class AdminServicer:
             alarms=alarms,
             healthy=store.broken is None,
         )
-        return admin_pb2.GetStatusResponse(local=local)
+        local = await self._dc.dc_status(local)
+        answer = admin_pb2.GetStatusResponse(local=local)
+        if request.cluster:
+            answer.others.extend(await self._dc.others())
+            recompute_lag([answer.local, *answer.others])
+        return answer
+
+    @answers_errors
+    async def ListWorkers(
+        self, request: admin_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> admin_pb2.ListWorkersResponse:
+        answer = await self._dc.call("dispatch", "ListWorkers", request)
+        assert isinstance(answer, admin_pb2.ListWorkersResponse)
+        return answer
+
+    @answers_errors
+    async def ListRounds(
+        self, request: admin_pb2.ListRoundsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> admin_pb2.ListRoundsResponse:
+        answer = await self._dc.call("coordinator", "ListRounds", request)
+        assert isinstance(answer, admin_pb2.ListRoundsResponse)
+        return answer
+
+    @answers_errors
+    async def PauseSync(
+        self, request: admin_pb2.PauseSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> admin_pb2.PauseSyncResponse:
+        await self._dc.call("coordinator", "PauseSync", request)
+        return admin_pb2.PauseSyncResponse()
+
+    @answers_errors
+    async def ResumeSync(
+        self, request: admin_pb2.ResumeSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> admin_pb2.ResumeSyncResponse:
+        await self._dc.call("coordinator", "ResumeSync", request)
+        return admin_pb2.ResumeSyncResponse()
+
+    @answers_errors
+    async def GetTransaction(
+        self,
+        request: admin_pb2.GetTransactionRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> admin_pb2.GetTransactionResponse:
+        """The transaction at this DC and (unless ``local_only``) at every other DC that
+        answers; NOT_FOUND only if no DC knows it."""
+        tx_id = check_tx_id(request.tx_id)
+        answer = admin_pb2.GetTransactionResponse()
+        record = self._store.state.txs.get(tx_id)
+        if record is not None:
+            local = record_to_get_response(record, self._store.config.node_id, None)
+            answer.meta.CopyFrom(local.meta)
+            answer.trace_id = _trace_id(record.traceparent)
+            dc = answer.dcs.add(node_id=self._store.config.node_id, state=local.state)
+            dc.history.extend(local.history)
+            if local.HasField("outcome"):
+                dc.outcome.CopyFrom(local.outcome)
+        if not request.local_only:
+            for other in await self._dc.transaction_elsewhere(tx_id):
+                answer.dcs.extend(other.dcs)
+                if not answer.HasField("meta") and other.HasField("meta"):
+                    answer.meta.CopyFrom(other.meta)
+                answer.trace_id = answer.trace_id or other.trace_id
+        if not answer.dcs:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no DC knows {tx_id}")
+        return answer
 
     @answers_errors
     async def ChangeMembership(
@@ -126,3 +183,9 @@ class AdminServicer:
             chunk += frame
         if chunk:
             yield admin_pb2.ExportLogResponse(records=bytes(chunk))
+
+
+def _trace_id(traceparent: str) -> str:
+    """The trace id (32 hex digits) of a W3C traceparent, "" if there is none."""
+    parts = traceparent.split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else ""

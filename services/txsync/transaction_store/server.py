@@ -22,7 +22,9 @@ from txsync.rpc import (
     new_server,
     until_stopped,
 )
+from txsync.telemetry import Gauge, ServiceTelemetry, add_telemetry_arguments
 from txsync.transaction_store.admin import NOT_HERE, AdminServicer
+from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.service import ClientServicer, StoreInternalServicer
 from txsync.transaction_store.store import StoreConfig, TransactionStore
 from txsync.transaction_store.txlog.files import LogCorruptionError
@@ -36,7 +38,38 @@ ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
 SERVICES = (CLIENT_SERVICE, STORE_SERVICE, ADMIN_SERVICE)
 
 
-async def serve(config: StoreConfig, listen: str, port_file: Path | None, grace_s: float) -> int:
+def _store_gauges(store: TransactionStore) -> list[Gauge]:
+    state = store.state
+    return [
+        Gauge(
+            "txsync.store.incoming",
+            "transactions INCOMING here (submits are refused at --incoming-max)",
+            lambda: len(state.incoming) + len(state.pending_local),
+        ),
+        Gauge(
+            "txsync.store.open_body_bytes",
+            "bytes of bodies not yet finished (submits are refused at --body-bytes-max)",
+            lambda: state.open_body_bytes,
+            unit="By",
+        ),
+        Gauge(
+            "txsync.store.synced_length",
+            "entries of the synced queue in the txlog",
+            lambda: state.merge_base.synced_len,
+        ),
+    ]
+
+
+async def serve(
+    config: StoreConfig,
+    listen: str,
+    port_file: Path | None,
+    grace_s: float,
+    *,
+    telemetry: ServiceTelemetry,
+    dc_services: DcServices,
+    metrics_listen: str | None = None,
+) -> int:
     try:
         store = await TransactionStore.open(config)
     except LogCorruptionError as error:
@@ -50,10 +83,17 @@ async def serve(config: StoreConfig, listen: str, port_file: Path | None, grace_
         ", ".join(recovery.files_replayed) or "a new log",
         f"; TORN TAIL: {recovery.torn_tail}" if recovery.torn_tail else "",
     )
+    telemetry.metrics.gauges(_store_gauges(store))
+    try:
+        telemetry.serve_metrics(metrics_listen)
+    except OSError as error:
+        log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
+        return 2
+    dc_admin = DcAdmin(dc_services)
     server = new_server()
     add_service(server, ClientServicer(store), CLIENT_SERVICE)
     add_service(server, StoreInternalServicer(store), STORE_SERVICE)
-    add_service(server, AdminServicer(store), ADMIN_SERVICE, NOT_HERE)
+    add_service(server, AdminServicer(store, dc_admin), ADMIN_SERVICE, NOT_HERE)
     health_servicer = add_health_and_reflection(server, SERVICES)
     port = server.add_insecure_port(listen)
     if port == 0:
@@ -68,7 +108,9 @@ async def serve(config: StoreConfig, listen: str, port_file: Path | None, grace_
     log.info("shutting down: finishing in-flight calls (up to %.0f s)", grace_s)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace_s)
+    await dc_admin.close()
     await store.close()
+    telemetry.close()
     log.info("transaction-store stopped cleanly")
     return 0
 
@@ -105,15 +147,28 @@ def register(commands: Any) -> None:
     parser.add_argument("--witness", action="store_true",
                         help="this node is a witness: it votes and relays transactions "
                              "between DCs but takes none from clients")  # fmt: skip
+    dc = parser.add_argument_group(
+        "the DC's admin front door",
+        "this store answers the admin API for its DC (and the cluster) by asking these",
+    )
+    dc.add_argument("--coordinator", metavar="HOST:PORT",
+                    help="this DC's sync-coordinator (its admin API, plaintext)")  # fmt: skip
+    dc.add_argument("--dispatch", metavar="HOST:PORT", help="this DC's worker-dispatch")
+    dc.add_argument("--peer-store", action="append", default=[], type=_peer_store,
+                    metavar="NODE_ID=HOST:PORT",
+                    help="another DC's store, for the cluster view (repeat)")  # fmt: skip
+    add_telemetry_arguments(parser)
     parser.set_defaults(handler=run)
 
 
+def _peer_store(text: str) -> tuple[str, str]:
+    node_id, separator, address = text.partition("=")
+    if not separator or not node_id or ":" not in address:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NODE_ID=HOST:PORT")
+    return node_id, address
+
+
 def run(options: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
     if options.incoming_max < 1 or options.body_bytes_max < 1 or options.log_file_bytes_max < 1:
         print("error: limits must be positive", file=sys.stderr)
         return 2
@@ -126,4 +181,20 @@ def run(options: argparse.Namespace) -> int:
         witness=options.witness,
         allow_nondeterministic=options.allow_nondeterministic,
     )
-    return asyncio.run(serve(config, options.listen, options.port_file, options.grace_seconds))
+    dc_services = DcServices(
+        coordinator=options.coordinator,
+        dispatch=options.dispatch,
+        peer_stores=dict(options.peer_store),
+    )
+    telemetry = ServiceTelemetry.start("transaction-store", options.node_id, options)
+    return asyncio.run(
+        serve(
+            config,
+            options.listen,
+            options.port_file,
+            options.grace_seconds,
+            telemetry=telemetry,
+            dc_services=dc_services,
+            metrics_listen=options.metrics_listen,
+        )
+    )

@@ -17,6 +17,7 @@ import grpc
 from txsync.codec import WireError, base_to_proto, meta_from_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta
 from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
+from txsync.telemetry import current_traceparent
 from txsync.transaction_store.state import TxRecord
 from txsync.transaction_store.store import StateChangeRequest, Submitted, TransactionStore
 from txsync.transaction_store.validation import (
@@ -48,8 +49,10 @@ def _submitted(result: Submitted) -> client_pb2.SubmitResponse:
     )
 
 
-def _submit_args(submit: client_pb2.SubmitRequest) -> tuple[common_pb2.TxBody, str, str]:
-    return (submit.body, check_idempotency_key(submit.idempotency_key), "")
+def _submit_args(
+    submit: client_pb2.SubmitRequest, traceparent: str
+) -> tuple[common_pb2.TxBody, str, str]:
+    return (submit.body, check_idempotency_key(submit.idempotency_key), traceparent)
 
 
 def _results(results: list[Submitted | StoreError]) -> list[client_pb2.SubmitResult]:
@@ -113,8 +116,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
     async def Submit(
         self, request: client_pb2.SubmitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> client_pb2.SubmitResponse:
-        body, key, _ = _submit_args(request)
-        traceparent = check_traceparent(_traceparent(context))
+        body, key, traceparent = _submit_args(request, _traceparent(context))
         return _submitted(await self._store.submit(body, key, traceparent))
 
     @answers_errors
@@ -123,7 +125,8 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
     ) -> client_pb2.SubmitBatchResponse:
         if not 1 <= len(request.submits) <= BATCH_SUBMITS_MAX:
             raise invalid(f"submits: {len(request.submits)} is outside 1..{BATCH_SUBMITS_MAX}")
-        args = [_submit_args(submit) for submit in request.submits]
+        traceparent = _traceparent(context)
+        args = [_submit_args(submit, traceparent) for submit in request.submits]
         results = await self._store.submit_many(args)
         return client_pb2.SubmitBatchResponse(results=_results(results))
 
@@ -135,13 +138,14 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         results: list[Submitted | StoreError] = []
         chunk: list[tuple[common_pb2.TxBody, str, str]] = []
         count = 0
+        traceparent = _traceparent(context)
         try:
             async for request in request_iterator:
                 check_request(request)
                 count += 1
                 if count > STREAM_SUBMITS_MAX:
                     raise invalid(f"a stream carries at most {STREAM_SUBMITS_MAX} submits")
-                chunk.append(_submit_args(request.submit))
+                chunk.append(_submit_args(request.submit, traceparent))
                 if len(chunk) == BATCH_SUBMITS_MAX:
                     results.extend(await self._store.submit_many(chunk))
                     chunk = []
@@ -201,9 +205,15 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
 
 
 def _traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """Where the transaction's trace starts: the submit call's own span (the gRPC
+    instrumentation made it, a child of the client's context if it sent one). With
+    tracing off, the client's traceparent as given."""
+    current = current_traceparent()
+    if current:
+        return check_traceparent(current)
     for key, value in context.invocation_metadata() or ():
         if key == "traceparent" and isinstance(value, str):
-            return value
+            return check_traceparent(value)
     return ""
 
 
@@ -284,7 +294,10 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     async def StoreBody(
         self, request: store_pb2.StoreBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> store_pb2.StoreBodyResponse:
-        stored = await self._store.store_body(request.tx_id, request.body, request.digest)
+        traceparent = check_traceparent(request.traceparent)
+        stored = await self._store.store_body(
+            request.tx_id, request.body, request.digest, traceparent
+        )
         return store_pb2.StoreBodyResponse(stored=stored)
 
     @answers_errors
@@ -296,7 +309,11 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         record = self._store.state.txs.get(request.tx_id)
         if body is None or record is None:
             raise StoreError(grpc.StatusCode.NOT_FOUND, f"no body of {request.tx_id} held here")
-        return store_pb2.ReadBodyResponse(body=body.SerializeToString(), digest=record.body_digest)
+        return store_pb2.ReadBodyResponse(
+            body=body.SerializeToString(),
+            digest=record.body_digest,
+            traceparent=record.traceparent,
+        )
 
     @answers_errors
     async def ReadSynced(

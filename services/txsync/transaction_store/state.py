@@ -127,6 +127,7 @@ class StoreState:
             stored = entry.body_stored
             record = self._record(stored.tx_id)
             record.membership = stored.membership
+            record.traceparent = record.traceparent or stored.traceparent
             if not record.body_held:
                 record.body_held = True
                 record.body_digest = stored.body_digest

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta, TxState, is_allowed_transition
 from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord
+from txsync.transaction_store.tx_tracing import trace_transitions
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
 from txsync.transaction_store.txlog.files import LogFiles, Recovery
 from txsync.transaction_store.txlog.framing import encode_frame
@@ -394,6 +395,7 @@ class TransactionStore:
             future = self._stage(entries) if entries else None
         if future is not None:
             await self._durable(future)
+            trace_transitions(self.state, entries)
         return self.state.merge_base
 
     def _plan_step(
@@ -544,7 +546,9 @@ class TransactionStore:
             pending[change.tx_id] = change.state
         return entries
 
-    async def store_body(self, tx_id: str, encoded: bytes, digest: bytes) -> bool:
+    async def store_body(
+        self, tx_id: str, encoded: bytes, digest: bytes, traceparent: str = ""
+    ) -> bool:
         check_tx_id(tx_id)
         body = common_pb2.TxBody()
         try:
@@ -568,6 +572,7 @@ class TransactionStore:
                 body_bytes=len(encoded),
                 body=encoded,
                 membership=body.HasField("membership"),
+                traceparent=traceparent,
             )
             future = self._stage([self._entry(body_stored=stored)])
             self._unsynced_bodies.add(tx_id)
@@ -660,6 +665,7 @@ class TransactionStore:
             future = self._stage(entries) if entries else None
         if future is not None:
             await self._durable(future)
+            trace_transitions(self.state, entries)
 
     # --- progress, rotation and truncation ------------------------------------------
 

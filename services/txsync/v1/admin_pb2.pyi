@@ -402,12 +402,17 @@ class RoundInfo(_message.Message):
     ADDED_FIELD_NUMBER: _builtins.int
     EMPTY_FIELD_NUMBER: _builtins.int
     IDLE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     round_no: _builtins.int
     posts_sent: _builtins.int
     posts_received: _builtins.int
     added: _builtins.int
     empty: _builtins.bool
     idle: _builtins.bool
+    outcome: _builtins.str
+    """advanced (ADD moved the base), complete (every peer posted, nothing to add),
+    deadline (a member was missing: an empty round) or abandoned (a view change).
+    """
     @_builtins.property
     def started(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -423,6 +428,7 @@ class RoundInfo(_message.Message):
         added: _builtins.int = ...,
         empty: _builtins.bool = ...,
         idle: _builtins.bool = ...,
+        outcome: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "duration", b"duration", "started", b"started"
@@ -437,6 +443,8 @@ class RoundInfo(_message.Message):
         b"empty",
         "idle",
         b"idle",
+        "outcome",
+        b"outcome",
         "posts_received",
         b"posts_received",
         "posts_sent",
@@ -478,15 +486,21 @@ class GetTransactionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TX_ID_FIELD_NUMBER: _builtins.int
+    LOCAL_ONLY_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
+    local_only: _builtins.bool
+    """Only this DC (the aggregating store asks its peers this way)."""
     def __init__(
         self,
         *,
         tx_id: _builtins.str = ...,
+        local_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tx_id", b"tx_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "local_only", b"local_only", "tx_id", b"tx_id"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -33,12 +33,15 @@ class PostRequest(_message.Message):
     COUNTER_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
     OUTCOMES_FIELD_NUMBER: _builtins.int
+    ROUND_TRACEPARENT_FIELD_NUMBER: _builtins.int
     view_no: _builtins.int
     sender: _builtins.str
     epoch: _builtins.int
     """(epoch, seq) orders one sender's posts; the receiver keeps the newest."""
     seq: _builtins.int
     counter: _builtins.int
+    round_traceparent: _builtins.str
+    """W3C traceparent of the sender's round span: the receiver's round span links to it."""
     @_builtins.property
     def base(self) -> _common_pb2.MergeBase: ...
     @_builtins.property
@@ -66,6 +69,7 @@ class PostRequest(_message.Message):
         counter: _builtins.int = ...,
         queue: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
         outcomes: _abc.Iterable[Global___OutcomeDigest] | None = ...,
+        round_traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["base", b"base"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -80,6 +84,8 @@ class PostRequest(_message.Message):
         b"outcomes",
         "queue",
         b"queue",
+        "round_traceparent",
+        b"round_traceparent",
         "sender",
         b"sender",
         "seq",
@@ -212,12 +218,17 @@ class PushBodyRequest(_message.Message):
     TX_ID_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     sender: _builtins.str
     tx_id: _builtins.str
     body: _builtins.bytes
     """The encoded TxBody, at most 4 MiB."""
     digest: _builtins.bytes
     """SHA-256 of `body`; the receiver checks it before marking the body acquired."""
+    traceparent: _builtins.str
+    """W3C traceparent of the transaction's trace (a field, not metadata: it belongs to
+    the transaction, and the receiver stores it with the body).
+    """
     def __init__(
         self,
         *,
@@ -225,11 +236,21 @@ class PushBodyRequest(_message.Message):
         tx_id: _builtins.str = ...,
         body: _builtins.bytes = ...,
         digest: _builtins.bytes = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "body", b"body", "digest", b"digest", "sender", b"sender", "tx_id", b"tx_id"
+        "body",
+        b"body",
+        "digest",
+        b"digest",
+        "sender",
+        b"sender",
+        "traceparent",
+        b"traceparent",
+        "tx_id",
+        b"tx_id",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
@@ -281,18 +302,22 @@ class GetBodyResponse(_message.Message):
 
     BODY_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     body: _builtins.bytes
     digest: _builtins.bytes
+    traceparent: _builtins.str
+    """W3C traceparent of the transaction's trace."""
     def __init__(
         self,
         *,
         body: _builtins.bytes = ...,
         digest: _builtins.bytes = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "body", b"body", "digest", b"digest"
+        "body", b"body", "digest", b"digest", "traceparent", b"traceparent"
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

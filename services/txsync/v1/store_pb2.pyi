@@ -422,22 +422,33 @@ class StoreBodyRequest(_message.Message):
     TX_ID_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     body: _builtins.bytes
     """The encoded TxBody, at most 4 MiB."""
     digest: _builtins.bytes
     """SHA-256 of `body` as computed by the origin."""
+    traceparent: _builtins.str
+    """W3C traceparent of the transaction's trace, kept with the body."""
     def __init__(
         self,
         *,
         tx_id: _builtins.str = ...,
         body: _builtins.bytes = ...,
         digest: _builtins.bytes = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "body", b"body", "digest", b"digest", "tx_id", b"tx_id"
+        "body",
+        b"body",
+        "digest",
+        b"digest",
+        "traceparent",
+        b"traceparent",
+        "tx_id",
+        b"tx_id",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
@@ -489,18 +500,22 @@ class ReadBodyResponse(_message.Message):
 
     BODY_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     body: _builtins.bytes
     digest: _builtins.bytes
+    traceparent: _builtins.str
+    """W3C traceparent of the transaction's trace ("" if none was given)."""
     def __init__(
         self,
         *,
         body: _builtins.bytes = ...,
         digest: _builtins.bytes = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "body", b"body", "digest", b"digest"
+        "body", b"body", "digest", b"digest", "traceparent", b"traceparent"
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

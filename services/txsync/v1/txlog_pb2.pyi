@@ -325,12 +325,15 @@ class BodyStored(_message.Message):
     BODY_BYTES_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     body_digest: _builtins.bytes
     body_bytes: _builtins.int
     body: _builtins.bytes
     membership: _builtins.bool
     """The body is a membership entry."""
+    traceparent: _builtins.str
+    """W3C traceparent of the transaction's trace, as the origin gave it."""
     def __init__(
         self,
         *,
@@ -339,6 +342,7 @@ class BodyStored(_message.Message):
         body_bytes: _builtins.int = ...,
         body: _builtins.bytes = ...,
         membership: _builtins.bool = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -351,6 +355,8 @@ class BodyStored(_message.Message):
         b"body_digest",
         "membership",
         b"membership",
+        "traceparent",
+        b"traceparent",
         "tx_id",
         b"tx_id",
     ]  # noqa: Y015

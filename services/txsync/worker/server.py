@@ -26,9 +26,11 @@ from txsync.rpc import (
     add_service,
     announce,
     mark_serving,
+    new_channel,
     new_server,
     until_stopped,
 )
+from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import worker_pb2, worker_pb2_grpc
 from txsync.worker.backend import Backend
 from txsync.worker.postgres_backend import PostgresBackend
@@ -42,7 +44,7 @@ WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
 
 async def _register(dispatch: str, request: worker_pb2.RegisterWorkerRequest) -> None:
     """Register with dispatch, retrying until it answers (it may start after us)."""
-    async with grpc.aio.insecure_channel(dispatch) as channel:
+    async with new_channel(dispatch) as channel:
         stub = worker_pb2_grpc.DispatchServiceStub(channel)
         while True:
             try:
@@ -56,7 +58,7 @@ async def _register(dispatch: str, request: worker_pb2.RegisterWorkerRequest) ->
 
 
 async def _drain(dispatch: str, worker_id: str) -> None:
-    async with grpc.aio.insecure_channel(dispatch) as channel:
+    async with new_channel(dispatch) as channel:
         stub = worker_pb2_grpc.DispatchServiceStub(channel)
         try:
             await stub.DrainWorker(worker_pb2.DrainWorkerRequest(worker_id=worker_id), timeout=5)
@@ -72,10 +74,17 @@ async def serve(
     listen: str,
     port_file: Path | None,
     grace_s: float,
+    telemetry: ServiceTelemetry,
     dispatch: str | None = None,
     advertise: str | None = None,
+    metrics_listen: str | None = None,
 ) -> int:
     servicer = WorkerServicer(worker_id, backend, scratch)
+    try:
+        telemetry.serve_metrics(metrics_listen)
+    except OSError as error:
+        log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
+        return 2
     server = new_server()
     add_service(server, servicer, WORKER_SERVICE)
     health = add_health_and_reflection(server, [WORKER_SERVICE])
@@ -110,6 +119,7 @@ async def serve(
     await health.enter_graceful_shutdown()
     await server.stop(grace_s)
     backend.close()
+    telemetry.close()
     log.info("worker %s stopped cleanly at position %d", worker_id, servicer.applied.position)
     return 0
 
@@ -151,15 +161,12 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--grace-seconds", type=float, default=5.0,
                         help="how long in-flight calls may finish at shutdown")  # fmt: skip
+    add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
 
 
 def run(options: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    telemetry = ServiceTelemetry.start("worker", options.dc, options)
     if (options.data is None) == (options.postgres is None):
         print("error: give --data (SQLite) or --postgres CONNINFO, not both", file=sys.stderr)
         return 2
@@ -182,7 +189,9 @@ def run(options: argparse.Namespace) -> int:
             listen=options.listen,
             port_file=options.port_file,
             grace_s=options.grace_seconds,
+            telemetry=telemetry,
             dispatch=options.dispatch,
+            metrics_listen=options.metrics_listen,
             advertise=options.advertise,
         )
     )

@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
 
 import grpc
+from opentelemetry.trace import StatusCode
 
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
+from txsync.telemetry import context_of, tracer
 from txsync.v1 import worker_pb2
 from txsync.worker.backend import (
     ApplyOrderError,
@@ -26,7 +29,7 @@ from txsync.worker.backend import (
     SnapshotBackend,
     to_sql_value,
 )
-from txsync.worker.outcomes import Applied
+from txsync.worker.outcomes import Applied, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ class WorkerServicer:
         ends the stream with FAILED_PRECONDITION naming our position, so that dispatch
         resumes from there; one applied before is answered from its recorded outcome."""
         async for request in requests:
+            started_ns = time.time_ns()
             try:
                 check_request(request)
                 outcome = await asyncio.to_thread(
@@ -82,6 +86,7 @@ class WorkerServicer:
             except ServiceError as error:
                 await abort(context, error)
                 return
+            self._trace_apply(request, outcome, started_ns)
             if outcome.position > self.applied.position:
                 self.applied = Applied(outcome.position, outcome.tx_id, outcome.state_digest)
                 self._recent[outcome.tx_id] = outcome.position
@@ -90,6 +95,30 @@ class WorkerServicer:
                 async with self._applied_changed:
                     self._applied_changed.notify_all()
             yield worker_pb2.ApplyResponse(tx_id=outcome.tx_id, outcome=outcome.to_proto())
+
+    def _trace_apply(
+        self, request: worker_pb2.ApplyRequest, outcome: Outcome, started_ns: int
+    ) -> None:
+        """One span in the transaction's trace (its context came with the request: one
+        Apply stream carries many transactions, so gRPC metadata cannot)."""
+        context = context_of(request.traceparent)
+        if context is None:
+            return
+        span = tracer().start_span(
+            "txsync.tx apply",
+            context=context,
+            start_time=started_ns,
+            attributes={
+                "txsync.worker": self.worker_id,
+                "txsync.tx_id": outcome.tx_id,
+                "txsync.position": outcome.position,
+                "txsync.outcome": "OK" if outcome.ok else "FAILED",
+                "txsync.skipped": request.skip,
+            },
+        )
+        if not outcome.ok:
+            span.set_status(StatusCode.ERROR, outcome.error[:256])
+        span.end()
 
     @answers_errors
     async def Query(

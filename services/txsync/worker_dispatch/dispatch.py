@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from txsync.rpc import new_channel
+from txsync.telemetry import Gauge, Metrics
 from txsync.v1 import (
     common_pb2,
     store_pb2,
@@ -98,25 +100,55 @@ class TooManyWorkers(Exception):
 
 class Dispatch:
     def __init__(
-        self, store_address: str, workers: dict[str, str], *, stuck_after_s: float = 10.0
+        self,
+        store_address: str,
+        workers: dict[str, str],
+        *,
+        stuck_after_s: float = 10.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self.stuck_after_s = stuck_after_s
         """A worker with work in flight and no outcome for this long is taken out."""
-        self._store_channel = grpc.aio.insecure_channel(store_address)
+        self._store_channel = new_channel(store_address)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.workers: dict[str, WorkerLink] = {}
         for worker_id, address in workers.items():
             self._link(worker_id, address)
         self.tester: str | None = None
         self.applied_ok = 0
+        self._finished = None
+        if metrics is not None:
+            self._finished = metrics.counter(
+                "txsync.transactions.finished",
+                "transactions this DC finished, by outcome (rate: applied per second)",
+            )
+            metrics.gauges(self._gauges())
         self._changed = asyncio.Event()
         self._first_beats = asyncio.Event()
         """Set once every worker was asked once: the testing role is chosen among all."""
         self._changes: list[store_pb2.StateChange] = []
         self._changes_ready = asyncio.Event()
 
+    def _gauges(self) -> list[Gauge]:
+        def healthy() -> float:
+            return sum(1 for w in self.workers.values() if w.healthy and not w.out_of_sync)
+
+        def lowest_position() -> float | None:
+            positions = [w.position for w in self.workers.values() if w.healthy]
+            return min(positions) if positions else None
+
+        return [
+            Gauge("txsync.workers.total", "workers known to dispatch", lambda: len(self.workers)),
+            Gauge("txsync.workers.healthy", "workers healthy and in sync", healthy),
+            Gauge(
+                "txsync.workers.position.min",
+                "applied position of the furthest-behind healthy worker",
+                lowest_position,
+            ),
+        ]
+
     def _link(self, worker_id: str, address: str) -> WorkerLink:
-        channel = grpc.aio.insecure_channel(address)
+        channel = new_channel(address)
         link = WorkerLink(worker_id, address, channel, worker_pb2_grpc.WorkerServiceStub(channel))
         self.workers[worker_id] = link
         return link
@@ -373,8 +405,10 @@ class Dispatch:
                 continue  # the DC had decided this one already
             # The testing worker decided: its outcome is the DC's.
             self._record(response.tx_id, outcome.state, outcome)
-            if outcome.state == common_pb2.TX_STATE_OK:
-                self.applied_ok += 1
+            ok = outcome.state == common_pb2.TX_STATE_OK
+            self.applied_ok += ok
+            if self._finished is not None:
+                self._finished.add(1, {"outcome": "ok" if ok else "failed"})
             following = worker_pb2.ApplyRequest()
             following.CopyFrom(request)
             following.skip = outcome.state != common_pb2.TX_STATE_OK

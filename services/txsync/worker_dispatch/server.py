@@ -22,6 +22,7 @@ from txsync.rpc import (
     new_server,
     until_stopped,
 )
+from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import admin_pb2, worker_pb2
 from txsync.worker_dispatch.admin import NOT_HERE, DispatchAdmin
 from txsync.worker_dispatch.dispatch import Dispatch
@@ -39,9 +40,16 @@ async def serve(
     *,
     listen: str,
     port_file: Path | None,
+    telemetry: ServiceTelemetry,
     stuck_after_s: float = 10.0,
+    metrics_listen: str | None = None,
 ) -> int:
-    dispatch = Dispatch(store, workers, stuck_after_s=stuck_after_s)
+    dispatch = Dispatch(store, workers, stuck_after_s=stuck_after_s, metrics=telemetry.metrics)
+    try:
+        telemetry.serve_metrics(metrics_listen)
+    except OSError as error:
+        log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
+        return 2
     server = new_server()
     add_service(server, DispatchAdmin(dispatch), ADMIN_SERVICE, NOT_HERE)
     add_service(server, DispatchServicer(dispatch), DISPATCH_SERVICE)
@@ -68,6 +76,7 @@ async def serve(
     await asyncio.gather(*tasks, return_exceptions=True)
     await server.stop(2)
     await dispatch.close()
+    telemetry.close()
     if crashed:
         log.critical("worker-dispatch failed: %s ended: %r", crashed[0].get_name(),
                      crashed[0].exception())  # fmt: skip
@@ -114,15 +123,11 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--listen", default="127.0.0.1:7003", help="host:port for admin/health")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
+    add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
 
 
 def run(options: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
     workers = dict(options.worker)
     if options.stuck_after_s <= 0:
         print("error: --stuck-after-s must be positive", file=sys.stderr)
@@ -130,12 +135,15 @@ def run(options: argparse.Namespace) -> int:
     if len(workers) != len(options.worker):
         print("error: every --worker needs its own id", file=sys.stderr)
         return 2
+    telemetry = ServiceTelemetry.start("worker-dispatch", options.dc, options)
     return asyncio.run(
         serve(
             options.store,
             workers,
             listen=options.listen,
             port_file=options.port_file,
+            telemetry=telemetry,
             stuck_after_s=options.stuck_after_s,
+            metrics_listen=options.metrics_listen,
         )
     )

@@ -3,8 +3,7 @@
 Each service that is given ``--metrics-listen HOST:PORT`` serves ``/metrics`` there; the
 OpenTelemetry resource names the service and the DC. Metric names follow OpenTelemetry
 (``txsync.quorum.majority``); Prometheus shows them with underscores
-(``txsync_quorum_majority``). Tracing and the other exporters come with the observability
-work (issue 6); this module is where they will start too.
+(``txsync_quorum_majority``).
 """
 
 from __future__ import annotations
@@ -13,10 +12,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import start_http_server
+
+from txsync.telemetry.tracing import resource_attributes
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +34,16 @@ class Gauge:
 class Metrics:
     def __init__(self, service: str, node_id: str) -> None:
         self._reader = PrometheusMetricReader()
-        resource = Resource.create({"service.name": service, "txsync.dc": node_id})
+        resource = Resource.create(resource_attributes(service, node_id))
         self._provider = MeterProvider(resource=resource, metric_readers=[self._reader])
         self.meter: Meter = self._provider.get_meter("txsync")
         self._servers: list[Callable[[], None]] = []
+
+    def counter(self, name: str, description: str, unit: str = "") -> Counter:
+        return self.meter.create_counter(name, unit=unit, description=description)
+
+    def histogram(self, name: str, description: str, unit: str = "") -> Histogram:
+        return self.meter.create_histogram(name, unit=unit, description=description)
 
     def gauges(self, gauges: Iterable[Gauge]) -> None:
         for gauge in gauges:

@@ -1,0 +1,165 @@
+"""The DC's admin front door: the transaction-store answers for the whole DC, and for the
+cluster, so operators need one address per DC.
+
+The store knows the admin addresses of its DC's sync-coordinator and worker-dispatch and
+the client addresses of the other DCs' stores (``--coordinator``, ``--dispatch``,
+``--peer-store``). ``GetStatus`` merges the three services' parts; with ``cluster`` it
+adds every other DC's (asked with ``cluster`` unset, so a call never fans out twice) and
+recomputes each DC's lag against the most advanced synced length reported. A part that
+does not answer within ``TIMEOUT_S`` becomes an alarm and makes its DC unhealthy; it
+never fails the call. ``ListWorkers`` goes to the dispatch, ``ListRounds``,
+``PauseSync`` and ``ResumeSync`` to the coordinator; ``GetTransaction`` gathers the
+transaction's state and history at every DC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf.message import Message
+
+from txsync.rpc import ServiceError, new_channel
+from txsync.v1 import admin_pb2, admin_pb2_grpc
+
+TIMEOUT_S = 2.0
+
+
+@dataclass
+class DcServices:
+    """Where the rest of the DC, and the other DCs, answer (None/empty: not configured)."""
+
+    coordinator: str | None = None
+    dispatch: str | None = None
+    peer_stores: dict[str, str] = field(default_factory=dict)
+
+
+class DcAdmin:
+    def __init__(self, services: DcServices) -> None:
+        self.services = services
+        self._stubs: dict[str, admin_pb2_grpc.AdminServiceStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def _stub(self, address: str) -> admin_pb2_grpc.AdminServiceStub:
+        if address not in self._stubs:
+            channel = new_channel(address)
+            self._channels.append(channel)
+            self._stubs[address] = admin_pb2_grpc.AdminServiceStub(channel)
+        return self._stubs[address]
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+
+    def _required(self, what: str) -> str:
+        address = getattr(self.services, what)
+        if address is None:
+            flag = "--" + what
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this transaction-store does not know its DC's {what} (start it with {flag})",
+            )
+        assert isinstance(address, str)
+        return address
+
+    async def call(self, what: str, method: str, request: Message) -> Message:
+        """Forward an admin call to the DC's ``what`` ("coordinator" or "dispatch"); its
+        refusal comes back as it was given."""
+        stub = self._stub(self._required(what))
+        try:
+            answer: Message = await getattr(stub, method)(request, timeout=TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            raise ServiceError(error.code(), f"{what}: {error.details()}") from None
+        return answer
+
+    async def dc_status(self, store_part: admin_pb2.DcStatus) -> admin_pb2.DcStatus:
+        """The store's part merged with the coordinator's and the dispatch's."""
+        status = admin_pb2.DcStatus()
+        status.CopyFrom(store_part)
+        coordinator, workers = await asyncio.gather(
+            self._ask(self.services.coordinator, "GetStatus", admin_pb2.GetStatusRequest()),
+            self._ask(self.services.dispatch, "ListWorkers", admin_pb2.ListWorkersRequest()),
+        )
+        if isinstance(coordinator, admin_pb2.GetStatusResponse):
+            part = coordinator.local
+            status.view.CopyFrom(part.view)
+            status.peers.extend(part.peers)
+            status.mode = part.mode
+            status.quorum = part.quorum
+            status.merge_base.CopyFrom(part.merge_base)  # the live one, not the durable one
+            status.counter = max(status.counter, part.counter)
+            status.lag = part.lag
+            status.alarms.extend(part.alarms)
+            status.healthy = status.healthy and part.healthy
+        elif isinstance(coordinator, str):
+            status.alarms.append(f"sync-coordinator {coordinator}")
+            status.healthy = False
+        if isinstance(workers, admin_pb2.ListWorkersResponse):
+            status.workers_total = len(workers.workers)
+            status.workers_healthy = sum(
+                1 for w in workers.workers if w.healthy and not w.out_of_sync
+            )
+            if status.workers_healthy < status.workers_total:
+                status.healthy = False
+                status.alarms.append(
+                    f"{status.workers_total - status.workers_healthy} of "
+                    f"{status.workers_total} workers unhealthy or out of sync"
+                )
+        elif isinstance(workers, str):
+            status.alarms.append(f"worker-dispatch {workers}")
+            status.healthy = False
+        return status
+
+    async def others(self) -> list[admin_pb2.DcStatus]:
+        """Every other DC's status, from its store; unreachable DCs as unhealthy entries."""
+        peers = sorted(self.services.peer_stores.items())
+        answers = await asyncio.gather(
+            *(self._ask(address, "GetStatus", admin_pb2.GetStatusRequest()) for _, address in peers)
+        )
+        statuses = []
+        for (node_id, address), answer in zip(peers, answers, strict=True):
+            if isinstance(answer, admin_pb2.GetStatusResponse):
+                statuses.append(answer.local)
+            else:
+                statuses.append(
+                    admin_pb2.DcStatus(
+                        node_id=node_id,
+                        healthy=False,
+                        alarms=[f"transaction-store at {address} {answer or 'not asked'}"],
+                    )
+                )
+        return statuses
+
+    async def transaction_elsewhere(self, tx_id: str) -> list[admin_pb2.GetTransactionResponse]:
+        request = admin_pb2.GetTransactionRequest(tx_id=tx_id, local_only=True)
+        answers = await asyncio.gather(
+            *(
+                self._ask(address, "GetTransaction", request)
+                for address in self.services.peer_stores.values()
+            )
+        )
+        return [a for a in answers if isinstance(a, admin_pb2.GetTransactionResponse)]
+
+    async def _ask(
+        self, address: str | None, method: str, request: Message
+    ) -> Message | str | None:
+        """The answer, or why there is none (a string), or None if not configured."""
+        if address is None:
+            return None
+        try:
+            answer: Message = await getattr(self._stub(address), method)(request, timeout=TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            return f"at {address} unreachable: {error.code().name}"
+        return answer
+
+
+def recompute_lag(statuses: list[admin_pb2.DcStatus]) -> None:
+    """Each DC's lag behind the most advanced synced length any DC reported."""
+    reported = [s.merge_base.synced_len for s in statuses if s.HasField("merge_base")]
+    if not reported:
+        return
+    front = max(reported)
+    for status in statuses:
+        if status.HasField("merge_base"):
+            status.lag = max(status.lag, front - status.merge_base.synced_len)
