@@ -68,32 +68,33 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
     assert sorted(layout["dcs"]) == ["dc1", "dc2", "dc3"]
     cluster = str(data / "cluster.json")
     create = "CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT)"
-    table = _txsync("submit", "--cluster", cluster, "--dc", "dc1", "--sql", create, "--wait", "ok")
+    table = _txsync("submit", "--endpoints", cluster, "--dc", "dc1", "--sql", create, "--wait", "ok")
     assert table.returncode == 0, table.stderr
-    answer = _txsync("submit", "--cluster", cluster, "--dc", "dc2",
+    answer = _txsync("submit", "--endpoints", cluster, "--dc", "dc2",
                      "--sql", "INSERT INTO t (a, b) VALUES (?, ?)", "--param", "1",
                      "--param", "s:x", "--wait", "ok", "-o", "json")  # fmt: skip
     assert answer.returncode == 0, answer.stderr
     submitted = json.loads(answer.stdout)
     assert submitted["reached"] and submitted["state"] == "TX_STATE_OK"  # applied by workers
-    again = _txsync("submit", "--cluster", cluster, "--dc", "dc3",
+    again = _txsync("submit", "--endpoints", cluster, "--dc", "dc3",
                     "--sql", "INSERT INTO t (a, b) VALUES (1, 'y')", "--wait", "ok")  # fmt: skip
     assert again.returncode == 4 and "UNIQUE constraint failed" in again.stdout
-    status = _txsync("status", "--cluster", cluster)
+    status = _txsync("status", "--endpoints", cluster)
     assert status.returncode == 0, status.stdout + status.stderr
     assert status.stdout.count("MAJORITY") == 3 and status.stdout.count(" yes") == 3
-    workers = _txsync("workers", "--cluster", cluster, "-o", "json")
+    workers = _txsync("workers", "--endpoints", cluster, "-o", "json")
     assert workers.returncode == 0, workers.stderr
     listed = json.loads(workers.stdout)
     assert sorted(listed) == ["dc1", "dc2", "dc3"]
     assert all(len(w) == 2 and sum(x["testing"] for x in w) == 1 for w in listed.values())
-    shown = _txsync("tx", "get", submitted["tx_id"], "--cluster", cluster, "--dc", "dc3")
+    shown = _txsync("tx", "get", submitted["tx_id"], "--endpoints", cluster, "--dc", "dc3")
     assert shown.returncode == 0, shown.stderr
     assert "OK  position 2" in shown.stdout and "INSERT INTO t" in shown.stdout
+    assert all(f"at {dc}: OK" in shown.stdout for dc in ("dc1", "dc2", "dc3")), shown.stdout
     assert "outcome: OK, rows affected [1]" in shown.stdout
-    failed = _txsync("tx", "list", "--cluster", cluster, "--dc", "dc3", "--state", "failed")
+    failed = _txsync("tx", "list", "--endpoints", cluster, "--dc", "dc3", "--state", "failed")
     assert failed.returncode == 0 and "(1 transaction)" in failed.stdout
-    unknown = _txsync("tx", "get", "00000000-0000-4000-8000-000000000000", "--cluster", cluster)
+    unknown = _txsync("tx", "get", "00000000-0000-4000-8000-000000000000", "--endpoints", cluster)
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
     output = _down(process)
     assert "3 DCs up" in output and "stopped." in output
@@ -116,9 +117,9 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
 
 
 def test_submit_and_dev_up_refuse_bad_input_clearly(tmp_path: Path) -> None:
-    missing = _txsync("status", "--cluster", str(tmp_path / "nowhere.json"))
+    missing = _txsync("status", "--endpoints", str(tmp_path / "nowhere.json"))
     assert missing.returncode == 2 and "is the cluster up?" in missing.stderr
-    result = _txsync("submit", "--sql", "SELECT 1")
-    assert result.returncode != 0 and "give --address" in result.stderr
+    result = _txsync("submit", "--sql", "SELECT 1", "--endpoints", "127.0.0.1:1", "--dc", "dc1")
+    assert result.returncode == 2 and "--dc needs a cluster file" in result.stderr
     result = _txsync("dev", "up", "--dcs", "0", "--data", str(tmp_path))
     assert result.returncode == 2 and "--dcs must be 1..9" in result.stderr

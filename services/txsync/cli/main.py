@@ -7,7 +7,14 @@ import sys
 from collections.abc import Sequence
 
 from txsync import __version__, dev_cluster
-from txsync.cli import sim_command, status_command, submit_command, tx_command
+from txsync.cli import (
+    admin_command,
+    query_command,
+    sim_command,
+    status_command,
+    submit_command,
+    tx_command,
+)
 from txsync.sync_coordinator import server as sync_coordinator_server
 from txsync.transaction_store import server as transaction_store_server
 from txsync.worker import server as worker_server
@@ -35,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit_command.register(commands)
     status_command.register(commands)
     tx_command.register(commands)
+    query_command.register(commands)
+    admin_command.register(commands)
     return parser
 
 

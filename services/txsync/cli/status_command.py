@@ -1,65 +1,173 @@
-"""``txsync status`` and ``txsync workers``: the cluster's health at a glance.
+"""``txsync status``, ``txsync members`` and ``txsync workers``: the cluster's health.
 
-Both read the endpoints from a ``cluster.json`` (written by ``txsync dev up``) and ask every
-DC's services through the admin API: the sync-coordinator (view, quorum, queues, divergence
-alarms), the transaction-store (txlog alarms) and the worker-dispatch (workers). Tables
-for people, ``-o json`` for scripts; the exit status is 0 only if every DC is healthy.
+All three ask a DC's transaction-store, the DC's admin front door, which merges its own
+part with the sync-coordinator's and the worker-dispatch's and, for the cluster view,
+asks the other DCs' stores. If the DC asked does not answer, ``status`` tries the next
+one the endpoints name. Tables for people, ``-o json`` for scripts; the exit status is
+0 only if everything shown is healthy.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Sequence
-from pathlib import Path
+from datetime import UTC
 from typing import Any
 
 import grpc
 
+from txsync.cli.connect import (
+    TIMEOUT_S,
+    Target,
+    add_connection_arguments,
+    all_targets,
+    channel,
+    describe,
+    metadata,
+    print_table,
+    target,
+)
 from txsync.v1 import admin_pb2, admin_pb2_grpc
 
-TIMEOUT_S = 3.0
 EPILOG = """\
 examples:
-  txsync status --cluster data/cluster.json
-  txsync workers --cluster data/cluster.json --dc dc2
-  txsync status --cluster data/cluster.json -o json | jq '.[] | .quorum'
+  txsync status                                  # every DC, asked through the first
+  txsync status --dc dc2 --local                 # only dc2
+  txsync status -o json | jq '.[] | {dc, lag}'
+  txsync members --dc dc1
+  txsync workers --endpoints 127.0.0.1:7101
 
-exit status: 0 every DC (and worker) healthy, 1 something is not (the table says what),
-2 bad arguments or no cluster file.
+exit status: 0 all healthy, 1 something is not (the output says what), 2 bad arguments
+or no cluster file.
 """
 
 
-def _status(address: str) -> admin_pb2.DcStatus:
-    with grpc.insecure_channel(address) as channel:
-        stub = admin_pb2_grpc.AdminServiceStub(channel)
-        return stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=TIMEOUT_S).local
+def _name(enum: Any, value: int, prefix: str) -> str:
+    return str(enum.Name(value)).removeprefix(prefix)
 
 
-def _workers(address: str) -> list[admin_pb2.WorkerStatus]:
-    with grpc.insecure_channel(address) as channel:
-        stub = admin_pb2_grpc.AdminServiceStub(channel)
-        return list(stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=TIMEOUT_S).workers)
+def dc_report(status: admin_pb2.DcStatus) -> dict[str, Any]:
+    return {
+        "dc": status.node_id,
+        "healthy": status.healthy,
+        "quorum": _name(admin_pb2.QuorumState, status.quorum, "QUORUM_STATE_"),
+        "mode": _name(admin_pb2.SyncMode, status.mode, "SYNC_MODE_"),
+        "view": status.view.view_no,
+        "members": list(status.view.members),
+        "synced": status.merge_base.synced_len,
+        "lag": status.lag,
+        "incoming": status.incoming_len,
+        "counter": status.counter,
+        "workers_healthy": status.workers_healthy,
+        "workers_total": status.workers_total,
+        "alarms": list(status.alarms),
+    }
 
 
-def _dc_report(node: str, endpoints: dict[str, Any]) -> dict[str, Any]:
-    report: dict[str, Any] = {"dc": node, "healthy": False, "alarms": []}
+def _get_status(options: argparse.Namespace, asked: Target, cluster: bool) -> list[Any]:
+    with channel(asked.address) as open_channel:
+        stub = admin_pb2_grpc.AdminServiceStub(open_channel)
+        answer = stub.GetStatus(
+            admin_pb2.GetStatusRequest(cluster=cluster),
+            timeout=TIMEOUT_S * 2,
+            metadata=metadata(options),
+        )
+    return [answer.local, *answer.others]
+
+
+def run_status(options: argparse.Namespace) -> int:
+    failures = []
+    for asked in all_targets(options):
+        try:
+            statuses = _get_status(options, asked, cluster=not options.local)
+            break
+        except grpc.RpcError as error:
+            failures.append(f"{asked.dc or asked.address}: {describe(error)}")
+    else:
+        print("no DC answered:\n  " + "\n  ".join(failures))
+        return 1
+    reports = [dc_report(status) for status in statuses]
+    if options.output == "json":
+        print(json.dumps(reports, indent=2))
+    else:
+        rows = [("DC", "QUORUM", "MODE", "VIEW", "MEMBERS", "SYNCED", "LAG", "INCOMING",
+                 "WORKERS", "HEALTHY")]  # fmt: skip
+        for r in reports:
+            rows.append((
+                r["dc"], r["quorum"], r["mode"], str(r["view"]), ",".join(r["members"]),
+                str(r["synced"]), str(r["lag"]), str(r["incoming"]),
+                f"{r['workers_healthy']}/{r['workers_total']}", "yes" if r["healthy"] else "no",
+            ))  # fmt: skip
+        print_table(rows)
+        for r in reports:
+            for alarm in r["alarms"]:
+                print(f"{r['dc']}: {alarm}")
+        for failure in failures:
+            print(f"(not answering: {failure})")
+    return 0 if all(r["healthy"] for r in reports) and not failures else 1
+
+
+def run_members(options: argparse.Namespace) -> int:
+    asked = target(options)
     try:
-        coordinator = _status(endpoints["coordinator"])
-        store = _status(endpoints["store"])
-        workers = _workers(endpoints["dispatch"]) if endpoints.get("dispatch") else []
+        (local,) = _get_status(options, asked, cluster=False)
     except grpc.RpcError as error:
-        report["error"] = f"unreachable: {error.code().name}"
-        return report
-    report.update(
-        quorum=admin_pb2.QuorumState.Name(coordinator.quorum).removeprefix("QUORUM_STATE_"),
-        view=coordinator.view.view_no,
-        members=list(coordinator.view.members),
-        synced=coordinator.merge_base.synced_len,
-        incoming=coordinator.incoming_len,
-        alarms=[*coordinator.alarms, *store.alarms],
-        workers=[
+        print(f"error: {asked.dc or asked.address}: {describe(error)}")
+        return 1
+    members = set(local.view.members)
+    rows: list[dict[str, Any]] = [
+        {
+            "node": local.node_id,
+            "in_view": local.node_id in members,
+            "reachable": True,
+            "synced": local.merge_base.synced_len,
+            "weight": None,
+            "url": "(asked)",
+            "last_heard": None,
+        }
+    ]
+    for peer in local.peers:
+        heard = peer.last_heard.ToDatetime(tzinfo=UTC) if peer.HasField("last_heard") else None
+        rows.append(
+            {
+                "node": peer.member.node_id,
+                "in_view": peer.member.node_id in members,
+                "reachable": peer.reachable,
+                "synced": peer.last_merge_base.synced_len,
+                "weight": peer.member.weight,
+                "url": peer.member.url,
+                "last_heard": heard.isoformat(timespec="milliseconds") if heard else None,
+            }
+        )
+    if options.output == "json":
+        print(json.dumps({"view": local.view.view_no, "members": rows}, indent=2))
+    else:
+        print(f"view {local.view.view_no} as {local.node_id} sees it")
+        table = [("NODE", "IN VIEW", "REACHABLE", "SYNCED", "WEIGHT", "URL", "LAST HEARD")]
+        for r in rows:
+            table.append((
+                r["node"], "yes" if r["in_view"] else "no", "yes" if r["reachable"] else "no",
+                str(r["synced"]), "" if r["weight"] is None else str(r["weight"]), r["url"],
+                r["last_heard"] or "",
+            ))  # fmt: skip
+        print_table(table)
+    return 0 if all(r["in_view"] and r["reachable"] for r in rows) else 1
+
+
+def run_workers(options: argparse.Namespace) -> int:
+    listed: dict[str, list[dict[str, Any]]] = {}
+    failures = []
+    for asked in all_targets(options):
+        try:
+            with channel(asked.address) as open_channel:
+                stub = admin_pb2_grpc.AdminServiceStub(open_channel)
+                answer = stub.ListWorkers(
+                    admin_pb2.ListWorkersRequest(), timeout=TIMEOUT_S, metadata=metadata(options)
+                )
+        except grpc.RpcError as error:
+            failures.append(f"{asked.dc or asked.address}: {describe(error)}")
+            continue
+        listed[asked.dc or asked.address] = [
             {
                 "worker": w.worker_id,
                 "testing": w.testing,
@@ -68,104 +176,45 @@ def _dc_report(node: str, endpoints: dict[str, Any]) -> dict[str, Any]:
                 "position": w.position,
                 "recovery": round(w.recovery_progress, 3),
             }
-            for w in workers
-        ],
-    )
-    workers_fine = all(w.healthy and not w.out_of_sync for w in workers)
-    report["healthy"] = coordinator.healthy and store.healthy and workers_fine
-    return report
-
-
-def _load(options: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    try:
-        dcs: dict[str, dict[str, Any]] = json.loads(options.cluster.read_text())["dcs"]
-    except (OSError, ValueError, KeyError) as error:
-        print(
-            f"error: cannot read {options.cluster} (is the cluster up?): {error}", file=sys.stderr
-        )
-        raise SystemExit(2) from None
-    if options.dc:
-        if options.dc not in dcs:
-            print(f"error: no DC {options.dc!r} in {options.cluster}", file=sys.stderr)
-            raise SystemExit(2)
-        dcs = {options.dc: dcs[options.dc]}
-    return dcs
-
-
-def run_status(options: argparse.Namespace) -> int:
-    reports = [_dc_report(node, endpoints) for node, endpoints in _load(options).items()]
-    if options.output == "json":
-        print(json.dumps(reports, indent=2))
-    else:
-        rows: list[tuple[str, ...]] = [
-            ("DC", "QUORUM", "VIEW", "MEMBERS", "SYNCED", "INCOMING", "WORKERS", "HEALTHY")
+            for w in answer.workers
         ]
-        for r in reports:
-            if "error" in r:
-                rows.append((r["dc"], r["error"], "", "", "", "", "", "no"))
-                continue
-            fine = sum(1 for w in r["workers"] if w["healthy"] and not w["out_of_sync"])
-            rows.append((
-                r["dc"], r["quorum"], str(r["view"]), ",".join(r["members"]), str(r["synced"]),
-                str(r["incoming"]), f"{fine}/{len(r['workers'])}", "yes" if r["healthy"] else "no",
-            ))  # fmt: skip
-        _print_table(rows)
-        for r in reports:
-            for alarm in r["alarms"]:
-                print(f"{r['dc']}: {alarm}")
-    return 0 if all(r["healthy"] for r in reports) else 1
-
-
-def run_workers(options: argparse.Namespace) -> int:
-    reports = [_dc_report(node, endpoints) for node, endpoints in _load(options).items()]
     if options.output == "json":
-        print(json.dumps({r["dc"]: r.get("workers", []) for r in reports}, indent=2))
+        print(json.dumps(listed, indent=2))
     else:
-        rows: list[tuple[str, ...]] = [
-            ("DC", "WORKER", "ROLE", "HEALTHY", "POSITION", "IN SYNC", "RECOVERY")
-        ]
-        for r in reports:
-            for w in r.get("workers", []):
+        rows = [("DC", "WORKER", "ROLE", "HEALTHY", "POSITION", "IN SYNC", "RECOVERY")]
+        for dc, workers in listed.items():
+            for w in workers:
                 rows.append((
-                    r["dc"], w["worker"], "testing" if w["testing"] else "",
+                    dc, w["worker"], "testing" if w["testing"] else "",
                     "yes" if w["healthy"] else "no", str(w["position"]),
                     "no" if w["out_of_sync"] else "yes",
                     f"{w['recovery']:.0%}" if w["recovery"] else "",
                 ))  # fmt: skip
-        _print_table(rows)
-    workers_fine = all(
-        w["healthy"] and not w["out_of_sync"] for r in reports for w in r.get("workers", [])
-    )
-    return 0 if workers_fine and all("error" not in r for r in reports) else 1
-
-
-def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
-    sys.stdout.flush()
+        print_table(rows)
+        for failure in failures:
+            print(f"(not answering: {failure})")
+    fine = all(w["healthy"] and not w["out_of_sync"] for ws in listed.values() for w in ws)
+    return 0 if fine and not failures else 1
 
 
 def register(commands: Any) -> None:
     for name, handler, summary in (
-        ("status", run_status, "every DC's quorum, view, queues, workers and alarms"),
+        ("status", run_status, "every DC's quorum, view, queues, lag, workers and alarms"),
+        ("members", run_members, "the view's members: weight, address, reachability, progress"),
         ("workers", run_workers, "every DC's workers: role, health, position, sync"),
     ):
         parser = commands.add_parser(
             name,
             help=summary,
-            description=f"{summary.capitalize()}, from the admin API of each DC's services.",
+            description=f"{summary.capitalize()}, from the DCs' admin API.",
             epilog=EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        parser.add_argument(
-            "--cluster",
-            type=Path,
-            default=Path("data/cluster.json"),
-            help="the endpoints file written by txsync dev up (default: data/cluster.json)",
-        )
-        parser.add_argument("--dc", help="only this DC")
-        parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+        if name == "status":
+            scope = parser.add_mutually_exclusive_group()
+            scope.add_argument(
+                "--cluster", action="store_true", help="every DC, gathered by one (default)"
+            )
+            scope.add_argument("--local", action="store_true", help="only the DC asked")
+        add_connection_arguments(parser)
         parser.set_defaults(handler=handler)

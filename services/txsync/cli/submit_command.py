@@ -6,12 +6,12 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
 
+from txsync.cli.connect import add_connection_arguments, metadata, target
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 WAIT_STATES = {
@@ -26,11 +26,11 @@ parameters: each --param fills the next '?'. Whole numbers and decimals become n
 'null' becomes NULL, anything else is text; prefix 's:' to force text ('s:42').
 
 examples:
-  txsync submit --cluster data/cluster.json --dc dc1 \\
+  txsync submit --dc dc1 \\
       --sql 'INSERT INTO accounts (id, balance) VALUES (?, ?)' --param 1 --param 100
-  txsync submit --cluster data/cluster.json --dc dc2 --sql 'UPDATE accounts SET
-      balance = balance - 10 WHERE id = 1' --wait ok
-  txsync submit --address 127.0.0.1:7101 --sql 'DELETE FROM t' --wait accepted -o json
+  txsync submit --dc dc2 --sql 'UPDATE accounts SET balance = balance - 10
+      WHERE id = 1' --wait ok
+  txsync submit --endpoints 127.0.0.1:7101 --sql 'DELETE FROM t' --wait accepted -o json
 
 exit status: 0 reached the state waited for, 1 refused or unreachable, 3 timed out,
 4 FAILED (the DC's testing worker's database refused it; the error is printed).
@@ -52,22 +52,6 @@ def parse_param(text: str) -> common_pb2.SqlValue:
         return common_pb2.SqlValue(text_value=text)
 
 
-def resolve_address(options: argparse.Namespace) -> str:
-    if options.address:
-        return str(options.address)
-    if options.cluster is None:
-        raise SystemExit("error: give --address HOST:PORT, or --cluster FILE with --dc ID")
-    try:
-        layout = json.loads(Path(options.cluster).read_text())
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"error: cannot read {options.cluster}: {error}") from None
-    dcs = layout.get("dcs", {})
-    dc = options.dc or next(iter(dcs), None)
-    if dc not in dcs:
-        raise SystemExit(f"error: no DC {dc!r} in {options.cluster} (it has {', '.join(dcs)})")
-    return str(dcs[dc]["store"])
-
-
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "submit",
@@ -76,21 +60,17 @@ def register(commands: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--address", help="the DC's client API, HOST:PORT")
-    where.add_argument("--cluster", type=Path, help="cluster.json written by `txsync dev up`")
-    parser.add_argument("--dc", help="which DC of --cluster (default: the first)")
     parser.add_argument("--sql", required=True, help="one parameterised SQL statement")
     parser.add_argument("--param", action="append", default=[], help="a parameter; repeat")
     parser.add_argument("--key", default="", help="idempotency key (a retry returns the same tx)")
     parser.add_argument("--wait", choices=sorted(WAIT_STATES), help="wait for this state")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_connection_arguments(parser, outputs=("text", "json"))
     parser.set_defaults(handler=run)
 
 
 def run(options: argparse.Namespace) -> int:
-    address = resolve_address(options)
+    address = target(options).address
     body = common_pb2.TxBody(
         statements=[
             common_pb2.Statement(sql=options.sql, params=[parse_param(p) for p in options.param])
@@ -101,7 +81,9 @@ def run(options: argparse.Namespace) -> int:
         stub = client_pb2_grpc.ClientServiceStub(channel)
         try:
             submitted = stub.Submit(
-                client_pb2.SubmitRequest(body=body, idempotency_key=options.key), timeout=10
+                client_pb2.SubmitRequest(body=body, idempotency_key=options.key),
+                timeout=10,
+                metadata=metadata(options),
             )
             result: dict[str, Any] = {
                 "tx_id": submitted.tx_id,
@@ -117,6 +99,7 @@ def run(options: argparse.Namespace) -> int:
                         timeout=duration_pb2.Duration(seconds=int(options.timeout)),
                     ),
                     timeout=options.timeout + 5,
+                    metadata=metadata(options),
                 )
                 reached = waited.reached
                 result["state"] = common_pb2.TxState.Name(waited.state)

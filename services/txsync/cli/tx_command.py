@@ -1,4 +1,9 @@
-"""``txsync tx get ID`` and ``txsync tx list``: transactions as one DC's store sees them."""
+"""``txsync tx get ID`` and ``txsync tx list``: transactions and where they are.
+
+``tx get`` shows the transaction as the DC asked holds it (statements, position, outcome)
+and its state and history at every DC (gathered by that DC's store), with its trace id
+for Jaeger. ``tx list`` pages through one DC's transactions.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,22 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from txsync.cli.submit_command import resolve_address
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
+from txsync.cli.connect import (
+    TIMEOUT_S,
+    add_connection_arguments,
+    channel,
+    describe,
+    metadata,
+    target,
+)
+from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
 
-TIMEOUT_S = 5.0
 LIST_ROWS_MAX = 10_000
 EPILOG = """\
 examples:
-  txsync tx get 5e0b3c1a-... --cluster data/cluster.json --dc dc2
-  txsync tx list --cluster data/cluster.json --dc dc1 --state failed
-  txsync tx list --address 127.0.0.1:7101 --limit 20 -o json
+  txsync tx get 5e0b3c1a-... --dc dc2
+  txsync tx list --dc dc1 --state failed
+  txsync tx list --endpoints 127.0.0.1:7101 --limit 20 -o json
 
 exit status: 0 found, 1 unknown or unreachable, 2 bad arguments.
 """
@@ -30,37 +41,46 @@ STATES = {name.lower(): value for name, value in [
 ]}  # fmt: skip
 
 
-def _describe(error: grpc.RpcError) -> str:
-    code, details = getattr(error, "code", None), getattr(error, "details", None)
-    if code is None or details is None:
-        return str(error)
-    return f"{code().name}: {details()}"
-
-
 def _state(value: int) -> str:
     return common_pb2.TxState.Name(common_pb2.TxState.ValueType(value)).removeprefix("TX_STATE_")
 
 
 def run_get(options: argparse.Namespace) -> int:
-    address = resolve_address(options)
+    address = target(options).address
     try:
-        with grpc.insecure_channel(address) as channel:
-            stub = client_pb2_grpc.ClientServiceStub(channel)
+        with channel(address) as open_channel:
+            stub = client_pb2_grpc.ClientServiceStub(open_channel)
             got = stub.Get(
-                client_pb2.GetRequest(tx_id=options.tx_id, include_body=True), timeout=TIMEOUT_S
+                client_pb2.GetRequest(tx_id=options.tx_id, include_body=True),
+                timeout=TIMEOUT_S,
+                metadata=metadata(options),
+            )
+            everywhere = admin_pb2_grpc.AdminServiceStub(open_channel).GetTransaction(
+                admin_pb2.GetTransactionRequest(tx_id=options.tx_id),
+                timeout=TIMEOUT_S * 2,
+                metadata=metadata(options),
             )
     except grpc.RpcError as error:
-        print(f"error: {address}: {_describe(error)}", file=sys.stderr)
+        print(f"error: {address}: {describe(error)}", file=sys.stderr)
         return 1
     if options.output == "json":
-        print(json_format.MessageToJson(got, preserving_proto_field_name=True))
+        answer = json_format.MessageToDict(got, preserving_proto_field_name=True)
+        answer["trace_id"] = everywhere.trace_id
+        answer["dcs"] = [
+            json_format.MessageToDict(dc, preserving_proto_field_name=True) for dc in everywhere.dcs
+        ]
+        print(json.dumps(answer, indent=2))
         return 0
     print(f"{got.tx_id}  {_state(got.state)}  position {got.position or '-'}")
+    if everywhere.trace_id:
+        print(f"  trace: {everywhere.trace_id}")
     for statement in got.body.statements:
         print(f"  sql: {statement.sql}")
-    for step in got.history:
-        when = step.at.ToDatetime().isoformat(timespec="milliseconds")
-        print(f"  {when}Z  {_state(step.state):<9} {step.node_id} {step.service}")
+    for dc in everywhere.dcs:
+        print(f"  at {dc.node_id}: {_state(dc.state)}")
+        for step in dc.history:
+            when = step.at.ToDatetime().isoformat(timespec="milliseconds")
+            print(f"    {when}Z  {_state(step.state):<9} {step.service}")
     if got.HasField("outcome"):
         outcome = got.outcome
         detail = outcome.error or f"rows affected {list(outcome.rows_affected)}"
@@ -70,12 +90,12 @@ def run_get(options: argparse.Namespace) -> int:
 
 
 def run_list(options: argparse.Namespace) -> int:
-    address = resolve_address(options)
+    address = target(options).address
     rows: list[dict[str, Any]] = []
     token = ""
     try:
-        with grpc.insecure_channel(address) as channel:
-            stub = client_pb2_grpc.ClientServiceStub(channel)
+        with channel(address) as open_channel:
+            stub = client_pb2_grpc.ClientServiceStub(open_channel)
             while len(rows) < options.limit:
                 page = stub.List(
                     client_pb2.ListRequest(
@@ -84,6 +104,7 @@ def run_list(options: argparse.Namespace) -> int:
                         page_token=token,
                     ),
                     timeout=TIMEOUT_S,
+                    metadata=metadata(options),
                 )
                 rows += [
                     {"tx_id": t.tx_id, "state": _state(t.state), "position": t.position}
@@ -93,7 +114,7 @@ def run_list(options: argparse.Namespace) -> int:
                 if not token:
                     break
     except grpc.RpcError as error:
-        print(f"error: {address}: {_describe(error)}", file=sys.stderr)
+        print(f"error: {address}: {describe(error)}", file=sys.stderr)
         return 1
     if options.output == "json":
         print(json.dumps(rows, indent=2))
@@ -123,8 +144,5 @@ def register(commands: Any) -> None:
         else:
             parser.add_argument("--state", choices=sorted(STATES), help="only this state")
             parser.add_argument("--limit", type=int, default=100, help="at most this many")
-        parser.add_argument("--address", help="a DC's transaction-store, host:port")
-        parser.add_argument("--cluster", help="the endpoints file written by txsync dev up")
-        parser.add_argument("--dc", help="with --cluster: which DC (default: the first)")
-        parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+        add_connection_arguments(parser)
         parser.set_defaults(handler=handler)

@@ -9,7 +9,8 @@ recomputes each DC's lag against the most advanced synced length reported. A par
 does not answer within ``TIMEOUT_S`` becomes an alarm and makes its DC unhealthy; it
 never fails the call. ``ListWorkers`` goes to the dispatch, ``ListRounds``,
 ``PauseSync`` and ``ResumeSync`` to the coordinator; ``GetTransaction`` gathers the
-transaction's state and history at every DC.
+transaction's state and history at every DC. Client reads (``Query``) go to the most
+advanced healthy worker the dispatch lists.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import grpc
 from google.protobuf.message import Message
 
 from txsync.rpc import ServiceError, new_channel
-from txsync.v1 import admin_pb2, admin_pb2_grpc
+from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, worker_pb2, worker_pb2_grpc
 
 TIMEOUT_S = 2.0
+QUERY_TIMEOUT_MAX_S = 65.0
+"""A read may wait up to 60 s for its position (the worker's limit), plus the read."""
 
 
 @dataclass
@@ -38,15 +41,54 @@ class DcServices:
 class DcAdmin:
     def __init__(self, services: DcServices) -> None:
         self.services = services
-        self._stubs: dict[str, admin_pb2_grpc.AdminServiceStub] = {}
+        self._stubs: dict[str, admin_pb2_grpc.AdminServiceAsyncStub] = {}
         self._channels: list[grpc.aio.Channel] = []
+        self._workers: dict[str, worker_pb2_grpc.WorkerServiceAsyncStub] = {}
 
-    def _stub(self, address: str) -> admin_pb2_grpc.AdminServiceStub:
+    def _stub(self, address: str) -> admin_pb2_grpc.AdminServiceAsyncStub:
         if address not in self._stubs:
             channel = new_channel(address)
             self._channels.append(channel)
             self._stubs[address] = admin_pb2_grpc.AdminServiceStub(channel)
         return self._stubs[address]
+
+    async def query(
+        self, request: client_pb2.QueryRequest, after_position: int
+    ) -> client_pb2.QueryResponse:
+        """Run a read on the most advanced healthy, in-sync worker of this DC."""
+        listed = await self.call("dispatch", "ListWorkers", admin_pb2.ListWorkersRequest())
+        assert isinstance(listed, admin_pb2.ListWorkersResponse)
+        fit = [w for w in listed.workers if w.healthy and not w.out_of_sync and w.url]
+        if not fit:
+            raise ServiceError(
+                grpc.StatusCode.UNAVAILABLE, "no healthy worker in this DC to read from"
+            )
+        worker = max(fit, key=lambda w: w.position)
+        if worker.url not in self._workers:
+            channel = new_channel(worker.url)
+            self._channels.append(channel)
+            self._workers[worker.url] = worker_pb2_grpc.WorkerServiceStub(channel)
+        asked = worker_pb2.WorkerServiceQueryRequest(
+            statement=request.statement,
+            after_position=after_position,
+            after_tx_id="" if after_position else request.after_tx_id,
+            max_rows=request.max_rows,
+        )
+        if request.HasField("timeout"):
+            asked.timeout.CopyFrom(request.timeout)
+        try:
+            answer = await self._workers[worker.url].Query(asked, timeout=QUERY_TIMEOUT_MAX_S)
+        except grpc.aio.AioRpcError as error:
+            raise ServiceError(
+                error.code(), f"worker {worker.worker_id}: {error.details()}"
+            ) from None
+        return client_pb2.QueryResponse(
+            columns=answer.columns,
+            rows=[client_pb2.QueryRow(values=row.values) for row in answer.rows],
+            truncated=answer.truncated,
+            position=answer.position,
+            worker_id=worker.worker_id,
+        )
 
     async def close(self) -> None:
         for channel in self._channels:

@@ -91,7 +91,7 @@ async def serve(
         return 2
     dc_admin = DcAdmin(dc_services)
     server = new_server()
-    add_service(server, ClientServicer(store), CLIENT_SERVICE)
+    add_service(server, ClientServicer(store, dc_admin), CLIENT_SERVICE)
     add_service(server, StoreInternalServicer(store), STORE_SERVICE)
     add_service(server, AdminServicer(store, dc_admin), ADMIN_SERVICE, NOT_HERE)
     health_servicer = add_health_and_reflection(server, SERVICES)

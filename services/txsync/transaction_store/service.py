@@ -15,9 +15,10 @@ from typing import Any
 import grpc
 
 from txsync.codec import WireError, base_to_proto, meta_from_proto, meta_to_proto
-from txsync.protocol import MergeBase, TxMeta
+from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
 from txsync.telemetry import current_traceparent
+from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.state import TxRecord
 from txsync.transaction_store.store import StateChangeRequest, Submitted, TransactionStore
 from txsync.transaction_store.validation import (
@@ -109,8 +110,9 @@ def _after_seq(token: str) -> int:
 
 
 class ClientServicer(client_pb2_grpc.ClientServiceServicer):
-    def __init__(self, store: TransactionStore) -> None:
+    def __init__(self, store: TransactionStore, dc: DcAdmin | None = None) -> None:
         self._store = store
+        self._dc = dc or DcAdmin(DcServices())
 
     @answers_errors
     async def Submit(
@@ -198,10 +200,19 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
     async def Query(
         self, request: client_pb2.QueryRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> client_pb2.QueryResponse:
-        raise StoreError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "no worker is registered in this DC, so there is nothing to read from",
-        )
+        """A read on one of this DC's workers. ``after_tx_id`` becomes the synced position
+        when this store knows it (any worker can then wait for it)."""
+        after_position = request.after_position
+        if request.after_tx_id:
+            record = self._store.get(check_tx_id(request.after_tx_id, "after_tx_id"))
+            if record.state is not None and record.state >= TxState.ACCEPTED:
+                after_position = max(after_position, record.position)
+        if self._dc.services.dispatch is None:
+            raise StoreError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this transaction-store has no worker-dispatch (--dispatch) to read through",
+            )
+        return await self._dc.query(request, after_position)
 
 
 def _traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str:

@@ -1,0 +1,114 @@
+"""How the client and admin commands find the cluster, and what they share.
+
+``--endpoints`` is either the ``cluster.json`` that ``txsync dev up`` writes (every DC's
+addresses; ``--dc`` picks one, default the first) or HOST:PORT of one DC's
+transaction-store, the DC's front door for both the client and the admin API
+(comma-separate several DCs' stores). It defaults to ``$TXSYNC_ENDPOINTS``, else
+``data/cluster.json``. ``--token`` (default ``$TXSYNC_TOKEN``) is sent as a bearer token
+when the cluster requires one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import grpc
+
+DEFAULT_ENDPOINTS = "data/cluster.json"
+TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    dc: str
+    """The DC's name ("" when only an address was given)."""
+    address: str
+    """Its transaction-store: client and admin API."""
+
+
+def add_connection_arguments(
+    parser: argparse.ArgumentParser, outputs: Sequence[str] = ("table", "json")
+) -> None:
+    group = parser.add_argument_group("connection")
+    group.add_argument(
+        "--endpoints",
+        default=os.environ.get("TXSYNC_ENDPOINTS", DEFAULT_ENDPOINTS),
+        help="cluster.json of `txsync dev up`, or HOST:PORT[,HOST:PORT...] of DCs' "
+        "transaction-stores (default: $TXSYNC_ENDPOINTS, else data/cluster.json)",
+    )
+    group.add_argument("--dc", help="which DC of the endpoints to ask (default: the first)")
+    group.add_argument(
+        "--token",
+        default=os.environ.get("TXSYNC_TOKEN", ""),
+        help="bearer token, when the cluster requires one (default: $TXSYNC_TOKEN)",
+    )
+    parser.add_argument("-o", "--output", choices=outputs, default=outputs[0])
+
+
+def all_targets(options: argparse.Namespace) -> list[Target]:
+    """Every DC the endpoints name, the ``--dc`` one first (only it, if given)."""
+    endpoints: str = options.endpoints
+    if _looks_like_addresses(endpoints):
+        targets = [Target("", address.strip()) for address in endpoints.split(",")]
+        if options.dc:
+            fail("--dc needs a cluster file as --endpoints (these are addresses)")
+        return targets
+    try:
+        dcs = json.loads(Path(endpoints).read_text())["dcs"]
+        targets = [Target(node, str(dc["store"])) for node, dc in dcs.items()]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        fail(f"cannot read {endpoints} (is the cluster up? `make run` writes it): {error}")
+    if options.dc:
+        chosen = [t for t in targets if t.dc == options.dc]
+        if not chosen:
+            fail(f"no DC {options.dc!r} in {endpoints} (it has {', '.join(t.dc for t in targets)})")
+        return chosen
+    return targets
+
+
+def target(options: argparse.Namespace) -> Target:
+    return all_targets(options)[0]
+
+
+def _looks_like_addresses(text: str) -> bool:
+    return all(
+        ":" in part and part.rsplit(":", 1)[1].isdigit() and not part.endswith(".json")
+        for part in text.split(",")
+    )
+
+
+def metadata(options: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    token: str = options.token
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address)
+
+
+def describe(error: grpc.RpcError) -> str:
+    code, details = getattr(error, "code", None), getattr(error, "details", None)
+    if code is None or details is None:
+        return str(error)
+    return f"{code().name}: {details()}"
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    sys.stdout.flush()
