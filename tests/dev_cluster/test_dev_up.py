@@ -68,7 +68,8 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
     assert sorted(layout["dcs"]) == ["dc1", "dc2", "dc3"]
     cluster = str(data / "cluster.json")
     create = "CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT)"
-    table = _txsync("submit", "--endpoints", cluster, "--dc", "dc1", "--sql", create, "--wait", "ok")
+    table = _txsync("submit", "--endpoints", cluster, "--dc", "dc1", "--sql", create,
+                    "--wait", "ok")  # fmt: skip
     assert table.returncode == 0, table.stderr
     answer = _txsync("submit", "--endpoints", cluster, "--dc", "dc2",
                      "--sql", "INSERT INTO t (a, b) VALUES (?, ?)", "--param", "1",
