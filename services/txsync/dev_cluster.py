@@ -1,9 +1,11 @@
 """``txsync dev up``: a local multi-DC cluster of real processes on this machine.
 
-Per DC a transaction-store and a sync-coordinator, each its own process on loopback,
-plaintext (local development only), data under ``--data/<dc>``. Coordinators reach each
-other through the link emulator when ``--wan-delay-ms`` is given. Once every service is
-healthy the endpoints go to ``<data>/cluster.json`` and a short guide is printed.
+Per DC a transaction-store (the DC's client and admin front door), a sync-coordinator,
+a worker-dispatch and ``--workers`` SQLite workers (default 2), each its own process on
+loopback, plaintext and open (local development only), data and logs under
+``--data/<dc>``. Coordinators reach each other through the link emulator when
+``--wan-delay-ms`` is given. Once every service is healthy the endpoints go to
+``<data>/cluster.json`` (what the CLI reads by default) and a short guide is printed.
 
 Nothing is restarted silently: if any service exits, the whole cluster is stopped and
 the command exits non-zero, naming the service and its log. Ctrl-C or SIGTERM stops
@@ -13,11 +15,9 @@ in ``<data>/layout.json``).
 
 ``--witness`` adds a witness node (a store that takes no client transactions and a
 coordinator that votes and relays), so that ``--dcs 2 --witness`` survives losing either
-DC. Every coordinator serves Prometheus metrics (quorum, view, queue lengths).
-
-Each DC also runs ``--workers`` SQLite workers (default 2) and a worker-dispatch that
-feeds them the agreed order (the testing worker first). Snapshot recovery of workers is
-still to come.
+DC. The store, coordinator and dispatch of every DC serve Prometheus metrics. Traces go
+wherever ``OTEL_EXPORTER_OTLP_ENDPOINT`` points (every service inherits the environment),
+e.g. a local Jaeger: ``OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 make run``.
 """
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ class Service:
 
 def _layout(data: Path, dcs: int, base_port: int, *, witness: bool, workers: int) -> dict[str, Any]:
     """The cluster's shape; kept in cluster.json so that a restart resumes it. DC n uses
-    ports base+100n+1 (store), +2 (coordinator), +3 (metrics), +4 (dispatch) and +11...
-    (workers); a witness runs no workers."""
+    ports base+100n+1 (store), +2 (coordinator), +3 (its metrics), +4 (dispatch), +5
+    (its metrics), +6 (the store's metrics) and +11... (workers); a witness runs no
+    workers."""
     nodes = [f"dc{n + 1}" for n in range(dcs)] + (["witness"] if witness else [])
     layout: dict[str, Any] = {"dcs": {}}
     for n, node in enumerate(nodes):
@@ -103,17 +104,24 @@ def _layout(data: Path, dcs: int, base_port: int, *, witness: bool, workers: int
             "store": f"127.0.0.1:{base + 1}",
             "coordinator": f"127.0.0.1:{base + 2}",
             "metrics": f"127.0.0.1:{base + 3}",
+            "store_metrics": f"127.0.0.1:{base + 6}",
             "data": str(data / node),
             "witness": node == "witness",
             "workers": {},
         }
         if node != "witness" and workers:
             dc["dispatch"] = f"127.0.0.1:{base + 4}"
+            dc["dispatch_metrics"] = f"127.0.0.1:{base + 5}"
             dc["workers"] = {
                 f"{node}-w{w + 1}": f"127.0.0.1:{base + 11 + w}" for w in range(workers)
             }
         layout["dcs"][node] = dc
     return layout
+
+
+def _metrics_flag(dc: dict[str, Any], key: str) -> list[str]:
+    """Layouts written by older versions may lack a metrics port: then none is served."""
+    return ["--metrics-listen", dc[key]] if key in dc else []
 
 
 def up(options: argparse.Namespace) -> int:
@@ -158,7 +166,7 @@ def up(options: argparse.Namespace) -> int:
                 f"{node} transaction-store",
                 [*python, "transaction-store", "--node-id", node, "--data", dc["data"],
                  "--listen", dc["store"], *(["--witness"] if dc.get("witness") else []),
-                 *front_door],
+                 *front_door, *_metrics_flag(dc, "store_metrics")],
                 Path(dc["data"]) / "transaction-store.log",
                 dc["store"],
             )
@@ -189,7 +197,7 @@ def up(options: argparse.Namespace) -> int:
                 Service(
                     f"{node} worker-dispatch",
                     [*python, "worker-dispatch", "--store", dc["store"], "--dc", node,
-                     "--listen", dc["dispatch"], *workers],
+                     "--listen", dc["dispatch"], *workers, *_metrics_flag(dc, "dispatch_metrics")],
                     Path(dc["data"]) / "worker-dispatch.log",
                     dc["dispatch"],
                 )
@@ -199,7 +207,7 @@ def up(options: argparse.Namespace) -> int:
                 f"{node} sync-coordinator",
                 [*python, "sync-coordinator", "--node-id", node, "--store", dc["store"],
                  "--listen", dc["coordinator"], "--plaintext", *peers,
-                 *(["--metrics-listen", dc["metrics"]] if "metrics" in dc else [])],
+                 *_metrics_flag(dc, "metrics")],
                 Path(dc["data"]) / "sync-coordinator.log",
                 dc["coordinator"],
             )
@@ -263,17 +271,25 @@ def _print_guide(dcs: dict[str, dict[str, Any]], state_file: Path, wan_delay_ms:
     for node, dc in dcs.items():
         role = "  (witness: votes and relays, takes no transactions)" if dc.get("witness") else ""
         print(f"  {node}: client API {dc['store']}   coordinator {dc['coordinator']}{role}")
-        if "metrics" in dc:
-            print(f"       metrics http://{dc['metrics']}/metrics")
+        served = [dc[key] for key in ("store_metrics", "metrics", "dispatch_metrics") if key in dc]
+        if served:
+            print("       metrics " + "  ".join(f"http://{a}/metrics" for a in served))
         if dc.get("workers"):
             print(f"       {len(dc['workers'])} SQLite workers; worker-dispatch {dc['dispatch']}")
         print(f"       data and logs in {dc['data']}")
     print(f"endpoints: {state_file}")
     print()
+    where = (
+        "" if state_file == Path("data/cluster.json").resolve() else f" --endpoints {state_file}"
+    )
+    last = [node for node, dc in dcs.items() if not dc.get("witness")][-1]
     print("try it (in another terminal):")
-    print(f"  .venv/bin/txsync submit --cluster {state_file} --dc {first} \\")
-    print("      --sql 'INSERT INTO accounts (id, balance) VALUES (?, ?)' --param 1 --param 100 \\")
-    print("      --wait accepted")
+    print(f"  .venv/bin/txsync submit{where} --dc {first} \\")
+    print("      --sql 'CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)' --wait ok")
+    print(f"  .venv/bin/txsync submit{where} --dc {last} \\")
+    print("      --sql 'INSERT INTO accounts VALUES (?, ?)' --param 1 --param 100 --wait ok")
+    print(f"  .venv/bin/txsync query{where} --dc {first} --sql 'SELECT * FROM accounts'")
+    print(f"  .venv/bin/txsync status{where}      (also: members, workers, rounds, tx list)")
     print("Ctrl-C stops every service; `make run` again resumes the same cluster.")
     sys.stdout.flush()
 

@@ -166,11 +166,15 @@ MESSAGE_BYTES_MAX = 8 * 1024 * 1024
 _TRACED = filters.negate(
     filters.any_of(
         filters.health_check(),
+        filters.all_of(
+            filters.service_name("txsync.v1.WorkerService"), filters.method_name("Heartbeat")
+        ),
         filters.service_prefix("grpc.reflection."),
     )
 )
-"""Every call gets a span (the standard gRPC instrumentation) except health checks, which
-probes make every few seconds, and reflection."""
+"""Every call gets a span (the standard gRPC instrumentation) except health checks:
+probes' and worker-dispatch's heartbeats to its workers, each every second or so, would
+bury the calls worth reading. Reflection is left out too."""
 
 
 def new_server(*interceptors: grpc.aio.ServerInterceptor) -> grpc.aio.Server:

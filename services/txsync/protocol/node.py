@@ -508,8 +508,6 @@ class ProtocolNode:
         self._round_started_ms = self._now_ms
         self._round_deadline_ms = self._now_ms + self._timing.round_timeout_ms
         self._fresh.clear()
-        self._round_posts_sent = 0
-        self._round_added = 0
         self._fx.rounds.append(RoundStarted(self._round_no, self._now_ms))
         self._post()
 
@@ -581,6 +579,10 @@ class ProtocolNode:
                 added=self._round_added,
             )
         )
+        # Reset here, not when the next round starts: an ADD between rounds (a post that
+        # completes it arrives after the round ended) counts in the next round's report.
+        self._round_posts_sent = 0
+        self._round_added = 0
 
     def _abandon_round(self) -> None:
         if self._in_round:

@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta, TxState, is_allowed_transition
 from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord
-from txsync.transaction_store.tx_tracing import trace_transitions
+from txsync.transaction_store.tx_tracing import trace_history, trace_transitions
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
 from txsync.transaction_store.txlog.files import LogFiles, Recovery
 from txsync.transaction_store.txlog.framing import encode_frame
@@ -566,6 +566,7 @@ class TransactionStore:
             record = self.state.txs.get(tx_id)
             if record is not None and record.body_held:
                 return False
+            context_arrives = bool(traceparent) and not (record and record.traceparent)
             stored = txlog_pb2.BodyStored(
                 tx_id=tx_id,
                 body_digest=digest,
@@ -577,6 +578,8 @@ class TransactionStore:
             future = self._stage([self._entry(body_stored=stored)])
             self._unsynced_bodies.add(tx_id)
         await self._durable(future)
+        if context_arrives:
+            trace_history(self.state, tx_id)
         return True
 
     def read_synced(self, from_len: int, count_max: int) -> tuple[MergeBase, list[TxMeta]]:

@@ -6,7 +6,9 @@ transaction's stored ``traceparent``. The origin's submit call is the trace's fi
 every DC adds its ACCEPTED, ENQUEUED, TESTING and OK (or FAILED) spans, and the workers
 their apply spans, so Jaeger shows one waterfall from submit to OK on every worker.
 Nothing is emitted at replay (only for changes made durable now), nor for transactions
-that came without a trace context.
+that came without a trace context. A DC can order a transaction before its body (which
+brings the context) arrives; the spans of the transitions made meanwhile are emitted
+when it does (``trace_history``).
 """
 
 from __future__ import annotations
@@ -15,38 +17,53 @@ from collections.abc import Iterable
 
 from txsync.protocol import TxState
 from txsync.telemetry import context_of, tracer
-from txsync.transaction_store.state import StoreState
+from txsync.transaction_store.state import StoreState, TxRecord
 from txsync.v1 import txlog_pb2
 
 
 def trace_transitions(state: StoreState, entries: Iterable[txlog_pb2.LogEntry]) -> None:
+    """Spans for the state changes in ``entries``, just made durable."""
     for entry in entries:
         if entry.WhichOneof("entry") != "state":
             continue
         record = state.txs.get(entry.state.tx_id)
-        if record is None or len(record.history) < 2:
-            continue
-        context = context_of(record.traceparent)
-        if context is None:
+        if record is None:
             continue
         reached = TxState(entry.state.state)
         steps = [i for i, step in enumerate(record.history) if step.state is reached]
-        if not steps or steps[-1] == 0:
-            continue
-        before, step = record.history[steps[-1] - 1], record.history[steps[-1]]
-        attributes: dict[str, str | int] = {
-            "txsync.dc": state.node_id,
-            "txsync.tx_id": record.tx_id,
-            "txsync.service": step.service,
-        }
-        if record.position:
-            attributes["txsync.position"] = record.position
-        if record.outcome is not None and record.outcome.error:
-            attributes["txsync.error"] = record.outcome.error
-        span = tracer().start_span(
-            f"txsync.tx {reached.name}",
-            context=context,
-            start_time=before.at_unix_ms * 1_000_000,
-            attributes=attributes,
-        )
-        span.end(end_time=step.at_unix_ms * 1_000_000)
+        if steps:
+            _emit(state.node_id, record, steps[-1])
+
+
+def trace_history(state: StoreState, tx_id: str) -> None:
+    """Spans for every transition so far: the transaction's context just arrived."""
+    record = state.txs.get(tx_id)
+    if record is not None:
+        for index in range(1, len(record.history)):
+            _emit(state.node_id, record, index)
+
+
+def _emit(node_id: str, record: TxRecord, index: int) -> None:
+    if index == 0:
+        return  # INCOMING starts the history: the submit (or a post) brought it
+    context = context_of(record.traceparent)
+    if context is None:
+        return
+    before, step = record.history[index - 1], record.history[index]
+    reached = step.state
+    attributes: dict[str, str | int] = {
+        "txsync.dc": node_id,
+        "txsync.tx_id": record.tx_id,
+        "txsync.service": step.service,
+    }
+    if record.position:
+        attributes["txsync.position"] = record.position
+    if record.outcome is not None and record.outcome.error:
+        attributes["txsync.error"] = record.outcome.error
+    span = tracer().start_span(
+        f"txsync.tx {reached.name}",
+        context=context,
+        start_time=before.at_unix_ms * 1_000_000,
+        attributes=attributes,
+    )
+    span.end(end_time=step.at_unix_ms * 1_000_000)

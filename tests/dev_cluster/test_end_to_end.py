@@ -1,0 +1,237 @@
+"""End to end over `txsync dev up` with 3 DCs, traced into a test OTLP collector.
+
+Clients submit at every DC at once; every DC and every worker must converge on the same
+order and the same database digest, `txsync status` must show three healthy DCs with no
+lag, one transaction must leave one connected trace spanning all three DCs and all six
+workers, round spans must link to other DCs' rounds, and every service's Prometheus
+endpoint must answer with its metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tests.dev_cluster.test_dev_up import _free_base_port, _txsync
+from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
+from txsync.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+    store_pb2,
+    store_pb2_grpc,
+)
+
+SUBMITS_PER_DC = 25
+DCS = ("dc1", "dc2", "dc3")
+
+
+def _statement(sql: str, *params: int) -> common_pb2.TxBody:
+    values = [common_pb2.SqlValue(int_value=p) for p in params]
+    return common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql, params=values)])
+
+
+def _submit_and_wait(address: str, bodies: list[common_pb2.TxBody], ids: list[str]) -> None:
+    with grpc.insecure_channel(address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        for body in bodies:
+            ids.append(stub.Submit(client_pb2.SubmitRequest(body=body), timeout=10).tx_id)
+        for tx_id in ids:
+            waited = stub.Wait(
+                client_pb2.WaitRequest(tx_id=tx_id, state=common_pb2.TX_STATE_OK), timeout=60
+            )
+            assert waited.reached and waited.state == common_pb2.TX_STATE_OK, waited
+
+
+def _synced_ids(address: str) -> list[str]:
+    with grpc.insecure_channel(address) as channel:
+        stub = store_pb2_grpc.StoreInternalServiceStub(channel)
+        ids: list[str] = []
+        while True:
+            page = stub.ReadSynced(store_pb2.ReadSyncedRequest(from_len=len(ids), count_max=1024))
+            if not page.entries:
+                return ids
+            ids += [meta.tx_id for meta in page.entries]
+
+
+def _workers(address: str) -> list[admin_pb2.WorkerStatus]:
+    with grpc.insecure_channel(address) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        return list(stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5).workers)
+
+
+def _scrape(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as answer:
+        text: str = answer.read().decode()
+    return text
+
+
+def test_three_dcs_converge_and_are_observable(tmp_path: Path) -> None:
+    with OtlpCollector() as collector:
+        env = {
+            **os.environ,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_TRACES_SAMPLER": "always_on",
+        }
+        data = tmp_path / "cluster"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "txsync.cli.main", "dev", "up", "--data", str(data),
+             "--base-port", str(_free_base_port())],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while not (data / "cluster.json").exists():
+                assert process.poll() is None, process.communicate()[0]
+                assert time.monotonic() < deadline, "dev up did not come up"
+                time.sleep(0.1)
+            dcs: dict[str, Any] = json.loads((data / "cluster.json").read_text())["dcs"]
+            _check_the_cluster(dcs, collector, str(data / "cluster.json"))
+        finally:
+            process.send_signal(signal.SIGTERM)
+            output, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, output
+
+
+def _check_the_cluster(dcs: dict[str, Any], collector: OtlpCollector, endpoints: str) -> None:
+    create = "CREATE TABLE t (dc INTEGER, n INTEGER, PRIMARY KEY (dc, n))"
+    _submit_and_wait(dcs["dc1"]["store"], [_statement(create)], [])
+
+    # Clients at every DC at once.
+    ids: dict[str, list[str]] = {dc: [] for dc in DCS}
+    clients = [
+        threading.Thread(
+            target=_submit_and_wait,
+            args=(
+                dcs[dc]["store"],
+                [
+                    _statement("INSERT INTO t (dc, n) VALUES (?, ?)", number, n)
+                    for n in range(SUBMITS_PER_DC)
+                ],
+                ids[dc],
+            ),
+        )
+        for number, dc in enumerate(DCS, start=1)
+    ]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(timeout=120)
+    assert all(len(ids[dc]) == SUBMITS_PER_DC for dc in DCS), "a client did not finish"
+
+    # One order everywhere, every worker at its end with the same digest.
+    orders = {dc: _synced_ids(dcs[dc]["store"]) for dc in DCS}
+    assert orders["dc1"] == orders["dc2"] == orders["dc3"]
+    assert len(orders["dc1"]) == 1 + 3 * SUBMITS_PER_DC
+    assert set(orders["dc1"]) >= {tx for dc in DCS for tx in ids[dc]}
+    end = len(orders["dc1"])
+    deadline = time.monotonic() + 30
+    while True:
+        workers = [w for dc in DCS for w in _workers(dcs[dc]["store"])]
+        if all(w.position == end for w in workers) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(workers) == 6 and {w.position for w in workers} == {end}
+    assert len({w.state_digest for w in workers}) == 1, "workers' databases differ"
+
+    # The CLI sees three healthy DCs in one view, none lagging.
+    status = _txsync("status", "--endpoints", endpoints, "-o", "json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    reports = json.loads(status.stdout)
+    assert sorted(r["dc"] for r in reports) == list(DCS)
+    assert all(r["healthy"] and r["lag"] == 0 and r["synced"] == end for r in reports), reports
+    assert all(r["workers_healthy"] == 2 for r in reports)
+    read = _txsync("query", "--endpoints", endpoints, "--dc", "dc3", "--after", ids["dc1"][-1],
+                   "--sql", "SELECT count(*) FROM t", "-o", "json")  # fmt: skip
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout)["rows"] == [[3 * SUBMITS_PER_DC]]
+
+    _check_one_trace_spans_every_dc(dcs, collector, ids["dc2"][0])
+    _check_round_spans_link_to_other_dcs(collector)
+    _check_metrics(dcs)
+
+
+def _check_one_trace_spans_every_dc(
+    dcs: dict[str, Any], collector: OtlpCollector, tx_id: str
+) -> None:
+    with grpc.insecure_channel(dcs["dc1"]["store"]) as channel:
+        found = admin_pb2_grpc.AdminServiceStub(channel).GetTransaction(
+            admin_pb2.GetTransactionRequest(tx_id=tx_id), timeout=10
+        )
+    assert sorted(dc.node_id for dc in found.dcs) == list(DCS)
+    assert all(dc.state == common_pb2.TX_STATE_OK for dc in found.dcs)
+    trace_id = found.trace_id
+    assert len(trace_id) == 32
+
+    def in_trace(span: ReceivedSpan) -> bool:
+        return span.trace_id == trace_id
+
+    def complete() -> bool:
+        spans = collector.spans(in_trace)
+        applied = {s.attributes.get("txsync.worker") for s in spans if s.name == "txsync.tx apply"}
+        ordered = {s.dc for s in spans if s.name == "txsync.tx ACCEPTED"}
+        finished = {s.dc for s in spans if s.name == "txsync.tx OK"}
+        return len(applied) == 6 and ordered == finished == set(DCS)
+
+    collector.wait_for(f"trace {trace_id} at every DC and worker", complete)
+    spans = collector.spans(in_trace)
+    ids = {span.span_id for span in spans}
+    roots = [span for span in spans if not span.parent_id]
+    assert len(roots) == 1 and roots[0].name == "/txsync.v1.ClientService/Submit", roots
+    assert roots[0].dc == "dc2" and roots[0].service == "transaction-store"
+    orphans = [(s.service, s.name) for s in spans if s.parent_id and s.parent_id not in ids]
+    assert not orphans, f"spans whose parent is not in the trace: {orphans}"
+    assert any(s.name == "/txsync.v1.PeerService/PushBody" and s.dc != "dc2" for s in spans), (
+        "the body's push to another DC is in the trace"
+    )
+
+
+def _check_round_spans_link_to_other_dcs(collector: OtlpCollector) -> None:
+    def linked() -> bool:
+        rounds = collector.spans(lambda s: s.name == "txsync.round")
+        by_id = {(s.trace_id, s.span_id): s.dc for s in rounds}
+        return any(
+            by_id.get((link.trace_id.hex(), link.span_id.hex()), span.dc) != span.dc
+            for span in rounds
+            for link in span.span.links
+        )
+
+    collector.wait_for("a round span linked to another DC's round span", linked)
+    rounds = collector.spans(lambda s: s.name == "txsync.round")
+    assert {s.dc for s in rounds} == set(DCS)
+    for dc in DCS:  # a DC behind its peers gets entries by catch-up instead of its own ADD
+        added = sum(int(s.attributes.get("txsync.round.added", 0)) for s in rounds if s.dc == dc)
+        assert 0 < added <= 1 + 3 * SUBMITS_PER_DC, (dc, added)
+
+
+def _check_metrics(dcs: dict[str, Any]) -> None:
+    for dc in DCS:
+        coordinator = _scrape(dcs[dc]["metrics"])
+        for name in ("txsync_quorum_majority", "txsync_rounds_total",
+                     "txsync_round_duration_seconds_bucket", "txsync_lag",
+                     "txsync_synced_length", "txsync_incoming_length",
+                     "txsync_divergence_alarms"):  # fmt: skip
+            assert name in coordinator, f"{dc} coordinator lacks {name}"
+        dispatch = _scrape(dcs[dc]["dispatch_metrics"])
+        finished = [
+            float(line.rsplit(" ", 1)[1])
+            for line in dispatch.splitlines()
+            if line.startswith("txsync_transactions_finished_total{") and 'outcome="ok"' in line
+        ]
+        assert finished == [1 + 3 * SUBMITS_PER_DC], dispatch
+        assert "txsync_workers_healthy" in dispatch
+        store = _scrape(dcs[dc]["store_metrics"])
+        assert "txsync_store_incoming" in store and "txsync_store_open_body_bytes" in store
