@@ -121,6 +121,7 @@ def run_members(options: argparse.Namespace) -> int:
             "in_view": local.node_id in members,
             "reachable": True,
             "synced": local.merge_base.synced_len,
+            "counter": local.counter,
             "weight": None,
             "url": "(asked)",
             "last_heard": None,
@@ -134,6 +135,7 @@ def run_members(options: argparse.Namespace) -> int:
                 "in_view": peer.member.node_id in members,
                 "reachable": peer.reachable,
                 "synced": peer.last_merge_base.synced_len,
+                "counter": peer.last_counter,
                 "weight": peer.member.weight,
                 "url": peer.member.url,
                 "last_heard": heard.isoformat(timespec="milliseconds") if heard else None,
@@ -143,12 +145,14 @@ def run_members(options: argparse.Namespace) -> int:
         print(json.dumps({"view": local.view.view_no, "members": rows}, indent=2))
     else:
         print(f"view {local.view.view_no} as {local.node_id} sees it")
-        table = [("NODE", "IN VIEW", "REACHABLE", "SYNCED", "WEIGHT", "URL", "LAST HEARD")]
+        table = [
+            ("NODE", "IN VIEW", "REACHABLE", "SYNCED", "COUNTER", "WEIGHT", "URL", "LAST HEARD")
+        ]
         for r in rows:
             table.append((
                 r["node"], "yes" if r["in_view"] else "no", "yes" if r["reachable"] else "no",
-                str(r["synced"]), "" if r["weight"] is None else str(r["weight"]), r["url"],
-                r["last_heard"] or "",
+                str(r["synced"]), str(r["counter"]),
+                "" if r["weight"] is None else str(r["weight"]), r["url"], r["last_heard"] or "",
             ))  # fmt: skip
         print_table(table)
     return 0 if all(r["in_view"] and r["reachable"] for r in rows) else 1

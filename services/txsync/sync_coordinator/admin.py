@@ -80,8 +80,9 @@ class CoordinatorAdmin:
                 ),
                 reachable=heard_ms > recent_ms,
             )
-            if (base := self._coordinator.peer_bases.get(peer)) is not None:
-                status.last_merge_base.CopyFrom(base_to_proto(base))
+            if (posted := self._coordinator.peer_posts.get(peer)) is not None:
+                status.last_counter = posted[0]
+                status.last_merge_base.CopyFrom(base_to_proto(posted[1]))
             status.last_heard.FromMilliseconds(heard_ms + wall_minus_core_ms)
         local.alarms.extend(self._coordinator.outcomes.alarms)
         if self._coordinator.outcomes.alarm_count:

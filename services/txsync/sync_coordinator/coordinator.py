@@ -279,8 +279,8 @@ class Coordinator:
         messages, as if cut off. The others exclude it after the exclusion timeout and go
         on if they hold a majority; its own submits stay INCOMING. Not kept across a
         restart (a restarted coordinator takes part again)."""
-        self.peer_bases: dict[str, MergeBase] = {}
-        """The merge base of each peer's latest post: how far along it is (lag)."""
+        self.peer_posts: dict[str, tuple[int, MergeBase]] = {}
+        """Counter and merge base of each peer's latest post: how far along it is."""
 
     async def start(self) -> None:
         """Load the durable protocol state from the store and start the loop."""
@@ -468,7 +468,7 @@ class Coordinator:
         is ahead)."""
         assert self.node is not None
         ours = self.node.merge_base.synced_len
-        return max([0, *(base.synced_len - ours for base in self.peer_bases.values())])
+        return max([0, *(base.synced_len - ours for _, base in self.peer_posts.values())])
 
     def is_known_peer(self, node_id: str) -> bool:
         """A node we may take calls from: a peer of the configuration, or one we still

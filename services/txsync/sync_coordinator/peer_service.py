@@ -82,7 +82,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             raise _invalid(error) from None
         self._check_peer(post.sender, context)
         self._coordinator.rounds.peer_round(post.sender, request.round_traceparent)
-        self._coordinator.peer_bases[post.sender] = post.base
+        self._coordinator.peer_posts[post.sender] = (post.counter, post.base)
         if len(request.outcomes) > OUTCOMES_PER_POST:
             raise _invalid(WireError(f"outcomes: more than {OUTCOMES_PER_POST}"))
         for outcome in request.outcomes:
