@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 from grpc_health.v1.health_pb2 import HealthCheckResponse
 
+from txsync.access import AccessFileError, access_interceptors, add_access_argument
 from txsync.codec import WEIGHT_MAX
 from txsync.protocol import MEMBERS_MAX, Limits, ProtocolNode, QuorumState, Timing
 from txsync.rpc import (
@@ -99,6 +100,7 @@ async def serve(
     telemetry: ServiceTelemetry,
     admin_listen: str | None = None,
     metrics_listen: str | None = None,
+    access_file: Path | None = None,
 ) -> int:
     coordinator = Coordinator(config, telemetry.metrics)
     telemetry.metrics.gauges(_coordinator_gauges(coordinator))
@@ -107,7 +109,12 @@ async def serve(
     except OSError as error:
         log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
         return 2
-    server = new_server()
+    try:
+        interceptors = access_interceptors(access_file, telemetry.metrics)
+    except AccessFileError as error:
+        log.critical("%s", error)
+        return 2
+    server = new_server(*interceptors)
     add_service(server, PeerServicer(coordinator), PEER_SERVICE)
     add_service(server, CoordinatorAdmin(coordinator), ADMIN_SERVICE, ADMIN_NOT_HERE)
     health_servicer = add_health_and_reflection(server, [PEER_SERVICE, ADMIN_SERVICE])
@@ -116,7 +123,7 @@ async def serve(
     if admin_listen is not None:
         # Plaintext admin and health for this host (probes, operators' CLI) beside the
         # mutual-TLS port the other DCs use.
-        admin_server = new_server()
+        admin_server = new_server(*interceptors)
         add_service(admin_server, CoordinatorAdmin(coordinator), ADMIN_SERVICE, ADMIN_NOT_HERE)
         healths.append(add_health_and_reflection(admin_server, [ADMIN_SERVICE]))
         if admin_server.add_insecure_port(admin_listen) == 0:
@@ -301,6 +308,7 @@ def register(commands: Any) -> None:
         action="store_true",
         help="no TLS between DCs: only for local development on loopback",
     )
+    add_access_argument(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -385,5 +393,6 @@ def run(options: argparse.Namespace) -> int:
             telemetry=telemetry,
             admin_listen=options.admin_listen,
             metrics_listen=options.metrics_listen,
+            access_file=options.access_file,
         )
     )

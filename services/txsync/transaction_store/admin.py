@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from txsync.access import forwarded_credentials
 from txsync.codec import base_to_proto
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices, recompute_lag
@@ -52,10 +53,11 @@ class AdminServicer:
             alarms=alarms,
             healthy=store.broken is None,
         )
-        local = await self._dc.dc_status(local)
+        credentials = forwarded_credentials(context)
+        local = await self._dc.dc_status(local, credentials)
         answer = admin_pb2.GetStatusResponse(local=local)
         if request.cluster:
-            answer.others.extend(await self._dc.others())
+            answer.others.extend(await self._dc.others(credentials))
             recompute_lag([answer.local, *answer.others])
         return answer
 
@@ -63,7 +65,9 @@ class AdminServicer:
     async def ListWorkers(
         self, request: admin_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.ListWorkersResponse:
-        answer = await self._dc.call("dispatch", "ListWorkers", request)
+        answer = await self._dc.call(
+            "dispatch", "ListWorkers", request, forwarded_credentials(context)
+        )
         assert isinstance(answer, admin_pb2.ListWorkersResponse)
         return answer
 
@@ -71,7 +75,9 @@ class AdminServicer:
     async def ListRounds(
         self, request: admin_pb2.ListRoundsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.ListRoundsResponse:
-        answer = await self._dc.call("coordinator", "ListRounds", request)
+        answer = await self._dc.call(
+            "coordinator", "ListRounds", request, forwarded_credentials(context)
+        )
         assert isinstance(answer, admin_pb2.ListRoundsResponse)
         return answer
 
@@ -79,14 +85,14 @@ class AdminServicer:
     async def PauseSync(
         self, request: admin_pb2.PauseSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.PauseSyncResponse:
-        await self._dc.call("coordinator", "PauseSync", request)
+        await self._dc.call("coordinator", "PauseSync", request, forwarded_credentials(context))
         return admin_pb2.PauseSyncResponse()
 
     @answers_errors
     async def ResumeSync(
         self, request: admin_pb2.ResumeSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.ResumeSyncResponse:
-        await self._dc.call("coordinator", "ResumeSync", request)
+        await self._dc.call("coordinator", "ResumeSync", request, forwarded_credentials(context))
         return admin_pb2.ResumeSyncResponse()
 
     @answers_errors
@@ -109,7 +115,8 @@ class AdminServicer:
             if local.HasField("outcome"):
                 dc.outcome.CopyFrom(local.outcome)
         if not request.local_only:
-            for other in await self._dc.transaction_elsewhere(tx_id):
+            elsewhere = await self._dc.transaction_elsewhere(tx_id, forwarded_credentials(context))
+            for other in elsewhere:
                 answer.dcs.extend(other.dcs)
                 if not answer.HasField("meta") and other.HasField("meta"):
                     answer.meta.CopyFrom(other.meta)

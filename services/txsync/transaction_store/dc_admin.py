@@ -25,6 +25,8 @@ from txsync.rpc import ServiceError, new_channel
 from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, worker_pb2, worker_pb2_grpc
 
 TIMEOUT_S = 2.0
+Credentials = tuple[tuple[str, str], ...]
+"""The caller's bearer token, passed on with every call made for it (``access``)."""
 QUERY_TIMEOUT_MAX_S = 65.0
 """A read may wait up to 60 s for its position (the worker's limit), plus the read."""
 
@@ -53,10 +55,12 @@ class DcAdmin:
         return self._stubs[address]
 
     async def query(
-        self, request: client_pb2.QueryRequest, after_position: int
+        self, request: client_pb2.QueryRequest, after_position: int, credentials: Credentials = ()
     ) -> client_pb2.QueryResponse:
         """Run a read on the most advanced healthy, in-sync worker of this DC."""
-        listed = await self.call("dispatch", "ListWorkers", admin_pb2.ListWorkersRequest())
+        listed = await self.call(
+            "dispatch", "ListWorkers", admin_pb2.ListWorkersRequest(), credentials
+        )
         assert isinstance(listed, admin_pb2.ListWorkersResponse)
         fit = [w for w in listed.workers if w.healthy and not w.out_of_sync and w.url]
         if not fit:
@@ -77,7 +81,9 @@ class DcAdmin:
         if request.HasField("timeout"):
             asked.timeout.CopyFrom(request.timeout)
         try:
-            answer = await self._workers[worker.url].Query(asked, timeout=QUERY_TIMEOUT_MAX_S)
+            answer = await self._workers[worker.url].Query(
+                asked, timeout=QUERY_TIMEOUT_MAX_S, metadata=credentials
+            )
         except grpc.aio.AioRpcError as error:
             raise ServiceError(
                 error.code(), f"worker {worker.worker_id}: {error.details()}"
@@ -105,23 +111,33 @@ class DcAdmin:
         assert isinstance(address, str)
         return address
 
-    async def call(self, what: str, method: str, request: Message) -> Message:
+    async def call(
+        self, what: str, method: str, request: Message, credentials: Credentials = ()
+    ) -> Message:
         """Forward an admin call to the DC's ``what`` ("coordinator" or "dispatch"); its
         refusal comes back as it was given."""
         stub = self._stub(self._required(what))
         try:
-            answer: Message = await getattr(stub, method)(request, timeout=TIMEOUT_S)
+            answer: Message = await getattr(stub, method)(
+                request, timeout=TIMEOUT_S, metadata=credentials
+            )
         except grpc.aio.AioRpcError as error:
             raise ServiceError(error.code(), f"{what}: {error.details()}") from None
         return answer
 
-    async def dc_status(self, store_part: admin_pb2.DcStatus) -> admin_pb2.DcStatus:
+    async def dc_status(
+        self, store_part: admin_pb2.DcStatus, credentials: Credentials = ()
+    ) -> admin_pb2.DcStatus:
         """The store's part merged with the coordinator's and the dispatch's."""
         status = admin_pb2.DcStatus()
         status.CopyFrom(store_part)
         coordinator, workers = await asyncio.gather(
-            self._ask(self.services.coordinator, "GetStatus", admin_pb2.GetStatusRequest()),
-            self._ask(self.services.dispatch, "ListWorkers", admin_pb2.ListWorkersRequest()),
+            self._ask(
+                self.services.coordinator, "GetStatus", admin_pb2.GetStatusRequest(), credentials
+            ),
+            self._ask(
+                self.services.dispatch, "ListWorkers", admin_pb2.ListWorkersRequest(), credentials
+            ),
         )
         if isinstance(coordinator, admin_pb2.GetStatusResponse):
             part = coordinator.local
@@ -153,11 +169,14 @@ class DcAdmin:
             status.healthy = False
         return status
 
-    async def others(self) -> list[admin_pb2.DcStatus]:
+    async def others(self, credentials: Credentials = ()) -> list[admin_pb2.DcStatus]:
         """Every other DC's status, from its store; unreachable DCs as unhealthy entries."""
         peers = sorted(self.services.peer_stores.items())
         answers = await asyncio.gather(
-            *(self._ask(address, "GetStatus", admin_pb2.GetStatusRequest()) for _, address in peers)
+            *(
+                self._ask(address, "GetStatus", admin_pb2.GetStatusRequest(), credentials)
+                for _, address in peers
+            )
         )
         statuses = []
         for (node_id, address), answer in zip(peers, answers, strict=True):
@@ -173,25 +192,34 @@ class DcAdmin:
                 )
         return statuses
 
-    async def transaction_elsewhere(self, tx_id: str) -> list[admin_pb2.GetTransactionResponse]:
+    async def transaction_elsewhere(
+        self, tx_id: str, credentials: Credentials = ()
+    ) -> list[admin_pb2.GetTransactionResponse]:
         request = admin_pb2.GetTransactionRequest(tx_id=tx_id, local_only=True)
         answers = await asyncio.gather(
             *(
-                self._ask(address, "GetTransaction", request)
+                self._ask(address, "GetTransaction", request, credentials)
                 for address in self.services.peer_stores.values()
             )
         )
         return [a for a in answers if isinstance(a, admin_pb2.GetTransactionResponse)]
 
     async def _ask(
-        self, address: str | None, method: str, request: Message
+        self, address: str | None, method: str, request: Message, credentials: Credentials = ()
     ) -> Message | str | None:
         """The answer, or why there is none (a string), or None if not configured."""
         if address is None:
             return None
         try:
-            answer: Message = await getattr(self._stub(address), method)(request, timeout=TIMEOUT_S)
+            answer: Message = await getattr(self._stub(address), method)(
+                request, timeout=TIMEOUT_S, metadata=credentials
+            )
         except grpc.aio.AioRpcError as error:
+            if error.code() in (
+                grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.PERMISSION_DENIED,
+            ):
+                return f"at {address} refused: {error.details()}"
             return f"at {address} unreachable: {error.code().name}"
         return answer
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from txsync.access import AccessFileError, access_interceptors, add_access_argument
 from txsync.rpc import (
     add_health_and_reflection,
     add_service,
@@ -69,6 +70,7 @@ async def serve(
     telemetry: ServiceTelemetry,
     dc_services: DcServices,
     metrics_listen: str | None = None,
+    access_file: Path | None = None,
 ) -> int:
     try:
         store = await TransactionStore.open(config)
@@ -89,8 +91,13 @@ async def serve(
     except OSError as error:
         log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
         return 2
+    try:
+        interceptors = access_interceptors(access_file, telemetry.metrics)
+    except AccessFileError as error:
+        log.critical("%s", error)
+        return 2
     dc_admin = DcAdmin(dc_services)
-    server = new_server()
+    server = new_server(*interceptors)
     add_service(server, ClientServicer(store, dc_admin), CLIENT_SERVICE)
     add_service(server, StoreInternalServicer(store), STORE_SERVICE)
     add_service(server, AdminServicer(store, dc_admin), ADMIN_SERVICE, NOT_HERE)
@@ -157,6 +164,7 @@ def register(commands: Any) -> None:
     dc.add_argument("--peer-store", action="append", default=[], type=_peer_store,
                     metavar="NODE_ID=HOST:PORT",
                     help="another DC's store, for the cluster view (repeat)")  # fmt: skip
+    add_access_argument(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -196,5 +204,6 @@ def run(options: argparse.Namespace) -> int:
             telemetry=telemetry,
             dc_services=dc_services,
             metrics_listen=options.metrics_listen,
+            access_file=options.access_file,
         )
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from txsync.access import forwarded_credentials
 from txsync.codec import WireError, base_to_proto, meta_from_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
@@ -212,7 +213,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this transaction-store has no worker-dispatch (--dispatch) to read through",
             )
-        return await self._dc.query(request, after_position)
+        return await self._dc.query(request, after_position, forwarded_credentials(context))
 
 
 def _traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str:

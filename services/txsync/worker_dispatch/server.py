@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from txsync.access import AccessFileError, access_interceptors, add_access_argument
 from txsync.rpc import (
     add_health_and_reflection,
     add_service,
@@ -43,6 +44,7 @@ async def serve(
     telemetry: ServiceTelemetry,
     stuck_after_s: float = 10.0,
     metrics_listen: str | None = None,
+    access_file: Path | None = None,
 ) -> int:
     dispatch = Dispatch(store, workers, stuck_after_s=stuck_after_s, metrics=telemetry.metrics)
     try:
@@ -50,7 +52,12 @@ async def serve(
     except OSError as error:
         log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
         return 2
-    server = new_server()
+    try:
+        interceptors = access_interceptors(access_file, telemetry.metrics)
+    except AccessFileError as error:
+        log.critical("%s", error)
+        return 2
+    server = new_server(*interceptors)
     add_service(server, DispatchAdmin(dispatch), ADMIN_SERVICE, NOT_HERE)
     add_service(server, DispatchServicer(dispatch), DISPATCH_SERVICE)
     health = add_health_and_reflection(server, [ADMIN_SERVICE, DISPATCH_SERVICE])
@@ -123,6 +130,7 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--listen", default="127.0.0.1:7003", help="host:port for admin/health")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
+    add_access_argument(parser)
     add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
 
@@ -145,5 +153,6 @@ def run(options: argparse.Namespace) -> int:
             telemetry=telemetry,
             stuck_after_s=options.stuck_after_s,
             metrics_listen=options.metrics_listen,
+            access_file=options.access_file,
         )
     )

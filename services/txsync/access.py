@@ -1,0 +1,250 @@
+"""Access control for the client and admin APIs: who may call what.
+
+Off unless a service is given ``--access-file``: the dev cluster runs open on loopback.
+The file (TOML) names callers and their role::
+
+    [[token]]                       # a bearer token ("authorization: Bearer <token>")
+    name = "ops"
+    role = "admin"
+    sha256 = "9f86d0..."            # SHA-256 of the token, hex: the file holds no secret
+
+    [[identity]]                    # a verified mTLS client certificate
+    common_name = "ops.dc1"
+    role = "reader"
+
+Roles: ``client`` may use the client API; ``reader`` may read (client reads, admin
+status and lookups); ``admin`` may do everything, including the admin calls that change
+the cluster (membership, pause and resume, log truncation). A call without credentials
+is answered UNAUTHENTICATED, one whose role is too weak PERMISSION_DENIED; every refusal
+is logged and counted (``txsync.access.refused``). Calls between a DC's own services
+(``StoreInternalService``) and between DCs (``PeerService``, guarded by mutual TLS) and
+health checks are not governed here: keep those ports on the cluster's network (the Helm
+chart's NetworkPolicy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import tomllib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from txsync.telemetry import Metrics
+
+log = logging.getLogger("txsync.access")
+
+
+class Role(IntEnum):
+    CLIENT = 1
+    READER = 2
+    ADMIN = 3
+
+
+ADMIN_WRITES = {"ChangeMembership", "PauseSync", "ResumeSync", "TruncateLog"}
+CLIENT_WRITES = {"Submit", "SubmitBatch", "SubmitStream"}
+
+
+def required(method: str) -> set[Role] | None:
+    """Roles allowed to call ``/package.Service/Method``; None if not governed."""
+    service, _, name = method.lstrip("/").partition("/")
+    if service == "txsync.v1.ClientService":
+        if name in CLIENT_WRITES:
+            return {Role.CLIENT, Role.ADMIN}
+        return {Role.CLIENT, Role.READER, Role.ADMIN}
+    if service == "txsync.v1.AdminService":
+        return {Role.ADMIN} if name in ADMIN_WRITES else {Role.READER, Role.ADMIN}
+    return None
+
+
+class AccessFileError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    name: str
+    role: Role
+
+
+class AccessPolicy:
+    def __init__(self, tokens: dict[bytes, Caller], identities: dict[str, Caller]) -> None:
+        self._tokens = tokens
+        self._identities = identities
+
+    @classmethod
+    def load(cls, path: Path) -> AccessPolicy:
+        try:
+            document = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise AccessFileError(f"{path}: {error}") from None
+        tokens: dict[bytes, Caller] = {}
+        identities: dict[str, Caller] = {}
+        for kind, key in (("token", "sha256"), ("identity", "common_name")):
+            for index, entry in enumerate(document.get(kind, [])):
+                where = f"{path}: {kind}[{index}]"
+                if not isinstance(entry, dict) or not isinstance(entry.get(key), str):
+                    raise AccessFileError(f'{where}: needs {key} = "..."')
+                role = str(entry.get("role", "")).upper()
+                if role not in Role.__members__:
+                    raise AccessFileError(f"{where}: role must be client, reader or admin")
+                caller = Caller(str(entry.get("name", entry[key])), Role[role])
+                if kind == "token":
+                    try:
+                        digest = bytes.fromhex(entry[key])
+                    except ValueError:
+                        digest = b""
+                    if len(digest) != 32:
+                        raise AccessFileError(f"{where}: sha256 must be 64 hex digits")
+                    tokens[digest] = caller
+                else:
+                    identities[entry[key]] = caller
+        if not tokens and not identities:
+            raise AccessFileError(f"{path}: names no [[token]] and no [[identity]]")
+        return cls(tokens, identities)
+
+    def caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Caller | None:
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, token = value.partition(" ")
+                if scheme.lower() == "bearer" and token:
+                    digest = hashlib.sha256(token.encode()).digest()
+                    for known, caller in self._tokens.items():
+                        if hmac.compare_digest(known, digest):
+                            return caller
+        for name in context.auth_context().get("x509_common_name") or []:
+            identified = self._identities.get(name.decode())
+            if identified is not None:
+                return identified
+        return None
+
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    """Checks every governed call before its handler runs."""
+
+    def __init__(self, policy: AccessPolicy, metrics: Metrics | None = None) -> None:
+        self._policy = policy
+        self._refused = (
+            metrics.counter("txsync.access.refused", "calls refused by access control")
+            if metrics is not None
+            else None
+        )
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        allowed = required(method)
+        if handler is None or allowed is None:
+            return handler
+        return _guarded(handler, lambda context: self._check(context, method, allowed))
+
+    async def _check(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, allowed: set[Role]
+    ) -> None:
+        caller = self._policy.caller(context)
+        if caller is not None and caller.role in allowed:
+            return
+        if caller is None:
+            code, reason = grpc.StatusCode.UNAUTHENTICATED, "no valid bearer token or client "
+            reason += "certificate (pass --token, or set TXSYNC_TOKEN)"
+            label = "unauthenticated"
+        else:
+            need = " or ".join(sorted(role.name.lower() for role in allowed))
+            code = grpc.StatusCode.PERMISSION_DENIED
+            reason = f"{caller.name} ({caller.role.name.lower()}) may not call {method}: {need}"
+            label = "forbidden"
+        log.warning("refused %s from %s: %s", method, context.peer(), reason)
+        if self._refused is not None:
+            self._refused.add(1, {"reason": label})
+        await context.abort(code, reason)
+
+
+Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
+
+
+def _guarded(
+    handler: grpc.RpcMethodHandler[Any, Any], check: Check
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler, running ``check`` first (it aborts the call to refuse it)."""
+    options = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        unary = handler.unary_unary
+
+        async def unary_unary(request: Any, context: Any) -> Any:
+            await check(context)
+            return await unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **options)
+    if handler.unary_stream is not None:
+        streaming: Any = handler.unary_stream
+
+        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            await check(context)
+            async for answer in streaming(request, context):
+                yield answer
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream, **options)
+    if handler.stream_unary is not None:
+        collecting = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: Any) -> Any:
+            await check(context)
+            return await collecting(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **options)
+    both: Any = handler.stream_stream
+    assert both is not None
+
+    async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
+        await check(context)
+        async for answer in both(requests, context):
+            yield answer
+
+    return grpc.stream_stream_rpc_method_handler(stream_stream, **options)
+
+
+def add_access_argument(parser: Any) -> None:
+    parser.add_argument(
+        "--access-file",
+        type=Path,
+        metavar="TOML",
+        help="require a bearer token or client certificate named in this file for the "
+        "client and admin APIs (default: open; see docs/operations.md)",
+    )
+
+
+def access_interceptors(
+    access_file: Path | None, metrics: Metrics | None
+) -> list[grpc.aio.ServerInterceptor]:
+    """The interceptors a server needs for ``--access-file`` (none without it).
+    Raises AccessFileError for a file that cannot be used."""
+    if access_file is None:
+        return []
+    return [AccessInterceptor(AccessPolicy.load(access_file), metrics)]
+
+
+def forwarded_credentials(
+    context: grpc.aio.ServicerContext[Any, Any],
+) -> tuple[tuple[str, str], ...]:
+    """The caller's bearer token, to pass on when a call is forwarded to another service
+    (the DC's front door asks the coordinator, the dispatch and other DCs for the caller)."""
+    return tuple(
+        (key, value)
+        for key, value in context.invocation_metadata() or ()
+        if key == "authorization" and isinstance(value, str)
+    )
