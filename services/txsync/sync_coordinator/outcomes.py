@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from itertools import takewhile
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+
+from txsync.telemetry import tracer
+
 log = logging.getLogger(__name__)
 
 OUTCOMES_KEPT = 65_536
@@ -88,6 +93,19 @@ class OutcomeLedger:
         )
         self.alarms.append(alarm)
         log.error("%s", alarm)
+        # A span of its own, marked as an error, so that Jaeger shows where it was found
+        # (and an event on the call that brought it, if one is traced).
+        attributes: dict[str, str | int] = {
+            "txsync.dc": self.node_id,
+            "txsync.peer": peer,
+            "txsync.position": ours.position,
+            "txsync.ours": f"{ours.tx_id} {ours.describe()}",
+            "txsync.theirs": f"{theirs.tx_id} {theirs.describe()}",
+        }
+        trace.get_current_span().add_event("txsync.divergence", attributes)
+        span = tracer().start_span("txsync.divergence", attributes=attributes)
+        span.set_status(StatusCode.ERROR, alarm)
+        span.end()
 
 
 def _trim(entries: OrderedDict[int, Any]) -> None:
