@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Build the TxSync image with no registry access:
+#   1. wheels of the project and its dependencies, built on this host (pip; PyPI is the
+#      only index these machines reach, and the image's Python 3.11 matches the host's);
+#   2. unless BASE_IMAGE is given, a Debian bookworm base made with debootstrap and
+#      imported into Docker (once per machine: about a minute);
+#   3. `docker build` of ./Dockerfile on those.
+# Usage: scripts/build_image.sh [TAG]   (default txsync:dev; BASE_IMAGE=python:3.11-slim
+# uses the public image where registries are reachable)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tag="${1:-txsync:dev}"
+base="${BASE_IMAGE:-txsync-base:bookworm}"
+python="${PYTHON:-.venv/bin/python}"
+
+scripts/ensure_docker.sh
+
+if [ "$base" = "txsync-base:bookworm" ] && ! docker image inspect "$base" >/dev/null 2>&1; then
+    if ! command -v debootstrap >/dev/null 2>&1; then
+        apt_get=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap)
+        if [ "$(id -u)" -ne 0 ]; then apt_get=(sudo "${apt_get[@]}"); fi
+        "${apt_get[@]}" >/dev/null
+    fi
+    rootfs="$(mktemp -d /tmp/txsync-rootfs.XXXXXX)"
+    trap 'rm -rf "$rootfs"' EXIT
+    echo "making the base image $base with debootstrap (about a minute, once) ..."
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+        bookworm "$rootfs" >/tmp/txsync-debootstrap.log 2>&1 \
+        || { echo "error: debootstrap failed; see /tmp/txsync-debootstrap.log" >&2; exit 1; }
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    tar -C "$rootfs" -c . | docker import - "$base" >/dev/null
+fi
+
+context="build/image"
+rm -rf "$context"
+mkdir -p "$context/wheels"
+echo "building wheels ..."
+"$python" -m pip wheel --quiet --wheel-dir "$context/wheels" . 2>&1 | grep -v "^WARNING" || true
+ls "$context"/wheels/txsync-*.whl >/dev/null  # the project's own wheel must be there
+cp Dockerfile "$context/"
+echo "building $tag on $base ..."
+docker build --quiet --build-arg "BASE_IMAGE=$base" -t "$tag" "$context" >/dev/null
+echo "built $tag ($(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}'))"
