@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import UTC
 from typing import Any
 
 import grpc
+from kubernetes import client as kube_client
+from kubernetes import config as kube_config
 
 from txsync.cli.connect import (
     TIMEOUT_S,
@@ -28,6 +31,9 @@ from txsync.cli.connect import (
     target,
 )
 from txsync.v1 import admin_pb2, admin_pb2_grpc
+from txsync.worker_dispatch.kubernetes_workers import api_client, scale_workers
+
+WORKERS_SCALE_MAX = 64
 
 EPILOG = """\
 examples:
@@ -36,6 +42,7 @@ examples:
   txsync status -o json | jq '.[] | {dc, lag}'
   txsync members --dc dc1
   txsync workers --endpoints 127.0.0.1:7101
+  txsync workers scale --dc dc2 --replicas 4     # patches txsync-dc2/txsync-dc2-workers
 
 exit status: 0 all healthy, 1 something is not (the output says what), 2 bad arguments
 or no cluster file.
@@ -158,7 +165,35 @@ def run_members(options: argparse.Namespace) -> int:
     return 0 if all(r["in_view"] and r["reachable"] for r in rows) else 1
 
 
+def run_scale(options: argparse.Namespace) -> int:
+    """Patch the DC's worker StatefulSet (what `kubectl scale` does), with the user's
+    kubeconfig; dispatch then brings new workers up and drains removed ones."""
+    if options.replicas is None or not 0 <= options.replicas <= WORKERS_SCALE_MAX:
+        print(f"error: give --replicas 0..{WORKERS_SCALE_MAX}", file=sys.stderr)
+        return 2
+    if not options.dc:
+        print("error: give --dc (which DC's workers)", file=sys.stderr)
+        return 2
+    release = options.release or f"txsync-{options.dc}"
+    namespace = options.namespace or release
+    statefulset = f"{release}-workers"
+    try:
+        if options.kubernetes_api:
+            api = api_client(options.kubernetes_api)
+        else:
+            kube_config.load_kube_config(context=options.context)
+            api = kube_client.ApiClient()
+        before = scale_workers(api, namespace, statefulset, options.replicas)
+    except Exception as error:  # the client's config and API errors have no common base
+        print(f"error: scaling {namespace}/{statefulset}: {error}", file=sys.stderr)
+        return 1
+    print(f"{namespace}/{statefulset}: {before} -> {options.replicas} workers")
+    return 0
+
+
 def run_workers(options: argparse.Namespace) -> int:
+    if options.action == "scale":
+        return run_scale(options)
     listed: dict[str, list[dict[str, Any]]] = {}
     failures = []
     for asked in all_targets(options):
@@ -214,6 +249,15 @@ def register(commands: Any) -> None:
             epilog=EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        if name == "workers":
+            parser.add_argument("action", nargs="?", choices=("list", "scale"), default="list",
+                                help="list (default), or scale the worker StatefulSet")  # fmt: skip
+            k8s = parser.add_argument_group("scale (Kubernetes)")
+            k8s.add_argument("--replicas", type=int, help="how many workers the DC should run")
+            k8s.add_argument("--release", help="the DC's Helm release (default txsync-DC)")
+            k8s.add_argument("--namespace", help="default: the release's name")
+            k8s.add_argument("--context", help="kubeconfig context (default: current)")
+            k8s.add_argument("--kubernetes-api", metavar="URL", help=argparse.SUPPRESS)
         if name == "status":
             scope = parser.add_mutually_exclusive_group()
             scope.add_argument(

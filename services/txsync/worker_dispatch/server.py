@@ -27,6 +27,12 @@ from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import admin_pb2, worker_pb2
 from txsync.worker_dispatch.admin import NOT_HERE, DispatchAdmin
 from txsync.worker_dispatch.dispatch import Dispatch
+from txsync.worker_dispatch.kubernetes_workers import (
+    WorkerPodWatch,
+    api_client,
+    current_namespace,
+    follow_worker_pods,
+)
 from txsync.worker_dispatch.service import DispatchServicer
 
 log = logging.getLogger("txsync.worker_dispatch")
@@ -45,6 +51,7 @@ async def serve(
     stuck_after_s: float = 10.0,
     metrics_listen: str | None = None,
     access_file: Path | None = None,
+    pod_watch: WorkerPodWatch | None = None,
 ) -> int:
     dispatch = Dispatch(store, workers, stuck_after_s=stuck_after_s, metrics=telemetry.metrics)
     try:
@@ -72,6 +79,9 @@ async def serve(
         loop.create_task(dispatch.run(), name="pipeline"),
         loop.create_task(dispatch.watch_recoveries(), name="recoveries"),
     ]
+    if pod_watch is not None:
+        pod_watch.start()
+        tasks.append(loop.create_task(follow_worker_pods(dispatch, pod_watch), name="k8s"))
     await mark_serving(health, [ADMIN_SERVICE, DISPATCH_SERVICE])
     address = announce(listen, port, port_file)
     log.info("worker-dispatch listening on %s; workers %s", address, ", ".join(workers))
@@ -81,6 +91,8 @@ async def serve(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if pod_watch is not None:
+        pod_watch.stop()
     await server.stop(2)
     await dispatch.close()
     telemetry.close()
@@ -130,6 +142,16 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--listen", default="127.0.0.1:7003", help="host:port for admin/health")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
+    k8s = parser.add_argument_group(
+        "Kubernetes", "follow the workers' StatefulSet (drain removed pods at once)"
+    )
+    k8s.add_argument("--kubernetes-workers", metavar="STATEFULSET",
+                     help="the workers' StatefulSet (in this namespace)")  # fmt: skip
+    k8s.add_argument("--kubernetes-namespace", help="default: this pod's namespace")
+    k8s.add_argument("--kubernetes-api", metavar="URL",
+                     help="an API server URL, not the in-cluster one (tests)")  # fmt: skip
+    k8s.add_argument("--worker-port", type=int, default=7011,
+                     help="the port workers listen on (default 7011)")  # fmt: skip
     add_access_argument(parser)
     add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
@@ -144,6 +166,19 @@ def run(options: argparse.Namespace) -> int:
         print("error: every --worker needs its own id", file=sys.stderr)
         return 2
     telemetry = ServiceTelemetry.start("worker-dispatch", options.dc, options)
+    pod_watch = None
+    if options.kubernetes_workers:
+        try:
+            api = api_client(options.kubernetes_api)
+        except Exception as error:  # the client raises its own ConfigException types
+            print(f"error: no Kubernetes API to watch workers with: {error}", file=sys.stderr)
+            return 2
+        pod_watch = WorkerPodWatch(
+            api,
+            current_namespace(options.kubernetes_namespace),
+            options.kubernetes_workers,
+            options.worker_port,
+        )
     return asyncio.run(
         serve(
             options.store,
@@ -154,5 +189,6 @@ def run(options: argparse.Namespace) -> int:
             stuck_after_s=options.stuck_after_s,
             metrics_listen=options.metrics_listen,
             access_file=options.access_file,
+            pod_watch=pod_watch,
         )
     )
