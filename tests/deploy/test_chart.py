@@ -1,0 +1,125 @@
+"""helm/txsync rendered, linted and validated with Helm's own engine, and every object
+checked against the Kubernetes schemas of two minor versions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.support.chart import CHART, EXAMPLES, example_values, merged, notes, render
+
+KUBERNETES_VERSIONS = ("1.33.0", "1.37.0")
+EXAMPLE_RELEASES = [
+    ("three-dcs", "dc1.yaml"), ("three-dcs", "dc2.yaml"), ("three-dcs", "dc3.yaml"),
+    ("two-dcs-witness", "dc1.yaml"), ("two-dcs-witness", "dc2.yaml"),
+    ("two-dcs-witness", "witness.yaml"),
+]  # fmt: skip
+NOT_IN_KUBERNETES = {"ServiceMonitor"}
+"""Custom resources (Prometheus operator): no schema in kubernetes-validate."""
+
+
+def _every_option_on(values: dict[str, Any]) -> dict[str, Any]:
+    return merged(
+        values,
+        {
+            "networkPolicy": {"enabled": True, "peerCIDRs": ["10.2.0.0/16"]},
+            "serviceMonitor": {"enabled": True},
+            "access": {"secretName": "txsync-access"},
+        },
+    )
+
+
+@pytest.mark.parametrize(("example", "dc_file"), EXAMPLE_RELEASES)
+def test_every_example_renders_lints_and_validates(example: str, dc_file: str) -> None:
+    values = _every_option_on(example_values(example, dc_file))
+    release = f"txsync-{values['dc']}"
+    helm_python.Chart.load(CHART).validate_schema(values)
+    report = helm_python.lint(CHART, values, strict=True, namespace=release)
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+    assert not problems, problems
+    objects = render(values, release, release)
+    kinds = sorted(o["kind"] for o in objects)
+    witness = values["dc"] == "witness"
+    assert kinds.count("StatefulSet") == (1 if witness else 2), kinds
+    for version in KUBERNETES_VERSIONS:
+        for manifest in objects:
+            if manifest["kind"] in NOT_IN_KUBERNETES:
+                continue
+            kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_the_master_pod_runs_three_services_wired_to_the_whole_cluster() -> None:
+    values = example_values("three-dcs", "dc2.yaml")
+    objects = render(values, "txsync-dc2", "txsync-dc2")
+    master = next(o for o in objects if o["metadata"]["name"] == "txsync-dc2-master"
+                  and o["kind"] == "StatefulSet")  # fmt: skip
+    containers = {c["name"]: c for c in master["spec"]["template"]["spec"]["containers"]}
+    assert sorted(containers) == ["sync-coordinator", "transaction-store", "worker-dispatch"]
+    coordinator = containers["sync-coordinator"]["args"]
+    assert "--peer=dc1=txsync-dc1-master-0.txsync-dc1-master.txsync-dc1.svc.cluster.local:7002" in (
+        coordinator
+    )
+    assert "--tls-ca=/etc/txsync/tls/ca.crt" in coordinator and "--plaintext" not in coordinator
+    store = containers["transaction-store"]["args"]
+    assert "--peer-store=dc3=txsync-dc3.txsync-dc3.svc.cluster.local:7001" in store
+    for container in containers.values():
+        assert container["readinessProbe"]["grpc"]["port"] in (7001, 7004, 7005)
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e.get("value") for e in containers["worker-dispatch"]["env"]}
+    assert (
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger.observability.svc.cluster.local:4317"
+    )
+    text = notes(values, "txsync-dc2", "txsync-dc2")
+    assert "txsync status --endpoints 127.0.0.1:7001" in text
+    assert "kubectl -n txsync-dc2 scale statefulset txsync-dc2-workers" in text
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"dcs": [{"url": "a:1", "storeUrl": "b:2"}]}, "id"),
+        ({"dc": "Not A Dc"}, "dc"),
+        ({"workers": {"replicas": -1}}, "replicas"),
+        ({"dcs": [{"id": "dc1", "url": "no port", "storeUrl": "b:2"}]}, "url"),
+    ],
+)
+def test_the_schema_refuses_bad_values_naming_the_field(
+    change: dict[str, Any], message: str
+) -> None:
+    values = merged(example_values("three-dcs", "dc1.yaml"), change)
+    with pytest.raises(helm_python.HelmValuesError, match=message):
+        helm_python.Chart.load(CHART).validate_schema(values)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"dc": "dc9"}, 'dc: "dc9" is not in dcs'),
+        (
+            {
+                "dcs": [
+                    {"id": "dc1", "url": "a:1", "storeUrl": "b:1"},
+                    {"id": "dc1", "url": "c:1", "storeUrl": "d:1"},
+                ]
+            },
+            'the id "dc1" appears twice',
+        ),
+        ({"tls": {"enabled": True, "secretName": ""}}, "tls.secretName"),
+    ],
+)
+def test_rules_beyond_the_schema_fail_the_render_clearly(
+    change: dict[str, Any], message: str
+) -> None:
+    values = merged(example_values("three-dcs", "dc1.yaml"), change)
+    with pytest.raises(helm_python.HelmError, match=message):
+        render(values, "txsync-dc1", "txsync-dc1")
+
+
+def test_the_development_jaeger_is_valid_kubernetes() -> None:
+    for manifest in yaml.safe_load_all((EXAMPLES / "jaeger.yaml").read_text()):
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(manifest, version, strict=True)
