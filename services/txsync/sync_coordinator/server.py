@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,7 @@ async def serve(
     admin_listen: str | None = None,
     metrics_listen: str | None = None,
     access_file: Path | None = None,
+    store_wait_s: float = 60.0,
 ) -> int:
     coordinator = Coordinator(config, telemetry.metrics)
     telemetry.metrics.gauges(_coordinator_gauges(coordinator))
@@ -140,7 +142,7 @@ async def serve(
         return 2
     await server.start()
     try:
-        await coordinator.start()
+        await _start_when_the_store_answers(coordinator, store_wait_s)
     except grpc.aio.AioRpcError as error:
         log.critical(
             "cannot load the protocol state from the transaction-store at %s: %s: %s",
@@ -189,6 +191,27 @@ async def serve(
         return 1
     log.info("sync-coordinator stopped cleanly")
     return 0
+
+
+async def _start_when_the_store_answers(coordinator: Coordinator, wait_s: float) -> None:
+    """Load the protocol state, waiting up to ``wait_s`` for a store that is not up yet:
+    the containers of a pod start together, in no order."""
+    deadline = time.monotonic() + wait_s
+    pause_s = 0.2
+    while True:
+        try:
+            await coordinator.start()
+            return
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            log.warning(
+                "waiting for the transaction-store at %s (%s)",
+                coordinator.config.store_address,
+                error.code().name,
+            )
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, 2.0)
 
 
 async def _stop_servers(

@@ -171,14 +171,19 @@ def run(options: argparse.Namespace) -> int:
         try:
             api = api_client(options.kubernetes_api)
         except Exception as error:  # the client raises its own ConfigException types
-            print(f"error: no Kubernetes API to watch workers with: {error}", file=sys.stderr)
-            return 2
-        pod_watch = WorkerPodWatch(
-            api,
-            current_namespace(options.kubernetes_namespace),
-            options.kubernetes_workers,
-            options.worker_port,
-        )
+            # Outside a cluster the watch is off: workers register over gRPC anyway.
+            logging.getLogger("txsync.worker_dispatch").warning(
+                "not watching the workers' StatefulSet (no Kubernetes API here: %s); "
+                "workers register themselves",
+                error,
+            )
+        else:
+            pod_watch = WorkerPodWatch(
+                api,
+                current_namespace(options.kubernetes_namespace),
+                options.kubernetes_workers,
+                options.worker_port,
+            )
     return asyncio.run(
         serve(
             options.store,
