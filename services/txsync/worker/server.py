@@ -15,6 +15,7 @@ import logging
 import sqlite3
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,9 @@ from txsync.worker.sqlite_backend import SqliteBackend
 log = logging.getLogger("txsync.worker")
 
 WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
+DISPATCH_SILENT_S = 5.0
+"""Dispatch asks every second; this long without a heartbeat means it forgot us."""
+REREGISTER_CHECK_S = 1.0
 
 
 async def _register(dispatch: str, request: worker_pb2.RegisterWorkerRequest) -> None:
@@ -55,6 +59,28 @@ async def _register(dispatch: str, request: worker_pb2.RegisterWorkerRequest) ->
                 continue
             log.info("registered with worker-dispatch at %s", dispatch)
             return
+
+
+async def _stay_registered(
+    dispatch: str, request: worker_pb2.RegisterWorkerRequest, servicer: WorkerServicer
+) -> None:
+    """Register, and register again whenever dispatch stops asking for heartbeats: a
+    restarted dispatch (its pod killed, say) knows only the workers given on its command
+    line, and would otherwise never feed us again."""
+    while True:
+        await _register(dispatch, request)
+        registered_s = time.monotonic()
+        while True:
+            await asyncio.sleep(REREGISTER_CHECK_S)
+            last = servicer.last_heartbeat_s
+            silent_since = max(registered_s, last or registered_s)
+            if time.monotonic() - silent_since > DISPATCH_SILENT_S:
+                log.warning(
+                    "dispatch %s has not asked for %.0f s: registering again",
+                    dispatch,
+                    time.monotonic() - silent_since,
+                )
+                break
 
 
 async def _drain(dispatch: str, worker_id: str) -> None:
@@ -108,7 +134,9 @@ async def serve(
         request = worker_pb2.RegisterWorkerRequest(
             worker_id=worker_id, url=advertise or address, backend=backend.name
         )
-        registering = asyncio.get_running_loop().create_task(_register(dispatch, request))
+        registering = asyncio.get_running_loop().create_task(
+            _stay_registered(dispatch, request, servicer)
+        )
     await until_stopped()
     servicer.draining = True
     if registering is not None:

@@ -50,6 +50,8 @@ class WorkerServicer:
         self.scratch = scratch
         self.applied = backend.applied()
         self.draining = False
+        self.last_heartbeat_s: float | None = None
+        """When dispatch last asked (monotonic): it stops asking when it forgot us."""
         self._applied_changed = asyncio.Condition()
         self._exported: Applied | None = None
         self._recent: OrderedDict[str, int] = OrderedDict()
@@ -300,6 +302,7 @@ class WorkerServicer:
     async def Heartbeat(
         self, request: worker_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.HeartbeatResponse:
+        self.last_heartbeat_s = time.monotonic()
         # From the database itself: an apply whose stream was cancelled may still have
         # committed. A worker whose database is blocked cannot answer, and so looks dead.
         applied = await asyncio.to_thread(self.backend.applied)
