@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim bench-store bench-agreement bench-apply clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image bench-store bench-agreement bench-apply clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,14 +49,18 @@ lint: venv $(BUF)  ## ruff, ruff format, mypy --strict, buf lint
 	$(BIN)/mypy
 	$(BUF) lint
 
-system-packages:  ## Debian packages the tests run (PostgreSQL), installed if missing
+system-packages:  ## Debian packages the tests run (PostgreSQL, Docker), installed if missing
 	scripts/ensure_system_packages.sh
+	scripts/ensure_docker.sh
 
 test: lint proto-check system-packages  ## everything CI checks
 	$(BIN)/python -m pytest
 
-test-quick: venv system-packages  ## the tests without the slow ones
-	$(BIN)/python -m pytest -m "not slow"
+test-quick: venv system-packages  ## the tests without the slow ones and without Docker
+	$(BIN)/python -m pytest -m "not slow and not docker"
+
+image: venv  ## the container image txsync:dev, built offline (debootstrap base, host wheels)
+	scripts/build_image.sh txsync:dev
 
 bench-store: venv  ## submit throughput and latency of one transaction-store, fsync on
 	$(BIN)/python -m bench.store_bench

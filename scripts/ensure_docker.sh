@@ -12,6 +12,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 if ! command -v dockerd >/dev/null 2>&1; then
     echo "installing Debian's docker.io ..."
+    "${as_root[@]}" apt-get update -qq
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null
 fi
 echo "starting dockerd (log: /tmp/txsync-dockerd.log) ..."

@@ -3,6 +3,8 @@ checked against the Kubernetes schemas of two minor versions."""
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any
 
 import helm_python
@@ -10,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.support.chart import CHART, EXAMPLES, example_values, merged, notes, render
+from tests.support.chart import CHART, EXAMPLES, ROOT, example_values, merged, notes, render
 
 KUBERNETES_VERSIONS = ("1.33.0", "1.37.0")
 EXAMPLE_RELEASES = [
@@ -123,3 +125,13 @@ def test_the_development_jaeger_is_valid_kubernetes() -> None:
     for manifest in yaml.safe_load_all((EXAMPLES / "jaeger.yaml").read_text()):
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_the_tiltfile_parses_and_names_files_that_exist() -> None:
+    """No Tilt runs here: its Starlark is checked as the Python subset it is, and every
+    path it names must exist."""
+    source = (ROOT / "Tiltfile").read_text()
+    ast.parse(source)
+    named = set(re.findall(r'"((?:k8s|helm|scripts)/[^"\s]+)', source))
+    named |= {f"k8s/three-dcs/{dc}.yaml" for dc in ("dc1", "dc2", "dc3")}
+    assert named and all((ROOT / path).exists() for path in named), named
