@@ -36,7 +36,7 @@ from typing import Any
 
 import grpc
 
-from txsync.telemetry import Metrics
+from txsync.telemetry import Metrics, ServiceTelemetry
 
 log = logging.getLogger("txsync.access")
 
@@ -236,6 +236,24 @@ def access_interceptors(
     if access_file is None:
         return []
     return [AccessInterceptor(AccessPolicy.load(access_file), metrics)]
+
+
+def guarded_serving(
+    telemetry: ServiceTelemetry, metrics_listen: str | None, access_file: Path | None
+) -> list[grpc.aio.ServerInterceptor] | None:
+    """What every service does before it serves: start its metrics endpoint and load its
+    access file. The interceptors to serve with, or None (said in the log) if either
+    cannot be done, and the service must exit 2."""
+    try:
+        telemetry.serve_metrics(metrics_listen)
+    except OSError as error:
+        log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
+        return None
+    try:
+        return access_interceptors(access_file, telemetry.metrics)
+    except AccessFileError as error:
+        log.critical("%s", error)
+        return None
 
 
 def forwarded_credentials(

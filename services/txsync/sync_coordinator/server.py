@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1.health_pb2 import HealthCheckResponse
 
-from txsync.access import AccessFileError, access_interceptors, add_access_argument
+from txsync.access import add_access_argument, guarded_serving
 from txsync.codec import WEIGHT_MAX
 from txsync.protocol import MEMBERS_MAX, Limits, ProtocolNode, QuorumState, Timing
 from txsync.rpc import (
@@ -106,15 +106,8 @@ async def serve(
 ) -> int:
     coordinator = Coordinator(config, telemetry.metrics)
     telemetry.metrics.gauges(_coordinator_gauges(coordinator))
-    try:
-        telemetry.serve_metrics(metrics_listen)
-    except OSError as error:
-        log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
-        return 2
-    try:
-        interceptors = access_interceptors(access_file, telemetry.metrics)
-    except AccessFileError as error:
-        log.critical("%s", error)
+    interceptors = guarded_serving(telemetry, metrics_listen, access_file)
+    if interceptors is None:
         return 2
     server = new_server(*interceptors)
     add_service(server, PeerServicer(coordinator), PEER_SERVICE)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from txsync.access import AccessFileError, access_interceptors, add_access_argument
+from txsync.access import add_access_argument, guarded_serving
 from txsync.rpc import (
     add_health_and_reflection,
     add_service,
@@ -86,15 +86,8 @@ async def serve(
         f"; TORN TAIL: {recovery.torn_tail}" if recovery.torn_tail else "",
     )
     telemetry.metrics.gauges(_store_gauges(store))
-    try:
-        telemetry.serve_metrics(metrics_listen)
-    except OSError as error:
-        log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
-        return 2
-    try:
-        interceptors = access_interceptors(access_file, telemetry.metrics)
-    except AccessFileError as error:
-        log.critical("%s", error)
+    interceptors = guarded_serving(telemetry, metrics_listen, access_file)
+    if interceptors is None:
         return 2
     dc_admin = DcAdmin(dc_services)
     server = new_server(*interceptors)

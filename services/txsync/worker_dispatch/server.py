@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from txsync.access import AccessFileError, access_interceptors, add_access_argument
+from txsync.access import add_access_argument, guarded_serving
 from txsync.rpc import (
     add_health_and_reflection,
     add_service,
@@ -54,15 +54,8 @@ async def serve(
     pod_watch: WorkerPodWatch | None = None,
 ) -> int:
     dispatch = Dispatch(store, workers, stuck_after_s=stuck_after_s, metrics=telemetry.metrics)
-    try:
-        telemetry.serve_metrics(metrics_listen)
-    except OSError as error:
-        log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
-        return 2
-    try:
-        interceptors = access_interceptors(access_file, telemetry.metrics)
-    except AccessFileError as error:
-        log.critical("%s", error)
+    interceptors = guarded_serving(telemetry, metrics_listen, access_file)
+    if interceptors is None:
         return 2
     server = new_server(*interceptors)
     add_service(server, DispatchAdmin(dispatch), ADMIN_SERVICE, NOT_HERE)
