@@ -15,6 +15,7 @@ from txsync.cli import (
     submit_command,
     tx_command,
 )
+from txsync.pipeline import command as pipeline_command
 from txsync.sync_coordinator import server as sync_coordinator_server
 from txsync.transaction_store import server as transaction_store_server
 from txsync.worker import server as worker_server
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     tx_command.register(commands)
     query_command.register(commands)
     admin_command.register(commands)
+    pipeline_command.register(commands)
     return parser
 
 

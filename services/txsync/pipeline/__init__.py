@@ -1,0 +1,12 @@
+"""The data pipeline on Spark (PySpark): jobs over TxSync's logs and replicas.
+
+``txsync pipeline <job>`` runs a job on ``--master`` (default ``local[*]``: this
+machine's cores); the same modules run under ``spark-submit`` on any Spark cluster.
+PySpark is an optional extra (``pip install 'txsync[pipeline]'``) so service images stay
+small. Jobs:
+
+* ``export``: DCs' txlogs -> Parquet datasets (transactions, synced order, transitions);
+* ``audit-order``: do all DCs hold the same order? The first disagreement, exactly.
+
+``txlog_rows`` reads a txlog without Spark (it is what the executors run).
+"""
