@@ -6,7 +6,8 @@ PySpark is an optional extra (``pip install 'txsync[pipeline]'``) so service ima
 small. Jobs:
 
 * ``export``: DCs' txlogs -> Parquet datasets (transactions, synced order, transitions);
-* ``audit-order``: do all DCs hold the same order? The first disagreement, exactly.
+* ``audit-order``: do all DCs hold the same order? The first disagreement, exactly;
+* ``verify-replicas``: do all workers hold the same data? Every differing row, by key.
 
 ``txlog_rows`` reads a txlog without Spark (it is what the executors run).
 """

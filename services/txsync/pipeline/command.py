@@ -18,6 +18,7 @@ examples:
   txsync pipeline export --dc dc1=data/dc1 --dc dc2=data/dc2 --dc dc3=data/dc3 --out lake
   txsync pipeline audit-order --data data --out lake       # every DC of a dev-up cluster
   txsync pipeline audit-order --parquet lake -o json
+  txsync pipeline verify-replicas --data data           # every worker of every DC
 
 exit status: 0 done (and, for audit-order, every DC agrees), 1 the DCs disagree,
 2 bad arguments or unreadable input.
@@ -107,6 +108,53 @@ def run_audit(options: argparse.Namespace) -> int:
     return 0 if audit.agrees else 1
 
 
+def run_verify(options: argparse.Namespace) -> int:
+    from txsync.pipeline.replicas import (  # noqa: PLC0415 - pyspark is optional
+        replicas_of_cluster,
+        verify_replicas,
+    )
+    from txsync.pipeline.session import spark_session  # noqa: PLC0415
+
+    replicas = dict(options.replica)
+    if options.data is not None:
+        replicas.update(replicas_of_cluster(options.data))
+    if len(replicas) < 2:
+        print("error: give two or more --replica NAME=SQLITE_FILE, or --data DIR", file=sys.stderr)
+        return 2
+    unreadable = [name for name, path in replicas.items() if not path.is_file()]
+    if unreadable:
+        print(f"error: no database file for {', '.join(unreadable)}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    report = verify_replicas(spark_session(options.master), replicas)
+    shown = report.differences.orderBy("replica", "table", "kind", "key").limit(options.show)
+    listed = [row.asDict() for row in shown.collect()]
+    if options.out is not None:
+        report.differences.write.mode("overwrite").json(str(options.out))
+    elapsed = time.monotonic() - started
+    if options.output == "json":
+        print(json.dumps({
+            "equal": report.equal, "reference": report.reference, "rows": report.rows,
+            "counts": [{"replica": r, "table": t, "kind": k, "count": n}
+                       for (r, t, k), n in sorted(report.counts.items())],
+            "differences": listed, "seconds": round(elapsed, 1),
+        }, indent=2))  # fmt: skip
+    else:
+        total = sum(report.rows.values())
+        print(f"{len(replicas)} replicas, {total} rows read, compared with "
+              f"{report.reference} in {elapsed:.1f} s")  # fmt: skip
+        for (replica, table, kind), count in sorted(report.counts.items()):
+            print(f"  {replica} vs {report.reference}: {table}: {count} {kind}")
+        for row in listed:
+            print(f"  {row['kind'].upper()} {row['replica']} {row['table']} key {row['key']}")
+        more = sum(report.counts.values()) - len(listed)
+        if more > 0:
+            print(f"  ... and {more} more (--out DIR writes them all)")
+        if report.equal:
+            print("every replica equals the reference")
+    return 0 if report.equal else 1
+
+
 def register(commands: Any) -> None:
     pipeline = commands.add_parser(
         "pipeline",
@@ -117,6 +165,7 @@ def register(commands: Any) -> None:
     for name, handler, summary in (
         ("export", run_export, "DCs' txlogs -> Parquet (transactions, synced, transitions)"),
         ("audit-order", run_audit, "check that every DC holds the same synced order"),
+        ("verify-replicas", run_verify, "compare every table of every worker by key"),
     ):
         parser = jobs.add_parser(
             name, help=summary, description=summary[0].upper() + summary[1:] + ".",
@@ -130,6 +179,14 @@ def register(commands: Any) -> None:
                             help="Spark master (default local[*]: this machine)")  # fmt: skip
         if name == "export":
             parser.add_argument("--out", type=Path, required=True, help="output directory")
+        elif name == "verify-replicas":
+            parser.add_argument(
+                "--replica", type=_dc, action="append", default=[], metavar="NAME=FILE",
+                help="a worker's SQLite file (repeat)",
+            )  # fmt: skip
+            parser.add_argument("--out", type=Path, help="write every difference (JSON lines)")
+            parser.add_argument("--show", type=int, default=50, help="differences to print")
+            parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
         else:
             parser.add_argument("--parquet", type=Path, help="read an export instead of txlogs")
             parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
