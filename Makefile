@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image bench-store bench-agreement bench-apply clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image bench-store bench-agreement bench-apply bench-verify clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -70,6 +70,9 @@ bench-agreement: venv  ## submit -> ACCEPTED at all of 3 DCs, at 0, 10 and 50 ms
 
 bench-apply: venv  ## one DC applying with 1, 2 and 4 SQLite workers: applied/s and latency
 	$(BIN)/python -m bench.apply_bench
+
+bench-verify: venv  ## verify-replicas on 3 DCs x 2 workers x 1M rows, local Spark
+	$(BIN)/python -m bench.verify_bench
 
 clean:  ## remove the environments and caches
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -4,9 +4,11 @@ Each replica is a worker's SQLite database. The work is split by table and by ke
 (rowid ranges of ``RANGE_ROWS``), so executors read the files in parallel and the driver
 only plans ranges and receives the differences. Each row becomes ``(table, key, hash)``
 where ``key`` is the primary key (or rowid) as JSON and ``hash`` a SHA-256 over the row's
-values with their types; then every replica is joined with the reference (the first) on
-``(table, key)``: a row only the reference has is *missing* from the other, one only the
-other has is *extra*, equal keys with other hashes *differ*.
+values with their types; then every replica is compared with the reference (the first)
+by ``(table, key)``: a row only the reference has is *missing* from the other, one only the
+other has is *extra*, equal keys with other hashes *differ*. All replicas are compared in
+one shuffle: a group-by on ``(table, key)`` puts every replica's hash of a key side by
+side.
 
 Workers' own bookkeeping (``_txsync_*``) is left out: it records positions and digests,
 not data. (PostgreSQL workers: export them to SQLite, or read them with a JDBC source on
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - Spark's usual name
 from pyspark.sql.types import StringType, StructField, StructType
 
@@ -139,30 +141,29 @@ def verify_replicas(spark: SparkSession, replicas: dict[str, Path]) -> ReplicaRe
     rows = spark.createDataFrame(
         spark.sparkContext.parallelize(tasks, slices).flatMap(read_task), ROW_SCHEMA
     ).cache()
-    reference = sorted(replicas)[0]
-    ours = rows.filter(F.col("replica") == reference).select(
-        "table", "key", F.col("hash").alias("expected")
+    reference, *others = sorted(replicas)
+    # One shuffle for all replicas: every key's hash in each replica, side by side.
+    hashes = rows.groupBy("table", "key").agg(
+        F.map_from_entries(F.collect_list(F.struct("replica", "hash"))).alias("hashes")
     )
-    differences = None
-    for replica in sorted(replicas)[1:]:
-        theirs = rows.filter(F.col("replica") == replica).select(
-            "table", "key", F.col("hash").alias("found")
+    expected = F.col("hashes")[reference]
+
+    def kind(replica: str) -> Column:
+        found = F.col("hashes")[replica]
+        return (
+            F.when(found.isNull() & expected.isNotNull(), "missing")
+            .when(expected.isNull() & found.isNotNull(), "extra")
+            .when(found != expected, "differs")
         )
-        kind = (
-            F.when(F.col("found").isNull(), "missing")
-            .when(F.col("expected").isNull(), "extra")
-            .when(F.col("found") != F.col("expected"), "differs")
-        )
-        paired = (
-            ours.join(theirs, ["table", "key"], "full_outer")
-            .select(F.lit(replica).alias("replica"), "table", "key", kind.alias("kind"))
-            .filter(F.col("kind").isNotNull())
-        )
-        differences = paired if differences is None else differences.unionByName(paired)
-    if differences is None:
-        differences = spark.createDataFrame(
-            [], "replica string, table string, key string, kind string"
-        )
+
+    compared = F.array(
+        *(F.struct(F.lit(r).alias("replica"), kind(r).alias("kind")) for r in others)
+    )
+    differences = (
+        hashes.select("table", "key", F.explode(compared).alias("d"))
+        .select(F.col("d.replica").alias("replica"), "table", "key", F.col("d.kind").alias("kind"))
+        .filter(F.col("kind").isNotNull())
+    )
     differences = differences.cache()
     counts = {
         (row["replica"], row["table"], row["kind"]): int(row["count"])

@@ -17,6 +17,7 @@ def spark_session(master: str = "local[*]", app: str = "txsync-pipeline") -> Spa
         SparkSession.builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # jobs print their own progress
         .config("spark.sql.session.timeZone", "UTC")
     )
     if master.startswith("local"):
