@@ -9,62 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.support.cluster import LocalCluster
-from tests.support.processes import free_port, worker, worker_dispatch
+from tests.pipeline.conftest import ROWS
 from txsync.pipeline import replicas as replicas_module
 from txsync.pipeline.replicas import verify_replicas
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 pytestmark = pytest.mark.spark
-ROWS = 60
 
 
 @pytest.fixture(scope="module")
-def databases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two workers' databases after ROWS inserts through one DC, every process stopped."""
-    root = tmp_path_factory.mktemp("dc")
-    cluster = LocalCluster(root, 1)
-    workers = {name: worker(root / name, name, port=free_port()) for name in ("w1", "w2")}
-    try:
-        for process in workers.values():
-            process.start()
-        addresses = {name: process.address for name, process in workers.items()}
-        dispatch = worker_dispatch(root / "dispatch", cluster.dcs[0].store.address, addresses)
-        dispatch.start()
-        with grpc.insecure_channel(cluster.dcs[0].store.address) as channel:
-            stub = client_pb2_grpc.ClientServiceStub(channel)
-            sqls = ["CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT, c REAL)"] + [
-                f"INSERT INTO t VALUES ({n}, 'row {n}', {n / 4})" for n in range(ROWS)
-            ]
-            ids = []
-            for sql in sqls:
-                body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql)])
-                ids.append(stub.Submit(client_pb2.SubmitRequest(body=body)).tx_id)
-            for tx_id in ids:
-                waited = stub.Wait(
-                    client_pb2.WaitRequest(tx_id=tx_id, state=common_pb2.TX_STATE_OK), timeout=60
-                )
-                assert waited.reached
-        cluster.wait_for(
-            "both workers applied everything",
-            lambda: all(_applied(root / name / "worker.sqlite") == ROWS + 1 for name in workers),
-        )
-        dispatch.terminate()
-    finally:
-        for process in workers.values():
-            if process.process is not None and process.process.poll() is None:
-                process.terminate()
-        cluster.stop()
-    return {name: root / name / "worker.sqlite" for name in workers}
-
-
-def _applied(path: Path) -> int:
-    with sqlite3.connect(path) as db:
-        return int(db.execute("SELECT position FROM _txsync_applied").fetchone()[0])
+def databases(dc_with_workers: Path) -> dict[str, Path]:
+    return {name: dc_with_workers / name / "worker.sqlite" for name in ("w1", "w2")}
 
 
 def test_equal_replicas_verify_equal(spark: SparkSession, databases: dict[str, Path]) -> None:

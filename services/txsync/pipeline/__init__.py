@@ -7,7 +7,8 @@ small. Jobs:
 
 * ``export``: DCs' txlogs -> Parquet datasets (transactions, synced order, transitions);
 * ``audit-order``: do all DCs hold the same order? The first disagreement, exactly;
-* ``verify-replicas``: do all workers hold the same data? Every differing row, by key.
+* ``verify-replicas``: do all workers hold the same data? Every differing row, by key;
+* ``report``: latency per step and DC, throughput, failures (HTML, PNG plots, JSON).
 
 ``txlog_rows`` reads a txlog without Spark (it is what the executors run).
 """

@@ -19,6 +19,7 @@ examples:
   txsync pipeline audit-order --data data --out lake       # every DC of a dev-up cluster
   txsync pipeline audit-order --parquet lake -o json
   txsync pipeline verify-replicas --data data           # every worker of every DC
+  txsync pipeline report --data data --out report       # report/index.html
 
 exit status: 0 done (and, for audit-order, every DC agrees), 1 the DCs disagree,
 2 bad arguments or unreadable input.
@@ -108,6 +109,27 @@ def run_audit(options: argparse.Namespace) -> int:
     return 0 if audit.agrees else 1
 
 
+def run_report(options: argparse.Namespace) -> int:
+    from txsync.pipeline.export import read_txlogs  # noqa: PLC0415 - pyspark is optional
+    from txsync.pipeline.report import write_report  # noqa: PLC0415
+    from txsync.pipeline.session import spark_session  # noqa: PLC0415
+
+    spark = spark_session(options.master)
+    if options.parquet is not None:
+        transitions = spark.read.parquet(str(options.parquet / "transitions"))
+        sources = f"export {options.parquet}"
+    else:
+        dcs = _dcs(options)
+        if not dcs:
+            print("error: give --parquet DIR, --data DIR or --dc DC=DATA_DIR", file=sys.stderr)
+            return 2
+        transitions = read_txlogs(spark, dcs)["transitions"]
+        sources = "txlogs of " + ", ".join(f"{dc} ({path})" for dc, path in sorted(dcs.items()))
+    report = write_report(transitions, options.out, sources)
+    print(f"report: {report.page} ({len(report.plots)} plots; summary.json beside it)")
+    return 0
+
+
 def run_verify(options: argparse.Namespace) -> int:
     from txsync.pipeline.replicas import (  # noqa: PLC0415 - pyspark is optional
         replicas_of_cluster,
@@ -166,6 +188,7 @@ def register(commands: Any) -> None:
         ("export", run_export, "DCs' txlogs -> Parquet (transactions, synced, transitions)"),
         ("audit-order", run_audit, "check that every DC holds the same synced order"),
         ("verify-replicas", run_verify, "compare every table of every worker by key"),
+        ("report", run_report, "latency per step and DC, throughput, failures: HTML + plots"),
     ):
         parser = jobs.add_parser(
             name, help=summary, description=summary[0].upper() + summary[1:] + ".",
@@ -177,8 +200,10 @@ def register(commands: Any) -> None:
                             help="a `txsync dev up` data directory (every DC in it)")  # fmt: skip
         parser.add_argument("--master", default="local[*]",
                             help="Spark master (default local[*]: this machine)")  # fmt: skip
-        if name == "export":
+        if name in ("export", "report"):
             parser.add_argument("--out", type=Path, required=True, help="output directory")
+            if name == "report":
+                parser.add_argument("--parquet", type=Path, help="read an export instead")
         elif name == "verify-replicas":
             parser.add_argument(
                 "--replica", type=_dc, action="append", default=[], metavar="NAME=FILE",

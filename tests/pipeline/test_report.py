@@ -1,0 +1,71 @@
+"""`report` over the txlog of a DC whose workers applied real transactions, opened in
+headless Chromium: every plot must have loaded (the page records it in its DOM)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from tests.pipeline.conftest import ROWS
+from txsync.pipeline.export import read_txlogs
+from txsync.pipeline.report import write_report
+
+pytestmark = pytest.mark.spark
+CHROMIUM = "/usr/bin/chromium"  # Debian's; scripts/ensure_system_packages.sh installs it
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+
+
+def _chromium(page: Path, *flags: str, profile: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+         "--virtual-time-budget=5000", *flags, page.as_uri()],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_report_shows_every_step_and_every_plot_loads(
+    spark: SparkSession, dc_with_workers: Path, tmp_path: Path
+) -> None:
+    transitions = read_txlogs(spark, {"dc1": dc_with_workers / "dc1"})["transitions"]
+    report = write_report(transitions, tmp_path / "report", "a test DC")
+    latency = report.summary["latency"]["dc1"]
+    assert latency["submit to finished"]["count"] == ROWS + 1
+    assert latency["ordering"]["count"] == ROWS + 1
+    assert 0 < latency["ordering"]["p50_ms"] <= latency["submit to finished"]["p50_ms"]
+    assert report.summary["failures"]["dc1"] == {
+        "finished": ROWS + 1, "failed": 0, "failure_rate": 0.0
+    }  # fmt: skip
+    finished = sum(n for _, n in report.summary["throughput_per_second"]["dc1"])
+    assert finished == ROWS + 1
+    assert json.loads((tmp_path / "report" / "summary.json").read_text()) == json.loads(
+        json.dumps(report.summary)
+    )
+
+    dom = _chromium(report.page, "--dump-dom", profile=tmp_path / "profile").stdout
+    images = re.findall(r"<img [^>]*>", dom)
+    assert len(images) == len(report.plots) == 3
+    assert all('data-loaded="true"' in img for img in images), images
+    assert 'data-plots-loaded="true"' in dom
+    shot = tmp_path / "report.png"
+    _chromium(report.page, f"--screenshot={shot}", "--window-size=1100,2200",
+              profile=tmp_path / "profile")  # fmt: skip
+    assert shot.stat().st_size > 20_000, "the screenshot shows a rendered page"
+
+
+def test_a_page_with_a_missing_plot_is_caught(
+    spark: SparkSession, dc_with_workers: Path, tmp_path: Path
+) -> None:
+    """The check above can fail: a plot that did not load is seen in the DOM."""
+    transitions = read_txlogs(spark, {"dc1": dc_with_workers / "dc1"})["transitions"]
+    report = write_report(transitions, tmp_path / "report", "a test DC")
+    report.plots[1].unlink()
+    dom = _chromium(report.page, "--dump-dom", profile=tmp_path / "profile").stdout
+    assert 'data-plots-loaded="false"' in dom and 'data-loaded="false"' in dom
