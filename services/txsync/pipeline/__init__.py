@@ -8,7 +8,8 @@ small. Jobs:
 * ``export``: DCs' txlogs -> Parquet datasets (transactions, synced order, transitions);
 * ``audit-order``: do all DCs hold the same order? The first disagreement, exactly;
 * ``verify-replicas``: do all workers hold the same data? Every differing row, by key;
-* ``report``: latency per step and DC, throughput, failures (HTML, PNG plots, JSON).
+* ``report``: latency per step and DC, throughput, failures (HTML, PNG plots, JSON);
+* ``load``: rows of CSV or Parquet -> transactions, resumable by idempotency keys.
 
 ``txlog_rows`` reads a txlog without Spark (it is what the executors run).
 """

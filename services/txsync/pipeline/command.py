@@ -20,6 +20,8 @@ examples:
   txsync pipeline audit-order --parquet lake -o json
   txsync pipeline verify-replicas --data data           # every worker of every DC
   txsync pipeline report --data data --out report       # report/index.html
+  txsync pipeline load --input rows.csv --columns id,name --rows-per-transaction 100 \\
+      --sql 'INSERT INTO t (id, name) VALUES (?, ?)' --endpoints 127.0.0.1:7101,127.0.0.1:7201
 
 exit status: 0 done (and, for audit-order, every DC agrees), 1 the DCs disagree,
 2 bad arguments or unreadable input.
@@ -130,6 +132,45 @@ def run_report(options: argparse.Namespace) -> int:
     return 0
 
 
+def run_load(options: argparse.Namespace) -> int:
+    from txsync.pipeline.load import LoadPlan, load  # noqa: PLC0415 - pyspark is optional
+    from txsync.pipeline.session import spark_session  # noqa: PLC0415
+
+    endpoints = tuple(e.strip() for e in options.endpoints.split(",") if e.strip())
+    if not endpoints:
+        print("error: give --endpoints HOST:PORT[,HOST:PORT...] (DCs' stores)", file=sys.stderr)
+        return 2
+    spark = spark_session(options.master)
+    paths = [str(path) for path in options.input]
+    if options.format == "csv":
+        frame = spark.read.option("header", True).option("inferSchema", True).csv(paths)
+    else:
+        frame = spark.read.parquet(*paths)
+    plan = LoadPlan(
+        sql=options.sql,
+        columns=tuple(c.strip() for c in options.columns.split(",")),
+        endpoints=endpoints,
+        key_prefix=options.key_prefix or "load:" + ",".join(sorted(paths)),
+        rows_per_transaction=options.rows_per_transaction,
+        batch=options.batch,
+        token=options.token,
+    )
+    started = time.monotonic()
+    try:
+        result = load(spark, frame, plan)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    elapsed = time.monotonic() - started
+    print(
+        f"{result.rows:,} rows in {elapsed:.1f} s: {result.created:,} transactions created, "
+        f"{result.existing:,} already there (an earlier run), {result.refused:,} refused"
+    )
+    for reason in result.errors:
+        print(f"  refused: {reason}")
+    return 0 if result.refused == 0 else 1
+
+
 def run_verify(options: argparse.Namespace) -> int:
     from txsync.pipeline.replicas import (  # noqa: PLC0415 - pyspark is optional
         replicas_of_cluster,
@@ -189,6 +230,7 @@ def register(commands: Any) -> None:
         ("audit-order", run_audit, "check that every DC holds the same synced order"),
         ("verify-replicas", run_verify, "compare every table of every worker by key"),
         ("report", run_report, "latency per step and DC, throughput, failures: HTML + plots"),
+        ("load", run_load, "rows of CSV or Parquet -> transactions through the client API"),
     ):
         parser = jobs.add_parser(
             name, help=summary, description=summary[0].upper() + summary[1:] + ".",
@@ -200,6 +242,22 @@ def register(commands: Any) -> None:
                             help="a `txsync dev up` data directory (every DC in it)")  # fmt: skip
         parser.add_argument("--master", default="local[*]",
                             help="Spark master (default local[*]: this machine)")  # fmt: skip
+        if name == "load":
+            parser.add_argument("--input", type=Path, nargs="+", required=True,
+                                help="CSV (with a header) or Parquet files or folders")  # fmt: skip
+            parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
+            parser.add_argument("--sql", required=True, help="a statement with ? per column")
+            parser.add_argument("--columns", required=True, help="the columns, in ? order")
+            parser.add_argument("--endpoints", default="",
+                                help="DCs' stores, HOST:PORT[,...] (spread over)")  # fmt: skip
+            parser.add_argument("--rows-per-transaction", type=int, default=1,
+                                help="rows in one transaction (1..1000, default 1)")  # fmt: skip
+            parser.add_argument("--batch", type=int, default=100,
+                                help="transactions per SubmitBatch (default 100)")  # fmt: skip
+            parser.add_argument("--key-prefix", default="",
+                                help="idempotency keys' prefix (default: from the input "
+                                     "paths): the same prefix resumes a load")  # fmt: skip
+            parser.add_argument("--token", default="", help="bearer token, if required")
         if name in ("export", "report"):
             parser.add_argument("--out", type=Path, required=True, help="output directory")
             if name == "report":

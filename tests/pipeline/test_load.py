@@ -1,0 +1,56 @@
+"""`load`: 100,000 rows of a CSV file through the client API of a 2-DC cluster of real
+processes, then the same load again (resumed: nothing submitted twice)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from tests.support.cluster import LocalCluster
+from txsync.pipeline.load import LoadPlan, load
+
+pytestmark = pytest.mark.spark
+ROWS = 100_000
+ROWS_PER_TRANSACTION = 100
+
+
+def test_a_hundred_thousand_rows_load_once_and_resume(spark: SparkSession, tmp_path: Path) -> None:
+    csv = tmp_path / "accounts.csv"
+    csv.write_text("id,owner,balance\n" + "".join(f"{n},owner {n},{n * 3}\n" for n in range(ROWS)))
+    cluster = LocalCluster(tmp_path / "cluster", 2)
+    try:
+        plan = LoadPlan(
+            sql="INSERT INTO accounts (id, owner, balance) VALUES (?, ?, ?)",
+            columns=("id", "owner", "balance"),
+            endpoints=tuple(dc.store.address for dc in cluster.dcs),
+            key_prefix="test-load",
+            rows_per_transaction=ROWS_PER_TRANSACTION,
+        )
+        frame = spark.read.option("header", True).option("inferSchema", True).csv(str(csv))
+        first = load(spark, frame, plan, slice_rows=10_000)
+        transactions = ROWS // ROWS_PER_TRANSACTION
+        assert (first.rows, first.created, first.existing, first.refused) == (
+            ROWS, transactions, 0, 0
+        )  # fmt: skip
+        cluster.wait_for(
+            "every transaction ordered at both DCs",
+            lambda: all(len(cluster.synced(dc)) == transactions for dc in cluster.dcs),
+            timeout_s=120,
+        )
+        again = subprocess.run(
+            [sys.executable, "-m", "txsync.cli.main", "pipeline", "load", "--master", "local[2]",
+             "--input", str(csv), "--columns", "id,owner,balance",
+             "--sql", plan.sql, "--rows-per-transaction", str(ROWS_PER_TRANSACTION),
+             "--key-prefix", "test-load",
+             "--endpoints", ",".join(reversed(plan.endpoints))],  # any order
+            capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert f"0 transactions created, {transactions:,} already there" in again.stdout
+        assert all(len(cluster.synced(dc)) == transactions for dc in cluster.dcs)
+    finally:
+        cluster.stop()
