@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image bench-store bench-agreement bench-apply bench-verify clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image pipeline-demo bench-store bench-agreement bench-apply bench-verify clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ test-quick: venv system-packages  ## the tests without the slow ones and without
 
 image: venv  ## the container image txsync:dev, built offline (debootstrap base, host wheels)
 	scripts/build_image.sh txsync:dev
+
+pipeline-demo: venv  ## every Spark job on a live local cluster; prints where the report is
+	scripts/pipeline_demo.sh
 
 bench-store: venv  ## submit throughput and latency of one transaction-store, fsync on
 	$(BIN)/python -m bench.store_bench

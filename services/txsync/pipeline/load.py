@@ -30,6 +30,7 @@ import grpc
 from pyspark.sql import DataFrame, SparkSession
 
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
+from txsync.worker.backend import to_sql_value
 
 Counts = tuple[int, int, int, int, str]
 RETRIES_MAX = 40
@@ -55,20 +56,6 @@ class LoadResult:
     refused: int = 0
     rows: int = 0
     errors: list[str] = field(default_factory=list)
-
-
-def _value(value: Any) -> common_pb2.SqlValue:
-    if value is None:
-        return common_pb2.SqlValue()
-    if isinstance(value, bool):
-        return common_pb2.SqlValue(bool_value=value)
-    if isinstance(value, int):
-        return common_pb2.SqlValue(int_value=value)
-    if isinstance(value, float):
-        return common_pb2.SqlValue(real_value=value)
-    if isinstance(value, bytes | bytearray):
-        return common_pb2.SqlValue(blob_value=bytes(value))
-    return common_pb2.SqlValue(text_value=str(value))
 
 
 def _submit_slice(plan: LoadPlan, rows: Iterable[tuple[int, Any]]) -> Iterator[Counts]:
@@ -115,7 +102,7 @@ def _submit_slice(plan: LoadPlan, rows: Iterable[tuple[int, Any]]) -> Iterator[C
                 close_transaction()
             if not statements:
                 first_row = position
-            params = [_value(row[column]) for column in plan.columns]
+            params = [to_sql_value(row[column]) for column in plan.columns]
             statements.append(common_pb2.Statement(sql=plan.sql, params=params))
             counts[3] += 1
         close_transaction()

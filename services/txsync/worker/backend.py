@@ -77,8 +77,8 @@ def to_sql_value(value: object) -> common_pb2.SqlValue:
         return common_pb2.SqlValue(int_value=value)
     if isinstance(value, float):
         return common_pb2.SqlValue(real_value=value)
-    if isinstance(value, bytes):
-        return common_pb2.SqlValue(blob_value=value)
+    if isinstance(value, bytes | bytearray):
+        return common_pb2.SqlValue(blob_value=bytes(value))
     return common_pb2.SqlValue(text_value=str(value))
 
 
