@@ -1,19 +1,18 @@
-"""`export` and `audit-order` over the real txlogs of a 3-DC cluster of real processes,
-then over a copy of one DC's log forged to hold another transaction at one position."""
+"""`export` and `audit-order` over the real txlogs of a `txsync dev up` run, then over a
+copy of one DC's log forged to hold another transaction at one position."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from tests.support.cluster import LocalCluster, submit_at
+from tests.pipeline.conftest import DCS, TXS, DevRun
 from txsync.pipeline.audit import audit_order
 from txsync.pipeline.export import export, read_txlogs
 from txsync.pipeline.txlog_rows import txlog_files
@@ -21,40 +20,15 @@ from txsync.transaction_store.txlog.framing import encode_frame, scan
 from txsync.v1 import txlog_pb2
 
 pytestmark = pytest.mark.spark
-DCS = ("dc1", "dc2", "dc3")
-
-
-@pytest.fixture(scope="module")
-def txlogs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
-    """The data directories of a 3-DC cluster after 10 submits at each DC, stopped."""
-    root = tmp_path_factory.mktemp("cluster")
-    cluster = LocalCluster(root, 3)
-    try:
-        acked: list[str] = []
-        lock = threading.Lock()
-        clients = [
-            threading.Thread(target=submit_at, args=(dc, 10, acked, lock)) for dc in cluster.dcs
-        ]
-        for client in clients:
-            client.start()
-        for client in clients:
-            client.join()
-        cluster.wait_for(
-            "30 synced everywhere", lambda: all(len(cluster.synced(dc)) == 30 for dc in cluster.dcs)
-        )
-        order = cluster.synced(cluster.dcs[0])
-    finally:
-        cluster.stop()
-    return root, order
 
 
 def test_export_writes_every_dataset_and_the_order_each_dc_holds(
-    spark: SparkSession, txlogs: tuple[Path, list[str]], tmp_path: Path
+    spark: SparkSession, dev_cluster: DevRun, tmp_path: Path
 ) -> None:
-    root, order = txlogs
+    root, order = dev_cluster.data, dev_cluster.order
     counts = export(spark, {dc: root / dc for dc in DCS}, tmp_path / "lake")
-    assert counts["synced"] == 3 * 30
-    assert counts["transactions"] == 3 * 30
+    assert counts["synced"] == 3 * TXS
+    assert counts["transactions"] == 3 * TXS
     synced = spark.read.parquet(str(tmp_path / "lake" / "synced"))
     expected = spark.createDataFrame(
         [(dc, position, tx_id) for dc in DCS for position, tx_id in enumerate(order, 1)],
@@ -63,9 +37,9 @@ def test_export_writes_every_dataset_and_the_order_each_dc_holds(
     assertDataFrameEqual(synced.select("dc", "position", "tx_id"), expected)
     transitions = spark.read.parquet(str(tmp_path / "lake" / "transitions"))
     accepted = transitions.filter("state = 'ACCEPTED'").groupBy("dc").count().collect()
-    assert {row["dc"]: row["count"] for row in accepted} == dict.fromkeys(DCS, 30)
+    assert {row["dc"]: row["count"] for row in accepted} == dict.fromkeys(DCS, TXS)
     audit = audit_order(synced)
-    assert audit.agrees and audit.lengths == dict.fromkeys(DCS, 30)
+    assert audit.agrees and audit.lengths == dict.fromkeys(DCS, TXS)
 
 
 def _forge(source: Path, target: Path, position: int, fake_tx_id: str) -> str:
@@ -93,9 +67,9 @@ def _forge(source: Path, target: Path, position: int, fake_tx_id: str) -> str:
 
 
 def test_audit_names_the_first_disagreement_exactly(
-    spark: SparkSession, txlogs: tuple[Path, list[str]], tmp_path: Path
+    spark: SparkSession, dev_cluster: DevRun, tmp_path: Path
 ) -> None:
-    root, _ = txlogs
+    root = dev_cluster.data
     fake = "00000000-0000-4000-8000-00000000f0e0"
     real = _forge(root / "dc2", tmp_path / "dc2-forged", 17, fake)
     dcs = {"dc1": root / "dc1", "dc2": tmp_path / "dc2-forged", "dc3": root / "dc3"}

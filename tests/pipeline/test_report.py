@@ -1,5 +1,6 @@
-"""`report` over the txlog of a DC whose workers applied real transactions, opened in
-headless Chromium: every plot must have loaded (the page records it in its DOM)."""
+"""`report` over the txlog of a `txsync dev up` DC whose workers applied real
+transactions, opened in headless Chromium: every plot must have loaded (the page records
+it in its DOM)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.pipeline.conftest import ROWS
+from tests.pipeline.conftest import TXS, DevRun
 from txsync.pipeline.export import read_txlogs
 from txsync.pipeline.report import write_report
 
@@ -32,19 +33,19 @@ def _chromium(page: Path, *flags: str, profile: Path) -> subprocess.CompletedPro
 
 
 def test_the_report_shows_every_step_and_every_plot_loads(
-    spark: SparkSession, dc_with_workers: Path, tmp_path: Path
+    spark: SparkSession, dev_cluster: DevRun, tmp_path: Path
 ) -> None:
-    transitions = read_txlogs(spark, {"dc1": dc_with_workers / "dc1"})["transitions"]
+    transitions = read_txlogs(spark, {"dc1": dev_cluster.data / "dc1"})["transitions"]
     report = write_report(transitions, tmp_path / "report", "a test DC")
     latency = report.summary["latency"]["dc1"]
-    assert latency["submit to finished"]["count"] == ROWS + 1
-    assert latency["ordering"]["count"] == ROWS + 1
+    assert latency["submit to finished"]["count"] == TXS
+    assert latency["ordering"]["count"] == TXS
     assert 0 < latency["ordering"]["p50_ms"] <= latency["submit to finished"]["p50_ms"]
     assert report.summary["failures"]["dc1"] == {
-        "finished": ROWS + 1, "failed": 0, "failure_rate": 0.0
+        "finished": TXS, "failed": 0, "failure_rate": 0.0
     }  # fmt: skip
     finished = sum(n for _, n in report.summary["throughput_per_second"]["dc1"])
-    assert finished == ROWS + 1
+    assert finished == TXS
     assert json.loads((tmp_path / "report" / "summary.json").read_text()) == json.loads(
         json.dumps(report.summary)
     )
@@ -61,10 +62,10 @@ def test_the_report_shows_every_step_and_every_plot_loads(
 
 
 def test_a_page_with_a_missing_plot_is_caught(
-    spark: SparkSession, dc_with_workers: Path, tmp_path: Path
+    spark: SparkSession, dev_cluster: DevRun, tmp_path: Path
 ) -> None:
     """The check above can fail: a plot that did not load is seen in the DOM."""
-    transitions = read_txlogs(spark, {"dc1": dc_with_workers / "dc1"})["transitions"]
+    transitions = read_txlogs(spark, {"dc1": dev_cluster.data / "dc1"})["transitions"]
     report = write_report(transitions, tmp_path / "report", "a test DC")
     report.plots[1].unlink()
     dom = _chromium(report.page, "--dump-dom", profile=tmp_path / "profile").stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.pipeline.conftest import ROWS
+from tests.pipeline.conftest import ROWS, DevRun
 from txsync.pipeline import replicas as replicas_module
 from txsync.pipeline.replicas import verify_replicas
 
@@ -20,8 +20,11 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def databases(dc_with_workers: Path) -> dict[str, Path]:
-    return {name: dc_with_workers / name / "worker.sqlite" for name in ("w1", "w2")}
+def databases(dev_cluster: DevRun) -> dict[str, Path]:
+    """dc1's two workers' databases."""
+    return {
+        name: dev_cluster.data / "dc1" / f"dc1-{name}" / "worker.sqlite" for name in ("w1", "w2")
+    }
 
 
 def test_equal_replicas_verify_equal(spark: SparkSession, databases: dict[str, Path]) -> None:
