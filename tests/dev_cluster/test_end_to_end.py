@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -22,54 +19,24 @@ from typing import Any
 
 import grpc
 
-from tests.dev_cluster.test_dev_up import _free_base_port, _txsync
+from tests.support.dev_up import (
+    down,
+    list_workers,
+    statement,
+    submit_and_wait,
+    synced_ids,
+    txsync,
+    up,
+)
 from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
 from txsync.v1 import (
     admin_pb2,
     admin_pb2_grpc,
-    client_pb2,
-    client_pb2_grpc,
     common_pb2,
-    store_pb2,
-    store_pb2_grpc,
 )
 
 SUBMITS_PER_DC = 25
 DCS = ("dc1", "dc2", "dc3")
-
-
-def _statement(sql: str, *params: int) -> common_pb2.TxBody:
-    values = [common_pb2.SqlValue(int_value=p) for p in params]
-    return common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql, params=values)])
-
-
-def _submit_and_wait(address: str, bodies: list[common_pb2.TxBody], ids: list[str]) -> None:
-    with grpc.insecure_channel(address) as channel:
-        stub = client_pb2_grpc.ClientServiceStub(channel)
-        for body in bodies:
-            ids.append(stub.Submit(client_pb2.SubmitRequest(body=body), timeout=10).tx_id)
-        for tx_id in ids:
-            waited = stub.Wait(
-                client_pb2.WaitRequest(tx_id=tx_id, state=common_pb2.TX_STATE_OK), timeout=60
-            )
-            assert waited.reached and waited.state == common_pb2.TX_STATE_OK, waited
-
-
-def _synced_ids(address: str) -> list[str]:
-    with grpc.insecure_channel(address) as channel:
-        stub = store_pb2_grpc.StoreInternalServiceStub(channel)
-        ids: list[str] = []
-        while True:
-            page = stub.ReadSynced(store_pb2.ReadSyncedRequest(from_len=len(ids), count_max=1024))
-            if not page.entries:
-                return ids
-            ids += [meta.tx_id for meta in page.entries]
-
-
-def _workers(address: str) -> list[admin_pb2.WorkerStatus]:
-    with grpc.insecure_channel(address) as channel:
-        stub = admin_pb2_grpc.AdminServiceStub(channel)
-        return list(stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5).workers)
 
 
 def _scrape(address: str) -> str:
@@ -87,38 +54,27 @@ def test_three_dcs_converge_and_are_observable(tmp_path: Path) -> None:
             "OTEL_TRACES_SAMPLER": "always_on",
         }
         data = tmp_path / "cluster"
-        process = subprocess.Popen(
-            [sys.executable, "-m", "txsync.cli.main", "dev", "up", "--data", str(data),
-             "--base-port", str(_free_base_port())],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        )  # fmt: skip
+        process = up(data, env=env)
         try:
-            deadline = time.monotonic() + 60
-            while not (data / "cluster.json").exists():
-                assert process.poll() is None, process.communicate()[0]
-                assert time.monotonic() < deadline, "dev up did not come up"
-                time.sleep(0.1)
             dcs: dict[str, Any] = json.loads((data / "cluster.json").read_text())["dcs"]
             _check_the_cluster(dcs, collector, str(data / "cluster.json"))
         finally:
-            process.send_signal(signal.SIGTERM)
-            output, _ = process.communicate(timeout=60)
-        assert process.returncode == 0, output
+            down(process)
 
 
 def _check_the_cluster(dcs: dict[str, Any], collector: OtlpCollector, endpoints: str) -> None:
     create = "CREATE TABLE t (dc INTEGER, n INTEGER, PRIMARY KEY (dc, n))"
-    _submit_and_wait(dcs["dc1"]["store"], [_statement(create)], [])
+    submit_and_wait(dcs["dc1"]["store"], [statement(create)], [])
 
     # Clients at every DC at once.
     ids: dict[str, list[str]] = {dc: [] for dc in DCS}
     clients = [
         threading.Thread(
-            target=_submit_and_wait,
+            target=submit_and_wait,
             args=(
                 dcs[dc]["store"],
                 [
-                    _statement("INSERT INTO t (dc, n) VALUES (?, ?)", number, n)
+                    statement("INSERT INTO t (dc, n) VALUES (?, ?)", number, n)
                     for n in range(SUBMITS_PER_DC)
                 ],
                 ids[dc],
@@ -133,14 +89,14 @@ def _check_the_cluster(dcs: dict[str, Any], collector: OtlpCollector, endpoints:
     assert all(len(ids[dc]) == SUBMITS_PER_DC for dc in DCS), "a client did not finish"
 
     # One order everywhere, every worker at its end with the same digest.
-    orders = {dc: _synced_ids(dcs[dc]["store"]) for dc in DCS}
+    orders = {dc: synced_ids(dcs[dc]["store"]) for dc in DCS}
     assert orders["dc1"] == orders["dc2"] == orders["dc3"]
     assert len(orders["dc1"]) == 1 + 3 * SUBMITS_PER_DC
     assert set(orders["dc1"]) >= {tx for dc in DCS for tx in ids[dc]}
     end = len(orders["dc1"])
     deadline = time.monotonic() + 30
     while True:
-        workers = [w for dc in DCS for w in _workers(dcs[dc]["store"])]
+        workers = [w for dc in DCS for w in list_workers(dcs[dc]["store"])]
         if all(w.position == end for w in workers) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -148,13 +104,13 @@ def _check_the_cluster(dcs: dict[str, Any], collector: OtlpCollector, endpoints:
     assert len({w.state_digest for w in workers}) == 1, "workers' databases differ"
 
     # The CLI sees three healthy DCs in one view, none lagging.
-    status = _txsync("status", "--endpoints", endpoints, "-o", "json")
+    status = txsync("status", "--endpoints", endpoints, "-o", "json")
     assert status.returncode == 0, status.stdout + status.stderr
     reports = json.loads(status.stdout)
     assert sorted(r["dc"] for r in reports) == list(DCS)
     assert all(r["healthy"] and r["lag"] == 0 and r["synced"] == end for r in reports), reports
     assert all(r["workers_healthy"] == 2 for r in reports)
-    read = _txsync("query", "--endpoints", endpoints, "--dc", "dc3", "--after", ids["dc1"][-1],
+    read = txsync("query", "--endpoints", endpoints, "--dc", "dc3", "--after", ids["dc1"][-1],
                    "--sql", "SELECT count(*) FROM t", "-o", "json")  # fmt: skip
     assert read.returncode == 0, read.stderr
     assert json.loads(read.stdout)["rows"] == [[3 * SUBMITS_PER_DC]]
