@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from tests.support.dev_up import down, list_workers, statement, submit_and_wait, synced_ids, up
 from txsync.pipeline.session import spark_session
+from txsync.v1 import common_pb2
 
 DCS = ("dc1", "dc2", "dc3")
 ROWS_PER_DC = 20
@@ -35,6 +36,8 @@ def spark() -> Iterator[SparkSession]:
 class DevRun:
     data: Path
     order: list[str]
+    bodies: dict[str, common_pb2.TxBody]
+    """Each ordered transaction's body, by id."""
 
 
 @pytest.fixture(scope="session")
@@ -44,24 +47,22 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> DevRun:
     jobs read its txlogs and workers' databases) and the order it agreed on."""
     data = tmp_path_factory.mktemp("dev-up") / "data"
     process = up(data)
+    bodies: dict[str, common_pb2.TxBody] = {}
     try:
         dcs = json.loads((data / "cluster.json").read_text())["dcs"]
-        submit_and_wait(
-            dcs["dc1"]["store"],
-            [statement("CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT, c REAL)")],
-        )
-        clients = [
-            threading.Thread(
-                target=submit_and_wait,
-                args=(
-                    dcs[dc]["store"],
-                    [
-                        statement(f"INSERT INTO t VALUES ({n}, 'row {n}', {n / 4})")
-                        for n in range(index * ROWS_PER_DC, (index + 1) * ROWS_PER_DC)
-                    ],
-                ),
-            )
+        create = statement("CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT, c REAL)")
+        bodies.update(zip(submit_and_wait(dcs["dc1"]["store"], [create]), [create], strict=True))
+        inserts = {
+            dc: [
+                statement(f"INSERT INTO t VALUES ({n}, 'row {n}', {n / 4})")
+                for n in range(index * ROWS_PER_DC, (index + 1) * ROWS_PER_DC)
+            ]
             for index, dc in enumerate(DCS)
+        }
+        ids: dict[str, list[str]] = {dc: [] for dc in DCS}
+        clients = [
+            threading.Thread(target=submit_and_wait, args=(dcs[dc]["store"], inserts[dc], ids[dc]))
+            for dc in DCS
         ]
         for client in clients:
             client.start()
@@ -76,5 +77,7 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> DevRun:
         order = synced_ids(dcs["dc1"]["store"])
     finally:
         down(process)
-    assert len(order) == TXS
-    return DevRun(data, order)
+    for dc in DCS:
+        bodies.update(zip(ids[dc], inserts[dc], strict=True))
+    assert len(order) == TXS and set(order) == set(bodies)
+    return DevRun(data, order, bodies)

@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
 from tests.pipeline.conftest import ROWS, DevRun
+from tests.support.postgres import PostgresServer
 from txsync.pipeline import replicas as replicas_module
 from txsync.pipeline.replicas import verify_replicas
+from txsync.worker.postgres_backend import PostgresBackend
 
 pytestmark = pytest.mark.spark
 
@@ -65,3 +68,55 @@ def test_every_altered_row_is_named_by_key(
     assert not answer["equal"] and {d["key"] for d in answer["differences"]} == {
         "[17]", "[42]", "[1000]"
     }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def postgres_replica(dev_cluster: DevRun, postgres: PostgresServer) -> str:
+    """A PostgreSQL worker database holding the cluster's order: the worker's own
+    PostgreSQL backend applied every transaction at its synced position."""
+    conninfo = postgres.new_database()
+    backend = PostgresBackend(conninfo)
+    try:
+        for position, tx_id in enumerate(dev_cluster.order, start=1):
+            assert backend.apply(position, tx_id, dev_cluster.bodies[tx_id]).ok
+    finally:
+        backend.close()
+    return PostgresServer.uri(conninfo)
+
+
+def test_sqlite_and_postgresql_replicas_of_one_cluster_compare_equal(
+    spark: SparkSession, databases: dict[str, Path], postgres_replica: str
+) -> None:
+    report = verify_replicas(spark, {**databases, "pg": postgres_replica})
+    assert report.equal, report.differences.collect()
+    assert report.rows == {"w1": ROWS, "w2": ROWS, "pg": ROWS}
+
+
+def test_a_postgresql_row_altered_is_named_by_key(
+    spark: SparkSession,
+    databases: dict[str, Path],
+    postgres: PostgresServer,
+    dev_cluster: DevRun,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conninfo = postgres.new_database()
+    backend = PostgresBackend(conninfo)
+    for position, tx_id in enumerate(dev_cluster.order, start=1):
+        backend.apply(position, tx_id, dev_cluster.bodies[tx_id])
+    backend.close()
+    with psycopg.connect(conninfo, autocommit=True) as conn:  # behind the cluster's back
+        conn.execute("UPDATE t SET c = 99.5 WHERE a = 5")
+        conn.execute("DELETE FROM t WHERE a = 33")
+        # A table only this replica has, without a primary key: compared as a multiset.
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('x'), ('x')")
+    monkeypatch.setattr(replicas_module, "RANGE_ROWS", 9)  # several key ranges
+    report = verify_replicas(
+        spark, {"a-sqlite": databases["w1"], "b-pg": PostgresServer.uri(conninfo)}
+    )
+    found = {(r["replica"], r["table"], r["key"], r["kind"]) for r in report.differences.collect()}
+    assert found == {
+        ("b-pg", "t", "[5]", "differs"),
+        ("b-pg", "t", "[33]", "missing"),
+        ("b-pg", "notes", '["x"]', "extra"),
+    }

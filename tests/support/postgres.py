@@ -56,6 +56,12 @@ class PostgresServer:
     def conninfo(self, dbname: str = "postgres") -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
 
+    @staticmethod
+    def uri(conninfo: str) -> str:
+        """The ``postgresql://`` URI of one of this server's conninfo strings."""
+        parts = dict(item.split("=", 1) for item in conninfo.split())
+        return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
     def new_database(self) -> str:
         """A fresh, empty database; returns its conninfo."""
         import psycopg  # imported here: only PostgreSQL tests need it

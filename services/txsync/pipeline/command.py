@@ -50,6 +50,13 @@ def _dc(text: str) -> tuple[str, Path]:
     return dc, Path(path)
 
 
+def _replica(text: str) -> tuple[str, str]:
+    name, separator, location = text.partition("=")
+    if not separator or not name or not location:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=SQLITE_FILE or NAME=URI")
+    return name, location
+
+
 def run_export(options: argparse.Namespace) -> int:
     from txsync.pipeline.export import export  # noqa: PLC0415 - pyspark is optional
     from txsync.pipeline.session import spark_session  # noqa: PLC0415
@@ -173,18 +180,24 @@ def run_load(options: argparse.Namespace) -> int:
 
 def run_verify(options: argparse.Namespace) -> int:
     from txsync.pipeline.replicas import (  # noqa: PLC0415 - pyspark is optional
+        is_postgres,
         replicas_of_cluster,
         verify_replicas,
     )
     from txsync.pipeline.session import spark_session  # noqa: PLC0415
 
-    replicas = dict(options.replica)
+    replicas: dict[str, Path | str] = dict(options.replica)
     if options.data is not None:
         replicas.update(replicas_of_cluster(options.data))
     if len(replicas) < 2:
-        print("error: give two or more --replica NAME=SQLITE_FILE, or --data DIR", file=sys.stderr)
+        print("error: give two or more --replica NAME=SQLITE_FILE|POSTGRESQL_URI, or --data DIR",
+              file=sys.stderr)  # fmt: skip
         return 2
-    unreadable = [name for name, path in replicas.items() if not path.is_file()]
+    unreadable = [
+        name
+        for name, location in replicas.items()
+        if not is_postgres(str(location)) and not Path(location).is_file()
+    ]
     if unreadable:
         print(f"error: no database file for {', '.join(unreadable)}", file=sys.stderr)
         return 2
@@ -264,8 +277,10 @@ def register(commands: Any) -> None:
                 parser.add_argument("--parquet", type=Path, help="read an export instead")
         elif name == "verify-replicas":
             parser.add_argument(
-                "--replica", type=_dc, action="append", default=[], metavar="NAME=FILE",
-                help="a worker's SQLite file (repeat)",
+                "--replica", type=_replica, action="append", default=[],
+                metavar="NAME=FILE|URI",
+                help="a worker's SQLite file or PostgreSQL URI (postgresql://...); repeat; "
+                     "the first (by name) is the reference",
             )  # fmt: skip
             parser.add_argument("--out", type=Path, help="write every difference (JSON lines)")
             parser.add_argument("--show", type=int, default=50, help="differences to print")
