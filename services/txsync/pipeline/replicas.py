@@ -28,7 +28,7 @@ import hashlib
 import json
 import math
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -272,7 +272,7 @@ class ReplicaReport:
         return not self.counts
 
 
-def verify_replicas(spark: SparkSession, replicas: dict[str, Path | str]) -> ReplicaReport:
+def verify_replicas(spark: SparkSession, replicas: Mapping[str, Path | str]) -> ReplicaReport:
     """Compare every replica (SQLite file or PostgreSQL URI) with the first by name."""
     tasks = plan({name: str(location) for name, location in replicas.items()})
     slices = max(1, len(tasks))
