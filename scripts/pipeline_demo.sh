@@ -2,8 +2,10 @@
 # make pipeline-demo: every pipeline job on a live local cluster.
 #   1. `txsync dev up` (3 DCs x 2 SQLite workers) under build/pipeline-demo/data;
 #   2. `pipeline load` of 20,000 generated rows through all three DCs;
-#   3. waits until every worker has applied them, then stops the cluster;
-#   4. `pipeline export`, `audit-order`, `verify-replicas` and `report` on what it left.
+#   3. waits until every worker has applied them; `pipeline export` through the admin API
+#      (the only source of rounds), then stops the cluster;
+#   4. `pipeline export` of the data directories, `audit-order`, `verify-replicas` and
+#      `report` (on the admin API export) on what it left.
 # Opens nothing; prints where the report is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,10 +45,11 @@ sys.exit(0 if workers and all(w['position'] == 1001 for w in workers) else 1)
 "; then break; fi
     sleep 1
 done
+"$txsync" pipeline export $endpoints --out "$root/lake-live" 2>/dev/null
 kill -TERM $cluster; wait $cluster || true; trap - EXIT
 
 "$txsync" pipeline export --data "$root/data" --out "$root/lake" 2>/dev/null
 "$txsync" pipeline audit-order --parquet "$root/lake" 2>/dev/null
 "$txsync" pipeline verify-replicas --data "$root/data" 2>/dev/null
-"$txsync" pipeline report --parquet "$root/lake" --out "$root/report" 2>/dev/null
+"$txsync" pipeline report --parquet "$root/lake-live" --out "$root/report" 2>/dev/null
 echo "open $root/report/index.html"

@@ -14,6 +14,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from tests.support.dev_up import down, list_workers, statement, submit_and_wait, synced_ids, up
+from txsync.pipeline.export import LogSource, export
 from txsync.pipeline.session import spark_session
 from txsync.v1 import common_pb2
 
@@ -38,14 +39,18 @@ class DevRun:
     order: list[str]
     bodies: dict[str, common_pb2.TxBody]
     """Each ordered transaction's body, by id."""
+    admin_export: Path
+    """`export` of the running cluster through its stores' admin API (rounds too)."""
 
 
 @pytest.fixture(scope="session")
-def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> DevRun:
+def dev_cluster(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> DevRun:
     """A `txsync dev up` cluster (3 DCs x 2 SQLite workers) after a CREATE and ROWS_PER_DC
-    inserts at each DC, applied by every worker, then stopped: its data directory (the
-    jobs read its txlogs and workers' databases) and the order it agreed on."""
+    inserts at each DC, applied by every worker, exported through the admin API, then
+    stopped: its data directory (the jobs read its txlogs and workers' databases), the
+    order it agreed on, and the export."""
     data = tmp_path_factory.mktemp("dev-up") / "data"
+    admin_export = data.parent / "admin-export"
     process = up(data)
     bodies: dict[str, common_pb2.TxBody] = {}
     try:
@@ -75,9 +80,10 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> DevRun:
             assert time.monotonic() < deadline, "workers did not apply everything"
             time.sleep(0.2)
         order = synced_ids(dcs["dc1"]["store"])
+        export(spark, [LogSource(store=dcs[dc]["store"]) for dc in DCS], admin_export)
     finally:
         down(process)
     for dc in DCS:
         bodies.update(zip(ids[dc], inserts[dc], strict=True))
     assert len(order) == TXS and set(order) == set(bodies)
-    return DevRun(data, order, bodies)
+    return DevRun(data, order, bodies, admin_export)

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F  # noqa: N812 - Spark's usual name
 from pyspark.testing import assertDataFrameEqual
 
 from tests.pipeline.conftest import DCS, TXS, DevRun
 from txsync.pipeline.audit import audit_order
-from txsync.pipeline.export import export, read_txlogs
+from txsync.pipeline.export import LogSource, export, read_txlogs
 from txsync.pipeline.txlog_rows import txlog_files
 from txsync.transaction_store.txlog.framing import encode_frame, scan
 from txsync.v1 import txlog_pb2
@@ -26,8 +27,10 @@ def test_export_writes_every_dataset_and_the_order_each_dc_holds(
     spark: SparkSession, dev_cluster: DevRun, tmp_path: Path
 ) -> None:
     root, order = dev_cluster.data, dev_cluster.order
-    counts = export(spark, {dc: root / dc for dc in DCS}, tmp_path / "lake")
+    sources = [LogSource(dc, directory=str(root / dc)) for dc in DCS]
+    counts = export(spark, sources, tmp_path / "lake")
     assert counts["synced"] == 3 * TXS
+    assert counts["rounds"] == 0  # only a running coordinator knows them
     assert counts["transactions"] == 3 * TXS
     synced = spark.read.parquet(str(tmp_path / "lake" / "synced"))
     expected = spark.createDataFrame(
@@ -40,6 +43,36 @@ def test_export_writes_every_dataset_and_the_order_each_dc_holds(
     assert {row["dc"]: row["count"] for row in accepted} == dict.fromkeys(DCS, TXS)
     audit = audit_order(synced)
     assert audit.agrees and audit.lengths == dict.fromkeys(DCS, TXS)
+
+
+def test_an_export_through_the_admin_api_holds_the_files_order_and_the_rounds(
+    spark: SparkSession, dev_cluster: DevRun
+) -> None:
+    lake = dev_cluster.admin_export
+    from_api = spark.read.parquet(str(lake / "synced")).select("dc", "position", "tx_id")
+    from_files = read_txlogs(spark, {dc: dev_cluster.data / dc for dc in DCS})["synced"]
+    assertDataFrameEqual(from_api, from_files.select("dc", "position", "tx_id"))
+    transitions = spark.read.parquet(str(lake / "transitions"))
+    accepted = transitions.filter("state = 'ACCEPTED'").groupBy("dc").count().collect()
+    assert {row["dc"]: row["count"] for row in accepted} == dict.fromkeys(DCS, TXS)
+
+    rounds = spark.read.parquet(str(lake / "rounds"))
+    per_dc = rounds.groupBy("dc").agg(
+        F.count("*").alias("n"),
+        F.countDistinct("round_no").alias("distinct"),
+        F.sum("added").alias("added"),
+        F.min("duration_ms").alias("shortest"),
+    )
+    for row in per_dc.collect():
+        assert row["n"] == row["distinct"] > 0, row  # each round once
+        assert row["shortest"] >= 0
+        # A meta is added once, by one round; a DC that fell behind (or started late)
+        # takes some as synced entries from a peer instead.
+        assert 0 < row["added"] <= TXS, row
+    assert {row["dc"] for row in per_dc.collect()} == set(DCS)
+    outcomes = {row["outcome"] for row in rounds.select("outcome").distinct().collect()}
+    assert "advanced" in outcomes
+    assert outcomes <= {"advanced", "complete", "deadline", "abandoned"}
 
 
 def _forge(source: Path, target: Path, position: int, fake_tx_id: str) -> str:

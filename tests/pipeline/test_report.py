@@ -70,3 +70,26 @@ def test_a_page_with_a_missing_plot_is_caught(
     report.plots[1].unlink()
     dom = _chromium(report.page, "--dump-dom", profile=tmp_path / "profile").stdout
     assert 'data-plots-loaded="false"' in dom and 'data-loaded="false"' in dom
+
+
+def test_a_report_on_an_admin_api_export_shows_the_rounds(
+    spark: SparkSession, dev_cluster: DevRun, tmp_path: Path
+) -> None:
+    lake = dev_cluster.admin_export
+    report = write_report(
+        spark.read.parquet(str(lake / "transitions")),
+        tmp_path / "report",
+        "an admin API export",
+        spark.read.parquet(str(lake / "rounds")),
+    )
+    rounds = report.summary["rounds"]
+    assert set(rounds) == {"dc1", "dc2", "dc3"}
+    for dc, summary in rounds.items():
+        assert summary["rounds"] == sum(summary["outcomes"].values()) > 0, dc
+        assert summary["busy_rounds"] > 0 and summary["added_per_busy_round"] > 0, dc
+        assert 0 <= summary["duration_p50_ms"] <= summary["duration_p99_ms"], dc
+    dom = _chromium(report.page, "--dump-dom", profile=tmp_path / "profile").stdout
+    images = re.findall(r"<img [^>]*>", dom)
+    assert len(images) == len(report.plots) == 4
+    assert all('data-loaded="true"' in img for img in images), images
+    assert "round duration" in dom and 'data-plots-loaded="true"' in dom

@@ -52,19 +52,23 @@ def add_connection_arguments(
     parser.add_argument("-o", "--output", choices=outputs, default=outputs[0])
 
 
+def targets_of(endpoints: str) -> list[Target]:
+    """The DCs ``endpoints`` names: a cluster.json, or comma-separated store addresses."""
+    if looks_like_addresses(endpoints):
+        return [Target("", address.strip()) for address in endpoints.split(",")]
+    try:
+        dcs = json.loads(Path(endpoints).read_text())["dcs"]
+        return [Target(node, str(dc["store"])) for node, dc in dcs.items()]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        fail(f"cannot read {endpoints} (is the cluster up? `make run` writes it): {error}")
+
+
 def all_targets(options: argparse.Namespace) -> list[Target]:
     """Every DC the endpoints name, the ``--dc`` one first (only it, if given)."""
     endpoints: str = options.endpoints
-    if _looks_like_addresses(endpoints):
-        targets = [Target("", address.strip()) for address in endpoints.split(",")]
-        if options.dc:
-            fail("--dc needs a cluster file as --endpoints (these are addresses)")
-        return targets
-    try:
-        dcs = json.loads(Path(endpoints).read_text())["dcs"]
-        targets = [Target(node, str(dc["store"])) for node, dc in dcs.items()]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        fail(f"cannot read {endpoints} (is the cluster up? `make run` writes it): {error}")
+    targets = targets_of(endpoints)
+    if options.dc and looks_like_addresses(endpoints):
+        fail("--dc needs a cluster file as --endpoints (these are addresses)")
     if options.dc:
         chosen = [t for t in targets if t.dc == options.dc]
         if not chosen:
@@ -77,7 +81,7 @@ def target(options: argparse.Namespace) -> Target:
     return all_targets(options)[0]
 
 
-def _looks_like_addresses(text: str) -> bool:
+def looks_like_addresses(text: str) -> bool:
     return all(
         ":" in part and part.rsplit(":", 1)[1].isdigit() and not part.endswith(".json")
         for part in text.split(",")

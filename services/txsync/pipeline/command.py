@@ -16,6 +16,7 @@ from typing import Any
 EPILOG = """\
 examples:
   txsync pipeline export --dc dc1=data/dc1 --dc dc2=data/dc2 --dc dc3=data/dc3 --out lake
+  txsync pipeline export --endpoints data/cluster.json --out lake   # running DCs, rounds too
   txsync pipeline audit-order --data data --out lake       # every DC of a dev-up cluster
   txsync pipeline audit-order --parquet lake -o json
   txsync pipeline verify-replicas --data data           # every worker of every DC
@@ -29,6 +30,7 @@ exit status: 0 done (and, for audit-order, every DC agrees), 1 the DCs disagree,
 
 
 def _dcs(options: argparse.Namespace) -> dict[str, Path]:
+    """The DCs' data directories that ``--dc`` and ``--data`` name."""
     dcs = dict(options.dc)
     if options.data is not None:
         layout = options.data / "layout.json"
@@ -57,38 +59,56 @@ def _replica(text: str) -> tuple[str, str]:
     return name, location
 
 
+def _log_sources(options: argparse.Namespace) -> list[Any]:
+    """Where each DC's log is read: data directories (``--dc``, ``--data``) and running
+    DCs' stores (``--endpoints``); exits with a message when none is given."""
+    from txsync.cli.connect import targets_of  # noqa: PLC0415
+    from txsync.pipeline.export import LogSource  # noqa: PLC0415 - pyspark is optional
+
+    sources = [LogSource(dc, directory=str(path)) for dc, path in _dcs(options).items()]
+    if options.endpoints:
+        sources += [
+            LogSource(store=target.address, token=options.token)
+            for target in targets_of(options.endpoints)
+        ]
+    if not sources:
+        raise SystemExit(
+            "error: give --dc DC=DATA_DIR (repeat), --data DIR, or --endpoints "
+            "(cluster.json or stores' HOST:PORT,...)"
+            + (", or --parquet DIR" if hasattr(options, "parquet") else "")
+        )
+    return sources
+
+
 def run_export(options: argparse.Namespace) -> int:
     from txsync.pipeline.export import export  # noqa: PLC0415 - pyspark is optional
     from txsync.pipeline.session import spark_session  # noqa: PLC0415
 
-    dcs = _dcs(options)
-    if not dcs:
-        print("error: give --dc DC=DATA_DIR (repeat) or --data DIR", file=sys.stderr)
-        return 2
+    sources = _log_sources(options)
     started = time.monotonic()
     spark = spark_session(options.master)
-    counts = export(spark, dcs, options.out)
+    counts = export(spark, sources, options.out)
     print(
         f"exported {', '.join(f'{n} {name}' for name, n in counts.items())} rows of "
-        f"{len(dcs)} DCs to {options.out} in {time.monotonic() - started:.1f} s"
+        f"{len(sources)} DCs to {options.out} in {time.monotonic() - started:.1f} s"
     )
+    if counts["rounds"] == 0:
+        print("(no rounds: coordinators keep them in memory; export with --endpoints)")
     return 0
 
 
 def run_audit(options: argparse.Namespace) -> int:
     from txsync.pipeline.audit import audit_order  # noqa: PLC0415
-    from txsync.pipeline.export import read_txlogs  # noqa: PLC0415
+    from txsync.pipeline.export import read_logs  # noqa: PLC0415
     from txsync.pipeline.session import spark_session  # noqa: PLC0415
 
+    if options.parquet is None:
+        sources = _log_sources(options)
     spark = spark_session(options.master)
     if options.parquet is not None:
         synced = spark.read.parquet(str(options.parquet / "synced"))
     else:
-        dcs = _dcs(options)
-        if not dcs:
-            print("error: give --parquet DIR, --data DIR or --dc DC=DATA_DIR", file=sys.stderr)
-            return 2
-        synced = read_txlogs(spark, dcs)["synced"]
+        synced = read_logs(spark, sources)["synced"]
     audit = audit_order(synced)
     report: dict[str, Any] = {
         "agrees": audit.agrees,
@@ -119,22 +139,26 @@ def run_audit(options: argparse.Namespace) -> int:
 
 
 def run_report(options: argparse.Namespace) -> int:
-    from txsync.pipeline.export import read_txlogs  # noqa: PLC0415 - pyspark is optional
+    from txsync.pipeline.export import read_logs  # noqa: PLC0415 - pyspark is optional
     from txsync.pipeline.report import write_report  # noqa: PLC0415
     from txsync.pipeline.session import spark_session  # noqa: PLC0415
 
+    if options.parquet is None:
+        log_sources = _log_sources(options)
     spark = spark_session(options.master)
     if options.parquet is not None:
         transitions = spark.read.parquet(str(options.parquet / "transitions"))
+        rounds_path = options.parquet / "rounds"
+        rounds = spark.read.parquet(str(rounds_path)) if rounds_path.is_dir() else None
         sources = f"export {options.parquet}"
     else:
-        dcs = _dcs(options)
-        if not dcs:
-            print("error: give --parquet DIR, --data DIR or --dc DC=DATA_DIR", file=sys.stderr)
-            return 2
-        transitions = read_txlogs(spark, dcs)["transitions"]
-        sources = "txlogs of " + ", ".join(f"{dc} ({path})" for dc, path in sorted(dcs.items()))
-    report = write_report(transitions, options.out, sources)
+        datasets = read_logs(spark, log_sources)
+        transitions, rounds = datasets["transitions"], datasets["rounds"]
+        sources = "txlogs of " + ", ".join(
+            f"{s.dc} ({s.directory})" if s.directory else f"the DC at {s.store}"
+            for s in log_sources
+        )
+    report = write_report(transitions, options.out, sources, rounds)
     print(f"report: {report.page} ({len(report.plots)} plots; summary.json beside it)")
     return 0
 
@@ -253,6 +277,12 @@ def register(commands: Any) -> None:
                             metavar="DC=DIR", help="a DC's data directory (repeat)")  # fmt: skip
         parser.add_argument("--data", type=Path,
                             help="a `txsync dev up` data directory (every DC in it)")  # fmt: skip
+        if name in ("export", "audit-order", "report"):
+            parser.add_argument(
+                "--endpoints", default="",
+                help="running DCs read through their admin API instead: cluster.json or "
+                     "stores' HOST:PORT,... (the only source of rounds)",
+            )  # fmt: skip
         parser.add_argument("--master", default="local[*]",
                             help="Spark master (default local[*]: this machine)")  # fmt: skip
         if name == "load":
@@ -270,6 +300,7 @@ def register(commands: Any) -> None:
             parser.add_argument("--key-prefix", default="",
                                 help="idempotency keys' prefix (default: from the input "
                                      "paths): the same prefix resumes a load")  # fmt: skip
+        if name in ("export", "audit-order", "report", "load"):
             parser.add_argument("--token", default="", help="bearer token, if required")
         if name in ("export", "report"):
             parser.add_argument("--out", type=Path, required=True, help="output directory")

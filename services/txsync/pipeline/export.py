@@ -1,25 +1,31 @@
 """``export``: DCs' txlogs -> Parquet datasets with explicit schemas.
 
-Each DC's log is parsed by an executor (``txlog_rows``), so many DCs (or many machines'
-copies) are read in parallel; nothing is collected to the driver. Written under OUT:
-``synced/`` (partitioned by dc), ``transactions/`` (by dc), ``transitions/`` (by dc and
-state).
+Each DC's log is parsed by an executor, so many DCs (or many machines' copies) are read
+in parallel; nothing is collected to the driver. A DC's log comes from its data
+directory (``txlog_rows``) or, while it runs, from its transaction-store's admin API
+(``admin_rows``: the log's stream and, only there, the coordinator's recent rounds).
+Written under OUT: ``synced/`` (partitioned by dc), ``transactions/`` (by dc),
+``transitions/`` (by dc and state), ``rounds/`` (by dc; empty when every log came from
+files).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
     BooleanType,
+    DoubleType,
     LongType,
     StringType,
     StructField,
     StructType,
 )
 
+from txsync.pipeline.admin_rows import rows_of_store
 from txsync.pipeline.txlog_rows import Row, rows_of_dc
 
 SCHEMAS = {
@@ -45,19 +51,56 @@ SCHEMAS = {
         StructField("at_unix_ms", LongType(), False),
         StructField("service", StringType(), False),
     ]),
+    "rounds": StructType([
+        StructField("dc", StringType(), False),
+        StructField("round_no", LongType(), False),
+        StructField("started_unix_ms", LongType(), False),
+        StructField("duration_ms", DoubleType(), False),
+        StructField("posts_sent", LongType(), False),
+        StructField("posts_received", LongType(), False),
+        StructField("added", LongType(), False),
+        StructField("empty", BooleanType(), False),
+        StructField("idle", BooleanType(), False),
+        StructField("outcome", StringType(), False),
+    ]),
 }  # fmt: skip
-PARTITIONS = {"synced": ["dc"], "transactions": ["dc"], "transitions": ["dc", "state"]}
+PARTITIONS = {
+    "synced": ["dc"], "transactions": ["dc"], "transitions": ["dc", "state"], "rounds": ["dc"]
+}  # fmt: skip
 
 
-def _parse(dc_dir: tuple[str, str]) -> Iterator[tuple[str, Row]]:
-    dc, path = dc_dir
-    yield from rows_of_dc(dc, Path(path))
+@dataclass(frozen=True)
+class LogSource:
+    """Where one DC's log is read: its data ``directory``, or else its transaction-store
+    at ``store`` (HOST:PORT; the DC then names itself)."""
+
+    dc: str = ""
+    directory: str = ""
+    store: str = ""
+    token: str = ""
+
+
+def _parse(source: LogSource) -> Iterator[tuple[str, Row]]:
+    if source.directory:
+        yield from rows_of_dc(source.dc, Path(source.directory))
+    else:
+        yield from rows_of_store(source.store, source.token)
 
 
 def read_txlogs(spark: SparkSession, dcs: dict[str, Path]) -> dict[str, DataFrame]:
-    """The three datasets of the given DCs' data directories (``{dc: data dir}``)."""
-    sources = sorted((dc, str(path)) for dc, path in dcs.items())
-    tagged = spark.sparkContext.parallelize(sources, len(sources)).flatMap(_parse).cache()
+    """The datasets of the given DCs' data directories (``{dc: data dir}``)."""
+    return read_logs(spark, [LogSource(dc, directory=str(path)) for dc, path in dcs.items()])
+
+
+def read_stores(spark: SparkSession, stores: list[str], token: str = "") -> dict[str, DataFrame]:
+    """The datasets of running DCs, through their stores' admin API (rounds included)."""
+    return read_logs(spark, [LogSource(store=address, token=token) for address in stores])
+
+
+def read_logs(spark: SparkSession, sources: list[LogSource]) -> dict[str, DataFrame]:
+    """Every dataset of ``sources``, one executor task per DC."""
+    ordered = sorted(sources, key=lambda source: (source.dc, source.store))
+    tagged = spark.sparkContext.parallelize(ordered, len(ordered)).flatMap(_parse).cache()
     return {
         name: spark.createDataFrame(tagged.filter(_tagged(name)).map(_untagged), schema)
         for name, schema in SCHEMAS.items()
@@ -75,10 +118,10 @@ def _untagged(row: tuple[str, Row]) -> Row:
     return row[1]
 
 
-def export(spark: SparkSession, dcs: dict[str, Path], out: Path) -> dict[str, int]:
+def export(spark: SparkSession, sources: list[LogSource], out: Path) -> dict[str, int]:
     """Write the datasets under ``out``; returns the rows written per dataset."""
     counts = {}
-    for name, frame in read_txlogs(spark, dcs).items():
+    for name, frame in read_logs(spark, sources).items():
         frame.write.mode("overwrite").partitionBy(*PARTITIONS[name]).parquet(str(out / name))
         counts[name] = frame.count()
     return counts

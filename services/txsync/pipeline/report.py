@@ -5,8 +5,10 @@ From the ``transitions`` dataset (an export, or txlogs read directly): for every
 latency of each step a transaction takes there (INCOMING -> ACCEPTED is ordering,
 ACCEPTED -> ENQUEUED, ENQUEUED -> TESTING, TESTING -> OK/FAILED is the testing worker, and
 INCOMING -> OK end to end), as p50/p90/p99 (``percentile_approx`` on the executors); the
-transactions finished per second over time; and failure rates. Only the aggregates reach
-the driver, which draws them with matplotlib.
+transactions finished per second over time; and failure rates. From the ``rounds``
+dataset, when there is one (only a running coordinator knows its rounds: export with
+``--endpoints``), per DC the rounds' duration percentiles, outcomes, posts and metas
+added per round. Only the aggregates reach the driver, which draws them with matplotlib.
 
 The page marks each plot ``data-loaded`` once the browser has loaded it, and the body
 ``data-plots-loaded`` when all have: a headless browser's DOM shows whether every plot
@@ -94,6 +96,68 @@ def summarize(transitions: DataFrame) -> dict[str, Any]:
     return {"latency": latencies, "failures": rates, "throughput_per_second": throughput}
 
 
+def summarize_rounds(rounds: DataFrame) -> dict[str, Any]:
+    """Per DC: how many rounds, their duration p50/p90/p99, outcomes, and what a round
+    carries (posts received, metas added; means over the rounds that were not idle)."""
+    per_dc: dict[str, Any] = {}
+    busy = ~F.col("idle")
+    for row in (
+        rounds.groupBy("dc")
+        .agg(
+            F.count("*").alias("n"),
+            F.percentile_approx("duration_ms", PERCENTILES).alias("p"),
+            F.sum(busy.cast("int")).alias("busy"),
+            F.avg(F.when(busy, F.col("added"))).alias("added"),
+            F.avg(F.when(busy, F.col("posts_received"))).alias("posts"),
+            F.min("started_unix_ms").alias("first"),
+            F.max("started_unix_ms").alias("last"),
+        )
+        .collect()
+    ):
+        p50, p90, p99 = row["p"]
+        span_s = (row["last"] - row["first"]) / 1000
+        per_dc[row["dc"]] = {
+            "rounds": row["n"], "busy_rounds": row["busy"],
+            "duration_p50_ms": p50, "duration_p90_ms": p90, "duration_p99_ms": p99,
+            "added_per_busy_round": row["added"] or 0.0,
+            "posts_received_per_busy_round": row["posts"] or 0.0,
+            "rounds_per_second": (row["n"] - 1) / span_s if span_s > 0 else 0.0,
+            "outcomes": {},
+        }  # fmt: skip
+    for row in rounds.groupBy("dc", "outcome").count().collect():
+        per_dc[row["dc"]]["outcomes"][row["outcome"]] = row["count"]
+    return per_dc
+
+
+def _plot_rounds(summary: dict[str, Any], path: Path) -> None:
+    rounds = summary["rounds"]
+    dcs = sorted(rounds)
+    figure = Figure(figsize=(10, 4))
+    durations, outcomes = figure.subplots(1, 2)
+    width = 0.35
+    xs = range(len(dcs))
+    durations.bar([x - width / 2 for x in xs], [rounds[dc]["duration_p50_ms"] for dc in dcs],
+                  width, label="p50")  # fmt: skip
+    durations.bar([x + width / 2 for x in xs], [rounds[dc]["duration_p99_ms"] for dc in dcs],
+                  width, label="p99")  # fmt: skip
+    durations.set_xticks(list(xs), dcs)
+    durations.set_ylabel("milliseconds")
+    durations.set_title("Round duration per DC")
+    durations.legend()
+    kinds = sorted({kind for dc in dcs for kind in rounds[dc]["outcomes"]})
+    bottom = [0] * len(dcs)
+    for index, kind in enumerate(kinds):
+        counts = [rounds[dc]["outcomes"].get(kind, 0) for dc in dcs]
+        outcomes.bar(dcs, counts, bottom=bottom, color=f"C{index}", label=kind)
+        bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
+    outcomes.set_ylabel("rounds")
+    outcomes.set_title("Round outcomes per DC")
+    if kinds:
+        outcomes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+
+
 def _plot_latency(summary: dict[str, Any], path: Path) -> None:
     dcs = sorted(summary["latency"])
     names = [name for name, _, _ in STEPS]
@@ -157,6 +221,8 @@ img{{display:block;margin:1em 0;max-width:100%}}</style></head>
 <img src="throughput.png" alt="transactions finished per second">
 <h2>Failures</h2>
 <img src="failures.png" alt="failure rate per DC">
+<h2>Rounds</h2>
+{rounds}
 <script>
 const plots = Array.from(document.images);
 let loaded = 0;
@@ -187,14 +253,46 @@ def _table(summary: dict[str, Any]) -> str:
     return "\n".join([*rows, "</table>"])
 
 
-def write_report(transitions: DataFrame, out: Path, sources: str) -> Report:
+def _rounds_section(summary: dict[str, Any]) -> str:
+    rounds = summary.get("rounds")
+    if not rounds:
+        return (
+            "<p>No round data: coordinators keep their last rounds in memory, so only a "
+            "running cluster read with <code>--endpoints</code> has them.</p>"
+        )
+    rows = ["<table><tr><th>DC</th><th>rounds</th><th>per s</th><th>p50 ms</th>"
+            "<th>p99 ms</th><th>added / busy round</th><th>outcomes</th></tr>"]  # fmt: skip
+    for dc, r in sorted(rounds.items()):
+        outcomes = ", ".join(f"{kind} {n}" for kind, n in sorted(r["outcomes"].items()))
+        rows.append(
+            f"<tr><td>{html.escape(dc)}</td><td>{r['rounds']}</td>"
+            f"<td>{r['rounds_per_second']:.1f}</td><td>{r['duration_p50_ms']:.1f}</td>"
+            f"<td>{r['duration_p99_ms']:.1f}</td><td>{r['added_per_busy_round']:.1f}</td>"
+            f"<td>{html.escape(outcomes)}</td></tr>"
+        )
+    rows.append("</table>")
+    rows.append('<img src="rounds.png" alt="round duration and outcomes per DC">')
+    return "\n".join(rows)
+
+
+def write_report(
+    transitions: DataFrame, out: Path, sources: str, rounds: DataFrame | None = None
+) -> Report:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(transitions)
     plots = [out / "latency.png", out / "throughput.png", out / "failures.png"]
     _plot_latency(summary, plots[0])
     _plot_throughput(summary, plots[1])
     _plot_failures(summary, plots[2])
+    summary["rounds"] = summarize_rounds(rounds) if rounds is not None else {}
+    if summary["rounds"]:
+        plots.append(out / "rounds.png")
+        _plot_rounds(summary, plots[-1])
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     page = out / "index.html"
-    page.write_text(PAGE.format(sources=html.escape(sources), table=_table(summary)))
+    page.write_text(
+        PAGE.format(
+            sources=html.escape(sources), table=_table(summary), rounds=_rounds_section(summary)
+        )
+    )
     return Report(summary, plots, page)

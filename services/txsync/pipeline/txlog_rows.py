@@ -14,7 +14,7 @@ seen are not emitted twice. A torn tail (a crash mid-append) ends a file's rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +41,22 @@ def _state_name(value: int) -> str:
 
 
 def rows_of_dc(dc: str, dc_data: Path) -> Iterator[tuple[str, Row]]:
-    """Every row of the DC's txlog, tagged with its dataset's name."""
+    """Every row of the DC's txlog files, tagged with its dataset's name."""
+    payloads = (
+        payload for path in txlog_files(dc_data) for _, payload in scan(path.read_bytes()).frames
+    )
+    yield from rows_of_payloads(dc, payloads)
+
+
+def rows_of_payloads(dc: str, payloads: Iterable[bytes]) -> Iterator[tuple[str, Row]]:
+    """Every row of a DC's txlog frames' payloads (``LogBatch``es), oldest first."""
     seen_positions: set[int] = set()
     known: set[str] = set()
-    for path in txlog_files(dc_data):
-        for _, payload in scan(path.read_bytes()).frames:
-            batch = txlog_pb2.LogBatch()
-            batch.ParseFromString(payload)
-            for entry in batch.entries:
-                yield from _rows_of_entry(dc, entry, seen_positions, known)
+    for payload in payloads:
+        batch = txlog_pb2.LogBatch()
+        batch.ParseFromString(payload)
+        for entry in batch.entries:
+            yield from _rows_of_entry(dc, entry, seen_positions, known)
 
 
 def _rows_of_entry(
