@@ -91,7 +91,9 @@ class Service:
             return self.process.wait()
 
 
-def _layout(data: Path, dcs: int, base_port: int, *, witness: bool, workers: int) -> dict[str, Any]:
+def layout_of(
+    data: Path, dcs: int, base_port: int, *, witness: bool, workers: int
+) -> dict[str, Any]:
     """The cluster's shape; kept in cluster.json so that a restart resumes it. DC n uses
     ports base+100n+1 (store), +2 (coordinator), +3 (its metrics), +4 (dispatch), +5
     (its metrics), +6 (the store's metrics) and +11... (workers); a witness runs no
@@ -130,7 +132,7 @@ def up(options: argparse.Namespace) -> int:
     layout_file = data / "layout.json"  # the cluster's shape, kept to resume it
     state_file = data / "cluster.json"  # present exactly while the cluster is up
     state_file.unlink(missing_ok=True)  # left behind if a previous run was killed
-    layout = _layout(
+    layout = layout_of(
         data, options.dcs, options.base_port, witness=options.witness, workers=options.workers
     )
     if layout_file.exists():
@@ -149,70 +151,8 @@ def up(options: argparse.Namespace) -> int:
         print(f"resuming the cluster in {data}")
     else:
         layout_file.write_text(json.dumps(layout, indent=2) + "\n")
-    dcs: dict[str, dict[str, Any]] = layout["dcs"]
-    python = [sys.executable, "-m", "txsync.cli.main"]
     emulator = LinkEmulator() if options.wan_delay_ms else None
-    services: list[Service] = []
-    for node, dc in dcs.items():
-        Path(dc["data"]).mkdir(parents=True, exist_ok=True)
-        front_door = ["--coordinator", dc["coordinator"]]
-        if dc.get("dispatch"):
-            front_door += ["--dispatch", dc["dispatch"]]
-        for peer, peer_dc in dcs.items():
-            if peer != node:
-                front_door += ["--peer-store", f"{peer}={peer_dc['store']}"]
-        services.append(
-            Service(
-                f"{node} transaction-store",
-                [*python, "transaction-store", "--node-id", node, "--data", dc["data"],
-                 "--listen", dc["store"], *(["--witness"] if dc.get("witness") else []),
-                 *front_door, *_metrics_flag(dc, "store_metrics")],
-                Path(dc["data"]) / "transaction-store.log",
-                dc["store"],
-            )
-        )  # fmt: skip
-    for node, dc in dcs.items():
-        peers = []
-        for peer, peer_dc in dcs.items():
-            if peer == node:
-                continue
-            port = int(peer_dc["coordinator"].rsplit(":", 1)[1])
-            if emulator is not None:
-                settings = LinkSettings(delay_ms=options.wan_delay_ms / 2)
-                port = emulator.add_link(node, peer, port, settings)
-            peers += ["--peer", f"{peer}=127.0.0.1:{port}"]
-        for worker_id, address in dc.get("workers", {}).items():
-            services.append(
-                Service(
-                    f"{worker_id} worker",
-                    [*python, "worker", "--worker-id", worker_id, "--dc", node,
-                     "--data", str(Path(dc["data"]) / worker_id), "--listen", address],
-                    Path(dc["data"]) / f"{worker_id}.log",
-                    address,
-                )
-            )  # fmt: skip
-        if dc.get("dispatch"):
-            workers = [f"--worker={w}={a}" for w, a in dc["workers"].items()]
-            services.append(
-                Service(
-                    f"{node} worker-dispatch",
-                    [*python, "worker-dispatch", "--store", dc["store"], "--dc", node,
-                     "--listen", dc["dispatch"], *workers, *_metrics_flag(dc, "dispatch_metrics")],
-                    Path(dc["data"]) / "worker-dispatch.log",
-                    dc["dispatch"],
-                )
-            )  # fmt: skip
-        services.append(
-            Service(
-                f"{node} sync-coordinator",
-                [*python, "sync-coordinator", "--node-id", node, "--store", dc["store"],
-                 "--listen", dc["coordinator"], "--plaintext", *peers,
-                 *_metrics_flag(dc, "metrics")],
-                Path(dc["data"]) / "sync-coordinator.log",
-                dc["coordinator"],
-            )
-        )  # fmt: skip
-
+    cluster = DevCluster(layout, emulator, options.wan_delay_ms / 2)
     stopping = False
 
     def request_stop(signum: int, frame: object) -> None:
@@ -223,24 +163,20 @@ def up(options: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     code = 0
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        for service in services:
-            service.start()
-            service.wait_healthy(deadline)
+        cluster.start()
         state_file.write_text(json.dumps(layout, indent=2) + "\n")
-        _print_guide(dcs, state_file, options.wan_delay_ms)
+        _print_guide(layout["dcs"], state_file, options.wan_delay_ms)
         while not stopping:
-            for service in services:
-                assert service.process is not None
-                if service.process.poll() is not None:
-                    print(
-                        f"\n{service.name} exited {service.process.returncode}: stopping the "
-                        f"cluster (see {service.log_path})",
-                        file=sys.stderr,
-                    )
-                    code = 1
-                    stopping = True
-                    break
+            exited = cluster.exited()
+            if exited is not None:
+                assert exited.process is not None
+                print(
+                    f"\n{exited.name} exited {exited.process.returncode}: stopping the "
+                    f"cluster (see {exited.log_path})",
+                    file=sys.stderr,
+                )
+                code = 1
+                break
             time.sleep(0.2)
     except RuntimeError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -248,14 +184,119 @@ def up(options: argparse.Namespace) -> int:
     finally:
         state_file.unlink(missing_ok=True)
         print("\nstopping the cluster ...", flush=True)
-        for service in reversed(services):
-            service.stop()
-        for service in reversed(services):
-            service.wait_stopped(timeout_s=15)
+        cluster.stop()
         if emulator is not None:
             emulator.close()
         print("stopped.")
     return code
+
+
+class DevCluster:
+    """Every service of a layout (``layout_of``), started and stopped together: what
+    ``txsync dev up`` runs, and what the benchmarks start in their own process.
+
+    Coordinators reach each other through ``emulator`` (one link per directed pair, with
+    ``one_way_delay_ms``) when one is given, else directly. ``extra_args`` adds flags to
+    one kind of service (``"sync-coordinator"``, ``"transaction-store"``,
+    ``"worker-dispatch"``, ``"worker"``)."""
+
+    def __init__(
+        self,
+        layout: dict[str, Any],
+        emulator: LinkEmulator | None = None,
+        one_way_delay_ms: float = 0.0,
+        extra_args: dict[str, list[str]] | None = None,
+    ) -> None:
+        self.layout = layout
+        self.emulator = emulator
+        extra = extra_args or {}
+        dcs: dict[str, dict[str, Any]] = layout["dcs"]
+        python = [sys.executable, "-m", "txsync.cli.main"]
+        services: list[Service] = []
+        for node, dc in dcs.items():
+            Path(dc["data"]).mkdir(parents=True, exist_ok=True)
+            front_door = ["--coordinator", dc["coordinator"]]
+            if dc.get("dispatch"):
+                front_door += ["--dispatch", dc["dispatch"]]
+            for peer, peer_dc in dcs.items():
+                if peer != node:
+                    front_door += ["--peer-store", f"{peer}={peer_dc['store']}"]
+            services.append(
+                Service(
+                    f"{node} transaction-store",
+                    [*python, "transaction-store", "--node-id", node, "--data", dc["data"],
+                     "--listen", dc["store"], *(["--witness"] if dc.get("witness") else []),
+                     *front_door, *_metrics_flag(dc, "store_metrics"),
+                     *extra.get("transaction-store", [])],
+                    Path(dc["data"]) / "transaction-store.log",
+                    dc["store"],
+                )
+            )  # fmt: skip
+        for node, dc in dcs.items():
+            peers = []
+            for peer, peer_dc in dcs.items():
+                if peer == node:
+                    continue
+                port = int(peer_dc["coordinator"].rsplit(":", 1)[1])
+                if emulator is not None:
+                    settings = LinkSettings(delay_ms=one_way_delay_ms)
+                    port = emulator.add_link(node, peer, port, settings)
+                peers += ["--peer", f"{peer}=127.0.0.1:{port}"]
+            for worker_id, address in dc.get("workers", {}).items():
+                services.append(
+                    Service(
+                        f"{worker_id} worker",
+                        [*python, "worker", "--worker-id", worker_id, "--dc", node,
+                         "--data", str(Path(dc["data"]) / worker_id), "--listen", address,
+                         *extra.get("worker", [])],
+                        Path(dc["data"]) / f"{worker_id}.log",
+                        address,
+                    )
+                )  # fmt: skip
+            if dc.get("dispatch"):
+                workers = [f"--worker={w}={a}" for w, a in dc["workers"].items()]
+                services.append(
+                    Service(
+                        f"{node} worker-dispatch",
+                        [*python, "worker-dispatch", "--store", dc["store"], "--dc", node,
+                         "--listen", dc["dispatch"], *workers,
+                         *_metrics_flag(dc, "dispatch_metrics"), *extra.get("worker-dispatch", [])],
+                        Path(dc["data"]) / "worker-dispatch.log",
+                        dc["dispatch"],
+                    )
+                )  # fmt: skip
+            services.append(
+                Service(
+                    f"{node} sync-coordinator",
+                    [*python, "sync-coordinator", "--node-id", node, "--store", dc["store"],
+                     "--listen", dc["coordinator"], "--plaintext", *peers,
+                     *_metrics_flag(dc, "metrics"), *extra.get("sync-coordinator", [])],
+                    Path(dc["data"]) / "sync-coordinator.log",
+                    dc["coordinator"],
+                )
+            )  # fmt: skip
+
+        self.services = services
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start every service in turn, each once the previous one is healthy."""
+        deadline = time.monotonic() + timeout_s
+        for service in self.services:
+            service.start()
+            service.wait_healthy(deadline)
+
+    def exited(self) -> Service | None:
+        """A service that has exited, if any."""
+        for service in self.services:
+            if service.process is not None and service.process.poll() is not None:
+                return service
+        return None
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            service.stop()
+        for service in reversed(self.services):
+            service.wait_stopped(timeout_s=15)
 
 
 def _print_guide(dcs: dict[str, dict[str, Any]], state_file: Path, wan_delay_ms: float) -> None:

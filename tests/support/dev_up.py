@@ -23,17 +23,17 @@ from txsync.v1 import (
     store_pb2_grpc,
 )
 
-PORTS_PER_DC = (1, 2, 3, 4, 5, 6, 11, 12)
-"""Offsets from base+100n that `dev up` uses with its default two workers."""
+PORTS_PER_DC = (1, 2, 3, 4, 5, 6, *range(11, 19))
+"""Offsets from base+100n that `dev up` uses: its services, then up to 8 workers."""
 
 
-def free_base_port() -> int:
-    """A base port whose ports for 3 DCs are all free right now."""
+def free_base_port(dcs: int = 3) -> int:
+    """A base port whose ports for ``dcs`` DCs are all free right now."""
     rng = random.Random()
     for _ in range(50):
         base = rng.randrange(20_000, 40_000, 1000)
         try:
-            for port in (base + 100 * n + k for n in (1, 2, 3) for k in PORTS_PER_DC):
+            for port in (base + 100 * n + k for n in range(1, dcs + 1) for k in PORTS_PER_DC):
                 with socket.socket() as probe:
                     probe.bind(("127.0.0.1", port))
         except OSError:
