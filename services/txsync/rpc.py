@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -139,6 +140,7 @@ def check_request(request: object) -> None:
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
+Result = TypeVar("Result")
 Handler = Callable[[Any, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]]
 
 
@@ -273,3 +275,24 @@ def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 1
         health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
     )
     return answer.status
+
+
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def run_service(main: Coroutine[Any, Any, Result]) -> Result:
+    """Run a service's main coroutine on the event loop ``TXSYNC_EVENT_LOOP`` names:
+    ``uvloop`` (the default when it is installed) or ``asyncio`` (the standard one)."""
+    choice = os.environ.get("TXSYNC_EVENT_LOOP", "uvloop")
+    if choice not in EVENT_LOOPS:
+        raise SystemExit(f"TXSYNC_EVENT_LOOP={choice!r}: choose one of {', '.join(EVENT_LOOPS)}")
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if choice == "uvloop":
+        try:
+            import uvloop  # noqa: PLC0415 - optional
+        except ImportError:
+            factory = None
+        else:
+            factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)

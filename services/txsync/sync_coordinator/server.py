@@ -28,6 +28,7 @@ from txsync.rpc import (
     announce,
     mark_serving,
     new_server,
+    run_service,
     until_stopped,
 )
 from txsync.sync_coordinator.admin import NOT_HERE as ADMIN_NOT_HERE
@@ -400,7 +401,7 @@ def run(options: argparse.Namespace) -> int:
         limits=limits,
     )
     telemetry = ServiceTelemetry.start(SERVICE, options.node_id, options)
-    return asyncio.run(
+    return run_service(
         serve(
             config,
             listen=options.listen,

@@ -8,7 +8,6 @@ in-flight calls finish (up to ``--grace-seconds``), makes the log durable and ex
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from txsync.rpc import (
     announce,
     mark_serving,
     new_server,
+    run_service,
     until_stopped,
 )
 from txsync.telemetry import Gauge, ServiceTelemetry, add_telemetry_arguments
@@ -188,7 +188,7 @@ def run(options: argparse.Namespace) -> int:
         peer_stores=dict(options.peer_store),
     )
     telemetry = ServiceTelemetry.start("transaction-store", options.node_id, options)
-    return asyncio.run(
+    return run_service(
         serve(
             config,
             options.listen,

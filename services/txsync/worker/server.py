@@ -29,6 +29,7 @@ from txsync.rpc import (
     mark_serving,
     new_channel,
     new_server,
+    run_service,
     until_stopped,
 )
 from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
@@ -209,7 +210,7 @@ def run(options: argparse.Namespace) -> int:
         return 2
     scratch = options.data or Path(tempfile.mkdtemp(prefix="txsync-worker-"))
     scratch.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(
+    return run_service(
         serve(
             options.worker_id,
             backend,

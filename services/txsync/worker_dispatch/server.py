@@ -21,6 +21,7 @@ from txsync.rpc import (
     announce,
     mark_serving,
     new_server,
+    run_service,
     until_stopped,
 )
 from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
@@ -177,7 +178,7 @@ def run(options: argparse.Namespace) -> int:
                 options.kubernetes_workers,
                 options.worker_port,
             )
-    return asyncio.run(
+    return run_service(
         serve(
             options.store,
             workers,
