@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image pipeline-demo bench-store bench-agreement bench-apply bench-verify clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image pipeline-demo bench bench-store bench-agreement bench-apply bench-verify clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,7 +49,7 @@ lint: venv $(BUF)  ## ruff, ruff format, mypy --strict, buf lint
 	$(BIN)/mypy
 	$(BUF) lint
 
-system-packages:  ## Debian packages the tests run (PostgreSQL, Docker), installed if missing
+system-packages:  ## Debian packages the tests run (PostgreSQL, Docker, etcd, Galera...), installed if missing
 	scripts/ensure_system_packages.sh
 	scripts/ensure_docker.sh
 
@@ -64,6 +64,10 @@ image: venv  ## the container image txsync:dev, built offline (debootstrap base,
 
 pipeline-demo: venv  ## every Spark job on a live local cluster; prints where the report is
 	scripts/pipeline_demo.sh
+
+bench: venv  ## TxSync beside etcd and Galera at 0/10/50 ms RTT, then scaling: docs/benchmarks.md
+	scripts/ensure_system_packages.sh
+	$(BIN)/python -m bench.suite
 
 bench-store: venv  ## submit throughput and latency of one transaction-store, fsync on
 	$(BIN)/python -m bench.store_bench

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Debian packages the test suite runs for real: PostgreSQL (the PostgreSQL worker tests
-# start a throwaway server from its binaries), debootstrap (the image's offline base;
-# Docker itself: scripts/ensure_docker.sh) and Chromium (the pipeline report, headless). Installs what is missing; needs root (or sudo)
-# only when something is missing.
+# Debian packages the test suite and the benchmarks run for real: PostgreSQL (the
+# PostgreSQL worker tests start a throwaway server from its binaries), debootstrap (the
+# image's offline base; Docker itself: scripts/ensure_docker.sh), Chromium (the pipeline
+# report, headless), and the systems `make bench` compares TxSync with: etcd 3.4 and
+# MariaDB + Galera 4 (rsync for its state transfers). Installs what is missing; needs root
+# (or sudo) only when something is missing.
 set -euo pipefail
 missing=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v runuser >/dev/null 2>&1 || missing+=(util-linux)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 [ -x /usr/bin/chromium ] || missing+=(chromium)  # the pipeline report's browser test
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+command -v mariadbd >/dev/null 2>&1 || missing+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || missing+=(mariadb-client)
+[ -e /usr/lib/galera/libgalera_smm.so ] || missing+=(galera-4)
+command -v rsync >/dev/null 2>&1 || missing+=(rsync)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
@@ -17,5 +25,7 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-# The package starts a cluster of its own; the tests start theirs.
-$sudo service postgresql stop >/dev/null 2>&1 || true
+# The packages start servers of their own; the tests and benchmarks start theirs.
+for service in postgresql mariadb etcd; do
+  $sudo service "$service" stop >/dev/null 2>&1 || true
+done

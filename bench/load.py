@@ -1,0 +1,183 @@
+"""Closed-loop clients: each sends one transaction, waits for its commit, and sends the
+next, for a fixed time. A process per node runs that node's clients as threads (so the
+clients of three nodes use more than one core, and the link emulator in the suite's own
+process is not slowed by them).
+
+What "committed" means per system, as each one's client sees it:
+
+* TxSync: ``Submit`` to the client's DC, then ``Wait`` until that DC has it ACCEPTED
+  (ordered: in the agreed order, which no DC can change). Batched: ``SubmitBatch`` of
+  ``batch`` transactions, then wait for the last one (a DC orders its own submits in
+  the order it took them).
+* etcd: ``KV/Put`` answered (committed by a Raft majority).
+* Galera: ``INSERT ... ON DUPLICATE KEY UPDATE`` with autocommit answered (certified by
+  the group); a deadlock answer (a certification conflict) is retried and counted.
+
+Latencies are measured inside the window only; every loop stops by itself at its end.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import duration_pb2
+
+from bench.systems import GALERA_UPSERT, KEYS, TXSYNC_UPSERT, VALUE_BYTES
+from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
+
+GALERA_DEADLOCK = 1213
+"""ER_LOCK_DEADLOCK: how Galera tells a client its transaction lost certification."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    system: str
+    """"TxSync", "etcd" or "Galera"."""
+    node: str
+    address: str
+    clients: int
+    measure_from: float
+    """Wall-clock time (``time.time()``) the measured window opens; clients start at once
+    and warm up until then."""
+    stop_at: float
+    batch: int = 1
+
+
+@dataclass
+class NodeResult:
+    node: str
+    latencies_ms: list[float] = field(default_factory=list)
+    committed: int = 0
+    """Transactions this node's clients saw committed after the warm-up."""
+    aborts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def run(plans: list[Plan]) -> list[NodeResult]:
+    """Every plan's clients at once, one process per plan (node)."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(len(plans), mp_context=context) as pool:
+        return list(pool.map(_run_node, plans))
+
+
+def _run_node(plan: Plan) -> NodeResult:
+    result = NodeResult(plan.node)
+    lock = threading.Lock()
+    threads = [
+        threading.Thread(target=_client, args=(plan, n, result, lock), daemon=True)
+        for n in range(plan.clients)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=max(0.0, plan.stop_at - time.time()) + 60)
+    return result
+
+
+def _client(plan: Plan, n: int, result: NodeResult, lock: threading.Lock) -> None:
+    rng = random.Random(hash((plan.node, n)))
+    value = "x" * VALUE_BYTES
+    try:
+        send = _sender(plan, rng, value)
+    except Exception as error:  # reported, not raised: this runs in a child process
+        with lock:
+            result.errors.append(f"connect: {error!r}")
+        return
+    latencies: list[float] = []
+    committed = aborts = 0
+    while (now := time.time()) < plan.stop_at:
+        started = time.perf_counter()
+        try:
+            count, retried = send()
+        except Exception as error:  # counted; the client goes on
+            with lock:
+                result.errors.append(repr(error)[:300])
+            time.sleep(0.1)
+            continue
+        took = time.perf_counter() - started
+        if now >= plan.measure_from:
+            latencies.append(took * 1000)
+            committed += count
+            aborts += retried
+    with lock:
+        result.latencies_ms += latencies
+        result.committed += committed
+        result.aborts += aborts
+
+
+def _sender(plan: Plan, rng: random.Random, value: str) -> Callable[[], tuple[int, int]]:
+    """A function that commits one transaction (or batch) and returns (how many, aborts)."""
+    if plan.system == "TxSync":
+        return _txsync_sender(plan, rng, value)
+    if plan.system == "etcd":
+        from bench.peers.etcd import put_stub  # noqa: PLC0415
+
+        put = put_stub(grpc.insecure_channel(plan.address))
+        encoded = value.encode()
+
+        def etcd_put() -> tuple[int, int]:
+            put(b"t/%d" % rng.randrange(KEYS), encoded)
+            return 1, 0
+
+        return etcd_put
+    if plan.system == "Galera":
+        import pymysql  # noqa: PLC0415 - only the Galera clients need it
+
+        host, port = plan.address.rsplit(":", 1)
+        connection = pymysql.connect(host=host, port=int(port), user="root", autocommit=True)
+        cursor = connection.cursor()
+
+        def galera_upsert() -> tuple[int, int]:
+            aborts = 0
+            while True:
+                try:
+                    cursor.execute(GALERA_UPSERT, (rng.randrange(KEYS), value))
+                    return 1, aborts
+                except pymysql.err.OperationalError as error:
+                    if error.args[0] != GALERA_DEADLOCK:
+                        raise
+                    aborts += 1
+
+        return galera_upsert
+    raise ValueError(f"no such system {plan.system!r}")
+
+
+def _txsync_sender(plan: Plan, rng: random.Random, value: str) -> Callable[[], tuple[int, int]]:
+    stub = client_pb2_grpc.ClientServiceStub(grpc.insecure_channel(plan.address))
+    timeout = duration_pb2.Duration(seconds=30)
+
+    def body() -> common_pb2.TxBody:
+        params = [common_pb2.SqlValue(int_value=rng.randrange(KEYS)),
+                  common_pb2.SqlValue(text_value=value)]  # fmt: skip
+        return common_pb2.TxBody(statements=[common_pb2.Statement(sql=TXSYNC_UPSERT,
+                                                                  params=params)])  # fmt: skip
+
+    def wait(tx_id: str) -> None:
+        answer = stub.Wait(client_pb2.WaitRequest(tx_id=tx_id, state=common_pb2.TX_STATE_ACCEPTED,
+                                                  timeout=timeout), timeout=40)  # fmt: skip
+        if not answer.reached:
+            raise RuntimeError(f"{tx_id} not ACCEPTED in 30 s")
+
+    def submit_one() -> tuple[int, int]:
+        wait(stub.Submit(client_pb2.SubmitRequest(body=body()), timeout=30).tx_id)
+        return 1, 0
+
+    def submit_batch() -> tuple[int, int]:
+        request = client_pb2.SubmitBatchRequest(
+            submits=[client_pb2.SubmitRequest(body=body()) for _ in range(plan.batch)]
+        )
+        results = stub.SubmitBatch(request, timeout=30).results
+        accepted = [r.accepted.tx_id for r in results if r.WhichOneof("result") == "accepted"]
+        if not accepted:
+            raise RuntimeError(f"batch refused: {results[0].error}")
+        wait(accepted[-1])
+        return len(accepted), 0
+
+    return submit_batch if plan.batch > 1 else submit_one

@@ -1,0 +1,27 @@
+"""CPU time and peak memory of server processes, read from /proc (Linux)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def kind_of(name: str) -> str:
+    """ "sync-coordinator dc2" -> "sync-coordinator"."""
+    return name.split(" ", 1)[0]

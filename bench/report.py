@@ -1,0 +1,286 @@
+"""``results.json`` of ``bench/suite.py`` -> ``docs/benchmarks.md`` and its plots.
+
+The page keeps what people wrote: only the part between ``<!-- generated: start -->``
+and ``<!-- generated: end -->`` is replaced (the whole page on its first rendering), so
+the tuning record and the explanations stay beside figures that change with each run.
+
+    .venv/bin/python -m bench.report build/bench/results.json   # re-render without a run
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+START = "<!-- generated: start -->"
+END = "<!-- generated: end -->"
+SYSTEMS = ("TxSync", "etcd", "Galera")
+
+
+def _spread(values: list[float], digits: int = 0) -> str:
+    """Median, and the range when there is more than one run: ``540 (512-561)``."""
+    if not values:
+        return "-"
+    middle = statistics.median(values)
+    if len(values) == 1:
+        return f"{middle:,.{digits}f}"
+    return f"{middle:,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+
+
+def _points(runs: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    grouped: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        key = (run["rtt_ms"], run["system"], run["clients_per_node"], run["batch"])
+        grouped[key].append(run)
+    return grouped
+
+
+def _order(point: tuple[tuple[Any, ...], Any]) -> tuple[Any, ...]:
+    """Points by RTT, then system as in SYSTEMS, then single before batched, then clients."""
+    rtt, system, clients, batch = point[0]
+    return rtt, SYSTEMS.index(system), batch, clients
+
+
+def _main_table(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "| RTT ms | system | clients | committed tx/s | p50 ms | p99 ms | WAN bytes/tx | "
+        "CPU ms/tx (all nodes) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (rtt, system, clients, batch), runs in sorted(_points(results["runs"]).items(), key=_order):
+        label = f"{3 * clients}" + (f" x batch {batch}" if batch > 1 else "")
+        cpu = [sum(r["cpu_ms_per_1k_tx"].values()) / 1000 for r in runs]
+        lines.append(
+            f"| {rtt:.0f} | {system} | {label} | "
+            f"{_spread([r['committed_per_s'] for r in runs])} | "
+            f"{_spread([r['p50_ms'] for r in runs], 1)} | "
+            f"{_spread([r['p99_ms'] for r in runs], 1)} | "
+            f"{_spread([r['wan_bytes_per_tx'] for r in runs])} | {_spread(cpu, 1)} |"
+        )
+    return lines
+
+
+def _node_table(results: dict[str, Any]) -> list[str]:
+    """Latency by where the client is, at one client per node (the lightest load)."""
+    lines = ["| RTT ms | system | p50 ms at each node (one client per node) |",
+             "| ---: | --- | --- |"]  # fmt: skip
+    lightest = min((r["clients_per_node"] for r in results["runs"]), default=1)
+    for (rtt, system, clients, batch), runs in sorted(_points(results["runs"]).items(), key=_order):
+        if clients != lightest or batch != 1:
+            continue
+        nodes = sorted(runs[0]["node_p50_ms"])
+        cells = []
+        for node in nodes:
+            role = runs[0]["node_roles"].get(node, "")
+            value = _spread([r["node_p50_ms"][node] for r in runs], 1)
+            cells.append(f"{node}{f' ({role})' if role else ''} {value}")
+        lines.append(f"| {rtt:.0f} | {system} | {'; '.join(cells)} |")
+    return lines
+
+
+def _probe_table(results: dict[str, Any]) -> list[str]:
+    lines = ["| RTT ms | submit -> ACCEPTED at every DC p50 / p99 ms | submit -> OK at every DC "
+             "p50 / p99 ms | bar 1.5 RTT + 20 ms |", "| ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for probe in results["probes"]:
+        rtt = probe["rtt_ms"]
+        bar = 1.5 * rtt + 20
+        verdict = "met" if probe["accepted_all_p50_ms"] <= bar else "missed"
+        lines.append(
+            f"| {rtt:.0f} | {probe['accepted_all_p50_ms']:.1f} / {probe['accepted_all_p99_ms']:.1f}"
+            f" | {probe['ok_all_p50_ms']:.1f} / {probe['ok_all_p99_ms']:.1f} | {bar:.0f} "
+            f"({verdict}) |"
+        )
+    return lines
+
+
+def _resources_table(results: dict[str, Any]) -> list[str]:
+    """CPU per 1,000 transactions and peak memory by process kind, at the busiest point of
+    each system at 0 ms RTT (or the lowest RTT measured)."""
+    lines = ["| system | process | CPU s per 1k tx (all nodes) | peak MiB (largest) |",
+             "| --- | --- | ---: | ---: |"]  # fmt: skip
+    points = _points(results["runs"])
+    rtt = min((key[0] for key in points), default=0)
+    for system in SYSTEMS:
+        keys = [k for k in points if k[0] == rtt and k[1] == system and k[3] == 1]
+        if not keys:
+            continue
+        busiest = points[max(keys, key=lambda k: k[2])]
+        for kind in sorted(busiest[0]["cpu_ms_per_1k_tx"]):
+            cpu = [r["cpu_ms_per_1k_tx"][kind] / 1000 for r in busiest]
+            peak = [r["peak_mib"][kind] for r in busiest]
+            lines.append(f"| {system} | {kind} | {_spread(cpu, 2)} | {_spread(peak)} |")
+    return lines
+
+
+def _rounds_table(results: dict[str, Any]) -> list[str]:
+    lines = ["| RTT ms | clients | incoming queue (mean) | rounds/s | metas added per round | "
+             "ended on deadline | WAN bytes per round | coordinator CPU ms per round |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for (rtt, system, clients, batch), runs in sorted(_points(results["runs"]).items()):
+        if system != "TxSync":
+            continue
+        rounds = [r["rounds"] for r in runs if r["rounds"]]
+        label = f"{3 * clients}" + (f" x batch {batch}" if batch > 1 else "")
+        lines.append(
+            f"| {rtt:.0f} | {label} | {_spread([r['incoming_mean'] for r in rounds], 1)} | "
+            f"{_spread([r['rounds_per_s'] for r in rounds], 1)} | "
+            f"{_spread([r['added_per_round'] for r in rounds], 1)} | "
+            f"{_spread([100 * r['deadline_share'] for r in rounds])}% | "
+            f"{_spread([r['wan_bytes_per_round'] for r in rounds])} | "
+            f"{_spread([r['coordinator_cpu_ms_per_round'] for r in rounds], 1)} |"
+        )
+    return lines
+
+
+def _scaling_table(results: dict[str, Any]) -> list[str]:
+    lines = ["| DCs | workers per DC | committed tx/s | p50 ms | p99 ms | applied/s per worker |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    grouped: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for run in results["scaling"]:
+        grouped[(run["nodes"], run["workers"])].append(run)
+    for (dcs, workers), runs in sorted(grouped.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        lines.append(
+            f"| {dcs} | {workers} | {_spread([r['committed_per_s'] for r in runs])} | "
+            f"{_spread([r['p50_ms'] for r in runs], 1)} | {_spread([r['p99_ms'] for r in runs], 1)}"
+            f" | {_spread([r['applied_per_s_per_worker'] or 0 for r in runs])} |"
+        )
+    return lines
+
+
+def _plot_curves(results: dict[str, Any], path: Path) -> None:
+    points = _points(results["runs"])
+    rtts = sorted({key[0] for key in points})
+    figure = Figure(figsize=(5 * max(1, len(rtts)), 4.2))
+    axes = figure.subplots(1, max(1, len(rtts)), squeeze=False)[0]
+    for axis, rtt in zip(axes, rtts, strict=False):
+        for index, system in enumerate(SYSTEMS):
+            keys = sorted(k for k in points if k[0] == rtt and k[1] == system and k[3] == 1)
+            if not keys:
+                continue
+            xs = [statistics.median(r["committed_per_s"] for r in points[k]) for k in keys]
+            ys = [statistics.median(r["p50_ms"] for r in points[k]) for k in keys]
+            axis.plot(xs, ys, marker="o", color=f"C{index}", label=system)
+            for k, x, y in zip(keys, xs, ys, strict=True):
+                axis.annotate(str(3 * k[2]), (x, y), fontsize=7, xytext=(3, 3),
+                              textcoords="offset points")  # fmt: skip
+        axis.set_title(f"{rtt:.0f} ms RTT")
+        axis.set_xlabel("committed transactions / s")
+        axis.set_ylabel("client latency p50, ms")
+        axis.set_yscale("log")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+    figure.suptitle("Latency against throughput (labels: clients in all)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+
+
+def _plot_scaling(results: dict[str, Any], path: Path) -> None:
+    grouped: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for run in results["scaling"]:
+        grouped[(run["nodes"], run["workers"])].append(run["committed_per_s"])
+    figure = Figure(figsize=(9, 3.8))
+    by_dcs, by_workers = figure.subplots(1, 2)
+    dcs = sorted(k for k in grouped if k[1] == 1)
+    by_dcs.bar([str(k[0]) for k in dcs], [statistics.median(grouped[k]) for k in dcs])
+    by_dcs.set_xlabel("DCs (1 worker each)")
+    by_dcs.set_ylabel("committed tx/s")
+    workers = sorted(k for k in grouped if k[0] == 3)
+    by_workers.bar([str(k[1]) for k in workers], [statistics.median(grouped[k]) for k in workers])
+    by_workers.set_xlabel("workers per DC (3 DCs)")
+    figure.suptitle("TxSync scaling")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+
+
+def generated(results: dict[str, Any], plots: Path, doc: Path) -> str:
+    machine = results["machine"]
+    options = results["options"]
+    relative = plots.relative_to(doc.parent) if plots.is_relative_to(doc.parent) else plots
+    parts = [
+        START,
+        f"Run of {machine['date']}: {machine['platform']}, {machine['cores']} cores, Python "
+        f"{machine['python']}; {machine['etcd']}; {machine['mariadb']}; galera-4 "
+        f"{machine['galera']}. The whole run took {results['seconds'] / 60:.1f} min.",
+        "",
+        f"Command: `make bench` = `python -m bench.suite --rtts {options['rtts']} --clients "
+        f"{options['clients']} --reps {options['reps']} --duration {options['duration']} "
+        f"--warmup {options['warmup']} --batch {options['batch']}`. Each cell: median of "
+        f"{options['reps']} runs (range in brackets).",
+        "",
+        "### Throughput and latency, same load, same network",
+        "",
+        *_main_table(results),
+        "",
+        f"![latency against throughput]({relative}/latency-throughput.png)",
+        "",
+        "### Where the client sits",
+        "",
+        *_node_table(results),
+        "",
+        "### TxSync, one transaction at a time",
+        "",
+        *_probe_table(results),
+        "",
+        "### Resources at the busiest point",
+        "",
+        *_resources_table(results),
+        "",
+        "Galera certification conflicts (local certification failures + brute-force aborts, "
+        "all nodes, whole run) per RTT: "
+        + (
+            ", ".join(
+                f"{float(k):.0f} ms: {v}" for k, v in results.get("galera_conflicts", {}).items()
+            )
+            or "-"
+        )
+        + ". TxSync has no such aborts: a transaction is never refused for a conflict.",
+        "",
+        "### What a TxSync round costs as the incoming queue grows",
+        "",
+        *_rounds_table(results),
+        "",
+    ]
+    if results["scaling"]:
+        parts += [
+            f"### TxSync scaling ({options['scaling_rtt']:.0f} ms RTT)",
+            "",
+            *_scaling_table(results),
+            "",
+            f"![scaling]({relative}/scaling.png)",
+            "",
+        ]
+    parts.append(END)
+    return "\n".join(parts)
+
+
+def render(results: dict[str, Any], doc: Path) -> None:
+    plots = doc.parent / "benchmarks"
+    plots.mkdir(parents=True, exist_ok=True)
+    _plot_curves(results, plots / "latency-throughput.png")
+    if results["scaling"]:
+        _plot_scaling(results, plots / "scaling.png")
+    block = generated(results, plots, doc)
+    if doc.exists() and START in (text := doc.read_text()) and END in text:
+        before, rest = text.split(START, 1)
+        after = rest.split(END, 1)[1]
+        doc.write_text(before + block + after)
+    else:
+        doc.write_text("# Benchmarks\n\n" + block + "\n")
+
+
+def main() -> int:
+    source = Path(sys.argv[1] if len(sys.argv) > 1 else "build/bench/results.json")
+    doc = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/benchmarks.md")
+    render(json.loads(source.read_text()), doc)
+    print(f"page: {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

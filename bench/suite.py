@@ -1,0 +1,341 @@
+"""``make bench``: TxSync beside etcd and MariaDB Galera on this machine, same load, same
+emulated network; then TxSync's scaling; results to ``docs/benchmarks.md``.
+
+    make bench                      (or: .venv/bin/python -m bench.suite --help)
+
+For each round-trip time, each system is started as 3 nodes on loopback with the link
+emulator (half the RTT each way) between every pair of nodes, and loaded by closed-loop
+clients at every node (``bench/load.py``) at several client counts, each point run
+``--reps`` times. Per run: committed transactions per second by the system's own counter
+over the measured window, client latency p50/p99 (per node too), bytes crossing the
+emulated WAN per transaction, CPU time per 1,000 transactions and peak memory per kind of
+server process, Galera's certification conflicts. TxSync also gets a light-load probe
+(submit -> ACCEPTED at every DC and -> OK at every DC), batched submits, workers'
+applied/s, and the cost of its rounds (bytes and coordinator CPU per round against the
+incoming queue). Then the scaling run: 3 -> 5 DCs, 1 -> 4 workers per DC.
+
+Results go to ``build/bench/results.json``; ``bench/report.py`` turns them into
+``docs/benchmarks.md`` and its plots. Nothing here asserts a time: it measures and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+
+from bench import load
+from bench.proc_stats import cpu_seconds, kind_of, peak_rss_mib
+from bench.systems import EtcdSystem, GaleraSystem, Node, System, TxSyncSystem
+from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
+
+SPAWN_S = 2.5
+"""Time for the client processes to start before their warm-up ends."""
+PACKAGES = ("etcd-server", "etcd-client", "mariadb-server", "mariadb-client", "galera-4", "rsync")
+
+
+@dataclass
+class Run:
+    system: str
+    rtt_ms: float
+    clients_per_node: int
+    batch: int
+    nodes: int = 3
+    workers: int = 0
+    committed_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    node_p50_ms: dict[str, float] = field(default_factory=dict)
+    node_roles: dict[str, str] = field(default_factory=dict)
+    aborts: int = 0
+    errors: list[str] = field(default_factory=list)
+    wan_bytes_per_tx: float = 0.0
+    cpu_ms_per_1k_tx: dict[str, float] = field(default_factory=dict)
+    """CPU seconds... per 1,000 transactions, per kind of process (summed over nodes),
+    in milliseconds of CPU."""
+    peak_mib: dict[str, float] = field(default_factory=dict)
+    """Peak resident memory of the largest process of each kind."""
+    applied_per_s_per_worker: float | None = None
+    rounds: dict[str, float] | None = None
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass(frozen=True)
+class Timing:
+    duration_s: float
+    """Measured seconds per run."""
+    warmup_s: float
+
+
+def measure(
+    system: System, nodes: list[Node], clients: int, batch: int, *, rtt_ms: float, timing: Timing
+) -> Run:
+    """One run: load every node with ``clients`` clients for ``duration_s`` measured."""
+    run = Run(system.name, rtt_ms, clients, batch, nodes=len(nodes))
+    run.node_roles = {n.name: n.role for n in nodes if n.role}
+    measure_from = time.time() + SPAWN_S + timing.warmup_s
+    stop_at = measure_from + timing.duration_s
+    plans = [load.Plan(system.name, n.name, n.address, clients, measure_from, stop_at, batch)
+             for n in nodes]  # fmt: skip
+    pids = system.processes()
+    txsync = system if isinstance(system, TxSyncSystem) else None
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(load.run, plans)
+        time.sleep(max(0.0, measure_from - time.time()))
+        began = time.time()
+        committed_before = system.committed()
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        bytes_before = sum(link.bytes_forwarded for link in system.emulator.links.values())
+        applied_before = txsync.applied() if txsync else 0
+        queue = _sample_queue(txsync, stop_at) if txsync else []
+        time.sleep(max(0.0, stop_at - time.time()))
+        committed = system.committed() - committed_before
+        ended = time.time()
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        wan_bytes = sum(link.bytes_forwarded for link in system.emulator.links.values())
+        wan_bytes -= bytes_before
+        if txsync:
+            run.workers = txsync.workers
+            applied = txsync.applied() - applied_before
+            run.applied_per_s_per_worker = applied / (ended - began) / (len(nodes) * txsync.workers)
+            dc1_coordinator = next(
+                (s for name, s in cpu.items() if name.startswith("sync-coordinator dc1")), 0.0
+            )
+            run.rounds = _round_costs(txsync, (began, ended), wan_bytes, dc1_coordinator, queue)
+        results = loading.result()
+    latencies = [ms for result in results for ms in result.latencies_ms]
+    run.committed_per_s = committed / (ended - began)
+    run.p50_ms, run.p99_ms = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
+    run.node_p50_ms = {r.node: _percentile(r.latencies_ms, 0.5) for r in results}
+    run.aborts = sum(r.aborts for r in results)
+    run.errors = [error for r in results for error in r.errors][:5]
+    run.wan_bytes_per_tx = wan_bytes / committed if committed else 0.0
+    by_kind: dict[str, float] = {}
+    for name, seconds in cpu.items():
+        by_kind[kind_of(name)] = by_kind.get(kind_of(name), 0.0) + seconds
+    run.cpu_ms_per_1k_tx = {
+        k: 1e6 * s / committed if committed else 0.0 for k, s in by_kind.items()
+    }
+    for name, pid in pids.items():
+        run.peak_mib[kind_of(name)] = max(run.peak_mib.get(kind_of(name), 0.0), peak_rss_mib(pid))
+    return run
+
+
+def _sample_queue(system: TxSyncSystem, stop_at: float) -> list[int]:
+    """dc1's incoming queue length every 0.25 s until ``stop_at``, in the background."""
+    samples: list[int] = []
+    address = system.nodes_addresses()[0]
+
+    def sample() -> None:
+        with grpc.insecure_channel(address) as channel:
+            stub = admin_pb2_grpc.AdminServiceStub(channel)
+            while time.time() < stop_at - 0.1:
+                status = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5)
+                samples.append(int(status.local.incoming_len))
+                time.sleep(0.25)
+
+    threading.Thread(target=sample, daemon=True).start()
+    return samples
+
+
+def _round_costs(system: TxSyncSystem, window: tuple[float, float], wan_bytes: int,
+                 coordinator_cpu_s: float, queue: list[int]) -> dict[str, float]:  # fmt: skip
+    """What dc1's rounds in the window carried and cost: bytes on the WAN (all links) and
+    dc1's coordinator CPU per round, beside the incoming queue's mean length."""
+    began, ended = window
+    address = system.nodes_addresses()[0]
+    with grpc.insecure_channel(address) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        answer = stub.ListRounds(admin_pb2.ListRoundsRequest(limit=1000), timeout=10)
+    inside = [r for r in answer.rounds if began <= r.started.ToMilliseconds() / 1000 < ended]
+    count = len(inside) or 1
+    return {
+        "rounds_per_s": len(inside) / (ended - began),
+        "added_per_round": sum(r.added for r in inside) / count,
+        "deadline_share": sum(r.outcome == "deadline" for r in inside) / count,
+        "wan_bytes_per_round": wan_bytes / count,
+        "coordinator_cpu_ms_per_round": 1000 * coordinator_cpu_s / count,
+        "incoming_mean": statistics.fmean(queue) if queue else 0.0,
+    }
+
+
+def probe(system: TxSyncSystem, samples: int) -> dict[str, float]:
+    """Light load: one transaction at a time, each DC in turn submitting; the time until
+    every DC has it ACCEPTED, and until every DC has it OK (its workers applied it)."""
+    addresses = system.nodes_addresses()
+    channels = [grpc.insecure_channel(a) for a in addresses]
+    stubs = [client_pb2_grpc.ClientServiceStub(c) for c in channels]
+    timeout = duration_pb2.Duration(seconds=30)
+    accepted: list[float] = []
+    finished: list[float] = []
+    from bench.systems import KEYS, TXSYNC_UPSERT  # noqa: PLC0415
+
+    try:
+        with ThreadPoolExecutor(2 * len(stubs)) as pool:
+            for n in range(samples + 3):
+                body = common_pb2.TxBody(statements=[common_pb2.Statement(
+                    sql=TXSYNC_UPSERT, params=[common_pb2.SqlValue(int_value=n % KEYS),
+                                               common_pb2.SqlValue(text_value="p")])])  # fmt: skip
+                started = time.perf_counter()
+                tx_id = stubs[n % len(stubs)].Submit(client_pb2.SubmitRequest(body=body)).tx_id
+
+                def until(stub: Any, state: common_pb2.TxState.ValueType, tx: str = tx_id) -> float:
+                    answer = stub.Wait(client_pb2.WaitRequest(tx_id=tx, state=state,
+                                                              timeout=timeout))  # fmt: skip
+                    if not answer.reached:
+                        raise RuntimeError(f"{tx} did not reach state {state}")
+                    return time.perf_counter()
+
+                waits_a = [pool.submit(until, s, common_pb2.TX_STATE_ACCEPTED) for s in stubs]
+                waits_o = [pool.submit(until, s, common_pb2.TX_STATE_OK) for s in stubs]
+                at_a = max(w.result() for w in waits_a)
+                at_o = max(w.result() for w in waits_o)
+                if n >= 3:
+                    accepted.append((at_a - started) * 1000)
+                    finished.append((at_o - started) * 1000)
+                time.sleep(0.02)
+    finally:
+        for channel in channels:
+            channel.close()
+    return {
+        "accepted_all_p50_ms": _percentile(accepted, 0.5),
+        "accepted_all_p99_ms": _percentile(accepted, 0.99),
+        "ok_all_p50_ms": _percentile(finished, 0.5),
+        "ok_all_p99_ms": _percentile(finished, 0.99),
+        "samples": float(len(accepted)),
+    }
+
+
+def machine() -> dict[str, str]:
+    def version(command: list[str]) -> str:
+        try:
+            out = subprocess.run(
+                command, capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except OSError:
+            return "not installed"
+        return out.strip().splitlines()[0] if out.strip() else "?"
+
+    return {
+        "platform": platform.platform(),
+        "cores": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "etcd": version(["etcd", "--version"]),
+        "mariadb": version(["mariadbd", "--version"]),
+        "galera": version(["dpkg-query", "-W", "-f", "${Version}", "galera-4"]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def _make(name: str, one_way_ms: float, dcs: int = 3, workers: int = 1) -> System:
+    if name == "TxSync":
+        return TxSyncSystem(one_way_ms, dcs=dcs, workers=workers)
+    if name == "etcd":
+        return EtcdSystem(one_way_ms)
+    if name == "Galera":
+        return GaleraSystem(one_way_ms)
+    raise ValueError(name)
+
+
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 2)[2])  # fmt: skip
+    parser.add_argument("--rtts", default="0,10,50", help="round-trip times in ms")
+    parser.add_argument("--systems", default="TxSync,etcd,Galera")
+    parser.add_argument("--clients", default="1,4,16", help="clients per node, each a point")
+    parser.add_argument("--reps", type=int, default=3, help="runs of each point (median shown)")
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=1.5, help="seconds before measuring")
+    parser.add_argument("--batch", type=int, default=50, help="TxSync batched submits' size")
+    parser.add_argument("--probe-samples", type=int, default=30)
+    parser.add_argument("--scaling-rtt", type=float, default=10.0,
+                        help="RTT of the scaling run; negative: skip it")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("build/bench/results.json"))
+    parser.add_argument("--doc", default="docs/benchmarks.md",
+                        help="the page to regenerate ('' for none)")  # fmt: skip
+    options = parser.parse_args()
+    started = time.monotonic()
+    results: dict[str, Any] = {"machine": machine(), "options": vars(options) | {
+        "out": str(options.out)}, "runs": [], "probes": [],
+        "scaling": []}  # fmt: skip
+    clients = [int(c) for c in options.clients.split(",")]
+    timing = Timing(options.duration, options.warmup)
+    for rtt in (float(r) for r in options.rtts.split(",")):
+        for name in options.systems.split(","):
+            system = _make(name, rtt / 2)
+            _log(f"{name} at {rtt:.0f} ms RTT: starting")
+            try:
+                nodes = system.start()
+                if isinstance(system, TxSyncSystem):
+                    _log("  probe: one transaction at a time")
+                    results["probes"].append({"rtt_ms": rtt} | probe(system, options.probe_samples))
+                shapes = [(c, 1) for c in clients]
+                if isinstance(system, TxSyncSystem) and options.batch > 1:
+                    shapes.append((clients[min(1, len(clients) - 1)], options.batch))
+                for per_node, batch in shapes:
+                    for rep in range(options.reps):
+                        run = measure(system, nodes, per_node, batch, rtt_ms=rtt, timing=timing)
+                        results["runs"].append(asdict(run))
+                        _log(f"  {per_node} clients/node batch {batch} run {rep + 1}: "
+                             f"{run.committed_per_s:.0f} tx/s, p50 {run.p50_ms:.1f} ms, "
+                             f"p99 {run.p99_ms:.1f} ms, {len(run.errors)} errors")  # fmt: skip
+                if isinstance(system, GaleraSystem):
+                    results.setdefault("galera_conflicts", {})[str(rtt)] = (
+                        system.certification_failures()
+                    )
+            finally:
+                system.stop()
+    if options.scaling_rtt >= 0 and "TxSync" in options.systems:
+        per_node = clients[min(1, len(clients) - 1)]
+        for dcs, workers in ((3, 1), (4, 1), (5, 1), (3, 2), (3, 4)):
+            system = TxSyncSystem(options.scaling_rtt / 2, dcs=dcs, workers=workers)
+            _log(f"scaling: {dcs} DCs x {workers} workers at {options.scaling_rtt:.0f} ms RTT")
+            try:
+                nodes = system.start()
+                for _ in range(options.reps):
+                    run = measure(
+                        system, nodes, per_node, 1, rtt_ms=options.scaling_rtt, timing=timing
+                    )
+                    results["scaling"].append(asdict(run))
+                    _log(f"  {run.committed_per_s:.0f} tx/s, p50 {run.p50_ms:.1f} ms, applied "
+                         f"{run.applied_per_s_per_worker:.0f}/s per worker")  # fmt: skip
+            finally:
+                system.stop()
+    results["seconds"] = time.monotonic() - started
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(results, indent=1) + "\n")
+    _log(f"results: {options.out} ({results['seconds'] / 60:.1f} min)")
+    if options.doc:
+        from bench.report import render  # noqa: PLC0415 - matplotlib only when rendering
+
+        render(results, Path(options.doc))
+        _log(f"page: {options.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
