@@ -152,6 +152,33 @@ def test_bodies_travel_between_dcs_with_their_digest(
     assert read.body == encoded and read.digest == body_digest(encoded)
 
 
+def test_bodies_are_stored_and_read_many_at_once_each_on_its_own(
+    internal: store_pb2_grpc.StoreInternalServiceStub,
+) -> None:
+    good = [(str(uuid.uuid4()), _body(n).SerializeToString()) for n in range(3)]
+    forged = str(uuid.uuid4())
+    request = store_pb2.StoreBodiesRequest(
+        bodies=[
+            *(store_pb2.StoreBodyRequest(tx_id=t, body=e, digest=body_digest(e)) for t, e in good),
+            store_pb2.StoreBodyRequest(tx_id=forged, body=good[0][1], digest=b"bad"),
+        ]
+    )
+    answer = internal.StoreBodies(request)
+    assert sorted(answer.stored) == sorted(t for t, _ in good)
+    assert list(answer.refused) == [forged] and "digest" in answer.refused[forged]
+    again = internal.StoreBodies(request)  # held already: neither stored nor refused anew
+    assert not again.stored and list(again.refused) == [forged]
+
+    unknown = str(uuid.uuid4())
+    read = internal.ReadBodies(store_pb2.ReadBodiesRequest(tx_ids=[*(t for t, _ in good), unknown]))
+    assert [(b.tx_id, b.body, b.digest) for b in read.bodies] == [
+        (t, e, body_digest(e)) for t, e in good
+    ]
+    code, details = _code(lambda: internal.ReadBodies(
+        store_pb2.ReadBodiesRequest(tx_ids=[unknown] * 257)))  # fmt: skip
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "256" in details
+
+
 def test_many_clients_single_and_batched_submits(
     server: ServiceProcess, client: client_pb2_grpc.ClientServiceStub
 ) -> None:

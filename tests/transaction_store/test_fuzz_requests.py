@@ -45,6 +45,10 @@ VALID: dict[str, Message] = {
         tx_id=TX, body=BODY.SerializeToString(), digest=b"d" * 32
     ),
     "/txsync.v1.StoreInternalService/ReadBody": store_pb2.ReadBodyRequest(tx_id=TX),
+    "/txsync.v1.StoreInternalService/StoreBodies": store_pb2.StoreBodiesRequest(
+        bodies=[store_pb2.StoreBodyRequest(tx_id=TX, body=BODY.SerializeToString(), digest=b"d")]
+    ),
+    "/txsync.v1.StoreInternalService/ReadBodies": store_pb2.ReadBodiesRequest(tx_ids=[TX]),
     "/txsync.v1.StoreInternalService/ReadSynced": store_pb2.ReadSyncedRequest(count_max=3),
     "/txsync.v1.StoreInternalService/AdvanceStates": store_pb2.AdvanceStatesRequest(
         changes=[store_pb2.StateChange(tx_id=TX, state=common_pb2.TX_STATE_TESTING)]

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,7 @@ from txsync.sync_coordinator.wire import (
     view_message_to_proto,
 )
 from txsync.telemetry import Metrics, context_of
+from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import (
     common_pb2,
     peer_pb2,
@@ -137,12 +138,40 @@ class CoordinatorConfig:
     """None only when plaintext was asked for explicitly (local development)."""
 
 
+PUSH_BATCH_BYTES_MAX = 3 * 1024 * 1024
+"""Bodies in one PushBodies call, together: under gRPC's 4 MiB message limit."""
+
+
+def _body_batches(
+    sender: str, pushes: list[peer_pb2.PushBodyRequest]
+) -> Iterator[peer_pb2.PushBodyRequest | peer_pb2.PushBodiesRequest]:
+    """``pushes`` as few calls as fit: PushBodies of up to PUSH_BATCH_BYTES_MAX, and a
+    body larger than that alone, as a PushBody."""
+    batch: list[peer_pb2.PushBodyRequest] = []
+    size = 0
+    for push in pushes:
+        if len(push.body) > PUSH_BATCH_BYTES_MAX:
+            push.sender = sender
+            yield push
+            continue
+        if batch and size + len(push.body) > PUSH_BATCH_BYTES_MAX:
+            yield peer_pb2.PushBodiesRequest(sender=sender, bodies=batch)
+            batch, size = [], 0
+        batch.append(push)
+        size += len(push.body)
+    if batch:
+        yield peer_pb2.PushBodiesRequest(sender=sender, bodies=batch)
+
+
 def _now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
 _OtherMessage = (
-    peer_pb2.SendSyncedEntriesRequest | peer_pb2.PushBodyRequest | peer_pb2.SendViewMessageRequest
+    peer_pb2.SendSyncedEntriesRequest
+    | peer_pb2.PushBodyRequest
+    | peer_pb2.PushBodiesRequest
+    | peer_pb2.SendViewMessageRequest
 )
 
 
@@ -224,6 +253,8 @@ class PeerLink:
             traceparent = message.round_traceparent
         elif isinstance(message, peer_pb2.PushBodyRequest):
             traceparent = message.traceparent
+        elif isinstance(message, peer_pb2.PushBodiesRequest) and message.bodies:
+            traceparent = message.bodies[0].traceparent  # a batch joins its first one's trace
         trace_context = context_of(traceparent)
         token = None if trace_context is None else otel_context.attach(trace_context)
         try:
@@ -231,6 +262,8 @@ class PeerLink:
                 await self.stub.Post(message, timeout=self._timeout_s)
             elif isinstance(message, peer_pb2.PushBodyRequest):
                 await self.stub.PushBody(message, timeout=self._timeout_s)
+            elif isinstance(message, peer_pb2.PushBodiesRequest):
+                await self.stub.PushBodies(message, timeout=self._timeout_s)
             elif isinstance(message, peer_pb2.SendSyncedEntriesRequest):
                 await self.stub.SendSyncedEntries(message, timeout=self._timeout_s)
             elif isinstance(message, peer_pb2.SendViewMessageRequest):
@@ -262,6 +295,9 @@ class Coordinator:
         (and be restarted from durable state), not linger as a healthy-looking zombie."""
         self._next_tick_ms: int | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._pushes: dict[str, tuple[str, ...]] = {}
+        """Bodies to push (tx id -> peers), sent together by ``_push_bodies``."""
+        self._pushes_waiting = asyncio.Event()
         self.steps = 0
         self.rejections = 0
         joining = () if config.joining else (config.node_id,)
@@ -334,6 +370,7 @@ class Coordinator:
             loop.create_task(self._watch_local_submits(), name="local-submits"),
             loop.create_task(self._follow_membership(), name="membership"),
             loop.create_task(self._follow_outcomes(), name="outcomes"),
+            loop.create_task(self._push_bodies(), name="body-pushes"),
         ]
         for task in self._tasks:
             task.add_done_callback(self._on_task_done)
@@ -549,7 +586,8 @@ class Coordinator:
         for body in ready.bodies:
             match body:
                 case PushBody(tx_id, peers):
-                    self._in_background(self._push_body(tx_id, peers))
+                    self._pushes[tx_id] = peers
+                    self._pushes_waiting.set()
                 case FetchBody(tx_id, source):
                     self._in_background(self._fetch_body(tx_id, source))
 
@@ -571,22 +609,37 @@ class Coordinator:
             )
             link.send(entries_to_proto(entries))
 
-    async def _push_body(self, tx_id: str, peers: tuple[str, ...]) -> None:
-        try:
-            body = await self.store.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id))
-        except grpc.aio.AioRpcError as error:
-            log.warning("cannot push %s: %s", tx_id, error.details())
-            return  # peers fetch it when they see its meta
-        push = peer_pb2.PushBodyRequest(
-            sender=self.config.node_id,
-            tx_id=tx_id,
-            body=body.body,
-            digest=body.digest,
-            traceparent=body.traceparent,
-        )
-        for peer in peers:
-            if link := self._link(peer):
-                link.send(push)
+    async def _push_bodies(self) -> None:
+        """Push new bodies to the peers, many per call: every body that became durable
+        while the previous batch was read goes in the next (one ReadBodies from the store,
+        one PushBodies per peer), so calls per transaction fall as load rises. A body the
+        store cannot read is left to the peers, which fetch it when they see its meta."""
+        while True:
+            await self._pushes_waiting.wait()
+            self._pushes_waiting.clear()
+            while self._pushes:
+                batch = dict(list(self._pushes.items())[:BODIES_PER_CALL_MAX])
+                for tx_id in batch:
+                    del self._pushes[tx_id]
+                try:
+                    held = await self.store.ReadBodies(
+                        store_pb2.ReadBodiesRequest(tx_ids=list(batch))
+                    )
+                except grpc.aio.AioRpcError as error:
+                    log.warning("cannot push %d bodies: %s", len(batch), error.details())
+                    continue
+                by_peer: dict[str, list[peer_pb2.PushBodyRequest]] = {}
+                for body in held.bodies:
+                    push = peer_pb2.PushBodyRequest(
+                        tx_id=body.tx_id, body=body.body, digest=body.digest,
+                        traceparent=body.traceparent,
+                    )  # fmt: skip
+                    for peer in batch[body.tx_id]:
+                        by_peer.setdefault(peer, []).append(push)
+                for peer, pushes in by_peer.items():
+                    if link := self._link(peer):
+                        for request in _body_batches(self.config.node_id, pushes):
+                            link.send(request)
 
     async def _fetch_body(self, tx_id: str, source: str) -> None:
         """Fetch a body (the core retries with backoff if this fails)."""

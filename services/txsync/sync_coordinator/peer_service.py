@@ -30,6 +30,7 @@ from txsync.sync_coordinator.wire import (
     post_from_proto,
     view_message_from_proto,
 )
+from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc, store_pb2
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,37 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             raise ServiceError(error.code(), error.details() or "store refused") from None
         await self._coordinator.events.put(BodyAcquired(request.tx_id))
         return peer_pb2.PushBodyResponse()
+
+    @answers_errors
+    async def PushBodies(
+        self, request: peer_pb2.PushBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.PushBodiesResponse:
+        try:
+            check_node_id(request.sender, "sender")
+            if len(request.bodies) > BODIES_PER_CALL_MAX:
+                raise WireError(f"bodies: {len(request.bodies)} is over {BODIES_PER_CALL_MAX}")
+        except WireError as error:
+            raise _invalid(error) from None
+        self._check_peer(request.sender, context)
+        try:
+            answer = await self._coordinator.store.StoreBodies(
+                store_pb2.StoreBodiesRequest(
+                    bodies=[
+                        store_pb2.StoreBodyRequest(
+                            tx_id=b.tx_id, body=b.body, digest=b.digest, traceparent=b.traceparent
+                        )
+                        for b in request.bodies
+                    ]
+                )
+            )
+        except grpc.aio.AioRpcError as error:
+            raise ServiceError(error.code(), error.details() or "store refused") from None
+        for body in request.bodies:  # stored now or held already: acquired either way
+            if body.tx_id not in answer.refused:
+                await self._coordinator.events.put(BodyAcquired(body.tx_id))
+        for tx_id, reason in answer.refused.items():
+            log.warning("body %s from %s refused: %s", tx_id, request.sender, reason)
+        return peer_pb2.PushBodiesResponse(refused=answer.refused)
 
     @answers_errors
     async def GetBody(

@@ -313,6 +313,35 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         return store_pb2.StoreBodyResponse(stored=stored)
 
     @answers_errors
+    async def StoreBodies(
+        self, request: store_pb2.StoreBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> store_pb2.StoreBodiesResponse:
+        bodies = [
+            (b.tx_id, b.body, b.digest, check_traceparent(b.traceparent)) for b in request.bodies
+        ]
+        stored, refused = await self._store.store_bodies(bodies)
+        return store_pb2.StoreBodiesResponse(
+            stored=stored, refused={tx_id: error.message for tx_id, error in refused.items()}
+        )
+
+    @answers_errors
+    async def ReadBodies(
+        self, request: store_pb2.ReadBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> store_pb2.ReadBodiesResponse:
+        held = await self._store.read_bodies(list(request.tx_ids))
+        return store_pb2.ReadBodiesResponse(
+            bodies=[
+                store_pb2.HeldBody(
+                    tx_id=tx_id,
+                    body=body,
+                    digest=record.body_digest,
+                    traceparent=record.traceparent,
+                )
+                for tx_id, body, record in held
+            ]
+        )
+
+    @answers_errors
     async def ReadBody(
         self, request: store_pb2.ReadBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> store_pb2.ReadBodyResponse:

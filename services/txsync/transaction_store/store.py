@@ -32,6 +32,7 @@ from txsync.transaction_store.txlog.files import LogFiles, Recovery
 from txsync.transaction_store.txlog.framing import encode_frame
 from txsync.transaction_store.txlog.writer import GroupCommitWriter, WriterBrokenError
 from txsync.transaction_store.validation import (
+    BODIES_PER_CALL_MAX,
     PERSIST_METAS_MAX,
     READ_SYNCED_MAX,
     STATE_CHANGES_MAX,
@@ -549,38 +550,73 @@ class TransactionStore:
     async def store_body(
         self, tx_id: str, encoded: bytes, digest: bytes, traceparent: str = ""
     ) -> bool:
-        check_tx_id(tx_id)
-        body = common_pb2.TxBody()
-        try:
-            body.ParseFromString(encoded)
-        except DecodeError:
-            raise invalid("body: not an encoded TxBody") from None
-        check_body(body, len(encoded))
-        if body_digest(encoded) != digest:
-            raise StoreError(grpc.StatusCode.DATA_LOSS, f"body of {tx_id} fails its digest")
-        record = self.state.txs.get(tx_id)
-        if record is not None and record.body_held:
-            return False
-        await asyncio.to_thread(self.bodies.write, tx_id, encoded)
+        """Store a body received from a peer; False if it was held already."""
+        stored, refused = await self.store_bodies([(tx_id, encoded, digest, traceparent)])
+        if tx_id in refused:
+            raise refused[tx_id]
+        return tx_id in stored
+
+    async def store_bodies(
+        self, bodies: Sequence[tuple[str, bytes, bytes, str]]
+    ) -> tuple[list[str], dict[str, StoreError]]:
+        """Store bodies received from peers, ``(tx_id, encoded, digest, traceparent)``
+        each, with one fsync: the ids stored now, and each refused one with its error (a
+        body held already is neither)."""
+        if len(bodies) > BODIES_PER_CALL_MAX:
+            raise invalid(f"bodies: {len(bodies)} is over {BODIES_PER_CALL_MAX}")
+        refused: dict[str, StoreError] = {}
+        checked: dict[str, tuple[bytes, bytes, str, common_pb2.TxBody]] = {}
+        for tx_id, encoded, digest, traceparent in bodies:
+            try:
+                body = _checked_body(tx_id, encoded, digest)
+            except StoreError as error:
+                refused[tx_id] = error
+            else:
+                checked[tx_id] = (encoded, digest, traceparent, body)
+        fresh = {
+            tx_id: held
+            for tx_id, held in checked.items()
+            if not ((record := self.state.txs.get(tx_id)) is not None and record.body_held)
+        }
+        if not fresh:
+            return [], refused
+        await asyncio.to_thread(self._write_bodies, ((t, h[0]) for t, h in fresh.items()))
+        stored: list[str] = []
+        traced: list[str] = []
         async with self._lock:
-            record = self.state.txs.get(tx_id)
-            if record is not None and record.body_held:
-                return False
-            context_arrives = bool(traceparent) and not (record and record.traceparent)
-            stored = txlog_pb2.BodyStored(
-                tx_id=tx_id,
-                body_digest=digest,
-                body_bytes=len(encoded),
-                body=encoded,
-                membership=body.HasField("membership"),
-                traceparent=traceparent,
-            )
-            future = self._stage([self._entry(body_stored=stored)])
-            self._unsynced_bodies.add(tx_id)
-        await self._durable(future)
-        if context_arrives:
+            entries = []
+            for tx_id, (encoded, digest, traceparent, body) in fresh.items():
+                record = self.state.txs.get(tx_id)
+                if record is not None and record.body_held:
+                    continue
+                if traceparent and not (record and record.traceparent):
+                    traced.append(tx_id)  # the context arrives with the body
+                entries.append(self._entry(body_stored=txlog_pb2.BodyStored(
+                    tx_id=tx_id, body_digest=digest, body_bytes=len(encoded), body=encoded,
+                    membership=body.HasField("membership"), traceparent=traceparent,
+                )))  # fmt: skip
+                self._unsynced_bodies.add(tx_id)
+                stored.append(tx_id)
+            future = self._stage(entries) if entries else None
+        if future is not None:
+            await self._durable(future)
+        for tx_id in traced:
             trace_history(self.state, tx_id)
-        return True
+        return stored, refused
+
+    async def read_bodies(self, tx_ids: Sequence[str]) -> list[tuple[str, bytes, TxRecord]]:
+        """The bodies held of ``tx_ids`` (encoded), with their records; others left out."""
+        if len(tx_ids) > BODIES_PER_CALL_MAX:
+            raise invalid(f"tx_ids: {len(tx_ids)} is over {BODIES_PER_CALL_MAX}")
+        for tx_id in tx_ids:
+            check_tx_id(tx_id)
+        encoded = await asyncio.to_thread(lambda: [self.bodies.read(t) for t in tx_ids])
+        held = []
+        for tx_id, body in zip(tx_ids, encoded, strict=True):
+            record = self.state.txs.get(tx_id)
+            if body is not None and record is not None:
+                held.append((tx_id, body, record))
+        return held
 
     def read_synced(self, from_len: int, count_max: int) -> tuple[MergeBase, list[TxMeta]]:
         if not 1 <= count_max <= READ_SYNCED_MAX:
@@ -728,6 +764,20 @@ class TransactionStore:
             log.exception("txlog rotation failed; the current file keeps growing")
         finally:
             self._rotating = False
+
+
+def _checked_body(tx_id: str, encoded: bytes, digest: bytes) -> common_pb2.TxBody:
+    """A peer's body, parsed, within the limits, and matching the origin's digest."""
+    check_tx_id(tx_id)
+    body = common_pb2.TxBody()
+    try:
+        body.ParseFromString(encoded)
+    except DecodeError:
+        raise invalid("body: not an encoded TxBody") from None
+    check_body(body, len(encoded))
+    if body_digest(encoded) != digest:
+        raise StoreError(grpc.StatusCode.DATA_LOSS, f"body of {tx_id} fails its digest")
+    return body
 
 
 def _reached(current: TxState, wanted: TxState) -> bool:

@@ -33,6 +33,8 @@ PAGE_SIZE_DEFAULT = 100
 WAIT_SECONDS_MAX = 600.0
 WAIT_SECONDS_DEFAULT = 30.0
 READ_SYNCED_MAX = 1_024
+BODIES_PER_CALL_MAX = 256
+"""Bodies in one StoreBodies, ReadBodies or PushBodies call."""
 
 
 StoreError = ServiceError

@@ -273,6 +273,81 @@ class PushBodyResponse(_message.Message):
 Global___PushBodyResponse: _TypeAlias = PushBodyResponse  # noqa: Y015
 
 @_typing.final
+class PushBodiesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_FIELD_NUMBER: _builtins.int
+    BODIES_FIELD_NUMBER: _builtins.int
+    sender: _builtins.str
+    @_builtins.property
+    def bodies(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___PushBodyRequest]:
+        """At most 256 bodies, together at most 3 MiB (a larger body travels alone by PushBody).
+        Each element's own `sender` is ignored.
+        """
+
+    def __init__(
+        self,
+        *,
+        sender: _builtins.str = ...,
+        bodies: _abc.Iterable[Global___PushBodyRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "bodies", b"bodies", "sender", b"sender"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushBodiesRequest: _TypeAlias = PushBodiesRequest  # noqa: Y015
+
+@_typing.final
+class PushBodiesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RefusedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal[
+            "key", b"key", "value", b"value"
+        ]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Ids of the bodies refused (bad digest, malformed), each with its reason."""
+
+    def __init__(
+        self,
+        *,
+        refused: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushBodiesResponse: _TypeAlias = PushBodiesResponse  # noqa: Y015
+
+@_typing.final
 class GetBodyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

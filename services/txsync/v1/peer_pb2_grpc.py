@@ -56,6 +56,12 @@ class PeerServiceStub:
             response_deserializer=txsync_dot_v1_dot_peer__pb2.PushBodyResponse.FromString,
             _registered_method=True,
         )
+        self.PushBodies = channel.unary_unary(
+            "/txsync.v1.PeerService/PushBodies",
+            request_serializer=txsync_dot_v1_dot_peer__pb2.PushBodiesRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_peer__pb2.PushBodiesResponse.FromString,
+            _registered_method=True,
+        )
         self.GetBody = channel.unary_unary(
             "/txsync.v1.PeerService/GetBody",
             request_serializer=txsync_dot_v1_dot_peer__pb2.GetBodyRequest.SerializeToString,
@@ -91,6 +97,15 @@ class PeerServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def PushBodies(self, request, context):
+        """Several bodies at once (what coordinators send: the bodies that became durable while
+        the previous push was on its way). Each is stored or refused on its own; the answer
+        names the refused ones, and the receiver fetches those later by GetBody.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
     def GetBody(self, request, context):
         """Any node serves a body it holds by id (NOT_FOUND otherwise)."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -122,6 +137,11 @@ def add_PeerServiceServicer_to_server(servicer, server):
             servicer.PushBody,
             request_deserializer=txsync_dot_v1_dot_peer__pb2.PushBodyRequest.FromString,
             response_serializer=txsync_dot_v1_dot_peer__pb2.PushBodyResponse.SerializeToString,
+        ),
+        "PushBodies": grpc.unary_unary_rpc_method_handler(
+            servicer.PushBodies,
+            request_deserializer=txsync_dot_v1_dot_peer__pb2.PushBodiesRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_peer__pb2.PushBodiesResponse.SerializeToString,
         ),
         "GetBody": grpc.unary_unary_rpc_method_handler(
             servicer.GetBody,
@@ -224,6 +244,36 @@ class PeerService:
             "/txsync.v1.PeerService/PushBody",
             txsync_dot_v1_dot_peer__pb2.PushBodyRequest.SerializeToString,
             txsync_dot_v1_dot_peer__pb2.PushBodyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def PushBodies(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/txsync.v1.PeerService/PushBodies",
+            txsync_dot_v1_dot_peer__pb2.PushBodiesRequest.SerializeToString,
+            txsync_dot_v1_dot_peer__pb2.PushBodiesResponse.FromString,
             options,
             channel_credentials,
             insecure,

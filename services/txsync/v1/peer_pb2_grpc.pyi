@@ -46,6 +46,13 @@ class PeerServiceStub:
         _peer_pb2.PushBodyRequest, _peer_pb2.PushBodyResponse
     ]
     """The origin pushes a new body to every view member as soon as it is durable."""
+    PushBodies: _grpc.UnaryUnaryMultiCallable[
+        _peer_pb2.PushBodiesRequest, _peer_pb2.PushBodiesResponse
+    ]
+    """Several bodies at once (what coordinators send: the bodies that became durable while
+    the previous push was on its way). Each is stored or refused on its own; the answer
+    names the refused ones, and the receiver fetches those later by GetBody.
+    """
     GetBody: _grpc.UnaryUnaryMultiCallable[
         _peer_pb2.GetBodyRequest, _peer_pb2.GetBodyResponse
     ]
@@ -72,6 +79,13 @@ class PeerServiceAsyncStub(PeerServiceStub):
         _peer_pb2.PushBodyRequest, _peer_pb2.PushBodyResponse
     ]  # type: ignore[assignment]
     """The origin pushes a new body to every view member as soon as it is durable."""
+    PushBodies: _aio.UnaryUnaryMultiCallable[
+        _peer_pb2.PushBodiesRequest, _peer_pb2.PushBodiesResponse
+    ]  # type: ignore[assignment]
+    """Several bodies at once (what coordinators send: the bodies that became durable while
+    the previous push was on its way). Each is stored or refused on its own; the answer
+    names the refused ones, and the receiver fetches those later by GetBody.
+    """
     GetBody: _aio.UnaryUnaryMultiCallable[
         _peer_pb2.GetBodyRequest, _peer_pb2.GetBodyResponse
     ]  # type: ignore[assignment]
@@ -114,6 +128,19 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
         _peer_pb2.PushBodyResponse, _abc.Awaitable[_peer_pb2.PushBodyResponse]
     ]:
         """The origin pushes a new body to every view member as soon as it is durable."""
+
+    @_abc_1.abstractmethod
+    def PushBodies(
+        self,
+        request: _peer_pb2.PushBodiesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _peer_pb2.PushBodiesResponse, _abc.Awaitable[_peer_pb2.PushBodiesResponse]
+    ]:
+        """Several bodies at once (what coordinators send: the bodies that became durable while
+        the previous push was on its way). Each is stored or refused on its own; the answer
+        names the refused ones, and the receiver fetches those later by GetBody.
+        """
 
     @_abc_1.abstractmethod
     def GetBody(

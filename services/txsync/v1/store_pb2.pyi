@@ -476,6 +476,163 @@ class StoreBodyResponse(_message.Message):
 Global___StoreBodyResponse: _TypeAlias = StoreBodyResponse  # noqa: Y015
 
 @_typing.final
+class StoreBodiesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BODIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def bodies(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___StoreBodyRequest]:
+        """At most 256."""
+
+    def __init__(
+        self,
+        *,
+        bodies: _abc.Iterable[Global___StoreBodyRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bodies", b"bodies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreBodiesRequest: _TypeAlias = StoreBodiesRequest  # noqa: Y015
+
+@_typing.final
+class StoreBodiesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RefusedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal[
+            "key", b"key", "value", b"value"
+        ]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STORED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def stored(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Ids of the bodies stored now (not those already held)."""
+
+    @_builtins.property
+    def refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Ids of the bodies refused, each with its reason (a bad digest, a malformed body)."""
+
+    def __init__(
+        self,
+        *,
+        stored: _abc.Iterable[_builtins.str] | None = ...,
+        refused: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "refused", b"refused", "stored", b"stored"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreBodiesResponse: _TypeAlias = StoreBodiesResponse  # noqa: Y015
+
+@_typing.final
+class ReadBodiesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TX_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tx_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """At most 256."""
+
+    def __init__(
+        self,
+        *,
+        tx_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tx_ids", b"tx_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadBodiesRequest: _TypeAlias = ReadBodiesRequest  # noqa: Y015
+
+@_typing.final
+class HeldBody(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TX_ID_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    tx_id: _builtins.str
+    body: _builtins.bytes
+    digest: _builtins.bytes
+    traceparent: _builtins.str
+    def __init__(
+        self,
+        *,
+        tx_id: _builtins.str = ...,
+        body: _builtins.bytes = ...,
+        digest: _builtins.bytes = ...,
+        traceparent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "body",
+        b"body",
+        "digest",
+        b"digest",
+        "traceparent",
+        b"traceparent",
+        "tx_id",
+        b"tx_id",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldBody: _TypeAlias = HeldBody  # noqa: Y015
+
+@_typing.final
+class ReadBodiesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BODIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def bodies(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___HeldBody]: ...
+    def __init__(
+        self,
+        *,
+        bodies: _abc.Iterable[Global___HeldBody] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bodies", b"bodies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadBodiesResponse: _TypeAlias = ReadBodiesResponse  # noqa: Y015
+
+@_typing.final
 class ReadBodyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

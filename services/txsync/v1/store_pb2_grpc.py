@@ -62,6 +62,18 @@ class StoreInternalServiceStub:
             response_deserializer=txsync_dot_v1_dot_store__pb2.ReadBodyResponse.FromString,
             _registered_method=True,
         )
+        self.StoreBodies = channel.unary_unary(
+            "/txsync.v1.StoreInternalService/StoreBodies",
+            request_serializer=txsync_dot_v1_dot_store__pb2.StoreBodiesRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_store__pb2.StoreBodiesResponse.FromString,
+            _registered_method=True,
+        )
+        self.ReadBodies = channel.unary_unary(
+            "/txsync.v1.StoreInternalService/ReadBodies",
+            request_serializer=txsync_dot_v1_dot_store__pb2.ReadBodiesRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_store__pb2.ReadBodiesResponse.FromString,
+            _registered_method=True,
+        )
         self.ReadSynced = channel.unary_unary(
             "/txsync.v1.StoreInternalService/ReadSynced",
             request_serializer=txsync_dot_v1_dot_store__pb2.ReadSyncedRequest.SerializeToString,
@@ -126,6 +138,18 @@ class StoreInternalServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def StoreBodies(self, request, context):
+        """Store several bodies with one fsync; each is stored or refused on its own."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
+    def ReadBodies(self, request, context):
+        """Read several bodies (at most 256); those not held are left out of the answer."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
     def ReadSynced(self, request, context):
         """Synced entries from a position, for catch-up of laggers (at most 1024 per call)."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -185,6 +209,16 @@ def add_StoreInternalServiceServicer_to_server(servicer, server):
             servicer.ReadBody,
             request_deserializer=txsync_dot_v1_dot_store__pb2.ReadBodyRequest.FromString,
             response_serializer=txsync_dot_v1_dot_store__pb2.ReadBodyResponse.SerializeToString,
+        ),
+        "StoreBodies": grpc.unary_unary_rpc_method_handler(
+            servicer.StoreBodies,
+            request_deserializer=txsync_dot_v1_dot_store__pb2.StoreBodiesRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_store__pb2.StoreBodiesResponse.SerializeToString,
+        ),
+        "ReadBodies": grpc.unary_unary_rpc_method_handler(
+            servicer.ReadBodies,
+            request_deserializer=txsync_dot_v1_dot_store__pb2.ReadBodiesRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_store__pb2.ReadBodiesResponse.SerializeToString,
         ),
         "ReadSynced": grpc.unary_unary_rpc_method_handler(
             servicer.ReadSynced,
@@ -334,6 +368,66 @@ class StoreInternalService:
             "/txsync.v1.StoreInternalService/ReadBody",
             txsync_dot_v1_dot_store__pb2.ReadBodyRequest.SerializeToString,
             txsync_dot_v1_dot_store__pb2.ReadBodyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def StoreBodies(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/txsync.v1.StoreInternalService/StoreBodies",
+            txsync_dot_v1_dot_store__pb2.StoreBodiesRequest.SerializeToString,
+            txsync_dot_v1_dot_store__pb2.StoreBodiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def ReadBodies(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/txsync.v1.StoreInternalService/ReadBodies",
+            txsync_dot_v1_dot_store__pb2.ReadBodiesRequest.SerializeToString,
+            txsync_dot_v1_dot_store__pb2.ReadBodiesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,14 @@ class StoreInternalServiceStub:
         _store_pb2.ReadBodyRequest, _store_pb2.ReadBodyResponse
     ]
     """Read a body (for a peer's GetBody or a worker). NOT_FOUND if not held."""
+    StoreBodies: _grpc.UnaryUnaryMultiCallable[
+        _store_pb2.StoreBodiesRequest, _store_pb2.StoreBodiesResponse
+    ]
+    """Store several bodies with one fsync; each is stored or refused on its own."""
+    ReadBodies: _grpc.UnaryUnaryMultiCallable[
+        _store_pb2.ReadBodiesRequest, _store_pb2.ReadBodiesResponse
+    ]
+    """Read several bodies (at most 256); those not held are left out of the answer."""
     ReadSynced: _grpc.UnaryUnaryMultiCallable[
         _store_pb2.ReadSyncedRequest, _store_pb2.ReadSyncedResponse
     ]
@@ -111,6 +119,14 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
         _store_pb2.ReadBodyRequest, _store_pb2.ReadBodyResponse
     ]  # type: ignore[assignment]
     """Read a body (for a peer's GetBody or a worker). NOT_FOUND if not held."""
+    StoreBodies: _aio.UnaryUnaryMultiCallable[
+        _store_pb2.StoreBodiesRequest, _store_pb2.StoreBodiesResponse
+    ]  # type: ignore[assignment]
+    """Store several bodies with one fsync; each is stored or refused on its own."""
+    ReadBodies: _aio.UnaryUnaryMultiCallable[
+        _store_pb2.ReadBodiesRequest, _store_pb2.ReadBodiesResponse
+    ]  # type: ignore[assignment]
+    """Read several bodies (at most 256); those not held are left out of the answer."""
     ReadSynced: _aio.UnaryUnaryMultiCallable[
         _store_pb2.ReadSyncedRequest, _store_pb2.ReadSyncedResponse
     ]  # type: ignore[assignment]
@@ -187,6 +203,26 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         _store_pb2.ReadBodyResponse, _abc.Awaitable[_store_pb2.ReadBodyResponse]
     ]:
         """Read a body (for a peer's GetBody or a worker). NOT_FOUND if not held."""
+
+    @_abc_1.abstractmethod
+    def StoreBodies(
+        self,
+        request: _store_pb2.StoreBodiesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _store_pb2.StoreBodiesResponse, _abc.Awaitable[_store_pb2.StoreBodiesResponse]
+    ]:
+        """Store several bodies with one fsync; each is stored or refused on its own."""
+
+    @_abc_1.abstractmethod
+    def ReadBodies(
+        self,
+        request: _store_pb2.ReadBodiesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _store_pb2.ReadBodiesResponse, _abc.Awaitable[_store_pb2.ReadBodiesResponse]
+    ]:
+        """Read several bodies (at most 256); those not held are left out of the answer."""
 
     @_abc_1.abstractmethod
     def ReadSynced(
