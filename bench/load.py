@@ -83,9 +83,8 @@ def _run_node(plan: Plan) -> NodeResult:
 
 def _client(plan: Plan, n: int, result: NodeResult, lock: threading.Lock) -> None:
     rng = random.Random(hash((plan.node, n)))
-    value = "x" * VALUE_BYTES
     try:
-        send = _sender(plan, rng, value)
+        send = _sender(plan, rng)
     except Exception as error:  # reported, not raised: this runs in a child process
         with lock:
             result.errors.append(f"connect: {error!r}")
@@ -112,18 +111,23 @@ def _client(plan: Plan, n: int, result: NodeResult, lock: threading.Lock) -> Non
         result.aborts += aborts
 
 
-def _sender(plan: Plan, rng: random.Random, value: str) -> Callable[[], tuple[int, int]]:
+def _value(rng: random.Random) -> str:
+    """A new 100-byte value each time: an upsert that writes what the row holds already
+    changes nothing, and MariaDB would then replicate nothing (and be measured doing so)."""
+    return f"{rng.randrange(10**12):012d}".ljust(VALUE_BYTES, "x")
+
+
+def _sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
     """A function that commits one transaction (or batch) and returns (how many, aborts)."""
     if plan.system == "TxSync":
-        return _txsync_sender(plan, rng, value)
+        return _txsync_sender(plan, rng)
     if plan.system == "etcd":
         from bench.peers.etcd import put_stub  # noqa: PLC0415
 
         put = put_stub(grpc.insecure_channel(plan.address))
-        encoded = value.encode()
 
         def etcd_put() -> tuple[int, int]:
-            put(b"t/%d" % rng.randrange(KEYS), encoded)
+            put(b"t/%d" % rng.randrange(KEYS), _value(rng).encode())
             return 1, 0
 
         return etcd_put
@@ -138,7 +142,7 @@ def _sender(plan: Plan, rng: random.Random, value: str) -> Callable[[], tuple[in
             aborts = 0
             while True:
                 try:
-                    cursor.execute(GALERA_UPSERT, (rng.randrange(KEYS), value))
+                    cursor.execute(GALERA_UPSERT, (rng.randrange(KEYS), _value(rng)))
                     return 1, aborts
                 except pymysql.err.OperationalError as error:
                     if error.args[0] != GALERA_DEADLOCK:
@@ -149,13 +153,13 @@ def _sender(plan: Plan, rng: random.Random, value: str) -> Callable[[], tuple[in
     raise ValueError(f"no such system {plan.system!r}")
 
 
-def _txsync_sender(plan: Plan, rng: random.Random, value: str) -> Callable[[], tuple[int, int]]:
+def _txsync_sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
     stub = client_pb2_grpc.ClientServiceStub(grpc.insecure_channel(plan.address))
     timeout = duration_pb2.Duration(seconds=30)
 
     def body() -> common_pb2.TxBody:
         params = [common_pb2.SqlValue(int_value=rng.randrange(KEYS)),
-                  common_pb2.SqlValue(text_value=value)]  # fmt: skip
+                  common_pb2.SqlValue(text_value=_value(rng))]  # fmt: skip
         return common_pb2.TxBody(statements=[common_pb2.Statement(sql=TXSYNC_UPSERT,
                                                                   params=params)])  # fmt: skip
 

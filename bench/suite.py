@@ -246,9 +246,9 @@ def machine() -> dict[str, str]:
     }
 
 
-def _make(name: str, one_way_ms: float, dcs: int = 3, workers: int = 1) -> System:
+def _make(name: str, one_way_ms: float, coordinator_args: tuple[str, ...]) -> System:
     if name == "TxSync":
-        return TxSyncSystem(one_way_ms, dcs=dcs, workers=workers)
+        return TxSyncSystem(one_way_ms, coordinator_args=coordinator_args)
     if name == "etcd":
         return EtcdSystem(one_way_ms)
     if name == "Galera":
@@ -274,6 +274,9 @@ def main() -> int:
     parser.add_argument("--probe-samples", type=int, default=30)
     parser.add_argument("--scaling-rtt", type=float, default=10.0,
                         help="RTT of the scaling run; negative: skip it")  # fmt: skip
+    parser.add_argument("--coordinator-args", default="",
+                        help="extra sync-coordinator flags for TxSync, e.g. "
+                             "'--repost-gap-ms 10' (tuning experiments)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("build/bench/results.json"))
     parser.add_argument("--doc", default="docs/benchmarks.md",
                         help="the page to regenerate ('' for none)")  # fmt: skip
@@ -284,9 +287,10 @@ def main() -> int:
         "scaling": []}  # fmt: skip
     clients = [int(c) for c in options.clients.split(",")]
     timing = Timing(options.duration, options.warmup)
+    coordinator_args = tuple(options.coordinator_args.split())
     for rtt in (float(r) for r in options.rtts.split(",")):
         for name in options.systems.split(","):
-            system = _make(name, rtt / 2)
+            system = _make(name, rtt / 2, coordinator_args)
             _log(f"{name} at {rtt:.0f} ms RTT: starting")
             try:
                 nodes = system.start()
@@ -312,7 +316,8 @@ def main() -> int:
     if options.scaling_rtt >= 0 and "TxSync" in options.systems:
         per_node = clients[min(1, len(clients) - 1)]
         for dcs, workers in ((3, 1), (4, 1), (5, 1), (3, 2), (3, 4)):
-            system = TxSyncSystem(options.scaling_rtt / 2, dcs=dcs, workers=workers)
+            system = TxSyncSystem(options.scaling_rtt / 2, dcs=dcs, workers=workers,
+                                  coordinator_args=coordinator_args)  # fmt: skip
             _log(f"scaling: {dcs} DCs x {workers} workers at {options.scaling_rtt:.0f} ms RTT")
             try:
                 nodes = system.start()

@@ -66,6 +66,8 @@ class TxSyncSystem:
     one_way_delay_ms: float
     dcs: int = 3
     workers: int = 1
+    coordinator_args: tuple[str, ...] = ()
+    """Extra flags for every sync-coordinator (tuning experiments)."""
     name: str = "TxSync"
     emulator: LinkEmulator = field(default_factory=LinkEmulator)
     cluster: DevCluster | None = None
@@ -74,7 +76,12 @@ class TxSyncSystem:
     def start(self) -> list[Node]:
         base = free_base_port(self.dcs)
         layout = layout_of(self.root, self.dcs, base, witness=False, workers=self.workers)
-        self.cluster = DevCluster(layout, self.emulator, self.one_way_delay_ms)
+        self.cluster = DevCluster(
+            layout,
+            self.emulator,
+            self.one_way_delay_ms,
+            extra_args={"sync-coordinator": list(self.coordinator_args)},
+        )
         self.cluster.start()
         nodes = [Node(dc, entry["store"]) for dc, entry in layout["dcs"].items()]
         with grpc.insecure_channel(nodes[0].address) as channel:
