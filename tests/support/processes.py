@@ -110,6 +110,11 @@ class ServiceProcess:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout_s)
 
+    @property
+    def workdir(self) -> Path:
+        """Where the service keeps its data (its ``--data``, for the stores)."""
+        return self._workdir
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

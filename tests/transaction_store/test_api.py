@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.support.clients import list_tx_ids
 from tests.support.processes import ServiceProcess, health_status, transaction_store
-from txsync.transaction_store.txlog.bodies import body_digest
+from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
 from txsync.transaction_store.txlog.framing import scan
 from txsync.v1 import (
     admin_pb2,
@@ -150,6 +150,23 @@ def test_bodies_travel_between_dcs_with_their_digest(
     assert stored.stored
     read = internal.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id))
     assert read.body == encoded and read.digest == body_digest(encoded)
+
+
+def test_a_body_file_without_its_record_is_not_held(
+    server: ServiceProcess, internal: store_pb2_grpc.StoreInternalServiceStub
+) -> None:
+    """A body's file is written before its txlog record; a read in between must not
+    find it, or a coordinator would mark the body acquired and order a transaction the
+    store cannot enqueue (a coordinator died of this under load once)."""
+    tx_id = str(uuid.uuid4())
+    internal.PersistStep(store_pb2.PersistStepRequest(
+        incoming=[common_pb2.TxMeta(ts=1000, tx_id=tx_id, origin="dc2")]))  # fmt: skip
+    # As StoreBodies leaves it between writing the files and recording them:
+    BodyStore(server.workdir / "txlog" / "transactions").write(tx_id, _body(3).SerializeToString())
+    code, _ = _code(lambda: internal.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id)))
+    assert code is grpc.StatusCode.NOT_FOUND
+    read = internal.ReadBodies(store_pb2.ReadBodiesRequest(tx_ids=[tx_id]))
+    assert not read.bodies
 
 
 def test_bodies_are_stored_and_read_many_at_once_each_on_its_own(

@@ -348,7 +348,9 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         check_tx_id(request.tx_id)
         body = await self._store.read_body(request.tx_id)
         record = self._store.state.txs.get(request.tx_id)
-        if body is None or record is None:
+        # Held means recorded in the txlog: a body's file is written before its record,
+        # and a coordinator told of a file alone would mark the body acquired too early.
+        if body is None or record is None or not record.body_held:
             raise StoreError(grpc.StatusCode.NOT_FOUND, f"no body of {request.tx_id} held here")
         return store_pb2.ReadBodyResponse(
             body=body.SerializeToString(),

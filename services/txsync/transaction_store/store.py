@@ -614,7 +614,7 @@ class TransactionStore:
         held = []
         for tx_id, body in zip(tx_ids, encoded, strict=True):
             record = self.state.txs.get(tx_id)
-            if body is not None and record is not None:
+            if body is not None and record is not None and record.body_held:  # see ReadBody
                 held.append((tx_id, body, record))
         return held
 
