@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image pipeline-demo bench bench-store bench-agreement bench-apply bench-verify clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image pipeline-demo bench bench-rpcs bench-store bench-agreement bench-apply bench-verify clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -68,6 +68,9 @@ pipeline-demo: venv  ## every Spark job on a live local cluster; prints where th
 bench: venv  ## TxSync beside etcd and Galera at 0/10/50 ms RTT, then scaling: docs/benchmarks.md
 	scripts/ensure_system_packages.sh
 	$(BIN)/python -m bench.suite
+
+bench-rpcs: venv  ## gRPC calls per transaction by service and method (traced TxSync cluster)
+	$(BIN)/python -m bench.rpc_counts
 
 bench-store: venv  ## submit throughput and latency of one transaction-store, fsync on
 	$(BIN)/python -m bench.store_bench
