@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -618,7 +619,7 @@ class Coordinator:
             await self._pushes_waiting.wait()
             self._pushes_waiting.clear()
             while self._pushes:
-                batch = dict(list(self._pushes.items())[:BODIES_PER_CALL_MAX])
+                batch = dict(itertools.islice(self._pushes.items(), BODIES_PER_CALL_MAX))
                 for tx_id in batch:
                     del self._pushes[tx_id]
                 try:

@@ -345,17 +345,12 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     async def ReadBody(
         self, request: store_pb2.ReadBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> store_pb2.ReadBodyResponse:
-        check_tx_id(request.tx_id)
-        body = await self._store.read_body(request.tx_id)
-        record = self._store.state.txs.get(request.tx_id)
-        # Held means recorded in the txlog: a body's file is written before its record,
-        # and a coordinator told of a file alone would mark the body acquired too early.
-        if body is None or record is None or not record.body_held:
+        held = await self._store.read_bodies([request.tx_id])
+        if not held:
             raise StoreError(grpc.StatusCode.NOT_FOUND, f"no body of {request.tx_id} held here")
+        _, body, record = held[0]
         return store_pb2.ReadBodyResponse(
-            body=body.SerializeToString(),
-            digest=record.body_digest,
-            traceparent=record.traceparent,
+            body=body, digest=record.body_digest, traceparent=record.traceparent
         )
 
     @answers_errors

@@ -605,7 +605,10 @@ class TransactionStore:
         return stored, refused
 
     async def read_bodies(self, tx_ids: Sequence[str]) -> list[tuple[str, bytes, TxRecord]]:
-        """The bodies held of ``tx_ids`` (encoded), with their records; others left out."""
+        """The bodies held of ``tx_ids`` (encoded, as stored), with their records; others
+        left out. Held means recorded in the txlog, not merely a file: a body's file is
+        written before its record, and a coordinator told of a file alone would mark the
+        body acquired before the store could enqueue it."""
         if len(tx_ids) > BODIES_PER_CALL_MAX:
             raise invalid(f"tx_ids: {len(tx_ids)} is over {BODIES_PER_CALL_MAX}")
         for tx_id in tx_ids:
@@ -614,7 +617,7 @@ class TransactionStore:
         held = []
         for tx_id, body in zip(tx_ids, encoded, strict=True):
             record = self.state.txs.get(tx_id)
-            if body is not None and record is not None and record.body_held:  # see ReadBody
+            if body is not None and record is not None and record.body_held:
                 held.append((tx_id, body, record))
         return held
 
