@@ -169,9 +169,13 @@ def _check_round_spans_link_to_other_dcs(collector: OtlpCollector) -> None:
     collector.wait_for("a round span linked to another DC's round span", linked)
     rounds = collector.spans(lambda s: s.name == "txsync.round")
     assert {s.dc for s in rounds} == set(DCS)
-    for dc in DCS:  # a DC behind its peers gets entries by catch-up instead of its own ADD
-        added = sum(int(s.attributes.get("txsync.round.added", 0)) for s in rounds if s.dc == dc)
-        assert 0 < added <= 1 + 3 * SUBMITS_PER_DC, (dc, added)
+    # A DC behind its peers gets entries by catch-up instead of its own ADD, possibly all
+    # of them (seen in CI): no DC must add, but some must, and none more than there were.
+    added = {
+        dc: sum(int(s.attributes.get("txsync.round.added", 0)) for s in rounds if s.dc == dc)
+        for dc in DCS
+    }
+    assert sum(added.values()) > 0 and max(added.values()) <= 1 + 3 * SUBMITS_PER_DC, added
 
 
 def _check_metrics(dcs: dict[str, Any]) -> None:

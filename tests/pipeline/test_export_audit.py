@@ -67,8 +67,9 @@ def test_an_export_through_the_admin_api_holds_the_files_order_and_the_rounds(
         assert row["n"] == row["distinct"] > 0, row  # each round once
         assert row["shortest"] >= 0
         # A meta is added once, by one round; a DC that fell behind (or started late)
-        # takes some as synced entries from a peer instead.
-        assert 0 < row["added"] <= TXS, row
+        # takes some, possibly all, as synced entries from a peer instead.
+        assert row["added"] <= TXS, row
+    assert sum(row["added"] for row in per_dc.collect()) > 0
     assert {row["dc"] for row in per_dc.collect()} == set(DCS)
     outcomes = {row["outcome"] for row in rounds.select("outcome").distinct().collect()}
     assert "advanced" in outcomes
