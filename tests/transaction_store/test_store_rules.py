@@ -15,7 +15,13 @@ import pytest
 
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
-from txsync.transaction_store.store import StateChangeRequest, StoreConfig, TransactionStore
+from txsync.transaction_store.store import (
+    LocalSubmit,
+    StateChangeRequest,
+    StoreConfig,
+    TransactionStore,
+)
+from txsync.transaction_store.txlog.bodies import body_digest
 from txsync.transaction_store.validation import StoreError, nondeterminism
 from txsync.v1 import common_pb2
 
@@ -211,18 +217,23 @@ def test_body_exchange_checks_digests(tmp_path: Path) -> None:
 def test_follow_enqueued_and_local_submit_watch(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> None:
         first = (await store.submit(_body())).tx_id
-        watched: list[str] = []
+        watched: list[LocalSubmit] = []
 
         async def watch() -> None:
-            async for tx_id in store.watch_local_submits():
-                watched.append(tx_id)
+            async for submit in store.watch_local_submits():
+                watched.append(submit)
                 if len(watched) == 2:
                     return
 
         watcher = asyncio.create_task(watch())
         second = (await store.submit(_body())).tx_id
         await asyncio.wait_for(watcher, 5)
-        assert watched == [first, second]
+        assert [submit.tx_id for submit in watched] == [first, second]
+        # Each comes with its body (the pending one read back, the new one as submitted),
+        # for the coordinator to push without asking the store again.
+        for submit in watched:
+            assert submit.body == _body().SerializeToString()
+            assert submit.digest == body_digest(submit.body)
 
         followed: list[tuple[int, str]] = []
 

@@ -407,8 +407,16 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     ) -> AsyncIterator[store_pb2.WatchLocalSubmitsResponse]:
         if isinstance(request, MalformedRequest):
             await abort(context, request.as_error())
-        async for tx_id in self._store.watch_local_submits():
-            yield store_pb2.WatchLocalSubmitsResponse(tx_id=tx_id)
+        try:
+            async for submit in self._store.watch_local_submits():
+                yield store_pb2.WatchLocalSubmitsResponse(
+                    tx_id=submit.tx_id,
+                    body=submit.body,
+                    digest=submit.digest,
+                    traceparent=submit.traceparent,
+                )
+        except StoreError as error:
+            await abort(context, error)
 
     @answers_errors
     async def ReportProgress(

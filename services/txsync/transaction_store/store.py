@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 
 from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta, TxState, is_allowed_transition
+from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord
 from txsync.transaction_store.tx_tracing import trace_history, trace_transitions
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
@@ -68,6 +69,8 @@ class StoreConfig:
     witness: bool = False
     """A witness node (PROTOCOL.md §1) votes and relays but has no workers: it refuses
     client transactions, which would otherwise be ordered by a DC that applies nothing."""
+    body_cache_bytes_max: int = BODY_CACHE_BYTES_DEFAULT
+    """Bodies of unfinished transactions kept in memory for reading back (``body_cache``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,30 @@ class StateChangeRequest:
     tx_id: str
     state: TxState
     outcome: common_pb2.Outcome | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSubmit:
+    """A durable local submit, with what the coordinator needs to push its body at once."""
+
+    tx_id: str
+    body: bytes
+    """Encoded ``TxBody``; empty if it could not be read (the peers then fetch it)."""
+    digest: bytes
+    traceparent: str
+
+
+LOCAL_WATCHERS_MAX = 8
+"""Concurrent ``watch_local_submits`` streams (one per coordinator incarnation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """Entries handed to the writer: its future, and the transactions whose state they
+    move that a ``wait`` is waiting on (woken once the entries are durable)."""
+
+    future: asyncio.Future[None]
+    waited: tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -107,6 +134,13 @@ class TransactionStore:
         self._writer = GroupCommitWriter(self.files)
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
+        """Replaced and set after every durable batch: what the streams wait on."""
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        """Waits by transaction: woken only when that transaction's state moves, not by
+        every write (with many clients waiting, waking all of them per fsync cost more
+        than the writes)."""
+        self._local_watchers: set[asyncio.Queue[LocalSubmit]] = set()
+        self.body_cache = BodyCache(config.body_cache_bytes_max)
         self._rotating = False
         self._rotation: asyncio.Task[None] | None = None
         self._unsynced_bodies: set[str] = set()
@@ -155,7 +189,7 @@ class TransactionStore:
 
     # --- the one way to change anything --------------------------------------------------
 
-    def _stage(self, entries: Sequence[txlog_pb2.LogEntry]) -> asyncio.Future[None]:
+    def _stage(self, entries: Sequence[txlog_pb2.LogEntry]) -> _Staged:
         """Under the lock: hand entries to the writer and apply them to memory."""
         batch = txlog_pb2.LogBatch(entries=entries)
         try:
@@ -164,14 +198,33 @@ class TransactionStore:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         for entry in entries:
             self.state.apply(entry)
-        return future
+        return _Staged(future, self._waited_among(entries) if self._waiters else ())
 
-    async def _durable(self, future: asyncio.Future[None]) -> None:
+    def _waited_among(self, entries: Sequence[txlog_pb2.LogEntry]) -> tuple[str, ...]:
+        """The transactions whose state ``entries`` move and that someone waits on."""
+        waited: list[str] = []
+        for entry in entries:
+            kind = entry.WhichOneof("entry")
+            if kind == "state":
+                tx_id = entry.state.tx_id
+            elif kind == "submitted":
+                tx_id = entry.submitted.tx_id
+            else:
+                continue
+            if tx_id in self._waiters:
+                waited.append(tx_id)
+        return tuple(waited)
+
+    async def _durable(self, staged: _Staged) -> None:
         try:
-            await future
+            await staged.future
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         self._notify()
+        for tx_id in staged.waited:
+            for waiter in self._waiters.pop(tx_id, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
         if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._rotating = True
             # Keep a strong reference: the loop holds tasks only weakly.
@@ -276,15 +329,32 @@ class TransactionStore:
                     )
                 )
                 self._unsynced_bodies.add(tx_id)
+                self.body_cache.put(tx_id, encoded)
                 if key:
                     batch_keys[key] = tx_id
                 results.append(Submitted(tx_id, True, TxState.INCOMING))
-            future = self._stage(entries) if entries else None
+            staged = self._stage(entries) if entries else None
         if unused:
             await asyncio.to_thread(self._delete_bodies, unused)
-        if future is not None:
-            await self._durable(future)
+        if staged is not None:
+            await self._durable(staged)
+            self._tell_local_watchers(entries)
         return results
+
+    def _tell_local_watchers(self, entries: Sequence[txlog_pb2.LogEntry]) -> None:
+        """Durable local submits go to the coordinator with their bodies, which it pushes
+        to the peers without reading them back from here."""
+        for watcher in self._local_watchers:
+            for entry in entries:
+                submitted = entry.submitted
+                watcher.put_nowait(
+                    LocalSubmit(
+                        submitted.tx_id,
+                        submitted.body,
+                        submitted.body_digest,
+                        submitted.traceparent,
+                    )
+                )
 
     def _write_bodies(self, bodies: Iterable[tuple[str, bytes]]) -> None:
         self.bodies.write_many(list(bodies))
@@ -309,7 +379,9 @@ class TransactionStore:
         return record
 
     async def read_body(self, tx_id: str) -> common_pb2.TxBody | None:
-        encoded = await asyncio.to_thread(self.bodies.read, tx_id)
+        encoded = self.body_cache.get(tx_id)
+        if encoded is None:
+            encoded = await asyncio.to_thread(self.bodies.read, tx_id)
         if encoded is None:
             return None
         body = common_pb2.TxBody()
@@ -323,20 +395,29 @@ class TransactionStore:
         transaction this DC has not heard of yet (submitted at another DC) is waited for
         too; the record is None if it never showed up."""
         check_tx_id(tx_id)
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         while True:
-            changed = self._changed
             record = self.state.tx(tx_id)
             current = record.state if record is not None else None
             if current is not None and _reached(current, state):
                 return record, True
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 return record, False
+            woken: asyncio.Future[None] = loop.create_future()
+            waiters = self._waiters.setdefault(tx_id, [])
+            waiters.append(woken)
             try:
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await woken
             except TimeoutError:
                 return self.state.tx(tx_id), False
+            finally:
+                if not woken.done():  # timed out or cancelled: not woken, so still listed
+                    waiters.remove(woken)
+                    if not waiters and self._waiters.get(tx_id) is waiters:
+                        del self._waiters[tx_id]
 
     def list_page(
         self, state: TxState | None, page_size: int, after_seq: int
@@ -358,8 +439,8 @@ class TransactionStore:
         """Raise and persist the epoch (a new incarnation of the coordinator)."""
         async with self._lock:
             epoch = self.state.epoch + 1
-            future = self._stage([self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))])
-        await self._durable(future)
+            staged = self._stage([self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))])
+        await self._durable(staged)
         return epoch
 
     async def persist_step(
@@ -393,9 +474,9 @@ class TransactionStore:
                 installed_view=installed_view,
                 vote=vote,
             )
-            future = self._stage(entries) if entries else None
-        if future is not None:
-            await self._durable(future)
+            staged = self._stage(entries) if entries else None
+        if staged is not None:
+            await self._durable(staged)
             trace_transitions(self.state, entries)
         return self.state.merge_base
 
@@ -596,10 +677,11 @@ class TransactionStore:
                     membership=body.HasField("membership"), traceparent=traceparent,
                 )))  # fmt: skip
                 self._unsynced_bodies.add(tx_id)
+                self.body_cache.put(tx_id, encoded)
                 stored.append(tx_id)
-            future = self._stage(entries) if entries else None
-        if future is not None:
-            await self._durable(future)
+            staged = self._stage(entries) if entries else None
+        if staged is not None:
+            await self._durable(staged)
         for tx_id in traced:
             trace_history(self.state, tx_id)
         return stored, refused
@@ -613,13 +695,23 @@ class TransactionStore:
             raise invalid(f"tx_ids: {len(tx_ids)} is over {BODIES_PER_CALL_MAX}")
         for tx_id in tx_ids:
             check_tx_id(tx_id)
-        encoded = await asyncio.to_thread(lambda: [self.bodies.read(t) for t in tx_ids])
-        held = []
-        for tx_id, body in zip(tx_ids, encoded, strict=True):
+        cached: list[bytes | None] = [self.body_cache.get(tx_id) for tx_id in tx_ids]
+        if any(body is None for body in cached):
+            cached = await asyncio.to_thread(self._read_missing, tx_ids, cached)
+        held: list[tuple[str, bytes, TxRecord]] = []
+        for tx_id, body in zip(tx_ids, cached, strict=True):
             record = self.state.txs.get(tx_id)
             if body is not None and record is not None and record.body_held:
                 held.append((tx_id, body, record))
         return held
+
+    def _read_missing(
+        self, tx_ids: Sequence[str], cached: list[bytes | None]
+    ) -> list[bytes | None]:
+        return [
+            self.bodies.read(tx_id) if body is None else body
+            for tx_id, body in zip(tx_ids, cached, strict=True)
+        ]
 
     def read_synced(self, from_len: int, count_max: int) -> tuple[MergeBase, list[TxMeta]]:
         if not 1 <= count_max <= READ_SYNCED_MAX:
@@ -639,16 +731,37 @@ class TransactionStore:
         begin = from_len - state.synced_offset
         return start, state.synced[begin : begin + count_max]
 
-    async def watch_local_submits(self) -> AsyncIterator[str]:
-        sent: set[str] = set()
-        while True:
-            changed = self._changed
-            for tx_id in list(self.state.pending_local):
-                if tx_id not in sent:
-                    sent.add(tx_id)
-                    yield tx_id
-            sent.intersection_update(self.state.pending_local)
-            await changed.wait()
+    async def watch_local_submits(self) -> AsyncIterator[LocalSubmit]:
+        """Every local submit the protocol has not stamped yet (those pending when the
+        watch starts first), each once, with its body. New ones are handed over as they
+        become durable, not found by rescanning the pending ones at every write."""
+        if len(self._local_watchers) >= LOCAL_WATCHERS_MAX:
+            raise StoreError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {LOCAL_WATCHERS_MAX} local submit watches at once",
+            )
+        # Bounded in practice: submits are refused past incoming_txs_max pending.
+        handed: asyncio.Queue[LocalSubmit] = asyncio.Queue()
+        self._local_watchers.add(handed)
+        try:
+            pending = list(self.state.pending_local)
+            for tx_id in pending:
+                yield await self._local_submit(tx_id)
+            already = set(pending)
+            while True:
+                submit = await handed.get()
+                if submit.tx_id in already:
+                    already.discard(submit.tx_id)  # submitted while the pending were read
+                    continue
+                yield submit
+        finally:
+            self._local_watchers.discard(handed)
+
+    async def _local_submit(self, tx_id: str) -> LocalSubmit:
+        record = self.state.txs[tx_id]
+        held = await self.read_bodies([tx_id])
+        body = held[0][1] if held else b""
+        return LocalSubmit(tx_id, body, record.body_digest, record.traceparent)
 
     # --- internal API: worker-dispatch -------------------------------------------------
 
@@ -704,9 +817,12 @@ class TransactionStore:
                 )
         async with self._lock:
             entries = self._plan_changes(changes, service)
-            future = self._stage(entries) if entries else None
-        if future is not None:
-            await self._durable(future)
+            staged = self._stage(entries) if entries else None
+        for change in changes:
+            if change.state in FINAL_STATES:
+                self.body_cache.discard(change.tx_id)  # read back no more (files serve)
+        if staged is not None:
+            await self._durable(staged)
             trace_transitions(self.state, entries)
 
     # --- progress, rotation and truncation ------------------------------------------

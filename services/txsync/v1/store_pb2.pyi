@@ -41,15 +41,38 @@ class WatchLocalSubmitsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TX_ID_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
+    body: _builtins.bytes
+    """The encoded TxBody (as submitted, at most 4 MiB), so that the coordinator pushes it to
+    the peers without reading it back; empty if the store could not read it.
+    """
+    digest: _builtins.bytes
+    """SHA-256 of `body`."""
+    traceparent: _builtins.str
+    """W3C traceparent of the transaction's trace (empty when not traced)."""
     def __init__(
         self,
         *,
         tx_id: _builtins.str = ...,
+        body: _builtins.bytes = ...,
+        digest: _builtins.bytes = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tx_id", b"tx_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "body",
+        b"body",
+        "digest",
+        b"digest",
+        "traceparent",
+        b"traceparent",
+        "tx_id",
+        b"tx_id",
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
