@@ -5,10 +5,10 @@ process is not slowed by them).
 
 What "committed" means per system, as each one's client sees it:
 
-* TxSync: ``Submit`` to the client's DC, then ``Wait`` until that DC has it ACCEPTED
-  (ordered: in the agreed order, which no DC can change). Batched: ``SubmitBatch`` of
-  ``batch`` transactions, then wait for the last one (a DC orders its own submits in
-  the order it took them).
+* TxSync: ``Submit`` to the client's DC with ``wait_for`` ACCEPTED: answered once that DC
+  has it ACCEPTED (ordered: in the agreed order, which no DC can change). Batched:
+  ``SubmitBatch`` of ``batch`` transactions whose last one waits (a DC orders its own
+  submits in the order it took them).
 * etcd: ``KV/Put`` answered (committed by a Raft majority).
 * Galera: ``INSERT ... ON DUPLICATE KEY UPDATE`` with autocommit answered (certified by
   the group); a deadlock answer (a certification conflict) is retried and counted.
@@ -157,31 +157,36 @@ def _txsync_sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, in
     stub = client_pb2_grpc.ClientServiceStub(grpc.insecure_channel(plan.address))
     timeout = duration_pb2.Duration(seconds=30)
 
-    def body() -> common_pb2.TxBody:
+    def submit(last: bool) -> client_pb2.SubmitRequest:
+        """One upsert; ``last`` also asks the store to answer only once it is ACCEPTED."""
         params = [common_pb2.SqlValue(int_value=rng.randrange(KEYS)),
                   common_pb2.SqlValue(text_value=_value(rng))]  # fmt: skip
-        return common_pb2.TxBody(statements=[common_pb2.Statement(sql=TXSYNC_UPSERT,
+        body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=TXSYNC_UPSERT,
                                                                   params=params)])  # fmt: skip
+        if not last:
+            return client_pb2.SubmitRequest(body=body)
+        return client_pb2.SubmitRequest(body=body, wait_for=common_pb2.TX_STATE_ACCEPTED,
+                                        wait_timeout=timeout)  # fmt: skip
 
-    def wait(tx_id: str) -> None:
-        answer = stub.Wait(client_pb2.WaitRequest(tx_id=tx_id, state=common_pb2.TX_STATE_ACCEPTED,
-                                                  timeout=timeout), timeout=40)  # fmt: skip
+    def accepted(answer: client_pb2.SubmitResponse) -> None:
         if not answer.reached:
-            raise RuntimeError(f"{tx_id} not ACCEPTED in 30 s")
+            raise RuntimeError(f"{answer.tx_id} not ACCEPTED in 30 s")
 
     def submit_one() -> tuple[int, int]:
-        wait(stub.Submit(client_pb2.SubmitRequest(body=body()), timeout=30).tx_id)
+        accepted(stub.Submit(submit(last=True), timeout=40))
         return 1, 0
 
     def submit_batch() -> tuple[int, int]:
         request = client_pb2.SubmitBatchRequest(
-            submits=[client_pb2.SubmitRequest(body=body()) for _ in range(plan.batch)]
+            submits=[submit(last=n == plan.batch - 1) for n in range(plan.batch)]
         )
-        results = stub.SubmitBatch(request, timeout=30).results
-        accepted = [r.accepted.tx_id for r in results if r.WhichOneof("result") == "accepted"]
-        if not accepted:
+        results = stub.SubmitBatch(request, timeout=40).results
+        taken = [r.accepted for r in results if r.WhichOneof("result") == "accepted"]
+        if not taken:
             raise RuntimeError(f"batch refused: {results[0].error}")
-        wait(accepted[-1])
-        return len(accepted), 0
+        if results[-1].WhichOneof("result") != "accepted":
+            raise RuntimeError(f"the batch's last submit refused: {results[-1].error}")
+        accepted(taken[-1])
+        return len(taken), 0
 
     return submit_batch if plan.batch > 1 else submit_one

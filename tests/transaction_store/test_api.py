@@ -85,6 +85,18 @@ def test_bad_client_input_gets_a_clear_status_and_changes_nothing(
         (lambda: client.List(client_pb2.ListRequest(page_token="garbage!")), "page_token"),
         (lambda: client.List(client_pb2.ListRequest(page_size=5000)), "more than 1000"),
         (lambda: client.SubmitBatch(client_pb2.SubmitBatchRequest()), "outside 1..1000"),
+        (lambda: client.Submit(client_pb2.SubmitRequest(
+            body=_body(), wait_for=common_pb2.TxState.ValueType(42))), "wait_for: 42"),
+        (lambda: client.Submit(client_pb2.SubmitRequest(
+            body=_body(), wait_for=common_pb2.TX_STATE_OK,
+            wait_timeout=duration_pb2.Duration(seconds=3600))), "more than 600"),
+        (lambda: client.SubmitBatch(client_pb2.SubmitBatchRequest(submits=[
+            client_pb2.SubmitRequest(body=_body()),
+            client_pb2.SubmitRequest(body=_body(), wait_for=common_pb2.TxState.ValueType(9))])),
+         "wait_for: 9"),
+        (lambda: client.SubmitStream(iter([client_pb2.SubmitStreamRequest(submit=(
+            client_pb2.SubmitRequest(body=_body(), wait_for=common_pb2.TX_STATE_OK)))])),
+         "a stream is answered once"),
     ]  # fmt: skip
     for call, text in cases:
         code, details = _code(call)
@@ -236,6 +248,50 @@ def test_many_clients_single_and_batched_submits(
     assert len(set(acknowledged)) == len(acknowledged)
     listed = [tx for tx in list_tx_ids(client) if tx not in before]
     assert sorted(listed) == sorted(acknowledged)  # each exactly once
+
+
+def test_a_submit_waits_for_the_state_asked_in_the_same_call(
+    client: client_pb2_grpc.ClientServiceStub, internal: store_pb2_grpc.StoreInternalServiceStub
+) -> None:
+    """No coordinator runs beside this store: a submit that waits for ACCEPTED is answered
+    at its timeout, or once the test, in the coordinator's place, persists it as ordered."""
+    short = duration_pb2.Duration(nanos=200_000_000)
+    timed_out = client.Submit(client_pb2.SubmitRequest(
+        body=_body(), wait_for=common_pb2.TX_STATE_ACCEPTED, wait_timeout=short))  # fmt: skip
+    assert timed_out.tx_id and timed_out.created
+    assert not timed_out.reached and timed_out.state == common_pb2.TX_STATE_INCOMING
+
+    batch = client.SubmitBatch(client_pb2.SubmitBatchRequest(submits=[
+        client_pb2.SubmitRequest(body=_body(1)),
+        client_pb2.SubmitRequest(body=_body(2), wait_for=common_pb2.TX_STATE_INCOMING),
+        client_pb2.SubmitRequest(body=_body(3), wait_for=common_pb2.TX_STATE_ACCEPTED,
+                                 wait_timeout=short),
+    ])).results  # fmt: skip
+    assert [r.accepted.reached for r in batch] == [True, True, False]
+
+    before = set(list_tx_ids(client))
+    answers: list[client_pb2.SubmitResponse] = []
+    waiting = threading.Thread(target=lambda: answers.append(client.Submit(
+        client_pb2.SubmitRequest(body=_body(4), wait_for=common_pb2.TX_STATE_ACCEPTED,
+                                 wait_timeout=duration_pb2.Duration(seconds=20)))))  # fmt: skip
+    waiting.start()
+    new: list[str] = []
+    for _ in range(200):
+        new = [tx for tx in list_tx_ids(client) if tx not in before]
+        if new:
+            break
+        waiting.join(0.05)
+    assert len(new) == 1 and not answers  # durable, and still waiting
+    base = internal.PersistStep(store_pb2.PersistStepRequest()).merge_base
+    meta = common_pb2.TxMeta(ts=10**6, tx_id=new[0], origin="dc1")
+    internal.PersistStep(store_pb2.PersistStepRequest(
+        incoming=[meta], synced_start=base, synced=[meta],
+        state_changes=[store_pb2.StateChange(tx_id=new[0],
+                                             state=common_pb2.TX_STATE_ACCEPTED)]))  # fmt: skip
+    waiting.join(10)
+    assert [(a.tx_id, a.reached, a.state) for a in answers] == [
+        (new[0], True, common_pb2.TX_STATE_ACCEPTED)
+    ]
 
 
 def test_stream_submit_and_wait(client: client_pb2_grpc.ClientServiceStub) -> None:

@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2
 
 from txsync.cli.connect import add_connection_arguments, metadata, target
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
@@ -77,34 +76,25 @@ def run(options: argparse.Namespace) -> int:
         ]
     )
     started = time.monotonic()
+    request = client_pb2.SubmitRequest(body=body, idempotency_key=options.key)
+    if options.wait:
+        request.wait_for = WAIT_STATES[options.wait]
+        request.wait_timeout.FromNanoseconds(int(options.timeout * 1e9))
     with grpc.insecure_channel(address) as channel:
         stub = client_pb2_grpc.ClientServiceStub(channel)
         try:
             submitted = stub.Submit(
-                client_pb2.SubmitRequest(body=body, idempotency_key=options.key),
-                timeout=10,
-                metadata=metadata(options),
+                request, timeout=options.timeout + 10, metadata=metadata(options)
             )
             result: dict[str, Any] = {
                 "tx_id": submitted.tx_id,
                 "created": submitted.created,
                 "state": common_pb2.TxState.Name(submitted.state),
             }
-            reached = True
+            reached = submitted.reached
             if options.wait:
-                waited = stub.Wait(
-                    client_pb2.WaitRequest(
-                        tx_id=submitted.tx_id,
-                        state=WAIT_STATES[options.wait],
-                        timeout=duration_pb2.Duration(seconds=int(options.timeout)),
-                    ),
-                    timeout=options.timeout + 5,
-                    metadata=metadata(options),
-                )
-                reached = waited.reached
-                result["state"] = common_pb2.TxState.Name(waited.state)
-                if waited.state == common_pb2.TX_STATE_FAILED:
-                    result["error"] = waited.outcome.error
+                if submitted.state == common_pb2.TX_STATE_FAILED:
+                    result["error"] = submitted.outcome.error
                 result["reached"] = reached
                 result["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
         except grpc.RpcError as error:

@@ -7,6 +7,7 @@ Thin: decode and check the request, call ``TransactionStore``, encode the answer
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from collections.abc import AsyncIterator
@@ -48,7 +49,29 @@ def _submitted(result: Submitted) -> client_pb2.SubmitResponse:
         tx_id=result.tx_id,
         created=result.created,
         state=common_pb2.TxState.ValueType(result.state.value),
+        reached=True,
     )
+
+
+def _wait_args(submit: client_pb2.SubmitRequest) -> tuple[TxState, float] | None:
+    """What a submit asks to wait for, checked before anything is stored."""
+    if not submit.wait_for:
+        return None
+    wanted = check_state(submit.wait_for, "wait_for")
+    return wanted, check_wait_seconds(submit.wait_timeout.ToNanoseconds() / 1e9)
+
+
+async def _waited(
+    store: TransactionStore, response: client_pb2.SubmitResponse, wait: tuple[TxState, float]
+) -> None:
+    """Fill ``response`` with where its transaction is once it reached the state asked
+    for, or the timeout ended."""
+    record, reached = await store.wait(response.tx_id, *wait)
+    response.reached = reached
+    if record is not None and record.state is not None:
+        response.state = common_pb2.TxState.ValueType(record.state.value)
+    if record is not None and record.outcome is not None:
+        response.outcome.CopyFrom(record.outcome)
 
 
 def _submit_args(
@@ -120,7 +143,11 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         self, request: client_pb2.SubmitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> client_pb2.SubmitResponse:
         body, key, traceparent = _submit_args(request, _traceparent(context))
-        return _submitted(await self._store.submit(body, key, traceparent))
+        wait = _wait_args(request)
+        response = _submitted(await self._store.submit(body, key, traceparent))
+        if wait is not None:
+            await _waited(self._store, response, wait)
+        return response
 
     @answers_errors
     async def SubmitBatch(
@@ -130,8 +157,18 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
             raise invalid(f"submits: {len(request.submits)} is outside 1..{BATCH_SUBMITS_MAX}")
         traceparent = _traceparent(context)
         args = [_submit_args(submit, traceparent) for submit in request.submits]
-        results = await self._store.submit_many(args)
-        return client_pb2.SubmitBatchResponse(results=_results(results))
+        waits = [_wait_args(submit) for submit in request.submits]
+        answer = client_pb2.SubmitBatchResponse(
+            results=_results(await self._store.submit_many(args))
+        )
+        await asyncio.gather(
+            *(
+                _waited(self._store, result.accepted, wait)
+                for result, wait in zip(answer.results, waits, strict=True)
+                if wait is not None and result.WhichOneof("result") == "accepted"
+            )
+        )
+        return answer
 
     async def SubmitStream(
         self,
@@ -148,6 +185,8 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
                 count += 1
                 if count > STREAM_SUBMITS_MAX:
                     raise invalid(f"a stream carries at most {STREAM_SUBMITS_MAX} submits")
+                if request.submit.wait_for:
+                    raise invalid("submit.wait_for: a stream is answered once; Wait for a state")
                 chunk.append(_submit_args(request.submit, traceparent))
                 if len(chunk) == BATCH_SUBMITS_MAX:
                     results.extend(await self._store.submit_many(chunk))

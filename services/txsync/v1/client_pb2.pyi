@@ -26,22 +26,44 @@ class SubmitRequest(_message.Message):
 
     BODY_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    WAIT_FOR_FIELD_NUMBER: _builtins.int
+    WAIT_TIMEOUT_FIELD_NUMBER: _builtins.int
     idempotency_key: _builtins.str
     """Optional (at most 128 bytes): a retried submit with the same key returns the first
     submit's transaction id and changes nothing.
     """
+    wait_for: _common_pb2.TxState.ValueType
+    """Optional: answer once the transaction has reached this state (or a later one) at this
+    DC, or `wait_timeout` ended, as Submit then Wait would, in one call. Unset: answer
+    once it is durable (INCOMING).
+    """
     @_builtins.property
     def body(self) -> _common_pb2.TxBody: ...
+    @_builtins.property
+    def wait_timeout(self) -> _duration_pb2.Duration:
+        """At most 10 minutes; 0 means 30 seconds. Only read with `wait_for`."""
+
     def __init__(
         self,
         *,
         body: _common_pb2.TxBody | None = ...,
         idempotency_key: _builtins.str = ...,
+        wait_for: _common_pb2.TxState.ValueType = ...,
+        wait_timeout: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "body", b"body", "wait_timeout", b"wait_timeout"
+    ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "body", b"body", "idempotency_key", b"idempotency_key"
+        "body",
+        b"body",
+        "idempotency_key",
+        b"idempotency_key",
+        "wait_for",
+        b"wait_for",
+        "wait_timeout",
+        b"wait_timeout",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
@@ -55,21 +77,42 @@ class SubmitResponse(_message.Message):
     TX_ID_FIELD_NUMBER: _builtins.int
     CREATED_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    REACHED_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     created: _builtins.bool
     """False when the idempotency key matched an earlier submit."""
     state: _common_pb2.TxState.ValueType
+    reached: _builtins.bool
+    """False when `wait_for` was asked and its timeout ended first (`state` says where the
+    transaction is); true otherwise.
+    """
+    @_builtins.property
+    def outcome(self) -> _common_pb2.Outcome:
+        """Set once the transaction is OK or FAILED."""
+
     def __init__(
         self,
         *,
         tx_id: _builtins.str = ...,
         created: _builtins.bool = ...,
         state: _common_pb2.TxState.ValueType = ...,
+        reached: _builtins.bool = ...,
+        outcome: _common_pb2.Outcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "created", b"created", "state", b"state", "tx_id", b"tx_id"
+        "created",
+        b"created",
+        "outcome",
+        b"outcome",
+        "reached",
+        b"reached",
+        "state",
+        b"state",
+        "tx_id",
+        b"tx_id",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

@@ -86,8 +86,9 @@ class ClientServiceServicer:
     """Submit write transactions, follow them through their lifecycle, and read."""
 
     def Submit(self, request, context):
-        """Submit one transaction. Answers once it is durable (fsynced) as INCOMING; a tx that
-        fails validation gets INVALID_ARGUMENT and leaves no trace.
+        """Submit one transaction. Answers once it is durable (fsynced) as INCOMING, or with
+        `wait_for` once it reached that state; a tx that fails validation gets
+        INVALID_ARGUMENT and leaves no trace.
         RESOURCE_EXHAUSTED with a `retry-after-ms` trailer when the incoming queue or body
         store is over its limit; INVALID_ARGUMENT for a malformed body.
         """

@@ -37,8 +37,9 @@ class ClientServiceStub:
     Submit: _grpc.UnaryUnaryMultiCallable[
         _client_pb2.SubmitRequest, _client_pb2.SubmitResponse
     ]
-    """Submit one transaction. Answers once it is durable (fsynced) as INCOMING; a tx that
-    fails validation gets INVALID_ARGUMENT and leaves no trace.
+    """Submit one transaction. Answers once it is durable (fsynced) as INCOMING, or with
+    `wait_for` once it reached that state; a tx that fails validation gets
+    INVALID_ARGUMENT and leaves no trace.
     RESOURCE_EXHAUSTED with a `retry-after-ms` trailer when the incoming queue or body
     store is over its limit; INVALID_ARGUMENT for a malformed body.
     """
@@ -78,8 +79,9 @@ class ClientServiceAsyncStub(ClientServiceStub):
     Submit: _aio.UnaryUnaryMultiCallable[
         _client_pb2.SubmitRequest, _client_pb2.SubmitResponse
     ]  # type: ignore[assignment]
-    """Submit one transaction. Answers once it is durable (fsynced) as INCOMING; a tx that
-    fails validation gets INVALID_ARGUMENT and leaves no trace.
+    """Submit one transaction. Answers once it is durable (fsynced) as INCOMING, or with
+    `wait_for` once it reached that state; a tx that fails validation gets
+    INVALID_ARGUMENT and leaves no trace.
     RESOURCE_EXHAUSTED with a `retry-after-ms` trailer when the incoming queue or body
     store is over its limit; INVALID_ARGUMENT for a malformed body.
     """
@@ -122,8 +124,9 @@ class ClientServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[
         _client_pb2.SubmitResponse, _abc.Awaitable[_client_pb2.SubmitResponse]
     ]:
-        """Submit one transaction. Answers once it is durable (fsynced) as INCOMING; a tx that
-        fails validation gets INVALID_ARGUMENT and leaves no trace.
+        """Submit one transaction. Answers once it is durable (fsynced) as INCOMING, or with
+        `wait_for` once it reached that state; a tx that fails validation gets
+        INVALID_ARGUMENT and leaves no trace.
         RESOURCE_EXHAUSTED with a `retry-after-ms` trailer when the incoming queue or body
         store is over its limit; INVALID_ARGUMENT for a malformed body.
         """
