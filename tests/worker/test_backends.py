@@ -3,12 +3,15 @@ digests, reads."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.worker.conftest import BackendFactory
 from txsync.v1 import common_pb2
-from txsync.worker.backend import ApplyOrderError, QueryRefused
+from txsync.worker.backend import ApplyOrderError, QueryRefused, ToApply
 from txsync.worker.outcomes import GENESIS_DIGEST
+from txsync.worker.sqlite_backend import SqliteBackend
 
 SCHEMA = "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)"
 
@@ -60,6 +63,47 @@ def test_applies_in_order_once_with_outcomes_and_a_digest_chain(
     # The same statements under another id are another history.
     other = open_backend("c")
     assert other.apply(1, "other", _history()[0]).state_digest != outcomes[0].state_digest
+
+
+def _items(bodies: list[common_pb2.TxBody], first: int = 1) -> list[ToApply]:
+    return [ToApply(n, f"tx{n}", body) for n, body in enumerate(bodies, start=first)]
+
+
+def test_a_batch_applies_as_one_at_a_time_would(open_backend: BackendFactory) -> None:
+    """``apply_many`` (one database transaction for what queued up at a worker) gives the
+    outcomes and digests of applying one at a time, answers re-delivered positions from
+    their record, and stops at a gap with everything before it committed."""
+    single = open_backend("single")
+    one_by_one = [single.apply(n, f"tx{n}", body) for n, body in enumerate(_history(), start=1)]
+    batched = open_backend("batched")
+    outcomes, stopped = batched.apply_many(_items(_history()[:2]))
+    assert stopped is None and outcomes == one_by_one[:2]
+    # Positions 1 and 2 again (a reconnect re-sends them), 3 to 5 new, then a gap.
+    again = [*_items(_history()), *_items(_history()[:1], first=7)]
+    outcomes, stopped = batched.apply_many(again)
+    assert outcomes == one_by_one  # the failing transaction (4) included, as FAILED
+    assert isinstance(stopped, ApplyOrderError) and "gap" in str(stopped)
+    batched.close()
+    reopened = open_backend("batched")  # committed: the gap undid nothing before it
+    assert reopened.applied().position == 5
+    assert reopened.applied().state_digest == one_by_one[-1].state_digest
+    read = reopened.query(common_pb2.Statement(sql="SELECT id, balance FROM accounts"), 10)
+    assert sorted(read.rows) == [(1, 91), (2, 6)]
+
+
+def test_a_statement_that_ends_the_whole_batch_is_applied_again_alone(tmp_path: Path) -> None:
+    """SQLite's ``OR ROLLBACK`` undoes the whole database transaction on a conflict, not
+    just the statement's savepoint: in a batch that also undoes the transactions before
+    it, which are then applied one by one (same outcomes, same digests)."""
+    history = [*_history()[:3], _body(("INSERT OR ROLLBACK INTO accounts VALUES (1, 0)", ())),
+               _history()[4]]  # fmt: skip
+    single = SqliteBackend(tmp_path / "single.db")
+    one_by_one = [single.apply(n, f"tx{n}", body) for n, body in enumerate(history, start=1)]
+    assert [o.ok for o in one_by_one] == [True, True, True, False, True]
+    batched = SqliteBackend(tmp_path / "batched.db")
+    outcomes, stopped = batched.apply_many(_items(history))
+    assert stopped is None and outcomes == one_by_one
+    assert batched.applied().position == 5
 
 
 def test_redelivery_returns_the_recorded_outcome_and_gaps_are_refused(

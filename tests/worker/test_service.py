@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,15 @@ def test_streamed_applies_reads_after_a_position_and_heartbeats(
             list(stub.Apply(_requests(305, 305)))
         assert gap.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert "applied: 300" in (gap.value.details() or "")
+        # Sent together, new positions and then a gap: those before the gap are applied
+        # and answered (one batch or several), then the stream ends.
+        answered: list[int] = []
+        with pytest.raises(grpc.RpcError) as late_gap:
+            for answer in stub.Apply(itertools.chain(_requests(301, 303), _requests(305, 305))):
+                answered.append(answer.outcome.position)
+        assert answered == [301, 302, 303]
+        assert late_gap.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "applied: 303" in (late_gap.value.details() or "")
 
 
 def test_queries_refuse_writes_bad_limits_and_time_out(running_worker: ServiceProcess) -> None:

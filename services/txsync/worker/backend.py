@@ -3,7 +3,7 @@ query results, value conversions and the limits on what is kept and returned."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -15,6 +15,21 @@ OUTCOMES_KEPT = 4_096
 """Outcomes kept for re-delivery after a reconnect (older ones are pruned)."""
 RESULT_BYTES_MAX = 4 * 1024 * 1024
 """A query's rows are cut (``truncated``) past this many bytes of values."""
+APPLY_BATCH_MAX = 64
+"""Transactions applied in one database transaction (``apply_many``)."""
+
+
+BatchApplied = tuple[list[Outcome], "ApplyOrderError | None"]
+"""What ``apply_many`` did: the outcomes, in order, and the error that stopped it early."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToApply:
+    position: int
+    tx_id: str
+    body: common_pb2.TxBody
+    run: bool = True
+    """False: record it FAILED without running it (the DC's testing worker failed it)."""
 
 
 class Backend(Protocol):
@@ -25,6 +40,13 @@ class Backend(Protocol):
     def apply(
         self, position: int, tx_id: str, body: common_pb2.TxBody, *, run: bool = True
     ) -> Outcome: ...
+
+    def apply_many(self, batch: Sequence[ToApply]) -> BatchApplied:
+        """Apply ``batch`` in order, as ``apply`` would each, in one database transaction
+        (one commit: what batching buys). Returns the outcomes of those applied (or
+        answered from their record), and the ApplyOrderError of the first that is not
+        next, if one is: everything before it is committed, nothing after it is tried."""
+        ...
 
     def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult: ...
 

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 
@@ -28,10 +29,13 @@ from psycopg import sql as psql
 
 from txsync.v1 import common_pb2
 from txsync.worker.backend import (
+    APPLY_BATCH_MAX,
     OUTCOMES_KEPT,
     ApplyOrderError,
+    BatchApplied,
     QueryRefused,
     QueryResult,
+    ToApply,
     collect_rows,
     recorded_outcome,
     to_python,
@@ -163,33 +167,51 @@ class PostgresBackend:
         self, position: int, tx_id: str, body: common_pb2.TxBody, *, run: bool = True
     ) -> Outcome:
         with self._lock, self._conn.transaction():
-            conn = self._conn
-            row = conn.execute(
-                "SELECT position, tx_id, state_digest FROM _txsync_applied FOR UPDATE"
-            ).fetchone()
-            assert row is not None
-            last, digest = int(row[0]), bytes(row[2])
-            if position <= last:
-                return self._recorded(position, tx_id)
-            if position != last + 1:
-                raise ApplyOrderError(f"position {position} after {last}: a gap")
-            ok, error = False, "not run: the DC's testing worker failed it"
-            rows: tuple[int, ...] = ()
-            if run:
-                ok, rows, error = self._run(conn, body)
-            digest = next_digest(digest, position, tx_id, body, ok=ok, rows_affected=rows)
-            conn.execute(
-                "UPDATE _txsync_applied SET position = %s, tx_id = %s, state_digest = %s",
-                (position, tx_id, digest),
-            )
-            conn.execute(
-                "INSERT INTO _txsync_outcomes VALUES (%s, %s, %s, %s, %s, %s)",
-                (position, tx_id, ok, ",".join(map(str, rows)), digest, error),
-            )
-            conn.execute(
-                "DELETE FROM _txsync_outcomes WHERE position <= %s", (position - OUTCOMES_KEPT,)
-            )
-            return Outcome(position, tx_id, ok, rows, digest, error)
+            return self._apply_in_transaction(ToApply(position, tx_id, body, run))
+
+    def apply_many(self, batch: Sequence[ToApply]) -> BatchApplied:
+        assert 0 < len(batch) <= APPLY_BATCH_MAX
+        outcomes: list[Outcome] = []
+        with self._lock, self._conn.transaction():
+            for item in batch:
+                try:
+                    outcomes.append(self._apply_in_transaction(item))
+                except ApplyOrderError as error:  # raised before it wrote anything
+                    return outcomes, error
+        return outcomes, None
+
+    def _apply_in_transaction(self, item: ToApply) -> Outcome:
+        """Under the lock, inside a database transaction: a user statement's error stays
+        inside its own savepoint (``_run``), so a batch's transactions never undo each
+        other."""
+        position, tx_id, body, run = item.position, item.tx_id, item.body, item.run
+        conn = self._conn
+        row = conn.execute(
+            "SELECT position, tx_id, state_digest FROM _txsync_applied FOR UPDATE"
+        ).fetchone()
+        assert row is not None
+        last, digest = int(row[0]), bytes(row[2])
+        if position <= last:
+            return self._recorded(position, tx_id)
+        if position != last + 1:
+            raise ApplyOrderError(f"position {position} after {last}: a gap")
+        ok, error = False, "not run: the DC's testing worker failed it"
+        rows: tuple[int, ...] = ()
+        if run:
+            ok, rows, error = self._run(conn, body)
+        digest = next_digest(digest, position, tx_id, body, ok=ok, rows_affected=rows)
+        conn.execute(
+            "UPDATE _txsync_applied SET position = %s, tx_id = %s, state_digest = %s",
+            (position, tx_id, digest),
+        )
+        conn.execute(
+            "INSERT INTO _txsync_outcomes VALUES (%s, %s, %s, %s, %s, %s)",
+            (position, tx_id, ok, ",".join(map(str, rows)), digest, error),
+        )
+        conn.execute(
+            "DELETE FROM _txsync_outcomes WHERE position <= %s", (position - OUTCOMES_KEPT,)
+        )
+        return Outcome(position, tx_id, ok, rows, digest, error)
 
     @staticmethod
     def _run(

@@ -8,6 +8,7 @@ sleep on one condition that every apply wakes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -23,10 +24,11 @@ from txsync.rpc import ServiceError, abort, answers_errors, check_request
 from txsync.telemetry import context_of, tracer
 from txsync.v1 import worker_pb2
 from txsync.worker.backend import (
-    ApplyOrderError,
+    APPLY_BATCH_MAX,
     Backend,
     QueryRefused,
     SnapshotBackend,
+    ToApply,
     to_sql_value,
 )
 from txsync.worker.outcomes import Applied, Outcome
@@ -39,6 +41,27 @@ QUERY_ROWS_DEFAULT = 1_000
 QUERY_ROWS_MAX = 10_000
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
 RECENT_TX_IDS_MAX = 65_536
+APPLY_QUEUE_MAX = 1_024
+"""Apply requests read ahead of the one being applied (dispatch keeps at most its window
+in flight, far fewer; past this gRPC's flow control holds the sender back)."""
+
+
+class _EndOfStream:
+    """The request stream ended (or broke: the reader's task holds why)."""
+
+
+async def _read_into(
+    requests: AsyncIterator[worker_pb2.ApplyRequest],
+    arrived: asyncio.Queue[worker_pb2.ApplyRequest | _EndOfStream],
+) -> None:
+    try:
+        async for request in requests:
+            await arrived.put(request)
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:  # the caller went away mid-stream: it ends here too
+        log.debug("apply stream ended by the caller: %r", error)
+    await arrived.put(_EndOfStream())
 
 
 class WorkerServicer:
@@ -64,39 +87,64 @@ class WorkerServicer:
     ) -> AsyncIterator[worker_pb2.ApplyResponse]:
         """One outcome per transaction, in order. A transaction that is not the next one
         ends the stream with FAILED_PRECONDITION naming our position, so that dispatch
-        resumes from there; one applied before is answered from its recorded outcome."""
-        async for request in requests:
-            started_ns = time.time_ns()
-            try:
-                check_request(request)
-                outcome = await asyncio.to_thread(
-                    self.backend.apply,
-                    request.position,
-                    request.tx_id,
-                    request.body,
-                    run=not request.skip,
-                )
-            except ApplyOrderError as error:
-                where = self.applied.position
-                await abort(
-                    context,
-                    ServiceError(
-                        grpc.StatusCode.FAILED_PRECONDITION, f"{error} (applied: {where})"
-                    ),
-                )
-                return
-            except ServiceError as error:
-                await abort(context, error)
-                return
-            self._trace_apply(request, outcome, started_ns)
-            if outcome.position > self.applied.position:
-                self.applied = Applied(outcome.position, outcome.tx_id, outcome.state_digest)
-                self._recent[outcome.tx_id] = outcome.position
-                if len(self._recent) > RECENT_TX_IDS_MAX:
-                    self._recent.popitem(last=False)
-                async with self._applied_changed:
-                    self._applied_changed.notify_all()
-            yield worker_pb2.ApplyResponse(tx_id=outcome.tx_id, outcome=outcome.to_proto())
+        resumes from there; one applied before is answered from its recorded outcome.
+
+        Requests are read ahead (up to APPLY_QUEUE_MAX) and whatever has arrived while
+        the previous batch ran is applied together, in one database transaction: under
+        load one commit and one thread hop serve many transactions; one at a time, a
+        batch is that one."""
+        arrived: asyncio.Queue[worker_pb2.ApplyRequest | _EndOfStream] = asyncio.Queue(
+            APPLY_QUEUE_MAX
+        )
+        reader = asyncio.get_running_loop().create_task(_read_into(requests, arrived))
+        try:
+            ended = False
+            while not ended:
+                batch: list[worker_pb2.ApplyRequest] = []
+                while len(batch) < APPLY_BATCH_MAX and (not batch or not arrived.empty()):
+                    request = await arrived.get()
+                    if isinstance(request, _EndOfStream):
+                        ended = True
+                        break
+                    batch.append(request)
+                failure: ServiceError | None = None
+                for index, request in enumerate(batch):
+                    try:
+                        check_request(request)
+                    except ServiceError as error:
+                        batch, failure = batch[:index], error  # apply what came before it
+                        break
+                started_ns = time.time_ns()
+                outcomes, out_of_order = (
+                    await asyncio.to_thread(self.backend.apply_many, [
+                        ToApply(r.position, r.tx_id, r.body, not r.skip) for r in batch
+                    ]) if batch else ([], None)
+                )  # fmt: skip
+                for request, outcome in zip(batch, outcomes, strict=False):
+                    self._trace_apply(request, outcome, started_ns)
+                    await self._record_applied(outcome)
+                    yield worker_pb2.ApplyResponse(tx_id=outcome.tx_id, outcome=outcome.to_proto())
+                if out_of_order is not None:
+                    where = self.applied.position
+                    failure = ServiceError(
+                        grpc.StatusCode.FAILED_PRECONDITION, f"{out_of_order} (applied: {where})"
+                    )
+                if failure is not None:
+                    await abort(context, failure)
+                    return
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _record_applied(self, outcome: Outcome) -> None:
+        if outcome.position > self.applied.position:
+            self.applied = Applied(outcome.position, outcome.tx_id, outcome.state_digest)
+            self._recent[outcome.tx_id] = outcome.position
+            if len(self._recent) > RECENT_TX_IDS_MAX:
+                self._recent.popitem(last=False)
+            async with self._applied_changed:
+                self._applied_changed.notify_all()
 
     def _trace_apply(
         self, request: worker_pb2.ApplyRequest, outcome: Outcome, started_ns: int

@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from txsync.v1 import common_pb2
 from txsync.worker.backend import (
+    APPLY_BATCH_MAX,
     OUTCOMES_KEPT,
     ApplyOrderError,
+    BatchApplied,
     QueryRefused,
     QueryResult,
+    ToApply,
     collect_rows,
     recorded_outcome,
     to_python,
@@ -72,6 +76,11 @@ _NEVER_IN_A_TRANSACTION = {
     sqlite3.SQLITE_DETACH,
     sqlite3.SQLITE_PRAGMA,  # journal mode, synchronous, ... are the worker's business
 }
+
+
+class _BatchRolledBack(Exception):
+    """A statement ended the whole database transaction of a batch (not just its own
+    savepoint), undoing the transactions applied before it in the batch."""
 
 
 def _guard_bookkeeping(action: int, table: str | None, *_: object) -> int:
@@ -175,6 +184,47 @@ class SqliteBackend:
             conn.execute("COMMIT")
             return outcome
 
+    def apply_many(self, batch: Sequence[ToApply]) -> BatchApplied:
+        assert 0 < len(batch) <= APPLY_BATCH_MAX
+        try:
+            return self._apply_batch(batch)
+        except _BatchRolledBack:
+            # A statement rolled back the whole transaction, and with it the batch's
+            # earlier transactions: apply them one by one instead (nothing was committed).
+            outcomes: list[Outcome] = []
+            for item in batch:
+                try:
+                    outcomes.append(self.apply(item.position, item.tx_id, item.body, run=item.run))
+                except ApplyOrderError as error:
+                    return outcomes, error
+            return outcomes, None
+
+    def _apply_batch(self, batch: Sequence[ToApply]) -> BatchApplied:
+        outcomes: list[Outcome] = []
+        failure: ApplyOrderError | None = None
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for item in batch:
+                    try:
+                        outcome = self._apply_in_transaction(
+                            conn, item.position, item.tx_id, item.body, item.run,
+                            alone=not outcomes,
+                        )  # fmt: skip
+                        if outcome is None:  # applied earlier: answered from its record
+                            outcome = self._recorded(item.position, item.tx_id)
+                    except ApplyOrderError as error:
+                        failure = error
+                        break
+                    outcomes.append(outcome)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        return outcomes, failure
+
     def _apply_in_transaction(
         self,
         conn: sqlite3.Connection,
@@ -182,7 +232,10 @@ class SqliteBackend:
         tx_id: str,
         body: common_pb2.TxBody,
         run: bool,
+        *,
+        alone: bool = True,
     ) -> Outcome | None:
+        """``alone``: nothing else in this database transaction yet (a batch's first)."""
         last, _, digest = conn.execute(
             "SELECT position, tx_id, state_digest FROM _txsync_applied"
         ).fetchone()
@@ -197,6 +250,8 @@ class SqliteBackend:
             if not conn.in_transaction:
                 # Some errors (a full disk, an ON CONFLICT ROLLBACK clause) roll back the
                 # whole transaction, not just the savepoint; we still hold the writer lock.
+                if not alone:
+                    raise _BatchRolledBack
                 conn.execute("BEGIN IMMEDIATE")
         digest = next_digest(bytes(digest), position, tx_id, body, ok=ok, rows_affected=rows)
         conn.execute(
