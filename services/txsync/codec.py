@@ -7,6 +7,7 @@ log, report corruption). Service-specific messages build on it (``sync_coordinat
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from txsync.ids import is_genesis, tx_id_problem
@@ -43,7 +44,12 @@ def check_tx_id(tx_id: str, field: str) -> str:
     return tx_id
 
 
+_NODE_ID = re.compile(rf"[A-Za-z0-9_.-]{{1,{NODE_ID_CHARS_MAX}}}")
+
+
 def check_node_id(node_id: str, field: str) -> str:
+    if _NODE_ID.fullmatch(node_id):
+        return node_id
     if not node_id or len(node_id) > NODE_ID_CHARS_MAX:
         raise WireError(f"{field}: a node id has 1 to {NODE_ID_CHARS_MAX} characters")
     if not all(ch.isascii() and (ch.isalnum() or ch in "-_.") for ch in node_id):
@@ -70,7 +76,20 @@ def meta_from_proto(message: common_pb2.TxMeta, field: str = "meta") -> TxMeta:
 
 
 def metas_from_proto(messages: Iterable[common_pb2.TxMeta], field: str) -> tuple[TxMeta, ...]:
-    return tuple(meta_from_proto(m, f"{field}[{i}]") for i, m in enumerate(messages))
+    """Every meta checked as ``meta_from_proto`` checks it; the field's name (with the
+    index) is only spelled out for a meta that fails, not built for each one."""
+    metas: list[TxMeta] = []
+    for message in messages:
+        ts, tx_id, origin = message.ts, message.tx_id, message.origin
+        if ts <= COUNTER_MAX and _is_tx_id(tx_id) and _NODE_ID.fullmatch(origin):
+            metas.append(TxMeta(ts, tx_id, origin))
+        else:
+            metas.append(meta_from_proto(message, f"{field}[{len(metas)}]"))
+    return tuple(metas)
+
+
+def _is_tx_id(tx_id: str) -> bool:
+    return is_genesis(tx_id) or tx_id_problem(tx_id, "") is None
 
 
 def base_to_proto(base: MergeBase) -> common_pb2.MergeBase:

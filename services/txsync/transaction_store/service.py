@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
 
 from txsync.access import forwarded_credentials
-from txsync.codec import WireError, base_to_proto, meta_from_proto, meta_to_proto
+from txsync.codec import WireError, base_to_proto, meta_to_proto, metas_from_proto
+from txsync.ids import tx_id_problem
 from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
 from txsync.telemetry import current_traceparent
@@ -268,22 +269,31 @@ def _traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return ""
 
 
-def _meta(message: common_pb2.TxMeta, field: str) -> TxMeta:
-    if message.ts == 0:
-        raise invalid(f"{field}: a meta needs a positive ts")
+_STATES = {state.value: state for state in TxState}
+
+
+def _metas(messages: Sequence[common_pb2.TxMeta], field: str) -> list[TxMeta]:
+    for index, message in enumerate(messages):
+        if message.ts == 0:
+            raise invalid(f"{field}[{index}]: a meta needs a positive ts")
     try:
-        return meta_from_proto(message, field)
+        return list(metas_from_proto(messages, field))
     except WireError as error:
         raise invalid(str(error)) from None
 
 
 def _changes(messages: Any) -> list[StateChangeRequest]:
-    changes = []
-    for index, change in enumerate(messages):
+    changes: list[StateChangeRequest] = []
+    for change in messages:
+        tx_id, state = change.tx_id, change.state
+        if tx_id_problem(tx_id, "") is not None or state not in _STATES:
+            index = len(changes)  # name the field only for the one that is refused
+            check_tx_id(tx_id, f"changes[{index}].tx_id")
+            check_state(state, f"changes[{index}].state")
         changes.append(
             StateChangeRequest(
-                tx_id=check_tx_id(change.tx_id, f"changes[{index}].tx_id"),
-                state=check_state(change.state, f"changes[{index}].state"),
+                tx_id=tx_id,
+                state=_STATES[state],
                 outcome=change.outcome if change.HasField("outcome") else None,
             )
         )
@@ -330,9 +340,9 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             start = MergeBase(request.synced_start.synced_len, request.synced_start.last_tx_id)
         base = await self._store.persist_step(
             counter=request.counter,
-            incoming=[_meta(m, f"incoming[{i}]") for i, m in enumerate(request.incoming)],
+            incoming=_metas(request.incoming, "incoming"),
             synced_start=start,
-            synced=[_meta(m, f"synced[{i}]") for i, m in enumerate(request.synced)],
+            synced=_metas(request.synced, "synced"),
             changes=_changes(request.state_changes),
             service=request.service or "sync-coordinator",
             forgotten=list(request.forgotten),
