@@ -75,4 +75,5 @@ def test_a_coordinator_that_loses_its_store_stops_instead_of_lingering(
     process = victim.coordinator.process
     assert process is not None
     assert process.wait(timeout=30) == 1
-    assert "sync-coordinator stopped: protocol-loop ended" in victim.coordinator.log()
+    # The stream of protocol steps to the store breaks at once (before any persist fails).
+    assert "sync-coordinator stopped: durable-steps ended" in victim.coordinator.log()

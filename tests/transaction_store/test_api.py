@@ -181,6 +181,38 @@ def test_a_body_file_without_its_record_is_not_held(
     assert not read.bodies
 
 
+def test_pipelined_steps_apply_in_order_and_a_refused_one_ends_the_stream(
+    client: client_pb2_grpc.ClientServiceStub, internal: store_pb2_grpc.StoreInternalServiceStub
+) -> None:
+    """PersistSteps: the coordinator sends steps without waiting for each to be durable.
+    They are checked in the order sent (the second extends what the first staged), each is
+    answered once durable, and the first refused one ends the stream: nothing after it."""
+    base = internal.PersistStep(store_pb2.PersistStepRequest()).merge_base
+    first, second = (str(uuid.uuid4()) for _ in range(2))
+    meta = common_pb2.TxMeta(ts=2 * 10**6, tx_id=first, origin="dc2")
+    later = common_pb2.TxMeta(ts=2 * 10**6 + 1, tx_id=second, origin="dc2")
+    steps = [
+        store_pb2.PersistStepRequest(counter=2 * 10**6, incoming=[meta]),
+        store_pb2.PersistStepRequest(synced_start=base, synced=[meta], state_changes=[
+            store_pb2.StateChange(tx_id=first, state=common_pb2.TX_STATE_INCOMING),
+            store_pb2.StateChange(tx_id=first, state=common_pb2.TX_STATE_ACCEPTED)]),
+        store_pb2.PersistStepRequest(synced_start=base, synced=[later]),  # a stale base
+        store_pb2.PersistStepRequest(incoming=[later]),
+    ]  # fmt: skip
+    answers: list[store_pb2.PersistStepResponse] = []
+    with pytest.raises(grpc.RpcError) as refused:
+        for answer in internal.PersistSteps(iter(steps)):
+            answers.append(answer)
+    assert [a.merge_base.synced_len for a in answers] == [base.synced_len, base.synced_len + 1]
+    assert answers[1].merge_base.last_tx_id == first
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "does not extend the merge base" in (refused.value.details() or "")
+    got = client.Get(client_pb2.GetRequest(tx_id=first))
+    assert got.state == common_pb2.TX_STATE_ACCEPTED and got.position == base.synced_len + 1
+    code, _ = _code(lambda: client.Get(client_pb2.GetRequest(tx_id=second)))
+    assert code is grpc.StatusCode.NOT_FOUND  # the step after the refused one never ran
+
+
 def test_bodies_are_stored_and_read_many_at_once_each_on_its_own(
     internal: store_pb2_grpc.StoreInternalServiceStub,
 ) -> None:

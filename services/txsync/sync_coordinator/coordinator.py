@@ -2,12 +2,17 @@
 
 One task owns the ``ProtocolNode``. It takes events from a bounded queue (peers' posts
 and catch-up, acquired bodies, local submits, timer ticks), steps the core for each, and
-applies the merged effects in the core's order: first one ``PersistStep`` to the
-transaction-store (durable), then the sends. Peers are reached through one sender task
-each, so a slow or dead peer never blocks the loop: of its queued posts the newest per
-merge base is kept, and other messages wait in a bounded queue that drops the oldest when
-full (the protocol retries everything it needs). Sends that need a store read first
-(body pushes, catch-up from the txlog) run beside the loop, never inside it.
+applies the merged effects in the core's order: first the durable ones, as one step on the
+transaction-store's ``PersistSteps`` stream, then the sends, held until that step and
+every step before it are durable. The loop does not wait for the disk: it steps the next
+events while earlier steps are written (as etcd's raft does with asynchronous storage
+writes), so an event that arrives during a write costs one write, not two.
+
+Peers are reached through one sender task each, so a slow or dead peer never blocks the
+loop: of its queued posts the newest per merge base is kept, and other messages wait in a
+bounded queue that drops the oldest when full (the protocol retries everything it needs).
+Sends that need a store read first (body pushes, catch-up from the txlog) run beside the
+loop, never inside it.
 """
 
 from __future__ import annotations
@@ -100,6 +105,11 @@ PEER_CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
+PERSISTS_IN_FLIGHT_MAX = 16
+"""Steps sent to the store and not yet durable; the loop waits for a slot beyond it."""
+PERSIST_TIMEOUT_S = 30.0
+"""A step not durable after this long means the store is stuck: the coordinator stops
+(to be restarted from durable state) rather than hold every send forever."""
 PEER_IN_FLIGHT_MAX = 32
 """Calls to one peer under way at once. Calls are pipelined, not sent one answer after
 another: at 50 ms RTT a one-at-a-time link carries 20 messages a second and makes every
@@ -299,6 +309,21 @@ class PeerLink:
             self._slots.release()
 
 
+_StepStream = grpc.aio.StreamStreamCall[store_pb2.PersistStepRequest, store_pb2.PersistStepResponse]
+
+
+@dataclass(slots=True)
+class _HeldSends:
+    """One flushed batch's sends, held until its step (if it has one) and every earlier
+    step are durable: the core's rule, persist before send, with steps in flight."""
+
+    readies: list[Ready]
+    installed: bool
+    """The batch installed a view: links follow the configuration before sending."""
+    durable: bool
+    since_s: float
+
+
 class Coordinator:
     def __init__(self, config: CoordinatorConfig, metrics: Metrics | None = None) -> None:
         self.config = config
@@ -342,6 +367,13 @@ class Coordinator:
         restart (a restarted coordinator takes part again)."""
         self.peer_posts: dict[str, tuple[int, MergeBase]] = {}
         """Counter and merge base of each peer's latest post: how far along it is."""
+        self._persists: _StepStream | None = None
+        """The PersistSteps stream, open while running."""
+        self._persist_slots = asyncio.Semaphore(PERSISTS_IN_FLIGHT_MAX)
+        self._held: deque[_HeldSends] = deque()
+        """Every flushed batch whose sends have not gone out, in order."""
+        self._not_durable: deque[_HeldSends] = deque()
+        """Those of them whose step the store has not answered yet, in order."""
 
     async def start(self) -> None:
         """Load the durable protocol state from the store and start the loop."""
@@ -389,9 +421,11 @@ class Coordinator:
         self._quorum = self.node.quorum_state()
         for link in self.links.values():
             link.start()
+        self._persists = self.store.PersistSteps()
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._run(), name="protocol-loop"),
+            loop.create_task(self._read_durable(), name="durable-steps"),
             loop.create_task(self._watch_local_submits(), name="local-submits"),
             loop.create_task(self._follow_membership(), name="membership"),
             loop.create_task(self._follow_outcomes(), name="outcomes"),
@@ -425,6 +459,8 @@ class Coordinator:
         task.add_done_callback(self._background.discard)
 
     async def stop(self) -> None:
+        if self._persists is not None:
+            self._persists.cancel()
         tasks = [*self._tasks, *self._background]
         for task in tasks:
             task.cancel()
@@ -454,6 +490,9 @@ class Coordinator:
     async def _step_batch(self, events: list[Event]) -> None:
         node = self.node
         assert node is not None
+        oldest = self._not_durable[0].since_s if self._not_durable else time.monotonic()
+        if time.monotonic() - oldest > PERSIST_TIMEOUT_S:
+            raise RuntimeError(f"a step was not durable within {PERSIST_TIMEOUT_S:.0f} s")
         merged = MergedPersist()
         readies: list[Ready] = []
         last: Ready | None = None
@@ -494,14 +533,38 @@ class Coordinator:
                 listener(quorum)
 
     async def _flush(self, merged: MergedPersist, readies: list[Ready]) -> None:
+        held = _HeldSends(readies, merged.installed is not None, True, time.monotonic())
         if not merged.is_empty():
-            await self._persist(merged)  # durable before anything leaves this node
-        if merged.installed is not None:
-            self._sync_links()
-        if not self.paused:
-            self._push_local_bodies(readies)
-        for ready in readies:
-            self._send(ready)
+            async with asyncio.timeout(PERSIST_TIMEOUT_S):
+                await self._persist_slots.acquire()
+            held.durable = False
+            self._not_durable.append(held)
+            assert self._persists is not None, "started"
+            await self._persists.write(self._persist_request(merged))
+        self._held.append(held)
+        self._release_sends()
+
+    async def _read_durable(self) -> None:
+        """The store answers each step once it is durable, in the order sent."""
+        assert self._persists is not None, "started"
+        async for _ in self._persists:
+            held = self._not_durable.popleft()
+            held.durable = True
+            self._persist_slots.release()
+            self._release_sends()
+        # A failure here is fatal for this incarnation: memory ran ahead of the disk.
+        raise RuntimeError("the store ended the stream of protocol steps")
+
+    def _release_sends(self) -> None:
+        """Send what every durable step allows, in the order the batches were stepped."""
+        while self._held and self._held[0].durable:
+            held = self._held.popleft()
+            if held.installed:
+                self._sync_links()
+            if not self.paused:
+                self._push_local_bodies(held.readies)
+            for ready in held.readies:
+                self._send(ready)
 
     def _push_local_bodies(self, readies: list[Ready]) -> None:
         """The batch's pushes of bodies we hold in memory, as few calls per peer as fit,
@@ -562,7 +625,8 @@ class Coordinator:
             self.node is not None and node_id in self.node.configuration
         )
 
-    async def _persist(self, merged: MergedPersist) -> None:
+    @staticmethod
+    def _persist_request(merged: MergedPersist) -> store_pb2.PersistStepRequest:
         request = store_pb2.PersistStepRequest(
             counter=merged.counter,
             incoming=[meta_to_proto(m) for m in merged.incoming],
@@ -586,8 +650,7 @@ class Coordinator:
             if accepted_ballot is not None and merged.vote.accepted is not None:
                 request.vote.accepted_ballot.CopyFrom(ballot_to_proto(accepted_ballot))
                 request.vote.accepted.CopyFrom(proposal_to_proto(merged.vote.accepted))
-        # A failure here is fatal for this incarnation: memory ran ahead of the disk.
-        await self.store.PersistStep(request, timeout=30)
+        return request
 
     def _link(self, to: str) -> PeerLink | None:
         link = self.links.get(to) or next(

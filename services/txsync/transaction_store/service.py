@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -23,7 +24,12 @@ from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
 from txsync.telemetry import current_traceparent
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.state import TxRecord
-from txsync.transaction_store.store import StateChangeRequest, Submitted, TransactionStore
+from txsync.transaction_store.store import (
+    StagedStep,
+    StateChangeRequest,
+    Submitted,
+    TransactionStore,
+)
 from txsync.transaction_store.validation import (
     BATCH_SUBMITS_MAX,
     STREAM_SUBMITS_MAX,
@@ -43,6 +49,10 @@ from txsync.v1 import (
     store_pb2,
     store_pb2_grpc,
 )
+
+PERSIST_STEPS_AHEAD_MAX = 64
+"""Steps of one PersistSteps stream staged but not yet answered; the stream's reader
+waits beyond it (the coordinator keeps fewer than this in flight)."""
 
 
 def _submitted(result: Submitted) -> client_pb2.SubmitResponse:
@@ -335,10 +345,54 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     async def PersistStep(
         self, request: store_pb2.PersistStepRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> store_pb2.PersistStepResponse:
+        base = await self._store.finish_step(await self._stage_step(request))
+        return store_pb2.PersistStepResponse(merge_base=base_to_proto(base))
+
+    async def PersistSteps(
+        self,
+        request_iterator: AsyncIterator[store_pb2.PersistStepRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[store_pb2.PersistStepResponse]:
+        """Steps are staged in the order they arrive (a task of their own, up to
+        PERSIST_STEPS_AHEAD_MAX ahead of the answers) and answered in that order once
+        durable; the first refused step's error ends the stream after the answers of
+        every step before it."""
+        staged: asyncio.Queue[StagedStep | StoreError | None] = asyncio.Queue(
+            PERSIST_STEPS_AHEAD_MAX
+        )
+
+        async def stage_in_order() -> None:
+            try:
+                async for request in request_iterator:
+                    await staged.put(await self._stage_step(request))
+            except StoreError as error:
+                await staged.put(error)
+                return
+            await staged.put(None)
+
+        stager = asyncio.get_running_loop().create_task(stage_in_order())
+        try:
+            while (step := await staged.get()) is not None:
+                if isinstance(step, StoreError):
+                    await abort(context, step)
+                    return
+                try:
+                    base = await self._store.finish_step(step)
+                except StoreError as error:
+                    await abort(context, error)
+                    return
+                yield store_pb2.PersistStepResponse(merge_base=base_to_proto(base))
+        finally:
+            stager.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stager
+
+    async def _stage_step(self, request: store_pb2.PersistStepRequest) -> StagedStep:
+        check_request(request)
         start = None
         if request.HasField("synced_start"):
             start = MergeBase(request.synced_start.synced_len, request.synced_start.last_tx_id)
-        base = await self._store.persist_step(
+        return await self._store.stage_step(
             counter=request.counter,
             incoming=_metas(request.incoming, "incoming"),
             synced_start=start,
@@ -349,7 +403,6 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             installed_view=request.installed_view if request.HasField("installed_view") else None,
             vote=request.vote if request.HasField("vote") else None,
         )
-        return store_pb2.PersistStepResponse(merge_base=base_to_proto(base))
 
     @answers_errors
     async def StoreBody(

@@ -111,6 +111,16 @@ class _Staged:
     waited: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class StagedStep:
+    """A protocol step applied in memory and handed to the writer (``stage_step``)."""
+
+    staged: _Staged | None
+    """None: the step changed nothing."""
+    entries: list[txlog_pb2.LogEntry]
+    merge_base: MergeBase
+
+
 @dataclass(slots=True)
 class Progress:
     peer_synced_len: dict[str, int] = field(default_factory=dict)
@@ -456,6 +466,36 @@ class TransactionStore:
         installed_view: common_pb2.ViewProposal | None = None,
         vote: common_pb2.ViewVote | None = None,
     ) -> MergeBase:
+        """Check one protocol step, apply it and answer once it is durable."""
+        staged = await self.stage_step(
+            counter=counter,
+            incoming=incoming,
+            synced_start=synced_start,
+            synced=synced,
+            changes=changes,
+            service=service,
+            forgotten=forgotten,
+            installed_view=installed_view,
+            vote=vote,
+        )
+        return await self.finish_step(staged)
+
+    async def stage_step(
+        self,
+        *,
+        counter: int,
+        incoming: Sequence[TxMeta],
+        synced_start: MergeBase | None,
+        synced: Sequence[TxMeta],
+        changes: Sequence[StateChangeRequest],
+        service: str,
+        forgotten: Sequence[str] = (),
+        installed_view: common_pb2.ViewProposal | None = None,
+        vote: common_pb2.ViewVote | None = None,
+    ) -> StagedStep:
+        """Check a step and apply it (handed to the writer, not yet durable): steps staged
+        one after another are checked against each other, in that order, which is what
+        lets the coordinator send the next before the last is on disk."""
         if max(len(incoming), len(synced), len(forgotten)) > PERSIST_METAS_MAX:
             raise invalid(
                 f"at most {PERSIST_METAS_MAX} incoming, synced and forgotten metas per step"
@@ -475,10 +515,14 @@ class TransactionStore:
                 vote=vote,
             )
             staged = self._stage(entries) if entries else None
-        if staged is not None:
-            await self._durable(staged)
-            trace_transitions(self.state, entries)
-        return self.state.merge_base
+            return StagedStep(staged, entries, self.state.merge_base)
+
+    async def finish_step(self, step: StagedStep) -> MergeBase:
+        """Wait until a staged step is durable; the merge base it left."""
+        if step.staged is not None:
+            await self._durable(step.staged)
+            trace_transitions(self.state, step.entries)
+        return step.merge_base
 
     def _plan_step(
         self,

@@ -424,7 +424,9 @@ class PersistStepResponse(_message.Message):
 
     MERGE_BASE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def merge_base(self) -> _common_pb2.MergeBase: ...
+    def merge_base(self) -> _common_pb2.MergeBase:
+        """The merge base once this step is applied."""
+
     def __init__(
         self,
         *,

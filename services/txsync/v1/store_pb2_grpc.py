@@ -50,6 +50,12 @@ class StoreInternalServiceStub:
             response_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepResponse.FromString,
             _registered_method=True,
         )
+        self.PersistSteps = channel.stream_stream(
+            "/txsync.v1.StoreInternalService/PersistSteps",
+            request_serializer=txsync_dot_v1_dot_store__pb2.PersistStepRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepResponse.FromString,
+            _registered_method=True,
+        )
         self.StoreBody = channel.unary_unary(
             "/txsync.v1.StoreInternalService/StoreBody",
             request_serializer=txsync_dot_v1_dot_store__pb2.StoreBodyRequest.SerializeToString,
@@ -126,6 +132,16 @@ class StoreInternalServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def PersistSteps(self, request_iterator, context):
+        """The same, pipelined: the steps of one stream are checked and applied in the order
+        sent, and each is answered, in that order, once it is durable, so the coordinator
+        goes on stepping while earlier steps reach the disk (several may share one fsync).
+        A refused step ends the stream with its status; nothing sent after it is applied.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
     def StoreBody(self, request, context):
         """Store a body received from a peer after checking its digest (DATA_LOSS on mismatch)."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -197,6 +213,11 @@ def add_StoreInternalServiceServicer_to_server(servicer, server):
         ),
         "PersistStep": grpc.unary_unary_rpc_method_handler(
             servicer.PersistStep,
+            request_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_store__pb2.PersistStepResponse.SerializeToString,
+        ),
+        "PersistSteps": grpc.stream_stream_rpc_method_handler(
+            servicer.PersistSteps,
             request_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepRequest.FromString,
             response_serializer=txsync_dot_v1_dot_store__pb2.PersistStepResponse.SerializeToString,
         ),
@@ -306,6 +327,36 @@ class StoreInternalService:
             request,
             target,
             "/txsync.v1.StoreInternalService/PersistStep",
+            txsync_dot_v1_dot_store__pb2.PersistStepRequest.SerializeToString,
+            txsync_dot_v1_dot_store__pb2.PersistStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def PersistSteps(
+        request_iterator,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            "/txsync.v1.StoreInternalService/PersistSteps",
             txsync_dot_v1_dot_store__pb2.PersistStepRequest.SerializeToString,
             txsync_dot_v1_dot_store__pb2.PersistStepResponse.FromString,
             options,

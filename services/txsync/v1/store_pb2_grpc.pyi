@@ -49,6 +49,14 @@ class StoreInternalServiceStub:
     appends and state transitions. A synced append must extend the current merge base
     (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS).
     """
+    PersistSteps: _grpc.StreamStreamMultiCallable[
+        _store_pb2.PersistStepRequest, _store_pb2.PersistStepResponse
+    ]
+    """The same, pipelined: the steps of one stream are checked and applied in the order
+    sent, and each is answered, in that order, once it is durable, so the coordinator
+    goes on stepping while earlier steps reach the disk (several may share one fsync).
+    A refused step ends the stream with its status; nothing sent after it is applied.
+    """
     StoreBody: _grpc.UnaryUnaryMultiCallable[
         _store_pb2.StoreBodyRequest, _store_pb2.StoreBodyResponse
     ]
@@ -110,6 +118,14 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
     """Persist one step's durable effects atomically: counter, new incoming metas, synced
     appends and state transitions. A synced append must extend the current merge base
     (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS).
+    """
+    PersistSteps: _aio.StreamStreamMultiCallable[
+        _store_pb2.PersistStepRequest, _store_pb2.PersistStepResponse
+    ]  # type: ignore[assignment]
+    """The same, pipelined: the steps of one stream are checked and applied in the order
+    sent, and each is answered, in that order, once it is durable, so the coordinator
+    goes on stepping while earlier steps reach the disk (several may share one fsync).
+    A refused step ends the stream with its status; nothing sent after it is applied.
     """
     StoreBody: _aio.UnaryUnaryMultiCallable[
         _store_pb2.StoreBodyRequest, _store_pb2.StoreBodyResponse
@@ -182,6 +198,21 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         """Persist one step's durable effects atomically: counter, new incoming metas, synced
         appends and state transitions. A synced append must extend the current merge base
         (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS).
+        """
+
+    @_abc_1.abstractmethod
+    def PersistSteps(
+        self,
+        request_iterator: _MaybeAsyncIterator[_store_pb2.PersistStepRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _abc.Iterator[_store_pb2.PersistStepResponse],
+        _abc.AsyncIterator[_store_pb2.PersistStepResponse],
+    ]:
+        """The same, pipelined: the steps of one stream are checked and applied in the order
+        sent, and each is answered, in that order, once it is durable, so the coordinator
+        goes on stepping while earlier steps reach the disk (several may share one fsync).
+        A refused step ends the stream with its status; nothing sent after it is applied.
         """
 
     @_abc_1.abstractmethod
