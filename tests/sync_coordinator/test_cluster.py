@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import duration_pb2
 
 from tests.support.cluster import LocalCluster, submit_at
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
+from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, peer_pb2, peer_pb2_grpc
 
 
 @pytest.fixture
@@ -77,3 +77,19 @@ def test_a_coordinator_that_loses_its_store_stops_instead_of_lingering(
     assert process.wait(timeout=30) == 1
     # The stream of protocol steps to the store breaks at once (before any persist fails).
     assert "sync-coordinator stopped: durable-steps ended" in victim.coordinator.log()
+
+
+def test_a_post_naming_a_post_the_receiver_lacks_is_answered_whole_needed(
+    cluster3: LocalCluster,
+) -> None:
+    """After a restart (or once the named post is evicted) a receiver cannot rebuild a
+    post sent as a change: it takes nothing and asks for the whole queue."""
+    acked: list[str] = []
+    submit_at(cluster3.dcs[0], 5, acked, threading.Lock())
+    cluster3.wait_converged(set(acked))  # posts went back and forth as changes meanwhile
+    change = peer_pb2.PostRequest(
+        sender="dc2", epoch=10**9, seq=2, counter=1, delta_from_seq=1, queue_len=0
+    )
+    with grpc.insecure_channel(cluster3.dcs[0].coordinator.address) as channel:
+        answer = peer_pb2_grpc.PeerServiceStub(channel).Post(change, timeout=5)
+    assert answer.whole_needed

@@ -42,6 +42,7 @@ from txsync.protocol import (
     Limits,
     LocalTx,
     MergeBase,
+    Post,
     ProtocolNode,
     PushBody,
     QuorumState,
@@ -57,6 +58,7 @@ from txsync.protocol import (
 from txsync.rpc import new_channel
 from txsync.sync_coordinator.effects import MergedPersist
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
+from txsync.sync_coordinator.post_deltas import KnownPosts
 from txsync.sync_coordinator.rounds import RoundTracker
 from txsync.sync_coordinator.wire import (
     base_from_proto,
@@ -65,6 +67,7 @@ from txsync.sync_coordinator.wire import (
     meta_from_proto,
     meta_to_proto,
     post_to_proto,
+    set_post_queue,
     view_message_to_proto,
 )
 from txsync.telemetry import Metrics, context_of
@@ -200,7 +203,10 @@ class PeerLink:
     peer until it holds their bodies (it posts nothing past the first body it lacks), and
     a push sent after the post arrives after it: the peer would wait for it or, past
     ``body_fetch_delay_ms``, fetch the body itself (1.7 fetches per transaction measured
-    under batched load while pushes queued behind posts)."""
+    under batched load while pushes queued behind posts).
+
+    A post's queue is encoded when it is sent, as a change to the newest post this peer
+    acknowledged where it can be (``post_deltas``)."""
 
     def __init__(self, node_id: str, address: str, timeout_s: float, tls: TlsFiles | None) -> None:
         self.node_id = node_id
@@ -215,10 +221,13 @@ class PeerLink:
             )
         self.stub = peer_pb2_grpc.PeerServiceStub(self._channel)
         self._timeout_s = timeout_s
-        self._posts: dict[tuple[int, str], peer_pb2.PostRequest] = {}
+        self._posts: dict[tuple[int, str], tuple[peer_pb2.PostRequest, Post]] = {}
         """Unsent posts, the newest per merge base: a newer post at the same base replaces
         an older one, but a post from an older base still carries news (it can complete
-        the peer's ADD at that base), so it is not dropped for one from a newer base."""
+        the peer's ADD at that base), so it is not dropped for one from a newer base.
+        Each waits as its message without the queue, and the core's post."""
+        self._acknowledged: Post | None = None
+        """The newest of our posts this peer answered: the reference for the next."""
         self._other: deque[_OtherMessage] = deque(maxlen=PEER_QUEUE_MAX)
         self._bodies: deque[peer_pb2.PushBodyRequest | peer_pb2.PushBodiesRequest] = deque(
             maxlen=PEER_BODY_CALLS_MAX
@@ -235,8 +244,16 @@ class PeerLink:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"to-{self.node_id}")
 
-    def post(self, message: peer_pb2.PostRequest) -> None:
-        self._posts[(message.base.synced_len, message.base.last_tx_id)] = message
+    def post(self, message: peer_pb2.PostRequest, post: Post) -> None:
+        """Queue ``post`` (``message`` is it without its queue, with the outcomes)."""
+        key = (message.base.synced_len, message.base.last_tx_id)
+        replaced = self._posts.get(key)
+        if replaced is not None and replaced[0].outcomes:
+            # The outcomes it carried would be lost with it: the newer post takes them.
+            outcomes = [*replaced[0].outcomes, *message.outcomes][-OUTCOMES_PER_POST:]
+            del message.outcomes[:]
+            message.outcomes.extend(outcomes)
+        self._posts[key] = (message, post)
         if len(self._posts) > PENDING_POST_BASES_MAX:
             del self._posts[min(self._posts)]
         self._wakeup.set()
@@ -267,7 +284,9 @@ class PeerLink:
                 if self._bodies:
                     message_or_push = self._bodies.popleft()
                 elif self._posts:
-                    message_or_push = self._posts.pop(min(self._posts))
+                    message, post = self._posts.pop(min(self._posts))
+                    set_post_queue(message, post, self._acknowledged)
+                    message_or_push = (message, post)
                 elif self._other:
                     message_or_push = self._other.popleft()
                 else:
@@ -277,7 +296,11 @@ class PeerLink:
                 self._calls.add(call)  # the loop holds tasks only weakly
                 call.add_done_callback(self._calls.discard)
 
-    async def _call(self, message: object) -> None:
+    async def _call(self, message_or_post: object) -> None:
+        post: Post | None = None
+        message = message_or_post
+        if isinstance(message_or_post, tuple):
+            message, post = message_or_post
         # Calls join the trace they serve: a post its round's, a body its transaction's.
         traceparent = ""
         if isinstance(message, peer_pb2.PostRequest):
@@ -290,7 +313,9 @@ class PeerLink:
         token = None if trace_context is None else otel_context.attach(trace_context)
         try:
             if isinstance(message, peer_pb2.PostRequest):
-                await self.stub.Post(message, timeout=self._timeout_s)
+                assert post is not None
+                answer = await self.stub.Post(message, timeout=self._timeout_s)
+                self._posted(message, post, whole_needed=answer.whole_needed)
             elif isinstance(message, peer_pb2.PushBodyRequest):
                 await self.stub.PushBody(message, timeout=self._timeout_s)
             elif isinstance(message, peer_pb2.PushBodiesRequest):
@@ -307,6 +332,20 @@ class PeerLink:
             if token is not None:
                 otel_context.detach(token)
             self._slots.release()
+
+    def _posted(self, message: peer_pb2.PostRequest, post: Post, *, whole_needed: bool) -> None:
+        if whole_needed:
+            # The peer forgot the post ours named (or restarted): from now on we name
+            # none until it acknowledges one again, and this post goes again whole unless
+            # a newer one at its base is waiting already.
+            self._acknowledged = None
+            self._posts.setdefault((message.base.synced_len, message.base.last_tx_id),
+                                   (message, post))  # fmt: skip
+            self._wakeup.set()
+            return
+        known = self._acknowledged
+        if known is None or (post.epoch, post.seq) > (known.epoch, known.seq):
+            self._acknowledged = post
 
 
 _StepStream = grpc.aio.StreamStreamCall[store_pb2.PersistStepRequest, store_pb2.PersistStepResponse]
@@ -367,6 +406,8 @@ class Coordinator:
         restart (a restarted coordinator takes part again)."""
         self.peer_posts: dict[str, tuple[int, MergeBase]] = {}
         """Counter and merge base of each peer's latest post: how far along it is."""
+        self.known_posts = KnownPosts()
+        """Peers' recent posts, which their next posts may name as references."""
         self._persists: _StepStream | None = None
         """The PersistSteps stream, open while running."""
         self._persist_slots = asyncio.Semaphore(PERSISTS_IN_FLIGHT_MAX)
@@ -673,7 +714,7 @@ class Coordinator:
             match message:
                 case SendPost(to, post):
                     if link := self._link(to):
-                        outgoing = post_to_proto(post)
+                        outgoing = post_to_proto(post, with_queue=False)
                         outgoing.round_traceparent = self.rounds.traceparent
                         for finished in self.outcomes.since(link.outcomes_sent):
                             outgoing.outcomes.add(
@@ -685,7 +726,7 @@ class Coordinator:
                                 state_digest=finished.state_digest,
                             )
                             link.outcomes_sent = finished.position
-                        link.post(outgoing)
+                        link.post(outgoing, post)
                 case SendSyncedEntries(to, entries):
                     if link := self._link(to):
                         link.send(entries_to_proto(entries))

@@ -24,6 +24,7 @@ from txsync.rpc import ServiceError, answers_errors
 from txsync.sync_coordinator.coordinator import Coordinator
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
 from txsync.sync_coordinator.wire import (
+    UnknownReference,
     WireError,
     check_node_id,
     entries_from_proto,
@@ -77,11 +78,16 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
     async def Post(
         self, request: peer_pb2.PostRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peer_pb2.PostResponse:
+        known = self._coordinator.known_posts
         try:
-            post = post_from_proto(request, self._limits)
+            post = post_from_proto(request, self._limits, known)
+        except UnknownReference:
+            self._check_peer(request.sender, context)
+            return peer_pb2.PostResponse(whole_needed=True)
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(post.sender, context)
+        known.remember(post.sender, post.epoch, post.seq, post.queue)
         self._coordinator.rounds.peer_round(post.sender, request.round_traceparent)
         self._coordinator.peer_posts[post.sender] = (post.counter, post.base)
         if len(request.outcomes) > OUTCOMES_PER_POST:

@@ -39,6 +39,7 @@ from txsync.protocol import (
     ViewRefused,
 )
 from txsync.protocol.validation import post_problem, synced_entries_problem
+from txsync.sync_coordinator.post_deltas import KnownPosts, delta_of
 from txsync.v1 import peer_pb2
 
 __all__ = [  # the shared codec's names stay importable from here
@@ -54,34 +55,82 @@ __all__ = [  # the shared codec's names stay importable from here
     "meta_to_proto",
     "post_from_proto",
     "post_to_proto",
+    "set_post_queue",
     "view_message_from_proto",
     "view_message_to_proto",
 ]
 
 
-def post_to_proto(post: Post) -> peer_pb2.PostRequest:
-    return peer_pb2.PostRequest(
+class UnknownReference(WireError):
+    """A post names an earlier post (``delta_from_seq``) this node does not hold: not
+    malformed, but undecodable here (the receiver asks for the whole queue)."""
+
+
+def post_to_proto(post: Post, *, with_queue: bool = True) -> peer_pb2.PostRequest:
+    """The post; without its queue when the sender's link fills that in
+    (``set_post_queue``: whole, or as a change to a post the peer acknowledged)."""
+    message = peer_pb2.PostRequest(
         view_no=post.view_no,
         sender=post.sender,
         epoch=post.epoch,
         seq=post.seq,
         base=base_to_proto(post.base),
         counter=post.counter,
-        queue=[meta_to_proto(meta) for meta in post.queue],
     )
+    if with_queue:
+        set_post_queue(message, post, None)
+    return message
 
 
-def post_from_proto(message: peer_pb2.PostRequest, limits: Limits) -> Post:
+def set_post_queue(message: peer_pb2.PostRequest, post: Post, acknowledged: Post | None) -> None:
+    """Fill in ``post``'s queue, as a change to ``acknowledged`` (a post of the same
+    sender the peer acknowledged) where that is shorter (``post_deltas``)."""
+    queue = post.queue
+    delta = None
+    if acknowledged is not None and acknowledged.epoch == post.epoch:
+        delta = delta_of(acknowledged.queue, queue)
+    del message.queue[:]
+    message.queue_len = len(queue)
+    if delta is None:
+        message.delta_from_seq = message.delta_skip = message.delta_keep = 0
+        message.queue.extend(meta_to_proto(meta) for meta in queue)
+        return
+    assert acknowledged is not None and acknowledged.seq > 0
+    skip, keep = delta
+    message.delta_from_seq, message.delta_skip, message.delta_keep = acknowledged.seq, skip, keep
+    message.queue.extend(meta_to_proto(meta) for meta in queue[keep:])
+
+
+def post_from_proto(
+    message: peer_pb2.PostRequest, limits: Limits, known: KnownPosts | None = None
+) -> Post:
+    """Decode and check a post; one sent as a change is rebuilt from the post it names,
+    which ``known`` must hold (UnknownReference otherwise)."""
     if len(message.queue) > limits.post_txs_max:
         raise WireError(f"queue: {len(message.queue)} metas exceed {limits.post_txs_max}")
+    sender = check_node_id(message.sender, "sender")
+    epoch = check_number(message.epoch, "epoch")
+    queue = metas_from_proto(message.queue, "queue")
+    if message.delta_from_seq:
+        reference = None if known is None else known.queue_of(sender, epoch, message.delta_from_seq)
+        if reference is None:
+            raise UnknownReference(f"post {epoch}/{message.delta_from_seq} of {sender}")
+        skip, keep = message.delta_skip, message.delta_keep
+        if skip + keep > len(reference):
+            raise WireError(
+                f"delta: entries {skip}..{skip + keep} of a post of {len(reference)} metas"
+            )
+        queue = reference[skip : skip + keep] + queue
+    if len(queue) != message.queue_len:
+        raise WireError(f"queue_len: {message.queue_len}, but the queue holds {len(queue)}")
     post = Post(
         view_no=check_number(message.view_no, "view_no"),
-        sender=check_node_id(message.sender, "sender"),
-        epoch=check_number(message.epoch, "epoch"),
+        sender=sender,
+        epoch=epoch,
         seq=check_number(message.seq, "seq"),
         base=base_from_proto(message.base),
         counter=check_number(message.counter, "counter"),
-        queue=metas_from_proto(message.queue, "queue"),
+        queue=queue,
     )
     problem = post_problem(post, limits)
     if problem is not None:
@@ -113,14 +162,14 @@ def entries_from_proto(message: peer_pb2.SendSyncedEntriesRequest, limits: Limit
     return entries
 
 
-def decode_post(data: bytes, limits: Limits) -> Post:
+def decode_post(data: bytes, limits: Limits, known: KnownPosts | None = None) -> Post:
     """Parse and check a serialized ``PostRequest`` (used where raw bytes arrive)."""
     message = peer_pb2.PostRequest()
     try:
         message.ParseFromString(data)
     except DecodeError as error:
         raise WireError(f"not a PostRequest: {error}") from None
-    return post_from_proto(message, limits)
+    return post_from_proto(message, limits, known)
 
 
 def decode_entries(data: bytes, limits: Limits) -> SyncedEntries:

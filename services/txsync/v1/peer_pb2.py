@@ -23,7 +23,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x14txsync/v1/peer.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\xe8\x01\n\x0bPostRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12"\n\x04\x62\x61se\x18\x05 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x04\x12 \n\x05queue\x18\x07 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08outcomes\x18\x08 \x03(\x0b\x32\x18.txsync.v1.OutcomeDigest\x12\x19\n\x11round_traceparent\x18\t \x01(\t"i\n\rOutcomeDigest\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12!\n\x05state\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x14\n\x0cstate_digest\x18\x04 \x01(\x0c"\x0e\n\x0cPostResponse"\x84\x01\n\x18SendSyncedEntriesRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12#\n\x05start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\x1b\n\x19SendSyncedEntriesResponse"c\n\x0fPushBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x04 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x05 \x01(\t"\x12\n\x10PushBodyResponse"O\n\x11PushBodiesRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12*\n\x06\x62odies\x18\x02 \x03(\x0b\x32\x1a.txsync.v1.PushBodyRequest"\x81\x01\n\x12PushBodiesResponse\x12;\n\x07refused\x18\x01 \x03(\x0b\x32*.txsync.v1.PushBodiesResponse.RefusedEntry\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"/\n\x0eGetBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t"D\n\x0fGetBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x03 \x01(\t"G\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12\x0f\n\x07witness\x18\x04 \x01(\x08"\xc4\x02\n\x16SendViewMessageRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12$\n\x07prepare\x18\x02 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12)\n\x07promise\x18\x03 \x01(\x0b\x32\x16.txsync.v1.ViewPromiseH\x00\x12\'\n\x06\x61\x63\x63\x65pt\x18\x04 \x01(\x0b\x32\x15.txsync.v1.ViewAcceptH\x00\x12%\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12*\n\x07install\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposalH\x00\x12)\n\x07refused\x18\x07 \x01(\x0b\x32\x16.txsync.v1.ViewRefusedH\x00\x12\x17\n\rquery_view_no\x18\x08 \x01(\x04H\x00\x42\t\n\x07message"\x19\n\x17SendViewMessageResponse"\xde\x01\n\x0bViewPromise\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12"\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x04\x12 \n\x05queue\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0f\x61\x63\x63\x65pted_ballot\x18\x05 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"Z\n\nViewAccept\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08proposal\x18\x02 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"f\n\x0bViewRefused\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12\x0f\n\x07view_no\x18\x02 \x01(\x04\x12#\n\x08promised\x18\x03 \x01(\x0b\x32\x11.txsync.v1.Ballot2\xd2\x03\n\x0bPeerService\x12\x37\n\x04Post\x12\x16.txsync.v1.PostRequest\x1a\x17.txsync.v1.PostResponse\x12^\n\x11SendSyncedEntries\x12#.txsync.v1.SendSyncedEntriesRequest\x1a$.txsync.v1.SendSyncedEntriesResponse\x12\x43\n\x08PushBody\x12\x1a.txsync.v1.PushBodyRequest\x1a\x1b.txsync.v1.PushBodyResponse\x12I\n\nPushBodies\x12\x1c.txsync.v1.PushBodiesRequest\x1a\x1d.txsync.v1.PushBodiesResponse\x12@\n\x07GetBody\x12\x19.txsync.v1.GetBodyRequest\x1a\x1a.txsync.v1.GetBodyResponse\x12X\n\x0fSendViewMessage\x12!.txsync.v1.SendViewMessageRequest\x1a".txsync.v1.SendViewMessageResponseb\x06proto3'
+    b'\n\x14txsync/v1/peer.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\xbb\x02\n\x0bPostRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12"\n\x04\x62\x61se\x18\x05 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x04\x12 \n\x05queue\x18\x07 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08outcomes\x18\x08 \x03(\x0b\x32\x18.txsync.v1.OutcomeDigest\x12\x19\n\x11round_traceparent\x18\t \x01(\t\x12\x16\n\x0e\x64\x65lta_from_seq\x18\n \x01(\x04\x12\x12\n\ndelta_skip\x18\x0b \x01(\r\x12\x12\n\ndelta_keep\x18\x0c \x01(\r\x12\x11\n\tqueue_len\x18\r \x01(\r"i\n\rOutcomeDigest\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12!\n\x05state\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x14\n\x0cstate_digest\x18\x04 \x01(\x0c"$\n\x0cPostResponse\x12\x14\n\x0cwhole_needed\x18\x01 \x01(\x08"\x84\x01\n\x18SendSyncedEntriesRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12#\n\x05start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\x1b\n\x19SendSyncedEntriesResponse"c\n\x0fPushBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x04 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x05 \x01(\t"\x12\n\x10PushBodyResponse"O\n\x11PushBodiesRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12*\n\x06\x62odies\x18\x02 \x03(\x0b\x32\x1a.txsync.v1.PushBodyRequest"\x81\x01\n\x12PushBodiesResponse\x12;\n\x07refused\x18\x01 \x03(\x0b\x32*.txsync.v1.PushBodiesResponse.RefusedEntry\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"/\n\x0eGetBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t"D\n\x0fGetBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x03 \x01(\t"G\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12\x0f\n\x07witness\x18\x04 \x01(\x08"\xc4\x02\n\x16SendViewMessageRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12$\n\x07prepare\x18\x02 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12)\n\x07promise\x18\x03 \x01(\x0b\x32\x16.txsync.v1.ViewPromiseH\x00\x12\'\n\x06\x61\x63\x63\x65pt\x18\x04 \x01(\x0b\x32\x15.txsync.v1.ViewAcceptH\x00\x12%\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12*\n\x07install\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposalH\x00\x12)\n\x07refused\x18\x07 \x01(\x0b\x32\x16.txsync.v1.ViewRefusedH\x00\x12\x17\n\rquery_view_no\x18\x08 \x01(\x04H\x00\x42\t\n\x07message"\x19\n\x17SendViewMessageResponse"\xde\x01\n\x0bViewPromise\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12"\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x04\x12 \n\x05queue\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0f\x61\x63\x63\x65pted_ballot\x18\x05 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"Z\n\nViewAccept\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08proposal\x18\x02 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"f\n\x0bViewRefused\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12\x0f\n\x07view_no\x18\x02 \x01(\x04\x12#\n\x08promised\x18\x03 \x01(\x0b\x32\x11.txsync.v1.Ballot2\xd2\x03\n\x0bPeerService\x12\x37\n\x04Post\x12\x16.txsync.v1.PostRequest\x1a\x17.txsync.v1.PostResponse\x12^\n\x11SendSyncedEntries\x12#.txsync.v1.SendSyncedEntriesRequest\x1a$.txsync.v1.SendSyncedEntriesResponse\x12\x43\n\x08PushBody\x12\x1a.txsync.v1.PushBodyRequest\x1a\x1b.txsync.v1.PushBodyResponse\x12I\n\nPushBodies\x12\x1c.txsync.v1.PushBodiesRequest\x1a\x1d.txsync.v1.PushBodiesResponse\x12@\n\x07GetBody\x12\x19.txsync.v1.GetBodyRequest\x1a\x1a.txsync.v1.GetBodyResponse\x12X\n\x0fSendViewMessage\x12!.txsync.v1.SendViewMessageRequest\x1a".txsync.v1.SendViewMessageResponseb\x06proto3'
 )
 
 _globals = globals()
@@ -34,41 +34,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_PUSHBODIESRESPONSE_REFUSEDENTRY"]._loaded_options = None
     _globals["_PUSHBODIESRESPONSE_REFUSEDENTRY"]._serialized_options = b"8\001"
     _globals["_POSTREQUEST"]._serialized_start = 60
-    _globals["_POSTREQUEST"]._serialized_end = 292
-    _globals["_OUTCOMEDIGEST"]._serialized_start = 294
-    _globals["_OUTCOMEDIGEST"]._serialized_end = 399
-    _globals["_POSTRESPONSE"]._serialized_start = 401
-    _globals["_POSTRESPONSE"]._serialized_end = 415
-    _globals["_SENDSYNCEDENTRIESREQUEST"]._serialized_start = 418
-    _globals["_SENDSYNCEDENTRIESREQUEST"]._serialized_end = 550
-    _globals["_SENDSYNCEDENTRIESRESPONSE"]._serialized_start = 552
-    _globals["_SENDSYNCEDENTRIESRESPONSE"]._serialized_end = 579
-    _globals["_PUSHBODYREQUEST"]._serialized_start = 581
-    _globals["_PUSHBODYREQUEST"]._serialized_end = 680
-    _globals["_PUSHBODYRESPONSE"]._serialized_start = 682
-    _globals["_PUSHBODYRESPONSE"]._serialized_end = 700
-    _globals["_PUSHBODIESREQUEST"]._serialized_start = 702
-    _globals["_PUSHBODIESREQUEST"]._serialized_end = 781
-    _globals["_PUSHBODIESRESPONSE"]._serialized_start = 784
-    _globals["_PUSHBODIESRESPONSE"]._serialized_end = 913
-    _globals["_PUSHBODIESRESPONSE_REFUSEDENTRY"]._serialized_start = 867
-    _globals["_PUSHBODIESRESPONSE_REFUSEDENTRY"]._serialized_end = 913
-    _globals["_GETBODYREQUEST"]._serialized_start = 915
-    _globals["_GETBODYREQUEST"]._serialized_end = 962
-    _globals["_GETBODYRESPONSE"]._serialized_start = 964
-    _globals["_GETBODYRESPONSE"]._serialized_end = 1032
-    _globals["_MEMBER"]._serialized_start = 1034
-    _globals["_MEMBER"]._serialized_end = 1105
-    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_start = 1108
-    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_end = 1432
-    _globals["_SENDVIEWMESSAGERESPONSE"]._serialized_start = 1434
-    _globals["_SENDVIEWMESSAGERESPONSE"]._serialized_end = 1459
-    _globals["_VIEWPROMISE"]._serialized_start = 1462
-    _globals["_VIEWPROMISE"]._serialized_end = 1684
-    _globals["_VIEWACCEPT"]._serialized_start = 1686
-    _globals["_VIEWACCEPT"]._serialized_end = 1776
-    _globals["_VIEWREFUSED"]._serialized_start = 1778
-    _globals["_VIEWREFUSED"]._serialized_end = 1880
-    _globals["_PEERSERVICE"]._serialized_start = 1883
-    _globals["_PEERSERVICE"]._serialized_end = 2349
+    _globals["_POSTREQUEST"]._serialized_end = 375
+    _globals["_OUTCOMEDIGEST"]._serialized_start = 377
+    _globals["_OUTCOMEDIGEST"]._serialized_end = 482
+    _globals["_POSTRESPONSE"]._serialized_start = 484
+    _globals["_POSTRESPONSE"]._serialized_end = 520
+    _globals["_SENDSYNCEDENTRIESREQUEST"]._serialized_start = 523
+    _globals["_SENDSYNCEDENTRIESREQUEST"]._serialized_end = 655
+    _globals["_SENDSYNCEDENTRIESRESPONSE"]._serialized_start = 657
+    _globals["_SENDSYNCEDENTRIESRESPONSE"]._serialized_end = 684
+    _globals["_PUSHBODYREQUEST"]._serialized_start = 686
+    _globals["_PUSHBODYREQUEST"]._serialized_end = 785
+    _globals["_PUSHBODYRESPONSE"]._serialized_start = 787
+    _globals["_PUSHBODYRESPONSE"]._serialized_end = 805
+    _globals["_PUSHBODIESREQUEST"]._serialized_start = 807
+    _globals["_PUSHBODIESREQUEST"]._serialized_end = 886
+    _globals["_PUSHBODIESRESPONSE"]._serialized_start = 889
+    _globals["_PUSHBODIESRESPONSE"]._serialized_end = 1018
+    _globals["_PUSHBODIESRESPONSE_REFUSEDENTRY"]._serialized_start = 972
+    _globals["_PUSHBODIESRESPONSE_REFUSEDENTRY"]._serialized_end = 1018
+    _globals["_GETBODYREQUEST"]._serialized_start = 1020
+    _globals["_GETBODYREQUEST"]._serialized_end = 1067
+    _globals["_GETBODYRESPONSE"]._serialized_start = 1069
+    _globals["_GETBODYRESPONSE"]._serialized_end = 1137
+    _globals["_MEMBER"]._serialized_start = 1139
+    _globals["_MEMBER"]._serialized_end = 1210
+    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_start = 1213
+    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_end = 1537
+    _globals["_SENDVIEWMESSAGERESPONSE"]._serialized_start = 1539
+    _globals["_SENDVIEWMESSAGERESPONSE"]._serialized_end = 1564
+    _globals["_VIEWPROMISE"]._serialized_start = 1567
+    _globals["_VIEWPROMISE"]._serialized_end = 1789
+    _globals["_VIEWACCEPT"]._serialized_start = 1791
+    _globals["_VIEWACCEPT"]._serialized_end = 1881
+    _globals["_VIEWREFUSED"]._serialized_start = 1883
+    _globals["_VIEWREFUSED"]._serialized_end = 1985
+    _globals["_PEERSERVICE"]._serialized_start = 1988
+    _globals["_PEERSERVICE"]._serialized_end = 2454
 # @@protoc_insertion_point(module_scope)

@@ -34,6 +34,10 @@ class PostRequest(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     OUTCOMES_FIELD_NUMBER: _builtins.int
     ROUND_TRACEPARENT_FIELD_NUMBER: _builtins.int
+    DELTA_FROM_SEQ_FIELD_NUMBER: _builtins.int
+    DELTA_SKIP_FIELD_NUMBER: _builtins.int
+    DELTA_KEEP_FIELD_NUMBER: _builtins.int
+    QUEUE_LEN_FIELD_NUMBER: _builtins.int
     view_no: _builtins.int
     sender: _builtins.str
     epoch: _builtins.int
@@ -42,6 +46,16 @@ class PostRequest(_message.Message):
     counter: _builtins.int
     round_traceparent: _builtins.str
     """W3C traceparent of the sender's round span: the receiver's round span links to it."""
+    delta_from_seq: _builtins.int
+    """Set (non-zero) when `queue` holds only the end of the sender's queue: the whole queue
+    is entries [delta_skip, delta_skip + delta_keep) of the queue of the sender's post of
+    the same epoch with this seq (one the receiver acknowledged), then `queue`. A receiver
+    that no longer holds that post takes nothing and answers `whole_needed`.
+    """
+    delta_skip: _builtins.int
+    delta_keep: _builtins.int
+    queue_len: _builtins.int
+    """The whole queue's length (at most 4096; checks what a receiver rebuilt)."""
     @_builtins.property
     def base(self) -> _common_pb2.MergeBase: ...
     @_builtins.property
@@ -70,6 +84,10 @@ class PostRequest(_message.Message):
         queue: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
         outcomes: _abc.Iterable[Global___OutcomeDigest] | None = ...,
         round_traceparent: _builtins.str = ...,
+        delta_from_seq: _builtins.int = ...,
+        delta_skip: _builtins.int = ...,
+        delta_keep: _builtins.int = ...,
+        queue_len: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["base", b"base"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -78,12 +96,20 @@ class PostRequest(_message.Message):
         b"base",
         "counter",
         b"counter",
+        "delta_from_seq",
+        b"delta_from_seq",
+        "delta_keep",
+        b"delta_keep",
+        "delta_skip",
+        b"delta_skip",
         "epoch",
         b"epoch",
         "outcomes",
         b"outcomes",
         "queue",
         b"queue",
+        "queue_len",
+        b"queue_len",
         "round_traceparent",
         b"round_traceparent",
         "sender",
@@ -139,12 +165,19 @@ Global___OutcomeDigest: _TypeAlias = OutcomeDigest  # noqa: Y015
 class PostResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    WHOLE_NEEDED_FIELD_NUMBER: _builtins.int
+    whole_needed: _builtins.bool
+    """The post named a post (`delta_from_seq`) this node no longer holds: nothing was
+    taken; post again with the whole queue.
+    """
     def __init__(
         self,
+        *,
+        whole_needed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["whole_needed", b"whole_needed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
