@@ -85,12 +85,13 @@ log = logging.getLogger(__name__)
 EVENTS_MAX = 10_000
 """Events waiting for the loop; peers' calls wait (backpressure) beyond it."""
 EVENTS_PER_STEP_BATCH_MAX = 256
-"""Events stepped before one persist + send."""
+"""Events taken from the queue and stepped together."""
 BATCH_METAS_FLUSH = 2_048
 BATCH_CHANGES_FLUSH = 8_192
-"""A batch is persisted early once its merged effects reach these sizes, well inside the
-store's per-step limits (16,384 metas, 65,536 changes) even after one more step's
-worth (a step adds at most post_txs_max metas and three changes for each)."""
+"""A gathered step is sent (waiting for a slot if need be) once its merged effects reach
+these sizes, well inside the store's per-step limits (16,384 metas, 65,536 changes) even
+after one more step's worth (a step adds at most post_txs_max metas and three changes
+for each)."""
 PEER_QUEUE_MAX = 1_024
 """Messages other than posts waiting for one peer; the oldest is dropped beyond it."""
 PEER_BODY_CALLS_MAX = 256
@@ -108,8 +109,11 @@ PEER_CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
-PERSISTS_IN_FLIGHT_MAX = 16
-"""Steps sent to the store and not yet durable; the loop waits for a slot beyond it."""
+PERSISTS_IN_FLIGHT_MAX = 2
+"""Steps sent to the store and not yet durable. Past it, what the loop steps gathers into
+one next step (sent when an answer frees a slot), as a blocked loop used to gather events:
+with 16 in flight, under load the loop sent many small steps and posts, each with fixed
+costs at both ends (batched submits 629 -> 457 tx/s, measured)."""
 PERSIST_TIMEOUT_S = 30.0
 """A step not durable after this long means the store is stuck: the coordinator stops
 (to be restarted from durable state) rather than hold every send forever."""
@@ -352,6 +356,23 @@ _StepStream = grpc.aio.StreamStreamCall[store_pb2.PersistStepRequest, store_pb2.
 
 
 @dataclass(slots=True)
+class _Gathering:
+    """The effects of the steps since the last one sent to the store, merged."""
+
+    merged: MergedPersist = field(default_factory=MergedPersist)
+    readies: list[Ready] = field(default_factory=list)
+
+    def add(self, ready: Ready) -> None:
+        self.merged.add(ready)
+        self.readies.append(ready)
+
+    def is_big(self) -> bool:
+        merged = self.merged
+        metas = len(merged.incoming) + len(merged.synced)
+        return metas >= BATCH_METAS_FLUSH or len(merged.changes) >= BATCH_CHANGES_FLUSH
+
+
+@dataclass(slots=True)
 class _HeldSends:
     """One flushed batch's sends, held until its step (if it has one) and every earlier
     step are durable: the core's rule, persist before send, with steps in flight."""
@@ -411,6 +432,7 @@ class Coordinator:
         self._persists: _StepStream | None = None
         """The PersistSteps stream, open while running."""
         self._persist_slots = asyncio.Semaphore(PERSISTS_IN_FLIGHT_MAX)
+        self._gathering = _Gathering()
         self._held: deque[_HeldSends] = deque()
         """Every flushed batch whose sends have not gone out, in order."""
         self._not_durable: deque[_HeldSends] = deque()
@@ -534,23 +556,18 @@ class Coordinator:
         oldest = self._not_durable[0].since_s if self._not_durable else time.monotonic()
         if time.monotonic() - oldest > PERSIST_TIMEOUT_S:
             raise RuntimeError(f"a step was not durable within {PERSIST_TIMEOUT_S:.0f} s")
-        merged = MergedPersist()
-        readies: list[Ready] = []
         last: Ready | None = None
         for event in events:
             ready = last = node.step(event)
             self.steps += 1
-            merged.add(ready)
-            readies.append(ready)
+            self._gathering.add(ready)
             for rejection in ready.rejections:
                 self.rejections += 1
                 level = logging.ERROR if "FORK" in rejection.reason else logging.DEBUG
                 log.log(level, "refused %s: %s", rejection.what, rejection.reason)
-            big = len(merged.incoming) + len(merged.synced) >= BATCH_METAS_FLUSH
-            if big or len(merged.changes) >= BATCH_CHANGES_FLUSH:
-                await self._flush(merged, readies)
-                merged, readies = MergedPersist(), []
-        await self._flush(merged, readies)
+            if self._gathering.is_big():
+                await self._hand_over(wait=True)
+        await self._hand_over(wait=False)
         self._next_tick_ms = last.next_tick_ms if last is not None else None
         self._log_view_changes(node)
 
@@ -573,16 +590,29 @@ class Coordinator:
             for listener in self.quorum_listeners:
                 listener(quorum)
 
-    async def _flush(self, merged: MergedPersist, readies: list[Ready]) -> None:
-        held = _HeldSends(readies, merged.installed is not None, True, time.monotonic())
-        if not merged.is_empty():
+    async def _hand_over(self, *, wait: bool) -> None:
+        """Send the gathered step to the store if a slot is free (or, ``wait``, once one
+        is); otherwise it goes on gathering, and the answer that frees a slot wakes the
+        loop to send it. A step with nothing durable needs no slot: its sends only wait
+        for the steps before it."""
+        gathering = self._gathering
+        if not gathering.readies:
+            return
+        durable = gathering.merged.is_empty()
+        if not durable:
+            if self._persist_slots.locked() and not wait:
+                return
             async with asyncio.timeout(PERSIST_TIMEOUT_S):
                 await self._persist_slots.acquire()
-            held.durable = False
+        self._gathering = _Gathering()
+        held = _HeldSends(
+            gathering.readies, gathering.merged.installed is not None, durable, time.monotonic()
+        )
+        self._held.append(held)
+        if not durable:
             self._not_durable.append(held)
             assert self._persists is not None, "started"
-            await self._persists.write(self._persist_request(merged))
-        self._held.append(held)
+            await self._persists.write(self._persist_request(gathering.merged))
         self._release_sends()
 
     async def _read_durable(self) -> None:
@@ -593,6 +623,11 @@ class Coordinator:
             held.durable = True
             self._persist_slots.release()
             self._release_sends()
+            if self._gathering.readies:
+                # Only the loop writes to the stream (in order): wake it to send what
+                # gathered while every slot was taken (a full queue wakes it anyway).
+                with contextlib.suppress(asyncio.QueueFull):
+                    self.events.put_nowait(Tick(_now_ms()))
         # A failure here is fatal for this incarnation: memory ran ahead of the disk.
         raise RuntimeError("the store ended the stream of protocol steps")
 
