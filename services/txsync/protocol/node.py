@@ -252,6 +252,11 @@ class ProtocolNode:
         self._posts: dict[NodeId, Post] = {}
         self._ahead_posts: dict[NodeId, Post] = {}
         self._dirty = False
+        """Something a peer could use was learned since our last post."""
+        self._round_news = False
+        """Something was learned during the current round (a quiet round had none)."""
+        self._quiet = False
+        """The last round brought nothing new: the next starts on news or after the gap."""
         self._asks_catch_up = False
         self._last_post_ms = now_ms
         self._catchup_sent: dict[NodeId, tuple[int, int]] = {}
@@ -384,7 +389,7 @@ class ProtocolNode:
         self._fx.state_changes.append(StateChanged(tx_id, TxState.INCOMING))
         if self._others:
             self._fx.bodies.append(PushBody(tx_id, self._others))
-        self._dirty = True
+        self._news()
         self._wake()
 
     def _on_post(self, post: Post) -> None:
@@ -410,7 +415,7 @@ class ProtocolNode:
         if post.base.synced_len < base.synced_len:
             self._serve_lagger(post)
             if raised:
-                self._dirty = True
+                self._news()
             return
         if post.base.synced_len > base.synced_len:
             known = self._ahead_posts.get(post.sender)
@@ -420,7 +425,7 @@ class ProtocolNode:
             # Post soon even if nothing changed: a forerunner serves a lagger only when
             # the lagger's post reaches it, so this post is our request for catch-up.
             self._asks_catch_up = True
-            self._dirty = True
+            self._news()
             self._wake()
             return
         if post.base != base:
@@ -433,7 +438,7 @@ class ProtocolNode:
         if self._in_round:
             self._fresh.add(post.sender)
         if self._merge(post) or raised:
-            self._dirty = True
+            self._news()
         if post.queue:
             self._wake()
         if self._try_add():
@@ -476,7 +481,7 @@ class ProtocolNode:
         self._drop_fetch(tx_id)
         if tx_id in self._incoming:
             if self._incoming.mark_acquired(tx_id):
-                self._dirty = True  # the postable prefix may have grown
+                self._news()  # the postable prefix may have grown
             return
         if self._synced_unacquired.pop(tx_id, None) is not None:
             self._fx.state_changes.append(StateChanged(tx_id, TxState.ENQUEUED))
@@ -497,13 +502,14 @@ class ProtocolNode:
                 self._end_round(RoundOutcome.DEADLINE)
             elif self._dirty and now >= self._last_post_ms + self._timing.repost_gap_ms:
                 self._repost()
-        elif now >= self._next_round_ms:
+        elif now >= self._next_round_ms or (self._quiet and self._dirty):
             self._start_round()
         if self._next_fetch_ms is not None and now >= self._next_fetch_ms:
             self._retry_fetches()
 
     def _start_round(self) -> None:
         self._in_round = True
+        self._round_news = self._quiet = False
         self._round_no += 1
         self._round_started_ms = self._now_ms
         self._round_deadline_ms = self._now_ms + self._timing.round_timeout_ms
@@ -560,9 +566,9 @@ class ProtocolNode:
             self._next_round_ms = self._now_ms + self._timing.idle_interval_ms
             return
         self._mode = Mode.BUSY
-        self._next_round_ms = max(
-            self._now_ms, self._round_started_ms + self._timing.busy_round_gap_ms
-        )
+        self._quiet = outcome is RoundOutcome.COMPLETE and not (self._round_news or self._dirty)
+        gap = self._timing.quiet_round_gap_ms if self._quiet else self._timing.busy_round_gap_ms
+        self._next_round_ms = max(self._now_ms, self._round_started_ms + gap)
         if self._next_round_ms <= self._now_ms:
             self._start_round()
 
@@ -588,6 +594,12 @@ class ProtocolNode:
         if self._in_round:
             self._in_round = False
             self._report_round_end(RoundOutcome.ABANDONED)
+
+    def _news(self) -> None:
+        """We learned something a peer could use: re-post it (within a round), or start
+        the next round at once if the last one was quiet."""
+        self._dirty = True
+        self._round_news = True
 
     def _wake(self) -> None:
         """Seed: back to busy on the first non-empty post or local transaction."""
@@ -626,7 +638,7 @@ class ProtocolNode:
             for sender, post in self._ahead_posts.items()
             if post.base.synced_len > base.synced_len
         }
-        self._dirty = True
+        self._news()
         if self._in_round:
             self._end_round(RoundOutcome.ADVANCED)
         else:
@@ -995,7 +1007,7 @@ class ProtocolNode:
         self._posts = {}
         self._ahead_posts = {}
         self._catchup_sent = {}
-        self._dirty = True
+        self._news()
         self._mode = Mode.BUSY
         self._abandon_round()
         self._start_round()
