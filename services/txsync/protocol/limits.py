@@ -56,14 +56,6 @@ class Timing:
     busy_round_gap_ms: int = 0
     """Least gap between the starts of two busy rounds (0: back to back, as the seed says)."""
 
-    quiet_round_gap_ms: int = 100
-    """A busy round that brought nothing new (nothing added, merged, acquired or raised:
-    only the same posts again) is followed by the next one once something is new, or after
-    this long. Started at once, such rounds ping-pong at network speed while transactions
-    wait for a body or a repost: measured at 0 ms RTT, about 80 rounds a second costing
-    some 6 ms of CPU each per DC, adding 0.6 metas a round. The gap bounds how long a lost
-    post goes unrepeated. 0: at once, as before."""
-
     repost_gap_ms: int = 2
     """Least gap between two posts of one round. New knowledge (a local tx, merged metas,
     an acquired body, a raised counter) is re-posted at once within a round, which takes
@@ -104,7 +96,6 @@ class Timing:
         assert self.round_timeout_ms > 0
         assert self.idle_interval_ms > 0
         assert self.busy_round_gap_ms >= 0
-        assert self.quiet_round_gap_ms >= 0
         assert self.repost_gap_ms >= 0
         assert 0 < self.body_fetch_retry_ms <= self.body_fetch_retry_max_ms
         assert self.exclusion_timeout_ms > 0 and self.view_change_timeout_ms > 0

@@ -252,11 +252,6 @@ class ProtocolNode:
         self._posts: dict[NodeId, Post] = {}
         self._ahead_posts: dict[NodeId, Post] = {}
         self._dirty = False
-        """Something a peer could use was learned since our last post."""
-        self._round_news = False
-        """Something was learned during the current round (a quiet round had none)."""
-        self._quiet = False
-        """The last round brought nothing new: the next starts on news or after the gap."""
         self._asks_catch_up = False
         self._last_post_ms = now_ms
         self._catchup_sent: dict[NodeId, tuple[int, int]] = {}
@@ -389,7 +384,7 @@ class ProtocolNode:
         self._fx.state_changes.append(StateChanged(tx_id, TxState.INCOMING))
         if self._others:
             self._fx.bodies.append(PushBody(tx_id, self._others))
-        self._news()
+        self._dirty = True
         self._wake()
 
     def _on_post(self, post: Post) -> None:
@@ -415,7 +410,7 @@ class ProtocolNode:
         if post.base.synced_len < base.synced_len:
             self._serve_lagger(post)
             if raised:
-                self._news()
+                self._dirty = True
             return
         if post.base.synced_len > base.synced_len:
             known = self._ahead_posts.get(post.sender)
@@ -425,7 +420,7 @@ class ProtocolNode:
             # Post soon even if nothing changed: a forerunner serves a lagger only when
             # the lagger's post reaches it, so this post is our request for catch-up.
             self._asks_catch_up = True
-            self._news()
+            self._dirty = True
             self._wake()
             return
         if post.base != base:
@@ -438,7 +433,7 @@ class ProtocolNode:
         if self._in_round:
             self._fresh.add(post.sender)
         if self._merge(post) or raised:
-            self._news()
+            self._dirty = True
         if post.queue:
             self._wake()
         if self._try_add():
@@ -481,7 +476,7 @@ class ProtocolNode:
         self._drop_fetch(tx_id)
         if tx_id in self._incoming:
             if self._incoming.mark_acquired(tx_id):
-                self._news()  # the postable prefix may have grown
+                self._dirty = True  # the postable prefix may have grown
             return
         if self._synced_unacquired.pop(tx_id, None) is not None:
             self._fx.state_changes.append(StateChanged(tx_id, TxState.ENQUEUED))
@@ -502,14 +497,13 @@ class ProtocolNode:
                 self._end_round(RoundOutcome.DEADLINE)
             elif self._dirty and now >= self._last_post_ms + self._timing.repost_gap_ms:
                 self._repost()
-        elif now >= self._next_round_ms or (self._quiet and self._dirty):
+        elif now >= self._next_round_ms:
             self._start_round()
         if self._next_fetch_ms is not None and now >= self._next_fetch_ms:
             self._retry_fetches()
 
     def _start_round(self) -> None:
         self._in_round = True
-        self._round_news = self._quiet = False
         self._round_no += 1
         self._round_started_ms = self._now_ms
         self._round_deadline_ms = self._now_ms + self._timing.round_timeout_ms
@@ -566,9 +560,9 @@ class ProtocolNode:
             self._next_round_ms = self._now_ms + self._timing.idle_interval_ms
             return
         self._mode = Mode.BUSY
-        self._quiet = outcome is RoundOutcome.COMPLETE and not (self._round_news or self._dirty)
-        gap = self._timing.quiet_round_gap_ms if self._quiet else self._timing.busy_round_gap_ms
-        self._next_round_ms = max(self._now_ms, self._round_started_ms + gap)
+        self._next_round_ms = max(
+            self._now_ms, self._round_started_ms + self._timing.busy_round_gap_ms
+        )
         if self._next_round_ms <= self._now_ms:
             self._start_round()
 
@@ -594,12 +588,6 @@ class ProtocolNode:
         if self._in_round:
             self._in_round = False
             self._report_round_end(RoundOutcome.ABANDONED)
-
-    def _news(self) -> None:
-        """We learned something a peer could use: re-post it (within a round), or start
-        the next round at once if the last one was quiet."""
-        self._dirty = True
-        self._round_news = True
 
     def _wake(self) -> None:
         """Seed: back to busy on the first non-empty post or local transaction."""
@@ -638,7 +626,7 @@ class ProtocolNode:
             for sender, post in self._ahead_posts.items()
             if post.base.synced_len > base.synced_len
         }
-        self._news()
+        self._dirty = True
         if self._in_round:
             self._end_round(RoundOutcome.ADVANCED)
         else:
@@ -1007,7 +995,7 @@ class ProtocolNode:
         self._posts = {}
         self._ahead_posts = {}
         self._catchup_sent = {}
-        self._news()
+        self._dirty = True
         self._mode = Mode.BUSY
         self._abandon_round()
         self._start_round()

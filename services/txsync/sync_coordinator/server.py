@@ -290,11 +290,6 @@ def register(commands: Any) -> None:
         ("round_timeout_ms", "a round without every peer's post ends empty after this"),
         ("idle_interval_ms", "gap between idle rounds"),
         ("busy_round_gap_ms", "least gap between busy rounds (0: back to back)"),
-        (
-            "quiet_round_gap_ms",
-            "after a round that brought nothing new, the next starts on "
-            "news or after this (0: at once)",
-        ),
         ("repost_gap_ms", "least gap between two posts of one round"),
         ("body_fetch_delay_ms", "wait for the origin's push before fetching a body"),
         ("body_fetch_retry_ms", "first retry gap of a body fetch (doubles)"),
