@@ -199,9 +199,10 @@ def test_pipelined_steps_apply_in_order_and_a_refused_one_ends_the_stream(
         store_pb2.PersistStepRequest(synced_start=base, synced=[later]),  # a stale base
         store_pb2.PersistStepRequest(incoming=[later]),
     ]  # fmt: skip
-    answers: list[store_pb2.PersistStepResponse] = []
+    answers: list[store_pb2.PersistStepsResponse] = []
+    requests = (store_pb2.PersistStepsRequest(step=step) for step in steps)
     with pytest.raises(grpc.RpcError) as refused:
-        for answer in internal.PersistSteps(iter(steps)):
+        for answer in internal.PersistSteps(requests):
             answers.append(answer)
     assert [a.merge_base.synced_len for a in answers] == [base.synced_len, base.synced_len + 1]
     assert answers[1].merge_base.last_tx_id == first

@@ -352,7 +352,9 @@ class PeerLink:
             self._acknowledged = post
 
 
-_StepStream = grpc.aio.StreamStreamCall[store_pb2.PersistStepRequest, store_pb2.PersistStepResponse]
+_StepStream = grpc.aio.StreamStreamCall[
+    store_pb2.PersistStepsRequest, store_pb2.PersistStepsResponse
+]
 
 
 @dataclass(slots=True)
@@ -612,7 +614,8 @@ class Coordinator:
         if not durable:
             self._not_durable.append(held)
             assert self._persists is not None, "started"
-            await self._persists.write(self._persist_request(gathering.merged))
+            step = self._persist_request(gathering.merged)
+            await self._persists.write(store_pb2.PersistStepsRequest(step=step))
         self._release_sends()
 
     async def _read_durable(self) -> None:

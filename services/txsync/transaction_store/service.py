@@ -350,9 +350,9 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
 
     async def PersistSteps(
         self,
-        request_iterator: AsyncIterator[store_pb2.PersistStepRequest],
+        request_iterator: AsyncIterator[store_pb2.PersistStepsRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[store_pb2.PersistStepResponse]:
+    ) -> AsyncIterator[store_pb2.PersistStepsResponse]:
         """Steps are staged in the order they arrive (a task of their own, up to
         PERSIST_STEPS_AHEAD_MAX ahead of the answers) and answered in that order once
         durable; the first refused step's error ends the stream after the answers of
@@ -364,7 +364,8 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         async def stage_in_order() -> None:
             try:
                 async for request in request_iterator:
-                    await staged.put(await self._stage_step(request))
+                    check_request(request)
+                    await staged.put(await self._stage_step(request.step))
             except StoreError as error:
                 await staged.put(error)
                 return
@@ -381,7 +382,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                 except StoreError as error:
                     await abort(context, error)
                     return
-                yield store_pb2.PersistStepResponse(merge_base=base_to_proto(base))
+                yield store_pb2.PersistStepsResponse(merge_base=base_to_proto(base))
         finally:
             stager.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -23,7 +23,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x15txsync/v1/store.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\x1a\n\x18WatchLocalSubmitsRequest"]\n\x19WatchLocalSubmitsResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"\xd7\x01\n\x15ReportProgressRequest\x12L\n\x0fpeer_synced_len\x18\x01 \x03(\x0b\x32\x33.txsync.v1.ReportProgressRequest.PeerSyncedLenEntry\x12!\n\x14workers_min_position\x18\x02 \x01(\x04H\x00\x88\x01\x01\x1a\x34\n\x12PeerSyncedLenEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x17\n\x15_workers_min_position"3\n\x16ReportProgressResponse\x12\x19\n\x11truncatable_below\x18\x01 \x01(\x04"\x1a\n\x18LoadProtocolStateRequest"\xc2\x02\n\x19LoadProtocolStateResponse\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12(\n\nmerge_base\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12&\n\x0bsynced_tail\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08incoming\x18\x05 \x03(\x0b\x32\x18.txsync.v1.IncomingEntry\x12,\n\x11synced_unacquired\x18\x06 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12%\n\x04view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"B\n\rIncomingEntry\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08\x61\x63quired\x18\x02 \x01(\x08"d\n\x0bStateChange\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x03 \x01(\x0b\x32\x12.txsync.v1.Outcome"\xc0\x02\n\x12PersistStepRequest\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12#\n\x08incoming\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0csynced_start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12!\n\x06synced\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12-\n\rstate_changes\x18\x05 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x11\n\tforgotten\x18\x07 \x03(\t\x12/\n\x0einstalled_view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"?\n\x13PersistStepResponse\x12(\n\nmerge_base\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase"T\n\x10StoreBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"#\n\x11StoreBodyResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08"A\n\x12StoreBodiesRequest\x12+\n\x06\x62odies\x18\x01 \x03(\x0b\x32\x1b.txsync.v1.StoreBodyRequest"\x93\x01\n\x13StoreBodiesResponse\x12\x0e\n\x06stored\x18\x01 \x03(\t\x12<\n\x07refused\x18\x02 \x03(\x0b\x32+.txsync.v1.StoreBodiesResponse.RefusedEntry\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"#\n\x11ReadBodiesRequest\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t"L\n\x08HeldBody\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"9\n\x12ReadBodiesResponse\x12#\n\x06\x62odies\x18\x01 \x03(\x0b\x32\x13.txsync.v1.HeldBody" \n\x0fReadBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t"E\n\x10ReadBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x03 \x01(\t"8\n\x11ReadSyncedRequest\x12\x10\n\x08\x66rom_len\x18\x01 \x01(\x04\x12\x11\n\tcount_max\x18\x02 \x01(\r"]\n\x12ReadSyncedResponse\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"^\n\x15\x46ollowEnqueuedRequest\x12\x15\n\rfrom_position\x18\x01 \x01(\x04\x12\x17\n\x0fmembership_only\x18\x02 \x01(\x08\x12\x15\n\rfinished_only\x18\x03 \x01(\x08"\xc9\x01\n\x16\x46ollowEnqueuedResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x1f\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x11.txsync.v1.TxBody\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12!\n\x05state\x18\x05 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x06 \x01(\x0b\x32\x12.txsync.v1.Outcome"P\n\x14\x41\x64vanceStatesRequest\x12\'\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x02 \x01(\t"\x17\n\x15\x41\x64vanceStatesResponse2\xee\x07\n\x14StoreInternalService\x12^\n\x11LoadProtocolState\x12#.txsync.v1.LoadProtocolStateRequest\x1a$.txsync.v1.LoadProtocolStateResponse\x12L\n\x0bPersistStep\x12\x1d.txsync.v1.PersistStepRequest\x1a\x1e.txsync.v1.PersistStepResponse\x12Q\n\x0cPersistSteps\x12\x1d.txsync.v1.PersistStepRequest\x1a\x1e.txsync.v1.PersistStepResponse(\x01\x30\x01\x12\x46\n\tStoreBody\x12\x1b.txsync.v1.StoreBodyRequest\x1a\x1c.txsync.v1.StoreBodyResponse\x12\x43\n\x08ReadBody\x12\x1a.txsync.v1.ReadBodyRequest\x1a\x1b.txsync.v1.ReadBodyResponse\x12L\n\x0bStoreBodies\x12\x1d.txsync.v1.StoreBodiesRequest\x1a\x1e.txsync.v1.StoreBodiesResponse\x12I\n\nReadBodies\x12\x1c.txsync.v1.ReadBodiesRequest\x1a\x1d.txsync.v1.ReadBodiesResponse\x12I\n\nReadSynced\x12\x1c.txsync.v1.ReadSyncedRequest\x1a\x1d.txsync.v1.ReadSyncedResponse\x12W\n\x0e\x46ollowEnqueued\x12 .txsync.v1.FollowEnqueuedRequest\x1a!.txsync.v1.FollowEnqueuedResponse0\x01\x12R\n\rAdvanceStates\x12\x1f.txsync.v1.AdvanceStatesRequest\x1a .txsync.v1.AdvanceStatesResponse\x12`\n\x11WatchLocalSubmits\x12#.txsync.v1.WatchLocalSubmitsRequest\x1a$.txsync.v1.WatchLocalSubmitsResponse0\x01\x12U\n\x0eReportProgress\x12 .txsync.v1.ReportProgressRequest\x1a!.txsync.v1.ReportProgressResponseb\x06proto3'
+    b'\n\x15txsync/v1/store.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\x1a\n\x18WatchLocalSubmitsRequest"]\n\x19WatchLocalSubmitsResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"\xd7\x01\n\x15ReportProgressRequest\x12L\n\x0fpeer_synced_len\x18\x01 \x03(\x0b\x32\x33.txsync.v1.ReportProgressRequest.PeerSyncedLenEntry\x12!\n\x14workers_min_position\x18\x02 \x01(\x04H\x00\x88\x01\x01\x1a\x34\n\x12PeerSyncedLenEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x17\n\x15_workers_min_position"3\n\x16ReportProgressResponse\x12\x19\n\x11truncatable_below\x18\x01 \x01(\x04"\x1a\n\x18LoadProtocolStateRequest"\xc2\x02\n\x19LoadProtocolStateResponse\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12(\n\nmerge_base\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12&\n\x0bsynced_tail\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08incoming\x18\x05 \x03(\x0b\x32\x18.txsync.v1.IncomingEntry\x12,\n\x11synced_unacquired\x18\x06 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12%\n\x04view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"B\n\rIncomingEntry\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08\x61\x63quired\x18\x02 \x01(\x08"d\n\x0bStateChange\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x03 \x01(\x0b\x32\x12.txsync.v1.Outcome"\xc0\x02\n\x12PersistStepRequest\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12#\n\x08incoming\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0csynced_start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12!\n\x06synced\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12-\n\rstate_changes\x18\x05 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x11\n\tforgotten\x18\x07 \x03(\t\x12/\n\x0einstalled_view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"?\n\x13PersistStepResponse\x12(\n\nmerge_base\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase"B\n\x13PersistStepsRequest\x12+\n\x04step\x18\x01 \x01(\x0b\x32\x1d.txsync.v1.PersistStepRequest"@\n\x14PersistStepsResponse\x12(\n\nmerge_base\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase"T\n\x10StoreBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"#\n\x11StoreBodyResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08"A\n\x12StoreBodiesRequest\x12+\n\x06\x62odies\x18\x01 \x03(\x0b\x32\x1b.txsync.v1.StoreBodyRequest"\x93\x01\n\x13StoreBodiesResponse\x12\x0e\n\x06stored\x18\x01 \x03(\t\x12<\n\x07refused\x18\x02 \x03(\x0b\x32+.txsync.v1.StoreBodiesResponse.RefusedEntry\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"#\n\x11ReadBodiesRequest\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t"L\n\x08HeldBody\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"9\n\x12ReadBodiesResponse\x12#\n\x06\x62odies\x18\x01 \x03(\x0b\x32\x13.txsync.v1.HeldBody" \n\x0fReadBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t"E\n\x10ReadBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x03 \x01(\t"8\n\x11ReadSyncedRequest\x12\x10\n\x08\x66rom_len\x18\x01 \x01(\x04\x12\x11\n\tcount_max\x18\x02 \x01(\r"]\n\x12ReadSyncedResponse\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"^\n\x15\x46ollowEnqueuedRequest\x12\x15\n\rfrom_position\x18\x01 \x01(\x04\x12\x17\n\x0fmembership_only\x18\x02 \x01(\x08\x12\x15\n\rfinished_only\x18\x03 \x01(\x08"\xc9\x01\n\x16\x46ollowEnqueuedResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x1f\n\x04\x62ody\x18\x03 \x01(\x0b\x32\x11.txsync.v1.TxBody\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12!\n\x05state\x18\x05 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x06 \x01(\x0b\x32\x12.txsync.v1.Outcome"P\n\x14\x41\x64vanceStatesRequest\x12\'\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x02 \x01(\t"\x17\n\x15\x41\x64vanceStatesResponse2\xf0\x07\n\x14StoreInternalService\x12^\n\x11LoadProtocolState\x12#.txsync.v1.LoadProtocolStateRequest\x1a$.txsync.v1.LoadProtocolStateResponse\x12L\n\x0bPersistStep\x12\x1d.txsync.v1.PersistStepRequest\x1a\x1e.txsync.v1.PersistStepResponse\x12S\n\x0cPersistSteps\x12\x1e.txsync.v1.PersistStepsRequest\x1a\x1f.txsync.v1.PersistStepsResponse(\x01\x30\x01\x12\x46\n\tStoreBody\x12\x1b.txsync.v1.StoreBodyRequest\x1a\x1c.txsync.v1.StoreBodyResponse\x12\x43\n\x08ReadBody\x12\x1a.txsync.v1.ReadBodyRequest\x1a\x1b.txsync.v1.ReadBodyResponse\x12L\n\x0bStoreBodies\x12\x1d.txsync.v1.StoreBodiesRequest\x1a\x1e.txsync.v1.StoreBodiesResponse\x12I\n\nReadBodies\x12\x1c.txsync.v1.ReadBodiesRequest\x1a\x1d.txsync.v1.ReadBodiesResponse\x12I\n\nReadSynced\x12\x1c.txsync.v1.ReadSyncedRequest\x1a\x1d.txsync.v1.ReadSyncedResponse\x12W\n\x0e\x46ollowEnqueued\x12 .txsync.v1.FollowEnqueuedRequest\x1a!.txsync.v1.FollowEnqueuedResponse0\x01\x12R\n\rAdvanceStates\x12\x1f.txsync.v1.AdvanceStatesRequest\x1a .txsync.v1.AdvanceStatesResponse\x12`\n\x11WatchLocalSubmits\x12#.txsync.v1.WatchLocalSubmitsRequest\x1a$.txsync.v1.WatchLocalSubmitsResponse0\x01\x12U\n\x0eReportProgress\x12 .txsync.v1.ReportProgressRequest\x1a!.txsync.v1.ReportProgressResponseb\x06proto3'
 )
 
 _globals = globals()
@@ -57,38 +57,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_PERSISTSTEPREQUEST"]._serialized_end = 1298
     _globals["_PERSISTSTEPRESPONSE"]._serialized_start = 1300
     _globals["_PERSISTSTEPRESPONSE"]._serialized_end = 1363
-    _globals["_STOREBODYREQUEST"]._serialized_start = 1365
-    _globals["_STOREBODYREQUEST"]._serialized_end = 1449
-    _globals["_STOREBODYRESPONSE"]._serialized_start = 1451
-    _globals["_STOREBODYRESPONSE"]._serialized_end = 1486
-    _globals["_STOREBODIESREQUEST"]._serialized_start = 1488
-    _globals["_STOREBODIESREQUEST"]._serialized_end = 1553
-    _globals["_STOREBODIESRESPONSE"]._serialized_start = 1556
-    _globals["_STOREBODIESRESPONSE"]._serialized_end = 1703
-    _globals["_STOREBODIESRESPONSE_REFUSEDENTRY"]._serialized_start = 1657
-    _globals["_STOREBODIESRESPONSE_REFUSEDENTRY"]._serialized_end = 1703
-    _globals["_READBODIESREQUEST"]._serialized_start = 1705
-    _globals["_READBODIESREQUEST"]._serialized_end = 1740
-    _globals["_HELDBODY"]._serialized_start = 1742
-    _globals["_HELDBODY"]._serialized_end = 1818
-    _globals["_READBODIESRESPONSE"]._serialized_start = 1820
-    _globals["_READBODIESRESPONSE"]._serialized_end = 1877
-    _globals["_READBODYREQUEST"]._serialized_start = 1879
-    _globals["_READBODYREQUEST"]._serialized_end = 1911
-    _globals["_READBODYRESPONSE"]._serialized_start = 1913
-    _globals["_READBODYRESPONSE"]._serialized_end = 1982
-    _globals["_READSYNCEDREQUEST"]._serialized_start = 1984
-    _globals["_READSYNCEDREQUEST"]._serialized_end = 2040
-    _globals["_READSYNCEDRESPONSE"]._serialized_start = 2042
-    _globals["_READSYNCEDRESPONSE"]._serialized_end = 2135
-    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_start = 2137
-    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_end = 2231
-    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_start = 2234
-    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_end = 2435
-    _globals["_ADVANCESTATESREQUEST"]._serialized_start = 2437
-    _globals["_ADVANCESTATESREQUEST"]._serialized_end = 2517
-    _globals["_ADVANCESTATESRESPONSE"]._serialized_start = 2519
-    _globals["_ADVANCESTATESRESPONSE"]._serialized_end = 2542
-    _globals["_STOREINTERNALSERVICE"]._serialized_start = 2545
-    _globals["_STOREINTERNALSERVICE"]._serialized_end = 3551
+    _globals["_PERSISTSTEPSREQUEST"]._serialized_start = 1365
+    _globals["_PERSISTSTEPSREQUEST"]._serialized_end = 1431
+    _globals["_PERSISTSTEPSRESPONSE"]._serialized_start = 1433
+    _globals["_PERSISTSTEPSRESPONSE"]._serialized_end = 1497
+    _globals["_STOREBODYREQUEST"]._serialized_start = 1499
+    _globals["_STOREBODYREQUEST"]._serialized_end = 1583
+    _globals["_STOREBODYRESPONSE"]._serialized_start = 1585
+    _globals["_STOREBODYRESPONSE"]._serialized_end = 1620
+    _globals["_STOREBODIESREQUEST"]._serialized_start = 1622
+    _globals["_STOREBODIESREQUEST"]._serialized_end = 1687
+    _globals["_STOREBODIESRESPONSE"]._serialized_start = 1690
+    _globals["_STOREBODIESRESPONSE"]._serialized_end = 1837
+    _globals["_STOREBODIESRESPONSE_REFUSEDENTRY"]._serialized_start = 1791
+    _globals["_STOREBODIESRESPONSE_REFUSEDENTRY"]._serialized_end = 1837
+    _globals["_READBODIESREQUEST"]._serialized_start = 1839
+    _globals["_READBODIESREQUEST"]._serialized_end = 1874
+    _globals["_HELDBODY"]._serialized_start = 1876
+    _globals["_HELDBODY"]._serialized_end = 1952
+    _globals["_READBODIESRESPONSE"]._serialized_start = 1954
+    _globals["_READBODIESRESPONSE"]._serialized_end = 2011
+    _globals["_READBODYREQUEST"]._serialized_start = 2013
+    _globals["_READBODYREQUEST"]._serialized_end = 2045
+    _globals["_READBODYRESPONSE"]._serialized_start = 2047
+    _globals["_READBODYRESPONSE"]._serialized_end = 2116
+    _globals["_READSYNCEDREQUEST"]._serialized_start = 2118
+    _globals["_READSYNCEDREQUEST"]._serialized_end = 2174
+    _globals["_READSYNCEDRESPONSE"]._serialized_start = 2176
+    _globals["_READSYNCEDRESPONSE"]._serialized_end = 2269
+    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_start = 2271
+    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_end = 2365
+    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_start = 2368
+    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_end = 2569
+    _globals["_ADVANCESTATESREQUEST"]._serialized_start = 2571
+    _globals["_ADVANCESTATESREQUEST"]._serialized_end = 2651
+    _globals["_ADVANCESTATESRESPONSE"]._serialized_start = 2653
+    _globals["_ADVANCESTATESRESPONSE"]._serialized_end = 2676
+    _globals["_STOREINTERNALSERVICE"]._serialized_start = 2679
+    _globals["_STOREINTERNALSERVICE"]._serialized_end = 3687
 # @@protoc_insertion_point(module_scope)

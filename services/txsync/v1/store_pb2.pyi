@@ -441,6 +441,50 @@ class PersistStepResponse(_message.Message):
 Global___PersistStepResponse: _TypeAlias = PersistStepResponse  # noqa: Y015
 
 @_typing.final
+class PersistStepsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def step(self) -> Global___PersistStepRequest:
+        """One step, as PersistStep takes it."""
+
+    def __init__(
+        self,
+        *,
+        step: Global___PersistStepRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PersistStepsRequest: _TypeAlias = PersistStepsRequest  # noqa: Y015
+
+@_typing.final
+class PersistStepsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MERGE_BASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def merge_base(self) -> _common_pb2.MergeBase:
+        """The merge base once this step is applied."""
+
+    def __init__(
+        self,
+        *,
+        merge_base: _common_pb2.MergeBase | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["merge_base", b"merge_base"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["merge_base", b"merge_base"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PersistStepsResponse: _TypeAlias = PersistStepsResponse  # noqa: Y015
+
+@_typing.final
 class StoreBodyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

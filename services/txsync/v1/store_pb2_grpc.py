@@ -52,8 +52,8 @@ class StoreInternalServiceStub:
         )
         self.PersistSteps = channel.stream_stream(
             "/txsync.v1.StoreInternalService/PersistSteps",
-            request_serializer=txsync_dot_v1_dot_store__pb2.PersistStepRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepResponse.FromString,
+            request_serializer=txsync_dot_v1_dot_store__pb2.PersistStepsRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepsResponse.FromString,
             _registered_method=True,
         )
         self.StoreBody = channel.unary_unary(
@@ -218,8 +218,8 @@ def add_StoreInternalServiceServicer_to_server(servicer, server):
         ),
         "PersistSteps": grpc.stream_stream_rpc_method_handler(
             servicer.PersistSteps,
-            request_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_store__pb2.PersistStepResponse.SerializeToString,
+            request_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepsRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_store__pb2.PersistStepsResponse.SerializeToString,
         ),
         "StoreBody": grpc.unary_unary_rpc_method_handler(
             servicer.StoreBody,
@@ -357,8 +357,8 @@ class StoreInternalService:
             request_iterator,
             target,
             "/txsync.v1.StoreInternalService/PersistSteps",
-            txsync_dot_v1_dot_store__pb2.PersistStepRequest.SerializeToString,
-            txsync_dot_v1_dot_store__pb2.PersistStepResponse.FromString,
+            txsync_dot_v1_dot_store__pb2.PersistStepsRequest.SerializeToString,
+            txsync_dot_v1_dot_store__pb2.PersistStepsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,7 +50,7 @@ class StoreInternalServiceStub:
     (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS).
     """
     PersistSteps: _grpc.StreamStreamMultiCallable[
-        _store_pb2.PersistStepRequest, _store_pb2.PersistStepResponse
+        _store_pb2.PersistStepsRequest, _store_pb2.PersistStepsResponse
     ]
     """The same, pipelined: the steps of one stream are checked and applied in the order
     sent, and each is answered, in that order, once it is durable, so the coordinator
@@ -120,7 +120,7 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
     (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS).
     """
     PersistSteps: _aio.StreamStreamMultiCallable[
-        _store_pb2.PersistStepRequest, _store_pb2.PersistStepResponse
+        _store_pb2.PersistStepsRequest, _store_pb2.PersistStepsResponse
     ]  # type: ignore[assignment]
     """The same, pipelined: the steps of one stream are checked and applied in the order
     sent, and each is answered, in that order, once it is durable, so the coordinator
@@ -203,11 +203,11 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def PersistSteps(
         self,
-        request_iterator: _MaybeAsyncIterator[_store_pb2.PersistStepRequest],
+        request_iterator: _MaybeAsyncIterator[_store_pb2.PersistStepsRequest],
         context: _ServicerContext,
     ) -> _typing.Union[
-        _abc.Iterator[_store_pb2.PersistStepResponse],
-        _abc.AsyncIterator[_store_pb2.PersistStepResponse],
+        _abc.Iterator[_store_pb2.PersistStepsResponse],
+        _abc.AsyncIterator[_store_pb2.PersistStepsResponse],
     ]:
         """The same, pipelined: the steps of one stream are checked and applied in the order
         sent, and each is answered, in that order, once it is durable, so the coordinator
