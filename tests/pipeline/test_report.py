@@ -86,8 +86,11 @@ def test_a_report_on_an_admin_api_export_shows_the_rounds(
     assert set(rounds) == {"dc1", "dc2", "dc3"}
     for dc, summary in rounds.items():
         assert summary["rounds"] == sum(summary["outcomes"].values()) > 0, dc
-        assert summary["busy_rounds"] > 0 and summary["added_per_busy_round"] > 0, dc
+        assert summary["busy_rounds"] > 0 and summary["added_per_busy_round"] >= 0, dc
         assert 0 <= summary["duration_p50_ms"] <= summary["duration_p99_ms"], dc
+    # A DC may take every entry by catch-up instead of its own ADD (CI saw dc3 add none,
+    # as the end-to-end test did): some DC's rounds must have added.
+    assert any(summary["added_per_busy_round"] > 0 for summary in rounds.values()), rounds
     dom = _chromium(report.page, "--dump-dom", profile=tmp_path / "profile").stdout
     images = re.findall(r"<img [^>]*>", dom)
     assert len(images) == len(report.plots) == 4
