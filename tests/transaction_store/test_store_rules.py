@@ -17,6 +17,7 @@ from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.transaction_store.store import (
     LocalSubmit,
+    ProtocolStep,
     StateChangeRequest,
     StoreConfig,
     TransactionStore,
@@ -50,15 +51,17 @@ def _ok(tx_id: str = "", position: int = 1) -> common_pb2.Outcome:
 async def _sync_local(store: TransactionStore, tx_id: str, ts: int) -> TxMeta:
     meta = TxMeta(ts, tx_id, "dc1")
     await store.persist_step(
-        counter=ts,
-        incoming=[meta],
-        synced_start=store.state.merge_base,
-        synced=[meta],
-        changes=[
-            StateChangeRequest(tx_id, TxState.ACCEPTED),
-            StateChangeRequest(tx_id, TxState.ENQUEUED),
-        ],
-        service="sync-coordinator",
+        ProtocolStep(
+            counter=ts,
+            incoming=[meta],
+            synced_start=store.state.merge_base,
+            synced=[meta],
+            changes=[
+                StateChangeRequest(tx_id, TxState.ACCEPTED),
+                StateChangeRequest(tx_id, TxState.ENQUEUED),
+            ],
+            service="sync-coordinator",
+        )
     )
     return meta
 
@@ -123,9 +126,11 @@ def test_backward_transition_is_refused_and_repeat_is_a_no_op(tmp_path: Path) ->
         await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd")  # retry
         with pytest.raises(StoreError) as caught:
             await store.persist_step(
-                counter=0, incoming=[], synced_start=None, synced=[],
-                changes=[StateChangeRequest(tx_id, TxState.ENQUEUED)], service="sc",
-            )  # fmt: skip
+                ProtocolStep(
+                    changes=[StateChangeRequest(tx_id, TxState.ENQUEUED)],
+                    service="sc",
+                )
+            )
         assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
         assert "TESTING -> ENQUEUED" in caught.value.message
         assert len(store.get(tx_id).history) == 4
@@ -160,7 +165,7 @@ def test_bad_protocol_steps_change_nothing(tmp_path: Path) -> None:
             )
             step.update(fields)
             with pytest.raises(StoreError) as caught:
-                await store.persist_step(service="sc", **step)
+                await store.persist_step(ProtocolStep(service="sc", **step))
             assert caught.value.code is code, fields
             assert text in caught.value.message, caught.value.message
         after = (store.state.counter, store.state.synced_len, store.files.current_bytes)
@@ -355,13 +360,13 @@ def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: 
     async def scenario(store: TransactionStore) -> str:
         local = (await store.submit(_body())).tx_id
         await store.persist_step(
-            counter=2,
-            incoming=[*foreign, TxMeta(3, local, "dc1")],
-            synced_start=None,
-            synced=[],
-            changes=[StateChangeRequest(m.tx_id, TxState.INCOMING) for m in foreign],
-            service="sc",
-            vote=vote,
+            ProtocolStep(
+                counter=2,
+                incoming=[*foreign, TxMeta(3, local, "dc1")],
+                changes=[StateChangeRequest(m.tx_id, TxState.INCOMING) for m in foreign],
+                service="sc",
+                vote=vote,
+            )
         )
         assert store.state.vote == vote and store.state.view_no == 0
         # A peer's push stored this body just before the core, not yet told, forgot it.
@@ -370,25 +375,26 @@ def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: 
         for refused in (local, str(uuid.uuid4())):
             with pytest.raises(StoreError) as caught:
                 await store.persist_step(
-                    counter=0, incoming=[], synced_start=None, synced=[], changes=[],
-                    service="sc", forgotten=[refused],
-                )  # fmt: skip
+                    ProtocolStep(
+                        service="sc",
+                        forgotten=[refused],
+                    )
+                )
             assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
         await store.persist_step(
-            counter=0,
-            incoming=[],
-            synced_start=None,
-            synced=[],
-            changes=[],
-            service="sc",
-            forgotten=[m.tx_id for m in foreign],
-            installed_view=_proposal(1, ["dc1", "dc2"], []),
+            ProtocolStep(
+                service="sc",
+                forgotten=[m.tx_id for m in foreign],
+                installed_view=_proposal(1, ["dc1", "dc2"], []),
+            )
         )
         with pytest.raises(StoreError, match="not newer"):
             await store.persist_step(
-                counter=0, incoming=[], synced_start=None, synced=[], changes=[],
-                service="sc", installed_view=_proposal(1, ["dc1", "dc2"], []),
-            )  # fmt: skip
+                ProtocolStep(
+                    service="sc",
+                    installed_view=_proposal(1, ["dc1", "dc2"], []),
+                )
+            )
         await store.truncate(0)  # a rotation: the snapshot must carry the view too
         return local
 
@@ -427,9 +433,11 @@ def test_membership_entries_come_one_at_a_time_and_only_from_the_admin_api(
         applied = _proposal(1, ["dc1"], [])
         applied.configuration.applied_position = 1
         await store.persist_step(
-            counter=0, incoming=[], synced_start=None, synced=[], changes=[], service="sc",
-            installed_view=applied,
-        )  # fmt: skip
+            ProtocolStep(
+                service="sc",
+                installed_view=applied,
+            )
+        )
         await store.change_membership(common_pb2.MembershipChange(node_id="dc3"))
         followed = store.follow_enqueued(1, membership_only=True)
         position, record = await anext(followed)

@@ -25,6 +25,7 @@ from txsync.telemetry import current_traceparent
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.state import TxRecord
 from txsync.transaction_store.store import (
+    ProtocolStep,
     StagedStep,
     StateChangeRequest,
     Submitted,
@@ -394,15 +395,19 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         if request.HasField("synced_start"):
             start = MergeBase(request.synced_start.synced_len, request.synced_start.last_tx_id)
         return await self._store.stage_step(
-            counter=request.counter,
-            incoming=_metas(request.incoming, "incoming"),
-            synced_start=start,
-            synced=_metas(request.synced, "synced"),
-            changes=_changes(request.state_changes),
-            service=request.service or "sync-coordinator",
-            forgotten=list(request.forgotten),
-            installed_view=request.installed_view if request.HasField("installed_view") else None,
-            vote=request.vote if request.HasField("vote") else None,
+            ProtocolStep(
+                counter=request.counter,
+                incoming=_metas(request.incoming, "incoming"),
+                synced_start=start,
+                synced=_metas(request.synced, "synced"),
+                changes=_changes(request.state_changes),
+                service=request.service or "sync-coordinator",
+                forgotten=list(request.forgotten),
+                installed_view=(
+                    request.installed_view if request.HasField("installed_view") else None
+                ),
+                vote=request.vote if request.HasField("vote") else None,
+            )
         )
 
     @answers_errors

@@ -111,6 +111,24 @@ class _Staged:
     waited: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtocolStep:
+    """One step of the coordinator's protocol core, as the store makes it durable."""
+
+    counter: int = 0
+    """0 leaves the counter as it is; otherwise it must not be lower than the stored one."""
+    incoming: Sequence[TxMeta] = ()
+    synced_start: MergeBase | None = None
+    """The base the synced entries extend (must be the stored merge base)."""
+    synced: Sequence[TxMeta] = ()
+    changes: Sequence[StateChangeRequest] = ()
+    service: str = "sync-coordinator"
+    """Kept in the transactions' history."""
+    forgotten: Sequence[str] = ()
+    installed_view: common_pb2.ViewProposal | None = None
+    vote: common_pb2.ViewVote | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class StagedStep:
     """A protocol step applied in memory and handed to the writer (``stage_step``)."""
@@ -453,67 +471,22 @@ class TransactionStore:
         await self._durable(staged)
         return epoch
 
-    async def persist_step(
-        self,
-        *,
-        counter: int,
-        incoming: Sequence[TxMeta],
-        synced_start: MergeBase | None,
-        synced: Sequence[TxMeta],
-        changes: Sequence[StateChangeRequest],
-        service: str,
-        forgotten: Sequence[str] = (),
-        installed_view: common_pb2.ViewProposal | None = None,
-        vote: common_pb2.ViewVote | None = None,
-    ) -> MergeBase:
+    async def persist_step(self, step: ProtocolStep) -> MergeBase:
         """Check one protocol step, apply it and answer once it is durable."""
-        staged = await self.stage_step(
-            counter=counter,
-            incoming=incoming,
-            synced_start=synced_start,
-            synced=synced,
-            changes=changes,
-            service=service,
-            forgotten=forgotten,
-            installed_view=installed_view,
-            vote=vote,
-        )
-        return await self.finish_step(staged)
+        return await self.finish_step(await self.stage_step(step))
 
-    async def stage_step(
-        self,
-        *,
-        counter: int,
-        incoming: Sequence[TxMeta],
-        synced_start: MergeBase | None,
-        synced: Sequence[TxMeta],
-        changes: Sequence[StateChangeRequest],
-        service: str,
-        forgotten: Sequence[str] = (),
-        installed_view: common_pb2.ViewProposal | None = None,
-        vote: common_pb2.ViewVote | None = None,
-    ) -> StagedStep:
+    async def stage_step(self, step: ProtocolStep) -> StagedStep:
         """Check a step and apply it (handed to the writer, not yet durable): steps staged
         one after another are checked against each other, in that order, which is what
         lets the coordinator send the next before the last is on disk."""
-        if max(len(incoming), len(synced), len(forgotten)) > PERSIST_METAS_MAX:
+        if max(len(step.incoming), len(step.synced), len(step.forgotten)) > PERSIST_METAS_MAX:
             raise invalid(
                 f"at most {PERSIST_METAS_MAX} incoming, synced and forgotten metas per step"
             )
-        if len(changes) > STATE_CHANGES_MAX:
+        if len(step.changes) > STATE_CHANGES_MAX:
             raise invalid(f"at most {STATE_CHANGES_MAX} state changes per step")
         async with self._lock:
-            entries = self._plan_step(
-                counter=counter,
-                incoming=incoming,
-                synced_start=synced_start,
-                synced=synced,
-                changes=changes,
-                service=service,
-                forgotten=forgotten,
-                installed_view=installed_view,
-                vote=vote,
-            )
+            entries = self._plan_step(step)
             staged = self._stage(entries) if entries else None
             return StagedStep(staged, entries, self.state.merge_base)
 
@@ -524,24 +497,16 @@ class TransactionStore:
             trace_transitions(self.state, step.entries)
         return step.merge_base
 
-    def _plan_step(
-        self,
-        *,
-        counter: int,
-        incoming: Sequence[TxMeta],
-        synced_start: MergeBase | None,
-        synced: Sequence[TxMeta],
-        changes: Sequence[StateChangeRequest],
-        service: str,
-        forgotten: Sequence[str],
-        installed_view: common_pb2.ViewProposal | None,
-        vote: common_pb2.ViewVote | None,
-    ) -> list[txlog_pb2.LogEntry]:
+    def _plan_step(self, step: ProtocolStep) -> list[txlog_pb2.LogEntry]:
         """Validate a protocol step completely, then return its entries (changes nothing).
 
         Entry order: counter, forgotten metas, metas, synced append, view, vote, states.
         (The coordinator never forgets and re-learns a meta within one step.)
         """
+        counter, incoming, synced_start, synced = (
+            step.counter, step.incoming, step.synced_start, step.synced
+        )  # fmt: skip
+        forgotten, installed_view, vote = step.forgotten, step.installed_view, step.vote
         state = self.state
         entries: list[txlog_pb2.LogEntry] = []
         if counter:
@@ -607,7 +572,7 @@ class TransactionStore:
         if vote is not None:
             entries.append(self._entry(view_voted=vote))
         synced_ids = {meta.tx_id for meta in synced}
-        entries.extend(self._plan_changes(changes, service, newly_synced=synced_ids))
+        entries.extend(self._plan_changes(step.changes, step.service, newly_synced=synced_ids))
         return entries
 
     def _check_forgettable(self, tx_id: str) -> None:
