@@ -429,6 +429,8 @@ class Coordinator:
         restart (a restarted coordinator takes part again)."""
         self.peer_posts: dict[str, tuple[int, MergeBase]] = {}
         """Counter and merge base of each peer's latest post: how far along it is."""
+        self.bodies_arriving: set[str] = set()
+        """Bodies a peer pushed that the store is storing now (PushBodies)."""
         self.known_posts = KnownPosts()
         """Peers' recent posts, which their next posts may name as references."""
         self._persists: _StepStream | None = None
@@ -828,7 +830,12 @@ class Coordinator:
                             link.send(request)
 
     async def _fetch_body(self, tx_id: str, source: str) -> None:
-        """Fetch a body (the core retries with backoff if this fails)."""
+        """Fetch a body (the core retries with backoff if this fails). Not while a push of
+        it is being stored: under load the core's fetch delay often ends just then, and
+        checking the store first cost a call per transaction (1.44 ReadBody per batched
+        transaction, measured, against 0.03 fetches from a peer)."""
+        if tx_id in self.bodies_arriving:
+            return  # acquired once stored; if that fails, the core's retry fetches it
         try:
             await self.store.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id))
         except grpc.aio.AioRpcError:

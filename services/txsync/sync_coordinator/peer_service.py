@@ -153,6 +153,9 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(request.sender, context)
+        arriving = self._coordinator.bodies_arriving
+        tx_ids = [body.tx_id for body in request.bodies]
+        arriving.update(tx_ids)
         try:
             answer = await self._coordinator.store.StoreBodies(
                 store_pb2.StoreBodiesRequest(
@@ -166,6 +169,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             )
         except grpc.aio.AioRpcError as error:
             raise ServiceError(error.code(), error.details() or "store refused") from None
+        finally:
+            arriving.difference_update(tx_ids)
         for body in request.bodies:  # stored now or held already: acquired either way
             if body.tx_id not in answer.refused:
                 await self._coordinator.events.put(BodyAcquired(body.tx_id))
