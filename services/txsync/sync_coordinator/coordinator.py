@@ -651,7 +651,7 @@ class Coordinator:
         """The batch's pushes of bodies we hold in memory, as few calls per peer as fit,
         queued before the batch's posts (``PeerLink``); the rest are read from the store
         by ``_push_bodies``."""
-        by_peer: dict[str, list[peer_pb2.PushBodyRequest]] = {}
+        held: list[tuple[peer_pb2.PushBodyRequest, tuple[str, ...]]] = []
         for ready in readies:
             for body in ready.bodies:
                 if not isinstance(body, PushBody):
@@ -660,12 +660,19 @@ class Coordinator:
                 if push is None:
                     self._pushes[body.tx_id] = body.to
                     self._pushes_waiting.set()
-                    continue
-                for peer in body.to:
-                    by_peer.setdefault(peer, []).append(push)
-        for peer, pushes in by_peer.items():
+                else:
+                    held.append((push, body.to))
+        self._send_pushes(held)
+
+    def _send_pushes(self, pushes: list[tuple[peer_pb2.PushBodyRequest, tuple[str, ...]]]) -> None:
+        """Each (body, peers) to its peers, as few PushBodies calls per peer as fit."""
+        by_peer: dict[str, list[peer_pb2.PushBodyRequest]] = {}
+        for push, peers in pushes:
+            for peer in peers:
+                by_peer.setdefault(peer, []).append(push)
+        for peer, to_peer in by_peer.items():
             if link := self._link(peer):
-                for request in _body_batches(self.config.node_id, pushes):
+                for request in _body_batches(self.config.node_id, to_peer):
                     link.send(request)
 
     def _sync_links(self) -> None:
@@ -816,18 +823,12 @@ class Coordinator:
                 except grpc.aio.AioRpcError as error:
                     log.warning("cannot push %d bodies: %s", len(batch), error.details())
                     continue
-                by_peer: dict[str, list[peer_pb2.PushBodyRequest]] = {}
-                for body in held.bodies:
-                    push = peer_pb2.PushBodyRequest(
-                        tx_id=body.tx_id, body=body.body, digest=body.digest,
-                        traceparent=body.traceparent,
-                    )  # fmt: skip
-                    for peer in batch[body.tx_id]:
-                        by_peer.setdefault(peer, []).append(push)
-                for peer, pushes in by_peer.items():
-                    if link := self._link(peer):
-                        for request in _body_batches(self.config.node_id, pushes):
-                            link.send(request)
+                self._send_pushes([
+                    (peer_pb2.PushBodyRequest(tx_id=body.tx_id, body=body.body,
+                                              digest=body.digest, traceparent=body.traceparent),
+                     batch[body.tx_id])
+                    for body in held.bodies
+                ])  # fmt: skip
 
     async def _fetch_body(self, tx_id: str, source: str) -> None:
         """Fetch a body (the core retries with backoff if this fails). Not while a push of
