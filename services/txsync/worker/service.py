@@ -47,7 +47,7 @@ in flight, far fewer; past this gRPC's flow control holds the sender back)."""
 
 
 class _EndOfStream:
-    """The request stream ended (or broke: the reader's task holds why)."""
+    """The request stream ended (or the caller broke it off)."""
 
 
 async def _read_into(
@@ -122,8 +122,11 @@ class WorkerServicer:
                 )  # fmt: skip
                 for request, outcome in zip(batch, outcomes, strict=False):
                     self._trace_apply(request, outcome, started_ns)
-                    await self._record_applied(outcome)
+                    self._record_applied(outcome)
                     yield worker_pb2.ApplyResponse(tx_id=outcome.tx_id, outcome=outcome.to_proto())
+                if outcomes:
+                    async with self._applied_changed:  # waiting reads: once per batch
+                        self._applied_changed.notify_all()
                 if out_of_order is not None:
                     where = self.applied.position
                     failure = ServiceError(
@@ -137,14 +140,12 @@ class WorkerServicer:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _record_applied(self, outcome: Outcome) -> None:
+    def _record_applied(self, outcome: Outcome) -> None:
         if outcome.position > self.applied.position:
             self.applied = Applied(outcome.position, outcome.tx_id, outcome.state_digest)
             self._recent[outcome.tx_id] = outcome.position
             if len(self._recent) > RECENT_TX_IDS_MAX:
                 self._recent.popitem(last=False)
-            async with self._applied_changed:
-                self._applied_changed.notify_all()
 
     def _trace_apply(
         self, request: worker_pb2.ApplyRequest, outcome: Outcome, started_ns: int
