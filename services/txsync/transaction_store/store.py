@@ -503,10 +503,9 @@ class TransactionStore:
         Entry order: counter, forgotten metas, metas, synced append, view, vote, states.
         (The coordinator never forgets and re-learns a meta within one step.)
         """
-        counter, incoming, synced_start, synced = (
-            step.counter, step.incoming, step.synced_start, step.synced
-        )  # fmt: skip
-        forgotten, installed_view, vote = step.forgotten, step.installed_view, step.vote
+        counter, incoming, synced = step.counter, step.incoming, step.synced
+        synced_start, forgotten = step.synced_start, step.forgotten
+        installed_view, vote = step.installed_view, step.vote
         state = self.state
         entries: list[txlog_pb2.LogEntry] = []
         if counter:
