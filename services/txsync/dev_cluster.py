@@ -7,11 +7,15 @@ loopback, plaintext and open (local development only), data and logs under
 ``--wan-delay-ms`` is given. Once every service is healthy the endpoints go to
 ``<data>/cluster.json`` (what the CLI reads by default) and a short guide is printed.
 
-Nothing is restarted silently: if any service exits, the whole cluster is stopped and
-the command exits non-zero, naming the service and its log. Ctrl-C or SIGTERM stops
-every service cleanly and removes ``cluster.json``. Starting again on the same data
-directory resumes the same cluster (same DCs, same ports, same txlogs: the shape is kept
-in ``<data>/layout.json``).
+Services start together, each once what it needs is serving (as a pod's containers
+would): stores and workers at once, a DC's coordinator and dispatch once its store
+answers. Progress is printed while they come up, under one ``--start-timeout``. A
+service that exits is restarted with backoff and the restart is logged, as Kubernetes
+would; the cluster keeps running meanwhile. Ctrl-C, SIGTERM or SIGHUP stops every
+service cleanly and removes ``cluster.json``; the services die with ``dev up`` whatever
+ends it (they are SIGKILLed by the kernel if it is killed). Starting again on the same
+data directory resumes the same cluster (same DCs, same ports, same txlogs: the shape is
+kept in ``<data>/layout.json``).
 
 ``--witness`` adds a witness node (a store that takes no client transactions and a
 coordinator that votes and relays), so that ``--dcs 2 --witness`` survives losing either
@@ -29,7 +33,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,48 +42,83 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from txsync.link_emulator import LinkEmulator, LinkSettings
-from txsync.rpc import health_status
+from txsync.parent_watch import child_environment
+from txsync.rpc import RECONNECT_OPTIONS, health_status
 
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_DEFAULT_S = 300.0
+"""Generous on purpose: 15 processes each import gRPC and OpenTelemetry, and a loaded
+2-core machine may take a minute for all of them. A healthy start ends far sooner."""
+STOP_TIMEOUT_S = 15.0
+"""A service still running this long after SIGTERM is killed."""
+RESTART_BACKOFF_MIN_S = 1.0
+RESTART_BACKOFF_MAX_S = 30.0
+START_ATTEMPTS_MAX = 3
+"""A service that exits this many times in a row without ever serving fails the start
+(a port in use, a bad flag): restarting it further would only hide the cause."""
+STABLE_AFTER_S = 30.0
+"""A service up this long before it exited restarts after the shortest backoff again."""
+HEALTH_CHECK_TIMEOUT_S = 2.0
+PROGRESS_EVERY_S = 5.0
+LOG_TAIL_LINES = 8
 DCS_MAX = 9
 WORKERS_MAX = 8
 """Ports base+100n+11.. hold the workers: 8 fit below the next DC's range."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Service:
+    """One process of the cluster, and what the supervisor knows of it."""
+
     name: str
     command: list[str]
     log_path: Path
     address: str
+    needs: tuple[Service, ...] = ()
+    """Services that must be serving before this one starts (or restarts)."""
     process: subprocess.Popen[bytes] | None = None
+    serving: bool = False
+    started_at: float = 0.0
+    serving_since: float = 0.0
+    restarts: int = 0
+    exits_before_serving: int = 0
+    backoff_s: float = 0.0
+    not_before: float = 0.0
+    """Monotonic time before which it is not (re)started: the restart backoff."""
+    _channel: grpc.Channel | None = field(default=None, repr=False)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it from here on
+        # Its own session: Ctrl-C in the terminal reaches dev up alone, which then stops
+        # the services in order. The kernel still kills them if dev up dies (parent_watch).
         self.process = subprocess.Popen(
-            self.command, stdout=log, stderr=log, start_new_session=True
+            self.command,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=child_environment(),
         )
         log.close()
+        self.serving = False
+        self.started_at = time.monotonic()
 
-    def wait_healthy(self, deadline: float) -> None:
-        with grpc.insecure_channel(self.address) as channel:
-            while True:
-                assert self.process is not None
-                if self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"{self.name} exited {self.process.returncode}; see {self.log_path}"
-                    )
-                try:
-                    if health_status(channel) == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.name} did not become healthy; see {self.log_path}")
-                time.sleep(0.05)
+    def check_serving(self) -> bool:
+        """One health check (false while it is still starting)."""
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.address, options=list(RECONNECT_OPTIONS))
+        try:
+            status = health_status(self._channel, timeout_s=HEALTH_CHECK_TIMEOUT_S)
+        except grpc.RpcError:
+            return False
+        return status == health_pb2.HealthCheckResponse.SERVING
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.running:
+            assert self.process is not None
             self.process.send_signal(signal.SIGTERM)
 
     def wait_stopped(self, timeout_s: float) -> int | None:
@@ -89,6 +129,22 @@ class Service:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(f"    | {line}" for line in lines[-LOG_TAIL_LINES:])
+
+
+class StartFailed(RuntimeError):
+    """The cluster did not come up within its start timeout."""
 
 
 def layout_of(
@@ -127,6 +183,7 @@ def _metrics_flag(dc: dict[str, Any], key: str) -> list[str]:
 
 
 def up(options: argparse.Namespace) -> int:
+    say = _Say()
     data: Path = options.data.resolve()
     data.mkdir(parents=True, exist_ok=True)
     layout_file = data / "layout.json"  # the cluster's shape, kept to resume it
@@ -141,58 +198,67 @@ def up(options: argparse.Namespace) -> int:
             sorted(saved["dcs"][node].get("workers", {})) != sorted(dc["workers"])
             for node, dc in layout["dcs"].items()
         ):
-            print(
+            say(
                 f"error: {data} holds a cluster of {', '.join(saved['dcs'])}; use another "
                 "--data, or the same --dcs, --workers and --witness as when it was made",
-                file=sys.stderr,
+                error=True,
             )
             return 2
         layout = saved
-        print(f"resuming the cluster in {data}")
+        say(f"resuming the cluster in {data}")
     else:
         layout_file.write_text(json.dumps(layout, indent=2) + "\n")
-    emulator = LinkEmulator() if options.wan_delay_ms else None
-    cluster = DevCluster(layout, emulator, options.wan_delay_ms / 2)
-    stopping = False
+    stopping: list[str] = []
 
     def request_stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        stopping.append(signal.Signals(signum).name)
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, request_stop)
+    emulator = LinkEmulator() if options.wan_delay_ms else None
+    cluster = DevCluster(layout, emulator, options.wan_delay_ms / 2)
     code = 0
     try:
-        cluster.start()
-        state_file.write_text(json.dumps(layout, indent=2) + "\n")
-        _print_guide(layout["dcs"], state_file, options.wan_delay_ms)
+        cluster.start(options.start_timeout, progress=say, stopping=lambda: bool(stopping))
+        if not stopping:
+            state_file.write_text(json.dumps(layout, indent=2) + "\n")
+            _print_guide(layout["dcs"], state_file, options.wan_delay_ms, say)
         while not stopping:
-            exited = cluster.exited()
-            if exited is not None:
-                assert exited.process is not None
-                print(
-                    f"\n{exited.name} exited {exited.process.returncode}: stopping the "
-                    f"cluster (see {exited.log_path})",
-                    file=sys.stderr,
-                )
-                code = 1
-                break
+            for event in cluster.supervise():
+                say(event, error=True)
             time.sleep(0.2)
-    except RuntimeError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except StartFailed as error:
+        say(f"error: {error}", error=True)
         code = 1
     finally:
         state_file.unlink(missing_ok=True)
-        print("\nstopping the cluster ...", flush=True)
+        say("\nstopping the cluster ...")
         cluster.stop()
         if emulator is not None:
             emulator.close()
-        print("stopped.")
+        say("stopped.")
     return code
 
 
+class _Say:
+    """Prints that never kill ``dev up``: once its output is gone (the terminal closed,
+    or the reader of a pipe went away), the rest is dropped and the cluster still stops
+    cleanly."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def __call__(self, text: str, *, error: bool = False) -> None:
+        if self.closed:
+            return
+        try:
+            print(text, file=sys.stderr if error else sys.stdout, flush=True)
+        except (BrokenPipeError, OSError):
+            self.closed = True
+
+
 class DevCluster:
-    """Every service of a layout (``layout_of``), started and stopped together: what
+    """Every service of a layout (``layout_of``), started together and supervised: what
     ``txsync dev up`` runs, and what the benchmarks start in their own process.
 
     Coordinators reach each other through ``emulator`` (one link per directed pair, with
@@ -221,18 +287,16 @@ class DevCluster:
             for peer, peer_dc in dcs.items():
                 if peer != node:
                     front_door += ["--peer-store", f"{peer}={peer_dc['store']}"]
-            services.append(
-                Service(
-                    f"{node} transaction-store",
-                    [*python, "transaction-store", "--node-id", node, "--data", dc["data"],
-                     "--listen", dc["store"], *(["--witness"] if dc.get("witness") else []),
-                     *front_door, *_metrics_flag(dc, "store_metrics"),
-                     *extra.get("transaction-store", [])],
-                    Path(dc["data"]) / "transaction-store.log",
-                    dc["store"],
-                )
+            store = Service(
+                f"{node} transaction-store",
+                [*python, "transaction-store", "--node-id", node, "--data", dc["data"],
+                 "--listen", dc["store"], *(["--witness"] if dc.get("witness") else []),
+                 *front_door, *_metrics_flag(dc, "store_metrics"),
+                 *extra.get("transaction-store", [])],
+                Path(dc["data"]) / "transaction-store.log",
+                dc["store"],
             )  # fmt: skip
-        for node, dc in dcs.items():
+            services.append(store)
             peers = []
             for peer, peer_dc in dcs.items():
                 if peer == node:
@@ -263,6 +327,7 @@ class DevCluster:
                          *_metrics_flag(dc, "dispatch_metrics"), *extra.get("worker-dispatch", [])],
                         Path(dc["data"]) / "worker-dispatch.log",
                         dc["dispatch"],
+                        needs=(store,),
                     )
                 )  # fmt: skip
             services.append(
@@ -273,37 +338,129 @@ class DevCluster:
                      *_metrics_flag(dc, "metrics"), *extra.get("sync-coordinator", [])],
                     Path(dc["data"]) / "sync-coordinator.log",
                     dc["coordinator"],
+                    needs=(store,),
                 )
             )  # fmt: skip
-
         self.services = services
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Start every service in turn, each once the previous one is healthy."""
-        deadline = time.monotonic() + timeout_s
+    def start(
+        self,
+        timeout_s: float = START_TIMEOUT_DEFAULT_S,
+        progress: Callable[[str], None] | None = None,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Start every service, each once what it ``needs`` is serving, and return once
+        all serve. ``progress`` hears what is still awaited every few seconds and every
+        restart; StartFailed names the services not serving after ``timeout_s`` (with the
+        end of their logs). Returns early once ``stopping()`` says so."""
+        started = time.monotonic()
+        deadline = started + timeout_s
+        next_report = started + PROGRESS_EVERY_S
+        say = progress or (lambda text: None)
+        say(f"starting {len(self.services)} services ...")
+        while not stopping():
+            for event in self.supervise():
+                say(event)
+            for broken in self.services:
+                if broken.exits_before_serving >= START_ATTEMPTS_MAX:
+                    raise StartFailed(
+                        f"{broken.name} exited {broken.exits_before_serving} times without "
+                        f"serving; log {broken.log_path}\n{broken.log_tail()}"
+                    )
+            waiting = [s for s in self.services if not s.serving]
+            if not waiting:
+                say(f"all {len(self.services)} services serving after "
+                    f"{time.monotonic() - started:.1f} s")  # fmt: skip
+                return
+            now = time.monotonic()
+            if now > deadline:
+                raise StartFailed(
+                    f"not serving after {timeout_s:.0f} s (--start-timeout): "
+                    + "".join(f"\n  {s.name}: {self._awaited(s, now)}; log {s.log_path}\n"
+                              f"{s.log_tail()}" for s in waiting)
+                )  # fmt: skip
+            if now >= next_report:
+                next_report = now + PROGRESS_EVERY_S
+                say(f"  {len(self.services) - len(waiting)}/{len(self.services)} serving; "
+                    + ", ".join(f"{s.name} ({self._awaited(s, now)})" for s in waiting[:4])
+                    + (f" and {len(waiting) - 4} more" if len(waiting) > 4 else ""))  # fmt: skip
+            time.sleep(0.05)
+
+    @staticmethod
+    def _awaited(service: Service, now: float) -> str:
+        if service.running:
+            return f"starting for {now - service.started_at:.0f} s"
+        blocked = [n.name for n in service.needs if not n.serving]
+        if blocked:
+            return "waits for " + ", ".join(blocked)
+        return f"restarts in {max(0.0, service.not_before - now):.0f} s"
+
+    def supervise(self) -> list[str]:
+        """One look at every service: start what may start, notice what serves, and
+        schedule a restart with backoff for what exited. Returns what happened worth
+        telling (exits and restarts)."""
+        events: list[str] = []
+        now = time.monotonic()
         for service in self.services:
-            service.start()
-            service.wait_healthy(deadline)
+            process = service.process
+            if process is not None and process.poll() is not None:
+                up_for = now - service.serving_since if service.serving else 0.0
+                service.exits_before_serving = (
+                    0 if service.serving else service.exits_before_serving + 1
+                )
+                if up_for >= STABLE_AFTER_S:
+                    service.backoff_s = RESTART_BACKOFF_MIN_S
+                else:
+                    service.backoff_s = min(
+                        RESTART_BACKOFF_MAX_S, max(RESTART_BACKOFF_MIN_S, 2 * service.backoff_s)
+                    )
+                service.not_before = now + service.backoff_s
+                service.process, service.serving = None, False
+                events.append(
+                    f"{service.name} exited {process.returncode}: restarting in "
+                    f"{service.backoff_s:.0f} s (see {service.log_path})"
+                )
+            if service.process is None:
+                ready = all(needed.serving for needed in service.needs)
+                if ready and now >= service.not_before:
+                    if service.not_before:
+                        service.restarts += 1
+                        events.append(f"{service.name}: restart {service.restarts}")
+                    service.start()
+            elif not service.serving and service.check_serving():
+                service.serving, service.serving_since = True, time.monotonic()
+        return events
 
     def exited(self) -> Service | None:
-        """A service that has exited, if any."""
+        """A service whose process has exited and was not restarted yet, if any."""
         for service in self.services:
             if service.process is not None and service.process.poll() is not None:
                 return service
         return None
 
     def stop(self) -> None:
-        for service in reversed(self.services):
-            service.stop()
-        for service in reversed(self.services):
-            service.wait_stopped(timeout_s=15)
+        """SIGTERM to every service, those that others need (the stores) last, and wait
+        for each; one still running after STOP_TIMEOUT_S is killed."""
+        needed = {n for s in self.services for n in s.needs}
+        for group in (
+            [s for s in self.services if s not in needed],
+            [s for s in self.services if s in needed],
+        ):
+            for service in group:
+                service.stop()
+            for service in group:
+                service.wait_stopped(timeout_s=STOP_TIMEOUT_S)
+        for service in self.services:
+            service.close()
 
 
-def _print_guide(dcs: dict[str, dict[str, Any]], state_file: Path, wan_delay_ms: float) -> None:
+def _print_guide(
+    dcs: dict[str, dict[str, Any]], state_file: Path, wan_delay_ms: float, say: _Say
+) -> None:
     first = next(iter(dcs))
-    print()
+    say("")
     witnesses = sum(1 for dc in dcs.values() if dc.get("witness"))
-    print(
+    say(
         f"TxSync: {len(dcs) - witnesses} DCs"
         + (" and a witness" if witnesses else "")
         + " up"
@@ -311,28 +468,27 @@ def _print_guide(dcs: dict[str, dict[str, Any]], state_file: Path, wan_delay_ms:
     )
     for node, dc in dcs.items():
         role = "  (witness: votes and relays, takes no transactions)" if dc.get("witness") else ""
-        print(f"  {node}: client API {dc['store']}   coordinator {dc['coordinator']}{role}")
+        say(f"  {node}: client API {dc['store']}   coordinator {dc['coordinator']}{role}")
         served = [dc[key] for key in ("store_metrics", "metrics", "dispatch_metrics") if key in dc]
         if served:
-            print("       metrics " + "  ".join(f"http://{a}/metrics" for a in served))
+            say("       metrics " + "  ".join(f"http://{a}/metrics" for a in served))
         if dc.get("workers"):
-            print(f"       {len(dc['workers'])} SQLite workers; worker-dispatch {dc['dispatch']}")
-        print(f"       data and logs in {dc['data']}")
-    print(f"endpoints: {state_file}")
-    print()
+            say(f"       {len(dc['workers'])} SQLite workers; worker-dispatch {dc['dispatch']}")
+        say(f"       data and logs in {dc['data']}")
+    say(f"endpoints: {state_file}")
+    say("")
     where = (
         "" if state_file == Path("data/cluster.json").resolve() else f" --endpoints {state_file}"
     )
     last = [node for node, dc in dcs.items() if not dc.get("witness")][-1]
-    print("try it (in another terminal):")
-    print(f"  .venv/bin/txsync submit{where} --dc {first} \\")
-    print("      --sql 'CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)' --wait ok")
-    print(f"  .venv/bin/txsync submit{where} --dc {last} \\")
-    print("      --sql 'INSERT INTO accounts VALUES (?, ?)' --param 1 --param 100 --wait ok")
-    print(f"  .venv/bin/txsync query{where} --dc {first} --sql 'SELECT * FROM accounts'")
-    print(f"  .venv/bin/txsync status{where}      (also: members, workers, rounds, tx list)")
-    print("Ctrl-C stops every service; `make run` again resumes the same cluster.")
-    sys.stdout.flush()
+    say("try it (in another terminal):")
+    say(f"  .venv/bin/txsync submit{where} --dc {first} \\")
+    say("      --sql 'CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)' --wait ok")
+    say(f"  .venv/bin/txsync submit{where} --dc {last} \\")
+    say("      --sql 'INSERT INTO accounts VALUES (?, ?)' --param 1 --param 100 --wait ok")
+    say(f"  .venv/bin/txsync query{where} --dc {first} --sql 'SELECT * FROM accounts'")
+    say(f"  .venv/bin/txsync status{where}      (also: members, workers, rounds, tx list)")
+    say("Ctrl-C stops every service; `make run` again resumes the same cluster.")
 
 
 def register(commands: Any) -> None:
@@ -359,6 +515,14 @@ def register(commands: Any) -> None:
     parser.add_argument("--witness", action="store_true",
                         help="add a witness node (votes and relays, takes no transactions): "
                              "with --dcs 2 the cluster survives losing either DC")  # fmt: skip
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=START_TIMEOUT_DEFAULT_S,
+        metavar="SECONDS",
+        help="give up if not every service serves by then (default "
+        f"{START_TIMEOUT_DEFAULT_S:.0f}; progress is printed meanwhile)",
+    )
     parser.set_defaults(handler=_checked_up)
 
 
@@ -371,6 +535,9 @@ def _checked_up(options: argparse.Namespace) -> int:
         return 2
     if not 0 <= options.workers <= WORKERS_MAX:
         print(f"error: --workers must be 0..{WORKERS_MAX}", file=sys.stderr)
+        return 2
+    if options.start_timeout <= 0:
+        print("error: --start-timeout must be positive", file=sys.stderr)
         return 2
     if options.wan_delay_ms < 0:
         print("error: --wan-delay-ms must not be negative", file=sys.stderr)

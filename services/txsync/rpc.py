@@ -27,11 +27,6 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry.instrumentation.grpc import (
-    aio_client_interceptors,
-    aio_server_interceptor,
-    filters,
-)
 
 from txsync.telemetry.tracing import tracing_configured
 
@@ -167,19 +162,24 @@ MESSAGE_BYTES_MAX = 8 * 1024 * 1024
 """Every gRPC message, in and out, on every service."""
 
 
-_TRACED = filters.negate(
-    filters.any_of(
-        filters.health_check(),
-        filters.all_of(
-            filters.service_name("txsync.v1.WorkerService"), filters.method_name("Heartbeat")
-        ),
-        filters.service_prefix("grpc.reflection."),
+def _traced() -> Any:
+    """With tracing on, every call gets a span (the standard gRPC instrumentation) except
+    health checks: probes' and worker-dispatch's heartbeats to its workers, each every
+    second or so, would bury the calls worth reading. Reflection is left out too.
+
+    The instrumentation is imported only when traces are exported (it costs every process
+    about 40 ms of start-up otherwise)."""
+    from opentelemetry.instrumentation.grpc import filters  # noqa: PLC0415
+
+    return filters.negate(
+        filters.any_of(
+            filters.health_check(),
+            filters.all_of(
+                filters.service_name("txsync.v1.WorkerService"), filters.method_name("Heartbeat")
+            ),
+            filters.service_prefix("grpc.reflection."),
+        )
     )
-)
-"""With tracing on, every call gets a span (the standard gRPC instrumentation) except
-health checks:
-probes' and worker-dispatch's heartbeats to its workers, each every second or so, would
-bury the calls worth reading. Reflection is left out too."""
 
 
 def new_server(*interceptors: grpc.aio.ServerInterceptor) -> grpc.aio.Server:
@@ -202,7 +202,20 @@ def _tracing_server_interceptors() -> list[grpc.aio.ServerInterceptor]:
     # Only when traces are exported: grpc.aio's interceptor path is slow, and the
     # instrumentation costs about 10 ms at p50 on agreement (submit -> ACCEPTED at 3 DCs,
     # 30 -> 45 ms on this 2-core machine) even with nothing to export.
-    return [aio_server_interceptor(filter_=_TRACED)] if tracing_configured() else []
+    if not tracing_configured():
+        return []
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor  # noqa: PLC0415
+
+    return [aio_server_interceptor(filter_=_traced())]
+
+
+RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 3_000),
+)
+"""gRPC's reconnect backoff grows to 120 s by default: a peer, store or worker that was
+down for a minute (a restart on a loaded machine) could then go unreached for another
+two. Capped at 3 s, a restarted service is reached within seconds of listening."""
 
 
 def new_channel(
@@ -215,9 +228,14 @@ def new_channel(
     all_options = [
         ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
         ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+        *RECONNECT_OPTIONS,
         *options,
     ]
-    interceptors = aio_client_interceptors(filter_=_TRACED) if tracing_configured() else []
+    interceptors: list[grpc.aio.ClientInterceptor] = []
+    if tracing_configured():
+        from opentelemetry.instrumentation.grpc import aio_client_interceptors  # noqa: PLC0415
+
+        interceptors = aio_client_interceptors(filter_=_traced())
     if credentials is None:
         return grpc.aio.insecure_channel(address, all_options, interceptors=interceptors)
     return grpc.aio.secure_channel(address, credentials, all_options, interceptors=interceptors)

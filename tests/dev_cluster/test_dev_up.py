@@ -16,40 +16,45 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
     data = tmp_path / "cluster"
     base = free_base_port()
     process = up(data, base)
-    layout = json.loads((data / "cluster.json").read_text())
-    assert sorted(layout["dcs"]) == ["dc1", "dc2", "dc3"]
-    cluster = str(data / "cluster.json")
-    create = "CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT)"
-    table = txsync("submit", "--endpoints", cluster, "--dc", "dc1", "--sql", create,
-                    "--wait", "ok")  # fmt: skip
-    assert table.returncode == 0, table.stderr
-    answer = txsync("submit", "--endpoints", cluster, "--dc", "dc2",
-                     "--sql", "INSERT INTO t (a, b) VALUES (?, ?)", "--param", "1",
-                     "--param", "s:x", "--wait", "ok", "-o", "json")  # fmt: skip
-    assert answer.returncode == 0, answer.stderr
-    submitted = json.loads(answer.stdout)
-    assert submitted["reached"] and submitted["state"] == "TX_STATE_OK"  # applied by workers
-    again = txsync("submit", "--endpoints", cluster, "--dc", "dc3",
-                    "--sql", "INSERT INTO t (a, b) VALUES (1, 'y')", "--wait", "ok")  # fmt: skip
-    assert again.returncode == 4 and "UNIQUE constraint failed" in again.stdout
-    status = txsync("status", "--endpoints", cluster)
-    assert status.returncode == 0, status.stdout + status.stderr
-    assert status.stdout.count("MAJORITY") == 3 and status.stdout.count(" yes") == 3
-    workers = txsync("workers", "--endpoints", cluster, "-o", "json")
-    assert workers.returncode == 0, workers.stderr
-    listed = json.loads(workers.stdout)
-    assert sorted(listed) == ["dc1", "dc2", "dc3"]
-    assert all(len(w) == 2 and sum(x["testing"] for x in w) == 1 for w in listed.values())
-    shown = txsync("tx", "get", submitted["tx_id"], "--endpoints", cluster, "--dc", "dc3")
-    assert shown.returncode == 0, shown.stderr
-    assert "OK  position 2" in shown.stdout and "INSERT INTO t" in shown.stdout
-    assert all(f"at {dc}: OK" in shown.stdout for dc in ("dc1", "dc2", "dc3")), shown.stdout
-    assert "outcome: OK, rows affected [1]" in shown.stdout
-    failed = txsync("tx", "list", "--endpoints", cluster, "--dc", "dc3", "--state", "failed")
-    assert failed.returncode == 0 and "(1 transaction)" in failed.stdout
-    unknown = txsync("tx", "get", "00000000-0000-4000-8000-000000000000", "--endpoints", cluster)
-    assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
-    output = down(process)
+    try:
+        layout = json.loads((data / "cluster.json").read_text())
+        assert sorted(layout["dcs"]) == ["dc1", "dc2", "dc3"]
+        cluster = str(data / "cluster.json")
+        create = "CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT)"
+        table = txsync("submit", "--endpoints", cluster, "--dc", "dc1", "--sql", create,
+                        "--wait", "ok")  # fmt: skip
+        assert table.returncode == 0, table.stderr
+        answer = txsync("submit", "--endpoints", cluster, "--dc", "dc2",
+                         "--sql", "INSERT INTO t (a, b) VALUES (?, ?)", "--param", "1",
+                         "--param", "s:x", "--wait", "ok", "-o", "json")  # fmt: skip
+        assert answer.returncode == 0, answer.stderr
+        submitted = json.loads(answer.stdout)
+        assert submitted["reached"] and submitted["state"] == "TX_STATE_OK"  # applied by workers
+        duplicate = "INSERT INTO t (a, b) VALUES (1, 'y')"
+        again = txsync("submit", "--endpoints", cluster, "--dc", "dc3", "--sql", duplicate,
+                        "--wait", "ok")  # fmt: skip
+        assert again.returncode == 4 and "UNIQUE constraint failed" in again.stdout
+        status = txsync("status", "--endpoints", cluster)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert status.stdout.count("MAJORITY") == 3 and status.stdout.count(" yes") == 3
+        workers = txsync("workers", "--endpoints", cluster, "-o", "json")
+        assert workers.returncode == 0, workers.stderr
+        listed = json.loads(workers.stdout)
+        assert sorted(listed) == ["dc1", "dc2", "dc3"]
+        assert all(len(w) == 2 and sum(x["testing"] for x in w) == 1 for w in listed.values())
+        shown = txsync("tx", "get", submitted["tx_id"], "--endpoints", cluster, "--dc", "dc3")
+        assert shown.returncode == 0, shown.stderr
+        assert "OK  position 2" in shown.stdout and "INSERT INTO t" in shown.stdout
+        assert all(f"at {dc}: OK" in shown.stdout for dc in ("dc1", "dc2", "dc3")), shown.stdout
+        assert "outcome: OK, rows affected [1]" in shown.stdout
+        failed = txsync("tx", "list", "--endpoints", cluster, "--dc", "dc3", "--state", "failed")
+        assert failed.returncode == 0 and "(1 transaction)" in failed.stdout
+        unknown = txsync(
+            "tx", "get", "00000000-0000-4000-8000-000000000000", "--endpoints", cluster
+        )
+        assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
+    finally:
+        output = down(process)
     assert "3 DCs up" in output and "stopped." in output
     for dc in layout["dcs"].values():  # every service is gone: nothing listens any more
         for address in (dc["store"], dc["coordinator"]):

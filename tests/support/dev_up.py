@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 
+from txsync.parent_watch import child_environment
 from txsync.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -23,6 +24,8 @@ from txsync.v1 import (
     store_pb2_grpc,
 )
 
+UP_TIMEOUT_S = 360.0
+"""Longer than dev up's own start timeout, which then reports what it waited for."""
 PORTS_PER_DC = (1, 2, 3, 4, 5, 6, *range(11, 19))
 """Offsets from base+100n that `dev up` uses: its services, then up to 8 workers."""
 
@@ -53,16 +56,20 @@ def txsync(*args: str) -> subprocess.CompletedProcess[str]:
 def up(
     data: Path, base: int | None = None, env: Mapping[str, str] | None = None
 ) -> subprocess.Popen[str]:
-    """`txsync dev up` on ``data``, returned once it has written cluster.json."""
+    """`txsync dev up` on ``data``, returned once it has written cluster.json. It dies
+    with the test run whatever happens (and its services with it: parent_watch); a test
+    stops it with ``down`` in a ``finally``."""
     process = subprocess.Popen(
         [sys.executable, "-m", "txsync.cli.main", "dev", "up", "--data", str(data),
          "--base-port", str(base or free_base_port())],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**child_environment(), **(env or {})},
     )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + UP_TIMEOUT_S
     while not (data / "cluster.json").exists():
-        assert process.poll() is None, process.communicate()[0]
-        assert time.monotonic() < deadline, "dev up did not come up"
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"dev up did not come up:\n{process.communicate()[0]}")
         time.sleep(0.1)
     return process
 
@@ -70,7 +77,11 @@ def up(
 def down(process: subprocess.Popen[str]) -> str:
     """SIGTERM, as Ctrl-C would: every service must stop cleanly."""
     process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=60)
+    try:
+        output, _ = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
     assert process.returncode == 0, output
     return output
 

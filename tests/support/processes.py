@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2
 
+from txsync.parent_watch import child_environment
 from txsync.rpc import health_status
 
 __all__ = [
@@ -26,7 +27,8 @@ __all__ = [
     "worker_dispatch",
 ]
 
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 180.0
+"""Generous: a loaded 2-core machine may take long to start a Python service."""
 _RUNNING: set[subprocess.Popen[bytes]] = set()
 
 
@@ -69,7 +71,9 @@ class ServiceProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
         command = [sys.executable, "-m", "txsync.cli.main", *self._args]
         command += ["--listen", self._listen, "--port-file", str(self.port_file)]
-        self.process = subprocess.Popen(command, stdout=log, stderr=log, cwd=self._workdir)
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=log, cwd=self._workdir, env=child_environment()
+        )
         _RUNNING.add(self.process)
         log.close()
         self.starts += 1

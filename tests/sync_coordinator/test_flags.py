@@ -14,7 +14,7 @@ BASE = ("sync-coordinator", "--node-id", "dc1", "--store", "127.0.0.1:1", "--pla
 
 
 def test_every_timing_has_a_flag_and_the_defaults_are_accepted() -> None:
-    options = build_parser().parse_args([*BASE])
+    options = build_parser(every=True).parse_args([*BASE])
     for field in dataclasses.fields(Timing):
         assert getattr(options, field.name) == getattr(Timing(), field.name), field.name
     for name in ("incoming_txs_max", "post_txs_max", "catchup_entries_max", "synced_window_max"):
@@ -23,5 +23,5 @@ def test_every_timing_has_a_flag_and_the_defaults_are_accepted() -> None:
 
 
 def test_a_timing_that_cannot_work_is_named() -> None:
-    options = build_parser().parse_args([*BASE, "--round-timeout-ms", "0"])
+    options = build_parser(every=True).parse_args([*BASE, "--round-timeout-ms", "0"])
     assert _tuning_problem(options) == "--round-timeout-ms must be positive"

@@ -1,28 +1,67 @@
-"""The ``txsync`` command. Each subcommand lives in its own module under ``txsync.cli``."""
+"""The ``txsync`` command. Each subcommand lives in its own module under ``txsync.cli``
+(or beside the service it runs).
+
+Only the module of the command being run is imported: a service pulls in gRPC,
+OpenTelemetry and its database driver, the status commands the Kubernetes client, the
+simulator the whole protocol core, and paying for all of them on every call made each
+``txsync`` command take over a second (docs/operations.md, "Start-up"). ``COMMANDS``
+names each command's module and summary; ``txsync --help`` lists them without importing
+any (a test holds the summaries to what the modules register).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from txsync import __version__, dev_cluster
-from txsync.cli import (
-    admin_command,
-    query_command,
-    sim_command,
-    status_command,
-    submit_command,
-    tx_command,
-)
-from txsync.pipeline import command as pipeline_command
-from txsync.sync_coordinator import server as sync_coordinator_server
-from txsync.transaction_store import server as transaction_store_server
-from txsync.worker import server as worker_server
-from txsync.worker_dispatch import server as worker_dispatch_server
+from txsync import __version__
+from txsync.parent_watch import die_with_parent
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("txsync.cli.sim_command", "run the protocol core in the deterministic fault simulator"),
+    "transaction-store": (
+        "txsync.transaction_store.server",
+        "run a DC's transaction-store (the txlog and the client API)",
+    ),
+    "sync-coordinator": (
+        "txsync.sync_coordinator.server",
+        "run a DC's sync-coordinator (rounds with the other DCs)",
+    ),
+    "worker": ("txsync.worker.server", "run a worker: apply the agreed order to a SQL database"),
+    "worker-dispatch": (
+        "txsync.worker_dispatch.server",
+        "run a DC's worker-dispatch (feeds the agreed order to the workers)",
+    ),
+    "dev": ("txsync.dev_cluster", "local development cluster"),
+    "submit": ("txsync.cli.submit_command", "submit a write transaction to a DC"),
+    "status": (
+        "txsync.cli.status_command",
+        "every DC's quorum, view, queues, lag, workers and alarms",
+    ),
+    "members": (
+        "txsync.cli.status_command",
+        "the view's members: weight, address, reachability, progress",
+    ),
+    "workers": ("txsync.cli.status_command", "every DC's workers: role, health, position, sync"),
+    "tx": ("txsync.cli.tx_command", "look up transactions (get, list)"),
+    "query": ("txsync.cli.query_command", "run a read-only SQL statement on a DC's worker"),
+    "member": ("txsync.cli.admin_command", "add or remove a node, or change its weight"),
+    "rounds": ("txsync.cli.admin_command", "a DC's recent protocol rounds, newest first"),
+    "sync": ("txsync.cli.admin_command", "pause or resume a DC's part in the protocol"),
+    "log": ("txsync.cli.admin_command", "txlog maintenance"),
+    "pipeline": (
+        "txsync.pipeline.command",
+        "data pipeline jobs on Spark (export, audit-order, verify-replicas, report, load)",
+    ),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, *, every: bool = False) -> argparse.ArgumentParser:
+    """The parser, with ``command``'s module registered for real (``every``: all modules,
+    as the tests that check the summaries want) and the other commands listed by name
+    and summary only."""
     parser = argparse.ArgumentParser(
         prog="txsync",
         description=(
@@ -34,24 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"txsync {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    sim_command.register(commands)
-    transaction_store_server.register(commands)
-    sync_coordinator_server.register(commands)
-    worker_server.register(commands)
-    worker_dispatch_server.register(commands)
-    dev_cluster.register(commands)
-    submit_command.register(commands)
-    status_command.register(commands)
-    tx_command.register(commands)
-    query_command.register(commands)
-    admin_command.register(commands)
-    pipeline_command.register(commands)
+    registered: set[str] = set()
+    for name, (module, summary) in COMMANDS.items():
+        if module in registered:
+            continue
+        if every or name == command or (command, module) in _SIBLINGS:
+            importlib.import_module(module).register(commands)
+            registered.add(module)
+        else:
+            commands.add_parser(name, help=summary)
     return parser
 
 
+_SIBLINGS = {(name, module) for name, (module, _) in COMMANDS.items()}
+"""A module that registers several commands is imported for any of them."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    options = parser.parse_args(argv)
+    die_with_parent()
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = next((arg for arg in args if not arg.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
+    options = parser.parse_args(args)
     handler = options.handler
     try:
         code: int = handler(options)

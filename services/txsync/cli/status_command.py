@@ -16,8 +16,6 @@ from datetime import UTC
 from typing import Any
 
 import grpc
-from kubernetes import client as kube_client
-from kubernetes import config as kube_config
 
 from txsync.cli.connect import (
     TIMEOUT_S,
@@ -31,7 +29,6 @@ from txsync.cli.connect import (
     target,
 )
 from txsync.v1 import admin_pb2, admin_pb2_grpc
-from txsync.worker_dispatch.kubernetes_workers import api_client, scale_workers
 
 WORKERS_SCALE_MAX = 64
 
@@ -177,6 +174,12 @@ def run_scale(options: argparse.Namespace) -> int:
     release = options.release or f"txsync-{options.dc}"
     namespace = options.namespace or release
     statefulset = f"{release}-workers"
+    # The Kubernetes client costs about half a second to import: only here.
+    from kubernetes import client as kube_client  # noqa: PLC0415
+    from kubernetes import config as kube_config  # noqa: PLC0415
+
+    from txsync.worker_dispatch.kubernetes_workers import api_client, scale_workers  # noqa: PLC0415
+
     try:
         if options.kubernetes_api:
             api = api_client(options.kubernetes_api)

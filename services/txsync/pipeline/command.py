@@ -258,7 +258,7 @@ def run_verify(options: argparse.Namespace) -> int:
 def register(commands: Any) -> None:
     pipeline = commands.add_parser(
         "pipeline",
-        help="data pipeline jobs on Spark (export, audit-order)",
+        help="data pipeline jobs on Spark (export, audit-order, verify-replicas, report, load)",
         description=__doc__.split("\n\n")[0],
     )
     jobs = pipeline.add_subparsers(dest="job", metavar="JOB", required=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-
-from opentelemetry.sdk.trace import TracerProvider
+from typing import TYPE_CHECKING
 
 from txsync.telemetry.logs import LOG_FORMATS, configure_logging
 from txsync.telemetry.metrics import Metrics
 from txsync.telemetry.tracing import start_tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 
 def add_telemetry_arguments(parser: argparse.ArgumentParser, *, dc_flag: bool = False) -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import psycopg
 
 from txsync.rpc import (
     add_health_and_reflection,
@@ -35,7 +34,6 @@ from txsync.rpc import (
 from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import worker_pb2, worker_pb2_grpc
 from txsync.worker.backend import Backend
-from txsync.worker.postgres_backend import PostgresBackend
 from txsync.worker.service import WorkerServicer
 from txsync.worker.sqlite_backend import SqliteBackend
 
@@ -194,6 +192,21 @@ def register(commands: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def _open_backend(options: argparse.Namespace) -> Backend:
+    """The worker's database; psycopg is imported only for PostgreSQL (it costs a SQLite
+    worker about 100 ms of start-up). Its errors come back as OSError."""
+    if not options.postgres:
+        return SqliteBackend(options.data / "worker.sqlite")
+    import psycopg  # noqa: PLC0415
+
+    from txsync.worker.postgres_backend import PostgresBackend  # noqa: PLC0415
+
+    try:
+        return PostgresBackend(options.postgres)
+    except psycopg.Error as error:
+        raise OSError(str(error)) from error
+
+
 def run(options: argparse.Namespace) -> int:
     telemetry = ServiceTelemetry.start("worker", options.dc, options)
     if (options.data is None) == (options.postgres is None):
@@ -201,11 +214,8 @@ def run(options: argparse.Namespace) -> int:
         return 2
     backend: Backend
     try:
-        if options.postgres:
-            backend = PostgresBackend(options.postgres)
-        else:
-            backend = SqliteBackend(options.data / "worker.sqlite")
-    except (OSError, sqlite3.Error, psycopg.Error) as error:
+        backend = _open_backend(options)
+    except (OSError, sqlite3.Error) as error:
         print(f"error: cannot open the database: {error}", file=sys.stderr)
         return 2
     scratch = options.data or Path(tempfile.mkdtemp(prefix="txsync-worker-"))

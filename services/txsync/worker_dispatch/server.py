@@ -12,7 +12,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txsync.access import add_access_argument, guarded_serving
 from txsync.rpc import (
@@ -28,13 +28,10 @@ from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import admin_pb2, worker_pb2
 from txsync.worker_dispatch.admin import NOT_HERE, DispatchAdmin
 from txsync.worker_dispatch.dispatch import Dispatch
-from txsync.worker_dispatch.kubernetes_workers import (
-    WorkerPodWatch,
-    api_client,
-    current_namespace,
-    follow_worker_pods,
-)
 from txsync.worker_dispatch.service import DispatchServicer
+
+if TYPE_CHECKING:
+    from txsync.worker_dispatch.kubernetes_workers import WorkerPodWatch
 
 log = logging.getLogger("txsync.worker_dispatch")
 
@@ -75,6 +72,8 @@ async def serve(
     ]
     if pod_watch is not None:
         pod_watch.start()
+        from txsync.worker_dispatch.kubernetes_workers import follow_worker_pods  # noqa: PLC0415
+
         tasks.append(loop.create_task(follow_worker_pods(dispatch, pod_watch), name="k8s"))
     await mark_serving(health, [ADMIN_SERVICE, DISPATCH_SERVICE])
     address = announce(listen, port, port_file)
@@ -162,6 +161,13 @@ def run(options: argparse.Namespace) -> int:
     telemetry = ServiceTelemetry.start("worker-dispatch", options.dc, options)
     pod_watch = None
     if options.kubernetes_workers:
+        # The Kubernetes client costs about 0.3 s of start-up: only when asked for.
+        from txsync.worker_dispatch.kubernetes_workers import (  # noqa: PLC0415
+            WorkerPodWatch,
+            api_client,
+            current_namespace,
+        )
+
         try:
             api = api_client(options.kubernetes_api)
         except Exception as error:  # the client raises its own ConfigException types
