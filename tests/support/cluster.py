@@ -153,7 +153,7 @@ class LocalCluster:
                 return float(line.rsplit(" ", 1)[1])
         raise AssertionError(f"no metric {name} at {url}")
 
-    def wait_for(self, what: str, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    def wait_for(self, what: str, condition: Callable[[], bool], timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not condition():
             if time.monotonic() > deadline:

@@ -481,6 +481,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                 request.from_position,
                 membership_only=request.membership_only,
                 finished_only=request.finished_only,
+                from_first_unfinished=request.from_first_unfinished,
             ):
                 body = None if request.finished_only else await self._store.read_body(record.tx_id)
                 state = record.state

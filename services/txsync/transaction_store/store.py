@@ -159,6 +159,8 @@ class TransactionStore:
         self.recovery = Recovery()
         self.alarms: list[str] = []
         self.progress = Progress()
+        self._finished_through = 0
+        """Every synced position up to here is OK or FAILED (first_unfinished_position)."""
         self._writer = GroupCommitWriter(self.files)
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
@@ -792,11 +794,20 @@ class TransactionStore:
         return result
 
     async def follow_enqueued(
-        self, from_position: int, *, membership_only: bool = False, finished_only: bool = False
+        self,
+        from_position: int,
+        *,
+        membership_only: bool = False,
+        finished_only: bool = False,
+        from_first_unfinished: bool = False,
     ) -> AsyncGenerator[tuple[int, TxRecord], None]:
         """Yield each synced position from ``from_position`` once it is ENQUEUED or later
-        (``membership_only``: only the membership entries, still strictly in order)."""
+        (``membership_only``: only the membership entries, still strictly in order;
+        ``from_first_unfinished``: from the first position not yet OK or FAILED if that
+        comes earlier)."""
         position = max(1, from_position)
+        if from_first_unfinished:
+            position = min(position, self.first_unfinished_position())
         while True:
             changed = self._changed
             meta = self.state.synced_at(position - 1)
@@ -813,6 +824,20 @@ class TransactionStore:
                 position += 1
                 continue
             await changed.wait()
+
+    def first_unfinished_position(self) -> int:
+        """The first synced position (1-based) not yet OK or FAILED; one past the end if
+        every one is. States only move forward, so the scan resumes where it last
+        stopped: amortised, each position is looked at once."""
+        position = max(self._finished_through, self.state.synced_offset) + 1
+        while position <= self.state.synced_len:
+            meta = self.state.synced_at(position - 1)
+            record = self.state.txs.get(meta.tx_id) if meta is not None else None
+            if record is None or record.state not in FINAL_STATES:
+                break
+            position += 1
+        self._finished_through = position - 1
+        return position
 
     async def advance_states(self, changes: Sequence[StateChangeRequest], service: str) -> None:
         if len(changes) > STATE_CHANGES_MAX:

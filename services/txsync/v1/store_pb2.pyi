@@ -809,6 +809,7 @@ class FollowEnqueuedRequest(_message.Message):
     FROM_POSITION_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_ONLY_FIELD_NUMBER: _builtins.int
     FINISHED_ONLY_FIELD_NUMBER: _builtins.int
+    FROM_FIRST_UNFINISHED_FIELD_NUMBER: _builtins.int
     from_position: _builtins.int
     """First synced position (1-based) wanted."""
     membership_only: _builtins.bool
@@ -819,18 +820,26 @@ class FollowEnqueuedRequest(_message.Message):
     """Each transaction only once it is OK or FAILED, with its outcome (the coordinator's
     outcome exchange with other DCs); still in synced order.
     """
+    from_first_unfinished: _builtins.bool
+    """Start earlier than from_position if a position before it is not yet OK or FAILED
+    (worker-dispatch resuming after a crash: its workers may hold outcomes that the
+    store never recorded, and those are reported again from the workers' records).
+    """
     def __init__(
         self,
         *,
         from_position: _builtins.int = ...,
         membership_only: _builtins.bool = ...,
         finished_only: _builtins.bool = ...,
+        from_first_unfinished: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "finished_only",
         b"finished_only",
+        "from_first_unfinished",
+        b"from_first_unfinished",
         "from_position",
         b"from_position",
         "membership_only",

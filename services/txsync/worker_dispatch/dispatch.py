@@ -17,6 +17,16 @@ to a window. Heartbeats (every second) notice a dead or stuck worker within
 position among the workers it keeps, so the testing role moves to the next healthy worker.
 Restarting is safe because workers apply exactly once: a position a worker already has is
 answered from its record, and a finished transaction is only re-sent to workers behind it.
+A pipeline starts at the lowest position among its workers, or earlier at the first one
+the store has not recorded as finished: a dispatch (or store) killed between a worker's
+apply and the store's record left such positions TESTING, and the testing worker answers
+them again from its record, so every transaction reaches OK or FAILED after any crash.
+
+A worker is **stuck** when its oldest request in flight has had no answer for
+``stuck_after_s`` (the clock starts when work reaches an idle worker, not at its last
+outcome: an idle worker's first request must not count its idle time). A stuck worker is
+taken out, and tried again (its stream re-opened, fed from its own position) once it
+moves past where it stuck or after a backoff that doubles up to ``STUCK_RETRY_MAX_S``.
 """
 
 from __future__ import annotations
@@ -54,6 +64,8 @@ snapshot; closer, it replays the log."""
 RECOVERY_CHECK_S = 1.0
 RECOVERY_TIMEOUT_S = 600.0
 """A whole snapshot copy (export and import) must finish within this."""
+STUCK_RETRY_MAX_S = 300.0
+"""The longest a stuck worker that does not move waits before it is fed again."""
 STATE_BATCH_MAX = 512
 """State changes sent to the store in one call."""
 SERVICE = "worker-dispatch"
@@ -80,7 +92,11 @@ class WorkerLink:
     progressed_s: float = 0.0
     """When its last outcome arrived (monotonic), to tell a stuck worker from a busy one."""
     stuck_at: int | None = None
-    """The position a stuck worker was taken out at: it is back once it moves past it."""
+    """The position a stuck worker was taken out at: it is back once it moves past it,
+    or at ``stuck_retry_at``."""
+    stuck_retry_at: float = 0.0
+    stuck_backoff_s: float = 0.0
+    """How long it waited last time it was stuck (doubles while it stays stuck)."""
     recovery_progress: float = 0.0
     """0..1 while a snapshot is copied to it."""
     recoveries: int = 0
@@ -205,17 +221,33 @@ class Dispatch:
             return
         now = link.last_heartbeat_s = time.monotonic()
         if link.stuck_at is not None:
-            if beat.position <= link.stuck_at:
+            moved = beat.position > link.stuck_at
+            if not moved and now < link.stuck_retry_at:
                 return  # still stuck where it was
+            if moved:
+                link.stuck_backoff_s = 0.0
+            else:
+                log.warning(
+                    "worker %s still at position %d after %.0f s: feeding it again",
+                    link.worker_id,
+                    beat.position,
+                    link.stuck_backoff_s,
+                )
             link.stuck_at = None
         if link.healthy and link.expected and now - link.progressed_s > self.stuck_after_s:
             link.healthy = False
             link.stuck_at = beat.position
+            link.stuck_backoff_s = min(
+                STUCK_RETRY_MAX_S, max(self.stuck_after_s, 2 * link.stuck_backoff_s)
+            )
+            link.stuck_retry_at = now + link.stuck_backoff_s
             log.warning(
-                "worker %s is stuck: no outcome for %.0f s with %d in flight: out",
+                "worker %s is stuck: no outcome for %.0f s with %d in flight: out "
+                "(tried again in %.0f s, or once it moves)",
                 link.worker_id,
                 now - link.progressed_s,
                 len(link.expected),
+                link.stuck_backoff_s,
             )
             self._changed.set()
             return
@@ -276,7 +308,7 @@ class Dispatch:
     async def _pipeline(self, tester: WorkerLink, followers: list[WorkerLink]) -> None:
         start = min(w.position for w in (tester, *followers)) + 1
         log.info(
-            "pipeline from position %d: testing %s, then %s",
+            "pipeline from position %d (or the first unfinished): testing %s, then %s",
             start,
             tester.worker_id,
             ", ".join(f.worker_id for f in followers) or "no other worker",
@@ -317,7 +349,7 @@ class Dispatch:
         followers: list[WorkerLink],
         queues: dict[str, asyncio.Queue[worker_pb2.ApplyRequest]],
     ) -> None:
-        request = store_pb2.FollowEnqueuedRequest(from_position=start)
+        request = store_pb2.FollowEnqueuedRequest(from_position=start, from_first_unfinished=True)
         async for entry in self.store.FollowEnqueued(request):
             apply = worker_pb2.ApplyRequest(
                 position=entry.position,
@@ -344,6 +376,9 @@ class Dispatch:
         expected_digest: bytes,
     ) -> None:
         await queues[worker.worker_id].put(request)
+        if not worker.expected:
+            # Idle until now: its wait for an outcome starts here (stuck_after_s).
+            worker.progressed_s = time.monotonic()
         worker.expected.append((request.position, expected_digest))
 
     async def _stream(
