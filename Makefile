@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim image pipeline-demo bench bench-rpcs bench-store bench-agreement bench-apply bench-verify clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-store bench-agreement bench-apply bench-verify bench-startup clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -23,6 +23,9 @@ $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@# Bytecode once, here: where PYTHONDONTWRITEBYTECODE is set, every service start
+	@# would otherwise compile its imports anew.
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	@touch $@
 
 $(BUF):
@@ -36,6 +39,9 @@ sim-demo: venv  ## the protocol core on a simulated 3-DC cluster, through every 
 
 sim: venv  ## the protocol's acceptance sweep: 2000 seeds, 5 nodes, every fault
 	$(BIN)/txsync sim --seeds 2000 --nodes 5 --faults delay,drop,duplicate,reorder,partition,flap,crash,membership
+
+nemesis: venv  ## faults under load on real processes for 10 min (TXSYNC_NEMESIS_SEED=N to replay)
+	TXSYNC_NEMESIS_S=$${TXSYNC_NEMESIS_S:-600} $(BIN)/python -m pytest -s tests/nemesis
 
 proto: venv  ## regenerate services/txsync/v1 from proto/
 	$(BIN)/python scripts/gen_proto.py
@@ -80,6 +86,9 @@ bench-agreement: venv  ## submit -> ACCEPTED at all of 3 DCs, at 0, 10 and 50 ms
 
 bench-apply: venv  ## one DC applying with 1, 2 and 4 SQLite workers: applied/s and latency
 	$(BIN)/python -m bench.apply_bench
+
+bench-startup: venv  ## txsync --help, each service exec -> SERVING, dev up -> cluster.json
+	$(BIN)/python -m bench.startup_bench
 
 bench-verify: venv  ## verify-replicas on 3 DCs x 2 workers x 1M rows, local Spark
 	$(BIN)/python -m bench.verify_bench

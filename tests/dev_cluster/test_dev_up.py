@@ -7,9 +7,12 @@ import socket
 from pathlib import Path
 
 import grpc
+import pytest
 
 from tests.support.dev_up import down, free_base_port, txsync, up
 from txsync.v1 import client_pb2, client_pb2_grpc
+
+pytestmark = pytest.mark.under_load  # a busy machine: see tests/conftest.py
 
 
 def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) -> None:

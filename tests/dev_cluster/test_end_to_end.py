@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from tests.support.dev_up import (
     down,
@@ -34,6 +35,8 @@ from txsync.v1 import (
     admin_pb2_grpc,
     common_pb2,
 )
+
+pytestmark = pytest.mark.under_load  # a busy machine: see tests/conftest.py
 
 SUBMITS_PER_DC = 25
 DCS = ("dc1", "dc2", "dc3")

@@ -23,6 +23,8 @@ from txsync.v1 import (
     common_pb2,
 )
 
+pytestmark = pytest.mark.under_load  # a busy machine: see tests/conftest.py
+
 
 @dataclass
 class Dc:

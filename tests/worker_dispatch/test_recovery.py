@@ -29,6 +29,8 @@ from txsync.v1 import (
 )
 from txsync.worker.sqlite_backend import BUSY_TIMEOUT_S
 
+pytestmark = pytest.mark.under_load  # a busy machine: see tests/conftest.py
+
 FINAL = (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED)
 
 

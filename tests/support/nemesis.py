@@ -1,0 +1,321 @@
+"""A fault-injection run of our own over real processes (Jepsen's word: the nemesis).
+
+A ``dev up`` cluster (``DevCluster``: 3 DCs x 2 SQLite workers, coordinators behind the
+link emulator) runs in this process under its own supervisor, which restarts whatever
+dies, as ``dev up`` does. A client per DC inserts one row per transaction, each with an
+idempotency key, retrying the same key at its DC until the submit is acknowledged. A
+schedule drawn from a seed meanwhile:
+
+- ``kill``: SIGKILLs one service (store, coordinator, dispatch or worker);
+- ``pause``: SIGSTOPs one service for a few seconds, then SIGCONTs it;
+- ``cut``: cuts one DC's coordinator off from the others for a few seconds;
+- ``crash``: SIGKILLs every service at once (the whole cluster), once, mid-run.
+
+Then everything heals and the run waits (generously) for the cluster to settle, and
+checks: the synced order is the same at every DC; every acknowledged transaction is in
+it exactly once and OK at every DC; no key's row was inserted twice on any worker; every
+worker is healthy at one position with one state digest.
+
+``TXSYNC_NEMESIS_S`` sets how long faults are injected (CI: 60; ``make nemesis``: 600),
+``TXSYNC_NEMESIS_SEED`` the schedule; a failure names the seed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tests.support.dev_up import free_base_port, list_workers, synced_ids
+from txsync.dev_cluster import DevCluster, Service, layout_of
+from txsync.link_emulator import LinkEmulator
+from txsync.v1 import (
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+
+FAULT_KINDS = ("kill", "pause", "cut")
+FAULT_EVERY_S = (2.0, 5.0)
+"""Time between two faults, drawn uniformly."""
+OUTAGE_S = (1.0, 5.0)
+"""How long a pause or a cut lasts, drawn uniformly."""
+SETTLE_TIMEOUT_S = 600.0
+"""After the last fault: long, since a loaded machine restarts 15 processes slowly."""
+CLIENT_PAUSE_S = 0.02
+"""Between one client's submits: a steady load that leaves the faults room to act."""
+SUBMIT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float
+    kind: str
+    target: str
+    """A service's name (kill, pause), a DC (cut), or "" (crash)."""
+    lasts_s: float = 0.0
+
+
+def schedule(seed: int, duration_s: float, services: list[str], dcs: list[str]) -> list[Fault]:
+    """The faults of one run, in time order: deterministic for a seed."""
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    kinds: list[str] = []
+    at = rng.uniform(*FAULT_EVERY_S)
+    while at < duration_s:
+        if not kinds:  # every kind once in each run of len(FAULT_KINDS) faults
+            kinds = rng.sample(FAULT_KINDS, len(FAULT_KINDS))
+        kind = kinds.pop()
+        target = rng.choice(dcs) if kind == "cut" else rng.choice(services)
+        faults.append(Fault(at, kind, target, rng.uniform(*OUTAGE_S) if kind != "kill" else 0))
+        at += rng.uniform(*FAULT_EVERY_S)
+    faults.append(Fault(duration_s / 2, "crash", ""))
+    return sorted(faults, key=lambda fault: fault.at_s)
+
+
+@dataclass
+class Report:
+    seed: int
+    faults: Counter[str] = field(default_factory=Counter)
+    acknowledged: int = 0
+    ordered: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    restarts: int = 0
+    settled_after_s: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        faults = ", ".join(f"{kind} {n}" for kind, n in sorted(self.faults.items()))
+        return (
+            f"seed {self.seed}: {self.acknowledged} acknowledged, {self.ordered} ordered; "
+            f"faults: {faults}; service restarts {self.restarts}; lost {self.lost}, "
+            f"duplicated {self.duplicated}; settled {self.settled_after_s:.0f} s after "
+            "the last fault"
+        )
+
+
+class _Client(threading.Thread):
+    """Inserts rows at one DC; each key retried at that DC until acknowledged."""
+
+    def __init__(self, dc: str, address: str, stop: threading.Event) -> None:
+        super().__init__(name=f"client-{dc}", daemon=True)
+        self.dc, self.address, self.stop = dc, address, stop
+        self.acknowledged: dict[str, str] = {}
+        """key -> tx id."""
+
+    def run(self) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            stub = client_pb2_grpc.ClientServiceStub(channel)
+            n = 0
+            while not self.stop.is_set():
+                key = f"{self.dc}-{n}"
+                body = common_pb2.TxBody(
+                    statements=[
+                        common_pb2.Statement(
+                            sql="INSERT INTO t (k) VALUES (?)",
+                            params=[common_pb2.SqlValue(text_value=key)],
+                        )
+                    ]
+                )
+                request = client_pb2.SubmitRequest(body=body, idempotency_key=key)
+                try:
+                    answer = stub.Submit(request, timeout=SUBMIT_TIMEOUT_S)
+                except grpc.RpcError:
+                    self.stop.wait(0.2)  # the DC is down or busy: the same key again
+                    continue
+                self.acknowledged[key] = answer.tx_id
+                n += 1
+                self.stop.wait(CLIENT_PAUSE_S)
+
+
+class NemesisRun:
+    def __init__(self, seed: int, duration_s: float, root: Path | None = None) -> None:
+        self.seed, self.duration_s = seed, duration_s
+        self.root = root or Path(tempfile.mkdtemp(prefix="nemesis-"))
+        self.layout: dict[str, Any] = layout_of(
+            self.root, 3, free_base_port(3), witness=False, workers=2
+        )
+        self.emulator = LinkEmulator(seed)
+        self.cluster = DevCluster(self.layout, self.emulator)
+        self.report = Report(seed)
+        self.log_lines: list[str] = []
+
+    def _log(self, text: str) -> None:
+        self.log_lines.append(f"{time.monotonic():.1f} {text}")
+
+    @property
+    def dcs(self) -> list[str]:
+        return list(self.layout["dcs"])
+
+    def run(self) -> Report:
+        try:
+            self.cluster.start(progress=self._log)
+            self._create_table()
+            stop = threading.Event()
+            clients = [_Client(dc, self.layout["dcs"][dc]["store"], stop) for dc in self.dcs]
+            for client in clients:
+                client.start()
+            try:
+                self._inject_faults()
+            finally:
+                stop.set()
+                for client in clients:
+                    client.join(timeout=SUBMIT_TIMEOUT_S * 3)
+            acknowledged = {k: t for c in clients for k, t in c.acknowledged.items()}
+            self.report.acknowledged = len(acknowledged)
+            self._settle_and_check(acknowledged)
+        finally:
+            self.cluster.stop()
+            self.emulator.close()
+        return self.report
+
+    def _supervise(self) -> None:
+        for event in self.cluster.supervise():
+            self._log(event)
+            self.report.restarts += ": restart " in event
+
+    def _create_table(self) -> None:
+        first = self.layout["dcs"][self.dcs[0]]["store"]
+        with grpc.insecure_channel(first) as channel:
+            stub = client_pb2_grpc.ClientServiceStub(channel)
+            body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="CREATE TABLE t (k)")])
+            answer = stub.Submit(
+                client_pb2.SubmitRequest(body=body, wait_for=common_pb2.TX_STATE_OK), timeout=120
+            )
+            assert answer.state == common_pb2.TX_STATE_OK, answer
+
+    def _inject_faults(self) -> None:
+        services = {s.name: s for s in self.cluster.services}
+        faults = schedule(self.seed, self.duration_s, sorted(services), self.dcs)
+        undo: list[tuple[float, str, Any]] = []  # (when, what, argument)
+        started = time.monotonic()
+        while True:
+            now = time.monotonic() - started
+            self._supervise()
+            while faults and faults[0].at_s <= now:
+                fault = faults.pop(0)
+                self.report.faults[fault.kind] += 1
+                self._log(f"fault: {fault.kind} {fault.target} {fault.lasts_s:.1f} s")
+                if fault.kind == "kill":
+                    _signal(services[fault.target], signal.SIGKILL)
+                elif fault.kind == "crash":
+                    for service in services.values():
+                        _signal(service, signal.SIGKILL)
+                elif fault.kind == "pause":
+                    process = services[fault.target].process
+                    if process is not None and process.poll() is None:
+                        process.send_signal(signal.SIGSTOP)
+                        undo.append((now + fault.lasts_s, "cont", process))
+                else:  # cut
+                    others = set(self.dcs) - {fault.target}
+                    self.emulator.partition({fault.target}, others)
+                    undo.append((now + fault.lasts_s, "heal", None))
+            for entry in [u for u in undo if u[0] <= now]:
+                undo.remove(entry)
+                _undo(entry, self.emulator)
+            if not faults and not undo and now >= self.duration_s:
+                return
+            time.sleep(0.05)
+
+    def _settle_and_check(self, acknowledged: dict[str, str]) -> None:
+        self.emulator.heal()
+        started = time.monotonic()
+        deadline = started + SETTLE_TIMEOUT_S
+        problems = ["not checked yet"]
+        while time.monotonic() < deadline:
+            self._supervise()
+            try:
+                problems = self._check(acknowledged)
+            except grpc.RpcError as error:
+                problems = [f"not answering: {error.code().name} {error.details()}"]
+            if not problems:
+                break
+            time.sleep(1.0)
+        self.report.settled_after_s = time.monotonic() - started
+        self.report.problems = problems
+
+    def _check(self, acknowledged: dict[str, str]) -> list[str]:
+        stores = {dc: self.layout["dcs"][dc]["store"] for dc in self.dcs}
+        orders = {dc: synced_ids(address) for dc, address in stores.items()}
+        reference = orders[self.dcs[0]]
+        problems = [f"{dc}'s order differs" for dc, o in orders.items() if o != reference]
+        counts = Counter(reference)
+        self.report.ordered = len(reference)
+        self.report.lost = sum(1 for t in acknowledged.values() if counts[t] == 0)
+        twice = sum(1 for n in counts.values() if n > 1)
+        if self.report.lost:
+            problems.append(f"{self.report.lost} acknowledged transactions not ordered")
+        for dc, address in stores.items():
+            with grpc.insecure_channel(address) as channel:
+                stub = client_pb2_grpc.ClientServiceStub(channel)
+                for tx_id in acknowledged.values():
+                    state = stub.Get(client_pb2.GetRequest(tx_id=tx_id), timeout=30).state
+                    if state != common_pb2.TX_STATE_OK:
+                        problems.append(f"{tx_id} is {common_pb2.TxState.Name(state)} at {dc}")
+                        break
+            workers = list_workers(address)
+            if not all(w.healthy and not w.out_of_sync for w in workers):
+                problems.append(f"{dc}: a worker unhealthy or out of sync")
+            if {(w.position, w.state_digest) for w in workers} != {
+                (len(reference), workers[0].state_digest)
+            }:
+                problems.append(f"{dc}: workers not all at {len(reference)} with one digest")
+        if problems:
+            return problems
+        digests = {w.state_digest for a in stores.values() for w in list_workers(a)}
+        if len(digests) != 1:
+            problems.append("workers of different DCs hold different digests")
+        for dc in self.dcs:
+            for worker_id, address in self.layout["dcs"][dc]["workers"].items():
+                most = _most_rows_per_key(address)
+                twice += most > 1
+                if most > 1:
+                    problems.append(f"{worker_id}: a key inserted {most} times")
+        self.report.duplicated = twice
+        return problems
+
+
+def _most_rows_per_key(worker_address: str) -> int:
+    with grpc.insecure_channel(worker_address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        sql = "SELECT coalesce(max(c), 0) FROM (SELECT count(*) AS c FROM t GROUP BY k)"
+        answer = stub.Query(
+            worker_pb2.WorkerServiceQueryRequest(statement=common_pb2.Statement(sql=sql)),
+            timeout=30,
+        )
+    return int(answer.rows[0].values[0].int_value)
+
+
+def _signal(service: Service, signum: signal.Signals) -> None:
+    process = service.process
+    if process is not None and process.poll() is None:
+        process.send_signal(signum)  # SIGKILL ends a paused process too
+
+
+def _undo(entry: tuple[float, str, Any], emulator: LinkEmulator) -> None:
+    _, what, argument = entry
+    if what == "cont":
+        process: subprocess.Popen[bytes] = argument
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+    else:
+        emulator.heal()
+
+
+def settings_from_environment() -> tuple[int, float]:
+    seed = int(os.environ.get("TXSYNC_NEMESIS_SEED", "16"))
+    duration_s = float(os.environ.get("TXSYNC_NEMESIS_S", "60"))
+    return seed, duration_s
