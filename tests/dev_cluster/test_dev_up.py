@@ -37,6 +37,16 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
         again = txsync("submit", "--endpoints", cluster, "--dc", "dc3", "--sql", duplicate,
                         "--wait", "ok")  # fmt: skip
         assert again.returncode == 4 and "UNIQUE constraint failed" in again.stdout
+        # Issue 17: a statement that never ends stopped every DC. Now it fails at the
+        # testing worker on its step budget, and the order goes on.
+        endless = ("INSERT INTO t (a) WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+                   "SELECT x+1 FROM c) SELECT x FROM c WHERE x < 0")  # fmt: skip
+        runaway = txsync("submit", "--endpoints", cluster, "--dc", "dc2", "--sql", endless,
+                         "--wait", "ok")  # fmt: skip
+        assert runaway.returncode == 4 and "work budget" in runaway.stdout, runaway.stdout
+        after = txsync("submit", "--endpoints", cluster, "--dc", "dc1", "--sql",
+                       "INSERT INTO t (a, b) VALUES (2, 'z')", "--wait", "ok")  # fmt: skip
+        assert after.returncode == 0, after.stdout + after.stderr
         status = txsync("status", "--endpoints", cluster)
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("MAJORITY") == 3 and status.stdout.count(" yes") == 3
@@ -51,7 +61,7 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
         assert all(f"at {dc}: OK" in shown.stdout for dc in ("dc1", "dc2", "dc3")), shown.stdout
         assert "outcome: OK, rows affected [1]" in shown.stdout
         failed = txsync("tx", "list", "--endpoints", cluster, "--dc", "dc3", "--state", "failed")
-        assert failed.returncode == 0 and "(1 transaction)" in failed.stdout
+        assert failed.returncode == 0 and "(2 transactions)" in failed.stdout, failed.stdout
         unknown = txsync(
             "tx", "get", "00000000-0000-4000-8000-000000000000", "--endpoints", cluster
         )

@@ -17,6 +17,12 @@ RESULT_BYTES_MAX = 4 * 1024 * 1024
 """A query's rows are cut (``truncated``) past this many bytes of values."""
 APPLY_BATCH_MAX = 64
 """Transactions applied in one database transaction (``apply_many``)."""
+STEPS_MAX_DEFAULT = 100_000_000
+"""SQLite virtual-machine steps one transaction (or one read) may take: about 2 s of one
+core here (48M steps/s), room for a transaction that changes ~10M rows. Counted, not
+timed, so every replica reaches the same verdict on the same data (docs/workers.md)."""
+VALUE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
+"""The largest string or blob a statement may make (SQLite's SQLITE_LIMIT_LENGTH)."""
 
 
 BatchApplied = tuple[list[Outcome], "ApplyOrderError | None"]
@@ -54,6 +60,11 @@ class Backend(Protocol):
         """Where ``tx_id`` was applied, if among the recorded outcomes."""
         ...
 
+    def interrupt(self) -> None:
+        """Stop whatever runs now, from any thread (the worker is stopping): an apply
+        under way raises ApplyInterrupted and commits nothing."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -61,6 +72,11 @@ class SnapshotBackend(Backend, Protocol):
     def export_snapshot(self, target: Path) -> Applied: ...
 
     def replace_with(self, snapshot: Path) -> Applied: ...
+
+
+class ApplyInterrupted(Exception):
+    """The worker is stopping (``interrupt``): the apply was abandoned, nothing of it
+    committed, and it is no verdict: the transaction is applied again after a restart."""
 
 
 class ApplyOrderError(Exception):

@@ -31,6 +31,7 @@ from txsync.v1 import common_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     OUTCOMES_KEPT,
+    ApplyInterrupted,
     ApplyOrderError,
     BatchApplied,
     QueryRefused,
@@ -113,6 +114,7 @@ class PostgresBackend:
 
     def __init__(self, conninfo: str) -> None:
         self._conninfo = conninfo
+        self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._conn = psycopg.connect(conninfo, autocommit=True)
         with self._conn.transaction():
@@ -123,6 +125,11 @@ class PostgresBackend:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+    def interrupt(self) -> None:
+        """Cancel the statement running now on the server (the worker is stopping)."""
+        self._stopping.set()
+        self._conn.cancel_safe(timeout=5)
 
     def export_snapshot(self, target: Path) -> Applied:
         """A consistent dump (``pg_dump`` custom format) taken in the snapshot of a
@@ -213,9 +220,8 @@ class PostgresBackend:
         )
         return Outcome(position, tx_id, ok, rows, digest, error)
 
-    @staticmethod
     def _run(
-        conn: psycopg.Connection[tuple[object, ...]], body: common_pb2.TxBody
+        self, conn: psycopg.Connection[tuple[object, ...]], body: common_pb2.TxBody
     ) -> tuple[bool, tuple[int, ...], str]:
         rows: list[int] = []
         try:
@@ -228,6 +234,8 @@ class PostgresBackend:
                     cursor = conn.execute(psql.SQL(to_psycopg(statement.sql)), params)
                     rows.append(max(cursor.rowcount, 0))
         except psycopg.Error as error:
+            if self._stopping.is_set():
+                raise ApplyInterrupted("the worker is stopping") from error
             return False, (), f"{type(error).__name__}: {error}".strip()
         return True, tuple(rows), ""
 

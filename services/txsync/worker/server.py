@@ -33,7 +33,7 @@ from txsync.rpc import (
 )
 from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import worker_pb2, worker_pb2_grpc
-from txsync.worker.backend import Backend
+from txsync.worker.backend import STEPS_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT, Backend
 from txsync.worker.service import WorkerServicer
 from txsync.worker.sqlite_backend import SqliteBackend
 
@@ -145,6 +145,9 @@ async def serve(
         await _drain(dispatch, worker_id)
     await health.enter_graceful_shutdown()
     await server.stop(grace_s)
+    # An apply still running after the grace period (a statement that takes long) is
+    # abandoned without a verdict; dispatch sends it again after the restart.
+    backend.interrupt()
     backend.close()
     telemetry.close()
     log.info("worker %s stopped cleanly at position %d", worker_id, servicer.applied.position)
@@ -187,16 +190,40 @@ def register(commands: Any) -> None:
         "listening on 0.0.0.0, e.g. the pod's DNS name)",
     )
     parser.add_argument("--grace-seconds", type=float, default=5.0,
-                        help="how long in-flight calls may finish at shutdown")  # fmt: skip
+                        help="how long in-flight calls may finish at shutdown; an apply "
+                             "still running then is abandoned, without a verdict")  # fmt: skip
+    limits = parser.add_argument_group(
+        "limits (SQLite; the same at every worker, so every replica reaches one verdict)"
+    )
+    limits.add_argument("--steps-max", type=_positive_int, default=STEPS_MAX_DEFAULT,
+                        metavar="STEPS",
+                        help="SQLite virtual-machine steps one transaction or read may take "
+                             f"(default {STEPS_MAX_DEFAULT:,}: about 2 s of one core); past "
+                             "it the transaction is FAILED, naming this limit")  # fmt: skip
+    limits.add_argument("--value-bytes-max", type=_positive_int,
+                        default=VALUE_BYTES_MAX_DEFAULT, metavar="BYTES",
+                        help="the largest string or blob a statement may make (default "
+                             f"{VALUE_BYTES_MAX_DEFAULT // 2**20} MiB)")  # fmt: skip
     add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {value}")
+    return value
 
 
 def _open_backend(options: argparse.Namespace) -> Backend:
     """The worker's database; psycopg is imported only for PostgreSQL (it costs a SQLite
     worker about 100 ms of start-up). Its errors come back as OSError."""
     if not options.postgres:
-        return SqliteBackend(options.data / "worker.sqlite")
+        return SqliteBackend(
+            options.data / "worker.sqlite",
+            steps_max=options.steps_max,
+            value_bytes_max=options.value_bytes_max,
+        )
     import psycopg  # noqa: PLC0415
 
     from txsync.worker.postgres_backend import PostgresBackend  # noqa: PLC0415

@@ -14,6 +14,13 @@ snapshot (the online backup API) carries its own position.
 
 Reads run on their own connections with ``query_only`` and an authorizer that refuses
 writes; user statements may never write the ``_txsync_`` tables.
+
+Every transaction (and every read) has a budget of ``steps_max`` virtual-machine steps,
+counted through SQLite's progress handler: a statement that never ends, or runs for
+minutes, fails with an error naming the limit, and since the count depends only on the
+statements, the data and the SQLite version, every replica reaches the same verdict.
+Strings and blobs are capped at ``value_bytes_max`` (SQLITE_LIMIT_LENGTH) for the same
+reason. ``interrupt`` (SIGTERM) abandons a running apply without a verdict.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from txsync.v1 import common_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     OUTCOMES_KEPT,
+    STEPS_MAX_DEFAULT,
+    VALUE_BYTES_MAX_DEFAULT,
+    ApplyInterrupted,
     ApplyOrderError,
     BatchApplied,
     QueryRefused,
@@ -39,6 +49,8 @@ from txsync.worker.backend import (
 from txsync.worker.outcomes import GENESIS_DIGEST, Applied, Outcome, next_digest
 
 BUSY_TIMEOUT_S = 10.0
+PROGRESS_EVERY_STEPS = 10_000
+"""How often the progress handler counts (and may stop) a statement."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS _txsync_applied (
@@ -68,7 +80,12 @@ _WRITE_ACTIONS = {
     sqlite3.SQLITE_DROP_INDEX,
     sqlite3.SQLITE_CREATE_TRIGGER,
 }
-_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
+_READ_ACTIONS = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    sqlite3.SQLITE_RECURSIVE,  # a recursive CTE: bounded by the step budget like any read
+}
 _NEVER_IN_A_TRANSACTION = {
     sqlite3.SQLITE_TRANSACTION,  # BEGIN/COMMIT/ROLLBACK would end ours half-way
     sqlite3.SQLITE_SAVEPOINT,
@@ -97,19 +114,60 @@ def _read_only(action: int, *_: object) -> int:
     return sqlite3.SQLITE_OK if action in _READ_ACTIONS else sqlite3.SQLITE_DENY
 
 
+class _Budget:
+    """Counts one transaction's (or read's) virtual-machine steps; SQLite stops the
+    statement when ``__call__`` answers non-zero."""
+
+    def __init__(self, steps_max: int, stopping: threading.Event) -> None:
+        self.steps_max, self.stopping = steps_max, stopping
+        self.steps = 0
+
+    def __call__(self) -> int:
+        self.steps += PROGRESS_EVERY_STEPS
+        return int(self.steps > self.steps_max or self.stopping.is_set())
+
+    @property
+    def exceeded(self) -> bool:
+        return self.steps > self.steps_max
+
+    def refusal(self, what: str) -> str:
+        return (
+            f"{what} exceeded the work budget of {self.steps_max:,} SQLite steps "
+            "(worker --steps-max)"
+        )
+
+
 class SqliteBackend:
     name = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        steps_max: int = STEPS_MAX_DEFAULT,
+        value_bytes_max: int = VALUE_BYTES_MAX_DEFAULT,
+    ) -> None:
         self.path = path
+        self.steps_max = steps_max
+        self.value_bytes_max = value_bytes_max
+        self._stopping = threading.Event()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one writer; calls come from worker threads
-        self._conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S
+        self._conn = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S
         )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(_SCHEMA)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(_SCHEMA)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
+        return conn
+
+    def interrupt(self) -> None:
+        self._stopping.set()
+        self._conn.interrupt()
 
     def close(self) -> None:
         with self._lock:
@@ -142,12 +200,7 @@ class SqliteBackend:
             for suffix in ("-wal", "-shm"):
                 Path(f"{self.path}{suffix}").unlink(missing_ok=True)
             snapshot.replace(self.path)
-            self._conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S
-            )
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.executescript(_SCHEMA)
+            self._conn = self._open()
         return self.applied()
 
     def applied(self) -> Applied:
@@ -267,23 +320,30 @@ class SqliteBackend:
         )
         return Outcome(position, tx_id, ok, rows, digest, error)
 
-    @staticmethod
     def _run(
-        conn: sqlite3.Connection, body: common_pb2.TxBody
+        self, conn: sqlite3.Connection, body: common_pb2.TxBody
     ) -> tuple[bool, tuple[int, ...], str]:
         conn.execute("SAVEPOINT tx")
+        budget = _Budget(self.steps_max, self._stopping)
         conn.set_authorizer(_guard_bookkeeping)
+        conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)
         rows: list[int] = []
         try:
             for statement in body.statements:
                 cursor = conn.execute(statement.sql, [to_python(p) for p in statement.params])
                 rows.append(max(cursor.rowcount, 0))
         except (sqlite3.Error, ValueError, OverflowError) as error:
+            conn.set_progress_handler(None, 0)
             conn.set_authorizer(None)
+            if self._stopping.is_set():
+                raise ApplyInterrupted("the worker is stopping") from error
             if conn.in_transaction:
                 conn.execute("ROLLBACK TO tx")
                 conn.execute("RELEASE tx")
+            if budget.exceeded:
+                return False, (), budget.refusal("the transaction")
             return False, (), f"{type(error).__name__}: {error}"
+        conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
         conn.execute("RELEASE tx")
         return True, tuple(rows), ""
@@ -314,12 +374,17 @@ class SqliteBackend:
             conn.execute("BEGIN")
             position = int(conn.execute("SELECT position FROM _txsync_applied").fetchone()[0])
             conn.set_authorizer(_read_only)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
+            budget = _Budget(self.steps_max, self._stopping)
+            conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)
             try:
                 cursor = conn.execute(statement.sql, [to_python(p) for p in statement.params])
+                columns = tuple(d[0] for d in cursor.description or ())
+                rows, truncated = collect_rows(cursor, max_rows)
             except sqlite3.DatabaseError as error:
+                if budget.exceeded:
+                    raise QueryRefused(budget.refusal("the query")) from None
                 raise QueryRefused(f"{type(error).__name__}: {error}") from None
-            columns = tuple(d[0] for d in cursor.description or ())
-            rows, truncated = collect_rows(cursor, max_rows)
             return QueryResult(columns, rows, truncated, position)
         finally:
             conn.close()
