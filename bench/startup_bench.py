@@ -27,12 +27,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2
-
 from tests.support.dev_up import free_base_port
-from tests.support.processes import free_port
-from txsync.rpc import health_status
+from tests.support.processes import free_port, wait_serving
 
 CLI = [sys.executable, "-m", "txsync.cli.main"]
 SERVING_TIMEOUT_S = 300.0
@@ -45,19 +41,8 @@ def time_command(args: list[str]) -> float:
 
 
 def _wait_serving(address: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + SERVING_TIMEOUT_S
-    with grpc.insecure_channel(address) as channel:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"exited {process.returncode} before serving")
-            try:
-                if health_status(channel) == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{address} did not serve within {SERVING_TIMEOUT_S:.0f} s")
-            time.sleep(0.005)
+    if not wait_serving(address, process, time.monotonic() + SERVING_TIMEOUT_S):
+        raise RuntimeError(f"{address} did not serve (exit status {process.poll()})")
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

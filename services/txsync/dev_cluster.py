@@ -431,13 +431,6 @@ class DevCluster:
                 service.serving, service.serving_since = True, time.monotonic()
         return events
 
-    def exited(self) -> Service | None:
-        """A service whose process has exited and was not restarted yet, if any."""
-        for service in self.services:
-            if service.process is not None and service.process.poll() is not None:
-                return service
-        return None
-
     def stop(self) -> None:
         """SIGTERM to every service, those that others need (the stores) last, and wait
         for each; one still running after STOP_TIMEOUT_S is killed."""

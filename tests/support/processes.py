@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from txsync.parent_watch import child_environment
-from txsync.rpc import health_status
+from txsync.rpc import RECONNECT_OPTIONS, health_status
 
 __all__ = [
     "ServiceProcess",
@@ -23,6 +23,7 @@ __all__ = [
     "health_status",
     "sync_coordinator",
     "transaction_store",
+    "wait_serving",
     "worker",
     "worker_dispatch",
 ]
@@ -38,6 +39,20 @@ def _kill_leftovers() -> None:
     for process in _RUNNING:
         if process.poll() is None:
             process.kill()
+
+
+def wait_serving(address: str, process: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Poll ``address``'s health until it is SERVING (true), ``process`` exits or the
+    monotonic ``deadline`` passes (false)."""
+    with grpc.insecure_channel(address, options=list(RECONNECT_OPTIONS)) as channel:
+        while process.poll() is None and time.monotonic() <= deadline:
+            try:
+                if health_status(channel) == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.02)
+    return False
 
 
 class ServiceProcess:
@@ -90,16 +105,9 @@ class ServiceProcess:
         return self.address
 
     def _wait_serving(self, deadline: float) -> None:
-        with grpc.insecure_channel(self.address) as channel:
-            while True:
-                try:
-                    if health_status(channel) == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self._name} never became healthy:\n{self.log()}")
-                time.sleep(0.02)
+        assert self.process is not None
+        if not wait_serving(self.address, self.process, deadline):
+            raise RuntimeError(f"{self._name} never became healthy:\n{self.log()}")
 
     def kill(self) -> None:
         """SIGKILL: no chance to flush anything."""

@@ -5,7 +5,6 @@ verdict at all, never in a worker stuck for good."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bench.proc_stats import cpu_seconds
 from tests.support.processes import worker
 from txsync.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from txsync.worker.backend import ApplyInterrupted, QueryRefused, ToApply
@@ -24,11 +24,6 @@ ENDLESS = (
     "SELECT x FROM c WHERE x < 0"
 )
 """The statement of issue 17 that stopped every DC: it never ends."""
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _body(*sql: str) -> common_pb2.TxBody:
@@ -121,10 +116,10 @@ def test_sigterm_stops_a_worker_in_the_middle_of_a_statement(tmp_path: Path) -> 
             assert next(answers).outcome.state == common_pb2.TX_STATE_OK
             assert process.process is not None
             pid = process.process.pid
-            before = _cpu_seconds(pid)
+            before = cpu_seconds(pid)
             gate.set()
             deadline = time.monotonic() + 120
-            while _cpu_seconds(pid) < before + 1.0:  # the endless statement is running
+            while cpu_seconds(pid) < before + 1.0:  # the endless statement is running
                 assert time.monotonic() < deadline, "the statement never started"
                 time.sleep(0.1)
             process.process.send_signal(signal.SIGTERM)
