@@ -482,3 +482,51 @@ def test_statements_that_differ_per_worker_are_refused_at_submit(
 
     _run(tmp_path, scenario)
     _run(tmp_path / "allowed", lambda store: store.submit(_body(sql)), allow_nondeterministic=True)
+
+
+def test_a_synced_body_whose_enqueue_a_crash_lost_is_enqueued_at_the_next_load(
+    tmp_path: Path,
+) -> None:
+    """The state a coordinator killed between a body's record and its next step leaves
+    (found by the nemesis run): synced, ACCEPTED, body held. The core hears only of
+    synced entries without a body, so only the store can move it on: at the load."""
+
+    async def synced_then_body(store: TransactionStore) -> str:
+        tx_id = str(uuid.uuid4())
+        meta = TxMeta(1, tx_id, "dc2")
+        await store.persist_step(
+            ProtocolStep(
+                counter=1,
+                incoming=[meta],
+                synced_start=store.state.merge_base,
+                synced=[meta],
+                changes=[
+                    StateChangeRequest(tx_id, TxState.INCOMING),
+                    StateChangeRequest(tx_id, TxState.ACCEPTED),
+                ],
+                service="sync-coordinator",
+            )
+        )
+        encoded = _body().SerializeToString()
+        assert await store.store_body(tx_id, encoded, body_digest(encoded))
+        return tx_id  # and the coordinator dies before stepping BodyAcquired
+
+    tx_id = _run(tmp_path, synced_then_body)
+
+    async def reload(store: TransactionStore) -> None:
+        assert store.state.txs[tx_id].state is TxState.ACCEPTED  # stranded across restarts
+        follow = store.follow_enqueued(1)
+        waiting = asyncio.ensure_future(anext(follow))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        await store.load_protocol_state()
+        position, record = await asyncio.wait_for(waiting, 60)
+        assert (position, record.tx_id, record.state) == (1, tx_id, TxState.ENQUEUED)
+        await follow.aclose()
+
+    _run(tmp_path, reload)
+
+    async def after_restart(store: TransactionStore) -> None:
+        assert store.state.txs[tx_id].state is TxState.ENQUEUED  # durable
+
+    _run(tmp_path, after_restart)

@@ -466,11 +466,33 @@ class TransactionStore:
     # --- internal API: the sync-coordinator -------------------------------------------
 
     async def load_protocol_state(self) -> int:
-        """Raise and persist the epoch (a new incarnation of the coordinator)."""
+        """Raise and persist the epoch (a new incarnation of the coordinator).
+
+        In the same write, every synced transaction whose body is recorded here but which
+        is still ACCEPTED moves to ENQUEUED: ENQUEUED follows from those two durable
+        facts, and the coordinator that would have recorded it (after its core saw the
+        body arrive) died before its step was durable. The core is told only of synced
+        entries without a body, so nothing else would ever move them, and this DC's
+        workers would wait at the first of them for good (the nemesis run found 14 such
+        positions at one DC after a whole-cluster crash)."""
         async with self._lock:
             epoch = self.state.epoch + 1
-            staged = self._stage([self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))])
+            stranded = [
+                StateChangeRequest(meta.tx_id, TxState.ENQUEUED)
+                for meta in self.state.synced
+                if (record := self.state.txs[meta.tx_id]).body_held
+                and record.state is TxState.ACCEPTED
+            ]
+            entries = [self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))]
+            entries += self._plan_changes(stranded, SERVICE_NAME)
+            staged = self._stage(entries)
         await self._durable(staged)
+        if stranded:
+            log.warning(
+                "%d synced transactions held their bodies but were still ACCEPTED (a crash "
+                "between a body's record and the coordinator's step): now ENQUEUED",
+                len(stranded),
+            )
         return epoch
 
     async def persist_step(self, step: ProtocolStep) -> MergeBase:
