@@ -138,6 +138,31 @@ def test_backward_transition_is_refused_and_repeat_is_a_no_op(tmp_path: Path) ->
     _run(tmp_path, scenario)
 
 
+def test_dispatch_repeating_testing_after_the_verdict_is_a_no_op(tmp_path: Path) -> None:
+    """A restarted pipeline records TESTING again behind the verdict it recorded before
+    (both in one batch, or in two): the repeat changes nothing and refuses nothing. Two
+    different verdicts are still refused."""
+
+    async def scenario(store: TransactionStore) -> None:
+        tx_id = (await store.submit(_body())).tx_id
+        await _sync_local(store, tx_id, 1)
+        repeated = [
+            StateChangeRequest(tx_id, TxState.TESTING),
+            StateChangeRequest(tx_id, TxState.OK, _ok(tx_id)),
+            StateChangeRequest(tx_id, TxState.TESTING),
+        ]
+        await store.advance_states(repeated, "wd")
+        await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd")
+        record = store.get(tx_id)
+        assert [step.state for step in record.history][-2:] == [TxState.TESTING, TxState.OK]
+        with pytest.raises(StoreError) as caught:
+            await store.advance_states([StateChangeRequest(tx_id, TxState.FAILED, _ok())], "wd")
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "OK -> FAILED" in caught.value.message
+
+    _run(tmp_path, scenario)
+
+
 def test_bad_protocol_steps_change_nothing(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> None:
         tx_id = (await store.submit(_body())).tx_id

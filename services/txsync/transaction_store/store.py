@@ -619,7 +619,17 @@ class TransactionStore:
         service: str,
         *,
         newly_synced: set[str] | None = None,
+        passed_is_repeat: bool = False,
     ) -> list[txlog_pb2.LogEntry]:
+        """The entries of ``changes``, each a forward step of the lifecycle.
+
+        ``passed_is_repeat``: a state the transaction has already passed (TESTING once it
+        is OK) is a repeat, a no-op, rather than a step backwards. worker-dispatch needs
+        this: a pipeline that restarts while its earlier states are still on their way
+        here reads those positions as unfinished and records TESTING again, after the
+        verdict it sent before (refusing that refused the whole batch, every retry, and
+        stopped the DC recording outcomes for good). Two different verdicts still are
+        refused."""
         entries: list[txlog_pb2.LogEntry] = []
         pending: dict[str, TxState | None] = {}
         for change in changes:
@@ -629,6 +639,8 @@ class TransactionStore:
             current = pending.get(change.tx_id, committed)  # earlier in this request first
             if current is change.state:
                 continue  # repeated: a no-op, so that retries are safe
+            if passed_is_repeat and _passed(current, change.state):
+                continue
             if not is_allowed_transition(current, change.state):
                 name = current.name if current is not None else "unknown"
                 raise StoreError(
@@ -871,7 +883,7 @@ class TransactionStore:
                     f"only, not {change.state.name}"
                 )
         async with self._lock:
-            entries = self._plan_changes(changes, service)
+            entries = self._plan_changes(changes, service, passed_is_repeat=True)
             staged = self._stage(entries) if entries else None
         for change in changes:
             if change.state in FINAL_STATES:
@@ -952,6 +964,14 @@ def _checked_body(tx_id: str, encoded: bytes, digest: bytes) -> common_pb2.TxBod
     if body_digest(encoded) != digest:
         raise StoreError(grpc.StatusCode.DATA_LOSS, f"body of {tx_id} fails its digest")
     return body
+
+
+def _passed(current: TxState | None, wanted: TxState) -> bool:
+    """``current`` lies beyond ``wanted`` on the lifecycle (OK and FAILED are two ends,
+    neither beyond the other)."""
+    if current is None or (current in FINAL_STATES and wanted in FINAL_STATES):
+        return False
+    return current > wanted
 
 
 def _reached(current: TxState, wanted: TxState) -> bool:

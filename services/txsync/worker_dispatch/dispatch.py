@@ -68,6 +68,15 @@ STUCK_RETRY_MAX_S = 300.0
 """The longest a stuck worker that does not move waits before it is fed again."""
 STATE_BATCH_MAX = 512
 """State changes sent to the store in one call."""
+STATES_RETRIED = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+})  # fmt: skip
+"""Refusals of ``AdvanceStates`` that pass (the store restarting, busy): the same
+batch again. Any other refusal is for good."""
 SERVICE = "worker-dispatch"
 FINAL = (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED)
 
@@ -528,7 +537,23 @@ class Dispatch:
                         store_pb2.AdvanceStatesRequest(changes=batch, service=SERVICE), timeout=30
                     )
                 except grpc.aio.AioRpcError as error:
-                    log.warning("store refused states (%s); retrying", error.details())
+                    if error.code() in STATES_RETRIED:
+                        log.warning("store refused states (%s); retrying", error.details())
+                        await asyncio.sleep(0.5)
+                        continue
+                    # Refused for good: retrying the same batch would stop this DC
+                    # recording outcomes for ever. The store's record is the truth: drop
+                    # the batch and restart the pipeline, which reads every position not
+                    # finished there again and records it from the testing worker's answer.
+                    log.error(
+                        "store refused %d state changes (%s: %s): re-reading the "
+                        "unfinished positions",
+                        len(batch),
+                        error.code().name,
+                        error.details(),
+                    )
+                    del self._changes[: len(batch)]
+                    self._changed.set()
                     await asyncio.sleep(0.5)
                     continue
                 del self._changes[: len(batch)]
