@@ -23,6 +23,9 @@ core here (48M steps/s), room for a transaction that changes ~10M rows. Counted,
 timed, so every replica reaches the same verdict on the same data (docs/workers.md)."""
 VALUE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 """The largest string or blob a statement may make (SQLite's SQLITE_LIMIT_LENGTH)."""
+HEAP_BYTES_MAX_DEFAULT = 512 * 1024 * 1024
+"""SQLite's memory in one worker process (PRAGMA hard_heap_limit): room for the largest
+value several times over, and six workers of a laptop's ``dev up`` stay within 3 GiB."""
 
 
 BatchApplied = tuple[list[Outcome], "ApplyOrderError | None"]

@@ -33,7 +33,12 @@ from txsync.rpc import (
 )
 from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import worker_pb2, worker_pb2_grpc
-from txsync.worker.backend import STEPS_MAX_DEFAULT, VALUE_BYTES_MAX_DEFAULT, Backend
+from txsync.worker.backend import (
+    HEAP_BYTES_MAX_DEFAULT,
+    STEPS_MAX_DEFAULT,
+    VALUE_BYTES_MAX_DEFAULT,
+    Backend,
+)
 from txsync.worker.service import WorkerServicer
 from txsync.worker.sqlite_backend import SqliteBackend
 
@@ -204,6 +209,11 @@ def register(commands: Any) -> None:
                         default=VALUE_BYTES_MAX_DEFAULT, metavar="BYTES",
                         help="the largest string or blob a statement may make (default "
                              f"{VALUE_BYTES_MAX_DEFAULT // 2**20} MiB)")  # fmt: skip
+    limits.add_argument("--heap-bytes-max", type=_positive_int,
+                        default=HEAP_BYTES_MAX_DEFAULT, metavar="BYTES",
+                        help="SQLite's memory in this worker process, reads included "
+                             f"(default {HEAP_BYTES_MAX_DEFAULT // 2**20} MiB); a "
+                             "transaction needing more is FAILED, naming this limit")  # fmt: skip
     add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
 
@@ -223,6 +233,7 @@ def _open_backend(options: argparse.Namespace) -> Backend:
             options.data / "worker.sqlite",
             steps_max=options.steps_max,
             value_bytes_max=options.value_bytes_max,
+            heap_bytes_max=options.heap_bytes_max,
         )
     import psycopg  # noqa: PLC0415
 

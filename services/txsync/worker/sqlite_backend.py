@@ -12,15 +12,21 @@ last commits, and then the position drops with them, so the worker re-applies th
 exactly once for its database. The data and the bookkeeping live in the same file, so a
 snapshot (the online backup API) carries its own position.
 
-Reads run on their own connections with ``query_only`` and an authorizer that refuses
-writes; user statements may never write the ``_txsync_`` tables.
+What a transaction's statements may do is enforced by SQLite itself (``sqlite_guard``):
+they cannot name the ``_txsync_`` tables by any route, control the transaction, attach,
+set pragmas, make temporary objects, or call a function whose answer could differ between
+replicas. Reads run on their own connections with ``query_only`` and an authorizer that
+refuses writes.
 
 Every transaction (and every read) has a budget of ``steps_max`` virtual-machine steps,
 counted through SQLite's progress handler: a statement that never ends, or runs for
 minutes, fails with an error naming the limit, and since the count depends only on the
 statements, the data and the SQLite version, every replica reaches the same verdict.
 Strings and blobs are capped at ``value_bytes_max`` (SQLITE_LIMIT_LENGTH) for the same
-reason. ``interrupt`` (SIGTERM) abandons a running apply without a verdict.
+reason, and SQLite's memory in the worker process at ``heap_bytes_max``
+(``PRAGMA hard_heap_limit``: shared by the process's connections, reads included, so a
+replica may run out where another did not; its digest then differs and it is recovered
+from a snapshot). ``interrupt`` (SIGTERM) abandons a running apply without a verdict.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 from txsync.v1 import common_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
+    HEAP_BYTES_MAX_DEFAULT,
     OUTCOMES_KEPT,
     STEPS_MAX_DEFAULT,
     VALUE_BYTES_MAX_DEFAULT,
@@ -47,6 +54,7 @@ from txsync.worker.backend import (
     to_python,
 )
 from txsync.worker.outcomes import GENESIS_DIGEST, Applied, Outcome, next_digest
+from txsync.worker.sqlite_guard import SqliteGuard, read_only
 
 BUSY_TIMEOUT_S = 10.0
 PROGRESS_EVERY_STEPS = 10_000
@@ -70,48 +78,10 @@ CREATE TABLE IF NOT EXISTS _txsync_outcomes (
 );
 """
 
-_WRITE_ACTIONS = {
-    sqlite3.SQLITE_INSERT,
-    sqlite3.SQLITE_UPDATE,
-    sqlite3.SQLITE_DELETE,
-    sqlite3.SQLITE_DROP_TABLE,
-    sqlite3.SQLITE_ALTER_TABLE,
-    sqlite3.SQLITE_CREATE_INDEX,
-    sqlite3.SQLITE_DROP_INDEX,
-    sqlite3.SQLITE_CREATE_TRIGGER,
-}
-_READ_ACTIONS = {
-    sqlite3.SQLITE_SELECT,
-    sqlite3.SQLITE_READ,
-    sqlite3.SQLITE_FUNCTION,
-    sqlite3.SQLITE_RECURSIVE,  # a recursive CTE: bounded by the step budget like any read
-}
-_NEVER_IN_A_TRANSACTION = {
-    sqlite3.SQLITE_TRANSACTION,  # BEGIN/COMMIT/ROLLBACK would end ours half-way
-    sqlite3.SQLITE_SAVEPOINT,
-    sqlite3.SQLITE_ATTACH,
-    sqlite3.SQLITE_DETACH,
-    sqlite3.SQLITE_PRAGMA,  # journal mode, synchronous, ... are the worker's business
-}
-
 
 class _BatchRolledBack(Exception):
     """A statement ended the whole database transaction of a batch (not just its own
     savepoint), undoing the transactions applied before it in the batch."""
-
-
-def _guard_bookkeeping(action: int, table: str | None, *_: object) -> int:
-    """User statements may read the ``_txsync_`` tables but never change them, and may
-    not end, nest or reconfigure the worker's transaction."""
-    if action in _NEVER_IN_A_TRANSACTION:
-        return sqlite3.SQLITE_DENY
-    if action in _WRITE_ACTIONS and table is not None and table.startswith("_txsync_"):
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-
-def _read_only(action: int, *_: object) -> int:
-    return sqlite3.SQLITE_OK if action in _READ_ACTIONS else sqlite3.SQLITE_DENY
 
 
 class _Budget:
@@ -146,10 +116,13 @@ class SqliteBackend:
         *,
         steps_max: int = STEPS_MAX_DEFAULT,
         value_bytes_max: int = VALUE_BYTES_MAX_DEFAULT,
+        heap_bytes_max: int = HEAP_BYTES_MAX_DEFAULT,
     ) -> None:
         self.path = path
         self.steps_max = steps_max
         self.value_bytes_max = value_bytes_max
+        self.heap_bytes_max = heap_bytes_max
+        self._guard = SqliteGuard()
         self._stopping = threading.Event()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one writer; calls come from worker threads
@@ -163,6 +136,8 @@ class SqliteBackend:
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
+        conn.execute(f"PRAGMA hard_heap_limit={int(self.heap_bytes_max)}")
+        self._guard.install(conn)
         return conn
 
     def interrupt(self) -> None:
@@ -325,14 +300,16 @@ class SqliteBackend:
     ) -> tuple[bool, tuple[int, ...], str]:
         conn.execute("SAVEPOINT tx")
         budget = _Budget(self.steps_max, self._stopping)
-        conn.set_authorizer(_guard_bookkeeping)
+        guard = self._guard
+        guard.start(conn)
+        conn.set_authorizer(guard)
         conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)
         rows: list[int] = []
         try:
             for statement in body.statements:
                 cursor = conn.execute(statement.sql, [to_python(p) for p in statement.params])
                 rows.append(max(cursor.rowcount, 0))
-        except (sqlite3.Error, ValueError, OverflowError) as error:
+        except (sqlite3.Error, ValueError, OverflowError, MemoryError) as error:
             conn.set_progress_handler(None, 0)
             conn.set_authorizer(None)
             if self._stopping.is_set():
@@ -342,6 +319,17 @@ class SqliteBackend:
                 conn.execute("RELEASE tx")
             if budget.exceeded:
                 return False, (), budget.refusal("the transaction")
+            if guard.refusal:
+                return False, (), f"refused: {guard.refusal}"
+            if isinstance(error, MemoryError):
+                return (
+                    False,
+                    (),
+                    (
+                        f"the transaction ran out of the worker's SQLite memory ceiling of "
+                        f"{self.heap_bytes_max:,} bytes (worker --heap-bytes-max)"
+                    ),
+                )
             return False, (), f"{type(error).__name__}: {error}"
         conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
@@ -373,7 +361,7 @@ class SqliteBackend:
             conn.execute("PRAGMA query_only=ON")
             conn.execute("BEGIN")
             position = int(conn.execute("SELECT position FROM _txsync_applied").fetchone()[0])
-            conn.set_authorizer(_read_only)
+            conn.set_authorizer(read_only)
             conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
             budget = _Budget(self.steps_max, self._stopping)
             conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)

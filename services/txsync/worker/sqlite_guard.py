@@ -1,0 +1,242 @@
+"""What a user's statement may do on a SQLite worker, enforced by the engine (issue 17).
+
+Every replica runs the same statements on the same data and must reach the same state,
+and nothing a client sends may reach the worker's own bookkeeping. Filters over the SQL
+text cannot promise either (comments, quoting and triggers route around them), so the
+rules live where SQLite resolves each statement:
+
+- **The authorizer** sees every table, column, function and action a statement (and any
+  trigger or view it fires) resolves to, by canonical name, before it runs. It refuses
+  any write to, read of, or trigger, index or ALTER on a ``_txsync_`` object, in every
+  argument it is given; transaction control, ATTACH (and VACUUM INTO), PRAGMA and
+  temporary objects (they live in one worker's connection: replicas would differ); and
+  any function outside ``DETERMINISTIC_FUNCTIONS``.
+- **Replacements registered on the connection** cover the routes the authorizer does not
+  see (a column's ``DEFAULT (random())`` or ``DEFAULT CURRENT_TIMESTAMP`` is evaluated
+  without asking it): the nondeterministic built-ins are overridden by functions that
+  refuse, and the date and time functions by versions that refuse the current time
+  (``'now'`` or no time value) and the machine's time zone (``'localtime'``, ``'utc'``)
+  and otherwise answer exactly as SQLite's own.
+
+SQLite reports a refusal only as "not authorized" or "user-defined function raised
+exception"; the guard keeps its reason (``refusal``) for the transaction's FAILED verdict.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+BOOKKEEPING_PREFIX = "_txsync_"
+
+SqlValue = str | bytes | int | float | None
+SqlFunction = Callable[..., SqlValue]
+
+DETERMINISTIC_FUNCTIONS = frozenset({
+    "->", "->>", "abs", "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "avg",
+    "ceil", "ceiling", "changes", "char", "coalesce", "concat", "concat_ws", "cos", "cosh",
+    "count", "cume_dist", "date", "datetime", "degrees", "dense_rank", "exp", "first_value",
+    "floor", "format", "glob", "group_concat", "hex", "ifnull", "iif", "instr", "json",
+    "json_array", "json_array_length", "json_extract", "json_group_array",
+    "json_group_object", "json_insert", "json_object", "json_patch", "json_quote",
+    "json_remove", "json_replace", "json_set", "json_type", "json_valid", "julianday", "lag",
+    "last_insert_rowid", "last_value", "lead", "length", "like", "likelihood", "likely", "ln",
+    "log", "log10", "log2", "lower", "ltrim", "max", "min", "mod", "nth_value", "ntile",
+    "nullif", "octet_length", "percent_rank", "pi", "pow", "power", "printf", "quote",
+    "radians", "rank", "replace", "round", "row_number", "rtrim", "sign", "sin", "sinh",
+    "soundex", "sqrt", "strftime", "string_agg", "substr", "substring", "sum", "tan", "tanh",
+    "time", "timediff", "total", "trim", "trunc", "typeof", "unhex", "unicode", "unixepoch",
+    "unlikely", "upper", "zeroblob",
+    # full-text search and R*Tree: deterministic over their tables
+    "bm25", "highlight", "match", "matchinfo", "offsets", "snippet",
+})  # fmt: skip
+"""Functions a transaction may call: each answers the same at every replica given the
+same arguments and data (``changes`` and ``last_insert_rowid`` because every transaction
+starts from the same values, see ``SqliteGuard.reset_connection_counters``)."""
+
+NONDETERMINISTIC_BUILTINS: dict[str, tuple[int, ...]] = {
+    "random": (0,),
+    "randomblob": (1,),
+    "current_date": (0,),
+    "current_time": (0,),
+    "current_timestamp": (0,),
+    "total_changes": (0,),
+    "sqlite_version": (0,),
+    "sqlite_source_id": (0,),
+    "sqlite_compileoption_get": (1,),
+    "sqlite_compileoption_used": (1,),
+    "fts5_source_id": (0,),
+    "fts3_tokenizer": (1, 2),
+    "load_extension": (1, 2),
+}
+"""Built-ins overridden by a refusal, by name and argument counts: what they answer
+depends on the clock, chance, the connection's history or the SQLite build."""
+
+TIME_VALUE_ARGUMENTS: dict[str, tuple[int, ...]] = {
+    "date": (0,),
+    "time": (0,),
+    "datetime": (0,),
+    "julianday": (0,),
+    "unixepoch": (0,),
+    "strftime": (1,),
+    "timediff": (0, 1),
+}
+"""The date and time functions, and which of their arguments are time values (the rest
+are a format or modifiers)."""
+
+ZONE_MODIFIERS = frozenset({"localtime", "utc"})
+
+_TRANSACTION_ACTIONS = {
+    sqlite3.SQLITE_TRANSACTION: "BEGIN, COMMIT and ROLLBACK",
+    sqlite3.SQLITE_SAVEPOINT: "SAVEPOINT and RELEASE",
+    sqlite3.SQLITE_ATTACH: "ATTACH and VACUUM INTO",
+    sqlite3.SQLITE_DETACH: "DETACH",
+    sqlite3.SQLITE_PRAGMA: "PRAGMA",
+}
+_TEMPORARY_ACTIONS = {
+    sqlite3.SQLITE_CREATE_TEMP_INDEX,
+    sqlite3.SQLITE_CREATE_TEMP_TABLE,
+    sqlite3.SQLITE_CREATE_TEMP_TRIGGER,
+    sqlite3.SQLITE_CREATE_TEMP_VIEW,
+}
+_READS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
+
+
+def names_bookkeeping(*names: object) -> bool:
+    return any(isinstance(n, str) and n.casefold().startswith(BOOKKEEPING_PREFIX) for n in names)
+
+
+class GuardRefusal(Exception):
+    """Raised inside a replaced function; SQLite turns it into a statement error."""
+
+
+class SqliteGuard:
+    """The rules for one connection's user transactions (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.refusal = ""
+        """Why the guard last refused something (empty: it has not, since ``start``)."""
+        self._clock = sqlite3.connect(":memory:", check_same_thread=False)
+        """A connection without the replacements: SQLite's own date arithmetic."""
+
+    def install(self, conn: sqlite3.Connection) -> None:
+        """Register the replacements on the worker's writing connection."""
+        conn.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS {BOOKKEEPING_PREFIX}counters (id INTEGER PRIMARY KEY)"
+        )
+        builtins = {
+            name for (name,) in conn.execute("SELECT DISTINCT name FROM pragma_function_list")
+        }
+        for name, arities in NONDETERMINISTIC_BUILTINS.items():
+            if name in builtins:
+                for arity in arities:
+                    conn.create_function(name, arity, self._refusing(name))
+        for name, positions in TIME_VALUE_ARGUMENTS.items():
+            if name in builtins:
+                replacement = self._clock_free(name, positions)
+                conn.create_function(name, -1, replacement, deterministic=True)
+
+    def start(self, conn: sqlite3.Connection) -> None:
+        """Before a transaction's statements: a clean refusal, and the connection's
+        counters at the same values at every replica."""
+        self.refusal = ""
+        self.reset_connection_counters(conn)
+
+    @staticmethod
+    def reset_connection_counters(conn: sqlite3.Connection) -> None:
+        """``last_insert_rowid()`` and ``changes()`` carry over from the connection's last
+        statement, which differs between a worker that restarted and one that did not:
+        one insert of a known row sets them to 0 and 1 before each transaction."""
+        conn.execute(f"INSERT OR REPLACE INTO temp.{BOOKKEEPING_PREFIX}counters VALUES (0)")
+
+    def __call__(
+        self,
+        action: int,
+        first: str | None,
+        second: str | None,
+        database: str | None,
+        inner: str | None,
+    ) -> int:
+        reason = self._reason(action, first, second)
+        if reason:
+            self.refusal = reason
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    @staticmethod
+    def _reason(action: int, first: str | None, second: str | None) -> str:
+        if action in _TRANSACTION_ACTIONS:
+            return (
+                f"{_TRANSACTION_ACTIONS[action]} are not allowed in a transaction: the "
+                "worker owns the database transaction and its settings"
+            )
+        if action in _TEMPORARY_ACTIONS:
+            return (
+                "temporary tables, views, indexes and triggers are not allowed: they live "
+                "in one worker's connection only, so replicas would differ"
+            )
+        if action == sqlite3.SQLITE_FUNCTION:
+            name = (second or "").casefold()
+            if name not in DETERMINISTIC_FUNCTIONS:
+                return (
+                    f"function {second}() is not allowed in a transaction: every replica "
+                    "must compute the same (pass such values as parameters)"
+                )
+            return ""
+        if names_bookkeeping(first, second):
+            verb = "read" if action in _READS else "changed"
+            return (
+                f"the worker's bookkeeping ({BOOKKEEPING_PREFIX} tables) cannot be {verb} "
+                "by a transaction"
+            )
+        return ""
+
+    def _refusing(self, name: str) -> SqlFunction:
+        def refuse(*_: SqlValue) -> SqlValue:
+            self.refusal = (
+                f"{name}() is not allowed in a transaction (also not as a column's "
+                "DEFAULT): every replica must compute the same (pass such values as "
+                "parameters)"
+            )
+            raise GuardRefusal(self.refusal)
+
+        return refuse
+
+    def _clock_free(self, name: str, positions: tuple[int, ...]) -> SqlFunction:
+        call = f"SELECT {name}(%s)"
+
+        def deterministic(*args: SqlValue) -> SqlValue:
+            problem = _clock_dependence(args, positions)
+            if problem:
+                self.refusal = (
+                    f"{name}() {problem} is not allowed in a transaction: replicas apply it "
+                    "at different times and places (pass the time as a parameter)"
+                )
+                raise GuardRefusal(self.refusal)
+            row = self._clock.execute(call % ",".join("?" * len(args)), args).fetchone()
+            answer: SqlValue = row[0]
+            return answer
+
+        return deterministic
+
+
+def _clock_dependence(args: tuple[SqlValue, ...], positions: tuple[int, ...]) -> str:
+    """Why a date/time call depends on the clock or the zone ("" when it does not)."""
+    for position in positions:
+        if position >= len(args):
+            return "without a time value (the current time)"
+        value = args[position]
+        if isinstance(value, str) and value.strip().casefold() == "now":
+            return "of 'now'"
+    first_modifier = max(positions) + 1
+    for value in args[first_modifier:]:
+        if isinstance(value, str) and value.strip().casefold() in ZONE_MODIFIERS:
+            return f"with the {value.strip()!r} modifier (the machine's time zone)"
+    return ""
+
+
+def read_only(action: int, *_: object) -> int:
+    """The authorizer of reads (``Query``): any read, nothing else. Reads are answered
+    by one worker and never replicated, so they may call any function."""
+    allowed = _READS | {sqlite3.SQLITE_FUNCTION}
+    return sqlite3.SQLITE_OK if action in allowed else sqlite3.SQLITE_DENY

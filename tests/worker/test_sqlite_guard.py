@@ -1,0 +1,207 @@
+"""The SQLite guard (issue 17): no route from a user's statement reaches the worker's
+bookkeeping or a value that could differ between replicas. Each probe is a transaction
+of its own on a real worker database; each must end FAILED with the guard's reason,
+leave the bookkeeping and the data as they were, and let the next transaction apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from txsync.v1 import common_pb2
+from txsync.worker.outcomes import Outcome
+from txsync.worker.sqlite_backend import SqliteBackend
+
+
+def _body(*sql: str) -> common_pb2.TxBody:
+    return common_pb2.TxBody(statements=[common_pb2.Statement(sql=s) for s in sql])
+
+
+SETUP = (
+    "CREATE TABLE t (k INTEGER PRIMARY KEY, v)",
+    "CREATE TABLE stamped (k, at DEFAULT CURRENT_TIMESTAMP)",
+    "CREATE TABLE chance (k, r DEFAULT (random()))",
+    "CREATE TABLE timed (k, at DEFAULT (datetime('now')))",
+)
+
+BOOKKEEPING = [
+    "CREATE TRIGGER skipper AFTER UPDATE ON _txsync_applied WHEN NEW.position=3 "
+    "BEGIN UPDATE _txsync_applied SET position=position+2; END",
+    "ALTER TABLE _txsync_outcomes ADD COLUMN z",
+    "ALTER TABLE main._TXSYNC_OUTCOMES RENAME TO gone",
+    "CREATE INDEX i ON _txsync_outcomes (tx_id)",
+    "CREATE UNIQUE INDEX i ON _txsync_applied (position)",
+    'UPDATE "_txsync_applied" SET position = 99',
+    "UPDATE main.[_txsync_applied] SET position = 99",
+    "UPDATE `_TxSync_Applied` SET position = 99",
+    "DELETE FROM _txsync_outcomes",
+    "INSERT INTO _txsync_outcomes VALUES (99, 'x', 1, '', x'00', '')",
+    "DROP TABLE _txsync_outcomes",
+    "INSERT INTO t (v) SELECT error FROM _txsync_outcomes",  # differs between replicas
+    "CREATE TABLE _txsync_mine (a)",
+    "REPLACE INTO _txsync_applied VALUES (1, 0, '', zeroblob(32))",
+]
+CONTROL = [
+    "COMMIT",
+    "/* x */ COMMIT",
+    "ROLLBACK",
+    "BEGIN",
+    "SAVEPOINT s",
+    "RELEASE tx",
+    "ATTACH DATABASE ':memory:' AS other",
+    "VACUUM INTO '/tmp/txsync-guard-copy.db' -- SQLite refuses it in a transaction too",
+    "PRAGMA synchronous=OFF",
+    "PRAGMA writable_schema=ON",
+    "CREATE TEMP TABLE scratch (a)",
+    "CREATE TEMP TRIGGER tt AFTER INSERT ON t BEGIN SELECT 1; END",
+    "CREATE TEMP VIEW tv AS SELECT 1",
+    "SELECT load_extension('libevil')",
+]
+NONDETERMINISTIC = [
+    "INSERT INTO t (v) VALUES (random())",
+    "INSERT INTO t (v) VALUES (random/**/())",
+    "INSERT INTO t (v) VALUES (RANDOM())",
+    "INSERT INTO t (v) VALUES (randomblob(8))",
+    "INSERT INTO t (v) VALUES (CURRENT_TIMESTAMP)",
+    "INSERT INTO t (v) VALUES (current_date)",
+    "INSERT INTO t (v) VALUES (strftime('%f'))",
+    "INSERT INTO t (v) VALUES (strftime('%s', 'now'))",
+    "INSERT INTO t (v) VALUES (date())",
+    "INSERT INTO t (v) VALUES (date('NOW '))",
+    "INSERT INTO t (v) VALUES (unixepoch())",
+    "INSERT INTO t (v) VALUES (julianday('now'))",
+    "INSERT INTO t (v) VALUES (datetime('2024-01-01', 'localtime'))",
+    "INSERT INTO t (v) VALUES (datetime(0, 'unixepoch', 'utc'))",
+    "INSERT INTO t (v) VALUES (total_changes())",
+    "INSERT INTO t (v) VALUES (sqlite_version())",
+    "INSERT INTO t (v) SELECT abs(random()) FROM t",
+    "INSERT INTO stamped (k) VALUES (1)",  # DEFAULT CURRENT_TIMESTAMP
+    "INSERT INTO chance (k) VALUES (1)",  # DEFAULT (random())
+    "INSERT INTO timed (k) VALUES (1)",  # DEFAULT (datetime('now'))
+]
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> SqliteBackend:
+    backend = SqliteBackend(tmp_path / "w.db")
+    assert backend.apply(1, "tx1", _body(*SETUP)).ok
+    assert backend.apply(2, "tx2", _body("INSERT INTO t (v) VALUES ('before')")).ok
+    return backend
+
+
+def _probe(backend: SqliteBackend, sql: str) -> Outcome:
+    """Apply ``sql`` after a harmless insert (which must be rolled back with it), then
+    check that nothing changed and the next transaction applies."""
+    before = backend.applied()
+    outcome = backend.apply(
+        before.position + 1, "probe", _body("INSERT INTO t (v) VALUES (1)", sql)
+    )
+    assert not outcome.ok, f"{sql!r} was applied"
+    if "VACUUM" not in sql:
+        assert outcome.error.startswith("refused: "), outcome.error
+    after = backend.applied()
+    assert after.position == before.position + 1, "the failure still advances the position"
+    rows = backend.query(common_pb2.Statement(sql="SELECT v FROM t ORDER BY k"), 10).rows
+    assert rows == (("before",),), "the refused transaction left no trace"
+    tables = backend.query(
+        common_pb2.Statement(sql="SELECT name FROM sqlite_master WHERE name LIKE '%txsync%'"),
+        10,
+    ).rows
+    assert sorted(tables) == [("_txsync_applied",), ("_txsync_outcomes",)]
+    following = backend.apply(after.position + 1, "next", _body("DELETE FROM t WHERE v = 'x'"))
+    assert following.ok, following.error
+    return outcome
+
+
+@pytest.mark.parametrize("sql", BOOKKEEPING)
+def test_no_statement_reaches_the_bookkeeping(backend: SqliteBackend, sql: str) -> None:
+    outcome = _probe(backend, sql)
+    assert "bookkeeping" in outcome.error
+
+
+@pytest.mark.parametrize("sql", CONTROL)
+def test_no_statement_controls_the_transaction_or_the_connection(
+    backend: SqliteBackend, sql: str
+) -> None:
+    outcome = _probe(backend, sql)
+    assert "not allowed" in outcome.error or "VACUUM" in sql
+    assert not Path("/tmp/txsync-guard-copy.db").exists()
+
+
+@pytest.mark.parametrize("sql", NONDETERMINISTIC)
+def test_values_that_could_differ_between_replicas_are_refused(
+    backend: SqliteBackend, sql: str
+) -> None:
+    outcome = _probe(backend, sql)
+    assert "every replica" in outcome.error or "replicas apply it" in outcome.error
+
+
+def test_triggers_and_views_cannot_reach_the_bookkeeping_when_used(
+    backend: SqliteBackend,
+) -> None:
+    """A trigger or view whose body names the bookkeeping may be created on user tables:
+    its body is checked where it is used, inside every later statement that fires or
+    reads it."""
+    created = backend.apply(3, "tx3", _body(
+        "CREATE TRIGGER later AFTER INSERT ON t BEGIN UPDATE _txsync_applied SET position = 9; END"
+    ))  # fmt: skip
+    assert created.ok, created.error
+    fired = backend.apply(4, "tx4", _body("INSERT INTO t (v) VALUES ('fires')"))
+    assert not fired.ok and "bookkeeping" in fired.error
+    assert backend.applied().position == 4
+    assert backend.apply(5, "tx5", _body("DROP TRIGGER later")).ok
+    assert backend.apply(6, "tx6", _body("INSERT INTO t (v) VALUES ('after')")).ok
+    assert backend.apply(7, "tx7", _body("CREATE VIEW peek AS SELECT * FROM _txsync_outcomes")).ok
+    peeked = backend.apply(8, "tx8", _body("INSERT INTO t (v) SELECT error FROM peek"))
+    assert not peeked.ok and "bookkeeping" in peeked.error
+
+
+def test_deterministic_time_arithmetic_and_counters_are_allowed_and_agree(
+    tmp_path: Path,
+) -> None:
+    """Date arithmetic on given times answers as SQLite's own; ``last_insert_rowid()``
+    and ``changes()`` start every transaction alike, on a restarted worker too."""
+    statements = _body(
+        "INSERT INTO t (v) VALUES (date('2024-02-28', '+1 day'))",
+        "INSERT INTO t (v) VALUES (strftime('%Y-%m-%d %H:%M:%f', 1700000000.5, 'unixepoch'))",
+        "INSERT INTO t (v) VALUES (unixepoch('2024-01-01 00:00:00'))",
+        "INSERT INTO t (v) VALUES (julianday('2000-01-01'))",
+        "INSERT INTO t (v) VALUES (last_insert_rowid())",
+    )
+    first = SqliteBackend(tmp_path / "a.db")
+    second = SqliteBackend(tmp_path / "b.db")
+    history = [
+        _body(SETUP[0]),
+        _body("INSERT INTO t (v) VALUES (changes()), (last_insert_rowid())"),
+        statements,
+    ]
+    outcomes_first = [first.apply(n, f"tx{n}", b) for n, b in enumerate(history, start=1)]
+    second.apply(1, "tx1", history[0])
+    second.close()
+    second = SqliteBackend(tmp_path / "b.db")  # a restart: a fresh connection
+    outcomes_second = [second.apply(n, f"tx{n}", b) for n, b in enumerate(history[1:], 2)]
+    assert all(o.ok for o in outcomes_first), [o.error for o in outcomes_first]
+    assert outcomes_first[-1].state_digest == outcomes_second[-1].state_digest
+    sql = common_pb2.Statement(sql="SELECT v FROM t ORDER BY k")
+    rows = first.query(sql, 10).rows
+    assert rows == second.query(sql, 10).rows
+    assert rows == (
+        (1,), (1,), ("2024-02-29",), ("2023-11-14 22:13:20.500",), (1704067200,),
+        (2451544.5,), (6,),
+    )  # fmt: skip
+
+
+def test_reads_may_use_any_function(backend: SqliteBackend) -> None:
+    """Reads are answered by one worker and never replicated."""
+    result = backend.query(common_pb2.Statement(sql="SELECT random() IS NOT NULL, date()"), 1)
+    assert result.rows[0][0] == 1
+
+
+def test_memory_past_the_ceiling_fails_naming_the_limit(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "w.db", heap_bytes_max=24 * 1024 * 1024)
+    assert backend.apply(1, "tx1", _body("CREATE TABLE b (v)")).ok
+    outcome = backend.apply(2, "tx2", _body("INSERT INTO b VALUES (hex(zeroblob(30000000)))"))
+    assert not outcome.ok
+    assert "memory ceiling of 25,165,824 bytes (worker --heap-bytes-max)" in outcome.error
+    assert backend.apply(3, "tx3", _body("INSERT INTO b VALUES (hex(zeroblob(1000)))")).ok
