@@ -15,6 +15,7 @@ import pytest
 
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
+from txsync.transaction_store import store as store_module
 from txsync.transaction_store.store import (
     LocalSubmit,
     ProtocolStep,
@@ -240,6 +241,57 @@ def test_body_exchange_checks_digests(tmp_path: Path) -> None:
         assert not await store.store_body(tx_id, encoded, body_digest(encoded))
         with pytest.raises(StoreError, match="not an encoded TxBody"):
             await store.store_body(str(uuid.uuid4()), b"\xff\xff\xff", b"")
+
+    _run(tmp_path, scenario)
+
+
+def test_an_idempotency_key_with_another_body_is_refused(tmp_path: Path) -> None:
+    """A retry sends the same body and gets the first transaction back; a different body
+    under a used key is a client's mistake that would silently lose a write."""
+
+    async def scenario(store: TransactionStore) -> None:
+        first = await store.submit(_body(), "k")
+        again = await store.submit(_body(), "k")
+        assert again.tx_id == first.tx_id and not again.created
+        with pytest.raises(StoreError, match=f"belongs to tx {first.tx_id}") as caught:
+            await store.submit(_body("INSERT INTO t VALUES (2)"), "k")
+        assert caught.value.code is grpc.StatusCode.ALREADY_EXISTS
+        # Within one batch too: the first of the key counts.
+        batch = await store.submit_many(
+            [
+                (_body("SELECT 1"), "b", ""),
+                (_body("SELECT 2"), "b", ""),
+                (_body("SELECT 1"), "b", ""),
+            ]
+        )
+        assert isinstance(batch[1], StoreError) and batch[1].code is grpc.StatusCode.ALREADY_EXISTS
+        assert not isinstance(batch[0], StoreError) and not isinstance(batch[2], StoreError)
+        assert batch[2].tx_id == batch[0].tx_id
+        assert len(list(store.state.in_seq_order())) == 2
+
+    _run(tmp_path, scenario)
+
+
+def test_a_watch_that_does_not_read_is_dropped_not_buffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "LOCAL_WATCH_BYTES_MAX", 10_000)
+
+    async def scenario(store: TransactionStore) -> None:
+        stalled = store.watch_local_submits()
+        first = (await store.submit(_body())).tx_id
+        assert (await anext(stalled)).tx_id == first  # watching from here on
+        for n in range(200):  # ~5 kB of bodies per 100: past the bound, unread
+            await store.submit(_body(f"INSERT INTO t VALUES ({n}, '{'x' * 30}')"))
+        with pytest.raises(StoreError, match="dropped; watch again") as caught:
+            await anext(stalled)
+        assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Watching again hands every pending submit anew: nothing is lost.
+        again = store.watch_local_submits()
+        handed = [(await anext(again)).tx_id for _ in range(201)]
+        assert handed[0] == first and len(set(handed)) == 201
+        await stalled.aclose()
+        await again.aclose()
 
     _run(tmp_path, scenario)
 

@@ -100,6 +100,42 @@ class LocalSubmit:
 
 LOCAL_WATCHERS_MAX = 8
 """Concurrent ``watch_local_submits`` streams (one per coordinator incarnation)."""
+LOCAL_WATCH_BYTES_MAX = 64 * 1024 * 1024
+"""Bodies one local submit watch may have waiting unread; past it the watch is dropped
+(its watcher watches again and is handed every pending submit anew), so a stalled or
+hostile watcher cannot grow the store's memory."""
+
+
+class _LocalWatch:
+    """One ``watch_local_submits`` stream's waiting submits, bounded in bytes."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[LocalSubmit | None] = asyncio.Queue()
+        self.waiting_bytes = 0
+        self.dropped = False
+
+    def hand(self, submit: LocalSubmit) -> None:
+        if self.dropped:
+            return
+        if self.waiting_bytes + len(submit.body) > LOCAL_WATCH_BYTES_MAX:
+            self.dropped = True
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(None)  # wakes the stream, which ends
+            return
+        self.waiting_bytes += len(submit.body)
+        self.queue.put_nowait(submit)
+
+    async def next(self) -> LocalSubmit:
+        submit = await self.queue.get()
+        if submit is None:
+            raise StoreError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this watch fell more than {LOCAL_WATCH_BYTES_MAX // 2**20} MiB of bodies "
+                "behind and was dropped; watch again (pending submits are handed anew)",
+            )
+        self.waiting_bytes -= len(submit.body)
+        return submit
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +205,7 @@ class TransactionStore:
         """Waits by transaction: woken only when that transaction's state moves, not by
         every write (with many clients waiting, waking all of them per fsync cost more
         than the writes)."""
-        self._local_watchers: set[asyncio.Queue[LocalSubmit]] = set()
+        self._local_watchers: set[_LocalWatch] = set()
         self.body_cache = BodyCache(config.body_cache_bytes_max)
         self._rotating = False
         self._rotation: asyncio.Task[None] | None = None
@@ -324,19 +360,30 @@ class TransactionStore:
         unused: list[str] = []
         async with self._lock:
             batch_keys: dict[str, str] = {}
+            batch_digests: dict[str, bytes] = {}
             for (_, key, traceparent), item in zip(submits, prepared, strict=True):
                 if isinstance(item, StoreError):
                     results.append(item)
                     continue
                 tx_id, encoded = item
+                digest = body_digest(encoded)
                 existing = None
                 if key:
                     existing = self.state.idempotency.get(key) or batch_keys.get(key)
                 if existing is not None:
                     record = self.state.txs.get(existing)
+                    first_digest = record.body_digest if record else batch_digests.get(key)
+                    unused.append(tx_id)
+                    if first_digest and first_digest != digest:
+                        results.append(StoreError(
+                            grpc.StatusCode.ALREADY_EXISTS,
+                            f"idempotency key {key!r} belongs to tx {existing}, whose body "
+                            "differs from this one: a retry must send the same body, and "
+                            "a new transaction a new key",
+                        ))  # fmt: skip
+                        continue
                     state = record.state if record and record.state else TxState.INCOMING
                     results.append(Submitted(existing, False, state))
-                    unused.append(tx_id)
                     continue
                 try:
                     self._check_capacity(staged=len(entries))
@@ -349,7 +396,7 @@ class TransactionStore:
                         submitted=txlog_pb2.TxSubmitted(
                             tx_id=tx_id,
                             idempotency_key=key,
-                            body_digest=body_digest(encoded),
+                            body_digest=digest,
                             body_bytes=len(encoded),
                             traceparent=traceparent,
                             service=SERVICE_NAME,
@@ -362,6 +409,7 @@ class TransactionStore:
                 self.body_cache.put(tx_id, encoded)
                 if key:
                     batch_keys[key] = tx_id
+                    batch_digests[key] = digest
                 results.append(Submitted(tx_id, True, TxState.INCOMING))
             staged = self._stage(entries) if entries else None
         if unused:
@@ -377,7 +425,7 @@ class TransactionStore:
         for watcher in self._local_watchers:
             for entry in entries:
                 submitted = entry.submitted
-                watcher.put_nowait(
+                watcher.hand(
                     LocalSubmit(
                         submitted.tx_id,
                         submitted.body,
@@ -784,8 +832,7 @@ class TransactionStore:
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"at most {LOCAL_WATCHERS_MAX} local submit watches at once",
             )
-        # Bounded in practice: submits are refused past incoming_txs_max pending.
-        handed: asyncio.Queue[LocalSubmit] = asyncio.Queue()
+        handed = _LocalWatch()
         self._local_watchers.add(handed)
         try:
             pending = list(self.state.pending_local)
@@ -793,7 +840,7 @@ class TransactionStore:
                 yield await self._local_submit(tx_id)
             already = set(pending)
             while True:
-                submit = await handed.get()
+                submit = await handed.next()
                 if submit.tx_id in already:
                     already.discard(submit.tx_id)  # submitted while the pending were read
                     continue
