@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -823,7 +823,7 @@ class TransactionStore:
         begin = from_len - state.synced_offset
         return start, state.synced[begin : begin + count_max]
 
-    async def watch_local_submits(self) -> AsyncIterator[LocalSubmit]:
+    async def watch_local_submits(self) -> AsyncGenerator[LocalSubmit, None]:
         """Every local submit the protocol has not stamped yet (those pending when the
         watch starts first), each once, with its body. New ones are handed over as they
         become durable, not found by rescanning the pending ones at every write."""
