@@ -14,12 +14,16 @@ The file (TOML) names callers and their role::
 
 Roles: ``client`` may use the client API; ``reader`` may read (client reads, admin
 status and lookups); ``admin`` may do everything, including the admin calls that change
-the cluster (membership, pause and resume, log truncation). A call without credentials
-is answered UNAUTHENTICATED, one whose role is too weak PERMISSION_DENIED; every refusal
-is logged and counted (``txsync.access.refused``). Calls between a DC's own services
-(``StoreInternalService``) and between DCs (``PeerService``, guarded by mutual TLS) and
-health checks are not governed here: keep those ports on the cluster's network (the Helm
-chart's NetworkPolicy).
+the cluster (membership, pause and resume, log truncation). ``service`` is a DC's own
+services calling each other, and only it may call ``StoreInternalService`` (protocol
+steps, bodies, states), ``WorkerService`` (apply, snapshots; its reads are open to every
+role) and ``DispatchService`` (worker registration): anyone who could reach those could
+read every body or make a transaction that never ran show OK. The services send the
+token of ``TXSYNC_SERVICE_TOKEN`` on those calls (``rpc.new_channel(as_service=True)``).
+A call without credentials is answered UNAUTHENTICATED, one whose role is too weak
+PERMISSION_DENIED; every refusal is logged and counted (``txsync.access.refused``).
+Calls between DCs (``PeerService``, guarded by mutual TLS) and health checks are not
+governed here.
 """
 
 from __future__ import annotations
@@ -45,10 +49,16 @@ class Role(IntEnum):
     CLIENT = 1
     READER = 2
     ADMIN = 3
+    SERVICE = 4
 
 
 ADMIN_WRITES = {"ChangeMembership", "PauseSync", "ResumeSync", "TruncateLog"}
 CLIENT_WRITES = {"Submit", "SubmitBatch", "SubmitStream"}
+INTERNAL_SERVICES = {
+    "txsync.v1.StoreInternalService",
+    "txsync.v1.WorkerService",
+    "txsync.v1.DispatchService",
+}
 
 
 def required(method: str) -> set[Role] | None:
@@ -60,6 +70,10 @@ def required(method: str) -> set[Role] | None:
         return {Role.CLIENT, Role.READER, Role.ADMIN}
     if service == "txsync.v1.AdminService":
         return {Role.ADMIN} if name in ADMIN_WRITES else {Role.READER, Role.ADMIN}
+    if service == "txsync.v1.WorkerService" and name == "Query":
+        return {Role.CLIENT, Role.READER, Role.ADMIN, Role.SERVICE}  # forwarded reads
+    if service in INTERNAL_SERVICES:
+        return {Role.SERVICE}
     return None
 
 
@@ -93,7 +107,7 @@ class AccessPolicy:
                     raise AccessFileError(f'{where}: needs {key} = "..."')
                 role = str(entry.get("role", "")).upper()
                 if role not in Role.__members__:
-                    raise AccessFileError(f"{where}: role must be client, reader or admin")
+                    raise AccessFileError(f"{where}: role must be client, reader, admin or service")
                 caller = Caller(str(entry.get("name", entry[key])), Role[role])
                 if kind == "token":
                     try:
@@ -224,7 +238,8 @@ def add_access_argument(parser: Any) -> None:
         type=Path,
         metavar="TOML",
         help="require a bearer token or client certificate named in this file for the "
-        "client and admin APIs (default: open; see docs/operations.md)",
+        "client, admin and internal APIs (default: open; see docs/operations.md); the "
+        "DC's services send TXSYNC_SERVICE_TOKEN, which the file must give role service",
     )
 
 

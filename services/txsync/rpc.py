@@ -218,13 +218,74 @@ down for a minute (a restart on a loaded machine) could then go unreached for an
 two. Capped at 3 s, a restarted service is reached within seconds of listening."""
 
 
+SERVICE_TOKEN_ENV = "TXSYNC_SERVICE_TOKEN"
+"""The bearer token a DC's services present to each other (role ``service`` in the
+access file; ``txsync.access``)."""
+
+
+def _with_token(details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.ClientCallDetails:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()))
+    metadata.add("authorization", f"Bearer {token}")
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
+
+
+# A channel files each interceptor under the first call kind it implements, so the four
+# kinds need four objects.
+class _TokenUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_token(details, self._token), request)
+
+
+class _TokenUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_token(details, self._token), request)
+
+
+class _TokenStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_with_token(details, self._token), requests)
+
+
+class _TokenStreamStream(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_with_token(details, self._token), requests)
+
+
+def service_token_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
+    """Interceptors that add ``token`` as a bearer token to every call of a channel."""
+    return [
+        _TokenUnaryUnary(token),
+        _TokenUnaryStream(token),
+        _TokenStreamUnary(token),
+        _TokenStreamStream(token),
+    ]
+
+
 def new_channel(
     address: str,
     credentials: grpc.ChannelCredentials | None = None,
     options: Sequence[tuple[str, Any]] = (),
+    *,
+    as_service: bool = False,
 ) -> grpc.aio.Channel:
     """A channel whose calls are traced and carry the current trace context in their
-    metadata; TLS when ``credentials`` are given."""
+    metadata; TLS when ``credentials`` are given. ``as_service``: a call to another of
+    the DC's own services, which carries the service token if one is set
+    (``TXSYNC_SERVICE_TOKEN``)."""
     all_options = [
         ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
         ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
@@ -236,6 +297,9 @@ def new_channel(
         from opentelemetry.instrumentation.grpc import aio_client_interceptors  # noqa: PLC0415
 
         interceptors = aio_client_interceptors(filter_=_traced())
+    token = os.environ.get(SERVICE_TOKEN_ENV, "") if as_service else ""
+    if token:
+        interceptors = [*interceptors, *service_token_interceptors(token)]
     if credentials is None:
         return grpc.aio.insecure_channel(address, all_options, interceptors=interceptors)
     return grpc.aio.secure_channel(address, credentials, all_options, interceptors=interceptors)

@@ -75,6 +75,8 @@ def test_the_master_pod_runs_three_services_wired_to_the_whole_cluster() -> None
     assert (
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger.observability.svc.cluster.local:4317"
     )
+    kinds = {o["kind"] for o in objects}
+    assert "NetworkPolicy" in kinds, "on by default: internal ports answer the DC's own pods"
     text = notes(values, "txsync-dc2", "txsync-dc2")
     assert "txsync status --endpoints 127.0.0.1:7001" in text
     assert "kubectl -n txsync-dc2 scale statefulset txsync-dc2-workers" in text
@@ -135,3 +137,17 @@ def test_the_tiltfile_parses_and_names_files_that_exist() -> None:
     named = set(re.findall(r'"((?:k8s|helm|scripts)/[^"\s]+)', source))
     named |= {f"k8s/three-dcs/{dc}.yaml" for dc in ("dc1", "dc2", "dc3")}
     assert named and all((ROOT / path).exists() for path in named), named
+
+
+def test_with_access_control_every_service_presents_the_service_token() -> None:
+    values = merged(example_values("three-dcs", "dc1.yaml"), {"access": {"secretName": "acc"}})
+    objects = render(values, "txsync-dc1", "txsync-dc1")
+    sets = [o for o in objects if o["kind"] == "StatefulSet"]
+    containers = [c for s in sets for c in s["spec"]["template"]["spec"]["containers"]]
+    assert sorted(c["name"] for c in containers) == [
+        "sync-coordinator", "transaction-store", "worker", "worker-dispatch",
+    ]  # fmt: skip
+    for container in containers:
+        assert "--access-file=/etc/txsync/access/access.toml" in container["args"]
+        token = next(e for e in container["env"] if e["name"] == "TXSYNC_SERVICE_TOKEN")
+        assert token["valueFrom"]["secretKeyRef"] == {"name": "acc", "key": "service-token"}

@@ -1,5 +1,7 @@
 """Access control: with --access-file the client and admin APIs want a token with the
-right role, refusals are counted, and the DC's front door passes the caller's token on."""
+right role, refusals are counted, and the DC's front door passes the caller's token on.
+The internal APIs (store, worker, dispatch) answer only the DC's own services, which
+present TXSYNC_SERVICE_TOKEN; a whole DC applies transactions so."""
 
 from __future__ import annotations
 
@@ -7,16 +9,34 @@ import hashlib
 import subprocess
 import sys
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 
-from tests.support.processes import free_port, sync_coordinator, transaction_store
-from txsync.rpc import health_status
-from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
+from tests.support.processes import (
+    free_port,
+    sync_coordinator,
+    transaction_store,
+    worker,
+    worker_dispatch,
+)
+from txsync.rpc import SERVICE_TOKEN_ENV, health_status
+from txsync.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+    store_pb2,
+    store_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 
-TOKENS = {"client": "c-secret", "reader": "r-secret", "admin": "a-secret"}
+TOKENS = {"client": "c-secret", "reader": "r-secret", "admin": "a-secret", "service": "s-secret"}
 
 
 def _access_file(path: Path) -> Path:
@@ -42,7 +62,10 @@ def _code(call: Callable[[], object]) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-def test_tokens_and_roles_guard_the_client_and_admin_apis(tmp_path: Path) -> None:
+def test_tokens_and_roles_guard_the_client_and_admin_apis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SERVICE_TOKEN_ENV, TOKENS["service"])  # the coordinator's
     access = _access_file(tmp_path / "access.toml")
     coordinator_port = free_port()
     metrics = f"127.0.0.1:{free_port()}"
@@ -94,8 +117,26 @@ def test_tokens_and_roles_guard_the_client_and_admin_apis(tmp_path: Path) -> Non
             assert local.mode == admin_pb2.SYNC_MODE_PAUSED
             assert health_status(channel) == 1, "health checks need no token"
 
+            internal = store_pb2_grpc.StoreInternalServiceStub(channel)
+
+            def advance(role: str | None) -> grpc.StatusCode:
+                # A transaction that never ran, made to show OK: only a service may.
+                change = store_pb2.StateChange(tx_id="x", state=common_pb2.TX_STATE_OK)
+                request = store_pb2.AdvanceStatesRequest(changes=[change], service="x")
+                return _code(lambda: internal.AdvanceStates(request, metadata=_as(role)))
+
+            def read_bodies(role: str | None) -> grpc.StatusCode:
+                request = store_pb2.ReadBodiesRequest(tx_ids=[str(uuid.uuid4())])
+                return _code(lambda: internal.ReadBodies(request, metadata=_as(role)))
+
+            assert advance(None) is grpc.StatusCode.UNAUTHENTICATED
+            assert advance("admin") is grpc.StatusCode.PERMISSION_DENIED
+            assert read_bodies("client") is grpc.StatusCode.PERMISSION_DENIED
+            assert read_bodies("service") is grpc.StatusCode.OK
+
         with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as answer:
             scraped = answer.read().decode()
+
         refused = {
             reason: float(line.rsplit(" ", 1)[1])
             for line in scraped.splitlines()
@@ -103,7 +144,7 @@ def test_tokens_and_roles_guard_the_client_and_admin_apis(tmp_path: Path) -> Non
             for reason in ("unauthenticated", "forbidden")
             if f'reason="{reason}"' in line
         }
-        assert refused == {"unauthenticated": 2, "forbidden": 3}, refused
+        assert refused == {"unauthenticated": 3, "forbidden": 5}, refused
         assert "refused /txsync.v1.AdminService/PauseSync" in store.log()
 
         def cli(*token: str) -> subprocess.CompletedProcess[str]:
@@ -132,4 +173,52 @@ def test_a_bad_access_file_stops_the_service_with_a_clear_message(tmp_path: Path
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
-    assert "role must be client, reader or admin" in result.stderr
+    assert "role must be client, reader, admin or service" in result.stderr
+
+
+def test_a_dc_under_access_control_applies_and_its_worker_answers_only_services(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store, coordinator, dispatch and worker all with --access-file: the services find
+    each other with the service token, and a worker refuses anyone else's Apply."""
+    monkeypatch.setenv(SERVICE_TOKEN_ENV, TOKENS["service"])
+    access = str(_access_file(tmp_path / "access.toml"))
+    store = transaction_store(tmp_path / "store", "dc1", "--access-file", access)
+    store.start()
+    coordinator = sync_coordinator(
+        tmp_path, "dc1", store.address, free_port(), {}, "--plaintext", "--access-file", access
+    )
+    the_worker = worker(tmp_path / "w1", "w1", "--access-file", access)
+    dispatch = None
+    try:
+        coordinator.start()
+        the_worker.start()
+        dispatch = worker_dispatch(
+            tmp_path / "dispatch", store.address, {"w1": the_worker.address},
+            "--access-file", access,
+        )  # fmt: skip
+        dispatch.start()
+        with grpc.insecure_channel(store.address) as channel:
+            client = client_pb2_grpc.ClientServiceStub(channel)
+            body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="CREATE TABLE t (a)")])
+            request = client_pb2.SubmitRequest(body=body, wait_for=common_pb2.TX_STATE_OK)
+            answer = client.Submit(request, metadata=_as("client"), timeout=120)
+            assert answer.state == common_pb2.TX_STATE_OK
+        with grpc.insecure_channel(the_worker.address) as channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            beat = worker_pb2.HeartbeatRequest()
+            assert _code(lambda: stub.Heartbeat(beat)) is grpc.StatusCode.UNAUTHENTICATED
+            apply = worker_pb2.ApplyRequest(position=2, tx_id="x", body=body)
+            without = _code(lambda: list(stub.Apply(iter([apply]))))
+            assert without is grpc.StatusCode.UNAUTHENTICATED
+            as_admin = _code(lambda: list(stub.Apply(iter([apply]), metadata=_as("admin"))))
+            assert as_admin is grpc.StatusCode.PERMISSION_DENIED
+            query = worker_pb2.WorkerServiceQueryRequest(
+                statement=common_pb2.Statement(sql="SELECT count(*) FROM t")
+            )
+            assert stub.Query(query, metadata=_as("reader")).position == 1
+            assert stub.Heartbeat(beat, metadata=_as("service")).position == 1
+    finally:
+        for process in (dispatch, the_worker, coordinator, store):
+            if process is not None:
+                process.terminate()

@@ -62,6 +62,10 @@ message naming the problem.
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
 - name: POD_NAMESPACE
   valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+{{- if .Values.access.secretName }}
+- name: TXSYNC_SERVICE_TOKEN
+  valueFrom: {secretKeyRef: {name: {{ .Values.access.secretName }}, key: service-token}}
+{{- end }}
 {{- if .Values.otel.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ .Values.otel.endpoint | quote }}

@@ -390,7 +390,7 @@ class Coordinator:
     def __init__(self, config: CoordinatorConfig, metrics: Metrics | None = None) -> None:
         self.config = config
         self.events: asyncio.Queue[Event] = asyncio.Queue(maxsize=EVENTS_MAX)
-        self._store_channel = new_channel(config.store_address)
+        self._store_channel = new_channel(config.store_address, as_service=True)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.links = {
             peer: PeerLink(peer, address, config.rpc_timeout_s, config.tls)

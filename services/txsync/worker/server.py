@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from txsync.access import add_access_argument, guarded_serving
 from txsync.rpc import (
     add_health_and_reflection,
     add_service,
@@ -52,7 +53,7 @@ REREGISTER_CHECK_S = 1.0
 
 async def _register(dispatch: str, request: worker_pb2.RegisterWorkerRequest) -> None:
     """Register with dispatch, retrying until it answers (it may start after us)."""
-    async with new_channel(dispatch) as channel:
+    async with new_channel(dispatch, as_service=True) as channel:
         stub = worker_pb2_grpc.DispatchServiceStub(channel)
         while True:
             try:
@@ -88,7 +89,7 @@ async def _stay_registered(
 
 
 async def _drain(dispatch: str, worker_id: str) -> None:
-    async with new_channel(dispatch) as channel:
+    async with new_channel(dispatch, as_service=True) as channel:
         stub = worker_pb2_grpc.DispatchServiceStub(channel)
         try:
             await stub.DrainWorker(worker_pb2.DrainWorkerRequest(worker_id=worker_id), timeout=5)
@@ -108,14 +109,13 @@ async def serve(
     dispatch: str | None = None,
     advertise: str | None = None,
     metrics_listen: str | None = None,
+    access_file: Path | None = None,
 ) -> int:
     servicer = WorkerServicer(worker_id, backend, scratch)
-    try:
-        telemetry.serve_metrics(metrics_listen)
-    except OSError as error:
-        log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
+    interceptors = guarded_serving(telemetry, metrics_listen, access_file)
+    if interceptors is None:
         return 2
-    server = new_server()
+    server = new_server(*interceptors)
     add_service(server, servicer, WORKER_SERVICE)
     health = add_health_and_reflection(server, [WORKER_SERVICE])
     port = server.add_insecure_port(listen)
@@ -214,6 +214,7 @@ def register(commands: Any) -> None:
                         help="SQLite's memory in this worker process, reads included "
                              f"(default {HEAP_BYTES_MAX_DEFAULT // 2**20} MiB); a "
                              "transaction needing more is FAILED, naming this limit")  # fmt: skip
+    add_access_argument(parser)
     add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
 
@@ -270,5 +271,6 @@ def run(options: argparse.Namespace) -> int:
             dispatch=options.dispatch,
             metrics_listen=options.metrics_listen,
             advertise=options.advertise,
+            access_file=options.access_file,
         )
     )

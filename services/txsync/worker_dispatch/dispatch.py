@@ -134,7 +134,7 @@ class Dispatch:
     ) -> None:
         self.stuck_after_s = stuck_after_s
         """A worker with work in flight and no outcome for this long is taken out."""
-        self._store_channel = new_channel(store_address)
+        self._store_channel = new_channel(store_address, as_service=True)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.workers: dict[str, WorkerLink] = {}
         for worker_id, address in workers.items():
@@ -173,7 +173,7 @@ class Dispatch:
         ]
 
     def _link(self, worker_id: str, address: str) -> WorkerLink:
-        channel = new_channel(address)
+        channel = new_channel(address, as_service=True)
         link = WorkerLink(worker_id, address, channel, worker_pb2_grpc.WorkerServiceStub(channel))
         self.workers[worker_id] = link
         return link
