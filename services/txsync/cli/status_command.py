@@ -199,6 +199,7 @@ def run_workers(options: argparse.Namespace) -> int:
         return run_scale(options)
     listed: dict[str, list[dict[str, Any]]] = {}
     failures = []
+    alarms = []
     for asked in all_targets(options):
         try:
             with channel(asked.address) as open_channel:
@@ -209,6 +210,7 @@ def run_workers(options: argparse.Namespace) -> int:
         except grpc.RpcError as error:
             failures.append(f"{asked.dc or asked.address}: {describe(error)}")
             continue
+        alarms += [f"{asked.dc or asked.address}: ALARM {alarm}" for alarm in answer.alarms]
         listed[asked.dc or asked.address] = [
             {
                 "worker": w.worker_id,
@@ -235,8 +237,10 @@ def run_workers(options: argparse.Namespace) -> int:
         print_table(rows)
         for failure in failures:
             print(f"(not answering: {failure})")
+    for alarm in alarms:
+        print(alarm, file=sys.stderr)
     fine = all(w["healthy"] and not w["out_of_sync"] for ws in listed.values() for w in ws)
-    return 0 if fine and not failures else 1
+    return 0 if fine and not failures and not alarms else 1
 
 
 def register(commands: Any) -> None:

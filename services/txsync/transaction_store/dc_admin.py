@@ -164,6 +164,9 @@ class DcAdmin:
                     f"{status.workers_total - status.workers_healthy} of "
                     f"{status.workers_total} workers unhealthy or out of sync"
                 )
+            if workers.alarms:
+                status.healthy = False
+                status.alarms.extend(f"worker-dispatch: {alarm}" for alarm in workers.alarms)
         elif isinstance(workers, str):
             status.alarms.append(f"worker-dispatch {workers}")
             status.healthy = False

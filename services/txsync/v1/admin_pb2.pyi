@@ -353,18 +353,28 @@ class ListWorkersResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WORKERS_FIELD_NUMBER: _builtins.int
+    ALARMS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def workers(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerStatus]: ...
+    @_builtins.property
+    def alarms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What is wrong with the DC's pipeline as a whole (e.g. it restarts in a loop); any
+        alarm makes the DC unhealthy.
+        """
+
     def __init__(
         self,
         *,
         workers: _abc.Iterable[Global___WorkerStatus] | None = ...,
+        alarms: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "alarms", b"alarms", "workers", b"workers"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

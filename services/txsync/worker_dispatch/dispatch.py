@@ -68,6 +68,11 @@ STUCK_RETRY_MAX_S = 300.0
 """The longest a stuck worker that does not move waits before it is fed again."""
 STATE_BATCH_MAX = 512
 """State changes sent to the store in one call."""
+RESTART_LOOP_WINDOW_S = 60.0
+RESTART_LOOP_COUNT = 20
+"""A pipeline that restarts this many times within the window is in a loop (a worker
+that fails at once on every start, a store that refuses what dispatch records): an alarm
+that makes the DC unhealthy, until a window passes without that many."""
 STATES_RETRIED = frozenset({
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -109,6 +114,31 @@ class WorkerLink:
     recovery_progress: float = 0.0
     """0..1 while a snapshot is copied to it."""
     recoveries: int = 0
+
+
+class RestartLoop:
+    """Tells a pipeline that restarts in a loop from one that restarts now and then:
+    ``RESTART_LOOP_COUNT`` restarts within ``RESTART_LOOP_WINDOW_S``, the last of them
+    within the window too. Times are given, so that it can be tested without a clock."""
+
+    def __init__(self) -> None:
+        self._restarts: deque[tuple[float, str]] = deque(maxlen=RESTART_LOOP_COUNT)
+
+    def record(self, now: float, why: str) -> None:
+        self._restarts.append((now, why))
+
+    def alarm(self, now: float) -> str:
+        """The alarm's text, or "" when there is none."""
+        restarts = self._restarts
+        if len(restarts) < RESTART_LOOP_COUNT:
+            return ""
+        span = restarts[-1][0] - restarts[0][0]
+        if span > RESTART_LOOP_WINDOW_S or now - restarts[-1][0] > RESTART_LOOP_WINDOW_S:
+            return ""
+        return (
+            f"the pipeline restarted {len(restarts)} times in {span:.0f} s "
+            f"(last: {restarts[-1][1]})"
+        )
 
 
 class _Restart(Exception):
@@ -153,6 +183,7 @@ class Dispatch:
         """Set once every worker was asked once: the testing role is chosen among all."""
         self._changes: list[store_pb2.StateChange] = []
         self._changes_ready = asyncio.Event()
+        self.restarts = RestartLoop()
 
     def _gauges(self) -> list[Gauge]:
         def healthy() -> float:
@@ -302,17 +333,29 @@ class Dispatch:
                     await self._pipeline(tester, [w for w in ready if w is not tester])
                 except _Restart as why:
                     log.info("pipeline restarts: %s", why)
+                    self._restarted(str(why))
                 except grpc.aio.AioRpcError as error:
                     log.warning("pipeline restarts: %s %s", error.code().name, error.details())
+                    self._restarted(f"{error.code().name} {error.details()}")
                     await asyncio.sleep(0.2)
-                except Exception:
+                except Exception as error:
                     # A bug must not stop the DC applying: log it whole and start over.
                     log.exception("pipeline failed; restarting")
+                    self._restarted(f"{type(error).__name__}: {error}")
                     await asyncio.sleep(1)
         finally:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
+
+    def _restarted(self, why: str) -> None:
+        self.restarts.record(time.monotonic(), why)
+
+    def alarms(self) -> list[str]:
+        """What is wrong with the pipeline as a whole (``ListWorkers``; the DC's status
+        turns unhealthy)."""
+        alarm = self.restarts.alarm(time.monotonic())
+        return [alarm] if alarm else []
 
     async def _pipeline(self, tester: WorkerLink, followers: list[WorkerLink]) -> None:
         start = min(w.position for w in (tester, *followers)) + 1
