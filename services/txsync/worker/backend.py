@@ -23,6 +23,10 @@ core here (48M steps/s), room for a transaction that changes ~10M rows. Counted,
 timed, so every replica reaches the same verdict on the same data (docs/workers.md)."""
 VALUE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 """The largest string or blob a statement may make (SQLite's SQLITE_LIMIT_LENGTH)."""
+STATEMENT_TIMEOUT_MS_DEFAULT = 10_000
+"""PostgreSQL workers: one statement's time (``statement_timeout``). Timed, not counted:
+on a busy replica a statement may pass it where the testing worker did not, and that
+replica is then out of sync and recovered from a snapshot (docs/workers.md)."""
 HEAP_BYTES_MAX_DEFAULT = 512 * 1024 * 1024
 """SQLite's memory in one worker process (PRAGMA hard_heap_limit): room for the largest
 value several times over, and six workers of a laptop's ``dev up`` stay within 3 GiB."""

@@ -7,10 +7,15 @@ position advances with the outcome FAILED. Statements use ``?`` placeholders as 
 SQLite (a transaction is applied by every DC's workers, so it has one text); they are
 rewritten to psycopg's ``%s`` outside string literals.
 
-User statements may not control transactions or write the ``_txsync_`` tables (checked on
-the text: PostgreSQL has no per-statement authorizer). Reads run in a read-only,
-repeatable-read transaction that also reads the applied position, so rows and position
-come from one snapshot.
+The bookkeeping lives in schema ``_txsync`` (``applied``, ``outcomes``) and user
+statements run as a role without rights on it, checked first by PostgreSQL's own parser
+(``postgres_guard``); each statement has ``statement_timeout_ms`` (``SET LOCAL``).
+Reads run in a read-only, repeatable-read transaction, as the same role, that also
+reads the applied position, so rows and position come from one snapshot.
+
+The worker's own connection (the conninfo it is given) must be able to create the
+schema and the role (``CREATEROLE``) at start-up; it owns the bookkeeping, and hands the
+user tables to the role (once, for tables made before the role existed).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from txsync.v1 import common_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     OUTCOMES_KEPT,
+    STATEMENT_TIMEOUT_MS_DEFAULT,
     ApplyInterrupted,
     ApplyOrderError,
     BatchApplied,
@@ -42,29 +48,77 @@ from txsync.worker.backend import (
     to_python,
 )
 from txsync.worker.outcomes import GENESIS_DIGEST, Applied, Outcome, next_digest
+from txsync.worker.postgres_guard import (
+    BOOKKEEPING_SCHEMA,
+    USER_ROLE,
+    Refused,
+    check_parameter,
+    check_statement,
+)
 
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS _txsync_applied (
+_GENESIS_ROW = f"""INSERT INTO {BOOKKEEPING_SCHEMA}.applied VALUES (1, 0, '', %s)
+    ON CONFLICT (id) DO NOTHING"""
+_SETUP = (
+    f"CREATE SCHEMA IF NOT EXISTS {BOOKKEEPING_SCHEMA}",
+    # Before the schema existed the bookkeeping lived in public, where users could reach it.
+    f"""DO $$ BEGIN
+        IF to_regclass('public._txsync_applied') IS NOT NULL
+           AND to_regclass('{BOOKKEEPING_SCHEMA}.applied') IS NULL THEN
+            ALTER TABLE public._txsync_applied SET SCHEMA {BOOKKEEPING_SCHEMA};
+            ALTER TABLE {BOOKKEEPING_SCHEMA}._txsync_applied RENAME TO applied;
+            ALTER TABLE public._txsync_outcomes SET SCHEMA {BOOKKEEPING_SCHEMA};
+            ALTER TABLE {BOOKKEEPING_SCHEMA}._txsync_outcomes RENAME TO outcomes;
+        END IF;
+    END $$""",
+    f"""CREATE TABLE IF NOT EXISTS {BOOKKEEPING_SCHEMA}.applied (
         id INTEGER PRIMARY KEY CHECK (id = 1),
         position BIGINT NOT NULL,
         tx_id TEXT NOT NULL,
         state_digest BYTEA NOT NULL)""",
-    """INSERT INTO _txsync_applied VALUES (1, 0, '', %s) ON CONFLICT (id) DO NOTHING""",
-    """CREATE TABLE IF NOT EXISTS _txsync_outcomes (
+    _GENESIS_ROW,
+    f"""CREATE TABLE IF NOT EXISTS {BOOKKEEPING_SCHEMA}.outcomes (
         position BIGINT PRIMARY KEY,
         tx_id TEXT NOT NULL,
         ok BOOLEAN NOT NULL,
         rows_affected TEXT NOT NULL,
         state_digest BYTEA NOT NULL,
         error TEXT NOT NULL)""",
+    f"""DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{USER_ROLE}') THEN
+            CREATE ROLE {USER_ROLE} NOLOGIN;
+        END IF;
+    END $$""",
+    f"REVOKE ALL ON SCHEMA {BOOKKEEPING_SCHEMA} FROM PUBLIC",
+    "REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+    f"GRANT USAGE, CREATE ON SCHEMA public TO {USER_ROLE}",
+    "REVOKE USAGE ON LANGUAGE sql, plpgsql FROM PUBLIC",
+    # The user tables belong to the role (those made before it existed, or restored from
+    # a snapshot, belong to the worker's own user): their DDL needs ownership.
+    f"""DO $$ DECLARE item record; BEGIN
+        FOR item IN SELECT c.relname, c.relkind FROM pg_class c
+                JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+                AND pg_get_userbyid(c.relowner) <> '{USER_ROLE}' LOOP
+            EXECUTE format('ALTER %s public.%I OWNER TO {USER_ROLE}',
+                CASE item.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                    WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, item.relname);
+        END LOOP;
+    END $$""",
 )
-_TRANSACTION_CONTROL = re.compile(
-    r"^\s*(begin|start\s+transaction|commit|end|rollback|abort|savepoint|release|"
-    r"prepare\s+transaction|set\s+(session\s+)?transaction|set\s+session\s+characteristics)\b",
-    re.IGNORECASE,
-)
-_BOOKKEEPING = re.compile(r"\b_txsync_\w+", re.IGNORECASE)
+_APPLIED = f"{BOOKKEEPING_SCHEMA}.applied"
+_OUTCOMES = f"{BOOKKEEPING_SCHEMA}.outcomes"
 _LITERAL_OR_PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
+
+
+def to_numbered(sql: str) -> str:
+    """``?`` placeholders as PostgreSQL's own ``$1, $2, ...`` (what its parser reads)."""
+    numbers = iter(range(1, 100_000))
+
+    def replace(match: re.Match[str]) -> str:
+        token = match.group(0)
+        return f"${next(numbers)}" if token == "?" else token
+
+    return _LITERAL_OR_PLACEHOLDER.sub(replace, sql)
 
 
 def to_psycopg(sql: str) -> str:
@@ -75,15 +129,6 @@ def to_psycopg(sql: str) -> str:
         return {"?": "%s", "%": "%%"}.get(token, token)
 
     return _LITERAL_OR_PLACEHOLDER.sub(replace, sql)
-
-
-def _refusal(sql: str) -> str | None:
-    if _TRANSACTION_CONTROL.match(sql):
-        return "not authorized: transaction control belongs to the worker"
-    code = re.sub(r"'(?:[^']|'')*'", "''", sql)
-    if _BOOKKEEPING.search(code):
-        return "not authorized: the _txsync_ tables are the worker's bookkeeping"
-    return None
 
 
 def _pg_tool(name: str, *args: str) -> None:
@@ -112,15 +157,24 @@ def _plain(value: object) -> object:
 class PostgresBackend:
     name = "postgresql"
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(
+        self, conninfo: str, *, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS_DEFAULT
+    ) -> None:
         self._conninfo = conninfo
+        self.statement_timeout_ms = statement_timeout_ms
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._conn = psycopg.connect(conninfo, autocommit=True)
-        with self._conn.transaction():
-            for statement in _SCHEMA:
-                params = (GENESIS_DIGEST,) if "%s" in statement else None
-                self._conn.execute(statement, params)
+        self._set_up(self._conn)
+
+    @staticmethod
+    def _set_up(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        # Serialised: workers of one cluster creating the role at once would collide.
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('txsync worker set-up'))")
+            for statement in _SETUP:
+                params = (GENESIS_DIGEST,) if statement is _GENESIS_ROW else None
+                conn.execute(statement, params)
 
     def close(self) -> None:
         with self._lock:
@@ -139,9 +193,7 @@ class PostgresBackend:
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
-            row = conn.execute(
-                "SELECT position, tx_id, state_digest FROM _txsync_applied"
-            ).fetchone()
+            row = conn.execute(f"SELECT position, tx_id, state_digest FROM {_APPLIED}").fetchone()
             assert exported is not None and row is not None
             _pg_tool("pg_dump", f"--snapshot={exported[0]}", "--format=custom",
                      f"--file={target}", self._conninfo)  # fmt: skip
@@ -155,18 +207,19 @@ class PostgresBackend:
             self._conn.close()
             with psycopg.connect(self._conninfo, autocommit=True) as conn:
                 conn.execute("DROP SCHEMA public CASCADE")
+                conn.execute(f"DROP SCHEMA IF EXISTS {BOOKKEEPING_SCHEMA} CASCADE")
                 conn.execute("CREATE SCHEMA public")
             _pg_tool("pg_restore", "--single-transaction", "--exit-on-error", "--no-owner",
+                     "--clean", "--if-exists",
                      f"--dbname={self._conninfo}", str(snapshot))  # fmt: skip
             self._conn = psycopg.connect(self._conninfo, autocommit=True)
+            self._set_up(self._conn)
         return self.applied()
 
     def applied(self) -> Applied:
         """The committed position, on a connection of its own (never waits for an apply)."""
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT position, tx_id, state_digest FROM _txsync_applied"
-            ).fetchone()
+            row = conn.execute(f"SELECT position, tx_id, state_digest FROM {_APPLIED}").fetchone()
         assert row is not None
         return Applied(int(row[0]), str(row[1]), bytes(row[2]))
 
@@ -194,7 +247,7 @@ class PostgresBackend:
         position, tx_id, body, run = item.position, item.tx_id, item.body, item.run
         conn = self._conn
         row = conn.execute(
-            "SELECT position, tx_id, state_digest FROM _txsync_applied FOR UPDATE"
+            f"SELECT position, tx_id, state_digest FROM {_APPLIED} FOR UPDATE"
         ).fetchone()
         assert row is not None
         last, digest = int(row[0]), bytes(row[2])
@@ -208,63 +261,104 @@ class PostgresBackend:
             ok, rows, error = self._run(conn, body)
         digest = next_digest(digest, position, tx_id, body, ok=ok, rows_affected=rows)
         conn.execute(
-            "UPDATE _txsync_applied SET position = %s, tx_id = %s, state_digest = %s",
+            f"UPDATE {_APPLIED} SET position = %s, tx_id = %s, state_digest = %s",
             (position, tx_id, digest),
         )
         conn.execute(
-            "INSERT INTO _txsync_outcomes VALUES (%s, %s, %s, %s, %s, %s)",
+            f"INSERT INTO {_OUTCOMES} VALUES (%s, %s, %s, %s, %s, %s)",
             (position, tx_id, ok, ",".join(map(str, rows)), digest, error),
         )
-        conn.execute(
-            "DELETE FROM _txsync_outcomes WHERE position <= %s", (position - OUTCOMES_KEPT,)
-        )
+        conn.execute(f"DELETE FROM {_OUTCOMES} WHERE position <= %s", (position - OUTCOMES_KEPT,))
         return Outcome(position, tx_id, ok, rows, digest, error)
 
     def _run(
         self, conn: psycopg.Connection[tuple[object, ...]], body: common_pb2.TxBody
     ) -> tuple[bool, tuple[int, ...], str]:
+        """The statements, as ``USER_ROLE`` under the statement timeout, in a savepoint."""
         rows: list[int] = []
+        try:
+            for statement in body.statements:
+                check_statement(to_numbered(statement.sql))
+                for param in statement.params:
+                    check_parameter(to_python(param))
+        except Refused as refused:
+            return False, (), f"refused: {refused}"
+        conn.execute(f"SET LOCAL statement_timeout = {int(self.statement_timeout_ms)}")
+        conn.execute("SET LOCAL search_path = public")
+        conn.execute(f"SET LOCAL ROLE {USER_ROLE}")
         try:
             with conn.transaction():  # a savepoint inside the apply transaction
                 for statement in body.statements:
-                    refusal = _refusal(statement.sql)
-                    if refusal is not None:
-                        raise psycopg.errors.InsufficientPrivilege(refusal)
                     params = [to_python(p) for p in statement.params]
                     cursor = conn.execute(psql.SQL(to_psycopg(statement.sql)), params)
                     rows.append(max(cursor.rowcount, 0))
+        except psycopg.errors.QueryCanceled as error:
+            if self._stopping.is_set():
+                raise ApplyInterrupted("the worker is stopping") from error
+            return (
+                False,
+                (),
+                (
+                    f"a statement ran past the limit of {self.statement_timeout_ms:,} ms "
+                    "(worker --statement-timeout-ms)"
+                ),
+            )
         except psycopg.Error as error:
             if self._stopping.is_set():
                 raise ApplyInterrupted("the worker is stopping") from error
             return False, (), f"{type(error).__name__}: {error}".strip()
+        finally:
+            self._back_to_the_worker(conn)
         return True, tuple(rows), ""
+
+    @staticmethod
+    def _back_to_the_worker(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """Check, at the protocol level, that the user's statements left the worker's
+        transaction open and the role as it was set (the guard refuses what could change
+        either; this is the proof), then take the role back for the bookkeeping."""
+        status = conn.info.transaction_status
+        if status != psycopg.pq.TransactionStatus.INTRANS:
+            raise RuntimeError(f"a user statement ended the worker's transaction ({status.name})")
+        row = conn.execute("SELECT current_user").fetchone()
+        if row is None or row[0] != USER_ROLE:
+            raise RuntimeError(f"a user statement changed the role to {row}")
+        conn.execute("RESET ROLE")
 
     def position_of(self, tx_id: str) -> int | None:
         with self._lock:
             row = self._conn.execute(
-                "SELECT position FROM _txsync_outcomes WHERE tx_id = %s", (tx_id,)
+                f"SELECT position FROM {_OUTCOMES} WHERE tx_id = %s", (tx_id,)
             ).fetchone()
         return None if row is None else int(row[0])
 
     def _recorded(self, position: int, tx_id: str) -> Outcome:
         row = self._conn.execute(
-            "SELECT tx_id, ok, rows_affected, state_digest, error FROM _txsync_outcomes "
+            f"SELECT tx_id, ok, rows_affected, state_digest, error FROM {_OUTCOMES} "
             "WHERE position = %s",
             (position,),
         ).fetchone()
         return recorded_outcome(position, tx_id, row)
 
     def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult:
-        refusal = _refusal(statement.sql)
-        if refusal is not None:
-            raise QueryRefused(refusal)
+        try:
+            check_statement(to_numbered(statement.sql), read=True)
+        except Refused as refused:
+            raise QueryRefused(f"refused: {refused}") from None
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
-                row = conn.execute("SELECT position FROM _txsync_applied").fetchone()
+                row = conn.execute(f"SELECT position FROM {_APPLIED}").fetchone()
                 assert row is not None
+                conn.execute(f"SET LOCAL statement_timeout = {int(self.statement_timeout_ms)}")
+                conn.execute("SET LOCAL search_path = public")
+                conn.execute(f"SET LOCAL ROLE {USER_ROLE}")
                 params = [to_python(p) for p in statement.params]
                 cursor = conn.execute(psql.SQL(to_psycopg(statement.sql)), params)
+            except psycopg.errors.QueryCanceled:
+                raise QueryRefused(
+                    f"the query ran past the limit of {self.statement_timeout_ms:,} ms "
+                    "(worker --statement-timeout-ms)"
+                ) from None
             except psycopg.Error as error:
                 raise QueryRefused(f"{type(error).__name__}: {error}".strip()) from None
             columns = tuple(d.name for d in cursor.description or ())

@@ -36,6 +36,7 @@ from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import worker_pb2, worker_pb2_grpc
 from txsync.worker.backend import (
     HEAP_BYTES_MAX_DEFAULT,
+    STATEMENT_TIMEOUT_MS_DEFAULT,
     STEPS_MAX_DEFAULT,
     VALUE_BYTES_MAX_DEFAULT,
     Backend,
@@ -198,7 +199,7 @@ def register(commands: Any) -> None:
                         help="how long in-flight calls may finish at shutdown; an apply "
                              "still running then is abandoned, without a verdict")  # fmt: skip
     limits = parser.add_argument_group(
-        "limits (SQLite; the same at every worker, so every replica reaches one verdict)"
+        "limits (the same at every worker, so every replica reaches one verdict)"
     )
     limits.add_argument("--steps-max", type=_positive_int, default=STEPS_MAX_DEFAULT,
                         metavar="STEPS",
@@ -214,6 +215,11 @@ def register(commands: Any) -> None:
                         help="SQLite's memory in this worker process, reads included "
                              f"(default {HEAP_BYTES_MAX_DEFAULT // 2**20} MiB); a "
                              "transaction needing more is FAILED, naming this limit")  # fmt: skip
+    limits.add_argument("--statement-timeout-ms", type=_positive_int,
+                        default=STATEMENT_TIMEOUT_MS_DEFAULT, metavar="MS",
+                        help="PostgreSQL: one statement's time (statement_timeout; default "
+                             f"{STATEMENT_TIMEOUT_MS_DEFAULT:,}); timed, so a busy replica may "
+                             "differ and is then recovered from a snapshot")  # fmt: skip
     add_access_argument(parser)
     add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
@@ -241,7 +247,7 @@ def _open_backend(options: argparse.Namespace) -> Backend:
     from txsync.worker.postgres_backend import PostgresBackend  # noqa: PLC0415
 
     try:
-        return PostgresBackend(options.postgres)
+        return PostgresBackend(options.postgres, statement_timeout_ms=options.statement_timeout_ms)
     except psycopg.Error as error:
         raise OSError(str(error)) from error
 
