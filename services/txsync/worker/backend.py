@@ -27,6 +27,12 @@ STATEMENT_TIMEOUT_MS_DEFAULT = 10_000
 """PostgreSQL workers: one statement's time (``statement_timeout``). Timed, not counted:
 on a busy replica a statement may pass it where the testing worker did not, and that
 replica is then out of sync and recovered from a snapshot (docs/workers.md)."""
+CONTENT_CHECK_EVERY_DEFAULT = 10_000
+"""Every this many positions the state digest also covers every user table's rows: a
+replica whose data went apart while its history matched (something nondeterministic that
+the guards missed, an edit behind the worker's back) is caught there as out of sync, and
+between DCs as a divergence. It reads the whole database, so it is not done every time
+(~1 s per million rows here). Every worker of a cluster must use the same value."""
 HEAP_BYTES_MAX_DEFAULT = 512 * 1024 * 1024
 """SQLite's memory in one worker process (PRAGMA hard_heap_limit): room for the largest
 value several times over, and six workers of a laptop's ``dev up`` stay within 3 GiB."""

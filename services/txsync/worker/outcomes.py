@@ -56,9 +56,12 @@ def next_digest(
     *,
     ok: bool,
     rows_affected: tuple[int, ...],
+    content: bytes = b"",
 ) -> bytes:
     """SHA-256 over the previous digest, the position, the id, the statements (their
-    deterministic encoding), the verdict and the rows affected."""
+    deterministic encoding), the verdict and the rows affected; at a content check
+    position, also the digest of every user table's rows (``content``), so that replicas
+    whose data went apart with the same history are told apart there."""
     sha = hashlib.sha256(previous)
     sha.update(struct.pack(">Q", position))
     sha.update(tx_id.encode())
@@ -68,4 +71,13 @@ def next_digest(
         sha.update(encoded)
     sha.update(b"OK" if ok else b"FAILED")
     sha.update(struct.pack(f">{len(rows_affected)}q", *rows_affected))
+    if content:
+        sha.update(b"CONTENT")
+        sha.update(content)
     return sha.digest()
+
+
+def is_content_check(position: int, every: int) -> bool:
+    """Whether the state digest at ``position`` covers the data (every worker of a
+    cluster must use the same ``every``; 0: never)."""
+    return every > 0 and position % every == 0

@@ -21,6 +21,7 @@ user tables to the role (once, for tables made before the role existed).
 from __future__ import annotations
 
 import glob
+import hashlib
 import re
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ from psycopg import sql as psql
 from txsync.v1 import common_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
+    CONTENT_CHECK_EVERY_DEFAULT,
     OUTCOMES_KEPT,
     STATEMENT_TIMEOUT_MS_DEFAULT,
     ApplyInterrupted,
@@ -47,7 +49,13 @@ from txsync.worker.backend import (
     recorded_outcome,
     to_python,
 )
-from txsync.worker.outcomes import GENESIS_DIGEST, Applied, Outcome, next_digest
+from txsync.worker.outcomes import (
+    GENESIS_DIGEST,
+    Applied,
+    Outcome,
+    is_content_check,
+    next_digest,
+)
 from txsync.worker.postgres_guard import (
     BOOKKEEPING_SCHEMA,
     USER_ROLE,
@@ -158,10 +166,15 @@ class PostgresBackend:
     name = "postgresql"
 
     def __init__(
-        self, conninfo: str, *, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS_DEFAULT
+        self,
+        conninfo: str,
+        *,
+        statement_timeout_ms: int = STATEMENT_TIMEOUT_MS_DEFAULT,
+        content_check_every: int = CONTENT_CHECK_EVERY_DEFAULT,
     ) -> None:
         self._conninfo = conninfo
         self.statement_timeout_ms = statement_timeout_ms
+        self.content_check_every = content_check_every
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._conn = psycopg.connect(conninfo, autocommit=True)
@@ -259,7 +272,12 @@ class PostgresBackend:
         rows: tuple[int, ...] = ()
         if run:
             ok, rows, error = self._run(conn, body)
-        digest = next_digest(digest, position, tx_id, body, ok=ok, rows_affected=rows)
+        content = (
+            _content_digest(conn) if is_content_check(position, self.content_check_every) else b""
+        )
+        digest = next_digest(
+            digest, position, tx_id, body, ok=ok, rows_affected=rows, content=content
+        )
         conn.execute(
             f"UPDATE {_APPLIED} SET position = %s, tx_id = %s, state_digest = %s",
             (position, tx_id, digest),
@@ -366,3 +384,21 @@ class PostgresBackend:
             result, truncated = collect_rows(found, max_rows, _plain)
             conn.execute("ROLLBACK")
             return QueryResult(columns, result, truncated, int(row[0]))
+
+
+def _content_digest(conn: psycopg.Connection[tuple[object, ...]]) -> bytes:
+    """SHA-256 over every user table's rows, tables by name and rows in the order of
+    their text form (computed by the server: md5 of each table's sorted rows)."""
+    sha = hashlib.sha256()
+    tables = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY c.relname"
+    ).fetchall()
+    for (name,) in tables:
+        query = psql.SQL(
+            "SELECT coalesce(md5(string_agg(r::text, E'\\n' ORDER BY r::text)), '') "
+            "FROM public.{} r"
+        ).format(psql.Identifier(str(name)))
+        row = conn.execute(query).fetchone()
+        sha.update(f"{name}\n{row[0] if row else ''}\n".encode())
+    return sha.digest()

@@ -35,6 +35,7 @@ from txsync.rpc import (
 from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import worker_pb2, worker_pb2_grpc
 from txsync.worker.backend import (
+    CONTENT_CHECK_EVERY_DEFAULT,
     HEAP_BYTES_MAX_DEFAULT,
     STATEMENT_TIMEOUT_MS_DEFAULT,
     STEPS_MAX_DEFAULT,
@@ -220,6 +221,12 @@ def register(commands: Any) -> None:
                         help="PostgreSQL: one statement's time (statement_timeout; default "
                              f"{STATEMENT_TIMEOUT_MS_DEFAULT:,}); timed, so a busy replica may "
                              "differ and is then recovered from a snapshot")  # fmt: skip
+    limits.add_argument("--content-check-every", type=_not_negative_int,
+                        default=CONTENT_CHECK_EVERY_DEFAULT, metavar="N",
+                        help="every N positions the state digest also covers all user "
+                             "data, so replicas whose data differ are caught (default "
+                             f"{CONTENT_CHECK_EVERY_DEFAULT:,}; 0: never); the same at "
+                             "every worker of the cluster")  # fmt: skip
     add_access_argument(parser)
     add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
@@ -232,6 +239,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _not_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 def _open_backend(options: argparse.Namespace) -> Backend:
     """The worker's database; psycopg is imported only for PostgreSQL (it costs a SQLite
     worker about 100 ms of start-up). Its errors come back as OSError."""
@@ -241,13 +255,18 @@ def _open_backend(options: argparse.Namespace) -> Backend:
             steps_max=options.steps_max,
             value_bytes_max=options.value_bytes_max,
             heap_bytes_max=options.heap_bytes_max,
+            content_check_every=options.content_check_every,
         )
     import psycopg  # noqa: PLC0415
 
     from txsync.worker.postgres_backend import PostgresBackend  # noqa: PLC0415
 
     try:
-        return PostgresBackend(options.postgres, statement_timeout_ms=options.statement_timeout_ms)
+        return PostgresBackend(
+            options.postgres,
+            statement_timeout_ms=options.statement_timeout_ms,
+            content_check_every=options.content_check_every,
+        )
     except psycopg.Error as error:
         raise OSError(str(error)) from error
 

@@ -31,6 +31,7 @@ from a snapshot). ``interrupt`` (SIGTERM) abandons a running apply without a ver
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ from pathlib import Path
 from txsync.v1 import common_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
+    CONTENT_CHECK_EVERY_DEFAULT,
     HEAP_BYTES_MAX_DEFAULT,
     OUTCOMES_KEPT,
     STEPS_MAX_DEFAULT,
@@ -53,7 +55,13 @@ from txsync.worker.backend import (
     recorded_outcome,
     to_python,
 )
-from txsync.worker.outcomes import GENESIS_DIGEST, Applied, Outcome, next_digest
+from txsync.worker.outcomes import (
+    GENESIS_DIGEST,
+    Applied,
+    Outcome,
+    is_content_check,
+    next_digest,
+)
 from txsync.worker.sqlite_guard import SqliteGuard, read_only
 
 BUSY_TIMEOUT_S = 10.0
@@ -117,8 +125,10 @@ class SqliteBackend:
         steps_max: int = STEPS_MAX_DEFAULT,
         value_bytes_max: int = VALUE_BYTES_MAX_DEFAULT,
         heap_bytes_max: int = HEAP_BYTES_MAX_DEFAULT,
+        content_check_every: int = CONTENT_CHECK_EVERY_DEFAULT,
     ) -> None:
         self.path = path
+        self.content_check_every = content_check_every
         self.steps_max = steps_max
         self.value_bytes_max = value_bytes_max
         self.heap_bytes_max = heap_bytes_max
@@ -281,7 +291,12 @@ class SqliteBackend:
                 if not alone:
                     raise _BatchRolledBack
                 conn.execute("BEGIN IMMEDIATE")
-        digest = next_digest(bytes(digest), position, tx_id, body, ok=ok, rows_affected=rows)
+        content = (
+            _content_digest(conn) if is_content_check(position, self.content_check_every) else b""
+        )
+        digest = next_digest(
+            bytes(digest), position, tx_id, body, ok=ok, rows_affected=rows, content=content
+        )
         conn.execute(
             "UPDATE _txsync_applied SET position = ?, tx_id = ?, state_digest = ?",
             (position, tx_id, digest),
@@ -376,3 +391,24 @@ class SqliteBackend:
             return QueryResult(columns, rows, truncated, position)
         finally:
             conn.close()
+
+
+def _content_digest(conn: sqlite3.Connection) -> bytes:
+    """SHA-256 over every user table's definition and rows, tables by name and rows in
+    rowid order (primary-key order for tables without rowids)."""
+    sha = hashlib.sha256()
+    tables = conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' "
+        "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "
+        "AND name NOT LIKE '\\_txsync\\_%' ESCAPE '\\' ORDER BY name"
+    ).fetchall()
+    for name, definition in tables:
+        sha.update(f"{name}\n{definition}\n".encode())
+        quoted = '"' + str(name).replace('"', '""') + '"'
+        try:
+            rows = conn.execute(f"SELECT * FROM {quoted} ORDER BY rowid")
+        except sqlite3.OperationalError:  # WITHOUT ROWID: its primary key orders it
+            rows = conn.execute(f"SELECT * FROM {quoted} ORDER BY 1")
+        for row in rows:
+            sha.update(repr(row).encode())
+    return sha.digest()
