@@ -181,10 +181,11 @@ def worker(
 
 
 def worker_dispatch(
-    workdir: Path, store: str, workers: dict[str, str], *extra: str
+    workdir: Path, store: str, workers: dict[str, str], *extra: str, port: int = 0
 ) -> ServiceProcess:
+    """``port``: fixed, for a store that reads through this dispatch (``--dispatch``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     args = ["worker-dispatch", "--store", store, *extra]
     for worker_id, address in workers.items():
         args += ["--worker", f"{worker_id}={address}"]
-    return ServiceProcess(args, workdir, "worker-dispatch")
+    return ServiceProcess(args, workdir, "worker-dispatch", listen=f"127.0.0.1:{port}")

@@ -296,6 +296,25 @@ def test_a_watch_that_does_not_read_is_dropped_not_buffered(
     _run(tmp_path, scenario)
 
 
+def test_waits_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "WAITS_MAX", 3)
+
+    async def scenario(store: TransactionStore) -> None:
+        tx_id = (await store.submit(_body())).tx_id
+        waits = [asyncio.create_task(store.wait(tx_id, TxState.OK, 30)) for _ in range(3)]
+        await asyncio.sleep(0)  # each is waiting now
+        with pytest.raises(StoreError, match="limit 3") as caught:
+            await store.wait(tx_id, TxState.OK, 30)
+        assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        record, reached = await store.wait(tx_id, TxState.INCOMING, 1)  # room again
+        assert reached and record is not None
+
+    _run(tmp_path, scenario)
+
+
 def test_follow_enqueued_and_local_submit_watch(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> None:
         first = (await store.submit(_body())).tx_id

@@ -100,6 +100,9 @@ class LocalSubmit:
 
 LOCAL_WATCHERS_MAX = 8
 """Concurrent ``watch_local_submits`` streams (one per coordinator incarnation)."""
+WAITS_MAX = 10_000
+"""Calls waiting on transactions at once (Wait, Submit with wait_for): each holds a task
+and a future; past it a wait is refused with a retry hint rather than grow the store."""
 LOCAL_WATCH_BYTES_MAX = 64 * 1024 * 1024
 """Bodies one local submit watch may have waiting unread; past it the watch is dropped
 (its watcher watches again and is handed every pending submit anew), so a stalled or
@@ -201,6 +204,8 @@ class TransactionStore:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
         """Replaced and set after every durable batch: what the streams wait on."""
+        self._waiting = 0
+        """Calls in ``wait`` now (bounded by WAITS_MAX)."""
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         """Waits by transaction: woken only when that transaction's state moves, not by
         every write (with many clients waiting, waking all of them per fsync cost more
@@ -473,6 +478,22 @@ class TransactionStore:
         transaction this DC has not heard of yet (submitted at another DC) is waited for
         too; the record is None if it never showed up."""
         check_tx_id(tx_id)
+        if self._waiting >= WAITS_MAX:
+            raise StoreError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self._waiting} calls wait on transactions here already (limit "
+                f"{WAITS_MAX}); retry later",
+                retry_after_ms=self.config.retry_after_ms,
+            )
+        self._waiting += 1
+        try:
+            return await self._wait(tx_id, state, timeout_s)
+        finally:
+            self._waiting -= 1
+
+    async def _wait(
+        self, tx_id: str, state: TxState, timeout_s: float
+    ) -> tuple[TxRecord | None, bool]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:

@@ -1,0 +1,245 @@
+"""Hostile inputs over the client API against real processes (issue 17): one DC (store,
+coordinator, dispatch, two SQLite workers). Each case must end in a clear error or a
+FAILED verdict naming why, and after it the DC must apply the next transaction, with
+both workers healthy and in sync. The cases are the probes that once stopped or split
+every DC, and the limits of every field."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from tests.support.cluster import LocalCluster
+from tests.support.processes import ServiceProcess, free_port, worker, worker_dispatch
+from txsync.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+)
+
+pytestmark = pytest.mark.under_load  # a busy machine: see tests/conftest.py
+
+OK, FAILED = common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED
+UNKNOWN = common_pb2.TxState.ValueType(99)
+"""A state no version of the protocol defines."""
+WAIT_S = 120
+
+
+@dataclass
+class Dc:
+    cluster: LocalCluster
+    dispatch: ServiceProcess
+    channel: grpc.Channel
+
+    @property
+    def client(self) -> client_pb2_grpc.ClientServiceStub:
+        return client_pb2_grpc.ClientServiceStub(self.channel)
+
+    def submit(self, *sql: str, key: str = "") -> client_pb2.SubmitResponse:
+        body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=s) for s in sql])
+        request = client_pb2.SubmitRequest(
+            body=body, idempotency_key=key, wait_for=OK, wait_timeout=Duration(seconds=WAIT_S)
+        )
+        return self.client.Submit(request, timeout=WAIT_S + 10)
+
+    def healthy_and_applying(self) -> None:
+        """The next transaction reaches OK and both workers agree on it."""
+        answer = self.submit(f"INSERT INTO t VALUES ('{uuid.uuid4()}')")
+        assert answer.state == OK, answer
+        position = answer.outcome.position
+
+        def agreed() -> bool:
+            with grpc.insecure_channel(self.dispatch.address) as channel:
+                listed = admin_pb2_grpc.AdminServiceStub(channel).ListWorkers(
+                    admin_pb2.ListWorkersRequest(), timeout=10
+                )
+            workers = listed.workers
+            return (
+                not listed.alarms
+                and all(w.healthy and not w.out_of_sync for w in workers)
+                and {(w.position, w.state_digest) for w in workers}
+                == {(position, answer.outcome.state_digest)}
+            )
+
+        self.cluster.wait_for("both workers healthy, in sync, at the next transaction", agreed)
+
+
+@pytest.fixture(scope="module")
+def dc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dc]:
+    root = tmp_path_factory.mktemp("hostile")
+    dispatch_port = free_port()
+    cluster = LocalCluster(
+        root, 1, store_args={"dc1": ("--dispatch", f"127.0.0.1:{dispatch_port}")}
+    )
+    workers = {
+        name: worker(root / name, name, "--steps-max", "20000000", port=free_port())
+        for name in ("w1", "w2")
+    }
+    dispatch = None
+    try:
+        for process in workers.values():
+            process.start()
+        addresses = {name: process.address for name, process in workers.items()}
+        dispatch = worker_dispatch(
+            root / "dispatch", cluster.dcs[0].store.address, addresses, port=dispatch_port
+        )
+        dispatch.start()
+        with grpc.insecure_channel(cluster.dcs[0].store.address) as channel:
+            dc = Dc(cluster, dispatch, channel)
+            assert dc.submit("CREATE TABLE t (v)").state == OK
+            yield dc
+    finally:
+        if dispatch is not None:
+            dispatch.terminate()
+        for process in workers.values():
+            process.terminate()
+        cluster.stop()
+
+
+FAILED_WITH = [
+    # (statements, words the FAILED verdict's error must hold)
+    ((
+        "INSERT INTO t WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) "
+        "SELECT x FROM c WHERE x < 0",
+    ), "work budget of 20,000,000 SQLite steps (worker --steps-max)"),
+    (("INSERT INTO t VALUES (zeroblob(100000000))",), "too big"),
+    (("CREATE TRIGGER skipper AFTER UPDATE ON _txsync_applied WHEN NEW.position=21 "
+      "BEGIN UPDATE _txsync_applied SET position=position+2; END",), "bookkeeping"),
+    (("ALTER TABLE _txsync_outcomes ADD COLUMN z",), "bookkeeping"),
+    (("CREATE INDEX i ON _txsync_outcomes (tx_id)",), "bookkeeping"),
+    (('UPDATE "_TXSYNC_APPLIED" SET position = 99',), "bookkeeping"),
+    (("CREATE VIEW peek AS SELECT 1", "INSERT INTO t SELECT error FROM _txsync_outcomes"),
+     "bookkeeping"),
+    (("/* x */ COMMIT",), "not allowed"),
+    (("SAVEPOINT s",), "not allowed"),
+    (("ATTACH DATABASE ':memory:' AS other",), "not allowed"),
+    (("PRAGMA writable_schema=ON",), "not allowed"),
+    (("CREATE TEMP TABLE scratch (a)",), "not allowed"),
+    (("SELECT load_extension('x')",), "not allowed"),
+    (("INSERT INTO t VALUES (date('2024-01-01', 'localtime'))",), "time zone"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("statements", "words"), FAILED_WITH)
+def test_a_hostile_transaction_fails_alone(dc: Dc, statements: tuple[str, ...], words: str) -> None:
+    answer = dc.submit(*statements)
+    assert answer.state == FAILED, answer
+    assert words in answer.outcome.error, answer.outcome.error
+    dc.healthy_and_applying()
+
+
+NONDETERMINISTIC = [
+    "INSERT INTO t VALUES (random/**/())",
+    "INSERT INTO t VALUES (strftime('%f'))",
+    "INSERT INTO t VALUES (date())",
+    "INSERT INTO t VALUES (unixepoch())",
+    "CREATE TABLE stamped (k, at DEFAULT CURRENT_TIMESTAMP)",
+]
+
+
+@pytest.mark.parametrize("sql", NONDETERMINISTIC)
+def test_nondeterminism_is_refused_at_submit_or_failed(dc: Dc, sql: str) -> None:
+    """Refused at submit (INVALID_ARGUMENT) where the store's early check sees it, else
+    FAILED by the worker's guard: either way no replica applies it."""
+    try:
+        answer = dc.submit(sql)
+    except grpc.RpcError as error:
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "replica" in (error.details() or ""), error.details()
+    else:
+        assert answer.state == FAILED and "replica" in answer.outcome.error, answer
+    dc.healthy_and_applying()
+
+
+def _call(call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    error: grpc.RpcError = caught.value
+    return error
+
+
+def _body(sql: str, params: int = 0) -> common_pb2.TxBody:
+    statement = common_pb2.Statement(sql=sql)
+    statement.params.extend(common_pb2.SqlValue(int_value=n) for n in range(params))
+    return common_pb2.TxBody(statements=[statement])
+
+
+def test_bad_fields_are_clear_errors(dc: Dc) -> None:
+    client = dc.client
+    cases: list[tuple[Callable[[], object], grpc.StatusCode, str]] = [
+        (lambda: client.Submit(client_pb2.SubmitRequest(body=_body("SELECT ?", params=5000))),
+         grpc.StatusCode.INVALID_ARGUMENT, "params"),
+        (lambda: client.Submit(client_pb2.SubmitRequest(
+            body=common_pb2.TxBody(statements=[common_pb2.Statement(sql="x" * 5_000_000)]))),
+         grpc.StatusCode.INVALID_ARGUMENT, "more than 4194304"),
+        (lambda: client.Submit(client_pb2.SubmitRequest(body=common_pb2.TxBody())),
+         grpc.StatusCode.INVALID_ARGUMENT, "statement"),
+        (lambda: client.Submit(client_pb2.SubmitRequest(body=_body("SELECT 1"), wait_for=UNKNOWN)),
+         grpc.StatusCode.INVALID_ARGUMENT, "wait_for"),
+        (lambda: client.Submit(client_pb2.SubmitRequest(
+            body=_body("SELECT 1"), idempotency_key="k" * 129)),
+         grpc.StatusCode.INVALID_ARGUMENT, "idempotency_key"),
+        (lambda: client.Get(client_pb2.GetRequest(tx_id="../../etc/passwd")),
+         grpc.StatusCode.INVALID_ARGUMENT, "tx_id"),
+        (lambda: client.Get(client_pb2.GetRequest(tx_id=str(uuid.uuid4()))),
+         grpc.StatusCode.NOT_FOUND, ""),
+        (lambda: client.Wait(client_pb2.WaitRequest(
+            tx_id=str(uuid.uuid4()), state=OK, timeout=Duration(seconds=10**9))),
+         grpc.StatusCode.INVALID_ARGUMENT, "timeout"),
+        (lambda: client.Wait(client_pb2.WaitRequest(
+            tx_id=str(uuid.uuid4()), state=OK, timeout=Duration(seconds=-5))),
+         grpc.StatusCode.INVALID_ARGUMENT, "timeout"),
+        (lambda: client.Query(client_pb2.QueryRequest(
+            statement=common_pb2.Statement(sql="DELETE FROM t"))),
+         grpc.StatusCode.INVALID_ARGUMENT, ""),
+    ]  # fmt: skip
+    for call, code, words in cases:
+        error = _call(call)
+        assert error.code() is code, (error.code(), error.details())
+        assert words in (error.details() or ""), error.details()
+    dc.healthy_and_applying()
+
+
+def test_one_key_two_bodies_is_refused(dc: Dc) -> None:
+    key = f"key-{uuid.uuid4()}"
+    first = dc.submit("INSERT INTO t VALUES ('first')", key=key)
+    assert first.state == OK
+    error = _call(lambda: dc.submit("INSERT INTO t VALUES ('second')", key=key))
+    assert error.code() is grpc.StatusCode.ALREADY_EXISTS
+    assert first.tx_id in (error.details() or "")
+    assert dc.submit("INSERT INTO t VALUES ('first')", key=key).tx_id == first.tx_id
+    dc.healthy_and_applying()
+
+
+def test_many_concurrent_waits_do_not_stop_the_dc(dc: Dc) -> None:
+    """500 calls wait at once on transactions that never come, while the DC applies."""
+    never = [str(uuid.uuid4()) for _ in range(500)]
+    waiting = [
+        dc.client.Wait.future(
+            client_pb2.WaitRequest(tx_id=tx_id, state=OK, timeout=Duration(seconds=15)),
+            timeout=WAIT_S,
+        )
+        for tx_id in never
+    ]
+    dc.healthy_and_applying()
+    assert not any(w.result().reached for w in waiting)
+    dc.healthy_and_applying()
+
+
+def test_reads_are_bounded_too(dc: Dc) -> None:
+    request = client_pb2.QueryRequest(
+        statement=common_pb2.Statement(
+            sql="WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) "
+            "SELECT count(*) FROM c"
+        )
+    )
+    error = _call(lambda: dc.client.Query(request, timeout=WAIT_S))
+    assert "work budget" in (error.details() or ""), error.details()
+    dc.healthy_and_applying()
