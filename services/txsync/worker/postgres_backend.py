@@ -310,6 +310,7 @@ class PostgresBackend:
                     params = [to_python(p) for p in statement.params]
                     cursor = conn.execute(psql.SQL(to_psycopg(statement.sql)), params)
                     rows.append(max(cursor.rowcount, 0))
+                    _still_in_the_transaction(conn)
         except psycopg.errors.QueryCanceled as error:
             if self._stopping.is_set():
                 raise ApplyInterrupted("the worker is stopping") from error
@@ -334,9 +335,7 @@ class PostgresBackend:
         """Check, at the protocol level, that the user's statements left the worker's
         transaction open and the role as it was set (the guard refuses what could change
         either; this is the proof), then take the role back for the bookkeeping."""
-        status = conn.info.transaction_status
-        if status != psycopg.pq.TransactionStatus.INTRANS:
-            raise RuntimeError(f"a user statement ended the worker's transaction ({status.name})")
+        _still_in_the_transaction(conn)
         row = conn.execute("SELECT current_user").fetchone()
         if row is None or row[0] != USER_ROLE:
             raise RuntimeError(f"a user statement changed the role to {row}")
@@ -384,6 +383,14 @@ class PostgresBackend:
             result, truncated = collect_rows(found, max_rows, _plain)
             conn.execute("ROLLBACK")
             return QueryResult(columns, result, truncated, int(row[0]))
+
+
+def _still_in_the_transaction(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """The connection's transaction status, as the server last reported it (no round
+    trip): a user statement must never end the worker's transaction."""
+    status = conn.info.transaction_status
+    if status not in (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR):
+        raise RuntimeError(f"a user statement ended the worker's transaction ({status.name})")
 
 
 def _content_digest(conn: psycopg.Connection[tuple[object, ...]]) -> bytes:
