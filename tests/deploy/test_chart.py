@@ -68,6 +68,10 @@ def test_the_master_pod_runs_three_services_wired_to_the_whole_cluster() -> None
     assert "--tls-ca=/etc/txsync/tls/ca.crt" in coordinator and "--plaintext" not in coordinator
     store = containers["transaction-store"]["args"]
     assert "--peer-store=dc3=txsync-dc3.txsync-dc3.svc.cluster.local:7001" in store
+    # The internal API only on the pod's loopback, where its coordinator and dispatch are.
+    assert "--internal-listen=127.0.0.1:7006" in store
+    assert "--store=127.0.0.1:7006" in coordinator
+    assert "--store=127.0.0.1:7006" in containers["worker-dispatch"]["args"]
     for container in containers.values():
         assert container["readinessProbe"]["grpc"]["port"] in (7001, 7004, 7005)
         assert container["securityContext"]["readOnlyRootFilesystem"] is True

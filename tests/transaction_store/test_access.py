@@ -222,3 +222,33 @@ def test_a_dc_under_access_control_applies_and_its_worker_answers_only_services(
         for process in (dispatch, the_worker, coordinator, store):
             if process is not None:
                 process.terminate()
+
+
+def test_with_an_internal_listener_the_client_port_has_no_internal_api(tmp_path: Path) -> None:
+    """--internal-listen: the coordinator and dispatch reach the internal API there, and
+    a client on the client port finds no such service at all."""
+    internal = f"127.0.0.1:{free_port()}"
+    store = transaction_store(tmp_path / "store", "dc1", "--internal-listen", internal)
+    store.start()
+    coordinator = sync_coordinator(tmp_path, "dc1", internal, free_port(), {}, "--plaintext")
+    the_worker = worker(tmp_path / "w1", "w1")
+    dispatch = None
+    try:
+        coordinator.start()
+        the_worker.start()
+        dispatch = worker_dispatch(tmp_path / "dispatch", internal, {"w1": the_worker.address})
+        dispatch.start()
+        with grpc.insecure_channel(store.address) as channel:
+            client = client_pb2_grpc.ClientServiceStub(channel)
+            body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="CREATE TABLE t (a)")])
+            request = client_pb2.SubmitRequest(body=body, wait_for=common_pb2.TX_STATE_OK)
+            assert client.Submit(request, timeout=120).state == common_pb2.TX_STATE_OK
+            internal_api = store_pb2_grpc.StoreInternalServiceStub(channel)
+            request_bodies = store_pb2.ReadBodiesRequest(tx_ids=[str(uuid.uuid4())])
+            refused = _code(lambda: internal_api.ReadBodies(request_bodies))
+            assert refused is grpc.StatusCode.UNIMPLEMENTED
+        assert "internal API on " + internal in store.log()
+    finally:
+        for process in (dispatch, the_worker, coordinator, store):
+            if process is not None:
+                process.terminate()

@@ -71,7 +71,10 @@ async def serve(
     dc_services: DcServices,
     metrics_listen: str | None = None,
     access_file: Path | None = None,
+    internal_listen: str | None = None,
 ) -> int:
+    """``internal_listen``: serve ``StoreInternalService`` there only (the pod's loopback,
+    where the DC's coordinator and dispatch run), not on the client port."""
     try:
         store = await TransactionStore.open(config)
     except LogCorruptionError as error:
@@ -92,22 +95,43 @@ async def serve(
     dc_admin = DcAdmin(dc_services)
     server = new_server(*interceptors)
     add_service(server, ClientServicer(store, dc_admin), CLIENT_SERVICE)
-    add_service(server, StoreInternalServicer(store), STORE_SERVICE)
     add_service(server, AdminServicer(store, dc_admin), ADMIN_SERVICE, NOT_HERE)
-    health_servicer = add_health_and_reflection(server, SERVICES)
+    servers = [server]
+    public = SERVICES if internal_listen is None else (CLIENT_SERVICE, ADMIN_SERVICE)
+    internal_health = None
+    if internal_listen is None:
+        add_service(server, StoreInternalServicer(store), STORE_SERVICE)
+    else:
+        internal = new_server(*interceptors)
+        add_service(internal, StoreInternalServicer(store), STORE_SERVICE)
+        internal_health = add_health_and_reflection(internal, [STORE_SERVICE])
+        if internal.add_insecure_port(internal_listen) == 0:
+            log.critical("cannot listen on %s (--internal-listen)", internal_listen)
+            return 2
+        servers.append(internal)
+    health_servicer = add_health_and_reflection(server, public)
     port = server.add_insecure_port(listen)
     if port == 0:
         log.critical("cannot listen on %s", listen)
         return 2
-    await server.start()
-    await mark_serving(health_servicer, SERVICES)
+    for serving in servers:
+        await serving.start()
+    if internal_health is not None:
+        await mark_serving(internal_health, [STORE_SERVICE])
+    await mark_serving(health_servicer, public)
     address = announce(listen, port, port_file)
-    log.info("transaction-store %s listening on %s", config.node_id, address)
+    log.info(
+        "transaction-store %s listening on %s%s",
+        config.node_id,
+        address,
+        f" (internal API on {internal_listen})" if internal_listen else "",
+    )
 
     await until_stopped()
     log.info("shutting down: finishing in-flight calls (up to %.0f s)", grace_s)
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace_s)
+    for serving in servers:
+        await serving.stop(grace_s)
     await dc_admin.close()
     await store.close()
     telemetry.close()
@@ -157,6 +181,11 @@ def register(commands: Any) -> None:
     dc.add_argument("--peer-store", action="append", default=[], type=_peer_store,
                     metavar="NODE_ID=HOST:PORT",
                     help="another DC's store, for the cluster view (repeat)")  # fmt: skip
+    parser.add_argument("--internal-listen", metavar="HOST:PORT",
+                        help="serve the internal API (the DC's coordinator and dispatch) "
+                             "here only, not on --listen: e.g. the pod's loopback, so that "
+                             "clients reaching the client port cannot reach it (default: "
+                             "on --listen too)")  # fmt: skip
     add_access_argument(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(handler=run)
@@ -198,5 +227,6 @@ def run(options: argparse.Namespace) -> int:
             dc_services=dc_services,
             metrics_listen=options.metrics_listen,
             access_file=options.access_file,
+            internal_listen=options.internal_listen,
         )
     )
