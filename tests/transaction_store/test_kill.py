@@ -32,11 +32,12 @@ BATCH_CLIENTS = 2
 BATCH_SIZE = 20
 
 
-def _body(n: int) -> common_pb2.TxBody:
+def _body(key: str) -> common_pb2.TxBody:
+    """Each key's one body: a retry must send the same body (another is refused)."""
     return common_pb2.TxBody(
         statements=[
             common_pb2.Statement(
-                sql="INSERT INTO t (v) VALUES (?)", params=[common_pb2.SqlValue(int_value=n)]
+                sql="INSERT INTO t (v) VALUES (?)", params=[common_pb2.SqlValue(text_value=key)]
             )
         ]
     )
@@ -77,7 +78,7 @@ class Storm:
                 (key,) = self._keys(f"s{worker}", 1, n)
                 try:
                     answer = stub.Submit(
-                        client_pb2.SubmitRequest(body=_body(n), idempotency_key=key), timeout=10
+                        client_pb2.SubmitRequest(body=_body(key), idempotency_key=key), timeout=10
                     )
                 except grpc.RpcError:
                     return
@@ -91,8 +92,8 @@ class Storm:
                 keys = self._keys(f"b{worker}", BATCH_SIZE, n)
                 request = client_pb2.SubmitBatchRequest(
                     submits=[
-                        client_pb2.SubmitRequest(body=_body(i), idempotency_key=key)
-                        for i, key in enumerate(keys)
+                        client_pb2.SubmitRequest(body=_body(key), idempotency_key=key)
+                        for key in keys
                     ]
                 )
                 try:
@@ -117,7 +118,7 @@ def _verify(process: ServiceProcess, storm: Storm, known: dict[str, str]) -> Non
         for start in range(0, len(storm.attempted), 1000):
             keys = storm.attempted[start : start + 1000]
             request = client_pb2.SubmitBatchRequest(
-                submits=[client_pb2.SubmitRequest(body=_body(0), idempotency_key=k) for k in keys]
+                submits=[client_pb2.SubmitRequest(body=_body(k), idempotency_key=k) for k in keys]
             )
             for key, result in zip(keys, stub.SubmitBatch(request).results, strict=True):
                 assert result.HasField("accepted"), (key, result.error)
