@@ -6,7 +6,9 @@ read them from configuration; the simulator uses the defaults or its own small v
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
 
 MEMBERS_MAX = 16
 """Nodes in one configuration. Rounds cost O(members^2) messages, so this stays small."""
@@ -38,11 +40,7 @@ class Limits:
     """Bodies acquired before their meta arrived that the core remembers."""
 
     def __post_init__(self) -> None:
-        assert self.incoming_txs_max > 0
-        assert 0 < self.local_admit_txs_max <= self.incoming_txs_max
-        assert self.post_txs_max > 0
-        assert self.catchup_entries_max > 0
-        assert self.synced_window_max >= self.catchup_entries_max
+        _check(self, _LIMIT_RULES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,11 +91,50 @@ class Timing:
     slow but live member is not excluded."""
 
     def __post_init__(self) -> None:
-        assert self.round_timeout_ms > 0
-        assert self.idle_interval_ms > 0
-        assert self.busy_round_gap_ms >= 0
-        assert self.repost_gap_ms >= 0
-        assert 0 < self.body_fetch_retry_ms <= self.body_fetch_retry_max_ms
-        assert self.exclusion_timeout_ms > 0 and self.view_change_timeout_ms > 0
-        assert self.view_change_stagger_ms >= 0 and self.view_resend_ms > 0
-        assert 0 <= self.promise_wait_ms < self.view_change_timeout_ms
+        _check(self, _TIMING_RULES)
+
+
+class SettingError(ValueError):
+    """A limit or timing that cannot work; ``name`` is the field (the services turn it into
+    their flag, ``--`` and dashes)."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name} {problem}")
+        self.name, self.problem = name, problem
+
+
+Rule = tuple[str, Callable[[Any], bool], str]
+"""(field, the condition it must meet, what to say when it does not)."""
+
+_LIMIT_RULES: tuple[Rule, ...] = (
+    ("local_admit_txs_max", lambda s: s.local_admit_txs_max <= s.incoming_txs_max,
+     "must not exceed incoming_txs_max"),
+    ("synced_window_max", lambda s: s.synced_window_max >= s.catchup_entries_max,
+     "must be at least catchup_entries_max"),
+)  # fmt: skip
+_TIMING_RULES: tuple[Rule, ...] = (
+    ("body_fetch_retry_ms", lambda s: s.body_fetch_retry_ms <= s.body_fetch_retry_max_ms,
+     "must not exceed body_fetch_retry_max_ms"),
+    ("promise_wait_ms", lambda s: s.promise_wait_ms < s.view_change_timeout_ms,
+     "must be below view_change_timeout_ms"),
+)  # fmt: skip
+MAY_BE_ZERO = frozenset({
+    "busy_round_gap_ms", "repost_gap_ms", "view_change_stagger_ms", "promise_wait_ms",
+    "body_fetch_delay_ms",
+})  # fmt: skip
+"""Fields for which 0 means "none" (no gap, no wait); every other one must be positive."""
+
+
+def _check(settings: Any, rules: tuple[Rule, ...]) -> None:
+    """Raise ``SettingError`` for the first field out of bounds: a clear error that, unlike
+    ``assert``, holds under ``python -O`` too."""
+    for field in fields(settings):
+        value = getattr(settings, field.name)
+        least = 0 if field.name in MAY_BE_ZERO else 1
+        if value < least:
+            raise SettingError(
+                field.name, "must be at least 0" if least == 0 else "must be positive"
+            )
+    for name, holds, problem in rules:
+        if not holds(settings):
+            raise SettingError(name, problem)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from grpc_health.v1.health_pb2 import HealthCheckResponse
 from txsync.access import add_access_argument, guarded_serving
 from txsync.codec import WEIGHT_MAX
 from txsync.protocol import MEMBERS_MAX, Limits, ProtocolNode, QuorumState, Timing
+from txsync.protocol.limits import SettingError
 from txsync.rpc import (
     add_health_and_reflection,
     add_service,
@@ -330,24 +332,26 @@ def register(commands: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _tuning_problem(options: argparse.Namespace) -> str | None:
-    """Why the timings and limits given cannot work, naming the flag; None if they can."""
-    for name in (*Timing.__dataclass_fields__, "incoming_txs_max", "post_txs_max",
-                 "catchup_entries_max", "synced_window_max"):  # fmt: skip
-        may_be_zero = name.endswith("_gap_ms") or name in (
-            "view_change_stagger_ms",
-            "promise_wait_ms",
+def protocol_settings(options: argparse.Namespace) -> tuple[Timing, Limits]:
+    """The core's timings and limits from the flags. Their bounds are checked where they
+    are declared (``protocol.limits``); ValueError names the flags."""
+    try:
+        timing = Timing(**{name: getattr(options, name) for name in Timing.__dataclass_fields__})
+        limits = Limits(
+            incoming_txs_max=options.incoming_txs_max,
+            local_admit_txs_max=min(Limits().local_admit_txs_max, options.incoming_txs_max),
+            post_txs_max=options.post_txs_max,
+            catchup_entries_max=options.catchup_entries_max,
+            synced_window_max=options.synced_window_max,
         )
-        if getattr(options, name) < (0 if may_be_zero else 1):
-            flag = "--" + name.replace("_", "-")
-            return f"{flag} must be {'at least 0' if may_be_zero else 'positive'}"
-    if options.body_fetch_retry_ms > options.body_fetch_retry_max_ms:
-        return "--body-fetch-retry-ms must not exceed --body-fetch-retry-max-ms"
-    if options.synced_window_max < options.catchup_entries_max:
-        return "--synced-window-max must be at least --catchup-entries-max"
-    if options.promise_wait_ms >= options.view_change_timeout_ms:
-        return "--promise-wait-ms must be below --view-change-timeout-ms"
-    return None
+    except SettingError as error:
+        raise ValueError(_as_flags(f"{error.name} {error.problem}")) from None
+    return timing, limits
+
+
+def _as_flags(text: str) -> str:
+    """The settings named in ``text`` (snake_case fields) as their flags."""
+    return re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda m: "--" + m[0].replace("_", "-"), text)
 
 
 def run(options: argparse.Namespace) -> int:
@@ -363,18 +367,11 @@ def run(options: argparse.Namespace) -> int:
     if unknown:
         print(f"error: --weight for unconfigured node(s) {', '.join(unknown)}", file=sys.stderr)
         return 2
-    problem = _tuning_problem(options)
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
+    try:
+        timing, limits = protocol_settings(options)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    timing = Timing(**{name: getattr(options, name) for name in Timing.__dataclass_fields__})
-    limits = Limits(
-        incoming_txs_max=options.incoming_txs_max,
-        local_admit_txs_max=min(Limits().local_admit_txs_max, options.incoming_txs_max),
-        post_txs_max=options.post_txs_max,
-        catchup_entries_max=options.catchup_entries_max,
-        synced_window_max=options.synced_window_max,
-    )
     tls_files = (options.tls_ca, options.tls_cert, options.tls_key)
     if options.plaintext == any(tls_files) or (any(tls_files) and not all(tls_files)):
         print(
