@@ -5,6 +5,16 @@ equal histories (the same transactions, the same statements, the same rows affec
 same OK/FAILED verdicts), which is how dispatch spots a worker that went its own way and
 how DCs compare each other. Error texts stay out of it: they differ between database
 versions for the same failure.
+
+The statements enter it in an encoding of our own (``encode_statement``), fixed and
+pinned by a test, not protobuf's serialization, which protobuf does not promise to keep
+stable across library versions: DCs running different protobuf releases must still
+agree. Integers are big-endian; lengths are u32::
+
+    statement := len(sql) sql count(params) param*
+    param     := "N"                    (no value)
+               | "I" i64 | "R" f64 (IEEE 754) | "O" u8 (bool)
+               | "T" len(utf8) utf8     | "B" len(bytes) bytes
 """
 
 from __future__ import annotations
@@ -66,7 +76,7 @@ def next_digest(
     sha.update(struct.pack(">Q", position))
     sha.update(tx_id.encode())
     for statement in body.statements:
-        encoded = statement.SerializeToString(deterministic=True)
+        encoded = encode_statement(statement)
         sha.update(struct.pack(">I", len(encoded)))
         sha.update(encoded)
     sha.update(b"OK" if ok else b"FAILED")
@@ -81,3 +91,27 @@ def is_content_check(position: int, every: int) -> bool:
     """Whether the state digest at ``position`` covers the data (every worker of a
     cluster must use the same ``every``; 0: never)."""
     return every > 0 and position % every == 0
+
+
+def encode_statement(statement: common_pb2.Statement) -> bytes:
+    """The statement in the digest's own encoding (the module docstring)."""
+    sql = statement.sql.encode()
+    parts = [struct.pack(">I", len(sql)), sql, struct.pack(">I", len(statement.params))]
+    for param in statement.params:
+        kind = param.WhichOneof("value")
+        if kind is None:
+            parts.append(b"N")
+        elif kind == "int_value":
+            parts.append(b"I" + struct.pack(">q", param.int_value))
+        elif kind == "real_value":
+            parts.append(b"R" + struct.pack(">d", param.real_value))
+        elif kind == "bool_value":
+            parts.append(b"O" + struct.pack(">B", param.bool_value))
+        elif kind == "text_value":
+            text = param.text_value.encode()
+            parts.append(b"T" + struct.pack(">I", len(text)) + text)
+        elif kind == "blob_value":
+            parts.append(b"B" + struct.pack(">I", len(param.blob_value)) + param.blob_value)
+        else:  # a kind added to SqlValue must be given an encoding here first
+            raise ValueError(f"SqlValue.{kind} has no digest encoding")
+    return b"".join(parts)
