@@ -47,6 +47,35 @@ def _invalid(error: WireError) -> ServiceError:
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
 
+DIGEST_BYTES_MAX = 64
+
+
+def _outcomes_from_proto(outcomes: Any) -> list[Finished]:
+    """A post's outcomes, all checked before any is taken (ServiceError otherwise)."""
+    if len(outcomes) > OUTCOMES_PER_POST:
+        raise _invalid(WireError(f"outcomes: more than {OUTCOMES_PER_POST}"))
+    finished: list[Finished] = []
+    for index, outcome in enumerate(outcomes):
+        where = f"outcomes[{index}]"
+        if outcome.position < 1:
+            raise _invalid(WireError(f"{where}.position: must be at least 1"))
+        if outcome.state not in (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED):
+            raise _invalid(WireError(f"{where}.state: must be OK or FAILED"))
+        if len(outcome.state_digest) > DIGEST_BYTES_MAX:
+            raise _invalid(WireError(f"{where}.state_digest: more than {DIGEST_BYTES_MAX} bytes"))
+        if len(outcome.tx_id) > 64:
+            raise _invalid(WireError(f"{where}.tx_id: longer than 64"))
+        finished.append(
+            Finished(
+                outcome.position,
+                outcome.tx_id,
+                outcome.state == common_pb2.TX_STATE_OK,
+                outcome.state_digest,
+            )
+        )
+    return finished
+
+
 class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
@@ -87,21 +116,14 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(post.sender, context)
+        finished = _outcomes_from_proto(request.outcomes)
+        # Accepted whole: only now does it change what this node knows (a refused post
+        # must leave no trace).
         known.remember(post.sender, post.epoch, post.seq, post.queue)
         self._coordinator.rounds.peer_round(post.sender, request.round_traceparent)
         self._coordinator.peer_posts[post.sender] = (post.counter, post.base)
-        if len(request.outcomes) > OUTCOMES_PER_POST:
-            raise _invalid(WireError(f"outcomes: more than {OUTCOMES_PER_POST}"))
-        for outcome in request.outcomes:
-            self._coordinator.outcomes.add_theirs(
-                post.sender,
-                Finished(
-                    outcome.position,
-                    outcome.tx_id,
-                    outcome.state == common_pb2.TX_STATE_OK,
-                    outcome.state_digest,
-                ),
-            )
+        for outcome in finished:
+            self._coordinator.outcomes.add_theirs(post.sender, outcome)
         await self._coordinator.events.put(PostReceived(post))
         return peer_pb2.PostResponse()
 
