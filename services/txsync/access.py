@@ -41,6 +41,7 @@ from typing import Any
 import grpc
 
 from txsync.telemetry import Metrics, ServiceTelemetry
+from txsync.tls import is_loopback, is_secure
 
 log = logging.getLogger("txsync.access")
 
@@ -142,8 +143,15 @@ class AccessPolicy:
 class AccessInterceptor(grpc.aio.ServerInterceptor):
     """Checks every governed call before its handler runs."""
 
-    def __init__(self, policy: AccessPolicy, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        policy: AccessPolicy,
+        metrics: Metrics | None = None,
+        *,
+        refuse_plaintext_tokens: bool = False,
+    ) -> None:
         self._policy = policy
+        self._refuse_plaintext_tokens = refuse_plaintext_tokens
         self._refused = (
             metrics.counter("txsync.access.refused", "calls refused by access control")
             if metrics is not None
@@ -168,9 +176,23 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, allowed: set[Role]
     ) -> None:
         caller = self._policy.caller(context)
-        if caller is not None and caller.role in allowed:
+        in_clear = (
+            self._refuse_plaintext_tokens
+            and any(key == "authorization" for key, _ in context.invocation_metadata() or ())
+            and not is_secure(context)
+            and not is_loopback(context.peer())
+        )
+        if caller is not None and caller.role in allowed and not in_clear:
             return
-        if caller is None:
+        if in_clear:
+            code = grpc.StatusCode.UNAUTHENTICATED
+            reason = (
+                "a bearer token over plaintext from another machine is refused (anyone on "
+                "the path could read it): call over TLS, or start the store with "
+                "--allow-plaintext-tokens on a trusted network"
+            )
+            label = "plaintext"
+        elif caller is None:
             code, reason = grpc.StatusCode.UNAUTHENTICATED, "no valid bearer token or client "
             reason += "certificate (pass --token, or set TXSYNC_TOKEN)"
             label = "unauthenticated"
@@ -244,17 +266,22 @@ def add_access_argument(parser: Any) -> None:
 
 
 def access_interceptors(
-    access_file: Path | None, metrics: Metrics | None
+    access_file: Path | None, metrics: Metrics | None, *, refuse_plaintext_tokens: bool = False
 ) -> list[grpc.aio.ServerInterceptor]:
     """The interceptors a server needs for ``--access-file`` (none without it).
     Raises AccessFileError for a file that cannot be used."""
     if access_file is None:
         return []
-    return [AccessInterceptor(AccessPolicy.load(access_file), metrics)]
+    policy = AccessPolicy.load(access_file)
+    return [AccessInterceptor(policy, metrics, refuse_plaintext_tokens=refuse_plaintext_tokens)]
 
 
 def guarded_serving(
-    telemetry: ServiceTelemetry, metrics_listen: str | None, access_file: Path | None
+    telemetry: ServiceTelemetry,
+    metrics_listen: str | None,
+    access_file: Path | None,
+    *,
+    refuse_plaintext_tokens: bool = False,
 ) -> list[grpc.aio.ServerInterceptor] | None:
     """What every service does before it serves: start its metrics endpoint and load its
     access file. The interceptors to serve with, or None (said in the log) if either
@@ -265,7 +292,9 @@ def guarded_serving(
         log.critical("cannot serve metrics on %s: %s", metrics_listen, error)
         return None
     try:
-        return access_interceptors(access_file, telemetry.metrics)
+        return access_interceptors(
+            access_file, telemetry.metrics, refuse_plaintext_tokens=refuse_plaintext_tokens
+        )
     except AccessFileError as error:
         log.critical("%s", error)
         return None

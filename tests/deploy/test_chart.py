@@ -73,8 +73,15 @@ def test_the_master_pod_runs_three_services_wired_to_the_whole_cluster() -> None
     assert "--store=127.0.0.1:7006" in coordinator
     assert "--store=127.0.0.1:7006" in containers["worker-dispatch"]["args"]
     for container in containers.values():
-        assert container["readinessProbe"]["grpc"]["port"] in (7001, 7004, 7005)
+        probe = container["readinessProbe"]
+        assert (probe.get("grpc") or probe["tcpSocket"])["port"] in (7001, 7004, 7005)
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # TLS on the client port: the kubelet's gRPC probe speaks none, so TCP there.
+    assert containers["transaction-store"]["readinessProbe"] == {
+        "tcpSocket": {"port": 7001}, "periodSeconds": 5,
+    }  # fmt: skip
+    assert "--tls-cert=/etc/txsync/tls/tls.crt" in store
+    assert "--peer-tls-ca=/etc/txsync/tls/ca.crt" in store
     env = {e["name"]: e.get("value") for e in containers["worker-dispatch"]["env"]}
     assert (
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger.observability.svc.cluster.local:4317"

@@ -70,11 +70,12 @@ def test_rendered_pods_start_and_answer_their_probes(
     worker_spec = _spec(objects, "StatefulSet", f"{RELEASE}-workers")
     test_spec = _spec(objects, "Pod", f"{RELEASE}-test-status")
     pods: list[Pod] = []
+    tls = _secret(tmp_path)
     try:
         (tmp_path / "master-data").mkdir()
         master = run_pod(
             master_spec, f"{RELEASE}-master-0", namespace=NAMESPACE, network=network,
-            volumes={"data": tmp_path / "master-data", "tls": _secret(tmp_path)},
+            volumes={"data": tmp_path / "master-data", "tls": tls},
         )  # fmt: skip
         pods.append(master)
         wait_ready(master, master_spec)
@@ -89,7 +90,10 @@ def test_rendered_pods_start_and_answer_their_probes(
         pods.append(worker)
         wait_ready(worker, worker_spec)
 
-        with grpc.insecure_channel(master.address(7001)) as channel:
+        # The client port speaks TLS; the certificate names the DC.
+        credentials = grpc.ssl_channel_credentials((tls / "ca.crt").read_bytes())
+        name = [("grpc.ssl_target_name_override", "dc1")]
+        with grpc.secure_channel(master.address(7001), credentials, name) as channel:
             admin = admin_pb2_grpc.AdminServiceStub(channel)
             deadline = time.monotonic() + 30
             while True:
@@ -110,9 +114,12 @@ def test_rendered_pods_start_and_answer_their_probes(
 
         # The `helm test` pod: a lone DC of three is unhealthy, and says so.
         status = test_spec["containers"][0]
+        mounts = {str(tls): {"bind": m["mountPath"], "mode": "ro"}
+                  for m in status.get("volumeMounts", []) if m["name"] == "tls"}  # fmt: skip
+        assert mounts, "the helm test pod reads the CA to check the store's certificate"
         tester = docker.from_env().containers.run(
             status["image"], command=status["args"], network=network, detach=True,
-            extra_hosts={RELEASE: master.ip(network)},
+            extra_hosts={RELEASE: master.ip(network)}, volumes=mounts,
         )  # fmt: skip
         try:
             exit_status = tester.wait(timeout=60)["StatusCode"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -148,18 +149,32 @@ def run_pod(
     return pod
 
 
+def _probe_passes(probe: dict[str, Any], address: str, channel: grpc.Channel) -> bool:
+    """A gRPC probe: the health service says SERVING; a TCP one: the port takes a
+    connection (what the kubelet checks for each)."""
+    if "tcpSocket" in probe:
+        host, port = address.rsplit(":", 1)
+        try:
+            with socket.create_connection((host, int(port)), timeout=2):
+                return True
+        except OSError:
+            return False
+    try:
+        return health_status(channel) == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
 def wait_ready(pod: Pod, spec: dict[str, Any], timeout_s: float = 60.0) -> None:
-    """Each container's gRPC readiness probe, asked through the published port."""
+    """Each container's readiness probe (gRPC or TCP), asked through the published port."""
     for container, running in zip(spec["containers"], pod.containers, strict=True):
-        port = container["readinessProbe"]["grpc"]["port"]
+        probe = container["readinessProbe"]
+        port = (probe.get("grpc") or probe["tcpSocket"])["port"]
         deadline = time.monotonic() + timeout_s
         with grpc.insecure_channel(pod.address(port)) as channel:
             while True:
-                try:
-                    if health_status(channel) == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
+                if _probe_passes(probe, pod.address(port), channel):
+                    break
                 running.reload()
                 if running.status == "exited" or time.monotonic() > deadline:
                     raise AssertionError(

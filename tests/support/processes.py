@@ -136,7 +136,13 @@ def transaction_store(
 ) -> ServiceProcess:
     data_dir.mkdir(parents=True, exist_ok=True)
     args = ["transaction-store", "--node-id", node_id, "--data", str(data_dir), *extra]
-    return ServiceProcess(args, data_dir, f"store-{node_id}", listen=f"127.0.0.1:{port}")
+    return ServiceProcess(
+        args,
+        data_dir,
+        f"store-{node_id}",
+        listen=f"127.0.0.1:{port}",
+        plaintext_health="--tls-cert" not in extra,
+    )
 
 
 _HANDED_OUT: set[int] = set()

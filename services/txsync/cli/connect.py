@@ -5,7 +5,7 @@ addresses; ``--dc`` picks one, default the first) or HOST:PORT of one DC's
 transaction-store, the DC's front door for both the client and the admin API
 (comma-separate several DCs' stores). It defaults to ``$TXSYNC_ENDPOINTS``, else
 ``data/cluster.json``. ``--token`` (default ``$TXSYNC_TOKEN``) is sent as a bearer token
-when the cluster requires one.
+when the cluster requires one; ``--tls-ca`` (default ``$TXSYNC_TLS_CA``) turns TLS on.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import NoReturn
 
 import grpc
+
+from txsync.tls import channel_credentials, read_pem
 
 DEFAULT_ENDPOINTS = "data/cluster.json"
 TIMEOUT_S = 5.0
@@ -48,6 +50,31 @@ def add_connection_arguments(
         "--token",
         default=os.environ.get("TXSYNC_TOKEN", ""),
         help="bearer token, when the cluster requires one (default: $TXSYNC_TOKEN)",
+    )
+    group.add_argument(
+        "--tls-ca",
+        type=Path,
+        default=os.environ.get("TXSYNC_TLS_CA") or None,
+        help="CA (PEM) to check the stores' TLS certificates with: TLS is used when given "
+        "(default: $TXSYNC_TLS_CA)",
+    )
+    group.add_argument(
+        "--tls-server-name",
+        default=os.environ.get("TXSYNC_TLS_SERVER_NAME") or None,
+        help="the name the store's certificate must carry, when not its address's host "
+        "(the chart's certificates name the DC: dc1) (default: $TXSYNC_TLS_SERVER_NAME)",
+    )
+    group.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=os.environ.get("TXSYNC_TLS_CERT") or None,
+        help="a client certificate (PEM) that identifies you (default: $TXSYNC_TLS_CERT)",
+    )
+    group.add_argument(
+        "--tls-key",
+        type=Path,
+        default=os.environ.get("TXSYNC_TLS_KEY") or None,
+        help="its private key (default: $TXSYNC_TLS_KEY)",
     )
     parser.add_argument("-o", "--output", choices=outputs, default=outputs[0])
 
@@ -93,8 +120,27 @@ def metadata(options: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address)
+def channel(address: str, options: argparse.Namespace) -> grpc.Channel:
+    """A channel to a store: TLS when ``--tls-ca`` is given, plaintext otherwise."""
+    ca: Path | None = getattr(options, "tls_ca", None)
+    if ca is None:
+        return grpc.insecure_channel(address)
+    cert: Path | None = options.tls_cert
+    key: Path | None = options.tls_key
+    if (cert is None) != (key is None):
+        fail("give both --tls-cert and --tls-key, or neither")
+    try:
+        credentials = channel_credentials(
+            read_pem(ca, "CA"),
+            read_pem(cert, "certificate") if cert else None,
+            read_pem(key, "key") if key else None,
+        )
+    except OSError as error:
+        fail(str(error))
+    settings = []
+    if options.tls_server_name:
+        settings.append(("grpc.ssl_target_name_override", options.tls_server_name))
+    return grpc.secure_channel(address, credentials, options=settings)
 
 
 def describe(error: grpc.RpcError) -> str:

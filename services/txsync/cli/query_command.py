@@ -53,7 +53,7 @@ def run(options: argparse.Namespace) -> int:
         timeout=duration_pb2.Duration(seconds=int(options.timeout)),
     )
     try:
-        with channel(address) as open_channel:
+        with channel(address, options) as open_channel:
             answer = client_pb2_grpc.ClientServiceStub(open_channel).Query(
                 request, timeout=options.timeout + 5, metadata=metadata(options)
             )

@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from txsync.cli.connect import add_connection_arguments, metadata, target
+from txsync.cli.connect import add_connection_arguments, channel, metadata, target
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 WAIT_STATES = {
@@ -80,8 +80,8 @@ def run(options: argparse.Namespace) -> int:
     if options.wait:
         request.wait_for = WAIT_STATES[options.wait]
         request.wait_timeout.FromNanoseconds(int(options.timeout * 1e9))
-    with grpc.insecure_channel(address) as channel:
-        stub = client_pb2_grpc.ClientServiceStub(channel)
+    with channel(address, options) as open_channel:
+        stub = client_pb2_grpc.ClientServiceStub(open_channel)
         try:
             submitted = stub.Submit(
                 request, timeout=options.timeout + 10, metadata=metadata(options)

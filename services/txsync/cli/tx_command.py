@@ -48,7 +48,7 @@ def _state(value: int) -> str:
 def run_get(options: argparse.Namespace) -> int:
     address = target(options).address
     try:
-        with channel(address) as open_channel:
+        with channel(address, options) as open_channel:
             stub = client_pb2_grpc.ClientServiceStub(open_channel)
             got = stub.Get(
                 client_pb2.GetRequest(tx_id=options.tx_id, include_body=True),
@@ -94,7 +94,7 @@ def run_list(options: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     token = ""
     try:
-        with channel(address) as open_channel:
+        with channel(address, options) as open_channel:
             stub = client_pb2_grpc.ClientServiceStub(open_channel)
             while len(rows) < options.limit:
                 page = stub.List(

@@ -22,6 +22,7 @@ import grpc
 from google.protobuf.message import Message
 
 from txsync.rpc import ServiceError, new_channel
+from txsync.tls import channel_credentials
 from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, worker_pb2, worker_pb2_grpc
 
 TIMEOUT_S = 2.0
@@ -38,6 +39,8 @@ class DcServices:
     coordinator: str | None = None
     dispatch: str | None = None
     peer_stores: dict[str, str] = field(default_factory=dict)
+    peer_ca: bytes | None = None
+    """CA of the other DCs' stores: asked over TLS, each checked under its node id."""
 
 
 class DcAdmin:
@@ -49,7 +52,15 @@ class DcAdmin:
 
     def _stub(self, address: str) -> admin_pb2_grpc.AdminServiceAsyncStub:
         if address not in self._stubs:
-            channel = new_channel(address)
+            peer = next((n for n, a in self.services.peer_stores.items() if a == address), None)
+            if peer is not None and self.services.peer_ca is not None:
+                channel = new_channel(
+                    address,
+                    channel_credentials(self.services.peer_ca),
+                    options=[("grpc.ssl_target_name_override", peer)],
+                )
+            else:
+                channel = new_channel(address)
             self._channels.append(channel)
             self._stubs[address] = admin_pb2_grpc.AdminServiceStub(channel)
         return self._stubs[address]

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from txsync.access import add_access_argument, guarded_serving
 from txsync.rpc import (
     add_health_and_reflection,
@@ -24,6 +26,7 @@ from txsync.rpc import (
     until_stopped,
 )
 from txsync.telemetry import Gauge, ServiceTelemetry, add_telemetry_arguments
+from txsync.tls import read_pem, server_credentials
 from txsync.transaction_store.admin import NOT_HERE, AdminServicer
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.service import ClientServicer, StoreInternalServicer
@@ -72,6 +75,8 @@ async def serve(
     metrics_listen: str | None = None,
     access_file: Path | None = None,
     internal_listen: str | None = None,
+    tls: grpc.ServerCredentials | None = None,
+    allow_plaintext_tokens: bool = False,
 ) -> int:
     """``internal_listen``: serve ``StoreInternalService`` there only (the pod's loopback,
     where the DC's coordinator and dispatch run), not on the client port."""
@@ -89,7 +94,12 @@ async def serve(
         f"; TORN TAIL: {recovery.torn_tail}" if recovery.torn_tail else "",
     )
     telemetry.metrics.gauges(_store_gauges(store))
-    interceptors = guarded_serving(telemetry, metrics_listen, access_file)
+    interceptors = guarded_serving(
+        telemetry,
+        metrics_listen,
+        access_file,
+        refuse_plaintext_tokens=tls is None and not allow_plaintext_tokens,
+    )
     if interceptors is None:
         return 2
     dc_admin = DcAdmin(dc_services)
@@ -110,7 +120,7 @@ async def serve(
             return 2
         servers.append(internal)
     health_servicer = add_health_and_reflection(server, public)
-    port = server.add_insecure_port(listen)
+    port = server.add_secure_port(listen, tls) if tls else server.add_insecure_port(listen)
     if port == 0:
         log.critical("cannot listen on %s", listen)
         return 2
@@ -121,9 +131,10 @@ async def serve(
     await mark_serving(health_servicer, public)
     address = announce(listen, port, port_file)
     log.info(
-        "transaction-store %s listening on %s%s",
+        "transaction-store %s listening on %s%s%s",
         config.node_id,
         address,
+        " (TLS)" if tls else "",
         f" (internal API on {internal_listen})" if internal_listen else "",
     )
 
@@ -186,6 +197,18 @@ def register(commands: Any) -> None:
                              "here only, not on --listen: e.g. the pod's loopback, so that "
                              "clients reaching the client port cannot reach it (default: "
                              "on --listen too)")  # fmt: skip
+    tls = parser.add_argument_group("TLS on the client port (docs/operations.md)")
+    tls.add_argument("--tls-cert", type=Path, help="the store's certificate (PEM)")
+    tls.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    tls.add_argument("--tls-client-ca", type=Path,
+                     help="CA (PEM) whose client certificates every client must present; "
+                          "they identify callers (the access file's [[identity]])")  # fmt: skip
+    tls.add_argument("--peer-tls-ca", type=Path,
+                     help="CA (PEM) that signs the other DCs' stores, asked over TLS for "
+                          "cluster-wide status (their node id is the name checked)")  # fmt: skip
+    tls.add_argument("--allow-plaintext-tokens", action="store_true",
+                     help="take bearer tokens over plaintext from other machines too (only "
+                          "on a network you trust: anyone on the path can read them)")  # fmt: skip
     add_access_argument(parser)
     add_telemetry_arguments(parser)
     parser.set_defaults(handler=run)
@@ -211,10 +234,30 @@ def run(options: argparse.Namespace) -> int:
         witness=options.witness,
         allow_nondeterministic=options.allow_nondeterministic,
     )
+    if (options.tls_cert is None) != (options.tls_key is None):
+        print("error: give both --tls-cert and --tls-key, or neither", file=sys.stderr)
+        return 2
+    if options.tls_client_ca and not options.tls_cert:
+        print("error: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
+        return 2
+    try:
+        tls = None
+        if options.tls_cert:
+            client_ca = options.tls_client_ca and read_pem(options.tls_client_ca, "client CA")
+            tls = server_credentials(
+                read_pem(options.tls_cert, "certificate"),
+                read_pem(options.tls_key, "key"),
+                client_ca or None,
+            )
+        peer_ca = read_pem(options.peer_tls_ca, "peer CA") if options.peer_tls_ca else None
+    except OSError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     dc_services = DcServices(
         coordinator=options.coordinator,
         dispatch=options.dispatch,
         peer_stores=dict(options.peer_store),
+        peer_ca=peer_ca,
     )
     telemetry = ServiceTelemetry.start("transaction-store", options.node_id, options)
     return run_service(
@@ -228,5 +271,7 @@ def run(options: argparse.Namespace) -> int:
             metrics_listen=options.metrics_listen,
             access_file=options.access_file,
             internal_listen=options.internal_listen,
+            tls=tls,
+            allow_plaintext_tokens=options.allow_plaintext_tokens,
         )
     )
