@@ -4,7 +4,9 @@ checked against the Kubernetes schemas of two minor versions."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
+import tomllib
 from typing import Any
 
 import helm_python
@@ -162,3 +164,30 @@ def test_with_access_control_every_service_presents_the_service_token() -> None:
         assert "--access-file=/etc/txsync/access/access.toml" in container["args"]
         token = next(e for e in container["env"] if e["name"] == "TXSYNC_SERVICE_TOKEN")
         assert token["valueFrom"]["secretKeyRef"] == {"name": "acc", "key": "service-token"}
+
+
+def test_access_control_is_on_by_default_with_generated_tokens() -> None:
+    """No secret named: the chart makes one (a service token, an admin token and the
+    access file naming their SHA-256), and every service requires tokens."""
+    objects = render(example_values("three-dcs", "dc1.yaml"), "txsync-dc1", "txsync-dc1")
+    secret = next(o for o in objects if o["kind"] == "Secret")
+    assert secret["metadata"]["name"] == "txsync-dc1-access"
+    data = secret["stringData"]
+    assert len(data["service-token"]) == 40 and data["admin-token"] != data["service-token"]
+    access = tomllib.loads(data["access.toml"])
+    digests = {t["role"]: t["sha256"] for t in access["token"]}
+    for role, token in (("service", data["service-token"]), ("admin", data["admin-token"])):
+        assert digests[role] == hashlib.sha256(token.encode()).hexdigest()
+    sets = [o for o in objects if o["kind"] == "StatefulSet"]
+    for container in (c for s in sets for c in s["spec"]["template"]["spec"]["containers"]):
+        assert "--access-file=/etc/txsync/access/access.toml" in container["args"]
+        token = next(e for e in container["env"] if e["name"] == "TXSYNC_SERVICE_TOKEN")
+        assert token["valueFrom"]["secretKeyRef"]["name"] == "txsync-dc1-access"
+    off = merged(example_values("three-dcs", "dc1.yaml"), {"access": {"generate": False}})
+    open_objects = render(off, "txsync-dc1", "txsync-dc1")
+    assert not [o for o in open_objects if o["kind"] == "Secret"]
+    assert not any(
+        "--access-file" in " ".join(c["args"])
+        for s in open_objects if s["kind"] == "StatefulSet"
+        for c in s["spec"]["template"]["spec"]["containers"]
+    )  # fmt: skip

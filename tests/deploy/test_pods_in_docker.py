@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from tests.support.chart import ROOT, example_values, merged, render
-from tests.support.docker_pods import Pod, run_pod, wait_ready
+from tests.support.docker_pods import Pod, pod_env, run_pod, wait_ready
 from txsync.v1 import admin_pb2, admin_pb2_grpc
 
 pytestmark = pytest.mark.docker
@@ -71,11 +71,20 @@ def test_rendered_pods_start_and_answer_their_probes(
     test_spec = _spec(objects, "Pod", f"{RELEASE}-test-status")
     pods: list[Pod] = []
     tls = _secret(tmp_path)
+    # Access control is on by default: the chart's generated secret, as Kubernetes would
+    # mount it and fill the env from it.
+    access = next(o for o in objects if o["kind"] == "Secret")
+    tokens = access["stringData"]
+    secrets = {access["metadata"]["name"]: tokens}
+    (tmp_path / "access").mkdir()
+    (tmp_path / "access" / "access.toml").write_text(tokens["access.toml"])
+    admin_token = (("authorization", f"Bearer {tokens['admin-token']}"),)
     try:
         (tmp_path / "master-data").mkdir()
         master = run_pod(
             master_spec, f"{RELEASE}-master-0", namespace=NAMESPACE, network=network,
-            volumes={"data": tmp_path / "master-data", "tls": tls},
+            volumes={"data": tmp_path / "master-data", "tls": tls, "access": tmp_path / "access"},
+            secrets=secrets,
         )  # fmt: skip
         pods.append(master)
         wait_ready(master, master_spec)
@@ -84,8 +93,8 @@ def test_rendered_pods_start_and_answer_their_probes(
         (tmp_path / "worker-data").mkdir()
         worker = run_pod(
             worker_spec, worker_name, namespace=NAMESPACE, network=network,
-            volumes={"data": tmp_path / "worker-data"},
-            extra_hosts={master_host: master.ip(network)},
+            volumes={"data": tmp_path / "worker-data", "access": tmp_path / "access"},
+            extra_hosts={master_host: master.ip(network)}, secrets=secrets,
         )  # fmt: skip
         pods.append(worker)
         wait_ready(worker, worker_spec)
@@ -97,7 +106,9 @@ def test_rendered_pods_start_and_answer_their_probes(
             admin = admin_pb2_grpc.AdminServiceStub(channel)
             deadline = time.monotonic() + 30
             while True:
-                listed = admin.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5).workers
+                listed = admin.ListWorkers(
+                    admin_pb2.ListWorkersRequest(), timeout=5, metadata=admin_token
+                ).workers
                 if [w.worker_id for w in listed] == [worker_name]:
                     break
                 assert time.monotonic() < deadline, master.logs() + worker.logs()
@@ -105,7 +116,9 @@ def test_rendered_pods_start_and_answer_their_probes(
             assert listed[0].url.startswith(f"{worker_name}.{RELEASE}-workers.{NAMESPACE}.svc")
             deadline = time.monotonic() + 30
             while True:  # the others are silent: after the exclusion timeout, a minority
-                local = admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).local
+                local = admin.GetStatus(
+                    admin_pb2.GetStatusRequest(), timeout=5, metadata=admin_token
+                ).local
                 if local.quorum == admin_pb2.QUORUM_STATE_MINORITY:
                     break
                 assert time.monotonic() < deadline, local
@@ -120,6 +133,7 @@ def test_rendered_pods_start_and_answer_their_probes(
         tester = docker.from_env().containers.run(
             status["image"], command=status["args"], network=network, detach=True,
             extra_hosts={RELEASE: master.ip(network)}, volumes=mounts,
+            environment=pod_env(status, "test-status", NAMESPACE, secrets),
         )  # fmt: skip
         try:
             exit_status = tester.wait(timeout=60)["StatusCode"]

@@ -73,12 +73,26 @@ def _expand(text: str, env: dict[str, str]) -> str:
     return _VARIABLE.sub(value, text)
 
 
-def _env(container: dict[str, Any], pod_name: str, namespace: str) -> dict[str, str]:
+def pod_env(
+    container: dict[str, Any],
+    pod_name: str,
+    namespace: str,
+    secrets: dict[str, dict[str, str]] | None = None,
+) -> dict[str, str]:
+    """The container's environment as Kubernetes fills it: values, ``fieldRef`` and
+    ``secretKeyRef`` (from ``secrets``: name -> key -> value; an optional key may lack)."""
     fields = {"metadata.name": pod_name, "metadata.namespace": namespace}
     env: dict[str, str] = {}
     for entry in container.get("env", []):
         if "value" in entry:
             env[entry["name"]] = _expand(entry["value"], env)
+        elif "secretKeyRef" in entry["valueFrom"]:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            value = (secrets or {}).get(ref["name"], {}).get(ref["key"])
+            if value is None and not ref.get("optional"):
+                raise KeyError(f"secret {ref['name']} has no key {ref['key']}")
+            if value is not None:
+                env[entry["name"]] = value
         else:
             env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
@@ -92,9 +106,10 @@ def run_pod(
     network: str,
     volumes: dict[str, Path],
     extra_hosts: dict[str, str] | None = None,
+    secrets: dict[str, dict[str, str]] | None = None,
 ) -> Pod:
     """Start the pod ``spec`` (a pod template's spec). ``volumes`` maps each non-emptyDir
-    volume name to a host directory."""
+    volume name to a host directory; ``secrets`` gives the secrets env refers to."""
     client = docker.from_env()
     security = spec.get("securityContext", {})
     user = f"{security.get('runAsUser', 0)}:{security.get('runAsGroup', 0)}"
@@ -117,7 +132,7 @@ def run_pod(
     )
     emptied = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
     for container in spec["containers"]:
-        env = _env(container, pod_name, namespace)
+        env = pod_env(container, pod_name, namespace, secrets)
         args = [_expand(arg, env) for arg in container["args"]]
         context = container.get("securityContext", {})
         mounts: dict[str, dict[str, str]] = {}

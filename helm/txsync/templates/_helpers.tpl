@@ -62,9 +62,9 @@ message naming the problem.
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
 - name: POD_NAMESPACE
   valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
-{{- if .Values.access.secretName }}
+{{- with include "txsync.accessSecret" . }}
 - name: TXSYNC_SERVICE_TOKEN
-  valueFrom: {secretKeyRef: {name: {{ .Values.access.secretName }}, key: service-token}}
+  valueFrom: {secretKeyRef: {name: {{ . }}, key: service-token}}
 {{- end }}
 {{- if .Values.otel.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
@@ -83,3 +83,14 @@ allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 capabilities: {drop: [ALL]}
 {{- end -}}
+
+{{/* The secret with access.toml and service-token: the operator's, or the one the chart
+generates (access control is on unless access.generate is false and no secret is named). */}}
+{{- define "txsync.accessSecret" -}}
+{{- if .Values.access.secretName -}}
+{{ .Values.access.secretName }}
+{{- else if .Values.access.generate -}}
+{{ include "txsync.fullname" . }}-access
+{{- end -}}
+{{- end -}}
+
