@@ -5,6 +5,7 @@ present TXSYNC_SERVICE_TOKEN; a whole DC applies transactions so."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -252,3 +254,53 @@ def test_with_an_internal_listener_the_client_port_has_no_internal_api(tmp_path:
         for process in (dispatch, the_worker, coordinator, store):
             if process is not None:
                 process.terminate()
+
+
+def test_every_internal_method_wants_the_service_token(tmp_path: Path) -> None:
+    """Each method of the internal APIs, called without a token, is refused before it
+    runs (the hostile-input list of issue 17: unauthenticated calls to every internal and
+    worker method)."""
+    access = str(_access_file(tmp_path / "access.toml"))
+    store = transaction_store(tmp_path / "store", "dc1", "--access-file", access)
+    the_worker = worker(tmp_path / "w1", "w1", "--access-file", access)
+    dispatch = None
+    try:
+        store.start()
+        the_worker.start()
+        dispatch = worker_dispatch(
+            tmp_path / "dispatch", store.address, {"w1": the_worker.address},
+            "--access-file", access,
+        )  # fmt: skip
+        dispatch.start()
+        served = [
+            (store.address, store_pb2.DESCRIPTOR.services_by_name["StoreInternalService"]),
+            (the_worker.address, worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]),
+            (dispatch.address, worker_pb2.DESCRIPTOR.services_by_name["DispatchService"]),
+        ]
+        called = 0
+        for address, service in served:
+            with grpc.insecure_channel(address) as channel:
+                for method in service.methods:
+                    if method.name == "Query":  # a read the store forwards for clients
+                        continue
+                    path = f"/{service.full_name}/{method.name}"
+                    code = _code(functools.partial(_call_empty, channel, path, method))
+                    assert code is grpc.StatusCode.UNAUTHENTICATED, (path, code)
+                    called += 1
+        assert called == sum(len(service.methods) for _, service in served) - 1
+    finally:
+        for process in (dispatch, the_worker, store):
+            if process is not None:
+                process.terminate()
+
+
+def _call_empty(open_channel: grpc.Channel, path: str, method: Any) -> object:
+    """Call ``path`` with one empty message, in whatever shape the method takes."""
+    channel: Any = open_channel  # raw bytes in and out: no stub's types apply
+    if method.client_streaming and method.server_streaming:
+        return list(channel.stream_stream(path)(iter([b""]), timeout=10))
+    if method.client_streaming:
+        return channel.stream_unary(path)(iter([b""]), timeout=10)
+    if method.server_streaming:
+        return list(channel.unary_stream(path)(b"", timeout=10))
+    return channel.unary_unary(path)(b"", timeout=10)
