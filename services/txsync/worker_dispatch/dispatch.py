@@ -22,7 +22,9 @@ the store has not recorded as finished: a dispatch (or store) killed between a w
 apply and the store's record left such positions TESTING, and the testing worker answers
 them again from its record, so every transaction reaches OK or FAILED after any crash.
 
-A worker is **stuck** when its oldest request in flight has had no answer for
+Health (dead, stuck, draining, back) is decided by a pure step, ``health.judge``, with
+script tests; this module applies its decisions. A worker is **stuck** when its oldest
+request in flight has had no answer for
 ``stuck_after_s`` (the clock starts when work reaches an idle worker, not at its last
 outcome: an idle worker's first request must not count its idle time). A stuck worker is
 taken out, and tried again (its stream re-opened, fed from its own position) once it
@@ -50,22 +52,26 @@ from txsync.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from txsync.worker_dispatch.health import (
+    DEAD_AFTER_S,
+    Beat,
+    Event,
+    Health,
+    Pipeline,
+    judge,
+)
 
 log = logging.getLogger(__name__)
 
 WINDOW = 256
 """Transactions in flight per worker."""
 HEARTBEAT_S = 1.0
-DEAD_AFTER_S = 3.0
-"""A worker that has not answered a heartbeat for this long is taken out of the pipeline."""
 JOIN_FROM_LOG_MAX = 100
 """A worker that joins further behind the testing worker than this starts from a
 snapshot; closer, it replays the log."""
 RECOVERY_CHECK_S = 1.0
 RECOVERY_TIMEOUT_S = 600.0
 """A whole snapshot copy (export and import) must finish within this."""
-STUCK_RETRY_MAX_S = 300.0
-"""The longest a stuck worker that does not move waits before it is fed again."""
 STATE_BATCH_MAX = 512
 """State changes sent to the store in one call."""
 RESTART_LOOP_WINDOW_S = 60.0
@@ -248,63 +254,65 @@ class Dispatch:
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _beat(self, link: WorkerLink) -> None:
+        """Ask one worker's heartbeat and apply the health judgement (``health.judge``)."""
         try:
-            beat = await link.stub.Heartbeat(worker_pb2.HeartbeatRequest(), timeout=HEARTBEAT_S)
+            answer = await link.stub.Heartbeat(worker_pb2.HeartbeatRequest(), timeout=HEARTBEAT_S)
         except grpc.aio.AioRpcError:
-            dead = time.monotonic() - link.last_heartbeat_s > DEAD_AFTER_S
-            if link.healthy and dead:
-                link.healthy = False
-                log.warning(
-                    "worker %s missed heartbeats for %.0f s: out", link.worker_id, DEAD_AFTER_S
-                )
-                self._changed.set()
-            return
-        now = link.last_heartbeat_s = time.monotonic()
-        if link.stuck_at is not None:
-            moved = beat.position > link.stuck_at
-            if not moved and now < link.stuck_retry_at:
-                return  # still stuck where it was
-            if moved:
-                link.stuck_backoff_s = 0.0
-            else:
-                log.warning(
-                    "worker %s still at position %d after %.0f s: feeding it again",
-                    link.worker_id,
-                    beat.position,
-                    link.stuck_backoff_s,
-                )
-            link.stuck_at = None
-        if link.healthy and link.expected and now - link.progressed_s > self.stuck_after_s:
-            link.healthy = False
-            link.stuck_at = beat.position
-            link.stuck_backoff_s = min(
-                STUCK_RETRY_MAX_S, max(self.stuck_after_s, 2 * link.stuck_backoff_s)
+            answer = None
+        before = Health(
+            link.healthy, link.last_heartbeat_s, link.stuck_at, link.stuck_retry_at,
+            link.stuck_backoff_s,
+        )  # fmt: skip
+        beat = None if answer is None else Beat(answer.position, answer.draining)
+        pipeline = Pipeline(len(link.expected), link.progressed_s)
+        after, events = judge(before, beat, time.monotonic(), pipeline, self.stuck_after_s)
+        link.healthy, link.last_heartbeat_s = after.healthy, after.last_heartbeat_s
+        link.stuck_at, link.stuck_retry_at = after.stuck_at, after.stuck_retry_at
+        link.stuck_backoff_s = after.stuck_backoff_s
+        for event in events:
+            self._health_changed(link, event, before, answer)
+
+    def _health_changed(
+        self,
+        link: WorkerLink,
+        event: Event,
+        before: Health,
+        answer: worker_pb2.HeartbeatResponse | None,
+    ) -> None:
+        """Say what ``judge`` decided, and act on it (a worker back: its position; a
+        worker joining far behind the testing worker: a snapshot first)."""
+        if event is Event.RETRIED:
+            assert answer is not None
+            log.warning(
+                "worker %s still at position %d after %.0f s: feeding it again",
+                link.worker_id,
+                answer.position,
+                before.stuck_backoff_s,
             )
-            link.stuck_retry_at = now + link.stuck_backoff_s
+            return
+        if event is Event.DEAD:
+            log.warning("worker %s missed heartbeats for %.0f s: out", link.worker_id, DEAD_AFTER_S)
+        elif event is Event.STUCK:
             log.warning(
                 "worker %s is stuck: no outcome for %.0f s with %d in flight: out "
                 "(tried again in %.0f s, or once it moves)",
                 link.worker_id,
-                now - link.progressed_s,
+                link.last_heartbeat_s - link.progressed_s,
                 len(link.expected),
                 link.stuck_backoff_s,
             )
-            self._changed.set()
-            return
-        if beat.draining and link.healthy:
-            link.healthy = False
+        elif event is Event.DRAINING:
             log.info("worker %s is draining: out", link.worker_id)
-            self._changed.set()
-        elif not beat.draining and not link.healthy:
-            link.healthy = True
-            link.position, link.state_digest = beat.position, beat.state_digest
-            log.info("worker %s healthy at position %d", link.worker_id, beat.position)
+        elif event is Event.BACK:
+            assert answer is not None
+            link.position, link.state_digest = answer.position, answer.state_digest
+            log.info("worker %s healthy at position %d", link.worker_id, answer.position)
             tester = self.workers.get(self.tester or "")
             if tester is not None and tester is not link and tester.healthy:
                 behind = tester.position - link.position
                 if behind > JOIN_FROM_LOG_MAX:
                     link.needs_snapshot = f"{behind} transactions behind the testing worker"
-            self._changed.set()
+        self._changed.set()
 
     # --- the pipeline -----------------------------------------------------------------
 

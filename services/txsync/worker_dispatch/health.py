@@ -1,0 +1,105 @@
+"""worker-dispatch's judgement of one worker's health, as a pure step (issue 18).
+
+``judge`` takes what dispatch knows of a worker's health (``Health``), what its latest
+heartbeat said (a ``Beat``, or None when the call failed), the time, and how the
+pipeline stands with that worker (requests in flight, when it last answered one), and
+returns the new ``Health`` with what happened (``Event``s): nothing, out (dead, stuck,
+draining), tried again after being stuck, or back in. No clock, no I/O and no logging:
+``Dispatch._beat`` applies the result, and ``tests/worker_dispatch/test_health.py`` runs
+scripts of beats and times through it.
+
+The rules (PROTOCOL.md §4.7, docs/workers.md):
+
+- A worker that has not answered a heartbeat for ``DEAD_AFTER_S`` is out (dead).
+- A healthy worker with work in flight and no outcome for ``stuck_after_s`` is out
+  (stuck): the clock starts when work reached it idle, not at its last outcome.
+- A stuck worker is back once it moves past where it stuck, or when its backoff ends
+  (doubling from ``stuck_after_s`` up to ``STUCK_RETRY_MAX_S`` while it stays stuck), so
+  that a live worker is never left out for good.
+- A draining worker is out; a worker that answers and is not draining is back in.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+DEAD_AFTER_S = 3.0
+"""A worker that has not answered a heartbeat for this long is taken out of the pipeline."""
+STUCK_RETRY_MAX_S = 300.0
+"""The longest a stuck worker that does not move waits before it is fed again."""
+
+
+class Event(enum.Enum):
+    DEAD = "dead"
+    STUCK = "stuck"
+    DRAINING = "draining"
+    RETRIED = "retried"
+    """Stuck and not moved, but its backoff ended: it is fed again."""
+    BACK = "back"
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    position: int
+    draining: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    healthy: bool = False
+    last_heartbeat_s: float = 0.0
+    stuck_at: int | None = None
+    """Where it was taken out as stuck (None: not stuck)."""
+    stuck_retry_at: float = 0.0
+    stuck_backoff_s: float = 0.0
+    """How long it waited the last time it was stuck (doubles while it stays stuck)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """How the pipeline stands with the worker."""
+
+    in_flight: int = 0
+    progressed_s: float = 0.0
+    """When it last answered (or, idle until then, when work reached it)."""
+
+
+def judge(
+    health: Health,
+    beat: Beat | None,
+    now: float,
+    pipeline: Pipeline,
+    stuck_after_s: float,
+) -> tuple[Health, tuple[Event, ...]]:
+    """The worker's health after a heartbeat (``beat`` None: the call failed)."""
+    if beat is None:
+        if health.healthy and now - health.last_heartbeat_s > DEAD_AFTER_S:
+            return replace(health, healthy=False), (Event.DEAD,)
+        return health, ()
+    health = replace(health, last_heartbeat_s=now)
+    events: tuple[Event, ...] = ()
+    if health.stuck_at is not None:
+        moved = beat.position > health.stuck_at
+        if not moved and now < health.stuck_retry_at:
+            return health, ()  # still stuck where it was
+        if moved:
+            health = replace(health, stuck_backoff_s=0.0)
+        else:
+            events = (Event.RETRIED,)
+        health = replace(health, stuck_at=None)
+    if health.healthy and pipeline.in_flight and now - pipeline.progressed_s > stuck_after_s:
+        backoff = min(STUCK_RETRY_MAX_S, max(stuck_after_s, 2 * health.stuck_backoff_s))
+        stuck = replace(
+            health,
+            healthy=False,
+            stuck_at=beat.position,
+            stuck_backoff_s=backoff,
+            stuck_retry_at=now + backoff,
+        )
+        return stuck, (*events, Event.STUCK)
+    if beat.draining and health.healthy:
+        return replace(health, healthy=False), (*events, Event.DRAINING)
+    if not beat.draining and not health.healthy:
+        return replace(health, healthy=True), (*events, Event.BACK)
+    return health, events
