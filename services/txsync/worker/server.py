@@ -32,16 +32,10 @@ from txsync.rpc import (
     run_service,
     until_stopped,
 )
+from txsync.settings import WORKER_LIMITS, add_arguments
 from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import worker_pb2, worker_pb2_grpc
-from txsync.worker.backend import (
-    CONTENT_CHECK_EVERY_DEFAULT,
-    HEAP_BYTES_MAX_DEFAULT,
-    STATEMENT_TIMEOUT_MS_DEFAULT,
-    STEPS_MAX_DEFAULT,
-    VALUE_BYTES_MAX_DEFAULT,
-    Backend,
-)
+from txsync.worker.backend import Backend
 from txsync.worker.service import WorkerServicer
 from txsync.worker.sqlite_backend import SqliteBackend
 
@@ -202,48 +196,10 @@ def register(commands: Any) -> None:
     limits = parser.add_argument_group(
         "limits (the same at every worker, so every replica reaches one verdict)"
     )
-    limits.add_argument("--steps-max", type=_positive_int, default=STEPS_MAX_DEFAULT,
-                        metavar="STEPS",
-                        help="SQLite virtual-machine steps one transaction or read may take "
-                             f"(default {STEPS_MAX_DEFAULT:,}: about 2 s of one core); past "
-                             "it the transaction is FAILED, naming this limit")  # fmt: skip
-    limits.add_argument("--value-bytes-max", type=_positive_int,
-                        default=VALUE_BYTES_MAX_DEFAULT, metavar="BYTES",
-                        help="the largest string or blob a statement may make (default "
-                             f"{VALUE_BYTES_MAX_DEFAULT // 2**20} MiB)")  # fmt: skip
-    limits.add_argument("--heap-bytes-max", type=_positive_int,
-                        default=HEAP_BYTES_MAX_DEFAULT, metavar="BYTES",
-                        help="SQLite's memory in this worker process, reads included "
-                             f"(default {HEAP_BYTES_MAX_DEFAULT // 2**20} MiB); a "
-                             "transaction needing more is FAILED, naming this limit")  # fmt: skip
-    limits.add_argument("--statement-timeout-ms", type=_positive_int,
-                        default=STATEMENT_TIMEOUT_MS_DEFAULT, metavar="MS",
-                        help="PostgreSQL: one statement's time (statement_timeout; default "
-                             f"{STATEMENT_TIMEOUT_MS_DEFAULT:,}); timed, so a busy replica may "
-                             "differ and is then recovered from a snapshot")  # fmt: skip
-    limits.add_argument("--content-check-every", type=_not_negative_int,
-                        default=CONTENT_CHECK_EVERY_DEFAULT, metavar="N",
-                        help="every N positions the state digest also covers all user "
-                             "data, so replicas whose data differ are caught (default "
-                             f"{CONTENT_CHECK_EVERY_DEFAULT:,}; 0: never); the same at "
-                             "every worker of the cluster")  # fmt: skip
+    add_arguments(limits, WORKER_LIMITS)
     add_access_argument(parser)
     add_telemetry_arguments(parser, dc_flag=True)
     parser.set_defaults(handler=run)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, not {value}")
-    return value
-
-
-def _not_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
 
 
 def _open_backend(options: argparse.Namespace) -> Backend:

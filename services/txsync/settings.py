@@ -1,0 +1,113 @@
+"""One declaration per setting (issue 18): its name, default, least value, unit, help and
+what it bounds, in one place. From it come the command-line flag (with its check, a clear
+argparse error naming the flag) and the rows of the table in docs/operations.md, which a
+test compares with the docs, so that neither can drift from the code.
+
+Declared here so far: the workers' limits (``WORKER_LIMITS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from txsync.worker.backend import (
+    CONTENT_CHECK_EVERY_DEFAULT,
+    HEAP_BYTES_MAX_DEFAULT,
+    STATEMENT_TIMEOUT_MS_DEFAULT,
+    STEPS_MAX_DEFAULT,
+    VALUE_BYTES_MAX_DEFAULT,
+)
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    """The option's destination (``options.<name>``); the flag is ``--`` and dashes."""
+    default: int
+    help: str
+    """For ``--help``: what it is and what happens past it."""
+    bounds: str
+    """For the docs table: what it bounds."""
+    unit: str = ""
+    """``bytes`` (shown in MiB), ``ms``, ``steps`` or ``positions``."""
+    least: int = 1
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def shown_default(self) -> str:
+        if self.unit == "bytes" and self.default % MIB == 0:
+            return f"{self.default // MIB} MiB"
+        return f"{self.default:,}"
+
+    def parse(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < self.least:
+            raise argparse.ArgumentTypeError(f"must be at least {self.least}, not {value}")
+        return value
+
+
+WORKER_LIMITS: tuple[Setting, ...] = (
+    Setting(
+        "steps_max", STEPS_MAX_DEFAULT,
+        "SQLite virtual-machine steps one transaction or read may take (about 2 s of one "
+        "core at the default); past it the transaction is FAILED, naming this limit",
+        "SQLite virtual-machine steps per transaction or read; counted, so deterministic",
+        unit="steps",
+    ),
+    Setting(
+        "value_bytes_max", VALUE_BYTES_MAX_DEFAULT,
+        "the largest string or blob a statement may make",
+        "the largest string or blob a statement may make (`SQLITE_LIMIT_LENGTH`)",
+        unit="bytes",
+    ),
+    Setting(
+        "heap_bytes_max", HEAP_BYTES_MAX_DEFAULT,
+        "SQLite's memory in this worker process, reads included; a transaction needing "
+        "more is FAILED, naming this limit",
+        "SQLite's memory in the worker process, reads included (`PRAGMA hard_heap_limit`)",
+        unit="bytes",
+    ),
+    Setting(
+        "statement_timeout_ms", STATEMENT_TIMEOUT_MS_DEFAULT,
+        "PostgreSQL: one statement's time (statement_timeout); timed, so a busy replica may "
+        "differ and is then recovered from a snapshot",
+        "PostgreSQL: one statement's time (`statement_timeout`); timed, so a busy replica "
+        "may differ and is recovered",
+        unit="ms",
+    ),
+    Setting(
+        "content_check_every", CONTENT_CHECK_EVERY_DEFAULT,
+        "every N positions the state digest also covers all user data, so replicas whose "
+        "data differ are caught (0: never); the same at every worker of the cluster",
+        "every N positions the state digest covers all user data (0: never); the same at "
+        "every worker",
+        unit="positions", least=0,
+    ),
+)  # fmt: skip
+
+
+def add_arguments(group: argparse._ArgumentGroup, settings: Sequence[Setting]) -> None:
+    for setting in settings:
+        unit = "" if setting.unit == "bytes" else f" {setting.unit}"
+        group.add_argument(
+            setting.flag,
+            type=setting.parse,
+            default=setting.default,
+            metavar=(setting.unit or "n").upper(),
+            help=f"{setting.help} (default {setting.shown_default}{unit})",
+        )
+
+
+def docs_rows(settings: Sequence[Setting]) -> list[str]:
+    """The settings as rows of docs/operations.md's table (flag, default, what it bounds)."""
+    return [f"| `{s.flag}` | {s.shown_default} | {s.bounds} |" for s in settings]

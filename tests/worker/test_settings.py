@@ -1,0 +1,33 @@
+"""The workers' limits are declared once (``txsync.settings``): the flags, their checks
+and the docs table all come from the declarations (issue 18)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from txsync.cli.main import build_parser
+from txsync.settings import WORKER_LIMITS, docs_rows
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+def test_the_docs_table_is_the_declarations() -> None:
+    text = DOCS.read_text()
+    for row in docs_rows(WORKER_LIMITS):
+        assert row in text, f"docs/operations.md lacks (or has another text for):\n{row}"
+
+
+def test_every_limit_is_a_flag_with_its_default_and_bound() -> None:
+    base = ["worker", "--worker-id", "w1", "--data", "/tmp/unused"]
+    options = build_parser(every=True).parse_args(base)
+    for setting in WORKER_LIMITS:
+        assert getattr(options, setting.name) == setting.default
+        with pytest.raises(argparse.ArgumentTypeError, match=f"at least {setting.least}"):
+            setting.parse(str(setting.least - 1))
+        with pytest.raises(argparse.ArgumentTypeError, match="not a whole number"):
+            setting.parse("1e9")
+    parsed = build_parser(every=True).parse_args([*base, "--content-check-every", "0"])
+    assert parsed.content_check_every == 0
