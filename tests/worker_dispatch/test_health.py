@@ -8,12 +8,15 @@ from dataclasses import dataclass
 
 from txsync.worker_dispatch.health import (
     DEAD_AFTER_S,
+    JOIN_FROM_LOG_MAX,
     STUCK_RETRY_MAX_S,
     Beat,
     Event,
     Health,
     Pipeline,
+    choose_testing_worker,
     judge,
+    snapshot_needed,
 )
 
 STUCK_AFTER_S = 10.0
@@ -105,3 +108,18 @@ def test_a_dead_worker_that_was_stuck_stays_out_until_it_answers() -> None:
         Line(30.0, FAILED, (), healthy=False),  # out already: not dead on top
         Line(40.0, Beat(2), (Event.RETRIED, Event.BACK), healthy=True),
     ])  # fmt: skip
+
+
+def test_the_testing_role_stays_while_its_worker_is_fit() -> None:
+    assert choose_testing_worker(["w1", "w2", "w3"], None) == "w1"
+    assert choose_testing_worker(["w1", "w2", "w3"], "w2") == "w2", "w1 back: w2 keeps the role"
+    assert choose_testing_worker(["w1", "w3"], "w2") == "w1", "w2 out: the first fit one"
+    assert choose_testing_worker([], "w2") is None
+
+
+def test_a_worker_far_behind_joins_from_a_snapshot() -> None:
+    assert snapshot_needed(500, 500 - JOIN_FROM_LOG_MAX) == ""
+    assert snapshot_needed(500, 499 - JOIN_FROM_LOG_MAX) == (
+        f"{JOIN_FROM_LOG_MAX + 1} transactions behind the testing worker"
+    )
+    assert snapshot_needed(10, 20) == "", "ahead of the tester: it replays nothing"

@@ -58,7 +58,9 @@ from txsync.worker_dispatch.health import (
     Event,
     Health,
     Pipeline,
+    choose_testing_worker,
     judge,
+    snapshot_needed,
 )
 
 log = logging.getLogger(__name__)
@@ -66,9 +68,6 @@ log = logging.getLogger(__name__)
 WINDOW = 256
 """Transactions in flight per worker."""
 HEARTBEAT_S = 1.0
-JOIN_FROM_LOG_MAX = 100
-"""A worker that joins further behind the testing worker than this starts from a
-snapshot; closer, it replays the log."""
 RECOVERY_CHECK_S = 1.0
 RECOVERY_TIMEOUT_S = 600.0
 """A whole snapshot copy (export and import) must finish within this."""
@@ -309,9 +308,9 @@ class Dispatch:
             log.info("worker %s healthy at position %d", link.worker_id, answer.position)
             tester = self.workers.get(self.tester or "")
             if tester is not None and tester is not link and tester.healthy:
-                behind = tester.position - link.position
-                if behind > JOIN_FROM_LOG_MAX:
-                    link.needs_snapshot = f"{behind} transactions behind the testing worker"
+                link.needs_snapshot = (
+                    snapshot_needed(tester.position, link.position) or link.needs_snapshot
+                )
         self._changed.set()
 
     # --- the pipeline -----------------------------------------------------------------
@@ -333,7 +332,8 @@ class Dispatch:
                     continue
                 # The testing worker keeps its role while it is fit: a worker coming back
                 # is behind, and the DC's progress would wait for it to catch up.
-                tester = next((w for w in ready if w.worker_id == self.tester), ready[0])
+                chosen = choose_testing_worker([w.worker_id for w in ready], self.tester)
+                tester = next(w for w in ready if w.worker_id == chosen)
                 if self.tester != tester.worker_id:
                     log.warning("testing worker: %s", tester.worker_id)
                 self.tester = tester.worker_id

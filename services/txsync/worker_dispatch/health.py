@@ -1,4 +1,5 @@
-"""worker-dispatch's judgement of one worker's health, as a pure step (issue 18).
+"""worker-dispatch's decisions as pure functions (issue 18): a worker's health, the testing
+role, and how a worker that joins catches up.
 
 ``judge`` takes what dispatch knows of a worker's health (``Health``), what its latest
 heartbeat said (a ``Beat``, or None when the call failed), the time, and how the
@@ -17,17 +18,27 @@ The rules (PROTOCOL.md §4.7, docs/workers.md):
   (doubling from ``stuck_after_s`` up to ``STUCK_RETRY_MAX_S`` while it stays stuck), so
   that a live worker is never left out for good.
 - A draining worker is out; a worker that answers and is not draining is back in.
+
+The testing role stays with its worker while that worker is fit (one coming back is
+behind, and the DC's progress would wait for it), else goes to the first fit worker in
+configured order (``choose_testing_worker``). A worker that joins more than ``JOIN_FROM_LOG_MAX``
+behind the testing worker is brought up from a snapshot, closer it replays the log
+(``snapshot_needed``).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 DEAD_AFTER_S = 3.0
 """A worker that has not answered a heartbeat for this long is taken out of the pipeline."""
 STUCK_RETRY_MAX_S = 300.0
 """The longest a stuck worker that does not move waits before it is fed again."""
+JOIN_FROM_LOG_MAX = 100
+"""A worker that joins further behind the testing worker than this starts from a
+snapshot; closer, it replays the log."""
 
 
 class Event(enum.Enum):
@@ -103,3 +114,18 @@ def judge(
     if not beat.draining and not health.healthy:
         return replace(health, healthy=True), (*events, Event.BACK)
     return health, events
+
+
+def choose_testing_worker(fit: Sequence[str], current: str | None) -> str | None:
+    """Who tests next among the ``fit`` workers (configured order): the current one while
+    it is fit, else the first; None when none is fit."""
+    if current in fit:
+        return current
+    return fit[0] if fit else None
+
+
+def snapshot_needed(tester_position: int, joining_position: int) -> str:
+    """Why a worker joining at ``joining_position`` needs a snapshot first ("": it replays
+    the log)."""
+    behind = tester_position - joining_position
+    return f"{behind} transactions behind the testing worker" if behind > JOIN_FROM_LOG_MAX else ""
