@@ -3,7 +3,8 @@ what it bounds, in one place. From it come the command-line flag (with its check
 argparse error naming the flag) and the rows of the table in docs/operations.md, which a
 test compares with the docs, so that neither can drift from the code.
 
-Declared here so far: the workers' limits (``WORKER_LIMITS``).
+Declared here so far: the workers' limits (``WORKER_LIMITS``) and the store's
+backpressure and log size (``STORE_LIMITS``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from txsync.worker.backend import (
 )
 
 MIB = 1024 * 1024
+
+INCOMING_TXS_MAX_DEFAULT = 32_768
+OPEN_BODY_BYTES_MAX_DEFAULT = 1 << 30
+LOG_FILE_BYTES_MAX_DEFAULT = 16 << 20
+"""The store's defaults (``StoreConfig`` takes them from here)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,30 @@ WORKER_LIMITS: tuple[Setting, ...] = (
         "every N positions the state digest covers all user data (0: never); the same at "
         "every worker",
         unit="positions", least=0,
+    ),
+)  # fmt: skip
+
+
+STORE_LIMITS: tuple[Setting, ...] = (
+    Setting(
+        "incoming_max", INCOMING_TXS_MAX_DEFAULT,
+        "refuse submits (RESOURCE_EXHAUSTED, with a retry hint) while this many "
+        "transactions wait to be ordered",
+        "transactions waiting to be ordered before submits are refused with a retry hint",
+        unit="transactions",
+    ),
+    Setting(
+        "body_bytes_max", OPEN_BODY_BYTES_MAX_DEFAULT,
+        "refuse submits while the bodies of unfinished transactions take this many bytes",
+        "bytes of unfinished transactions' bodies before submits are refused",
+        unit="bytes",
+    ),
+    Setting(
+        "log_file_bytes_max", LOG_FILE_BYTES_MAX_DEFAULT,
+        "rotate the txlog file (and truncate what every peer and worker passed) once this "
+        "many bytes were appended since its snapshot",
+        "bytes appended to the txlog file before it is rotated (and start-up work)",
+        unit="bytes",
     ),
 )  # fmt: skip
 

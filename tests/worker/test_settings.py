@@ -1,5 +1,5 @@
-"""The workers' limits are declared once (``txsync.settings``): the flags, their checks
-and the docs table all come from the declarations (issue 18)."""
+"""The workers' and the store's limits are declared once (``txsync.settings``): the flags,
+their checks and the docs tables all come from the declarations (issue 18)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from txsync.cli.main import build_parser
-from txsync.settings import WORKER_LIMITS, docs_rows
+from txsync.settings import STORE_LIMITS, WORKER_LIMITS, docs_rows
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def test_the_docs_table_is_the_declarations() -> None:
     text = DOCS.read_text()
-    for row in docs_rows(WORKER_LIMITS):
+    for row in docs_rows([*WORKER_LIMITS, *STORE_LIMITS]):
         assert row in text, f"docs/operations.md lacks (or has another text for):\n{row}"
 
 
@@ -31,3 +31,12 @@ def test_every_limit_is_a_flag_with_its_default_and_bound() -> None:
             setting.parse("1e9")
     parsed = build_parser(every=True).parse_args([*base, "--content-check-every", "0"])
     assert parsed.content_check_every == 0
+
+
+def test_every_store_limit_is_a_flag_with_its_default() -> None:
+    base = ["transaction-store", "--node-id", "dc1", "--data", "/tmp/unused"]
+    options = build_parser(every=True).parse_args(base)
+    for setting in STORE_LIMITS:
+        assert getattr(options, setting.name) == setting.default
+    with pytest.raises(SystemExit):  # argparse names the flag and exits 2
+        build_parser(every=True).parse_args([*base, "--incoming-max", "0"])

@@ -25,6 +25,7 @@ from txsync.rpc import (
     run_service,
     until_stopped,
 )
+from txsync.settings import STORE_LIMITS, add_arguments
 from txsync.telemetry import Gauge, ServiceTelemetry, add_telemetry_arguments
 from txsync.tls import read_pem, server_credentials
 from txsync.transaction_store.admin import NOT_HERE, AdminServicer
@@ -168,12 +169,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--data", type=Path, required=True, help="data directory (txlog/ inside)")
     parser.add_argument("--listen", default="127.0.0.1:7001", help="host:port (port 0: any)")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
-    parser.add_argument("--incoming-max", type=int, default=32_768,
-                        help="refuse submits while this many txs are INCOMING")  # fmt: skip
-    parser.add_argument("--body-bytes-max", type=int, default=1 << 30,
-                        help="refuse submits while open bodies take this many bytes")  # fmt: skip
-    parser.add_argument("--log-file-bytes-max", type=int, default=16 << 20,
-                        help="rotate the txlog file past this size")  # fmt: skip
+    add_arguments(parser.add_argument_group("limits"), STORE_LIMITS)
     parser.add_argument("--grace-seconds", type=float, default=10.0,
                         help="how long in-flight calls may finish at shutdown")  # fmt: skip
     parser.add_argument("--allow-nondeterministic", action="store_true",
@@ -222,9 +218,6 @@ def _peer_store(text: str) -> tuple[str, str]:
 
 
 def run(options: argparse.Namespace) -> int:
-    if options.incoming_max < 1 or options.body_bytes_max < 1 or options.log_file_bytes_max < 1:
-        print("error: limits must be positive", file=sys.stderr)
-        return 2
     config = StoreConfig(
         data_dir=options.data,
         node_id=options.node_id,

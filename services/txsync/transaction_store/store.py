@@ -25,6 +25,11 @@ from google.protobuf.message import DecodeError
 
 from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta, TxState, is_allowed_transition
+from txsync.settings import (
+    INCOMING_TXS_MAX_DEFAULT,
+    LOG_FILE_BYTES_MAX_DEFAULT,
+    OPEN_BODY_BYTES_MAX_DEFAULT,
+)
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord
 from txsync.transaction_store.tx_tracing import trace_history, trace_transitions
@@ -54,13 +59,13 @@ SERVICE_NAME = "transaction-store"
 class StoreConfig:
     data_dir: Path
     node_id: str
-    incoming_txs_max: int = 32_768
+    incoming_txs_max: int = INCOMING_TXS_MAX_DEFAULT
     """Submits are refused (RESOURCE_EXHAUSTED) while this many transactions are INCOMING."""
-    open_body_bytes_max: int = 1 << 30
+    open_body_bytes_max: int = OPEN_BODY_BYTES_MAX_DEFAULT
     """...or while the bodies of unfinished transactions take this many bytes."""
     retry_after_ms: int = 250
     """The retry hint sent with RESOURCE_EXHAUSTED."""
-    log_file_bytes_max: int = 16 << 20
+    log_file_bytes_max: int = LOG_FILE_BYTES_MAX_DEFAULT
     """The current log file is rotated (and truncated if allowed) once this many bytes
     were appended since its snapshot. It also bounds start-up work: every body carried
     by the live log is checked against its file."""
