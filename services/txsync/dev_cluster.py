@@ -41,6 +41,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2
 
+from txsync.command_lines import coordinator_args, dispatch_args, store_args, worker_args
 from txsync.link_emulator import LinkEmulator, LinkSettings
 from txsync.parent_watch import child_environment
 from txsync.rpc import RECONNECT_OPTIONS, health_status
@@ -177,11 +178,6 @@ def layout_of(
     return layout
 
 
-def _metrics_flag(dc: dict[str, Any], key: str) -> list[str]:
-    """Layouts written by older versions may lack a metrics port: then none is served."""
-    return ["--metrics-listen", dc[key]] if key in dc else []
-
-
 def up(options: argparse.Namespace) -> int:
     say = _Say()
     data: Path = options.data.resolve()
@@ -281,23 +277,21 @@ class DevCluster:
         services: list[Service] = []
         for node, dc in dcs.items():
             Path(dc["data"]).mkdir(parents=True, exist_ok=True)
-            front_door = ["--coordinator", dc["coordinator"]]
-            if dc.get("dispatch"):
-                front_door += ["--dispatch", dc["dispatch"]]
-            for peer, peer_dc in dcs.items():
-                if peer != node:
-                    front_door += ["--peer-store", f"{peer}={peer_dc['store']}"]
+            peer_stores = {peer: d["store"] for peer, d in dcs.items() if peer != node}
+            # Layouts written by older versions may lack the metrics ports (.get: none).
             store = Service(
                 f"{node} transaction-store",
-                [*python, "transaction-store", "--node-id", node, "--data", dc["data"],
-                 "--listen", dc["store"], *(["--witness"] if dc.get("witness") else []),
-                 *front_door, *_metrics_flag(dc, "store_metrics"),
-                 *extra.get("transaction-store", [])],
+                [*python, *store_args(
+                    node, dc["data"], dc["store"], coordinator=dc["coordinator"],
+                    dispatch=dc.get("dispatch"), peer_stores=peer_stores,
+                    witness=bool(dc.get("witness")), metrics_listen=dc.get("store_metrics"),
+                    extra=extra.get("transaction-store", []),
+                )],
                 Path(dc["data"]) / "transaction-store.log",
                 dc["store"],
             )  # fmt: skip
             services.append(store)
-            peers = []
+            peers: dict[str, str] = {}
             for peer, peer_dc in dcs.items():
                 if peer == node:
                     continue
@@ -305,26 +299,28 @@ class DevCluster:
                 if emulator is not None:
                     settings = LinkSettings(delay_ms=one_way_delay_ms)
                     port = emulator.add_link(node, peer, port, settings)
-                peers += ["--peer", f"{peer}=127.0.0.1:{port}"]
+                peers[peer] = f"127.0.0.1:{port}"
             for worker_id, address in dc.get("workers", {}).items():
                 services.append(
                     Service(
                         f"{worker_id} worker",
-                        [*python, "worker", "--worker-id", worker_id, "--dc", node,
-                         "--data", str(Path(dc["data"]) / worker_id), "--listen", address,
-                         *extra.get("worker", [])],
+                        [*python, *worker_args(
+                            worker_id, node, str(Path(dc["data"]) / worker_id), address,
+                            extra=extra.get("worker", []),
+                        )],
                         Path(dc["data"]) / f"{worker_id}.log",
                         address,
                     )
                 )  # fmt: skip
             if dc.get("dispatch"):
-                workers = [f"--worker={w}={a}" for w, a in dc["workers"].items()]
                 services.append(
                     Service(
                         f"{node} worker-dispatch",
-                        [*python, "worker-dispatch", "--store", dc["store"], "--dc", node,
-                         "--listen", dc["dispatch"], *workers,
-                         *_metrics_flag(dc, "dispatch_metrics"), *extra.get("worker-dispatch", [])],
+                        [*python, *dispatch_args(
+                            dc["store"], dc["dispatch"], node, workers=dc["workers"],
+                            metrics_listen=dc.get("dispatch_metrics"),
+                            extra=extra.get("worker-dispatch", []),
+                        )],
                         Path(dc["data"]) / "worker-dispatch.log",
                         dc["dispatch"],
                         needs=(store,),
@@ -333,9 +329,11 @@ class DevCluster:
             services.append(
                 Service(
                     f"{node} sync-coordinator",
-                    [*python, "sync-coordinator", "--node-id", node, "--store", dc["store"],
-                     "--listen", dc["coordinator"], "--plaintext", *peers,
-                     *_metrics_flag(dc, "metrics"), *extra.get("sync-coordinator", [])],
+                    [*python, *coordinator_args(
+                        node, dc["store"], dc["coordinator"], peers=peers,
+                        metrics_listen=dc.get("metrics"),
+                        extra=extra.get("sync-coordinator", []),
+                    )],
                     Path(dc["data"]) / "sync-coordinator.log",
                     dc["coordinator"],
                     needs=(store,),

@@ -15,6 +15,13 @@ import pytest
 import yaml
 
 from tests.support.chart import CHART, EXAMPLES, ROOT, example_values, merged, notes, render
+from txsync.command_lines import (
+    coordinator_args,
+    dispatch_args,
+    flags,
+    store_args,
+    worker_args,
+)
 
 KUBERNETES_VERSIONS = ("1.33.0", "1.37.0")
 EXAMPLE_RELEASES = [
@@ -191,3 +198,30 @@ def test_access_control_is_on_by_default_with_generated_tokens() -> None:
         for s in open_objects if s["kind"] == "StatefulSet"
         for c in s["spec"]["template"]["spec"]["containers"]
     )  # fmt: skip
+
+
+def test_the_chart_passes_the_flags_dev_up_does() -> None:
+    """Both start the services from one builder's flags (``txsync.command_lines``): the
+    chart may add what only a pod needs (TLS, access, probes' ports), never lack one."""
+    values = example_values("three-dcs", "dc1.yaml")
+    objects = render(values, "txsync-dc1", "txsync-dc1")
+    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] == "StatefulSet"]
+    rendered = {c["name"]: flags(c["args"]) for pod in pods for c in pod["containers"]}
+    built = {
+        "transaction-store": store_args(
+            "dc1",
+            "d",
+            "a:1",
+            coordinator="a:2",
+            dispatch="a:3",
+            peer_stores={"dc2": "a:4"},
+            metrics_listen="a:5",
+        ),
+        "sync-coordinator": coordinator_args("dc1", "a:1", "a:2", peers={"dc2": "a:6"}),
+        "worker-dispatch": dispatch_args("a:1", "a:3", "dc1", workers={}, metrics_listen="a:5"),
+        "worker": worker_args("w1", "dc1", "d", "a:7"),
+    }
+    pod_only = {"--plaintext"}  # the chart speaks TLS between DCs (--tls-*) instead
+    for service, args in built.items():
+        missing = flags(args) - pod_only - rendered[service]
+        assert not missing, f"the chart's {service} lacks {sorted(missing)}"
