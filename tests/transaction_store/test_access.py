@@ -5,13 +5,15 @@ present TXSYNC_SERVICE_TOKEN; a whole DC applies transactions so."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import subprocess
 import sys
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import grpc
 import pytest
 
 from tests.support.processes import (
+    ServiceProcess,
     free_port,
     sync_coordinator,
     transaction_store,
@@ -178,6 +181,56 @@ def test_a_bad_access_file_stops_the_service_with_a_clear_message(tmp_path: Path
     assert "role must be client, reader, admin or service" in result.stderr
 
 
+@dataclass
+class OneDc:
+    store: ServiceProcess
+    worker: ServiceProcess
+    dispatch: ServiceProcess
+
+
+@contextlib.contextmanager
+def _one_dc(
+    tmp_path: Path, *flags: str, coordinator: bool = True, internal: str | None = None
+) -> Iterator[OneDc]:
+    """A DC of real processes (store, coordinator, worker, dispatch), each given ``flags``;
+    ``internal``: the store serves its internal API there, where the others reach it."""
+    store_flags = ("--internal-listen", internal) if internal else ()
+    store = transaction_store(tmp_path / "store", "dc1", *flags, *store_flags)
+    started: list[ServiceProcess] = [store]
+    try:
+        store.start()
+        internal_api = internal or store.address
+        if coordinator:
+            started.append(sync_coordinator(
+                tmp_path, "dc1", internal_api, free_port(), {}, "--plaintext", *flags
+            ))  # fmt: skip
+            started[-1].start()
+        the_worker = worker(tmp_path / "w1", "w1", *flags)
+        started.append(the_worker)
+        the_worker.start()
+        dispatch = worker_dispatch(
+            tmp_path / "dispatch", internal_api, {"w1": the_worker.address}, *flags
+        )
+        started.append(dispatch)
+        dispatch.start()
+        yield OneDc(store, the_worker, dispatch)
+    finally:
+        for process in reversed(started):
+            if process.process is not None:
+                process.terminate()
+
+
+BODY = common_pb2.TxBody(statements=[common_pb2.Statement(sql="CREATE TABLE t (a)")])
+
+
+def _submit_ok(address: str, *credentials: tuple[str, str]) -> None:
+    with grpc.insecure_channel(address) as channel:
+        client = client_pb2_grpc.ClientServiceStub(channel)
+        request = client_pb2.SubmitRequest(body=BODY, wait_for=common_pb2.TX_STATE_OK)
+        answer = client.Submit(request, metadata=credentials, timeout=120)
+        assert answer.state == common_pb2.TX_STATE_OK
+
+
 def test_a_dc_under_access_control_applies_and_its_worker_answers_only_services(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -185,32 +238,13 @@ def test_a_dc_under_access_control_applies_and_its_worker_answers_only_services(
     each other with the service token, and a worker refuses anyone else's Apply."""
     monkeypatch.setenv(SERVICE_TOKEN_ENV, TOKENS["service"])
     access = str(_access_file(tmp_path / "access.toml"))
-    store = transaction_store(tmp_path / "store", "dc1", "--access-file", access)
-    store.start()
-    coordinator = sync_coordinator(
-        tmp_path, "dc1", store.address, free_port(), {}, "--plaintext", "--access-file", access
-    )
-    the_worker = worker(tmp_path / "w1", "w1", "--access-file", access)
-    dispatch = None
-    try:
-        coordinator.start()
-        the_worker.start()
-        dispatch = worker_dispatch(
-            tmp_path / "dispatch", store.address, {"w1": the_worker.address},
-            "--access-file", access,
-        )  # fmt: skip
-        dispatch.start()
-        with grpc.insecure_channel(store.address) as channel:
-            client = client_pb2_grpc.ClientServiceStub(channel)
-            body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="CREATE TABLE t (a)")])
-            request = client_pb2.SubmitRequest(body=body, wait_for=common_pb2.TX_STATE_OK)
-            answer = client.Submit(request, metadata=_as("client"), timeout=120)
-            assert answer.state == common_pb2.TX_STATE_OK
-        with grpc.insecure_channel(the_worker.address) as channel:
+    with _one_dc(tmp_path, "--access-file", access) as dc:
+        _submit_ok(dc.store.address, *_as("client"))
+        with grpc.insecure_channel(dc.worker.address) as channel:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
             beat = worker_pb2.HeartbeatRequest()
             assert _code(lambda: stub.Heartbeat(beat)) is grpc.StatusCode.UNAUTHENTICATED
-            apply = worker_pb2.ApplyRequest(position=2, tx_id="x", body=body)
+            apply = worker_pb2.ApplyRequest(position=2, tx_id="x", body=BODY)
             without = _code(lambda: list(stub.Apply(iter([apply]))))
             assert without is grpc.StatusCode.UNAUTHENTICATED
             as_admin = _code(lambda: list(stub.Apply(iter([apply]), metadata=_as("admin"))))
@@ -220,40 +254,20 @@ def test_a_dc_under_access_control_applies_and_its_worker_answers_only_services(
             )
             assert stub.Query(query, metadata=_as("reader")).position == 1
             assert stub.Heartbeat(beat, metadata=_as("service")).position == 1
-    finally:
-        for process in (dispatch, the_worker, coordinator, store):
-            if process is not None:
-                process.terminate()
 
 
 def test_with_an_internal_listener_the_client_port_has_no_internal_api(tmp_path: Path) -> None:
     """--internal-listen: the coordinator and dispatch reach the internal API there, and
     a client on the client port finds no such service at all."""
     internal = f"127.0.0.1:{free_port()}"
-    store = transaction_store(tmp_path / "store", "dc1", "--internal-listen", internal)
-    store.start()
-    coordinator = sync_coordinator(tmp_path, "dc1", internal, free_port(), {}, "--plaintext")
-    the_worker = worker(tmp_path / "w1", "w1")
-    dispatch = None
-    try:
-        coordinator.start()
-        the_worker.start()
-        dispatch = worker_dispatch(tmp_path / "dispatch", internal, {"w1": the_worker.address})
-        dispatch.start()
-        with grpc.insecure_channel(store.address) as channel:
-            client = client_pb2_grpc.ClientServiceStub(channel)
-            body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="CREATE TABLE t (a)")])
-            request = client_pb2.SubmitRequest(body=body, wait_for=common_pb2.TX_STATE_OK)
-            assert client.Submit(request, timeout=120).state == common_pb2.TX_STATE_OK
+    with _one_dc(tmp_path, internal=internal) as dc:
+        _submit_ok(dc.store.address)
+        with grpc.insecure_channel(dc.store.address) as channel:
             internal_api = store_pb2_grpc.StoreInternalServiceStub(channel)
             request_bodies = store_pb2.ReadBodiesRequest(tx_ids=[str(uuid.uuid4())])
             refused = _code(lambda: internal_api.ReadBodies(request_bodies))
             assert refused is grpc.StatusCode.UNIMPLEMENTED
-        assert "internal API on " + internal in store.log()
-    finally:
-        for process in (dispatch, the_worker, coordinator, store):
-            if process is not None:
-                process.terminate()
+        assert "internal API on " + internal in dc.store.log()
 
 
 def test_every_internal_method_wants_the_service_token(tmp_path: Path) -> None:
@@ -261,21 +275,11 @@ def test_every_internal_method_wants_the_service_token(tmp_path: Path) -> None:
     runs (the hostile-input list of issue 17: unauthenticated calls to every internal and
     worker method)."""
     access = str(_access_file(tmp_path / "access.toml"))
-    store = transaction_store(tmp_path / "store", "dc1", "--access-file", access)
-    the_worker = worker(tmp_path / "w1", "w1", "--access-file", access)
-    dispatch = None
-    try:
-        store.start()
-        the_worker.start()
-        dispatch = worker_dispatch(
-            tmp_path / "dispatch", store.address, {"w1": the_worker.address},
-            "--access-file", access,
-        )  # fmt: skip
-        dispatch.start()
+    with _one_dc(tmp_path, "--access-file", access, coordinator=False) as dc:
         served = [
-            (store.address, store_pb2.DESCRIPTOR.services_by_name["StoreInternalService"]),
-            (the_worker.address, worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]),
-            (dispatch.address, worker_pb2.DESCRIPTOR.services_by_name["DispatchService"]),
+            (dc.store.address, store_pb2.DESCRIPTOR.services_by_name["StoreInternalService"]),
+            (dc.worker.address, worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]),
+            (dc.dispatch.address, worker_pb2.DESCRIPTOR.services_by_name["DispatchService"]),
         ]
         called = 0
         for address, service in served:
@@ -288,10 +292,6 @@ def test_every_internal_method_wants_the_service_token(tmp_path: Path) -> None:
                     assert code is grpc.StatusCode.UNAUTHENTICATED, (path, code)
                     called += 1
         assert called == sum(len(service.methods) for _, service in served) - 1
-    finally:
-        for process in (dispatch, the_worker, store):
-            if process is not None:
-                process.terminate()
 
 
 def _call_empty(open_channel: grpc.Channel, path: str, method: Any) -> object:
