@@ -5,6 +5,7 @@ leave the bookkeeping and the data as they were, and let the next transaction ap
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -200,8 +201,14 @@ def test_reads_may_use_any_function(backend: SqliteBackend) -> None:
 
 def test_memory_past_the_ceiling_fails_naming_the_limit(tmp_path: Path) -> None:
     backend = SqliteBackend(tmp_path / "w.db", heap_bytes_max=24 * 1024 * 1024)
-    assert backend.apply(1, "tx1", _body("CREATE TABLE b (v)")).ok
-    outcome = backend.apply(2, "tx2", _body("INSERT INTO b VALUES (hex(zeroblob(30000000)))"))
-    assert not outcome.ok
-    assert "memory ceiling of 25,165,824 bytes (worker --heap-bytes-max)" in outcome.error
-    assert backend.apply(3, "tx3", _body("INSERT INTO b VALUES (hex(zeroblob(1000)))")).ok
+    try:
+        assert backend.apply(1, "tx1", _body("CREATE TABLE b (v)")).ok
+        outcome = backend.apply(2, "tx2", _body("INSERT INTO b VALUES (hex(zeroblob(30000000)))"))
+        assert not outcome.ok
+        assert "memory ceiling of 25,165,824 bytes (worker --heap-bytes-max)" in outcome.error
+        assert backend.apply(3, "tx3", _body("INSERT INTO b VALUES (hex(zeroblob(1000)))")).ok
+    finally:
+        # The ceiling is the whole process's: lift it for the tests that run after.
+        backend.close()
+        with sqlite3.connect(":memory:") as conn:
+            conn.execute("PRAGMA hard_heap_limit=0")
