@@ -3,7 +3,7 @@ and then does not. Times are given: nothing here waits."""
 
 from __future__ import annotations
 
-from txsync.worker_dispatch.dispatch import (
+from txsync.worker_dispatch.health import (
     RESTART_LOOP_COUNT,
     RESTART_LOOP_WINDOW_S,
     RestartLoop,

@@ -58,6 +58,7 @@ from txsync.worker_dispatch.health import (
     Event,
     Health,
     Pipeline,
+    RestartLoop,
     choose_testing_worker,
     judge,
     snapshot_needed,
@@ -73,11 +74,6 @@ RECOVERY_TIMEOUT_S = 600.0
 """A whole snapshot copy (export and import) must finish within this."""
 STATE_BATCH_MAX = 512
 """State changes sent to the store in one call."""
-RESTART_LOOP_WINDOW_S = 60.0
-RESTART_LOOP_COUNT = 20
-"""A pipeline that restarts this many times within the window is in a loop (a worker
-that fails at once on every start, a store that refuses what dispatch records): an alarm
-that makes the DC unhealthy, until a window passes without that many."""
 STATES_RETRIED = frozenset({
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -119,31 +115,6 @@ class WorkerLink:
     recovery_progress: float = 0.0
     """0..1 while a snapshot is copied to it."""
     recoveries: int = 0
-
-
-class RestartLoop:
-    """Tells a pipeline that restarts in a loop from one that restarts now and then:
-    ``RESTART_LOOP_COUNT`` restarts within ``RESTART_LOOP_WINDOW_S``, the last of them
-    within the window too. Times are given, so that it can be tested without a clock."""
-
-    def __init__(self) -> None:
-        self._restarts: deque[tuple[float, str]] = deque(maxlen=RESTART_LOOP_COUNT)
-
-    def record(self, now: float, why: str) -> None:
-        self._restarts.append((now, why))
-
-    def alarm(self, now: float) -> str:
-        """The alarm's text, or "" when there is none."""
-        restarts = self._restarts
-        if len(restarts) < RESTART_LOOP_COUNT:
-            return ""
-        span = restarts[-1][0] - restarts[0][0]
-        if span > RESTART_LOOP_WINDOW_S or now - restarts[-1][0] > RESTART_LOOP_WINDOW_S:
-            return ""
-        return (
-            f"the pipeline restarted {len(restarts)} times in {span:.0f} s "
-            f"(last: {restarts[-1][1]})"
-        )
 
 
 class _Restart(Exception):

@@ -1,5 +1,5 @@
 """worker-dispatch's decisions as pure functions (issue 18): a worker's health, the testing
-role, and how a worker that joins catches up.
+role, how a worker that joins catches up, and when a pipeline restarts in a loop.
 
 ``judge`` takes what dispatch knows of a worker's health (``Health``), what its latest
 heartbeat said (a ``Beat``, or None when the call failed), the time, and how the
@@ -29,6 +29,7 @@ behind the testing worker is brought up from a snapshot, closer it replays the l
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -36,6 +37,11 @@ DEAD_AFTER_S = 3.0
 """A worker that has not answered a heartbeat for this long is taken out of the pipeline."""
 STUCK_RETRY_MAX_S = 300.0
 """The longest a stuck worker that does not move waits before it is fed again."""
+RESTART_LOOP_WINDOW_S = 60.0
+RESTART_LOOP_COUNT = 20
+"""A pipeline that restarts this many times within the window is in a loop (a worker
+that fails at once on every start, a store that refuses what dispatch records): an alarm
+that makes the DC unhealthy, until a window passes without that many."""
 JOIN_FROM_LOG_MAX = 100
 """A worker that joins further behind the testing worker than this starts from a
 snapshot; closer, it replays the log."""
@@ -129,3 +135,28 @@ def snapshot_needed(tester_position: int, joining_position: int) -> str:
     the log)."""
     behind = tester_position - joining_position
     return f"{behind} transactions behind the testing worker" if behind > JOIN_FROM_LOG_MAX else ""
+
+
+class RestartLoop:
+    """Tells a pipeline that restarts in a loop from one that restarts now and then:
+    ``RESTART_LOOP_COUNT`` restarts within ``RESTART_LOOP_WINDOW_S``, the last of them
+    within the window too. Times are given, so that it can be tested without a clock."""
+
+    def __init__(self) -> None:
+        self._restarts: deque[tuple[float, str]] = deque(maxlen=RESTART_LOOP_COUNT)
+
+    def record(self, now: float, why: str) -> None:
+        self._restarts.append((now, why))
+
+    def alarm(self, now: float) -> str:
+        """The alarm's text, or "" when there is none."""
+        restarts = self._restarts
+        if len(restarts) < RESTART_LOOP_COUNT:
+            return ""
+        span = restarts[-1][0] - restarts[0][0]
+        if span > RESTART_LOOP_WINDOW_S or now - restarts[-1][0] > RESTART_LOOP_WINDOW_S:
+            return ""
+        return (
+            f"the pipeline restarted {len(restarts)} times in {span:.0f} s "
+            f"(last: {restarts[-1][1]})"
+        )
