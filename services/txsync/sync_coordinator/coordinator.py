@@ -1,12 +1,14 @@
 """The sync-coordinator's loop: the protocol core's shell over gRPC.
 
-One task owns the ``ProtocolNode``. It takes events from a bounded queue (peers' posts
-and catch-up, acquired bodies, local submits, timer ticks), steps the core for each, and
-applies the merged effects in the core's order: first the durable ones, as one step on the
-transaction-store's ``PersistSteps`` stream, then the sends, held until that step and
-every step before it are durable. The loop does not wait for the disk: it steps the next
-events while earlier steps are written (as etcd's raft does with asynchronous storage
-writes), so an event that arrives during a write costs one write, not two.
+One task owns the ``ProtocolNode``, inside the pure ``Shell`` (``shell.py``), which
+decides when what the core asked for may be written and sent. The task takes events from
+a bounded queue (peers' posts and catch-up, acquired bodies, local submits, timer ticks)
+and steps them through the shell; this module is the shell's adapters. Writes go on the
+transaction-store's ``PersistSteps`` stream; its answers go back to the shell, which then
+releases the sends of every batch durable in order. The loop does not wait for the disk:
+it steps the next events while earlier steps are written (as etcd's raft does with
+asynchronous storage writes), so an event that arrives during a write costs one write,
+not two.
 
 Peers are reached through one sender task each, so a slow or dead peer never blocks the
 loop: of its queued posts the newest per merge base is kept, and other messages wait in a
@@ -60,6 +62,7 @@ from txsync.sync_coordinator.effects import MergedPersist
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
 from txsync.sync_coordinator.post_deltas import KnownPosts
 from txsync.sync_coordinator.rounds import RoundTracker
+from txsync.sync_coordinator.shell import Shell, ShellOutput
 from txsync.sync_coordinator.wire import (
     base_from_proto,
     base_to_proto,
@@ -86,12 +89,6 @@ EVENTS_MAX = 10_000
 """Events waiting for the loop; peers' calls wait (backpressure) beyond it."""
 EVENTS_PER_STEP_BATCH_MAX = 256
 """Events taken from the queue and stepped together."""
-BATCH_METAS_FLUSH = 2_048
-BATCH_CHANGES_FLUSH = 8_192
-"""A gathered step is sent (waiting for a slot if need be) once its merged effects reach
-these sizes, well inside the store's per-step limits (16,384 metas, 65,536 changes) even
-after one more step's worth (a step adds at most post_txs_max metas and three changes
-for each)."""
 PEER_QUEUE_MAX = 1_024
 """Messages other than posts waiting for one peer; the oldest is dropped beyond it."""
 PEER_BODY_CALLS_MAX = 256
@@ -109,11 +106,6 @@ PEER_CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
-PERSISTS_IN_FLIGHT_MAX = 2
-"""Steps sent to the store and not yet durable. Past it, what the loop steps gathers into
-one next step (sent when an answer frees a slot), as a blocked loop used to gather events:
-with 16 in flight, under load the loop sent many small steps and posts, each with fixed
-costs at both ends (batched submits 629 -> 457 tx/s, measured)."""
 PERSIST_TIMEOUT_S = 30.0
 """A step not durable after this long means the store is stuck: the coordinator stops
 (to be restarted from durable state) rather than hold every send forever."""
@@ -357,35 +349,6 @@ _StepStream = grpc.aio.StreamStreamCall[
 ]
 
 
-@dataclass(slots=True)
-class _Gathering:
-    """The effects of the steps since the last one sent to the store, merged."""
-
-    merged: MergedPersist = field(default_factory=MergedPersist)
-    readies: list[Ready] = field(default_factory=list)
-
-    def add(self, ready: Ready) -> None:
-        self.merged.add(ready)
-        self.readies.append(ready)
-
-    def is_big(self) -> bool:
-        merged = self.merged
-        metas = len(merged.incoming) + len(merged.synced)
-        return metas >= BATCH_METAS_FLUSH or len(merged.changes) >= BATCH_CHANGES_FLUSH
-
-
-@dataclass(slots=True)
-class _HeldSends:
-    """One flushed batch's sends, held until its step (if it has one) and every earlier
-    step are durable: the core's rule, persist before send, with steps in flight."""
-
-    readies: list[Ready]
-    installed: bool
-    """The batch installed a view: links follow the configuration before sending."""
-    durable: bool
-    since_s: float
-
-
 class Coordinator:
     def __init__(self, config: CoordinatorConfig, metrics: Metrics | None = None) -> None:
         self.config = config
@@ -401,6 +364,8 @@ class Coordinator:
         self.failed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         """Resolved with the reason if the protocol loop dies: the process must then stop
         (and be restarted from durable state), not linger as a healthy-looking zombie."""
+        self.shell: Shell | None = None
+        """The core inside the rules of when to write and when to send (``shell``)."""
         self._next_tick_ms: int | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._pushes: dict[str, tuple[str, ...]] = {}
@@ -410,7 +375,6 @@ class Coordinator:
         """Local submits' bodies as the store streamed them, until the core asks for
         their push (at most LOCAL_BODIES_MAX, oldest dropped)."""
         self._pushes_waiting = asyncio.Event()
-        self.steps = 0
         self.rejections = 0
         joining = () if config.joining else (config.node_id,)
         self.weights = {node: config.weights.get(node, 1) for node in (*joining, *config.peers)}
@@ -435,12 +399,12 @@ class Coordinator:
         """Peers' recent posts, which their next posts may name as references."""
         self._persists: _StepStream | None = None
         """The PersistSteps stream, open while running."""
-        self._persist_slots = asyncio.Semaphore(PERSISTS_IN_FLIGHT_MAX)
-        self._gathering = _Gathering()
-        self._held: deque[_HeldSends] = deque()
-        """Every flushed batch whose sends have not gone out, in order."""
-        self._not_durable: deque[_HeldSends] = deque()
-        """Those of them whose step the store has not answered yet, in order."""
+        self._writes: asyncio.Queue[store_pb2.PersistStepRequest] = asyncio.Queue()
+        """Steps for the stream, in the shell's order (at most its writes in flight)."""
+        self._written: deque[tuple[int, float]] = deque()
+        """(seq, monotonic time handed over) of each write the store has not answered."""
+        self._accepting = asyncio.Event()
+        """Set when the shell takes events again after waiting for a free write slot."""
 
     async def start(self) -> None:
         """Load the durable protocol state from the store and start the loop."""
@@ -484,6 +448,7 @@ class Coordinator:
             weights=self.weights,
             addresses=self.config.peers,
         )
+        self.shell = Shell(self.node)
         self._view_no = self.node.view_no
         self._quorum = self.node.quorum_state()
         for link in self.links.values():
@@ -492,6 +457,7 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._run(), name="protocol-loop"),
+            loop.create_task(self._write_steps(), name="step-writes"),
             loop.create_task(self._read_durable(), name="durable-steps"),
             loop.create_task(self._watch_local_submits(), name="local-submits"),
             loop.create_task(self._follow_membership(), name="membership"),
@@ -539,8 +505,16 @@ class Coordinator:
     # --- the loop --------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        await self._step_batch([Tick(_now_ms())])
+        shell = self.shell
+        assert shell is not None, "started"
+        self._step_batch([Tick(_now_ms())])
         while True:
+            while not shell.accepting:
+                # A big gathering waits for a write slot: take no events meanwhile (the
+                # queue's bound pushes back on the peers' calls).
+                self._accepting.clear()
+                async with asyncio.timeout(PERSIST_TIMEOUT_S):
+                    await self._accepting.wait()
             timeout = None
             if self._next_tick_ms is not None:
                 timeout = max(0.0, (self._next_tick_ms - _now_ms()) / 1000)
@@ -552,28 +526,34 @@ class Coordinator:
                 batch.append(Tick(_now_ms()))
             except TimeoutError:
                 batch = [Tick(_now_ms())]
-            await self._step_batch(batch)
+            self._step_batch(batch)
 
-    async def _step_batch(self, events: list[Event]) -> None:
-        node = self.node
-        assert node is not None
-        oldest = self._not_durable[0].since_s if self._not_durable else time.monotonic()
-        if time.monotonic() - oldest > PERSIST_TIMEOUT_S:
+    def _step_batch(self, events: list[Event]) -> None:
+        shell, node = self.shell, self.node
+        assert shell is not None and node is not None, "started"
+        if self._written and time.monotonic() - self._written[0][1] > PERSIST_TIMEOUT_S:
             raise RuntimeError(f"a step was not durable within {PERSIST_TIMEOUT_S:.0f} s")
-        last: Ready | None = None
-        for event in events:
-            ready = last = node.step(event)
-            self.steps += 1
-            self._gathering.add(ready)
-            for rejection in ready.rejections:
-                self.rejections += 1
-                level = logging.ERROR if "FORK" in rejection.reason else logging.DEBUG
-                log.log(level, "refused %s: %s", rejection.what, rejection.reason)
-            if self._gathering.is_big():
-                await self._hand_over(wait=True)
-        await self._hand_over(wait=False)
-        self._next_tick_ms = last.next_tick_ms if last is not None else None
+        out = shell.step(events)
+        for rejection in out.rejections:
+            self.rejections += 1
+            level = logging.ERROR if "FORK" in rejection.reason else logging.DEBUG
+            log.log(level, "refused %s: %s", rejection.what, rejection.reason)
+        self._apply(out)
+        self._next_tick_ms = out.next_tick_ms
         self._log_view_changes(node)
+
+    def _apply(self, out: ShellOutput) -> None:
+        """Hand the shell's writes to the stream's writer and make its released sends."""
+        for write in out.writes:
+            self._written.append((write.seq, time.monotonic()))
+            self._writes.put_nowait(self._persist_request(write.merged))
+        for release in out.releases:
+            if release.installed:
+                self._sync_links()
+            if not self.paused:
+                self._push_local_bodies(release.readies)
+            for ready in release.readies:
+                self._send(ready)
 
     def _log_view_changes(self, node: ProtocolNode) -> None:
         """One line when the view or the quorum state changes (operators grep for these)."""
@@ -594,60 +574,26 @@ class Coordinator:
             for listener in self.quorum_listeners:
                 listener(quorum)
 
-    async def _hand_over(self, *, wait: bool) -> None:
-        """Send the gathered step to the store if a slot is free (or, ``wait``, once one
-        is); otherwise it goes on gathering, and the answer that frees a slot wakes the
-        loop to send it. A step with nothing durable needs no slot: its sends only wait
-        for the steps before it."""
-        gathering = self._gathering
-        if not gathering.readies:
-            return
-        durable = gathering.merged.is_empty()
-        if not durable:
-            if self._persist_slots.locked() and not wait:
-                return
-            async with asyncio.timeout(PERSIST_TIMEOUT_S):
-                await self._persist_slots.acquire()
-        self._gathering = _Gathering()
-        held = _HeldSends(
-            gathering.readies, gathering.merged.installed is not None, durable, time.monotonic()
-        )
-        self._held.append(held)
-        if not durable:
-            self._not_durable.append(held)
-            assert self._persists is not None, "started"
-            step = self._persist_request(gathering.merged)
+    async def _write_steps(self) -> None:
+        """The only writer of the PersistSteps stream: steps go in the shell's order."""
+        assert self._persists is not None, "started"
+        while True:
+            step = await self._writes.get()
             await self._persists.write(store_pb2.PersistStepsRequest(step=step))
-        self._release_sends()
 
     async def _read_durable(self) -> None:
         """The store answers each step once it is durable, in the order sent."""
-        assert self._persists is not None, "started"
+        shell = self.shell
+        assert self._persists is not None and shell is not None, "started"
         async for _ in self._persists:
-            held = self._not_durable.popleft()
-            held.durable = True
-            self._persist_slots.release()
-            self._release_sends()
-            if self._gathering.readies:
-                # Only the loop writes to the stream (in order): wake it to send what
-                # gathered while every slot was taken (a full queue wakes it anyway).
-                with contextlib.suppress(asyncio.QueueFull):
-                    self.events.put_nowait(Tick(_now_ms()))
+            seq, _ = self._written.popleft()
+            self._apply(shell.write_durable(seq))
+            if shell.accepting:
+                self._accepting.set()
         # A failure here is fatal for this incarnation: memory ran ahead of the disk.
         raise RuntimeError("the store ended the stream of protocol steps")
 
-    def _release_sends(self) -> None:
-        """Send what every durable step allows, in the order the batches were stepped."""
-        while self._held and self._held[0].durable:
-            held = self._held.popleft()
-            if held.installed:
-                self._sync_links()
-            if not self.paused:
-                self._push_local_bodies(held.readies)
-            for ready in held.readies:
-                self._send(ready)
-
-    def _push_local_bodies(self, readies: list[Ready]) -> None:
+    def _push_local_bodies(self, readies: tuple[Ready, ...]) -> None:
         """The batch's pushes of bodies we hold in memory, as few calls per peer as fit,
         queued before the batch's posts (``PeerLink``); the rest are read from the store
         by ``_push_bodies``."""

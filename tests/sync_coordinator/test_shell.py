@@ -1,0 +1,103 @@
+"""The coordinator's shell, driven with a real core: persist before send, with writes in
+flight. (The simulator runs the same shell under faults; see tests/sim.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from txsync.protocol import LocalTx, ProtocolNode, SendPost, Tick
+from txsync.sync_coordinator.shell import Shell, ShellError, ShellOutput
+
+TX = [f"00000000-0000-4000-8000-00000000000{n}" for n in range(1, 10)]
+
+
+def _shell(**settings: int) -> Shell:
+    shell = Shell(ProtocolNode("dc1", ["dc1", "dc2", "dc3"], now_ms=0), **settings)
+    first = shell.step([Tick(0)])  # nothing to write: the first posts go at once
+    assert not first.writes and _posts(first)
+    return shell
+
+
+def _posts(out: ShellOutput) -> list[SendPost]:
+    return [
+        message
+        for release in out.releases
+        for ready in release.readies
+        for message in ready.messages
+        if isinstance(message, SendPost)
+    ]
+
+
+def _incoming(out: ShellOutput) -> list[list[str]]:
+    return [[meta.tx_id for meta in write.merged.incoming] for write in out.writes]
+
+
+def test_a_step_with_something_durable_sends_only_once_it_is_durable() -> None:
+    shell = _shell()
+    out = shell.step([LocalTx(TX[0]), Tick(200)])
+    assert _incoming(out) == [[TX[0]]]
+    assert not out.releases
+    released = shell.write_durable(out.writes[0].seq)
+    assert not released.writes
+    posts = _posts(released)
+    assert posts and all(TX[0] in [m.tx_id for m in p.post.queue] for p in posts)
+
+
+def test_sends_with_nothing_durable_wait_for_the_writes_before_them() -> None:
+    shell = _shell()
+    first = shell.step([LocalTx(TX[0])])
+    later = shell.step([Tick(600)])  # a repost: nothing to write, but it names TX[0]
+    assert not later.writes and not later.releases
+    released = shell.write_durable(first.writes[0].seq)
+    assert len(released.releases) == 2  # both batches, in the order they were stepped
+
+
+def test_past_the_writes_in_flight_steps_gather_into_the_next_write() -> None:
+    shell = _shell(writes_in_flight_max=1)
+    first = shell.step([LocalTx(TX[0])])
+    assert _incoming(first) == [[TX[0]]]
+    assert _incoming(shell.step([LocalTx(TX[1])])) == []
+    assert _incoming(shell.step([LocalTx(TX[2])])) == []
+    freed = shell.write_durable(first.writes[0].seq)
+    assert _incoming(freed) == [[TX[1], TX[2]]]  # one write, one fsync, for both
+    assert len(freed.releases) == 1  # the first batch's sends; the second's wait
+    assert shell.writes_in_flight == tuple(freed.writes)
+
+
+def test_a_big_gathering_is_sealed_and_the_shell_takes_no_events_until_a_slot_frees() -> None:
+    shell = _shell(writes_in_flight_max=1, flush_metas=2)
+    first = shell.step([LocalTx(TX[0])])
+    assert shell.accepting
+    held = shell.step([LocalTx(TX[1]), LocalTx(TX[2]), LocalTx(TX[3])])
+    assert not held.writes
+    assert not shell.accepting  # TX[1] and TX[2] were sealed on size
+    freed = shell.write_durable(first.writes[0].seq)
+    assert _incoming(freed) == [[TX[1], TX[2]]]
+    assert shell.accepting  # TX[3] gathers for the next write
+    last = shell.write_durable(freed.writes[0].seq)
+    assert _incoming(last) == [[TX[3]]]
+
+
+def test_answers_must_come_in_the_order_the_writes_went() -> None:
+    shell = _shell(writes_in_flight_max=2)
+    first = shell.step([LocalTx(TX[0])])
+    second = shell.step([LocalTx(TX[1])])
+    with pytest.raises(ShellError, match="write 2 answered; the oldest unanswered is 1"):
+        shell.write_durable(second.writes[0].seq)
+    shell.write_durable(first.writes[0].seq)
+    with pytest.raises(ShellError, match="write 1 answered"):
+        shell.write_durable(first.writes[0].seq)
+
+
+def test_synced_entries_on_their_way_to_the_disk_are_pending() -> None:
+    shell = Shell(ProtocolNode("dc1", ["dc1"], now_ms=0))  # alone, it syncs at once
+    out = shell.step([Tick(0), LocalTx(TX[0]), Tick(10)])
+    assert [meta.tx_id for meta in shell.pending_synced()] == [TX[0]]
+    assert shell.core.merge_base.synced_len == 1
+    shell.write_durable(out.writes[0].seq)
+    assert shell.pending_synced() == []
+
+
+def test_a_shell_needs_a_write_slot() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Shell(ProtocolNode("dc1", ["dc1"], now_ms=0), writes_in_flight_max=0)
