@@ -16,8 +16,9 @@ from tests.sim.broken_cores import (
     UnfrozenPromiseCore,
     UnionAddCore,
 )
+from tests.sim.broken_shells import SendsBeforeDurableShell, SendsOutOfOrderShell
 from txsync.sim import DEFAULT_MIXES, FaultMix, SimConfig, run_mix, run_seed
-from txsync.sim.cluster import NodeFactory
+from txsync.sim.cluster import NodeFactory, ShellFactory
 
 REGRESSIONS = Path(__file__).parent / "regression_seeds.txt"
 FULL_MIX = "delay,drop,duplicate,reorder,partition,flap,crash"
@@ -118,6 +119,37 @@ def test_a_broken_core_is_caught_within_200_seeds(
     again = run_seed(failure.config, core)
     assert again.violation == failure.violation
     assert f"--seed {failure.config.seed} " in failure.replay_command()
+
+
+@pytest.mark.parametrize(
+    ("shell", "mix", "nodes", "invariants"),
+    [
+        # A node that told its peers what it then lost in a crash comes back holding, as
+        # incoming, a transaction the others synced from its post (2).
+        (SendsBeforeDurableShell, "crash", 3, {2}),
+        (SendsBeforeDurableShell, "crash", 5, {2}),
+        # Sends of a batch with nothing durable overtake an earlier batch's: the rounds
+        # they report end before they start (0), and tracing would lie.
+        (SendsOutOfOrderShell, "delay,drop,duplicate,reorder,crash", 5, {0}),
+    ],
+    ids=["sends-before-durable", "sends-before-durable-5", "sends-out-of-order"],
+)
+def test_a_broken_shell_is_caught_within_200_seeds(
+    shell: ShellFactory, mix: str, nodes: int, invariants: set[int]
+) -> None:
+    summary = run_mix(
+        FaultMix.parse(mix),
+        range(BUG_SEEDS_MAX),
+        nodes=nodes,
+        txs=20,
+        shell_factory=shell,
+        stop_at_first=True,
+    )
+    assert summary.failures, f"{shell.__name__} survived {BUG_SEEDS_MAX} seeds of {mix}"
+    failure = summary.failures[0]
+    assert any(f"invariant {n} " in (failure.violation or "") for n in invariants), failure
+    again = run_seed(failure.config, shell_factory=shell)
+    assert again.violation == failure.violation
 
 
 @pytest.mark.slow

@@ -4,9 +4,13 @@ Everything that happens is an event on one time-ordered heap: a message or body 
 a node's timer, a client's submit, a crash or restart, a partition or its healing. The
 same seed always yields the same run, so any failure replays from its seed alone.
 
-The simulated node is the thinnest possible shell: it keeps exactly what the core asked
-it to persist (plus the bodies it holds), applies each ``Ready`` in the documented order,
-and after a crash restarts from that durable state alone.
+Each node runs the coordinator's own ``Shell`` around its core: the shell merges the
+core's durable effects into writes, keeps a few in flight and releases sends only once
+they are durable. The simulated store answers each write after a drawn delay, in order,
+and keeps exactly what was written (plus the bodies the node holds); after a crash the
+node restarts from that durable state alone. A crash may come with writes in flight (the
+store kept a random prefix of them) or between a write's answer and the sends it
+releases.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import heapq
 import random
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,12 +34,6 @@ from txsync.protocol import (
     LocalTx,
     MergeBase,
     NodeId,
-    PersistCounter,
-    PersistDropIncoming,
-    PersistIncoming,
-    PersistSynced,
-    PersistView,
-    PersistViewVote,
     Post,
     PostReceived,
     ProtocolNode,
@@ -59,8 +58,11 @@ from txsync.protocol import (
 from txsync.protocol.model import Message
 from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
+from txsync.sync_coordinator.effects import MergedPersist
+from txsync.sync_coordinator.shell import Shell, ShellOutput
 
 NodeFactory = Callable[..., ProtocolNode]
+ShellFactory = Callable[..., Shell]
 
 SIM_TIMING = Timing(
     round_timeout_ms=150,
@@ -80,6 +82,13 @@ SIM_TIMING = Timing(
 
 SIM_LIMITS = Limits(post_txs_max=64, catchup_entries_max=16, synced_window_max=64)
 """Small enough that posts are cut, catch-up comes in chunks and old entries leave memory."""
+
+SIM_FLUSH_METAS = 24
+SIM_FLUSH_CHANGES = 48
+"""Far below the coordinator's, so that gatherings are sealed on size and the shell stops
+taking events until a write slot frees, as under heavy load."""
+DISK_MS = (0, 6)
+"""How long the store takes to answer one write (drawn per write; answers stay in order)."""
 
 STEPS_MAX = 400_000
 """A schedule that takes more steps than this is reported as a liveness failure."""
@@ -128,13 +137,21 @@ class _Durable:
 class _SimNode:
     node_id: NodeId
     durable: _Durable
-    core: ProtocolNode | None
+    shell: Shell | None
     tick_at: int | None = None
     torn_crash_pending: bool = False
     fed_position: int = 0
     """Synced positions scanned for membership entries (the shell's follower)."""
     open_round: int | None = None
     """The round the core reported started and not yet ended (its reports must pair)."""
+    waiting: deque[Event] = field(default_factory=deque)
+    """Events that arrived while the shell took none (a sealed write waits for a slot)."""
+    last_answer_ms: int = 0
+    """When the store answers this incarnation's newest write: answers keep their order."""
+
+    @property
+    def core(self) -> ProtocolNode | None:
+        return None if self.shell is None else self.shell.core
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +192,15 @@ class _ChangeMembership:
 
 
 @dataclass(frozen=True, slots=True)
+class _WriteDurable:
+    node: NodeId
+    epoch: int
+    """The incarnation that handed the write over: an answer to a crashed one is void."""
+    seq: int
+    merged: MergedPersist
+
+
+@dataclass(frozen=True, slots=True)
 class _Crash:
     node: NodeId
     torn: bool
@@ -198,7 +224,15 @@ class _Heal:
 
 _NetworkEvent = _Deliver | _DeliverBody | _FetchRequest
 _SimEvent = (
-    _NetworkEvent | _Timer | _Submit | _ChangeMembership | _Crash | _Restart | _Partition | _Heal
+    _NetworkEvent
+    | _Timer
+    | _Submit
+    | _ChangeMembership
+    | _WriteDurable
+    | _Crash
+    | _Restart
+    | _Partition
+    | _Heal
 )
 
 
@@ -218,16 +252,26 @@ class SimStats:
 
 
 class Simulation:
-    def __init__(self, config: SimConfig, node_factory: NodeFactory = ProtocolNode) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        node_factory: NodeFactory = ProtocolNode,
+        shell_factory: ShellFactory = Shell,
+    ) -> None:
         self.config = config
         self.stats = SimStats()
         self._rng = random.Random(config.seed)
         self._factory = node_factory
+        self._shell_factory = shell_factory
+        self._writes_in_flight_max = self._rng.choice((1, 2, 4))
         self._initial = tuple(f"dc{index + 1}" for index in range(config.nodes))
         spare = (f"dc{config.nodes + 1}",) if config.faults.membership else ()
         self._ids = self._initial + spare
         """Every node; with membership changes one spare starts unconfigured."""
         self._membership: dict[TxId, ConfigChange] = {}
+        self._received: dict[TxId, tuple[NodeId, int]] = {}
+        """Each client submit's node and incarnation (epoch), for the client's retry when
+        that incarnation dies before the submit is acknowledged."""
         self._now = 0
         self._heap: list[tuple[int, int, _SimEvent]] = []
         self._seq = 0
@@ -290,6 +334,8 @@ class Simulation:
             sim_node = self._nodes[node]
             core = sim_node.core
             if core is None or core.merge_base.synced_len != target or core.incoming_metas():
+                return False
+            if sim_node.shell is not None and sim_node.shell.pending_synced():
                 return False
             if len(sim_node.durable.bodies) < target:
                 return False
@@ -369,6 +415,8 @@ class Simulation:
                 held = tx_id in holder.durable.bodies
                 if holder.core is not None and self._linked(sender, to) and held:
                     self._send(_DeliverBody(sender, to, tx_id))
+            case _WriteDurable():
+                self._write_durable(event)
             case _Submit(tx_id, attempt):
                 self._submit(tx_id, attempt)
             case _ChangeMembership(attempt):
@@ -401,10 +449,14 @@ class Simulation:
             self._at(self._now + 50, _Submit(tx_id, attempt + 1))
             return
         node = self._rng.choice(up)
-        self._nodes[node].durable.bodies.add(tx_id)
-        ready = self._step(node, LocalTx(tx_id))
-        if ready is not None and ready.rejections:
-            self._at(self._now + 50, _Submit(tx_id, attempt + 1))
+        self._local_tx(node, tx_id)
+
+    def _local_tx(self, node: NodeId, tx_id: TxId) -> None:
+        """A client's submit reaches ``node``: its store holds the body, its core hears."""
+        durable = self._nodes[node].durable
+        durable.bodies.add(tx_id)
+        self._received[tx_id] = (node, durable.epoch)
+        self._step(node, LocalTx(tx_id))
 
     def _change_membership(self, attempt: int) -> None:
         """An operator's membership entry at a configured node that is up: add the spare,
@@ -424,11 +476,15 @@ class Simulation:
             change = ConfigChange(rng.choice(configured), rng.choice((1, 2)))
         tx_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         self._membership[tx_id] = change
-        node = rng.choice(up)
-        self._nodes[node].durable.bodies.add(tx_id)
-        ready = self._step(node, LocalTx(tx_id))
-        if ready is not None and ready.rejections:
-            self._at(self._now + 50, _ChangeMembership(attempt + 1))
+        self._local_tx(rng.choice(up), tx_id)
+
+    def _on_refused(self, event: Event, out: ShellOutput) -> None:
+        """A client whose submit was refused (no majority, a full queue) tries again."""
+        if isinstance(event, LocalTx) and out.rejections:
+            if event.tx_id in self._membership:
+                self._at(self._now + 50, _ChangeMembership(1))
+            else:
+                self._at(self._now + 50, _Submit(event.tx_id, 1))
 
     def _feed_membership(self, node: NodeId) -> None:
         """What the coordinator's follower does: in synced order, without gaps, tell the
@@ -450,7 +506,7 @@ class Simulation:
         sim_node.open_round = None  # a restarted core counts rounds from 0 again
         view = sim_node.durable.view
         sim_node.fed_position = view.configuration.applied_position if view is not None else 0
-        sim_node.core = self._factory(
+        core = self._factory(
             node,
             self._initial,
             now_ms=self._now,
@@ -458,46 +514,104 @@ class Simulation:
             limits=SIM_LIMITS,
             timing=SIM_TIMING,
         )
+        sim_node.shell = self._shell_factory(
+            core,
+            writes_in_flight_max=self._writes_in_flight_max,
+            flush_metas=SIM_FLUSH_METAS,
+            flush_changes=SIM_FLUSH_CHANGES,
+        )
+        self.checker.on_restart(node, sim_node.durable.counter)
         sim_node.tick_at = None
+        sim_node.waiting.clear()
+        sim_node.last_answer_ms = self._now
         self._step(node, Tick(self._now))
 
     def _crash(self, node: NodeId) -> None:
+        """The node's process dies. Of the writes it had handed over, the store may have
+        made any prefix durable before it noticed."""
         sim_node = self._nodes[node]
-        sim_node.core = None
+        shell = sim_node.shell
+        assert shell is not None
+        in_flight = shell.writes_in_flight
+        for write in in_flight[: self._rng.randint(0, len(in_flight))]:
+            self._apply_durable(node, write.merged)
+        # A submit the dead incarnation never acknowledged was never written, nor (the
+        # shell's rule) told to anyone: its client times out and submits it again.
+        epoch = sim_node.durable.epoch
+        for tx_id, received in self._received.items():
+            if received == (node, epoch) and tx_id not in self.checker.acked:
+                self._at(self._now + 50, _Submit(tx_id, 1))
+        sim_node.shell = None
         sim_node.tick_at = None
         sim_node.torn_crash_pending = False
+        sim_node.waiting.clear()
         self.stats.crashes += 1
         self._at(self._now + self._rng.randint(50, 1_500), _Restart(node))
 
     # --- one step of one node, and its effects ---------------------------------------------
 
-    def _step(self, node: NodeId, event: Event) -> Ready | None:
+    def _step(self, node: NodeId, event: Event) -> None:
+        """Step ``event`` through the node's shell, or keep it while the shell takes none."""
         sim_node = self._nodes[node]
-        core = sim_node.core
-        assert core is not None
+        shell = sim_node.shell
+        assert shell is not None
+        if not shell.accepting:
+            sim_node.waiting.append(event)
+            return
+        core = shell.core
         rounds_before = core.round_no
         try:
-            ready = core.step(event)
+            out = shell.step([event])
         except AssertionError as error:
             raise InvariantViolation(0, f"{node}: {error!r} on {type(event).__name__}") from error
         self.stats.rounds += core.round_no - rounds_before
-        self._check_round_reports(sim_node, ready)
-        self._apply_durable(node, ready)
-        if sim_node.torn_crash_pending:
-            self._crash(node)  # after the durable writes, before anything is sent
-            return None
-        self._send_effects(node, ready)
+        self._on_refused(event, out)
+        self._take_output(node, out)
+        # The checker knows what is durable; the core is ahead by what is being written.
+        pending = shell.pending_synced()
         self.checker.check_node(
             node,
             counter=core.counter,
-            synced_len=core.merge_base.synced_len,
-            incoming_ids=[meta.tx_id for meta in core.incoming_metas()],
+            synced_len=core.merge_base.synced_len - len(pending),
+            incoming_ids={meta.tx_id for meta in core.incoming_metas()},
+            synced_pending={meta.tx_id for meta in pending},
         )
-        if ready.next_tick_ms is not None:
-            self._arm_timer(sim_node, ready.next_tick_ms)
+        if out.next_tick_ms is not None:
+            self._arm_timer(sim_node, out.next_tick_ms)
         if self._membership and not isinstance(event, ConfigChangeSynced):
             self._feed_membership(node)
-        return ready
+
+    def _take_output(self, node: NodeId, out: ShellOutput) -> None:
+        """Hand the shell's writes to the store and make the sends it released."""
+        sim_node = self._nodes[node]
+        for write in out.writes:
+            answer = max(self._now + self._rng.randint(*DISK_MS), sim_node.last_answer_ms)
+            sim_node.last_answer_ms = answer
+            epoch = sim_node.durable.epoch
+            self._at(answer, _WriteDurable(node, epoch, write.seq, write.merged))
+        for release in out.releases:
+            for ready in release.readies:
+                self._check_round_reports(sim_node, ready)
+                self._send_effects(node, ready)
+
+    def _write_durable(self, answer: _WriteDurable) -> None:
+        """The store made a write durable: apply it, then tell the shell, which may
+        release sends, hand over the next write and take events again."""
+        node = answer.node
+        sim_node = self._nodes[node]
+        shell = sim_node.shell
+        if shell is None or answer.epoch != sim_node.durable.epoch:
+            return  # the incarnation that wrote it is gone; _crash settled its writes
+        self._apply_durable(node, answer.merged)
+        out = shell.write_durable(answer.seq)
+        if sim_node.torn_crash_pending:
+            self._crash(node)  # durable, but nothing it released was sent
+            return
+        self._take_output(node, out)
+        if self._membership:
+            self._feed_membership(node)
+        while sim_node.shell is shell and shell.accepting and sim_node.waiting:
+            self._step(node, sim_node.waiting.popleft())
 
     @staticmethod
     def _check_round_reports(sim_node: _SimNode, ready: Ready) -> None:
@@ -519,34 +633,35 @@ class Simulation:
                         )
                     sim_node.open_round = None
 
-    def _apply_durable(self, node: NodeId, ready: Ready) -> None:
+    def _apply_durable(self, node: NodeId, merged: MergedPersist) -> None:
+        """What the transaction-store does with one write, in its order: counter,
+        forgotten metas, new metas, synced append, installed view, vote, states."""
         durable = self._nodes[node].durable
-        for effect in ready.persist:
-            match effect:
-                case PersistCounter(counter):
-                    durable.counter = counter
-                case PersistIncoming(metas):
-                    durable.incoming.update((added.tx_id, added) for added in metas)
-                case PersistSynced(start, metas):
-                    held = all(self._body_held_somewhere(synced.tx_id) for synced in metas)
-                    self.checker.on_synced(node, start.synced_len, metas, held)
-                    durable.synced.extend(metas)
-                    for synced in metas:
-                        durable.incoming.pop(synced.tx_id, None)
-                case PersistDropIncoming(tx_ids):
-                    self.checker.on_forgotten(node, tx_ids)
-                    for tx_id in tx_ids:
-                        durable.incoming.pop(tx_id, None)
-                case PersistViewVote(promised, accepted_ballot, accepted):
-                    durable.promised = promised
-                    durable.accepted_ballot = accepted_ballot
-                    durable.accepted = accepted
-                case PersistView(installed):
-                    self.checker.on_view(node, installed)
-                    self.stats.views = self.checker.views_installed
-                    durable.view = installed
-                    durable.promised = durable.accepted_ballot = durable.accepted = None
-        for change in ready.state_changes:
+        if merged.counter:
+            durable.counter = merged.counter
+        if merged.forgotten:
+            self.checker.on_forgotten(node, merged.forgotten)
+            for tx_id in merged.forgotten:
+                durable.incoming.pop(tx_id, None)
+        durable.incoming.update((added.tx_id, added) for added in merged.incoming)
+        if merged.synced:
+            start = merged.synced_start
+            assert start is not None, "a synced append has a start"
+            held = all(self._body_held_somewhere(synced.tx_id) for synced in merged.synced)
+            self.checker.on_synced(node, start.synced_len, merged.synced, held)
+            durable.synced.extend(merged.synced)
+            for synced in merged.synced:
+                durable.incoming.pop(synced.tx_id, None)
+        if merged.installed is not None:
+            self.checker.on_view(node, merged.installed)
+            self.stats.views = self.checker.views_installed
+            durable.view = merged.installed
+            durable.promised = durable.accepted_ballot = durable.accepted = None
+        if merged.vote is not None:
+            durable.promised = merged.vote.promised
+            durable.accepted_ballot = merged.vote.accepted_ballot
+            durable.accepted = merged.vote.accepted
+        for change in merged.changes:
             self.checker.on_state(node, change.tx_id, change.state)
             meta = durable.incoming.get(change.tx_id)
             if change.state is TxState.INCOMING and meta is not None and meta.origin == node:

@@ -115,6 +115,11 @@ class InvariantChecker:
                 8, f"view {view_no}: {node} installed {installed}, not {known}"
             )
 
+    def on_restart(self, node: NodeId, durable_counter: int) -> None:
+        """A node restarts from its durable state: a counter it raised in memory but never
+        wrote (nor, if its shell is right, sent) is gone with the crash."""
+        self._counter[node] = durable_counter
+
     def on_acked(self, node: NodeId, tx_id: TxId) -> None:
         self.acked[tx_id] = node
         if tx_id not in self._synced_ids[node]:
@@ -129,7 +134,9 @@ class InvariantChecker:
         counter: int,
         synced_len: int,
         incoming_ids: Collection[TxId],
+        synced_pending: Collection[TxId] = (),
     ) -> None:
+        """``synced_pending``: appended by the core, on their way to the disk."""
         if counter < self._counter[node]:
             before = self._counter[node]
             raise InvariantViolation(6, f"{node} counter went from {before} to {counter}")
@@ -142,7 +149,14 @@ class InvariantChecker:
         both = next((tx for tx in incoming_ids if tx in synced), None)
         if both is not None:
             raise InvariantViolation(2, f"{node} holds {both} both synced and incoming")
-        lost = next((tx for tx in self._acked_pending[node] if tx not in incoming_ids), None)
+        lost = next(
+            (
+                tx
+                for tx in self._acked_pending[node]
+                if tx not in incoming_ids and tx not in synced_pending
+            ),
+            None,
+        )
         if lost is not None:
             raise InvariantViolation(3, f"origin {node} dropped acknowledged tx {lost} unsynced")
 

@@ -7,9 +7,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from txsync.sim.cluster import NodeFactory, SimConfig, SimStats, Simulation
+from txsync.protocol import ProtocolNode
+from txsync.sim.cluster import NodeFactory, ShellFactory, SimConfig, SimStats, Simulation
 from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantViolation
+from txsync.sync_coordinator.shell import Shell
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +37,13 @@ class SeedOutcome:
         )  # fmt: skip
 
 
-def run_seed(config: SimConfig, node_factory: NodeFactory | None = None) -> SeedOutcome:
-    simulation = Simulation(config) if node_factory is None else Simulation(config, node_factory)
+def run_seed(
+    config: SimConfig,
+    node_factory: NodeFactory | None = None,
+    shell_factory: ShellFactory | None = None,
+) -> SeedOutcome:
+    """One schedule; a broken core or shell (tests/sim) replaces the real one if given."""
+    simulation = Simulation(config, node_factory or ProtocolNode, shell_factory or Shell)
     try:
         stats = simulation.run()
     except InvariantViolation as violation:
@@ -79,17 +86,18 @@ def run_mix(
     txs: int,
     jobs: int = 1,
     node_factory: NodeFactory | None = None,
+    shell_factory: ShellFactory | None = None,
     stop_at_first: bool = False,
     on_outcome: Callable[[SeedOutcome], None] | None = None,
 ) -> MixSummary:
     configs = [SimConfig(seed=seed, nodes=nodes, txs=txs, faults=mix) for seed in seeds]
     outcomes: Iterator[SeedOutcome]
-    if jobs > 1 and node_factory is None:
+    if jobs > 1 and node_factory is None and shell_factory is None:
         pool = ProcessPoolExecutor(max_workers=jobs)
         outcomes = pool.map(_run_seed_default, configs, chunksize=16)
     else:
         pool = None
-        outcomes = (run_seed(config, node_factory) for config in configs)
+        outcomes = (run_seed(config, node_factory, shell_factory) for config in configs)
     failures: list[SeedOutcome] = []
     steps = rounds = synced = crashes = dropped = views = count = 0
     try:

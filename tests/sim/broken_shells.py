@@ -1,0 +1,30 @@
+"""Deliberately broken coordinator shells: the simulator must catch each of them.
+
+Each breaks the one rule the shell exists for, persist before send, in a way a
+refactoring could: sends released before their write is durable, or a batch's sends
+before an earlier batch's write is durable.
+"""
+
+from __future__ import annotations
+
+from txsync.sync_coordinator.shell import Shell, _Batch
+
+
+class SendsBeforeDurableShell(Shell):
+    """Releases every batch's sends at once, durable or not."""
+
+    def _take_releasable(self) -> list[_Batch]:
+        released = list(self._unreleased)
+        self._unreleased.clear()
+        return released
+
+
+class SendsOutOfOrderShell(Shell):
+    """Releases each batch once its own write is durable (or it has none), without
+    waiting for the batches before it."""
+
+    def _take_releasable(self) -> list[_Batch]:
+        released = [batch for batch in self._unreleased if batch.durable]
+        for batch in released:
+            self._unreleased.remove(batch)
+        return released
