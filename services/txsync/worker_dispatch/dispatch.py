@@ -22,13 +22,14 @@ the store has not recorded as finished: a dispatch (or store) killed between a w
 apply and the store's record left such positions TESTING, and the testing worker answers
 them again from its record, so every transaction reaches OK or FAILED after any crash.
 
-Health (dead, stuck, draining, back) is decided by a pure step, ``health.judge``, with
-script tests; this module applies its decisions. A worker is **stuck** when its oldest
-request in flight has had no answer for
-``stuck_after_s`` (the clock starts when work reaches an idle worker, not at its last
-outcome: an idle worker's first request must not count its idle time). A stuck worker is
-taken out, and tried again (its stream re-opened, fed from its own position) once it
-moves past where it stuck or after a backoff that doubles up to ``STUCK_RETRY_MAX_S``.
+The decisions are pure, with script tests, and this module applies them: health (dead,
+stuck, draining, back) by ``health.judge``, and what each pipeline sends, records and
+calls out of sync by ``pipeline.PipelineMachine``, which the simulator runs too. A worker
+is **stuck** when its oldest request in flight has had no answer for ``stuck_after_s``
+(the clock starts when work reaches an idle worker, not at its last outcome: an idle
+worker's first request must not count its idle time). A stuck worker is taken out, and
+tried again (its stream re-opened, fed from its own position) once it moves past where
+it stuck or after a backoff that doubles up to ``STUCK_RETRY_MAX_S``.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
+from txsync.protocol import TxState
 from txsync.rpc import new_channel
 from txsync.telemetry import Gauge, Metrics
 from txsync.v1 import (
@@ -62,6 +63,16 @@ from txsync.worker_dispatch.health import (
     choose_testing_worker,
     judge,
     snapshot_needed,
+)
+from txsync.worker_dispatch.pipeline import (
+    Answer,
+    Entry,
+    OutOfSync,
+    Output,
+    PipelineError,
+    PipelineMachine,
+    Record,
+    Send,
 )
 
 log = logging.getLogger(__name__)
@@ -84,7 +95,8 @@ STATES_RETRIED = frozenset({
 """Refusals of ``AdvanceStates`` that pass (the store restarting, busy): the same
 batch again. Any other refusal is for good."""
 SERVICE = "worker-dispatch"
-FINAL = (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED)
+_Queues = dict[str, asyncio.Queue[worker_pb2.ApplyRequest]]
+_Machine = PipelineMachine[worker_pb2.ApplyRequest]
 
 
 @dataclass(eq=False)
@@ -102,8 +114,6 @@ class WorkerLink:
     """Why this worker is to be brought up from a snapshot rather than the log (a new
     worker far behind); it gets no work until then."""
     last_heartbeat_s: float = 0.0
-    expected: deque[tuple[int, bytes]] = field(default_factory=deque)
-    """(position, digest the DC holds there) for each request in flight."""
     progressed_s: float = 0.0
     """When its last outcome arrived (monotonic), to tell a stuck worker from a busy one."""
     stuck_at: int | None = None
@@ -160,6 +170,8 @@ class Dispatch:
         self._changes: list[store_pb2.StateChange] = []
         self._changes_ready = asyncio.Event()
         self.restarts = RestartLoop()
+        self._machine: _Machine | None = None
+        """The running pipeline's decisions."""
 
     def _gauges(self) -> list[Gauge]:
         def healthy() -> float:
@@ -234,7 +246,7 @@ class Dispatch:
             link.stuck_backoff_s,
         )  # fmt: skip
         beat = None if answer is None else Beat(answer.position, answer.draining)
-        pipeline = Pipeline(len(link.expected), link.progressed_s)
+        pipeline = Pipeline(self._in_flight(link), link.progressed_s)
         after, events = judge(before, beat, time.monotonic(), pipeline, self.stuck_after_s)
         link.healthy, link.last_heartbeat_s = after.healthy, after.last_heartbeat_s
         link.stuck_at, link.stuck_retry_at = after.stuck_at, after.stuck_retry_at
@@ -268,7 +280,7 @@ class Dispatch:
                 "(tried again in %.0f s, or once it moves)",
                 link.worker_id,
                 link.last_heartbeat_s - link.progressed_s,
-                len(link.expected),
+                self._in_flight(link),
                 link.stuck_backoff_s,
             )
         elif event is Event.DRAINING:
@@ -336,29 +348,31 @@ class Dispatch:
         alarm = self.restarts.alarm(time.monotonic())
         return [alarm] if alarm else []
 
+    def _in_flight(self, link: WorkerLink) -> int:
+        machine = self._machine
+        if machine is None or link.worker_id not in machine.positions:
+            return 0
+        return machine.in_flight(link.worker_id)
+
     async def _pipeline(self, tester: WorkerLink, followers: list[WorkerLink]) -> None:
-        start = min(w.position for w in (tester, *followers)) + 1
+        workers = (tester, *followers)
+        machine = self._machine = PipelineMachine[worker_pb2.ApplyRequest](
+            tester.worker_id,
+            [f.worker_id for f in followers],
+            {w.worker_id: w.position for w in workers},
+        )
         log.info(
             "pipeline from position %d (or the first unfinished): testing %s, then %s",
-            start,
+            machine.start,
             tester.worker_id,
             ", ".join(f.worker_id for f in followers) or "no other worker",
         )
-        for worker in (tester, *followers):
+        for worker in workers:
             worker.progressed_s = time.monotonic()
-        queues = {
-            w.worker_id: asyncio.Queue[worker_pb2.ApplyRequest](WINDOW)
-            for w in (tester, *followers)
-        }
-        for worker in (tester, *followers):
-            worker.expected.clear()
+        queues = {w.worker_id: asyncio.Queue[worker_pb2.ApplyRequest](WINDOW) for w in workers}
         tasks = [
-            asyncio.create_task(self._feed(start, tester, followers, queues)),
-            asyncio.create_task(self._stream(tester, queues[tester.worker_id], followers, queues)),
-            *(
-                asyncio.create_task(self._stream(f, queues[f.worker_id], [], queues))
-                for f in followers
-            ),
+            asyncio.create_task(self._feed(machine, queues)),
+            *(asyncio.create_task(self._stream(w, machine, queues)) for w in workers),
             asyncio.create_task(self._changed.wait()),
         ]
         try:
@@ -373,14 +387,10 @@ class Dispatch:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _feed(
-        self,
-        start: int,
-        tester: WorkerLink,
-        followers: list[WorkerLink],
-        queues: dict[str, asyncio.Queue[worker_pb2.ApplyRequest]],
-    ) -> None:
-        request = store_pb2.FollowEnqueuedRequest(from_position=start, from_first_unfinished=True)
+    async def _feed(self, machine: _Machine, queues: _Queues) -> None:
+        request = store_pb2.FollowEnqueuedRequest(
+            from_position=machine.start, from_first_unfinished=True
+        )
         async for entry in self.store.FollowEnqueued(request):
             apply = worker_pb2.ApplyRequest(
                 position=entry.position,
@@ -388,46 +398,60 @@ class Dispatch:
                 body=entry.body,
                 traceparent=entry.traceparent,
             )
-            if entry.state in FINAL:
-                # Done already: only workers behind it need it, following the DC's verdict.
-                apply.skip = entry.state == common_pb2.TX_STATE_FAILED
-                for worker in (tester, *followers):
-                    if worker.position < entry.position:
-                        await self._send(worker, queues, apply, entry.outcome.state_digest)
-                continue
-            if entry.state == common_pb2.TX_STATE_ENQUEUED:
-                self._record(entry.meta.tx_id, common_pb2.TX_STATE_TESTING)
-            await self._send(tester, queues, apply, b"")
+            decided = Entry(
+                entry.position,
+                entry.meta.tx_id,
+                TxState(entry.state),
+                entry.outcome.state_digest,
+                apply,
+            )
+            await self._carry_out(machine.entry(decided), queues, None)
 
-    async def _send(
+    async def _carry_out(
         self,
-        worker: WorkerLink,
-        queues: dict[str, asyncio.Queue[worker_pb2.ApplyRequest]],
-        request: worker_pb2.ApplyRequest,
-        expected_digest: bytes,
+        outputs: list[Output[worker_pb2.ApplyRequest]],
+        queues: _Queues,
+        outcome: common_pb2.Outcome | None,
     ) -> None:
-        await queues[worker.worker_id].put(request)
-        if not worker.expected:
-            # Idle until now: its wait for an outcome starts here (stuck_after_s).
-            worker.progressed_s = time.monotonic()
-        worker.expected.append((request.position, expected_digest))
+        """Apply the machine's outputs in order (``outcome``: the answer they follow)."""
+        machine = self._machine
+        assert machine is not None
+        for output in outputs:
+            match output:
+                case Send(worker=worker_id, skip=skip, payload=request):
+                    if skip != request.skip:
+                        request = worker_pb2.ApplyRequest(
+                            position=request.position,
+                            tx_id=request.tx_id,
+                            body=request.body,
+                            traceparent=request.traceparent,
+                            skip=skip,
+                        )
+                    if machine.in_flight(worker_id) == 1:
+                        # Idle until now: its wait for an outcome starts here.
+                        self.workers[worker_id].progressed_s = time.monotonic()
+                    await queues[worker_id].put(request)
+                case Record(tx_id=tx_id, state=state, decided_by=decided_by):
+                    self._record(tx_id, common_pb2.TxState.ValueType(state.value),
+                                 outcome if decided_by is not None else None)  # fmt: skip
+                    if decided_by is not None:
+                        self.applied_ok += decided_by.ok
+                        if self._finished is not None:
+                            result = "ok" if decided_by.ok else "failed"
+                            self._finished.add(1, {"outcome": result})
+                case OutOfSync(worker=worker_id, reason=reason):
+                    self.workers[worker_id].out_of_sync = reason
+                    log.error("OUT OF SYNC: worker %s: %s", worker_id, reason)
+                    raise _Restart(f"{worker_id} out of sync")
 
-    async def _stream(
-        self,
-        worker: WorkerLink,
-        queue: asyncio.Queue[worker_pb2.ApplyRequest],
-        followers: list[WorkerLink],
-        queues: dict[str, asyncio.Queue[worker_pb2.ApplyRequest]],
-    ) -> None:
-        """One worker's Apply stream. The testing worker's outcomes become the DC's and
-        go on to the ``followers``; every worker's digest is checked against the DC's."""
-        pending: dict[int, worker_pb2.ApplyRequest] = {}
+    async def _stream(self, worker: WorkerLink, machine: _Machine, queues: _Queues) -> None:
+        """One worker's Apply stream: requests from its queue, answers to the machine."""
+        queue = queues[worker.worker_id]
         call = worker.stub.Apply()
 
         async def write() -> None:
             while True:
                 request = await queue.get()
-                pending[request.position] = request
                 try:
                     await call.write(request)
                 except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
@@ -435,7 +459,22 @@ class Dispatch:
 
         writer = asyncio.get_running_loop().create_task(write())
         try:
-            await self._read(worker, call, pending, followers, queues)
+            async for response in call:
+                outcome = response.outcome
+                answer = Answer(
+                    worker.worker_id,
+                    response.tx_id,
+                    outcome.state == common_pb2.TX_STATE_OK,
+                    outcome.state_digest,
+                )
+                try:
+                    outputs = machine.answer(answer)
+                except PipelineError as error:
+                    raise _Restart(str(error)) from None
+                worker.position = machine.positions[worker.worker_id]
+                worker.state_digest = machine.digests.get(worker.worker_id, worker.state_digest)
+                worker.progressed_s = time.monotonic()
+                await self._carry_out(outputs, queues, outcome)
         except grpc.aio.AioRpcError as error:
             if error.code() is grpc.StatusCode.UNAVAILABLE:
                 # Gone: out at once (heartbeats bring it back), rather than after
@@ -448,39 +487,6 @@ class Dispatch:
             call.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await writer
-
-    async def _read(
-        self,
-        worker: WorkerLink,
-        call: grpc.aio.StreamStreamCall[worker_pb2.ApplyRequest, worker_pb2.ApplyResponse],
-        pending: dict[int, worker_pb2.ApplyRequest],
-        followers: list[WorkerLink],
-        queues: dict[str, asyncio.Queue[worker_pb2.ApplyRequest]],
-    ) -> None:
-        async for response in call:
-            outcome = response.outcome
-            position, expected = worker.expected.popleft()
-            request = pending.pop(position)
-            if expected and outcome.state_digest != expected:
-                worker.out_of_sync = f"digest differs at position {position} ({response.tx_id})"
-                log.error("OUT OF SYNC: worker %s: %s", worker.worker_id, worker.out_of_sync)
-                raise _Restart(f"{worker.worker_id} out of sync")
-            worker.position, worker.state_digest = position, outcome.state_digest
-            worker.progressed_s = time.monotonic()
-            if expected:
-                continue  # the DC had decided this one already
-            # The testing worker decided: its outcome is the DC's.
-            self._record(response.tx_id, outcome.state, outcome)
-            ok = outcome.state == common_pb2.TX_STATE_OK
-            self.applied_ok += ok
-            if self._finished is not None:
-                self._finished.add(1, {"outcome": "ok" if ok else "failed"})
-            following = worker_pb2.ApplyRequest()
-            following.CopyFrom(request)
-            following.skip = outcome.state != common_pb2.TX_STATE_OK
-            for follower in followers:
-                if follower.position < position:
-                    await self._send(follower, queues, following, outcome.state_digest)
 
     # --- recovery ---------------------------------------------------------------------
 
