@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,11 @@ from tests.sim.broken_cores import (
     UnfrozenPromiseCore,
     UnionAddCore,
 )
+from tests.sim.broken_dispatch import FinishedToNobodyMachine, FollowersNeverFedMachine
 from tests.sim.broken_shells import SendsBeforeDurableShell, SendsOutOfOrderShell
 from txsync.sim import DEFAULT_MIXES, FaultMix, SimConfig, run_mix, run_seed
 from txsync.sim.cluster import NodeFactory, ShellFactory
+from txsync.sim.workers import MachineFactory
 
 REGRESSIONS = Path(__file__).parent / "regression_seeds.txt"
 FULL_MIX = "delay,drop,duplicate,reorder,partition,flap,crash"
@@ -83,9 +86,10 @@ def test_sweep_500_seeds_five_nodes_every_fault() -> None:
 @pytest.mark.parametrize(
     ("core", "mix", "nodes", "invariants"),
     [
-        # A fork shows first either as two orders that disagree (1) or, once a forked
-        # node merges the other side's metas, as a tx both synced and incoming (2).
-        (MajorityAddNoCutCore, "delay", 5, {1, 2}),
+        # A fork shows first either as two orders that disagree (1), once a forked
+        # node merges the other side's metas, as a tx both synced and incoming (2), or,
+        # when the forked node never reconciles, as a tx it never syncs (3).
+        (MajorityAddNoCutCore, "delay", 5, {1, 2, 3}),
         (MajorityAddNoCutCore, "delay,drop,duplicate,reorder,crash", 5, {1, 2}),
         (ForgetfulCounterCore, "crash", 3, {6}),
         (UnionAddCore, "delay", 3, {0, 1}),
@@ -150,6 +154,31 @@ def test_a_broken_shell_is_caught_within_200_seeds(
     assert any(f"invariant {n} " in (failure.violation or "") for n in invariants), failure
     again = run_seed(failure.config, shell_factory=shell)
     assert again.violation == failure.violation
+
+
+@pytest.mark.parametrize(
+    ("machine", "mix"),
+    [
+        (FollowersNeverFedMachine, "none"),
+        # Only a pipeline restart with a worker behind sends finished entries: crashes.
+        (FinishedToNobodyMachine, "crash"),
+    ],
+    ids=["followers-never-fed", "finished-to-nobody"],
+)
+def test_a_broken_dispatch_is_caught_within_200_seeds(machine: MachineFactory, mix: str) -> None:
+    """Either a worker is sent a position past its next (7), or it never gets there (5)."""
+    summary = run_mix(
+        FaultMix.parse(mix),
+        range(BUG_SEEDS_MAX),
+        nodes=3,
+        txs=20,
+        machine_factory=machine,
+        stop_at_first=True,
+    )
+    assert summary.failures, f"{machine.__name__} survived {BUG_SEEDS_MAX} seeds of {mix}"
+    violation = summary.failures[0].violation or ""
+    assert "invariant 5 " in violation or "invariant 7 " in violation, violation
+    assert re.search(r"dc\d-w\d", violation), violation  # it names the worker
 
 
 @pytest.mark.slow

@@ -58,8 +58,10 @@ from txsync.protocol import (
 from txsync.protocol.model import Message
 from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
+from txsync.sim.workers import MachineFactory, WorkerEvent, WorkerSide
 from txsync.sync_coordinator.effects import MergedPersist
 from txsync.sync_coordinator.shell import Shell, ShellOutput
+from txsync.worker_dispatch.pipeline import PipelineMachine
 
 NodeFactory = Callable[..., ProtocolNode]
 ShellFactory = Callable[..., Shell]
@@ -233,6 +235,7 @@ _SimEvent = (
     | _Restart
     | _Partition
     | _Heal
+    | WorkerEvent
 )
 
 
@@ -257,6 +260,7 @@ class Simulation:
         config: SimConfig,
         node_factory: NodeFactory = ProtocolNode,
         shell_factory: ShellFactory = Shell,
+        machine_factory: MachineFactory = PipelineMachine,
     ) -> None:
         self.config = config
         self.stats = SimStats()
@@ -282,6 +286,14 @@ class Simulation:
         self._link_clock: dict[tuple[NodeId, NodeId], int] = {}
         self._faults_on = True
         self.checker = InvariantChecker(self._ids)
+        self.workers = WorkerSide(
+            self._ids,
+            rng=self._rng,
+            at=self._at,
+            checker=self.checker,
+            synced=lambda node: [meta.tx_id for meta in self._nodes[node].durable.synced],
+            machine_factory=machine_factory,
+        )
         faults = config.faults
         self._drop_p = self._rng.uniform(0.02, 0.2) if faults.drop else 0.0
         self._dup_p = self._rng.uniform(0.02, 0.2) if faults.duplicate else 0.0
@@ -312,11 +324,13 @@ class Simulation:
             self._handle(event)
             if at >= heal_at and self._converged():
                 self.checker.check_converged(self._configured(), self._configured())
+                self.workers.check_converged(self._configured())
                 self.stats.end_ms = at
                 self.stats.synced = self.checker.reference_len
                 self.stats.acked = len(self.checker.acked)
                 return self.stats
         self.checker.check_converged(self._configured(), self._configured())
+        self.workers.check_converged(self._configured())
         raise InvariantViolation(5, f"not converged {config.liveness_bound_ms} ms after healing")
 
     def _configured(self) -> tuple[NodeId, ...]:
@@ -339,11 +353,12 @@ class Simulation:
                 return False
             if len(sim_node.durable.bodies) < target:
                 return False
-        return True
+        return self.workers.converged(self._configured())
 
     def _schedule_faults(self) -> None:
         faults, window, rng = self.config.faults, self.config.fault_window_ms, self._rng
         if faults.crash:
+            self.workers.schedule_faults(window)
             for _ in range(rng.randint(1, 2 * len(self._ids))):
                 node = rng.choice(self._ids)
                 self._at(rng.randrange(window), _Crash(node, torn=rng.random() < 0.4))
@@ -389,6 +404,9 @@ class Simulation:
     # --- events ----------------------------------------------------------------------------
 
     def _handle(self, event: _SimEvent) -> None:
+        if isinstance(event, WorkerEvent):
+            self.workers.handle(event, self._now)
+            return
         match event:
             case _Timer(node):
                 sim_node = self._nodes[node]
@@ -438,6 +456,7 @@ class Simulation:
                 self._blocked = frozenset()
                 if self._now >= self.config.fault_window_ms:
                     self._faults_on = False
+                    self.workers.heal(self._now)
                     for node, sim_node in self._nodes.items():
                         sim_node.torn_crash_pending = False
                         if sim_node.core is None:
@@ -503,6 +522,13 @@ class Simulation:
     def _start(self, node: NodeId) -> None:
         sim_node = self._nodes[node]
         sim_node.durable.epoch += 1
+        # What the store does when a coordinator loads its state (load_protocol_state):
+        # a synced transaction whose body is held but which is still ACCEPTED (its
+        # ENQUEUED was in a write lost in a crash) becomes ENQUEUED.
+        for meta in sim_node.durable.synced:
+            stranded = self.checker.state_of(node, meta.tx_id) is TxState.ACCEPTED
+            if stranded and meta.tx_id in sim_node.durable.bodies:
+                self.checker.on_state(node, meta.tx_id, TxState.ENQUEUED)
         sim_node.open_round = None  # a restarted core counts rounds from 0 again
         view = sim_node.durable.view
         sim_node.fed_position = view.configuration.applied_position if view is not None else 0
@@ -524,6 +550,7 @@ class Simulation:
         sim_node.tick_at = None
         sim_node.waiting.clear()
         sim_node.last_answer_ms = self._now
+        self.workers.dc_started(node, self._now)
         self._step(node, Tick(self._now))
 
     def _crash(self, node: NodeId) -> None:
@@ -545,6 +572,7 @@ class Simulation:
         sim_node.tick_at = None
         sim_node.torn_crash_pending = False
         sim_node.waiting.clear()
+        self.workers.dc_crashed(node, self._now)
         self.stats.crashes += 1
         self._at(self._now + self._rng.randint(50, 1_500), _Restart(node))
 
@@ -666,6 +694,7 @@ class Simulation:
             meta = durable.incoming.get(change.tx_id)
             if change.state is TxState.INCOMING and meta is not None and meta.origin == node:
                 self.checker.on_acked(node, change.tx_id)  # the client's submit is answered
+        self.workers.synced_changed(node, self._now)
 
     def _send_effects(self, node: NodeId, ready: Ready) -> None:
         for message in ready.messages:

@@ -26,6 +26,7 @@ INVARIANT_NAMES = {
     4: "executability",
     5: "liveness",
     6: "monotonicity",
+    7: "workers",
     8: "one view per view number",
 }
 

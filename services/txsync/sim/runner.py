@@ -11,7 +11,9 @@ from txsync.protocol import ProtocolNode
 from txsync.sim.cluster import NodeFactory, ShellFactory, SimConfig, SimStats, Simulation
 from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantViolation
+from txsync.sim.workers import MachineFactory
 from txsync.sync_coordinator.shell import Shell
+from txsync.worker_dispatch.pipeline import PipelineMachine
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +43,16 @@ def run_seed(
     config: SimConfig,
     node_factory: NodeFactory | None = None,
     shell_factory: ShellFactory | None = None,
+    machine_factory: MachineFactory | None = None,
 ) -> SeedOutcome:
-    """One schedule; a broken core or shell (tests/sim) replaces the real one if given."""
-    simulation = Simulation(config, node_factory or ProtocolNode, shell_factory or Shell)
+    """One schedule; a broken core, shell or pipeline machine (tests/sim) replaces the
+    real one if given."""
+    simulation = Simulation(
+        config,
+        node_factory or ProtocolNode,
+        shell_factory or Shell,
+        machine_factory or PipelineMachine,
+    )
     try:
         stats = simulation.run()
     except InvariantViolation as violation:
@@ -87,17 +96,21 @@ def run_mix(
     jobs: int = 1,
     node_factory: NodeFactory | None = None,
     shell_factory: ShellFactory | None = None,
+    machine_factory: MachineFactory | None = None,
     stop_at_first: bool = False,
     on_outcome: Callable[[SeedOutcome], None] | None = None,
 ) -> MixSummary:
     configs = [SimConfig(seed=seed, nodes=nodes, txs=txs, faults=mix) for seed in seeds]
     outcomes: Iterator[SeedOutcome]
-    if jobs > 1 and node_factory is None and shell_factory is None:
+    broken = node_factory or shell_factory or machine_factory
+    if jobs > 1 and not broken:
         pool = ProcessPoolExecutor(max_workers=jobs)
         outcomes = pool.map(_run_seed_default, configs, chunksize=16)
     else:
         pool = None
-        outcomes = (run_seed(config, node_factory, shell_factory) for config in configs)
+        outcomes = (
+            run_seed(config, node_factory, shell_factory, machine_factory) for config in configs
+        )
     failures: list[SeedOutcome] = []
     steps = rounds = synced = crashes = dropped = views = count = 0
     try:

@@ -1,0 +1,390 @@
+"""Each simulated DC's worker side: worker-dispatch's own ``PipelineMachine`` over a few
+simulated workers, fed from the DC's durable synced queue (PROTOCOL.md §4.7).
+
+A simulated worker applies a transaction by extending a hash chain, as a real one
+extends its state digest; whether a transaction fails is a function of its id, so that
+every replica of it decides the same. Requests and answers take a drawn 1-5 ms. The
+store records what dispatch decides after a drawn 0-6 ms, in order; a dispatch that dies
+(with its DC) loses the records still on their way, which leaves positions TESTING or
+ENQUEUED behind workers that applied them, as a real crash does.
+
+Faults (with ``crash``): workers crash and restart (their history is durable, as a
+database's commit is); dispatch is out of the pipeline while its DC is down. Each change
+of the workers that are up restarts the pipeline, as heartbeats make it in production:
+from the lowest position among its workers, or the store's first unfinished one.
+
+Checks (invariant 7): a worker applies each position once, after the one before; every
+worker of every DC holds the same digest at a position; every DC records the same
+outcome for a transaction; and, once the network heals, every worker that is up has
+applied the whole synced queue and every transaction is finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from txsync.protocol import NodeId, TxId, TxState
+from txsync.sim.invariants import InvariantChecker, InvariantViolation
+from txsync.worker_dispatch.health import choose_testing_worker
+from txsync.worker_dispatch.pipeline import (
+    Answer,
+    Entry,
+    OutOfSync,
+    Output,
+    PipelineError,
+    PipelineMachine,
+    Record,
+    Send,
+)
+
+WORKERS_PER_DC = 2
+LINK_MS = (1, 5)
+"""A request or an answer between dispatch and a worker."""
+RECORD_MS = (0, 6)
+"""The store recording a state dispatch decided."""
+NOTICE_MS = 30
+"""How long dispatch takes to notice a worker went or came (its heartbeats)."""
+FINISHED = (TxState.OK, TxState.FAILED)
+
+MachineFactory = Callable[..., PipelineMachine[None]]
+
+
+def runs_ok(tx_id: TxId) -> bool:
+    """Whether a transaction succeeds when run: about one in eight fails, everywhere."""
+    return hashlib.sha256(tx_id.encode()).digest()[0] >= 32
+
+
+@dataclass(slots=True)
+class SimWorker:
+    worker_id: str
+    up: bool = True
+    incarnation: int = 0
+    """Bumped at each crash: a stream to an earlier process delivers nothing more."""
+    requests_clock: int = 0
+    answers_clock: int = 0
+    """When the newest request to it, and answer from it, arrives: streams are FIFO."""
+    history: list[tuple[TxId, bool, bytes]] = field(default_factory=list)
+    """What it applied at each position: tx id, whether it ran OK, digest after it."""
+
+    @property
+    def position(self) -> int:
+        return len(self.history)
+
+    def apply(self, position: int, tx_id: TxId, skip: bool) -> tuple[bool, bytes]:
+        """Run (or, ``skip``, record as failed) the transaction at ``position``; a
+        position it has is answered from its record, as a real worker does."""
+        if position <= self.position:
+            recorded_tx, ok, digest = self.history[position - 1]
+            if recorded_tx != tx_id:
+                raise InvariantViolation(
+                    7, f"{self.worker_id} has {recorded_tx} at {position}, was sent {tx_id}"
+                )
+            return ok, digest
+        if position != self.position + 1:
+            raise InvariantViolation(
+                7, f"{self.worker_id} at {self.position} was sent position {position}"
+            )
+        ok = not skip and runs_ok(tx_id)
+        before = self.history[-1][2] if self.history else b""
+        digest = hashlib.sha256(before + tx_id.encode() + bytes([ok])).digest()
+        self.history.append((tx_id, ok, digest))
+        return ok, digest
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRequest:
+    node: NodeId
+    generation: int
+    incarnation: int
+    """The worker process the pipeline's stream reached."""
+    send: Send[None]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAnswer:
+    node: NodeId
+    generation: int
+    answer: Answer
+
+
+@dataclass(frozen=True, slots=True)
+class StateRecorded:
+    node: NodeId
+    incarnation: int
+    """The dispatch process that sent it: one that died lost what was on its way."""
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCrash:
+    node: NodeId
+    worker_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRestart:
+    node: NodeId
+    worker_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineRestart:
+    node: NodeId
+    generation: int
+
+
+WorkerEvent = (
+    WorkerRequest | WorkerAnswer | StateRecorded | WorkerCrash | WorkerRestart | PipelineRestart
+)
+
+
+@dataclass(slots=True)
+class _Dispatch:
+    """One DC's dispatch and its workers."""
+
+    node: NodeId
+    workers: dict[str, SimWorker]
+    records: dict[TxId, tuple[TxState, bytes]] = field(default_factory=dict)
+    """What the store holds of dispatch's decisions (durable)."""
+    up: bool = True
+    incarnation: int = 0
+    last_record_ms: int = 0
+    """When the store records this incarnation's newest state: records keep their order."""
+    generation: int = 0
+    """Bumped at each pipeline (re)start and dispatch crash: older events are void."""
+    machine: PipelineMachine[None] | None = None
+    tester: str | None = None
+    next_position: int = 0
+    """The next position to feed the running machine."""
+    restart_pending: bool = False
+
+
+class WorkerSide:
+    """The worker side of every simulated DC."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeId],
+        *,
+        rng: random.Random,
+        at: Callable[[int, Any], None],
+        checker: InvariantChecker,
+        synced: Callable[[NodeId], Sequence[TxId]],
+        machine_factory: MachineFactory = PipelineMachine,
+    ) -> None:
+        """``synced(node)``: the node's durable synced queue; ``at(ms, event)``: schedule
+        one of this module's events (``Simulation`` hands them back to ``handle``)."""
+        self._rng, self._at, self._checker, self._synced = rng, at, checker, synced
+        self._factory = machine_factory
+        self._now = 0
+        self._dcs = {
+            node: _Dispatch(node, {f"{node}-w{i}": SimWorker(f"{node}-w{i}")
+                                   for i in range(1, WORKERS_PER_DC + 1)})
+            for node in nodes
+        }  # fmt: skip
+        self._digests: list[bytes] = []
+        """The digest every worker must hold at each position (the first one seen)."""
+        self._outcomes: dict[TxId, TxState] = {}
+        """The outcome every DC must record for each transaction (the first one seen)."""
+
+    # --- driven by the simulation ----------------------------------------------------------
+
+    def schedule_faults(self, window_ms: int) -> None:
+        for _ in range(self._rng.randint(1, len(self._dcs))):
+            dc = self._rng.choice(sorted(self._dcs))
+            worker = self._rng.choice(sorted(self._dcs[dc].workers))
+            self._at(self._rng.randrange(window_ms), WorkerCrash(dc, worker))
+
+    def heal(self, now: int) -> None:
+        """Faults are over: every worker comes back."""
+        self._now = now
+        for dc in self._dcs.values():
+            for worker in dc.workers.values():
+                if not worker.up:
+                    worker.up = True
+                    self._restart_soon(dc)
+
+    def dc_crashed(self, node: NodeId, now: int) -> None:
+        """The DC's processes died: dispatch with the records on their way."""
+        self._now = now
+        dc = self._dcs[node]
+        dc.up = False
+        dc.incarnation += 1
+        dc.generation += 1
+        dc.machine = None
+
+    def dc_started(self, node: NodeId, now: int) -> None:
+        self._now = now
+        dc = self._dcs[node]
+        dc.up = True
+        self._restart_soon(dc)
+
+    def synced_changed(self, node: NodeId, now: int) -> None:
+        """The node's durable queue or states moved: feed what became ENQUEUED."""
+        self._now = now
+        self._feed(self._dcs[node])
+
+    def handle(self, event: WorkerEvent, now: int) -> None:
+        self._now = now
+        dc = self._dcs[event.node]
+        match event:
+            case WorkerRequest(generation=generation, incarnation=incarnation, send=send):
+                worker = dc.workers[send.worker]
+                if not worker.up or worker.incarnation != incarnation:
+                    return  # its stream died with it: dispatch hears and restarts
+                ok, digest = worker.apply(send.position, send.tx_id, send.skip)
+                self._check_digest(worker, send.position, digest)
+                answer = Answer(worker.worker_id, send.tx_id, ok, digest)
+                worker.answers_clock = max(self._later(LINK_MS), worker.answers_clock)
+                self._at(worker.answers_clock, WorkerAnswer(dc.node, generation, answer))
+            case WorkerAnswer(generation=generation, answer=answer):
+                if dc.machine is None or generation != dc.generation:
+                    return  # for a pipeline that is gone
+                if not dc.workers[answer.worker].up:
+                    return
+                try:
+                    outputs = dc.machine.answer(answer)
+                except PipelineError as error:
+                    raise InvariantViolation(7, f"{dc.node}: {error}") from error
+                self._carry_out(dc, outputs)
+            case StateRecorded(incarnation=incarnation, record=record):
+                if incarnation == dc.incarnation:
+                    self._recorded(dc, record)
+            case WorkerCrash(worker_id=worker_id):
+                worker = dc.workers[worker_id]
+                if worker.up:
+                    worker.up = False
+                    worker.incarnation += 1
+                    self._restart_soon(dc)
+                    self._at(self._later((50, 1_500)), WorkerRestart(dc.node, worker_id))
+            case WorkerRestart(worker_id=worker_id):
+                if not dc.workers[worker_id].up:
+                    dc.workers[worker_id].up = True
+                    self._restart_soon(dc)
+            case PipelineRestart(generation=generation):
+                if generation == dc.generation and dc.up:
+                    dc.restart_pending = False
+                    self._start_pipeline(dc)
+
+    def check_converged(self, nodes: Sequence[NodeId]) -> None:
+        """Every worker that is up applied the whole synced queue, and every DC finished
+        every transaction in it."""
+        for node in nodes:
+            dc = self._dcs[node]
+            synced = self._synced(node)
+            for worker in dc.workers.values():
+                if worker.up and worker.position != len(synced):
+                    raise InvariantViolation(
+                        5, f"{worker.worker_id} applied {worker.position} of {len(synced)}"
+                    )
+            unfinished = next(
+                (tx for tx in synced if dc.records.get(tx, (None,))[0] not in FINISHED), None
+            )
+            if unfinished is not None:
+                raise InvariantViolation(5, f"{node} never finished {unfinished}")
+
+    def converged(self, nodes: Sequence[NodeId]) -> bool:
+        try:
+            self.check_converged(nodes)
+        except InvariantViolation:
+            return False
+        return True
+
+    # --- dispatch --------------------------------------------------------------------------
+
+    def _restart_soon(self, dc: _Dispatch) -> None:
+        """Dispatch notices the change after a heartbeat and builds the pipeline anew."""
+        dc.generation += 1
+        dc.machine = None
+        dc.restart_pending = True
+        self._at(self._now + NOTICE_MS, PipelineRestart(dc.node, dc.generation))
+
+    def _start_pipeline(self, dc: _Dispatch) -> None:
+        ready = [w for w in sorted(dc.workers) if dc.workers[w].up]
+        if not ready:
+            dc.tester = None
+            return
+        dc.tester = choose_testing_worker(ready, dc.tester)
+        followers = [w for w in ready if w != dc.tester]
+        positions = {w: dc.workers[w].position for w in ready}
+        dc.machine = self._factory(dc.tester, followers, positions)
+        # The store streams from the lowest position, or its first unfinished one.
+        synced = self._synced(dc.node)
+        unfinished = next(
+            (p for p, tx in enumerate(synced, 1) if dc.records.get(tx, (None,))[0] not in FINISHED),
+            len(synced) + 1,
+        )
+        dc.next_position = min(dc.machine.start, unfinished)
+        self._feed(dc)
+
+    def _feed(self, dc: _Dispatch) -> None:
+        machine = dc.machine
+        if machine is None or not dc.up:
+            return
+        synced = self._synced(dc.node)
+        while dc.next_position <= len(synced):
+            position = dc.next_position
+            tx_id = synced[position - 1]
+            state = self._checker.state_of(dc.node, tx_id)
+            if state is None or state < TxState.ENQUEUED:
+                return  # FollowEnqueued streams a position once it is ENQUEUED, in order
+            recorded, digest = dc.records.get(tx_id, (TxState.ENQUEUED, b""))
+            dc.next_position += 1
+            entry = Entry(position, tx_id, recorded, digest, None)
+            try:
+                outputs = machine.entry(entry)
+            except PipelineError as error:
+                raise InvariantViolation(7, f"{dc.node}: {error}") from error
+            self._carry_out(dc, outputs)
+            if dc.machine is not machine:
+                return
+
+    def _carry_out(self, dc: _Dispatch, outputs: list[Output[None]]) -> None:
+        for output in outputs:
+            match output:
+                case Send(worker=worker_id):
+                    worker = dc.workers[worker_id]
+                    worker.requests_clock = max(self._later(LINK_MS), worker.requests_clock)
+                    request = WorkerRequest(dc.node, dc.generation, worker.incarnation, output)
+                    self._at(worker.requests_clock, request)
+                case Record():
+                    at = max(self._later(RECORD_MS), dc.last_record_ms)
+                    dc.last_record_ms = at
+                    self._at(at, StateRecorded(dc.node, dc.incarnation, output))
+                case OutOfSync(worker=worker, reason=reason):
+                    # Simulated workers are deterministic: a digest that differs is a bug.
+                    raise InvariantViolation(7, f"{dc.node}: {worker} out of sync: {reason}")
+
+    def _recorded(self, dc: _Dispatch, record: Record) -> None:
+        """The store records what dispatch decided, in order (also a restarted
+        pipeline's: the process and its queue of records live on)."""
+        current = dc.records.get(record.tx_id, (TxState.ENQUEUED, b""))[0]
+        if record.state <= current:
+            return  # a state passed already: the store takes it as a repeat
+        digest = record.decided_by.digest if record.decided_by is not None else b""
+        self._checker.on_state(dc.node, record.tx_id, record.state)
+        dc.records[record.tx_id] = (record.state, digest)
+        if record.state in FINISHED:
+            agreed = self._outcomes.setdefault(record.tx_id, record.state)
+            if agreed is not record.state:
+                raise InvariantViolation(
+                    7,
+                    f"{dc.node} recorded {record.tx_id} {record.state.name}, "
+                    f"another DC {agreed.name}",
+                )
+        self._feed(dc)
+
+    def _check_digest(self, worker: SimWorker, position: int, digest: bytes) -> None:
+        if position > len(self._digests):
+            self._digests.append(digest)
+        elif self._digests[position - 1] != digest:
+            raise InvariantViolation(
+                7, f"{worker.worker_id} holds another digest at position {position}"
+            )
+
+    def _later(self, span: tuple[int, int]) -> int:
+        return self._now + self._rng.randint(*span)
