@@ -52,7 +52,9 @@ from txsync.protocol import (
     TxId,
     TxMeta,
     TxState,
+    ViewAccepted,
     ViewMessageReceived,
+    ViewPromise,
     ViewProposal,
 )
 from txsync.protocol.model import Message
@@ -89,8 +91,10 @@ SIM_FLUSH_METAS = 24
 SIM_FLUSH_CHANGES = 48
 """Far below the coordinator's, so that gatherings are sealed on size and the shell stops
 taking events until a write slot frees, as under heavy load."""
-DISK_MS = (0, 6)
-"""How long the store takes to answer one write (drawn per write; answers stay in order)."""
+DISK_MS = ((0, 6), (2, 40))
+"""How long the store takes to answer one write: a fast disk or a slow one (drawn per
+seed), then per write; answers stay in order. On the slow one, crashes find more writes
+in flight."""
 
 STEPS_MAX = 400_000
 """A schedule that takes more steps than this is reported as a liveness failure."""
@@ -113,6 +117,7 @@ class _Durable:
     counter: int = 0
     epoch: int = 0
     synced: list[TxMeta] = field(default_factory=list)
+    synced_ids: set[TxId] = field(default_factory=set)
     incoming: dict[TxId, TxMeta] = field(default_factory=dict)
     bodies: set[TxId] = field(default_factory=set)
     view: ViewProposal | None = None
@@ -261,13 +266,19 @@ class Simulation:
         node_factory: NodeFactory = ProtocolNode,
         shell_factory: ShellFactory = Shell,
         machine_factory: MachineFactory = PipelineMachine,
+        *,
+        check_sends: bool = True,
     ) -> None:
+        """``check_sends=False`` leaves out rule 9 (persist before send), to show what a
+        broken shell's sends lead to further on."""
         self.config = config
+        self._check_sends = check_sends
         self.stats = SimStats()
         self._rng = random.Random(config.seed)
         self._factory = node_factory
         self._shell_factory = shell_factory
         self._writes_in_flight_max = self._rng.choice((1, 2, 4))
+        self._disk_ms = self._rng.choice(DISK_MS)
         self._initial = tuple(f"dc{index + 1}" for index in range(config.nodes))
         spare = (f"dc{config.nodes + 1}",) if config.faults.membership else ()
         self._ids = self._initial + spare
@@ -613,7 +624,7 @@ class Simulation:
         """Hand the shell's writes to the store and make the sends it released."""
         sim_node = self._nodes[node]
         for write in out.writes:
-            answer = max(self._now + self._rng.randint(*DISK_MS), sim_node.last_answer_ms)
+            answer = max(self._now + self._rng.randint(*self._disk_ms), sim_node.last_answer_ms)
             sim_node.last_answer_ms = answer
             epoch = sim_node.durable.epoch
             self._at(answer, _WriteDurable(node, epoch, write.seq, write.merged))
@@ -678,6 +689,7 @@ class Simulation:
             held = all(self._body_held_somewhere(synced.tx_id) for synced in merged.synced)
             self.checker.on_synced(node, start.synced_len, merged.synced, held)
             durable.synced.extend(merged.synced)
+            durable.synced_ids.update(meta.tx_id for meta in merged.synced)
             for synced in merged.synced:
                 durable.incoming.pop(synced.tx_id, None)
         if merged.installed is not None:
@@ -696,12 +708,59 @@ class Simulation:
                 self.checker.on_acked(node, change.tx_id)  # the client's submit is answered
         self.workers.synced_changed(node, self._now)
 
+    def _check_durable(self, node: NodeId, message: Message) -> None:
+        """Persist before send (the ``Ready`` contract, rule 1): what a message claims
+        of its sender's state, its sender holds durably. A crash right after the send
+        must not make the node take back what its peers heard."""
+        if not self._check_sends:
+            return
+        durable = self._nodes[node].durable
+        problem = None
+        match message:
+            case Post(base=base, queue=queue) | ViewPromise(base=base, queue=queue):
+                if base.synced_len > len(durable.synced):
+                    problem = f"base {base.synced_len} with {len(durable.synced)} synced durably"
+                lost = next(
+                    (
+                        meta.tx_id
+                        for meta in queue
+                        if meta.tx_id not in durable.incoming
+                        and meta.tx_id not in durable.synced_ids
+                    ),
+                    None,
+                )
+                if lost is not None:
+                    problem = f"{lost} in its queue, not durable"
+                if isinstance(message, ViewPromise) and not self._voted(
+                    durable, durable.promised, message.ballot
+                ):
+                    problem = f"a promise of {message.ballot}, {durable.promised} durably"
+            case SyncedEntries(start=start, entries=entries):
+                end = start.synced_len + len(entries)
+                if end > len(durable.synced):
+                    problem = f"entries up to {end} with {len(durable.synced)} synced durably"
+            case ViewAccepted(ballot=ballot):
+                if not self._voted(durable, durable.accepted_ballot, ballot):
+                    problem = f"accepted {ballot}, {durable.accepted_ballot} durably"
+        if problem is not None:
+            kind = type(message).__name__
+            raise InvariantViolation(9, f"{node} sent a {kind} claiming {problem}")
+
+    @staticmethod
+    def _voted(durable: _Durable, vote: Ballot | None, ballot: Ballot) -> bool:
+        """The vote is durable, or the view it was for is installed already (an install
+        in the same write voids the vote, and is the stronger fact)."""
+        installed = durable.view.view.view_no if durable.view is not None else 0
+        return (vote is not None and vote >= ballot) or installed >= ballot.view_no
+
     def _send_effects(self, node: NodeId, ready: Ready) -> None:
         for message in ready.messages:
             match message:
                 case SendPost(to, post):
+                    self._check_durable(node, post)
                     self._send(_Deliver(to, node, post))
                 case SendSyncedEntries(to, entries):
+                    self._check_durable(node, entries)
                     self._send(_Deliver(to, node, entries))
                 case ServeCatchUpFromLog(to, from_len, count_max):
                     synced = self._nodes[node].durable.synced
@@ -712,6 +771,7 @@ class Simulation:
                     entries = SyncedEntries(view_no, node, start_base, chunk)
                     self._send(_Deliver(to, node, entries))
                 case SendViewMessage(to, view_message):
+                    self._check_durable(node, view_message)
                     self._send(_Deliver(to, node, view_message))
         for body in ready.bodies:
             match body:

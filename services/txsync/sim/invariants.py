@@ -28,6 +28,7 @@ INVARIANT_NAMES = {
     6: "monotonicity",
     7: "workers",
     8: "one view per view number",
+    9: "persist before send",
 }
 
 
