@@ -3,8 +3,10 @@ what it bounds, in one place. From it come the command-line flag (with its check
 argparse error naming the flag) and the rows of the table in docs/operations.md, which a
 test compares with the docs, so that neither can drift from the code.
 
-Declared here so far: the workers' limits (``WORKER_LIMITS``) and the store's
-backpressure and log size (``STORE_LIMITS``).
+Declared here: the workers' limits (``WORKER_LIMITS``), the store's backpressure and log
+size (``STORE_LIMITS``), and the coordinator's timings and limits
+(``COORDINATOR_SETTINGS``: the protocol core's ``Timing`` and ``Limits``, whose defaults
+and cross-field rules stay with the core).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from txsync.protocol.limits import MAY_BE_ZERO, Limits, Timing
 from txsync.worker.backend import (
     CONTENT_CHECK_EVERY_DEFAULT,
     HEAP_BYTES_MAX_DEFAULT,
@@ -123,6 +126,41 @@ STORE_LIMITS: tuple[Setting, ...] = (
         "bytes appended to the txlog file before it is rotated (and start-up work)",
         unit="bytes",
     ),
+)  # fmt: skip
+
+
+def _core(name: str, unit: str, help_text: str, bounds: str = "") -> Setting:
+    """A field of the core's ``Timing`` or ``Limits``, with its default and least value."""
+    default = getattr(Timing(), name, None)
+    if default is None:
+        default = getattr(Limits(), name)
+    least = 0 if name in MAY_BE_ZERO else 1
+    return Setting(name, default, help_text, bounds or help_text, unit=unit, least=least)
+
+
+COORDINATOR_SETTINGS: tuple[Setting, ...] = (
+    _core("round_timeout_ms", "ms", "a round without every peer's post ends empty after this"),
+    _core("idle_interval_ms", "ms", "gap between idle rounds"),
+    _core("busy_round_gap_ms", "ms", "least gap between busy rounds (0: back to back)"),
+    _core("repost_gap_ms", "ms", "least gap between two posts of one round"),
+    _core("body_fetch_delay_ms", "ms", "wait for the origin's push before fetching a body"),
+    _core("body_fetch_retry_ms", "ms", "first retry gap of a body fetch (doubles)"),
+    _core("body_fetch_retry_max_ms", "ms", "longest retry gap of a body fetch"),
+    _core("catchup_resend_ms", "ms", "least gap between catch-ups to one lagger"),
+    _core("exclusion_timeout_ms", "ms", "a member silent this long is excluded by a view change"),
+    _core("view_change_timeout_ms", "ms", "a view change not installed by then is tried again"),
+    _core("view_change_stagger_ms", "ms",
+          "added per rank to the two above, so proposers do not duel"),
+    _core("view_resend_ms", "ms",
+          "gap between resent prepares/accepts, and between view answers"),
+    _core("promise_wait_ms", "ms", "after a majority promised, wait this long for the others"),
+    _core("incoming_txs_max", "metas",
+          "metas held in the incoming queue; local submits are refused past 32,768 or "
+          "this, whichever is less"),
+    _core("post_txs_max", "metas", "metas in one post"),
+    _core("catchup_entries_max", "entries", "synced entries in one catch-up message"),
+    _core("synced_window_max", "entries",
+          "synced entries kept in memory (older ones come from the txlog)"),
 )  # fmt: skip
 
 

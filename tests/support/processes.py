@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2
 
+from txsync.command_lines import coordinator_args, dispatch_args, store_args, worker_args
 from txsync.parent_watch import child_environment
 from txsync.rpc import RECONNECT_OPTIONS, health_status
 
@@ -135,7 +136,7 @@ def transaction_store(
     data_dir: Path, node_id: str = "dc1", *extra: str, port: int = 0
 ) -> ServiceProcess:
     data_dir.mkdir(parents=True, exist_ok=True)
-    args = ["transaction-store", "--node-id", node_id, "--data", str(data_dir), *extra]
+    args = store_args(node_id, str(data_dir), None, coordinator=None, extra=extra)
     return ServiceProcess(
         args,
         data_dir,
@@ -163,9 +164,8 @@ def free_port() -> int:
 def sync_coordinator(
     workdir: Path, node_id: str, store: str, port: int, peers: dict[str, int], *extra: str
 ) -> ServiceProcess:
-    args = ["sync-coordinator", "--node-id", node_id, "--store", store, *extra]
-    for peer, peer_port in peers.items():
-        args += ["--peer", f"{peer}=127.0.0.1:{peer_port}"]
+    addresses = {peer: f"127.0.0.1:{peer_port}" for peer, peer_port in peers.items()}
+    args = coordinator_args(node_id, store, None, peers=addresses, plaintext=False, extra=extra)
     return ServiceProcess(
         args,
         workdir,
@@ -181,8 +181,7 @@ def worker(
     """``port``: fixed, so that a restarted worker answers where dispatch dials it;
     ``postgres``: a conninfo to apply to PostgreSQL instead of SQLite in ``data_dir``."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    database = ["--postgres", postgres] if postgres else ["--data", str(data_dir)]
-    args = ["worker", "--worker-id", worker_id, *database, *extra]
+    args = worker_args(worker_id, None, str(data_dir), None, postgres=postgres, extra=extra)
     return ServiceProcess(args, data_dir, f"worker-{worker_id}", listen=f"127.0.0.1:{port}")
 
 
@@ -191,7 +190,5 @@ def worker_dispatch(
 ) -> ServiceProcess:
     """``port``: fixed, for a store that reads through this dispatch (``--dispatch``)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    args = ["worker-dispatch", "--store", store, *extra]
-    for worker_id, address in workers.items():
-        args += ["--worker", f"{worker_id}={address}"]
+    args = dispatch_args(store, None, None, workers=workers, extra=extra)
     return ServiceProcess(args, workdir, "worker-dispatch", listen=f"127.0.0.1:{port}")

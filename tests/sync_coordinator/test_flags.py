@@ -1,17 +1,21 @@
 """Every timing and limit of the protocol core can be set on the sync-coordinator's
 command line, and the defaults pass the flag checks (a field added to ``Timing`` without
-a flag once made every coordinator fail at start)."""
+a flag once made every coordinator fail at start). The flags, their least values and the
+docs table come from one declaration (``txsync.settings.COORDINATOR_SETTINGS``)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from txsync.cli.main import build_parser
 from txsync.protocol import Limits, Timing
+from txsync.settings import COORDINATOR_SETTINGS, docs_rows
 from txsync.sync_coordinator.server import protocol_settings
 
 BASE = ("sync-coordinator", "--node-id", "dc1", "--store", "127.0.0.1:1", "--plaintext")
@@ -26,11 +30,29 @@ def test_every_timing_has_a_flag_and_the_defaults_are_accepted() -> None:
     assert protocol_settings(options) == (Timing(), Limits())
 
 
+def test_the_docs_table_is_the_declarations() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "sync-coordinator.md"
+    text = docs.read_text()
+    for row in docs_rows(COORDINATOR_SETTINGS):
+        assert row in text, f"docs/sync-coordinator.md lacks (or has another text for):\n{row}"
+
+
+def test_each_flag_refuses_what_its_field_refuses() -> None:
+    """A flag's least value is the core's: what argparse lets through, Timing and Limits
+    take, and one less is refused with the flag's name."""
+    for setting in COORDINATOR_SETTINGS:
+        options = build_parser(every=True).parse_args([*BASE, setting.flag, str(setting.least)])
+        try:
+            protocol_settings(options)
+        except ValueError as error:  # only a rule across fields may refuse it
+            assert "--" in str(error).split(" must ", 1)[1], error
+        with pytest.raises(argparse.ArgumentTypeError, match=f"at least {setting.least}"):
+            setting.parse(str(setting.least - 1))
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--round-timeout-ms", "0"), "--round-timeout-ms must be positive"),
-        (("--repost-gap-ms", "-1"), "--repost-gap-ms must be at least 0"),
         (("--body-fetch-retry-ms", "9000"),
          "--body-fetch-retry-ms must not exceed --body-fetch-retry-max-ms"),
         (("--synced-window-max", "10"),

@@ -33,6 +33,7 @@ from txsync.rpc import (
     run_service,
     until_stopped,
 )
+from txsync.settings import COORDINATOR_SETTINGS, add_arguments
 from txsync.sync_coordinator.admin import NOT_HERE as ADMIN_NOT_HERE
 from txsync.sync_coordinator.admin import CoordinatorAdmin
 from txsync.sync_coordinator.coordinator import SERVICE, Coordinator, CoordinatorConfig, TlsFiles
@@ -286,35 +287,8 @@ def register(commands: Any) -> None:
         metavar="HOST:PORT",
         help="also serve admin and health checks in plaintext here (probes, local CLI)",
     )
-    timing, limits = Timing(), Limits()
     tuning = parser.add_argument_group("timings and limits (defaults suit a laptop and a WAN)")
-    for name, help_text in (
-        ("round_timeout_ms", "a round without every peer's post ends empty after this"),
-        ("idle_interval_ms", "gap between idle rounds"),
-        ("busy_round_gap_ms", "least gap between busy rounds (0: back to back)"),
-        ("repost_gap_ms", "least gap between two posts of one round"),
-        ("body_fetch_delay_ms", "wait for the origin's push before fetching a body"),
-        ("body_fetch_retry_ms", "first retry gap of a body fetch (doubles)"),
-        ("body_fetch_retry_max_ms", "longest retry gap of a body fetch"),
-        ("catchup_resend_ms", "least gap between catch-ups to one lagger"),
-        ("exclusion_timeout_ms", "a member silent this long is excluded by a view change"),
-        ("view_change_timeout_ms", "a view change not installed by then is tried again"),
-        ("view_change_stagger_ms", "added per rank to the two above, so proposers do not duel"),
-        ("view_resend_ms", "gap between resent prepares/accepts, and between view answers"),
-        ("promise_wait_ms", "after a majority promised, wait this long for the others"),
-    ):
-        tuning.add_argument(
-            "--" + name.replace("_", "-"), type=int, default=getattr(timing, name), help=help_text
-        )
-    for name, help_text in (
-        ("incoming_txs_max", "metas held in the incoming queue"),
-        ("post_txs_max", "metas in one post"),
-        ("catchup_entries_max", "synced entries in one catch-up message"),
-        ("synced_window_max", "synced entries kept in memory (older ones come from the txlog)"),
-    ):
-        tuning.add_argument(
-            "--" + name.replace("_", "-"), type=int, default=getattr(limits, name), help=help_text
-        )
+    add_arguments(tuning, COORDINATOR_SETTINGS)
     parser.add_argument("--grace-seconds", type=float, default=5.0)
     tls = parser.add_argument_group(
         "security between DCs (mutual TLS; scripts/dev_ca.py makes development certificates)"
