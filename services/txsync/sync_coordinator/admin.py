@@ -1,6 +1,7 @@
 """The sync-coordinator's part of the admin API: this DC's view of the protocol.
 
-``GetStatus`` answers with the installed view, the quorum state (a node in a minority
+``GetStatus`` answers from the coordinator's snapshot (``Coordinator.snapshot``, a copy
+taken at the call): the installed view, the quorum state (a node in a minority
 says so here, in its health and in its log), the round mode, the merge base and counter,
 the lag behind the most advanced peer, and when each peer was last heard from and how
 far along its last post was. ``ListRounds`` lists recent rounds; ``PauseSync`` and
@@ -51,43 +52,36 @@ class CoordinatorAdmin:
     async def GetStatus(
         self, request: admin_pb2.GetStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.GetStatusResponse:
-        node = self._coordinator.node
-        if node is None:
+        snapshot = self._coordinator.snapshot()
+        if snapshot is None:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, "still loading the protocol state")
-        weights = self._coordinator.weights
-        quorum = node.quorum_state()
-        recent_ms = node.now_ms - self._coordinator.config.timing.exclusion_timeout_ms
-        wall_minus_core_ms = time.time_ns() // 1_000_000 - node.now_ms
+        recent_ms = snapshot.now_ms - self._coordinator.config.timing.exclusion_timeout_ms
+        wall_minus_core_ms = time.time_ns() // 1_000_000 - snapshot.now_ms
+        quorum = snapshot.quorum
         local = admin_pb2.DcStatus(
-            node_id=node.node_id,
-            view=common_pb2.View(view_no=node.view_no, members=list(node.members)),
-            mode=admin_pb2.SYNC_MODE_PAUSED if self._coordinator.paused else MODES[node.mode],
+            node_id=snapshot.node_id,
+            view=common_pb2.View(view_no=snapshot.view_no, members=list(snapshot.members)),
+            mode=admin_pb2.SYNC_MODE_PAUSED if snapshot.paused else MODES[snapshot.mode],
             quorum=QUORUM_STATES[quorum],
-            merge_base=base_to_proto(node.merge_base),
-            counter=node.counter,
-            incoming_len=len(node.incoming_metas()),
-            lag=self._coordinator.lag(),
+            merge_base=base_to_proto(snapshot.merge_base),
+            counter=snapshot.counter,
+            incoming_len=snapshot.incoming_len,
+            lag=snapshot.lag,
             healthy=quorum is QuorumState.MAJORITY,
         )
-        for peer, heard_ms in sorted(node.last_heard_ms().items()):
-            if peer == node.node_id:
-                continue
+        for peer in snapshot.peers:
             status = local.peers.add(
-                member=peer_pb2.Member(
-                    node_id=peer,
-                    url=self._coordinator.config.peers.get(peer, ""),
-                    weight=weights.get(peer, 0),
-                ),
-                reachable=heard_ms > recent_ms,
+                member=peer_pb2.Member(node_id=peer.node_id, url=peer.address, weight=peer.weight),
+                reachable=peer.heard_ms > recent_ms,
             )
-            if (posted := self._coordinator.peer_posts.get(peer)) is not None:
-                status.last_counter = posted[0]
-                status.last_merge_base.CopyFrom(base_to_proto(posted[1]))
-            status.last_heard.FromMilliseconds(heard_ms + wall_minus_core_ms)
-        local.alarms.extend(self._coordinator.outcomes.alarms)
-        if self._coordinator.outcomes.alarm_count:
+            if peer.last_post is not None:
+                status.last_counter = peer.last_post[0]
+                status.last_merge_base.CopyFrom(base_to_proto(peer.last_post[1]))
+            status.last_heard.FromMilliseconds(peer.heard_ms + wall_minus_core_ms)
+        local.alarms.extend(snapshot.divergence_alarms)
+        if snapshot.divergence_alarm_count:
             local.healthy = False
-        if self._coordinator.paused:
+        if snapshot.paused:
             local.healthy = False
             local.alarms.append("PAUSED: an operator paused sync at this DC (ResumeSync)")
         elif quorum is QuorumState.MINORITY:

@@ -44,6 +44,7 @@ from txsync.protocol import (
     Limits,
     LocalTx,
     MergeBase,
+    Mode,
     Post,
     ProtocolNode,
     PushBody,
@@ -349,6 +350,38 @@ _StepStream = grpc.aio.StreamStreamCall[
 ]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerSnapshot:
+    node_id: str
+    address: str
+    weight: int
+    heard_ms: int
+    """When the core last heard from it (the core's clock)."""
+    last_post: tuple[int, MergeBase] | None
+    """Counter and merge base of its latest accepted post."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoordinatorSnapshot:
+    """This DC's part in the protocol at one moment, for the admin API: a copy, so that
+    readers never hold the core or the coordinator's mutable state."""
+
+    node_id: str
+    view_no: int
+    members: tuple[str, ...]
+    mode: Mode
+    quorum: QuorumState
+    merge_base: MergeBase
+    counter: int
+    incoming_len: int
+    lag: int
+    now_ms: int
+    paused: bool
+    peers: tuple[PeerSnapshot, ...]
+    divergence_alarms: tuple[str, ...]
+    divergence_alarm_count: int
+
+
 class Coordinator:
     def __init__(self, config: CoordinatorConfig, metrics: Metrics | None = None) -> None:
         self.config = config
@@ -644,6 +677,53 @@ class Coordinator:
             log.warning("MEMBERSHIP: %s removed", peer)
             self._retired_links.append(self.links.pop(peer))
         self.weights.update(configuration.weights)
+
+    def post_accepted(self, post: Post, finished: list[Finished], round_traceparent: str) -> None:
+        """A peer's post passed every check (``PeerServicer.Post``): only now does it
+        change what this coordinator knows of that peer. The core hears of it through
+        the event queue."""
+        self.known_posts.remember(post.sender, post.epoch, post.seq, post.queue)
+        self.rounds.peer_round(post.sender, round_traceparent)
+        self.peer_posts[post.sender] = (post.counter, post.base)
+        for outcome in finished:
+            self.outcomes.add_theirs(post.sender, outcome)
+
+    def caller_refused(self, kind: str) -> None:
+        self.refused_peers[kind] = self.refused_peers.get(kind, 0) + 1
+
+    def snapshot(self) -> CoordinatorSnapshot | None:
+        """What the admin API shows, copied at one moment (None while loading)."""
+        node = self.node
+        if node is None:
+            return None
+        heard = node.last_heard_ms()
+        peers = tuple(
+            PeerSnapshot(
+                node_id=peer,
+                address=self.config.peers.get(peer, ""),
+                weight=self.weights.get(peer, 0),
+                heard_ms=heard[peer],
+                last_post=self.peer_posts.get(peer),
+            )
+            for peer in sorted(heard)
+            if peer != node.node_id
+        )
+        return CoordinatorSnapshot(
+            node_id=node.node_id,
+            view_no=node.view_no,
+            members=node.members,
+            mode=node.mode,
+            quorum=node.quorum_state(),
+            merge_base=node.merge_base,
+            counter=node.counter,
+            incoming_len=len(node.incoming_metas()),
+            lag=self.lag(),
+            now_ms=node.now_ms,
+            paused=self.paused,
+            peers=peers,
+            divergence_alarms=tuple(self.outcomes.alarms),
+            divergence_alarm_count=self.outcomes.alarm_count,
+        )
 
     def lag(self) -> int:
         """Synced entries behind the most advanced peer whose post we have (0 if none

@@ -98,8 +98,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             reason = f"certificate names {identity!r}, but the call claims to be {sender!r}"
         else:
             return
-        counts = self._coordinator.refused_peers
-        counts[kind] = counts.get(kind, 0) + 1
+        self._coordinator.caller_refused(kind)
         log.warning("refused a call from %s (%s): %s", context.peer(), kind, reason)
         raise ServiceError(grpc.StatusCode.PERMISSION_DENIED, reason)
 
@@ -119,11 +118,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         finished = _outcomes_from_proto(request.outcomes)
         # Accepted whole: only now does it change what this node knows (a refused post
         # must leave no trace).
-        known.remember(post.sender, post.epoch, post.seq, post.queue)
-        self._coordinator.rounds.peer_round(post.sender, request.round_traceparent)
-        self._coordinator.peer_posts[post.sender] = (post.counter, post.base)
-        for outcome in finished:
-            self._coordinator.outcomes.add_theirs(post.sender, outcome)
+        self._coordinator.post_accepted(post, finished, request.round_traceparent)
         await self._coordinator.events.put(PostReceived(post))
         return peer_pb2.PostResponse()
 
