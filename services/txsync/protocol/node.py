@@ -627,6 +627,11 @@ class ProtocolNode:
             if post.base.synced_len > base.synced_len
         }
         self._dirty = True
+        if self._is_frozen():
+            # No rounds in a view this node promised to leave (as in _run_timers): a
+            # post at the new base (reached by catch-up) would let the others ADD past
+            # the base our promise reported, and the seal would lose that ADD.
+            return
         if self._in_round:
             self._end_round(RoundOutcome.ADVANCED)
         else:
