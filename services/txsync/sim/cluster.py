@@ -511,6 +511,9 @@ class Simulation:
     def _on_refused(self, event: Event, out: ShellOutput) -> None:
         """A client whose submit was refused (no majority, a full queue) tries again."""
         if isinstance(event, LocalTx) and out.rejections:
+            # One retry per submit: a crash of this node must not send it a second time
+            # (the same id from two origins is two transactions, not a retry).
+            self._received.pop(event.tx_id, None)
             if event.tx_id in self._membership:
                 self._at(self._now + 50, _ChangeMembership(1))
             else:
@@ -576,9 +579,14 @@ class Simulation:
         # A submit the dead incarnation never acknowledged was never written, nor (the
         # shell's rule) told to anyone: its client times out and submits it again.
         epoch = sim_node.durable.epoch
-        for tx_id, received in self._received.items():
-            if received == (node, epoch) and tx_id not in self.checker.acked:
-                self._at(self._now + 50, _Submit(tx_id, 1))
+        lost = [
+            tx_id
+            for tx_id, received in self._received.items()
+            if received == (node, epoch) and tx_id not in self.checker.acked
+        ]
+        for tx_id in lost:
+            del self._received[tx_id]
+            self._at(self._now + 50, _Submit(tx_id, 1))
         sim_node.shell = None
         sim_node.tick_at = None
         sim_node.torn_crash_pending = False
@@ -702,6 +710,8 @@ class Simulation:
             durable.accepted_ballot = merged.vote.accepted_ballot
             durable.accepted = merged.vote.accepted
         for change in merged.changes:
+            if self.checker.state_of(node, change.tx_id) is change.state:
+                continue  # the store takes a repeat as a no-op (forgotten, then learned again)
             self.checker.on_state(node, change.tx_id, change.state)
             meta = durable.incoming.get(change.tx_id)
             if change.state is TxState.INCOMING and meta is not None and meta.origin == node:
