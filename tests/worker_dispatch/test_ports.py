@@ -1,0 +1,89 @@
+"""worker-dispatch's ports, in one process: its store port (FollowEnqueued and
+AdvanceStates) and its worker port (an Apply stream per worker, heartbeats) against a
+real store and two real SQLite workers served over gRPC on loopback. The decisions behind
+them are pure (test_pipeline.py, test_health.py); these show the adapters carry them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import grpc
+
+from tests.support.in_process import InProcessDc, body, reached, run_dcs, submit_inserts, until
+from txsync.protocol import TxState
+from txsync.rpc import add_service, new_server
+from txsync.v1 import worker_pb2
+from txsync.worker.service import WorkerServicer
+from txsync.worker.sqlite_backend import SqliteBackend
+from txsync.worker_dispatch.dispatch import Dispatch
+
+WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
+
+
+@asynccontextmanager
+async def _workers(
+    tmp_path: Path, names: list[str]
+) -> AsyncIterator[dict[str, tuple[WorkerServicer, grpc.aio.Server, str]]]:
+    async with AsyncExitStack() as stack:
+        workers = {}
+        for name in names:
+            backend = SqliteBackend(tmp_path / f"{name}.sqlite")
+            stack.callback(backend.close)
+            servicer = WorkerServicer(name, backend, tmp_path / f"{name}-scratch")
+            server = new_server()
+            add_service(server, servicer, WORKER_SERVICE)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            stack.push_async_callback(server.stop, 0)
+            workers[name] = (servicer, server, f"127.0.0.1:{port}")
+        yield workers
+
+
+@asynccontextmanager
+async def _dispatch(dc: InProcessDc, addresses: dict[str, str]) -> AsyncIterator[Dispatch]:
+    dispatch = Dispatch(dc.store_address, addresses, stuck_after_s=10.0)
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(dispatch.watch_heartbeats()), loop.create_task(dispatch.run())]
+    try:
+        yield dispatch
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await dispatch.close()
+
+
+def _states(dc: InProcessDc, tx_ids: list[str]) -> set[TxState | None]:
+    return {record.state if (record := dc.store.state.tx(t)) else None for t in tx_ids}
+
+
+def test_the_worker_port_carries_the_pipeline_and_survives_a_lost_worker(
+    tmp_path: Path,
+) -> None:
+    async def scenario(dcs: dict[str, InProcessDc]) -> None:
+        dc = dcs["dc1"]
+        async with _workers(tmp_path, ["w1", "w2"]) as workers:
+            addresses = {name: address for name, (_, _, address) in workers.items()}
+            async with _dispatch(dc, addresses) as dispatch:
+                create = (await dc.store.submit(body("CREATE TABLE t (x INTEGER)"))).tx_id
+                inserts = await submit_inserts(dc, range(20))
+                await until(reached(dc, [create, *inserts], TxState.OK), "all finished")
+                assert _states(dc, [create, *inserts]) == {TxState.OK}
+                servicers = [servicer for servicer, _, _ in workers.values()]
+                await until(lambda: all(s.applied.position == 21 for s in servicers), "both at 21")
+                assert servicers[0].applied.state_digest == servicers[1].applied.state_digest
+
+                # The testing worker's port goes away: the role moves and work goes on.
+                tester = dispatch.tester
+                assert tester in workers
+                await workers[tester][1].stop(0)
+                more = await submit_inserts(dc, range(100, 105))
+                await until(reached(dc, more, TxState.OK), "the next five finished")
+                assert _states(dc, more) == {TxState.OK}
+                assert dispatch.tester not in (None, tester)
+                assert dispatch.workers[tester].healthy is False
+
+    run_dcs(tmp_path, ["dc1"], scenario)
