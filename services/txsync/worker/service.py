@@ -220,7 +220,8 @@ class WorkerServicer:
                 await self._applied_changed.wait_for(condition)
 
         try:
-            await asyncio.wait_for(reached(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see coordinator._run
+                await reached()
         except TimeoutError:
             raise ServiceError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
