@@ -18,6 +18,7 @@ from tests.support.postgres import PostgresServer
 from txsync.pipeline import replicas as replicas_module
 from txsync.pipeline.replicas import verify_replicas
 from txsync.worker.postgres_backend import PostgresBackend
+from txsync.worker.transactions import transaction_from_proto
 
 pytestmark = pytest.mark.spark
 
@@ -78,7 +79,9 @@ def postgres_replica(dev_cluster: DevRun, postgres: PostgresServer) -> str:
     backend = PostgresBackend(conninfo)
     try:
         for position, tx_id in enumerate(dev_cluster.order, start=1):
-            assert backend.apply(position, tx_id, dev_cluster.bodies[tx_id]).ok
+            assert backend.apply(
+                position, tx_id, transaction_from_proto(dev_cluster.bodies[tx_id])
+            ).ok
     finally:
         backend.close()
     return PostgresServer.uri(conninfo)
@@ -102,7 +105,7 @@ def test_a_postgresql_row_altered_is_named_by_key(
     conninfo = postgres.new_database()
     backend = PostgresBackend(conninfo)
     for position, tx_id in enumerate(dev_cluster.order, start=1):
-        backend.apply(position, tx_id, dev_cluster.bodies[tx_id])
+        backend.apply(position, tx_id, transaction_from_proto(dev_cluster.bodies[tx_id]))
     backend.close()
     with psycopg.connect(conninfo, autocommit=True) as conn:  # behind the cluster's back
         conn.execute("UPDATE t SET c = 99.5 WHERE a = 5")

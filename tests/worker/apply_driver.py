@@ -11,6 +11,12 @@ from pathlib import Path
 
 from txsync.v1 import common_pb2
 from txsync.worker.sqlite_backend import SqliteBackend
+from txsync.worker.transactions import (
+    Statement,
+    Transaction,
+    transaction,
+    transaction_to_proto,
+)
 
 SETUP = (
     "CREATE TABLE IF NOT EXISTS applied_log (position INTEGER PRIMARY KEY)",
@@ -19,14 +25,18 @@ SETUP = (
 )
 
 
-def body_at(position: int) -> common_pb2.TxBody:
+def request_body_at(position: int) -> common_pb2.TxBody:
+    """``body_at`` as an ApplyRequest carries it."""
+    return transaction_to_proto(body_at(position))
+
+
+def body_at(position: int) -> Transaction:
     if position == 1:
-        return common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql) for sql in SETUP])
-    body = common_pb2.TxBody()
-    log = body.statements.add(sql="INSERT INTO applied_log VALUES (?)")
-    log.params.add(int_value=position)
-    body.statements.add(sql="UPDATE counter SET n = n + 1 WHERE id = 1")
-    return body
+        return transaction(*SETUP)
+    return transaction(
+        Statement("INSERT INTO applied_log VALUES (?)", (position,)),
+        "UPDATE counter SET n = n + 1 WHERE id = 1",
+    )
 
 
 def main() -> None:

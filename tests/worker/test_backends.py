@@ -8,30 +8,22 @@ from pathlib import Path
 import pytest
 
 from tests.worker.conftest import BackendFactory
-from txsync.v1 import common_pb2
 from txsync.worker.backend import ApplyOrderError, QueryRefused, ToApply
 from txsync.worker.outcomes import GENESIS_DIGEST
 from txsync.worker.sqlite_backend import SqliteBackend
+from txsync.worker.transactions import Statement, Transaction
 
 SCHEMA = "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)"
 
 
-def _body(*statements: tuple[str, tuple[object, ...]]) -> common_pb2.TxBody:
-    body = common_pb2.TxBody()
-    for sql, params in statements:
-        statement = body.statements.add(sql=sql)
-        for value in params:
-            if isinstance(value, int):
-                statement.params.add(int_value=value)
-            else:
-                statement.params.add(text_value=str(value))
-    return body
+def _body(*statements: tuple[str, tuple[int | str, ...]]) -> Transaction:
+    return Transaction(tuple(Statement(sql, params) for sql, params in statements))
 
 
 INSERT = "INSERT INTO accounts VALUES (?, ?)"
 
 
-def _history() -> list[common_pb2.TxBody]:
+def _history() -> list[Transaction]:
     return [
         _body((SCHEMA, ())),
         _body((INSERT, (1, 100)), (INSERT, (2, 5))),
@@ -52,9 +44,7 @@ def test_applies_in_order_once_with_outcomes_and_a_digest_chain(
     assert [o.rows_affected for o in outcomes] == [(0,), (1, 1), (1,), (), (2,)]
     assert outcomes[3].error  # the database's own words for a duplicate key
     assert len({o.state_digest for o in outcomes}) == 5
-    read = backend.query(
-        common_pb2.Statement(sql="SELECT id, balance FROM accounts ORDER BY id"), 10
-    )
+    read = backend.query(Statement("SELECT id, balance FROM accounts ORDER BY id"), 10)
     assert read.rows == ((1, 91), (2, 6)) and read.position == 5
     # A second worker applying the same history holds the same digest at every position.
     twin = open_backend("b")
@@ -65,7 +55,7 @@ def test_applies_in_order_once_with_outcomes_and_a_digest_chain(
     assert other.apply(1, "other", _history()[0]).state_digest != outcomes[0].state_digest
 
 
-def _items(bodies: list[common_pb2.TxBody], first: int = 1) -> list[ToApply]:
+def _items(bodies: list[Transaction], first: int = 1) -> list[ToApply]:
     return [ToApply(n, f"tx{n}", body) for n, body in enumerate(bodies, start=first)]
 
 
@@ -87,7 +77,7 @@ def test_a_batch_applies_as_one_at_a_time_would(open_backend: BackendFactory) ->
     reopened = open_backend("batched")  # committed: the gap undid nothing before it
     assert reopened.applied().position == 5
     assert reopened.applied().state_digest == one_by_one[-1].state_digest
-    read = reopened.query(common_pb2.Statement(sql="SELECT id, balance FROM accounts"), 10)
+    read = reopened.query(Statement("SELECT id, balance FROM accounts"), 10)
     assert sorted(read.rows) == [(1, 91), (2, 6)]
 
 
@@ -152,7 +142,7 @@ def test_user_statements_cannot_touch_the_bookkeeping(
     outcome = backend.apply(2, "tx2", _body(("INSERT INTO accounts VALUES (7, 7)", ()), (sql, ())))
     assert not outcome.ok and outcome.error
     assert backend.applied().position == 2
-    read = backend.query(common_pb2.Statement(sql="SELECT count(*) FROM accounts"), 1)
+    read = backend.query(Statement("SELECT count(*) FROM accounts"), 1)
     assert read.rows == ((0,),), "the failed transaction's first statement was rolled back"
 
 
@@ -161,13 +151,13 @@ def test_queries_are_read_only_and_cut_at_max_rows(open_backend: BackendFactory)
     backend.apply(1, "tx1", _history()[0])
     inserts = [("INSERT INTO accounts VALUES (?, ?)", (n, n)) for n in range(50)]
     backend.apply(2, "tx2", _body(*inserts))
-    result = backend.query(common_pb2.Statement(sql="SELECT * FROM accounts"), 20)
+    result = backend.query(Statement("SELECT * FROM accounts"), 20)
     assert len(result.rows) == 20 and result.truncated and result.columns == ("id", "balance")
     for write in ("DELETE FROM accounts", "CREATE TABLE x (a)", "PRAGMA journal_mode=DELETE"):
         with pytest.raises(QueryRefused):
-            backend.query(common_pb2.Statement(sql=write), 10)
+            backend.query(Statement(write), 10)
     with pytest.raises(QueryRefused, match="syntax"):
-        backend.query(common_pb2.Statement(sql="SELEKT 1"), 10)
+        backend.query(Statement("SELEKT 1"), 10)
     # Nothing above wrote anything.
-    count = backend.query(common_pb2.Statement(sql="SELECT count(*) FROM accounts"), 1)
+    count = backend.query(Statement("SELECT count(*) FROM accounts"), 1)
     assert count.rows == ((50,),)

@@ -13,10 +13,10 @@ import psycopg
 import pytest
 
 from tests.support.postgres import PostgresServer
-from txsync.v1 import common_pb2
 from txsync.worker.backend import Backend
 from txsync.worker.postgres_backend import PostgresBackend
 from txsync.worker.sqlite_backend import SqliteBackend
+from txsync.worker.transactions import transaction
 
 EVERY = 3
 HISTORY = [
@@ -62,9 +62,7 @@ def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Replica, R
 
 def _apply(backend: Backend, first: int, last: int) -> list[bytes]:
     return [
-        backend.apply(
-            n, f"tx{n}", common_pb2.TxBody(statements=[common_pb2.Statement(sql=HISTORY[n - 1])])
-        ).state_digest
+        backend.apply(n, f"tx{n}", transaction(HISTORY[n - 1])).state_digest
         for n in range(first, last + 1)
     ]
 

@@ -8,8 +8,9 @@ import pytest
 
 from txsync.v1 import common_pb2
 from txsync.worker.outcomes import GENESIS_DIGEST, encode_statement, next_digest
+from txsync.worker.transactions import Transaction, statement_from_proto
 
-STATEMENT = common_pb2.Statement(
+PROTO_STATEMENT = common_pb2.Statement(
     sql="INSERT INTO t VALUES (?, ?, ?, ?, ?, ?)",
     params=[
         common_pb2.SqlValue(int_value=-2),
@@ -20,6 +21,8 @@ STATEMENT = common_pb2.Statement(
         common_pb2.SqlValue(),
     ],
 )
+STATEMENT = statement_from_proto(PROTO_STATEMENT)
+"""As a worker receives it: converted once at the service's edge."""
 
 
 def test_a_statement_encodes_to_these_bytes() -> None:
@@ -36,7 +39,7 @@ def test_a_statement_encodes_to_these_bytes() -> None:
 
 
 def test_the_digest_of_a_history_step_is_pinned() -> None:
-    body = common_pb2.TxBody(statements=[STATEMENT])
+    body = Transaction((STATEMENT,))
     digest = next_digest(GENESIS_DIGEST, 7, "tx-7", body, ok=True, rows_affected=(1,))
     assert digest.hex() == PINNED
     content = next_digest(GENESIS_DIGEST, 7, "tx-7", body, ok=True, rows_affected=(1,),
@@ -46,6 +49,7 @@ def test_the_digest_of_a_history_step_is_pinned() -> None:
 
 def test_every_kind_of_value_has_an_encoding() -> None:
     kinds = {field.name for field in common_pb2.SqlValue.DESCRIPTOR.oneofs_by_name["value"].fields}
+    encodings = set()
     for kind in kinds:
         value = common_pb2.SqlValue()
         field = common_pb2.SqlValue.DESCRIPTOR.fields_by_name[kind]
@@ -54,7 +58,9 @@ def test_every_kind_of_value_has_an_encoding() -> None:
             field.TYPE_DOUBLE: 1.0,
         }.get(field.type, 1)  # fmt: skip
         setattr(value, kind, default)
-        assert encode_statement(common_pb2.Statement(sql="?", params=[value]))
+        statement = statement_from_proto(common_pb2.Statement(sql="?", params=[value]))
+        encodings.add(encode_statement(statement))
+    assert len(encodings) == len(kinds)  # every kind its own encoding (a bool is no int)
 
 
 @pytest.fixture(autouse=True)

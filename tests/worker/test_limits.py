@@ -18,6 +18,12 @@ from tests.support.processes import worker
 from txsync.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from txsync.worker.backend import ApplyInterrupted, QueryRefused, ToApply
 from txsync.worker.sqlite_backend import SqliteBackend
+from txsync.worker.transactions import (
+    Statement,
+    Transaction,
+    transaction,
+    transaction_to_proto,
+)
 
 ENDLESS = (
     "INSERT INTO t WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) "
@@ -26,8 +32,8 @@ ENDLESS = (
 """The statement of issue 17 that stopped every DC: it never ends."""
 
 
-def _body(*sql: str) -> common_pb2.TxBody:
-    return common_pb2.TxBody(statements=[common_pb2.Statement(sql=s) for s in sql])
+def _body(*sql: str) -> Transaction:
+    return transaction(*sql)
 
 
 def test_a_statement_over_the_budget_fails_alike_at_every_replica(tmp_path: Path) -> None:
@@ -47,7 +53,7 @@ def test_a_statement_over_the_budget_fails_alike_at_every_replica(tmp_path: Path
     for failed in (outcomes[0][1], outcomes[0][3]):
         assert "work budget of 2,000,000 SQLite steps (worker --steps-max)" in failed.error
     assert [o.state_digest for o in outcomes[0]] == [o.state_digest for o in outcomes[1]]
-    count = replicas[0].query(common_pb2.Statement(sql="SELECT count(*) FROM t"), 1)
+    count = replicas[0].query(Statement("SELECT count(*) FROM t"), 1)
     assert count.rows == ((1001,),)  # 1..1000 and the last insert: the failures left none
 
 
@@ -64,7 +70,7 @@ def test_a_read_over_the_budget_is_refused_naming_it(tmp_path: Path) -> None:
     backend = SqliteBackend(tmp_path / "w.db", steps_max=1_000_000)
     endless_read = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT x FROM c"
     with pytest.raises(QueryRefused, match="work budget of 1,000,000 SQLite steps"):
-        backend.query(common_pb2.Statement(sql=endless_read + " WHERE x < 0"), 10)
+        backend.query(Statement(endless_read + " WHERE x < 0"), 10)
 
 
 def test_interrupt_abandons_a_running_apply_without_a_verdict(tmp_path: Path) -> None:
@@ -101,9 +107,13 @@ def test_sigterm_stops_a_worker_in_the_middle_of_a_statement(tmp_path: Path) -> 
         with grpc.insecure_channel(process.address) as channel:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
             table = worker_pb2.ApplyRequest(
-                position=1, tx_id="tx1", body=_body("CREATE TABLE t (x INTEGER)")
+                position=1,
+                tx_id="tx1",
+                body=transaction_to_proto(_body("CREATE TABLE t (x INTEGER)")),
             )
-            endless = worker_pb2.ApplyRequest(position=2, tx_id="tx2", body=_body(ENDLESS))
+            endless = worker_pb2.ApplyRequest(
+                position=2, tx_id="tx2", body=transaction_to_proto(_body(ENDLESS))
+            )
             gate = threading.Event()
 
             def requests() -> object:

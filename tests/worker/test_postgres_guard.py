@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.support.postgres import PostgresServer
-from txsync.v1 import common_pb2
 from txsync.worker.backend import QueryRefused
 from txsync.worker.outcomes import Outcome
 from txsync.worker.postgres_backend import PostgresBackend
+from txsync.worker.transactions import Statement, Transaction, transaction
 
 
-def _body(*sql: str) -> common_pb2.TxBody:
-    return common_pb2.TxBody(statements=[common_pb2.Statement(sql=s) for s in sql])
+def _body(*sql: str) -> Transaction:
+    return transaction(*sql)
 
 
 REFUSED_BY_THE_PARSER = [
@@ -73,7 +73,7 @@ def _probe(backend: PostgresBackend, sql: str) -> Outcome:
     outcome = backend.apply(before.position + 1, "probe", _body("INSERT INTO t VALUES ('x')", sql))
     assert not outcome.ok, f"{sql!r} was applied"
     assert backend.applied().position == before.position + 1
-    rows = backend.query(common_pb2.Statement(sql="SELECT v FROM t ORDER BY v"), 10).rows
+    rows = backend.query(Statement("SELECT v FROM t ORDER BY v"), 10).rows
     assert rows == (("before",),), "the refused transaction left no trace"
     following = backend.apply(before.position + 2, "next", _body("DELETE FROM t WHERE v = 'y'"))
     assert following.ok, following.error
@@ -106,25 +106,20 @@ def test_a_statement_past_the_time_limit_fails_naming_it(backend: PostgresBacken
 
 
 def test_the_clock_word_as_a_parameter_is_refused(backend: PostgresBackend) -> None:
-    body = common_pb2.TxBody(
-        statements=[common_pb2.Statement(
-            sql="INSERT INTO t VALUES (?::timestamptz::text)",
-            params=[common_pb2.SqlValue(text_value="now")],
-        )]
-    )  # fmt: skip
+    body = transaction(Statement("INSERT INTO t VALUES (?::timestamptz::text)", ("now",)))
     outcome = backend.apply(3, "tx3", body)
     assert not outcome.ok and "refused: the parameter 'now'" in outcome.error
 
 
 def test_reads_run_as_the_role_and_may_use_the_clock(backend: PostgresBackend) -> None:
-    assert backend.query(common_pb2.Statement(sql="SELECT now() IS NOT NULL"), 1).rows == ((True,),)
+    assert backend.query(Statement("SELECT now() IS NOT NULL"), 1).rows == ((True,),)
     for sql, words in (
         ("SELECT * FROM _txsync.outcomes", "permission denied"),
         ("SELECT pg_read_file('/etc/passwd')", "refused"),
         ("DELETE FROM t", "refused"),
     ):
         with pytest.raises(QueryRefused, match=words):
-            backend.query(common_pb2.Statement(sql=sql), 1)
+            backend.query(Statement(sql), 1)
 
 
 def test_a_restored_snapshot_keeps_the_guard(

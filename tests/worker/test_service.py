@@ -13,7 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from tests.support.postgres import PostgresServer
 from tests.support.processes import ServiceProcess, worker
-from tests.worker.apply_driver import body_at
+from tests.worker.apply_driver import request_body_at
 from txsync.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 
@@ -34,7 +34,7 @@ def _requests(
 ) -> Iterator[worker_pb2.ApplyRequest]:
     for position in range(first, last + 1):
         yield worker_pb2.ApplyRequest(
-            position=position, tx_id=f"tx-{position}", body=body_at(position),
+            position=position, tx_id=f"tx-{position}", body=request_body_at(position),
             skip=position in skip,
         )  # fmt: skip
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from txsync.v1 import common_pb2
 from txsync.worker.outcomes import Outcome
 from txsync.worker.sqlite_backend import SqliteBackend
+from txsync.worker.transactions import Statement, Transaction, transaction
 
 
-def _body(*sql: str) -> common_pb2.TxBody:
-    return common_pb2.TxBody(statements=[common_pb2.Statement(sql=s) for s in sql])
+def _body(*sql: str) -> Transaction:
+    return transaction(*sql)
 
 
 SETUP = (
@@ -103,10 +103,10 @@ def _probe(backend: SqliteBackend, sql: str) -> Outcome:
         assert outcome.error.startswith("refused: "), outcome.error
     after = backend.applied()
     assert after.position == before.position + 1, "the failure still advances the position"
-    rows = backend.query(common_pb2.Statement(sql="SELECT v FROM t ORDER BY k"), 10).rows
+    rows = backend.query(Statement("SELECT v FROM t ORDER BY k"), 10).rows
     assert rows == (("before",),), "the refused transaction left no trace"
     tables = backend.query(
-        common_pb2.Statement(sql="SELECT name FROM sqlite_master WHERE name LIKE '%txsync%'"),
+        Statement("SELECT name FROM sqlite_master WHERE name LIKE '%txsync%'"),
         10,
     ).rows
     assert sorted(tables) == [("_txsync_applied",), ("_txsync_outcomes",)]
@@ -184,7 +184,7 @@ def test_deterministic_time_arithmetic_and_counters_are_allowed_and_agree(
     outcomes_second = [second.apply(n, f"tx{n}", b) for n, b in enumerate(history[1:], 2)]
     assert all(o.ok for o in outcomes_first), [o.error for o in outcomes_first]
     assert outcomes_first[-1].state_digest == outcomes_second[-1].state_digest
-    sql = common_pb2.Statement(sql="SELECT v FROM t ORDER BY k")
+    sql = Statement("SELECT v FROM t ORDER BY k")
     rows = first.query(sql, 10).rows
     assert rows == second.query(sql, 10).rows
     assert rows == (
@@ -195,7 +195,7 @@ def test_deterministic_time_arithmetic_and_counters_are_allowed_and_agree(
 
 def test_reads_may_use_any_function(backend: SqliteBackend) -> None:
     """Reads are answered by one worker and never replicated."""
-    result = backend.query(common_pb2.Statement(sql="SELECT random() IS NOT NULL, date()"), 1)
+    result = backend.query(Statement("SELECT random() IS NOT NULL, date()"), 1)
     assert result.rows[0][0] == 1
 
 

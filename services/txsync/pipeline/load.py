@@ -30,7 +30,7 @@ import grpc
 from pyspark.sql import DataFrame, SparkSession
 
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
-from txsync.worker.backend import to_sql_value
+from txsync.worker.transactions import param_to_proto
 
 Counts = tuple[int, int, int, int, str]
 RETRIES_MAX = 40
@@ -102,7 +102,7 @@ def _submit_slice(plan: LoadPlan, rows: Iterable[tuple[int, Any]]) -> Iterator[C
                 close_transaction()
             if not statements:
                 first_row = position
-            params = [to_sql_value(row[column]) for column in plan.columns]
+            params = [param_to_proto(row[column]) for column in plan.columns]
             statements.append(common_pb2.Statement(sql=plan.sql, params=params))
             counts[3] += 1
         close_transaction()

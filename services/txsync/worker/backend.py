@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from txsync.v1 import common_pb2
 from txsync.worker.outcomes import Applied, Outcome
+from txsync.worker.transactions import Statement, Transaction
 
 OUTCOMES_KEPT = 4_096
 """Outcomes kept for re-delivery after a reconnect (older ones are pruned)."""
@@ -46,7 +46,7 @@ BatchApplied = tuple[list[Outcome], "ApplyOrderError | None"]
 class ToApply:
     position: int
     tx_id: str
-    body: common_pb2.TxBody
+    body: Transaction
     run: bool = True
     """False: record it FAILED without running it (the DC's testing worker failed it)."""
 
@@ -57,7 +57,7 @@ class Backend(Protocol):
     def applied(self) -> Applied: ...
 
     def apply(
-        self, position: int, tx_id: str, body: common_pb2.TxBody, *, run: bool = True
+        self, position: int, tx_id: str, body: Transaction, *, run: bool = True
     ) -> Outcome: ...
 
     def apply_many(self, batch: Sequence[ToApply]) -> BatchApplied:
@@ -67,7 +67,7 @@ class Backend(Protocol):
         next, if one is: everything before it is committed, nothing after it is tried."""
         ...
 
-    def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult: ...
+    def query(self, statement: Statement, max_rows: int) -> QueryResult: ...
 
     def position_of(self, tx_id: str) -> int | None:
         """Where ``tx_id`` was applied, if among the recorded outcomes."""
@@ -108,29 +108,6 @@ class QueryResult:
     truncated: bool
     position: int
     """The applied position the rows were read at."""
-
-
-def to_python(value: common_pb2.SqlValue) -> object:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "bool_value":
-        return int(value.bool_value)
-    return getattr(value, kind)
-
-
-def to_sql_value(value: object) -> common_pb2.SqlValue:
-    if value is None:
-        return common_pb2.SqlValue()
-    if isinstance(value, bool):
-        return common_pb2.SqlValue(bool_value=value)
-    if isinstance(value, int):
-        return common_pb2.SqlValue(int_value=value)
-    if isinstance(value, float):
-        return common_pb2.SqlValue(real_value=value)
-    if isinstance(value, bytes | bytearray):
-        return common_pb2.SqlValue(blob_value=bytes(value))
-    return common_pb2.SqlValue(text_value=str(value))
 
 
 def recorded_outcome(position: int, tx_id: str, row: tuple[object, ...] | None) -> Outcome:

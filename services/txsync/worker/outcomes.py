@@ -23,7 +23,7 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from txsync.v1 import common_pb2
+from txsync.worker.transactions import Statement, Transaction
 
 GENESIS_DIGEST = bytes(32)
 """The digest before position 1."""
@@ -48,21 +48,12 @@ class Outcome:
     state_digest: bytes
     error: str = ""
 
-    def to_proto(self) -> common_pb2.Outcome:
-        return common_pb2.Outcome(
-            state=common_pb2.TX_STATE_OK if self.ok else common_pb2.TX_STATE_FAILED,
-            rows_affected=list(self.rows_affected),
-            state_digest=self.state_digest,
-            error=self.error,
-            position=self.position,
-        )
-
 
 def next_digest(
     previous: bytes,
     position: int,
     tx_id: str,
-    body: common_pb2.TxBody,
+    body: Transaction,
     *,
     ok: bool,
     rows_affected: tuple[int, ...],
@@ -93,25 +84,23 @@ def is_content_check(position: int, every: int) -> bool:
     return every > 0 and position % every == 0
 
 
-def encode_statement(statement: common_pb2.Statement) -> bytes:
+def encode_statement(statement: Statement) -> bytes:
     """The statement in the digest's own encoding (the module docstring)."""
     sql = statement.sql.encode()
     parts = [struct.pack(">I", len(sql)), sql, struct.pack(">I", len(statement.params))]
     for param in statement.params:
-        kind = param.WhichOneof("value")
-        if kind is None:
+        # bool before int: a bool is an int to Python, not to the digest.
+        if param is None:
             parts.append(b"N")
-        elif kind == "int_value":
-            parts.append(b"I" + struct.pack(">q", param.int_value))
-        elif kind == "real_value":
-            parts.append(b"R" + struct.pack(">d", param.real_value))
-        elif kind == "bool_value":
-            parts.append(b"O" + struct.pack(">B", param.bool_value))
-        elif kind == "text_value":
-            text = param.text_value.encode()
+        elif isinstance(param, bool):
+            parts.append(b"O" + struct.pack(">B", param))
+        elif isinstance(param, int):
+            parts.append(b"I" + struct.pack(">q", param))
+        elif isinstance(param, float):
+            parts.append(b"R" + struct.pack(">d", param))
+        elif isinstance(param, str):
+            text = param.encode()
             parts.append(b"T" + struct.pack(">I", len(text)) + text)
-        elif kind == "blob_value":
-            parts.append(b"B" + struct.pack(">I", len(param.blob_value)) + param.blob_value)
-        else:  # a kind added to SqlValue must be given an encoding here first
-            raise ValueError(f"SqlValue.{kind} has no digest encoding")
+        else:
+            parts.append(b"B" + struct.pack(">I", len(param)) + param)
     return b"".join(parts)

@@ -33,7 +33,6 @@ from pathlib import Path
 import psycopg
 from psycopg import sql as psql
 
-from txsync.v1 import common_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     CONTENT_CHECK_EVERY_DEFAULT,
@@ -47,7 +46,6 @@ from txsync.worker.backend import (
     ToApply,
     collect_rows,
     recorded_outcome,
-    to_python,
 )
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
@@ -63,6 +61,7 @@ from txsync.worker.postgres_guard import (
     check_parameter,
     check_statement,
 )
+from txsync.worker.transactions import Statement, Transaction
 
 _GENESIS_ROW = f"""INSERT INTO {BOOKKEEPING_SCHEMA}.applied VALUES (1, 0, '', %s)
     ON CONFLICT (id) DO NOTHING"""
@@ -236,9 +235,7 @@ class PostgresBackend:
         assert row is not None
         return Applied(int(row[0]), str(row[1]), bytes(row[2]))
 
-    def apply(
-        self, position: int, tx_id: str, body: common_pb2.TxBody, *, run: bool = True
-    ) -> Outcome:
+    def apply(self, position: int, tx_id: str, body: Transaction, *, run: bool = True) -> Outcome:
         with self._lock, self._conn.transaction():
             return self._apply_in_transaction(ToApply(position, tx_id, body, run))
 
@@ -290,15 +287,15 @@ class PostgresBackend:
         return Outcome(position, tx_id, ok, rows, digest, error)
 
     def _run(
-        self, conn: psycopg.Connection[tuple[object, ...]], body: common_pb2.TxBody
+        self, conn: psycopg.Connection[tuple[object, ...]], body: Transaction
     ) -> tuple[bool, tuple[int, ...], str]:
         """The statements, as ``USER_ROLE`` under the statement timeout, in a savepoint."""
         rows: list[int] = []
         try:
             for statement in body.statements:
                 check_statement(to_numbered(statement.sql))
-                for param in statement.params:
-                    check_parameter(to_python(param))
+                for param in statement.bound():
+                    check_parameter(param)
         except Refused as refused:
             return False, (), f"refused: {refused}"
         conn.execute(f"SET LOCAL statement_timeout = {int(self.statement_timeout_ms)}")
@@ -307,7 +304,7 @@ class PostgresBackend:
         try:
             with conn.transaction():  # a savepoint inside the apply transaction
                 for statement in body.statements:
-                    params = [to_python(p) for p in statement.params]
+                    params = statement.bound()
                     cursor = conn.execute(psql.SQL(to_psycopg(statement.sql)), params)
                     rows.append(max(cursor.rowcount, 0))
                     _still_in_the_transaction(conn)
@@ -356,7 +353,7 @@ class PostgresBackend:
         ).fetchone()
         return recorded_outcome(position, tx_id, row)
 
-    def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult:
+    def query(self, statement: Statement, max_rows: int) -> QueryResult:
         try:
             check_statement(to_numbered(statement.sql), read=True)
         except Refused as refused:
@@ -369,7 +366,7 @@ class PostgresBackend:
                 conn.execute(f"SET LOCAL statement_timeout = {int(self.statement_timeout_ms)}")
                 conn.execute("SET LOCAL search_path = public")
                 conn.execute(f"SET LOCAL ROLE {USER_ROLE}")
-                params = [to_python(p) for p in statement.params]
+                params = statement.bound()
                 cursor = conn.execute(psql.SQL(to_psycopg(statement.sql)), params)
             except psycopg.errors.QueryCanceled:
                 raise QueryRefused(

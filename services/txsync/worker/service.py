@@ -22,16 +22,20 @@ from opentelemetry.trace import StatusCode
 
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
 from txsync.telemetry import context_of, tracer
-from txsync.v1 import worker_pb2
+from txsync.v1 import common_pb2, worker_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     Backend,
     QueryRefused,
     SnapshotBackend,
     ToApply,
-    to_sql_value,
 )
 from txsync.worker.outcomes import Applied, Outcome
+from txsync.worker.transactions import (
+    param_to_proto,
+    statement_from_proto,
+    transaction_from_proto,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,15 +119,21 @@ class WorkerServicer:
                         batch, failure = batch[:index], error  # apply what came before it
                         break
                 started_ns = time.time_ns()
+                to_apply = [
+                    ToApply(r.position, r.tx_id, transaction_from_proto(r.body), not r.skip)
+                    for r in batch
+                ]
                 outcomes, out_of_order = (
-                    await asyncio.to_thread(self.backend.apply_many, [
-                        ToApply(r.position, r.tx_id, r.body, not r.skip) for r in batch
-                    ]) if batch else ([], None)
-                )  # fmt: skip
+                    await asyncio.to_thread(self.backend.apply_many, to_apply)
+                    if to_apply
+                    else ([], None)
+                )
                 for request, outcome in zip(batch, outcomes, strict=False):
                     self._trace_apply(request, outcome, started_ns)
                     self._record_applied(outcome)
-                    yield worker_pb2.ApplyResponse(tx_id=outcome.tx_id, outcome=outcome.to_proto())
+                    yield worker_pb2.ApplyResponse(
+                        tx_id=outcome.tx_id, outcome=_outcome_to_proto(outcome)
+                    )
                 if outcomes:
                     async with self._applied_changed:  # waiting reads: once per batch
                         self._applied_changed.notify_all()
@@ -192,13 +202,15 @@ class WorkerServicer:
         else:
             await self._wait_applied(request.after_position, timeout_s)
         try:
-            result = await asyncio.to_thread(self.backend.query, request.statement, max_rows)
+            result = await asyncio.to_thread(
+                self.backend.query, statement_from_proto(request.statement), max_rows
+            )
         except QueryRefused as error:
             raise _invalid(f"statement refused (reads only): {error}") from None
         return worker_pb2.WorkerServiceQueryResponse(
             columns=list(result.columns),
             rows=[
-                worker_pb2.WorkerRow(values=[to_sql_value(value) for value in row])
+                worker_pb2.WorkerRow(values=[param_to_proto(value) for value in row])
                 for row in result.rows
             ],
             truncated=result.truncated,
@@ -376,6 +388,16 @@ def _file_digest(path: Path) -> bytes:
         while data := source.read(SNAPSHOT_CHUNK_BYTES):
             whole.update(data)
     return whole.digest()
+
+
+def _outcome_to_proto(outcome: Outcome) -> common_pb2.Outcome:
+    return common_pb2.Outcome(
+        state=common_pb2.TX_STATE_OK if outcome.ok else common_pb2.TX_STATE_FAILED,
+        rows_affected=list(outcome.rows_affected),
+        state_digest=outcome.state_digest,
+        error=outcome.error,
+        position=outcome.position,
+    )
 
 
 def _invalid(reason: str) -> ServiceError:

@@ -37,7 +37,6 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from txsync.v1 import common_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     CONTENT_CHECK_EVERY_DEFAULT,
@@ -53,7 +52,6 @@ from txsync.worker.backend import (
     ToApply,
     collect_rows,
     recorded_outcome,
-    to_python,
 )
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
@@ -63,6 +61,7 @@ from txsync.worker.outcomes import (
     next_digest,
 )
 from txsync.worker.sqlite_guard import SqliteGuard, read_only
+from txsync.worker.transactions import Statement, Transaction
 
 BUSY_TIMEOUT_S = 10.0
 PROGRESS_EVERY_STEPS = 10_000
@@ -202,9 +201,7 @@ class SqliteBackend:
             conn.close()
         return Applied(int(row[0]), str(row[1]), bytes(row[2]) or GENESIS_DIGEST)
 
-    def apply(
-        self, position: int, tx_id: str, body: common_pb2.TxBody, *, run: bool = True
-    ) -> Outcome:
+    def apply(self, position: int, tx_id: str, body: Transaction, *, run: bool = True) -> Outcome:
         """Apply the transaction at ``position`` (which must be the next one), or return
         its recorded outcome if it was applied already. ``run=False`` records it FAILED
         without running it (the DC's testing worker failed it)."""
@@ -268,7 +265,7 @@ class SqliteBackend:
         conn: sqlite3.Connection,
         position: int,
         tx_id: str,
-        body: common_pb2.TxBody,
+        body: Transaction,
         run: bool,
         *,
         alone: bool = True,
@@ -311,7 +308,7 @@ class SqliteBackend:
         return Outcome(position, tx_id, ok, rows, digest, error)
 
     def _run(
-        self, conn: sqlite3.Connection, body: common_pb2.TxBody
+        self, conn: sqlite3.Connection, body: Transaction
     ) -> tuple[bool, tuple[int, ...], str]:
         conn.execute("SAVEPOINT tx")
         budget = _Budget(self.steps_max, self._stopping)
@@ -322,7 +319,7 @@ class SqliteBackend:
         rows: list[int] = []
         try:
             for statement in body.statements:
-                cursor = conn.execute(statement.sql, [to_python(p) for p in statement.params])
+                cursor = conn.execute(statement.sql, statement.bound())
                 rows.append(max(cursor.rowcount, 0))
         except (sqlite3.Error, ValueError, OverflowError, MemoryError) as error:
             conn.set_progress_handler(None, 0)
@@ -366,7 +363,7 @@ class SqliteBackend:
         ).fetchone()
         return recorded_outcome(position, tx_id, row)
 
-    def query(self, statement: common_pb2.Statement, max_rows: int) -> QueryResult:
+    def query(self, statement: Statement, max_rows: int) -> QueryResult:
         """Run a read-only statement on its own connection (reads never wait on writes in
         WAL mode); the applied position is read in the same snapshot as the rows."""
         conn = sqlite3.connect(
@@ -381,7 +378,7 @@ class SqliteBackend:
             budget = _Budget(self.steps_max, self._stopping)
             conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)
             try:
-                cursor = conn.execute(statement.sql, [to_python(p) for p in statement.params])
+                cursor = conn.execute(statement.sql, statement.bound())
                 columns = tuple(d[0] for d in cursor.description or ())
                 rows, truncated = collect_rows(cursor, max_rows)
             except sqlite3.DatabaseError as error:

@@ -1,0 +1,79 @@
+"""What a worker applies, as plain values: the protobuf messages stop at the service's
+edge (``service.py`` converts each request once), so the backends, the digest and their
+tests speak Python.
+
+A parameter keeps its protobuf kind as its Python type: no value is ``None``, and bool,
+int, float, str and bytes stand for the bool, int, real, text and blob kinds. The digest
+encodes by kind (``outcomes.encode_statement``), so a bool stays a bool here and becomes
+an integer only when bound to a database (``Statement.bound``), as SQLite and PostgreSQL
+both take it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from txsync.v1 import common_pb2
+
+SqlParam = None | bool | int | float | str | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    sql: str
+    params: tuple[SqlParam, ...] = ()
+
+    def bound(self) -> list[object]:
+        """The parameters as the database drivers take them (a bool as 0 or 1)."""
+        return [int(p) if isinstance(p, bool) else p for p in self.params]
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    statements: tuple[Statement, ...]
+
+
+def param_from_proto(value: common_pb2.SqlValue) -> SqlParam:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    param: SqlParam = getattr(value, kind)
+    return param
+
+
+def statement_from_proto(statement: common_pb2.Statement) -> Statement:
+    return Statement(statement.sql, tuple(param_from_proto(p) for p in statement.params))
+
+
+def transaction_from_proto(body: common_pb2.TxBody) -> Transaction:
+    return Transaction(tuple(statement_from_proto(s) for s in body.statements))
+
+
+def param_to_proto(value: object) -> common_pb2.SqlValue:
+    """A value read from a database, for an answer (a query's rows, a bulk load)."""
+    if value is None:
+        return common_pb2.SqlValue()
+    if isinstance(value, bool):
+        return common_pb2.SqlValue(bool_value=value)
+    if isinstance(value, int):
+        return common_pb2.SqlValue(int_value=value)
+    if isinstance(value, float):
+        return common_pb2.SqlValue(real_value=value)
+    if isinstance(value, bytes | bytearray):
+        return common_pb2.SqlValue(blob_value=bytes(value))
+    return common_pb2.SqlValue(text_value=str(value))
+
+
+def transaction_to_proto(transaction: Transaction) -> common_pb2.TxBody:
+    return common_pb2.TxBody(
+        statements=[
+            common_pb2.Statement(sql=s.sql, params=[param_to_proto(p) for p in s.params])
+            for s in transaction.statements
+        ]
+    )
+
+
+def transaction(*statements: str | Statement) -> Transaction:
+    """A transaction of ``statements`` (SQL text alone, or a ``Statement``): for tests,
+    benchmarks and scripts that apply without a request."""
+    return Transaction(tuple(s if isinstance(s, Statement) else Statement(s) for s in statements))
