@@ -23,6 +23,7 @@ from txsync.sim import (
     DEFAULT_MIXES,
     FaultMix,
     InvariantViolation,
+    SeedOutcome,
     SimConfig,
     Simulation,
     run_mix,
@@ -91,6 +92,32 @@ def test_sweep_500_seeds_five_nodes_every_fault() -> None:
     assert summary.dropped > 0
 
 
+def _first_failure(
+    mix: str,
+    nodes: int,
+    *,
+    node_factory: NodeFactory | None = None,
+    shell_factory: ShellFactory | None = None,
+    machine_factory: MachineFactory | None = None,
+) -> SeedOutcome:
+    """The first of BUG_SEEDS_MAX seeds on which the broken part is caught; the report
+    replays (the same seed fails the same way again)."""
+    broken = {
+        "node_factory": node_factory,
+        "shell_factory": shell_factory,
+        "machine_factory": machine_factory,
+    }
+    summary = run_mix(
+        FaultMix.parse(mix), range(BUG_SEEDS_MAX), nodes=nodes, txs=20, stop_at_first=True,
+        node_factory=node_factory, shell_factory=shell_factory, machine_factory=machine_factory,
+    )  # fmt: skip
+    assert summary.failures, f"{broken} survived {BUG_SEEDS_MAX} seeds of {mix}"
+    failure = summary.failures[0]
+    again = run_seed(failure.config, node_factory, shell_factory, machine_factory)
+    assert again.violation == failure.violation
+    return failure
+
+
 @pytest.mark.parametrize(
     ("core", "mix", "nodes", "invariants"),
     [
@@ -116,20 +143,8 @@ def test_sweep_500_seeds_five_nodes_every_fault() -> None:
 def test_a_broken_core_is_caught_within_200_seeds(
     core: NodeFactory, mix: str, nodes: int, invariants: set[int]
 ) -> None:
-    summary = run_mix(
-        FaultMix.parse(mix),
-        range(BUG_SEEDS_MAX),
-        nodes=nodes,
-        txs=20,
-        node_factory=core,
-        stop_at_first=True,
-    )
-    assert summary.failures, f"{core.__name__} survived {BUG_SEEDS_MAX} seeds of {mix}"
-    failure = summary.failures[0]
+    failure = _first_failure(mix, nodes, node_factory=core)
     assert any(f"invariant {n} " in (failure.violation or "") for n in invariants), failure
-    # The report replays: the same seed fails the same way again.
-    again = run_seed(failure.config, core)
-    assert again.violation == failure.violation
     assert f"--seed {failure.config.seed} " in failure.replay_command()
 
 
@@ -145,19 +160,8 @@ def test_a_broken_shell_is_caught_within_200_seeds(
     shell: ShellFactory, mix: str, nodes: int
 ) -> None:
     """Rule 9: what a message claims of its sender, the sender holds durably."""
-    summary = run_mix(
-        FaultMix.parse(mix),
-        range(BUG_SEEDS_MAX),
-        nodes=nodes,
-        txs=20,
-        shell_factory=shell,
-        stop_at_first=True,
-    )
-    assert summary.failures, f"{shell.__name__} survived {BUG_SEEDS_MAX} seeds of {mix}"
-    failure = summary.failures[0]
+    failure = _first_failure(mix, nodes, shell_factory=shell)
     assert "invariant 9 " in (failure.violation or ""), failure
-    again = run_seed(failure.config, shell_factory=shell)
-    assert again.violation == failure.violation
 
 
 def test_what_sends_before_durable_lead_to_without_rule_9() -> None:
@@ -186,16 +190,7 @@ def test_what_sends_before_durable_lead_to_without_rule_9() -> None:
 )
 def test_a_broken_dispatch_is_caught_within_200_seeds(machine: MachineFactory, mix: str) -> None:
     """Either a worker is sent a position past its next (7), or it never gets there (5)."""
-    summary = run_mix(
-        FaultMix.parse(mix),
-        range(BUG_SEEDS_MAX),
-        nodes=3,
-        txs=20,
-        machine_factory=machine,
-        stop_at_first=True,
-    )
-    assert summary.failures, f"{machine.__name__} survived {BUG_SEEDS_MAX} seeds of {mix}"
-    violation = summary.failures[0].violation or ""
+    violation = _first_failure(mix, 3, machine_factory=machine).violation or ""
     assert "invariant 5 " in violation or "invariant 7 " in violation, violation
     assert re.search(r"dc\d-w\d", violation), violation  # it names the worker
 
