@@ -59,9 +59,11 @@ def test_past_the_writes_in_flight_steps_gather_into_the_next_write() -> None:
     assert _incoming(shell.step([LocalTx(TX[1])])) == []
     assert _incoming(shell.step([LocalTx(TX[2])])) == []
     freed = shell.write_durable(first.writes[0].seq)
-    assert _incoming(freed) == [[TX[1], TX[2]]]  # one write, one fsync, for both
     assert len(freed.releases) == 1  # the first batch's sends; the second's wait
-    assert shell.writes_in_flight == tuple(freed.writes)
+    assert freed.step_due and not freed.writes  # sealed at the next step, with what waits
+    nxt = shell.step([LocalTx(TX[3])])
+    assert _incoming(nxt) == [[TX[1], TX[2], TX[3]]]  # one write, one fsync, for all
+    assert shell.writes_in_flight == tuple(nxt.writes)
 
 
 def test_a_big_gathering_is_sealed_and_the_shell_takes_no_events_until_a_slot_frees() -> None:
@@ -75,7 +77,8 @@ def test_a_big_gathering_is_sealed_and_the_shell_takes_no_events_until_a_slot_fr
     assert _incoming(freed) == [[TX[1], TX[2]]]
     assert shell.accepting  # TX[3] gathers for the next write
     last = shell.write_durable(freed.writes[0].seq)
-    assert _incoming(last) == [[TX[3]]]
+    assert last.step_due
+    assert _incoming(shell.step([Tick(700)])) == [[TX[3]]]
 
 
 def test_answers_must_come_in_the_order_the_writes_went() -> None:

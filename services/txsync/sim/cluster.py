@@ -655,6 +655,8 @@ class Simulation:
             self._crash(node)  # durable, but nothing it released was sent
             return
         self._take_output(node, out)
+        if out.step_due:
+            self._arm_timer(sim_node, self._now)  # the coordinator wakes its loop
         if self._membership:
             self._feed_membership(node)
         while sim_node.shell is shell and shell.accepting and sim_node.waiting:

@@ -560,11 +560,20 @@ class Coordinator:
             except TimeoutError:
                 batch: list[Event] = [Tick(_now_ms())]
             else:
+                # One turn of the event loop first: producers woken with this event (the
+                # local-submit watch, peers' calls) add theirs, and the batch takes them
+                # (asyncio.wait_for gave that turn, and more, by running get() as a task).
+                await asyncio.sleep(0)
                 batch = [first]
                 while len(batch) < EVENTS_PER_STEP_BATCH_MAX and not self.events.empty():
                     batch.append(self.events.get_nowait())
                 batch.append(Tick(_now_ms()))
             self._step_batch(batch)
+            # Until the writes are on the stream: events that arrive meanwhile gather
+            # into the next batch (one write, one release, one push per peer for all of
+            # them), as when the loop wrote itself. Without it, single submits cost 25%
+            # more PushBodies and 9% more posts per transaction (make bench-rpcs).
+            await self._writes.join()
 
     def _step_batch(self, events: list[Event]) -> None:
         shell, node = self.shell, self.node
@@ -582,6 +591,10 @@ class Coordinator:
 
     def _apply(self, out: ShellOutput) -> None:
         """Hand the shell's writes to the stream's writer and make its released sends."""
+        if out.step_due:
+            # Wake the loop: it steps what waits, and the gathering goes out with it.
+            with contextlib.suppress(asyncio.QueueFull):
+                self.events.put_nowait(Tick(_now_ms()))
         for write in out.writes:
             self._written.append((write.seq, time.monotonic()))
             self._writes.put_nowait(self._persist_request(write.merged))
@@ -618,6 +631,7 @@ class Coordinator:
         while True:
             step = await self._writes.get()
             await self._persists.write(store_pb2.PersistStepsRequest(step=step))
+            self._writes.task_done()
 
     async def _read_durable(self) -> None:
         """The store answers each step once it is durable, in the order sent."""
