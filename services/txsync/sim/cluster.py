@@ -302,7 +302,7 @@ class Simulation:
             rng=self._rng,
             at=self._at,
             checker=self.checker,
-            synced=lambda node: [meta.tx_id for meta in self._nodes[node].durable.synced],
+            synced=lambda node: self._nodes[node].durable.synced,  # read, never copied
             machine_factory=machine_factory,
         )
         faults = config.faults

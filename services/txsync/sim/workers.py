@@ -27,10 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from txsync.protocol import NodeId, TxId, TxState
+from txsync.protocol import NodeId, TxId, TxMeta, TxState
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
 from txsync.worker_dispatch.health import choose_testing_worker
 from txsync.worker_dispatch.pipeline import (
+    FINISHED,
     Answer,
     Entry,
     OutOfSync,
@@ -48,7 +49,6 @@ RECORD_MS = (0, 6)
 """The store recording a state dispatch decided."""
 NOTICE_MS = 30
 """How long dispatch takes to notice a worker went or came (its heartbeats)."""
-FINISHED = (TxState.OK, TxState.FAILED)
 
 MachineFactory = Callable[..., PipelineMachine[None]]
 
@@ -160,7 +160,6 @@ class _Dispatch:
     tester: str | None = None
     next_position: int = 0
     """The next position to feed the running machine."""
-    restart_pending: bool = False
 
 
 class WorkerSide:
@@ -173,7 +172,7 @@ class WorkerSide:
         rng: random.Random,
         at: Callable[[int, Any], None],
         checker: InvariantChecker,
-        synced: Callable[[NodeId], Sequence[TxId]],
+        synced: Callable[[NodeId], Sequence[TxMeta]],
         machine_factory: MachineFactory = PipelineMachine,
     ) -> None:
         """``synced(node)``: the node's durable synced queue; ``at(ms, event)``: schedule
@@ -267,7 +266,6 @@ class WorkerSide:
                     self._restart_soon(dc)
             case PipelineRestart(generation=generation):
                 if generation == dc.generation and dc.up:
-                    dc.restart_pending = False
                     self._start_pipeline(dc)
 
     def check_converged(self, nodes: Sequence[NodeId]) -> None:
@@ -282,7 +280,8 @@ class WorkerSide:
                         5, f"{worker.worker_id} applied {worker.position} of {len(synced)}"
                     )
             unfinished = next(
-                (tx for tx in synced if dc.records.get(tx, (None,))[0] not in FINISHED), None
+                (m.tx_id for m in synced if dc.records.get(m.tx_id, (None,))[0] not in FINISHED),
+                None,
             )
             if unfinished is not None:
                 raise InvariantViolation(5, f"{node} never finished {unfinished}")
@@ -300,7 +299,6 @@ class WorkerSide:
         """Dispatch notices the change after a heartbeat and builds the pipeline anew."""
         dc.generation += 1
         dc.machine = None
-        dc.restart_pending = True
         self._at(self._now + NOTICE_MS, PipelineRestart(dc.node, dc.generation))
 
     def _start_pipeline(self, dc: _Dispatch) -> None:
@@ -315,7 +313,11 @@ class WorkerSide:
         # The store streams from the lowest position, or its first unfinished one.
         synced = self._synced(dc.node)
         unfinished = next(
-            (p for p, tx in enumerate(synced, 1) if dc.records.get(tx, (None,))[0] not in FINISHED),
+            (
+                p
+                for p, meta in enumerate(synced, 1)
+                if dc.records.get(meta.tx_id, (None,))[0] not in FINISHED
+            ),
             len(synced) + 1,
         )
         dc.next_position = min(dc.machine.start, unfinished)
@@ -328,7 +330,7 @@ class WorkerSide:
         synced = self._synced(dc.node)
         while dc.next_position <= len(synced):
             position = dc.next_position
-            tx_id = synced[position - 1]
+            tx_id = synced[position - 1].tx_id
             state = self._checker.state_of(dc.node, tx_id)
             if state is None or state < TxState.ENQUEUED:
                 return  # FollowEnqueued streams a position once it is ENQUEUED, in order

@@ -129,7 +129,6 @@ class Shell:
         self._in_flight: deque[_Batch] = deque()
         """Written batches the store has not answered yet, in order."""
         self._last_seq = 0
-        self.steps = 0
 
     @property
     def accepting(self) -> bool:
@@ -152,7 +151,6 @@ class Shell:
         out = ShellOutput()
         for event in events:
             ready = self.core.step(event)
-            self.steps += 1
             self._gathering.add(ready)
             out.rejections.extend(ready.rejections)
             out.next_tick_ms = ready.next_tick_ms

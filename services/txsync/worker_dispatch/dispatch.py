@@ -416,17 +416,22 @@ class Dispatch:
         """Apply the machine's outputs in order (``outcome``: the answer they follow)."""
         machine = self._machine
         assert machine is not None
+        # A request with skip set is copied once per position, for all its followers.
+        skipped: dict[int, worker_pb2.ApplyRequest] = {}
         for output in outputs:
             match output:
                 case Send(worker=worker_id, skip=skip, payload=request):
                     if skip != request.skip:
-                        request = worker_pb2.ApplyRequest(
-                            position=request.position,
-                            tx_id=request.tx_id,
-                            body=request.body,
-                            traceparent=request.traceparent,
-                            skip=skip,
-                        )
+                        copy = skipped.get(request.position)
+                        if copy is None:
+                            copy = skipped[request.position] = worker_pb2.ApplyRequest(
+                                position=request.position,
+                                tx_id=request.tx_id,
+                                body=request.body,
+                                traceparent=request.traceparent,
+                                skip=skip,
+                            )
+                        request = copy
                     if machine.in_flight(worker_id) == 1:
                         # Idle until now: its wait for an outcome starts here.
                         self.workers[worker_id].progressed_s = time.monotonic()
