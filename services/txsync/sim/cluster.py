@@ -608,7 +608,8 @@ class Simulation:
         core = shell.core
         rounds_before = core.round_no
         try:
-            out = shell.step([event])
+            # The shell steps the clock first; a Tick of our own adds nothing to it.
+            out = shell.step([] if isinstance(event, Tick) else [event], now_ms=self._now)
         except AssertionError as error:
             raise InvariantViolation(0, f"{node}: {error!r} on {type(event).__name__}") from error
         self.stats.rounds += core.round_no - rounds_before

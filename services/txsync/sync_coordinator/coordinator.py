@@ -540,7 +540,7 @@ class Coordinator:
     async def _run(self) -> None:
         shell = self.shell
         assert shell is not None, "started"
-        self._step_batch([Tick(_now_ms())])
+        self._step_batch([])
         while True:
             while not shell.accepting:
                 # A big gathering waits for a write slot: take no events meanwhile (the
@@ -558,7 +558,7 @@ class Coordinator:
                 async with asyncio.timeout(timeout):
                     first = await self.events.get()
             except TimeoutError:
-                batch: list[Event] = [Tick(_now_ms())]
+                batch: list[Event] = []  # a timer is due: the shell steps the clock
             else:
                 # One turn of the event loop first: producers woken with this event (the
                 # local-submit watch, peers' calls) add theirs, and the batch takes them
@@ -567,7 +567,6 @@ class Coordinator:
                 batch = [first]
                 while len(batch) < EVENTS_PER_STEP_BATCH_MAX and not self.events.empty():
                     batch.append(self.events.get_nowait())
-                batch.append(Tick(_now_ms()))
             self._step_batch(batch)
             # Until the writes are on the stream: events that arrive meanwhile gather
             # into the next batch (one write, one release, one push per peer for all of
@@ -580,7 +579,7 @@ class Coordinator:
         assert shell is not None and node is not None, "started"
         if self._written and time.monotonic() - self._written[0][1] > PERSIST_TIMEOUT_S:
             raise RuntimeError(f"a step was not durable within {PERSIST_TIMEOUT_S:.0f} s")
-        out = shell.step(events)
+        out = shell.step(events, now_ms=_now_ms())
         for rejection in out.rejections:
             self.rejections += 1
             level = logging.ERROR if "FORK" in rejection.reason else logging.DEBUG

@@ -22,9 +22,10 @@ What the shell does with the ``Ready`` of each step:
   in the order the batches were stepped. A batch with nothing durable needs no write,
   but its sends still wait for the batches before it.
 
-Inputs: ``step(events)`` and ``write_durable(seq)`` (the store answered write ``seq``;
-answers come in the order the writes were sent). Each returns a ``ShellOutput``: writes
-to hand to the store, in order, and releases whose sends may go now, in order.
+Inputs: ``step(events, now_ms=...)`` (the clock is stepped first) and
+``write_durable(seq)`` (the store answered write ``seq``; answers come in the order the
+writes were sent). Each returns a ``ShellOutput``: writes to hand to the store, in order,
+and releases whose sends may go now, in order.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from txsync.protocol import Event, ProtocolNode, Ready, Rejected, TxMeta
+from txsync.protocol import Event, ProtocolNode, Ready, Rejected, Tick, TxMeta
 from txsync.sync_coordinator.effects import MergedPersist
 
 WRITES_IN_FLIGHT_MAX = 2
@@ -146,10 +147,16 @@ class Shell:
         merged.append(self._gathering.merged)
         return [meta for m in merged if m is not None for meta in m.synced]
 
-    def step(self, events: Iterable[Event]) -> ShellOutput:
-        """Step the core once per event, in order."""
+    def step(self, events: Iterable[Event], *, now_ms: int) -> ShellOutput:
+        """Step the core with ``Tick(now_ms)``, then once per event, in order.
+
+        The clock goes first: the core takes the time from its latest Tick, so an event
+        stepped ahead of it would start its delays (a body fetch, a round's deadline, the
+        repost gap) from the time of an older step, after a quiet spell up to a second
+        stale. Every caller reads its clock once per batch and hands it here, so none can
+        forget (or put it last, as the coordinator once did)."""
         out = ShellOutput()
-        for event in events:
+        for event in (Tick(now_ms), *events):
             ready = self.core.step(event)
             self._gathering.add(ready)
             out.rejections.extend(ready.rejections)
