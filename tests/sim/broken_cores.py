@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 from txsync.protocol import (
     DurableState,
     MergeBase,
+    Post,
     ProtocolNode,
     TxMeta,
     ViewPromise,
@@ -82,3 +84,12 @@ class SealWithoutQueuesCore(ProtocolNode):
     def _seal(self, promises: Collection[ViewPromise]) -> tuple[MergeBase, tuple[TxMeta, ...]]:
         start, _ = super()._seal(promises)
         return start, ()
+
+
+class StalePostsKeptCore(ProtocolNode):
+    """Keeps a post from an earlier base as if it had been posted at the new one, queue
+    and all, without checking that it begins with the entries appended since (the check
+    that makes a rebased post true at the new base: docs/protocol.md)."""
+
+    def _rebased(self, post: Post, base: MergeBase) -> Post | None:
+        return replace(post, base=base)

@@ -14,6 +14,7 @@ from tests.sim.broken_cores import (
     MajorityAddNoCutCore,
     NoCutCore,
     SealWithoutQueuesCore,
+    StalePostsKeptCore,
     UnfrozenPromiseCore,
     UnionAddCore,
 )
@@ -130,6 +131,7 @@ def _first_failure(
         (UnionAddCore, "delay", 3, {0, 1}),
         (UnfrozenPromiseCore, ALL_FAULTS, 3, {1, 2, 3}),
         (SealWithoutQueuesCore, ALL_FAULTS, 3, {1, 2, 3}),
+        (StalePostsKeptCore, "delay", 3, {0, 1, 2, 6}),
     ],
     ids=[
         "majority-add-no-cut",
@@ -138,6 +140,7 @@ def _first_failure(
         "union-add",
         "promise-without-freeze",
         "seal-without-queues",
+        "stale-posts-kept",
     ],
 )
 def test_a_broken_core_is_caught_within_200_seeds(

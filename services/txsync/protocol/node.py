@@ -19,8 +19,11 @@ How a round runs here (the seed's POST, COLLECT, ADD, MERGE, made message-driven
   queue was empty is an idle round: the node goes idle and rounds slow to
   ``idle_interval_ms``; a local transaction or a non-empty post makes it busy again.
 * A post from behind our merge base comes from a lagger: we send it the synced entries it
-  lacks. A post from ahead comes from a forerunner: we merge its metas and post soon so
-  that it serves us.
+  lacks, and keep its post if its queue begins with exactly the entries we appended
+  since (rebased: that prefix taken off; the same for the posts we hold when our base
+  moves). docs/protocol.md, 'Posts kept across a base change', argues why that is safe.
+  A post from ahead comes from a forerunner: we merge its metas and post soon so that it
+  serves us.
 
 Views (PROTOCOL.md §3; the rules in ``txsync.protocol.views``): a member silent for
 ``exclusion_timeout_ms``, a caught-up excluded node posting to us, or an operator starts a
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from txsync.protocol.events import (
     BodyAcquired,
@@ -409,10 +412,13 @@ class ProtocolNode:
         raised = self._raise_counter(post.counter)
         if post.base.synced_len < base.synced_len:
             self._serve_lagger(post)
-            if raised:
-                self._dirty = True
-            return
-        if post.base.synced_len > base.synced_len:
+            rebased = self._rebased(post, base)
+            if rebased is None:
+                if raised:
+                    self._dirty = True
+                return
+            post = rebased  # sent before the sender heard of our ADD: still good news
+        elif post.base.synced_len > base.synced_len:
             known = self._ahead_posts.get(post.sender)
             if known is None or post.is_newer_than(known):
                 self._ahead_posts[post.sender] = post
@@ -423,7 +429,7 @@ class ProtocolNode:
             self._dirty = True
             self._wake()
             return
-        if post.base != base:
+        elif post.base != base:
             self._reject(f"post from {post.sender}", f"FORK: base {post.base} vs ours {base}")
             return
         known = self._posts.get(post.sender)
@@ -616,11 +622,42 @@ class ProtocolNode:
         """The ADD rule; a separate method so tests can inject a broken one."""
         return addable_prefix(queues, limit_ts)
 
+    def _rebased(self, post: Post, base: MergeBase) -> Post | None:
+        """A member's ``post`` from an earlier base of ours, as a post at ``base``: its
+        queue less the entries appended since, if it begins with exactly those; else None.
+
+        It says what the sender would post at ``base`` now (docs/protocol.md, 'Posts kept
+        across a base change'): only the ADD it had not heard of yet differs. Never from
+        below the installed view's seal: a member still short of it is treated by the seal
+        rule as having added nothing in this view (``views.seal_after``), so nothing may be
+        added on its behalf. A separate method so tests can inject a broken one."""
+        start = post.base.synced_len
+        if start < self._installed.seal_end.synced_len or start < self._synced.window_start:
+            return None
+        if self._synced.base_at(start) != post.base:
+            return None
+        appended = self._synced.entries(start, base.synced_len - start)
+        if post.queue[: len(appended)] != appended:
+            return None
+        return replace(post, base=base, queue=post.queue[len(appended) :])
+
     def _after_base_change(self) -> None:
+        """Keep what the members' posts still say at the new base (rebased, or posted
+        there ahead of us); drop the rest."""
         base = self._synced.base
-        self._posts = {
-            sender: post for sender, post in self._ahead_posts.items() if post.base == base
-        }
+        posts: dict[NodeId, Post] = {}
+        held = [
+            *(post for sender, post in self._posts.items() if sender != self._id),
+            *self._ahead_posts.values(),
+        ]
+        for post in held:
+            if post.base.synced_len > base.synced_len:
+                continue
+            kept = post if post.base == base else self._rebased(post, base)
+            known = posts.get(post.sender)
+            if kept is not None and (known is None or kept.is_newer_than(known)):
+                posts[post.sender] = kept
+        self._posts = posts
         self._ahead_posts = {
             sender: post
             for sender, post in self._ahead_posts.items()
