@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-store bench-agreement bench-apply bench-verify bench-startup clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-verify bench-startup clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -83,6 +83,12 @@ bench-store: venv  ## submit throughput and latency of one transaction-store, fs
 
 bench-agreement: venv  ## submit -> ACCEPTED at all of 3 DCs, at 0, 10 and 50 ms RTT
 	$(BIN)/python -m bench.agreement_bench
+
+bench-protocol: venv  ## the cores alone (no processing, no disk): latency in round trips
+	$(BIN)/python -m bench.protocol_model
+
+bench-breakdown: venv  ## where a transaction's time goes, hop by hop, from a loaded cluster's txlogs
+	$(BIN)/python -m bench.latency_breakdown
 
 bench-apply: venv  ## one DC applying with 1, 2 and 4 SQLite workers: applied/s and latency
 	$(BIN)/python -m bench.apply_bench

@@ -1,0 +1,121 @@
+"""Where a transaction's time goes, hop by hop, read from the txlogs of a loaded cluster.
+
+    make bench-breakdown    (or: .venv/bin/python -m bench.latency_breakdown --help)
+
+Starts the benchmark's TxSync cluster (3 DCs, 1 SQLite worker each, link emulator),
+loads it like ``make bench`` (single submits, ``--clients`` per DC, waiting for ACCEPTED)
+or, with ``--one-at-a-time``, like the probe, then reads every DC's txlog. Each entry
+carries the store's wall clock at its append (``at_unix_ms``, 1 ms resolution; every DC
+runs on this machine, so the clocks agree). For every transaction it takes the time of
+its submit at the origin as zero and prints, at the origin and at the peers, when each
+later entry was appended: the meta (the coordinator persisting it), the body, the synced
+append and each state. It also prints CPU per transaction by process kind, since on a
+loaded 2-core machine the hops wait for CPU more than for the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from pathlib import Path
+
+from bench.suite import Timing, measure, probe
+from bench.systems import TxSyncSystem
+from txsync.pipeline.txlog_rows import txlog_files
+from txsync.transaction_store.txlog.framing import scan
+from txsync.v1 import common_pb2, txlog_pb2
+
+Times = dict[tuple[str, str], int]
+"""(dc, what) -> at_unix_ms of the first such entry."""
+
+
+def _state(value: int) -> str:
+    return common_pb2.TxState.Name(common_pb2.TxState.ValueType(value)).removeprefix("TX_STATE_")
+
+
+def read_times(dcs: dict[str, Path]) -> tuple[dict[str, Times], dict[str, str]]:
+    """Per transaction, when each DC appended what; and each transaction's origin."""
+    times: dict[str, Times] = collections.defaultdict(dict)
+    origins: dict[str, str] = {}
+    for dc, data in dcs.items():
+        for path in txlog_files(data):
+            for _, payload in scan(path.read_bytes()).frames:
+                batch = txlog_pb2.LogBatch()
+                batch.ParseFromString(payload)
+                for entry in batch.entries:
+                    kind, at = entry.WhichOneof("entry"), entry.at_unix_ms
+                    if kind == "submitted":
+                        times[entry.submitted.tx_id].setdefault((dc, "submit"), at)
+                        origins[entry.submitted.tx_id] = dc
+                    elif kind == "meta_known":
+                        times[entry.meta_known.meta.tx_id].setdefault((dc, "meta"), at)
+                    elif kind == "body_stored":
+                        times[entry.body_stored.tx_id].setdefault((dc, "body"), at)
+                    elif kind == "synced":
+                        for meta in entry.synced.metas:
+                            times[meta.tx_id].setdefault((dc, "synced"), at)
+                    elif kind == "state":
+                        times[entry.state.tx_id].setdefault((dc, _state(entry.state.state)), at)
+    return times, origins
+
+
+ORDER = ("submit", "meta", "body", "INCOMING", "synced", "ACCEPTED", "ENQUEUED", "TESTING",
+         "OK", "FAILED")  # fmt: skip
+
+
+def breakdown(times: dict[str, Times], origins: dict[str, str]) -> list[tuple[str, str, list[int]]]:
+    """(where, what, sorted ms since the submit) for every kind of entry seen."""
+    found: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
+    for tx_id, seen in times.items():
+        origin = origins.get(tx_id)
+        if origin is None or (origin, "submit") not in seen:
+            continue  # submitted before the txlog's oldest file
+        start = seen[(origin, "submit")]
+        for (dc, what), at in seen.items():
+            found[("origin" if dc == origin else "peer", what)].append(at - start)
+    rank = {what: n for n, what in enumerate(ORDER)}
+    keys = sorted(found, key=lambda key: (key[0] != "origin", rank.get(key[1], 99), key[1]))
+    return [(where, what, sorted(found[(where, what)])) for where, what in keys]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 2)[2],
+    )
+    parser.add_argument("--rtt", type=float, default=0.0, help="round-trip time, ms")
+    parser.add_argument("--clients", type=int, default=1, help="single-submit clients per DC")
+    parser.add_argument("--duration", type=float, default=6.0, help="measured seconds")
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="the probe's load: one transaction in the cluster")  # fmt: skip
+    options = parser.parse_args()
+    system = TxSyncSystem(options.rtt / 2)
+    try:
+        nodes = system.start()
+        if options.one_at_a_time:
+            accepted_all = probe(system, 40)["accepted_all_p50_ms"]
+            print(f"one at a time: ACCEPTED at every DC p50 {accepted_all:.1f} ms")
+        else:
+            run = measure(system, nodes, options.clients, 1, rtt_ms=options.rtt,
+                          timing=Timing(options.duration, 1.5))  # fmt: skip
+            print(f"{options.clients} client(s) per DC: {run.committed_per_s:.0f} tx/s, "
+                  f"p50 {run.p50_ms:.1f} ms, p99 {run.p99_ms:.1f} ms")  # fmt: skip
+            cpu = run.cpu_ms_per_1k_tx
+            print("CPU per transaction: " + ", ".join(
+                f"{kind} {ms / 1000:.1f} ms" for kind, ms in sorted(cpu.items())
+            ) + f"; {sum(cpu.values()) / 1000:.1f} ms in all")  # fmt: skip
+        assert system.cluster is not None
+        dcs = {dc: Path(entry["data"]) for dc, entry in system.cluster.layout["dcs"].items()}
+        rows = breakdown(*read_times(dcs))
+    finally:
+        system.stop()
+    print(f"{'where':<7} {'appended':<9} {'count':>6} {'p50 ms':>7} {'p90 ms':>7}")
+    for where, what, values in rows:
+        p50, p90 = values[len(values) // 2], values[int(len(values) * 0.9)]
+        print(f"{where:<7} {what:<9} {len(values):>6} {p50:>7} {p90:>7}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
