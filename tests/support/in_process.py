@@ -32,6 +32,8 @@ class InProcessDc:
     store_server: grpc.aio.Server
     store_address: str
     coordinator: Coordinator
+    peer_server: grpc.aio.Server
+    peer_address: str
 
 
 def body(sql: str) -> common_pb2.TxBody:
@@ -84,7 +86,9 @@ async def in_process_dcs(tmp_path: Path, names: list[str]) -> AsyncIterator[dict
             stack.push_async_callback(peer_server.stop, 0)
             await coordinator.start()
             stack.push_async_callback(coordinator.stop)
-            dcs[name] = InProcessDc(store, store_server, store_address, coordinator)
+            dcs[name] = InProcessDc(
+                store, store_server, store_address, coordinator, peer_server, peer_servers[name][1]
+            )
         yield dcs
 
 

@@ -17,6 +17,9 @@ from tests.support.in_process import (
     submit_inserts,
     until,
 )
+from txsync.rpc import add_service, new_server
+from txsync.sync_coordinator.peer_service import PeerServicer
+from txsync.sync_coordinator.server import PEER_SERVICE
 
 
 def test_the_store_port_carries_writes_and_their_answers(tmp_path: Path) -> None:
@@ -65,5 +68,31 @@ def test_the_peer_port_carries_posts_and_bodies(tmp_path: Path) -> None:
         last_post = snapshot.peers[0].last_post
         assert last_post is not None and last_post[1].synced_len <= 20
         assert snapshot.merge_base.synced_len == 20 and snapshot.lag == 0
+
+    run_dcs(tmp_path, ["dc1", "dc2"], scenario)
+
+
+def test_a_peer_stream_broken_by_the_peer_going_away_is_opened_again(tmp_path: Path) -> None:
+    """Peers talk on one Exchange stream per direction. dc2's peer port goes away and
+    comes back on the same address: dc1's stream to it fails, and dc1 opens a new one."""
+
+    async def scenario(dcs: dict[str, InProcessDc]) -> None:
+        dc1, dc2 = dcs["dc1"], dcs["dc2"]
+        first = await submit_inserts(dc1, range(5))
+        await until(reached(dc2, first), "the first submits ENQUEUED at dc2")
+        link = dc1.coordinator.links["dc2"]
+        assert link.failed == 0
+        await dc2.peer_server.stop(0)
+        await until(lambda: link.failed > 0, "dc1's stream to dc2 failed")
+        server = new_server()
+        assert server.add_insecure_port(dc2.peer_address) > 0
+        add_service(server, PeerServicer(dc2.coordinator), PEER_SERVICE)
+        await server.start()
+        try:
+            second = await submit_inserts(dc1, range(5, 10))
+            for name, dc in dcs.items():
+                await until(reached(dc, [*first, *second]), f"every submit ENQUEUED at {name}")
+        finally:
+            await server.stop(0)
 
     run_dcs(tmp_path, ["dc1", "dc2"], scenario)

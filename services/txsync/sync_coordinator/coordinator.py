@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +74,7 @@ from txsync.sync_coordinator.wire import (
     set_post_queue,
     view_message_to_proto,
 )
-from txsync.telemetry import Metrics, context_of
+from txsync.telemetry import Metrics
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import (
     common_pb2,
@@ -110,11 +110,13 @@ PEER_CHANNEL_OPTIONS = [
 PERSIST_TIMEOUT_S = 30.0
 """A step not durable after this long means the store is stuck: the coordinator stops
 (to be restarted from durable state) rather than hold every send forever."""
-PEER_IN_FLIGHT_MAX = 32
-"""Calls to one peer under way at once. Calls are pipelined, not sent one answer after
-another: at 50 ms RTT a one-at-a-time link carries 20 messages a second and makes every
-message wait a round trip behind the previous one. The protocol needs no order between
-messages (receivers keep the newest post by (epoch, seq))."""
+STREAM_POSTS_UNANSWERED_MAX = 256
+"""Posts on a peer's stream not answered yet that we remember (for their acknowledgement);
+the oldest is forgotten beyond it (its answer then changes nothing)."""
+STREAM_RETRY_MIN_S = 0.05
+STREAM_RETRY_MAX_S = 2.0
+"""Backoff before a peer's stream is opened again after one that never answered failed:
+doubling from the least to the most (as the channel's reconnect backoff)."""
 SERVICE = "sync-coordinator"
 
 
@@ -193,19 +195,25 @@ _OtherMessage = (
 
 
 class PeerLink:
-    """Sends to one peer from its own task, so that the loop never waits on a peer, with
-    up to PEER_IN_FLIGHT_MAX calls under way.
+    """Sends to one peer from its own task, so that the loop never waits on a peer, on one
+    long-lived ``Exchange`` stream, in order.
 
     Body pushes go first, then posts, then the rest. A post's metas are of no use to the
     peer until it holds their bodies (it posts nothing past the first body it lacks), and
-    a push sent after the post arrives after it: the peer would wait for it or, past
-    ``body_fetch_delay_ms``, fetch the body itself (1.7 fetches per transaction measured
-    under batched load while pushes queued behind posts).
+    the peer takes the stream's messages in order, so a body pushed ahead of a post is
+    held when the post is taken (with a push behind the post, the peer waited for it or,
+    past ``body_fetch_delay_ms``, fetched the body itself: 1.7 fetches per transaction
+    measured under batched load while pushes queued behind posts).
 
     A post's queue is encoded when it is sent, as a change to the newest post this peer
-    acknowledged where it can be (``post_deltas``)."""
+    acknowledged where it can be (``post_deltas``); the stream's answers are those
+    acknowledgements. The stream's own flow control holds the sender back when the peer
+    reads slowly; meanwhile newer posts replace older ones at the same base, and the other
+    queues are bounded. A stream that fails (the peer went away, refused a message) is
+    opened again after a backoff; what was on its way is lost, as a lost call was (the
+    core re-posts, and fetches a body it misses)."""
 
-    def __init__(self, node_id: str, address: str, timeout_s: float, tls: TlsFiles | None) -> None:
+    def __init__(self, node_id: str, address: str, tls: TlsFiles | None) -> None:
         self.node_id = node_id
         if tls is None:
             self._channel = new_channel(address, options=PEER_CHANNEL_OPTIONS)
@@ -217,7 +225,6 @@ class PeerLink:
                 options=[*PEER_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", node_id)],
             )
         self.stub = peer_pb2_grpc.PeerServiceStub(self._channel)
-        self._timeout_s = timeout_s
         self._posts: dict[tuple[int, str], tuple[peer_pb2.PostRequest, Post]] = {}
         """Unsent posts, the newest per merge base: a newer post at the same base replaces
         an older one, but a post from an older base still carries news (it can complete
@@ -225,16 +232,21 @@ class PeerLink:
         Each waits as its message without the queue, and the core's post."""
         self._acknowledged: Post | None = None
         """The newest of our posts this peer answered: the reference for the next."""
+        self._unanswered: OrderedDict[tuple[int, int], tuple[peer_pb2.PostRequest, Post]] = (
+            OrderedDict()
+        )
+        """Posts sent on the stream and not answered yet, by (epoch, seq)."""
         self._other: deque[_OtherMessage] = deque(maxlen=PEER_QUEUE_MAX)
         self._bodies: deque[peer_pb2.PushBodyRequest | peer_pb2.PushBodiesRequest] = deque(
             maxlen=PEER_BODY_CALLS_MAX
         )
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._slots = asyncio.Semaphore(PEER_IN_FLIGHT_MAX)
-        self._calls: set[asyncio.Task[None]] = set()
         self.sent = 0
         self.failed = 0
+        """Streams that ended in an error."""
+        self._answers = 0
+        """Post answers received, over all streams (a stream that answered worked)."""
         self.outcomes_sent = 0
         """The last of our finished outcomes put on a post to this peer."""
 
@@ -263,72 +275,89 @@ class PeerLink:
         self._wakeup.set()
 
     async def close(self) -> None:
-        for task in [self._task, *self._calls]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         await self._channel.close()
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._bodies or self._posts or self._other:
-                await self._slots.acquire()  # a newer post may replace ours meanwhile
-                message_or_push: object
-                if self._bodies:
-                    message_or_push = self._bodies.popleft()
-                elif self._posts:
-                    message, post = self._posts.pop(min(self._posts))
-                    set_post_queue(message, post, self._acknowledged)
-                    message_or_push = (message, post)
-                elif self._other:
-                    message_or_push = self._other.popleft()
-                else:
-                    self._slots.release()
-                    break
-                call = loop.create_task(self._call(message_or_push))
-                self._calls.add(call)  # the loop holds tasks only weakly
-                call.add_done_callback(self._calls.discard)
+    def _pending(self) -> bool:
+        return bool(self._bodies or self._posts or self._other)
 
-    async def _call(self, message_or_post: object) -> None:
-        post: Post | None = None
-        message = message_or_post
-        if isinstance(message_or_post, tuple):
-            message, post = message_or_post
-        # Calls join the trace they serve: a post its round's, a body its transaction's.
-        traceparent = ""
-        if isinstance(message, peer_pb2.PostRequest):
-            traceparent = message.round_traceparent
-        elif isinstance(message, peer_pb2.PushBodyRequest):
-            traceparent = message.traceparent
-        elif isinstance(message, peer_pb2.PushBodiesRequest) and message.bodies:
-            traceparent = message.bodies[0].traceparent  # a batch joins its first one's trace
-        trace_context = context_of(traceparent)
-        token = None if trace_context is None else otel_context.attach(trace_context)
+    def _next_message(self) -> peer_pb2.ExchangeRequest:
+        if self._bodies:
+            push = self._bodies.popleft()
+            if isinstance(push, peer_pb2.PushBodiesRequest):
+                return peer_pb2.ExchangeRequest(bodies=push)
+            return peer_pb2.ExchangeRequest(body=push)
+        if self._posts:
+            message, post = self._posts.pop(min(self._posts))
+            set_post_queue(message, post, self._acknowledged)
+            self._unanswered[(post.epoch, post.seq)] = (message, post)
+            if len(self._unanswered) > STREAM_POSTS_UNANSWERED_MAX:
+                self._unanswered.popitem(last=False)
+            return peer_pb2.ExchangeRequest(post=message)
+        other = self._other.popleft()
+        if isinstance(other, peer_pb2.SendSyncedEntriesRequest):
+            return peer_pb2.ExchangeRequest(synced_entries=other)
+        assert isinstance(other, peer_pb2.SendViewMessageRequest)
+        return peer_pb2.ExchangeRequest(view=other)
+
+    async def _run(self) -> None:
+        backoff_s = STREAM_RETRY_MIN_S
+        while True:
+            while not self._pending():  # a stream is opened when there is something to send
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            answered_before = self._answers
+            try:
+                await self._stream()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as error:
+                self.failed += 1
+                code = error.code().name if isinstance(error, grpc.aio.AioRpcError) else error
+                log.debug("to %s: stream ended: %s", self.node_id, code)
+            self._unanswered.clear()
+            if self._answers != answered_before:
+                backoff_s = STREAM_RETRY_MIN_S  # it worked for a while: try again at once
+            else:
+                # A backoff, not a poll: the peer is down or refuses us, and opening a
+                # stream per message would spin.
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2 * backoff_s, STREAM_RETRY_MAX_S)
+
+    async def _stream(self) -> None:
+        """One stream, written until it fails: the reader's end wakes the writer."""
+        # Opened outside any trace: the stream outlives whatever span was current, and
+        # its messages carry their own trace context (a post its round's, a body its
+        # transaction's).
+        token = otel_context.attach(otel_context.Context())
         try:
-            if isinstance(message, peer_pb2.PostRequest):
-                assert post is not None
-                answer = await self.stub.Post(message, timeout=self._timeout_s)
-                self._posted(message, post, whole_needed=answer.whole_needed)
-            elif isinstance(message, peer_pb2.PushBodyRequest):
-                await self.stub.PushBody(message, timeout=self._timeout_s)
-            elif isinstance(message, peer_pb2.PushBodiesRequest):
-                await self.stub.PushBodies(message, timeout=self._timeout_s)
-            elif isinstance(message, peer_pb2.SendSyncedEntriesRequest):
-                await self.stub.SendSyncedEntries(message, timeout=self._timeout_s)
-            elif isinstance(message, peer_pb2.SendViewMessageRequest):
-                await self.stub.SendViewMessage(message, timeout=self._timeout_s)
-            self.sent += 1
-        except grpc.aio.AioRpcError as error:
-            self.failed += 1
-            log.debug("to %s: %s", self.node_id, error.code().name)
+            call = self.stub.Exchange()
         finally:
-            if token is not None:
-                otel_context.detach(token)
-            self._slots.release()
+            otel_context.detach(token)
+        reader = asyncio.get_running_loop().create_task(self._read_answers(call))
+        try:
+            while not reader.done():
+                if not self._pending():
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                await call.write(self._next_message())
+                self.sent += 1
+            await reader  # its error, if it failed
+        finally:
+            reader.cancel()
+            call.cancel()
+
+    async def _read_answers(self, call: _PeerStream) -> None:
+        try:
+            async for answer in call:
+                self._answers += 1
+                sent = self._unanswered.pop((answer.epoch, answer.seq), None)
+                if sent is not None:
+                    self._posted(*sent, whole_needed=answer.whole_needed)
+        finally:
+            self._wakeup.set()  # the writer sees the stream is over
 
     def _posted(self, message: peer_pb2.PostRequest, post: Post, *, whole_needed: bool) -> None:
         if whole_needed:
@@ -343,6 +372,9 @@ class PeerLink:
         known = self._acknowledged
         if known is None or (post.epoch, post.seq) > (known.epoch, known.seq):
             self._acknowledged = post
+
+
+_PeerStream = grpc.aio.StreamStreamCall[peer_pb2.ExchangeRequest, peer_pb2.ExchangeResponse]
 
 
 _StepStream = grpc.aio.StreamStreamCall[
@@ -389,8 +421,7 @@ class Coordinator:
         self._store_channel = new_channel(config.store_address, as_service=True)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.links = {
-            peer: PeerLink(peer, address, config.rpc_timeout_s, config.tls)
-            for peer, address in config.peers.items()
+            peer: PeerLink(peer, address, config.tls) for peer, address in config.peers.items()
         }
         self.node: ProtocolNode | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -686,7 +717,7 @@ class Coordinator:
             if address is None:
                 log.error("no address for %s, added to the configuration: cannot reach it", peer)
                 continue
-            link = PeerLink(peer, address, self.config.rpc_timeout_s, self.config.tls)
+            link = PeerLink(peer, address, self.config.tls)
             link.start()
             self.links[peer] = link
             self.weights[peer] = dict(configuration.weights)[peer]

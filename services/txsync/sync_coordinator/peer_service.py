@@ -1,17 +1,23 @@
 """``PeerService``: what other DCs' coordinators call on this one.
 
 Posts, catch-up and view messages are decoded and checked (``wire``) and queued for the
-protocol loop;
-pushed bodies are stored through the transaction-store (which checks their digest)
-before the loop hears they are acquired; bodies are served from the store.
+protocol loop; pushed bodies are stored through the transaction-store (which checks
+their digest) before the loop hears they are acquired; bodies are served from the store.
+
+Coordinators send all of it but GetBody on one ``Exchange`` stream per peer, taken here
+message by message in the order sent; the unary calls take the same messages the same
+way (tools, and a peer of an older version).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
+from opentelemetry import context as otel_context
 
 from txsync.protocol import (
     BodyAcquired,
@@ -20,7 +26,7 @@ from txsync.protocol import (
     ViewMessageReceived,
     ViewQuery,
 )
-from txsync.rpc import ServiceError, answers_errors
+from txsync.rpc import ServiceError, abort, answers_errors, check_request
 from txsync.sync_coordinator.coordinator import Coordinator
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
 from txsync.sync_coordinator.wire import (
@@ -31,6 +37,7 @@ from txsync.sync_coordinator.wire import (
     post_from_proto,
     view_message_from_proto,
 )
+from txsync.telemetry import context_of
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc, store_pb2
 
@@ -45,6 +52,19 @@ def _certificate_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | 
 
 def _invalid(error: WireError) -> ServiceError:
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+
+@contextlib.contextmanager
+def _joined(traceparent: str) -> Iterator[None]:
+    """Calls made inside join the trace ``traceparent`` names: on a stream, a pushed
+    body's store call belongs to its transaction's trace, as its unary push's did."""
+    trace_context = context_of(traceparent)
+    token = None if trace_context is None else otel_context.attach(trace_context)
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)
 
 
 DIGEST_BYTES_MAX = 64
@@ -102,8 +122,47 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         log.warning("refused a call from %s (%s): %s", context.peer(), kind, reason)
         raise ServiceError(grpc.StatusCode.PERMISSION_DENIED, reason)
 
+    async def Exchange(
+        self,
+        requests: AsyncIterator[peer_pb2.ExchangeRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[peer_pb2.ExchangeResponse]:
+        """A peer's stream: each message taken as its unary call would take it, in the
+        order sent (so a body pushed ahead of a post is held when the post is taken);
+        each post answered. A refused message ends the stream with its status."""
+        try:
+            async for request in requests:
+                check_request(request)
+                kind = request.WhichOneof("message")
+                if kind == "post":
+                    post = request.post
+                    answer = await self._take_post(post, context)
+                    yield peer_pb2.ExchangeResponse(
+                        epoch=post.epoch, seq=post.seq, whole_needed=answer.whole_needed
+                    )
+                elif kind == "bodies":
+                    bodies = request.bodies.bodies
+                    with _joined(bodies[0].traceparent if bodies else ""):
+                        await self._take_bodies(request.bodies, context)
+                elif kind == "synced_entries":
+                    await self._take_synced_entries(request.synced_entries, context)
+                elif kind == "view":
+                    await self._take_view_message(request.view, context)
+                elif kind == "body":
+                    with _joined(request.body.traceparent):
+                        await self._take_body(request.body, context)
+                else:
+                    raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "an empty message")
+        except ServiceError as error:
+            await abort(context, error)
+
     @answers_errors
     async def Post(
+        self, request: peer_pb2.PostRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.PostResponse:
+        return await self._take_post(request, context)
+
+    async def _take_post(
         self, request: peer_pb2.PostRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peer_pb2.PostResponse:
         known = self._coordinator.known_posts
@@ -128,18 +187,31 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         request: peer_pb2.SendSyncedEntriesRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> peer_pb2.SendSyncedEntriesResponse:
+        await self._take_synced_entries(request, context)
+        return peer_pb2.SendSyncedEntriesResponse()
+
+    async def _take_synced_entries(
+        self,
+        request: peer_pb2.SendSyncedEntriesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
         try:
             entries = entries_from_proto(request, self._limits)
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(entries.sender, context)
         await self._coordinator.events.put(SyncedEntriesReceived(entries))
-        return peer_pb2.SendSyncedEntriesResponse()
 
     @answers_errors
     async def PushBody(
         self, request: peer_pb2.PushBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peer_pb2.PushBodyResponse:
+        await self._take_body(request, context)
+        return peer_pb2.PushBodyResponse()
+
+    async def _take_body(
+        self, request: peer_pb2.PushBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
         try:
             check_node_id(request.sender, "sender")
         except WireError as error:
@@ -157,10 +229,14 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         except grpc.aio.AioRpcError as error:
             raise ServiceError(error.code(), error.details() or "store refused") from None
         await self._coordinator.events.put(BodyAcquired(request.tx_id))
-        return peer_pb2.PushBodyResponse()
 
     @answers_errors
     async def PushBodies(
+        self, request: peer_pb2.PushBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.PushBodiesResponse:
+        return await self._take_bodies(request, context)
+
+    async def _take_bodies(
         self, request: peer_pb2.PushBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peer_pb2.PushBodiesResponse:
         try:
@@ -216,10 +292,17 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         request: peer_pb2.SendViewMessageRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> peer_pb2.SendViewMessageResponse:
+        await self._take_view_message(request, context)
+        return peer_pb2.SendViewMessageResponse()
+
+    async def _take_view_message(
+        self,
+        request: peer_pb2.SendViewMessageRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
         try:
             message = view_message_from_proto(request, self._limits)
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(message.sender, context, anyone=isinstance(message, ViewQuery))
         await self._coordinator.events.put(ViewMessageReceived(message))
-        return peer_pb2.SendViewMessageResponse()

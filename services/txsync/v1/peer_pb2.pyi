@@ -22,6 +22,107 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ExchangeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POST_FIELD_NUMBER: _builtins.int
+    SYNCED_ENTRIES_FIELD_NUMBER: _builtins.int
+    BODIES_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def post(self) -> Global___PostRequest: ...
+    @_builtins.property
+    def synced_entries(self) -> Global___SendSyncedEntriesRequest: ...
+    @_builtins.property
+    def bodies(self) -> Global___PushBodiesRequest: ...
+    @_builtins.property
+    def body(self) -> Global___PushBodyRequest:
+        """A body over 3 MiB, alone."""
+
+    @_builtins.property
+    def view(self) -> Global___SendViewMessageRequest: ...
+    def __init__(
+        self,
+        *,
+        post: Global___PostRequest | None = ...,
+        synced_entries: Global___SendSyncedEntriesRequest | None = ...,
+        bodies: Global___PushBodiesRequest | None = ...,
+        body: Global___PushBodyRequest | None = ...,
+        view: Global___SendViewMessageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "bodies",
+        b"bodies",
+        "body",
+        b"body",
+        "message",
+        b"message",
+        "post",
+        b"post",
+        "synced_entries",
+        b"synced_entries",
+        "view",
+        b"view",
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "bodies",
+        b"bodies",
+        "body",
+        b"body",
+        "message",
+        b"message",
+        "post",
+        b"post",
+        "synced_entries",
+        b"synced_entries",
+        "view",
+        b"view",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal[
+        "post", "synced_entries", "bodies", "body", "view"
+    ]  # noqa: Y015
+    _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def WhichOneof(
+        self, oneof_group: _WhichOneofArgType_message
+    ) -> _WhichOneofReturnType_message | None: ...
+
+Global___ExchangeRequest: _TypeAlias = ExchangeRequest  # noqa: Y015
+
+@_typing.final
+class ExchangeResponse(_message.Message):
+    """The answer to one post of the stream: the post (epoch, seq) was taken, or, with
+    `whole_needed`, it named a post the receiver no longer holds and nothing was taken.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    WHOLE_NEEDED_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    seq: _builtins.int
+    whole_needed: _builtins.bool
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        whole_needed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "epoch", b"epoch", "seq", b"seq", "whole_needed", b"whole_needed"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeResponse: _TypeAlias = ExchangeResponse  # noqa: Y015
+
+@_typing.final
 class PostRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

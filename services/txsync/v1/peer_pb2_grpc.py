@@ -74,6 +74,12 @@ class PeerServiceStub:
             response_deserializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageResponse.FromString,
             _registered_method=True,
         )
+        self.Exchange = channel.stream_stream(
+            "/txsync.v1.PeerService/Exchange",
+            request_serializer=txsync_dot_v1_dot_peer__pb2.ExchangeRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_peer__pb2.ExchangeResponse.FromString,
+            _registered_method=True,
+        )
 
 
 class PeerServiceServicer:
@@ -120,6 +126,18 @@ class PeerServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def Exchange(self, request_iterator, context):
+        """What coordinators send each other: one long-lived stream per directed pair of DCs
+        carrying every message above but GetBody, handled in the order sent (a body pushed
+        ahead of the post that names it is held when the post is taken). The answers are the
+        posts' acknowledgements, in order; everything else is one-way. A message the
+        receiver refuses (not a configured peer, malformed) ends the stream with its status;
+        the sender opens a new one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
 
 def add_PeerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +170,11 @@ def add_PeerServiceServicer_to_server(servicer, server):
             servicer.SendViewMessage,
             request_deserializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageRequest.FromString,
             response_serializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageResponse.SerializeToString,
+        ),
+        "Exchange": grpc.stream_stream_rpc_method_handler(
+            servicer.Exchange,
+            request_deserializer=txsync_dot_v1_dot_peer__pb2.ExchangeRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_peer__pb2.ExchangeResponse.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -334,6 +357,36 @@ class PeerService:
             "/txsync.v1.PeerService/SendViewMessage",
             txsync_dot_v1_dot_peer__pb2.SendViewMessageRequest.SerializeToString,
             txsync_dot_v1_dot_peer__pb2.SendViewMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def Exchange(
+        request_iterator,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            "/txsync.v1.PeerService/Exchange",
+            txsync_dot_v1_dot_peer__pb2.ExchangeRequest.SerializeToString,
+            txsync_dot_v1_dot_peer__pb2.ExchangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,16 @@ class PeerServiceStub:
     """One message of a view change (prepare, promise, accept, accepted, install, refusal or
     query), one-way like a post.
     """
+    Exchange: _grpc.StreamStreamMultiCallable[
+        _peer_pb2.ExchangeRequest, _peer_pb2.ExchangeResponse
+    ]
+    """What coordinators send each other: one long-lived stream per directed pair of DCs
+    carrying every message above but GetBody, handled in the order sent (a body pushed
+    ahead of the post that names it is held when the post is taken). The answers are the
+    posts' acknowledgements, in order; everything else is one-way. A message the
+    receiver refuses (not a configured peer, malformed) ends the stream with its status;
+    the sender opens a new one.
+    """
 
 @_typing.type_check_only
 class PeerServiceAsyncStub(PeerServiceStub):
@@ -95,6 +105,16 @@ class PeerServiceAsyncStub(PeerServiceStub):
     ]  # type: ignore[assignment]
     """One message of a view change (prepare, promise, accept, accepted, install, refusal or
     query), one-way like a post.
+    """
+    Exchange: _aio.StreamStreamMultiCallable[
+        _peer_pb2.ExchangeRequest, _peer_pb2.ExchangeResponse
+    ]  # type: ignore[assignment]
+    """What coordinators send each other: one long-lived stream per directed pair of DCs
+    carrying every message above but GetBody, handled in the order sent (a body pushed
+    ahead of the post that names it is held when the post is taken). The answers are the
+    posts' acknowledgements, in order; everything else is one-way. A message the
+    receiver refuses (not a configured peer, malformed) ends the stream with its status;
+    the sender opens a new one.
     """
 
 class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -163,6 +183,23 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
     ]:
         """One message of a view change (prepare, promise, accept, accepted, install, refusal or
         query), one-way like a post.
+        """
+
+    @_abc_1.abstractmethod
+    def Exchange(
+        self,
+        request_iterator: _MaybeAsyncIterator[_peer_pb2.ExchangeRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _abc.Iterator[_peer_pb2.ExchangeResponse],
+        _abc.AsyncIterator[_peer_pb2.ExchangeResponse],
+    ]:
+        """What coordinators send each other: one long-lived stream per directed pair of DCs
+        carrying every message above but GetBody, handled in the order sent (a body pushed
+        ahead of the post that names it is held when the post is taken). The answers are the
+        posts' acknowledgements, in order; everything else is one-way. A message the
+        receiver refuses (not a configured peer, malformed) ends the stream with its status;
+        the sender opens a new one.
         """
 
 def add_PeerServiceServicer_to_server(
