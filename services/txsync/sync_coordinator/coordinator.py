@@ -346,6 +346,8 @@ class PeerLink:
                 self.sent += 1
             await reader  # its error, if it failed
         finally:
+            if reader.done() and not reader.cancelled():
+                reader.exception()  # retrieved: the write's error is the one raised
             reader.cancel()
             call.cancel()
 
