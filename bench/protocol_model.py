@@ -6,8 +6,9 @@ Runs the real ``ProtocolNode`` of each DC in a discrete-event model with no proc
 time, no disk and a fixed one-way delay between DCs (bodies take it too). One client per
 DC submits a transaction, waits until its own DC holds it ACCEPTED, and submits the next
 at once, as ``make bench``'s single-submit clients do. It prints the p50 and p99 of
-submit -> ACCEPTED at the client's DC, in round trips, for the core as built and for the
-core with one rule switched off, side by side:
+submit -> ACCEPTED at the client's DC, in round trips, and the posts sent per transaction
+(every post costs both ends CPU), for the core as built and for the core with one rule
+switched off, side by side:
 
 * ``posts dropped at a base change``: posts held at the old base are dropped instead of
   rebased (what the core did before issue 19).
@@ -74,6 +75,8 @@ class _Model:
     latencies: list[int] = field(default_factory=list)
     next_tx: itertools.count[int] = field(default_factory=itertools.count)
     ticks: dict[str, int] = field(default_factory=dict)
+    posts: int = 0
+    """Posts sent, by every DC."""
 
     def __post_init__(self) -> None:
         self.nodes = {dc: self.core(dc, list(DCS), now_ms=0) for dc in DCS}
@@ -96,6 +99,7 @@ class _Model:
         later = self.now + self.one_way_ms
         for message in ready.messages:
             if isinstance(message, SendPost):
+                self.posts += 1
                 self.at(later, message.to, PostReceived(message.post))
             elif isinstance(message, SendSyncedEntries):
                 self.at(later, message.to, SyncedEntriesReceived(message.entries))
@@ -133,11 +137,20 @@ class _Model:
         return self.latencies[warmup:]
 
 
-def measure(core: CoreFactory, rtt_ms: int, txs: int) -> tuple[float, float]:
-    """p50 and p99 of submit -> ACCEPTED at the client's DC, in ms."""
-    latencies = sorted(_Model(rtt_ms // 2, core).run(txs, warmup=txs // 10))
+@dataclass(frozen=True)
+class Figures:
+    p50_ms: float
+    p99_ms: float
+    """Submit -> ACCEPTED at the client's DC."""
+    posts_per_tx: float
+    """Posts sent by all DCs together, per transaction ordered."""
+
+
+def measure(core: CoreFactory, rtt_ms: int, txs: int) -> Figures:
+    model = _Model(rtt_ms // 2, core)
+    latencies = sorted(model.run(txs, warmup=txs // 10))
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    return statistics.median(latencies), p99
+    return Figures(statistics.median(latencies), p99, model.posts / len(model.latencies))
 
 
 def main() -> int:
@@ -149,12 +162,14 @@ def main() -> int:
     parser.add_argument("--rtts", default="10,50,100", help="round-trip times in ms")
     parser.add_argument("--txs", type=int, default=600, help="transactions measured per run")
     options = parser.parse_args()
-    print(f"{'variant':<34} {'RTT':>6} {'p50':>9} {'p99':>9} {'p50/RTT':>8} {'p99/RTT':>8}")
+    print(f"{'variant':<34} {'RTT':>6} {'p50':>9} {'p99':>9} {'p50/RTT':>8} {'p99/RTT':>8} "
+          f"{'posts/tx':>9}")  # fmt: skip
     for rtt in (int(r) for r in options.rtts.split(",")):
         for name, core in VARIANTS.items():
-            p50, p99 = measure(core, rtt, options.txs)
-            print(f"{name:<34} {rtt:>4}ms {p50:>7.1f}ms {p99:>7.1f}ms "
-                  f"{p50 / rtt:>8.2f} {p99 / rtt:>8.2f}")  # fmt: skip
+            got = measure(core, rtt, options.txs)
+            print(f"{name:<34} {rtt:>4}ms {got.p50_ms:>7.1f}ms {got.p99_ms:>7.1f}ms "
+                  f"{got.p50_ms / rtt:>8.2f} {got.p99_ms / rtt:>8.2f} "
+                  f"{got.posts_per_tx:>9.1f}")  # fmt: skip
     return 0
 
 

@@ -410,6 +410,8 @@ class ProtocolNode:
                 self._consider_rejoin(post)
             return
         raised = self._raise_counter(post.counter)
+        stale = False
+        """A rebased post answers no round of ours: it was sent from an older base."""
         if post.base.synced_len < base.synced_len:
             self._serve_lagger(post)
             rebased = self._rebased(post, base)
@@ -418,6 +420,7 @@ class ProtocolNode:
                     self._dirty = True
                 return
             post = rebased  # sent before the sender heard of our ADD: still good news
+            stale = True
         elif post.base.synced_len > base.synced_len:
             known = self._ahead_posts.get(post.sender)
             if known is None or post.is_newer_than(known):
@@ -436,7 +439,7 @@ class ProtocolNode:
         if known is not None and not post.is_newer_than(known):
             return  # a duplicate or an older post: nothing new
         self._posts[post.sender] = post
-        if self._in_round:
+        if self._in_round and not stale:
             self._fresh.add(post.sender)
         if self._merge(post) or raised:
             self._dirty = True
