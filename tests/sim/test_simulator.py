@@ -124,9 +124,11 @@ def _first_failure(
     [
         # A fork shows first either as two orders that disagree (1), once a forked
         # node merges the other side's metas, as a tx both synced and incoming (2), or,
-        # when the forked node never reconciles, as a tx it never syncs (3).
+        # when the forked node never reconciles, as a tx it never syncs (3) or as a node
+        # that stops syncing once the faults end (5; seed 2 with faults since posts are
+        # rebased, which the correct core passes with every mix's first 2,000 seeds).
         (MajorityAddNoCutCore, "delay", 5, {1, 2, 3}),
-        (MajorityAddNoCutCore, "delay,drop,duplicate,reorder,crash", 5, {1, 2, 3}),
+        (MajorityAddNoCutCore, "delay,drop,duplicate,reorder,crash", 5, {1, 2, 3, 5}),
         (ForgetfulCounterCore, "crash", 3, {6}),
         (UnionAddCore, "delay", 3, {0, 1}),
         (UnfrozenPromiseCore, ALL_FAULTS, 3, {1, 2, 3}),
