@@ -21,16 +21,10 @@ from pathlib import Path
 
 from bench.suite import Timing, measure, probe
 from bench.systems import TxSyncSystem
-from txsync.pipeline.txlog_rows import txlog_files
-from txsync.transaction_store.txlog.framing import scan
-from txsync.v1 import common_pb2, txlog_pb2
+from txsync.pipeline.txlog_rows import entries_of_dc, state_name
 
 Times = dict[tuple[str, str], int]
 """(dc, what) -> at_unix_ms of the first such entry."""
-
-
-def _state(value: int) -> str:
-    return common_pb2.TxState.Name(common_pb2.TxState.ValueType(value)).removeprefix("TX_STATE_")
 
 
 def read_times(dcs: dict[str, Path]) -> tuple[dict[str, Times], dict[str, str]]:
@@ -38,24 +32,20 @@ def read_times(dcs: dict[str, Path]) -> tuple[dict[str, Times], dict[str, str]]:
     times: dict[str, Times] = collections.defaultdict(dict)
     origins: dict[str, str] = {}
     for dc, data in dcs.items():
-        for path in txlog_files(data):
-            for _, payload in scan(path.read_bytes()).frames:
-                batch = txlog_pb2.LogBatch()
-                batch.ParseFromString(payload)
-                for entry in batch.entries:
-                    kind, at = entry.WhichOneof("entry"), entry.at_unix_ms
-                    if kind == "submitted":
-                        times[entry.submitted.tx_id].setdefault((dc, "submit"), at)
-                        origins[entry.submitted.tx_id] = dc
-                    elif kind == "meta_known":
-                        times[entry.meta_known.meta.tx_id].setdefault((dc, "meta"), at)
-                    elif kind == "body_stored":
-                        times[entry.body_stored.tx_id].setdefault((dc, "body"), at)
-                    elif kind == "synced":
-                        for meta in entry.synced.metas:
-                            times[meta.tx_id].setdefault((dc, "synced"), at)
-                    elif kind == "state":
-                        times[entry.state.tx_id].setdefault((dc, _state(entry.state.state)), at)
+        for entry in entries_of_dc(data):
+            kind, at = entry.WhichOneof("entry"), entry.at_unix_ms
+            if kind == "submitted":
+                times[entry.submitted.tx_id].setdefault((dc, "submit"), at)
+                origins[entry.submitted.tx_id] = dc
+            elif kind == "meta_known":
+                times[entry.meta_known.meta.tx_id].setdefault((dc, "meta"), at)
+            elif kind == "body_stored":
+                times[entry.body_stored.tx_id].setdefault((dc, "body"), at)
+            elif kind == "synced":
+                for meta in entry.synced.metas:
+                    times[meta.tx_id].setdefault((dc, "synced"), at)
+            elif kind == "state":
+                times[entry.state.tx_id].setdefault((dc, state_name(entry.state.state)), at)
     return times, origins
 
 

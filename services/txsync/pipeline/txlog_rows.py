@@ -36,27 +36,39 @@ def txlog_files(dc_data: Path) -> list[Path]:
     return sorted(directory.glob("*.dat"), key=stamp)
 
 
-def _state_name(value: int) -> str:
+def state_name(value: int) -> str:
     return common_pb2.TxState.Name(common_pb2.TxState.ValueType(value)).removeprefix("TX_STATE_")
 
 
 def rows_of_dc(dc: str, dc_data: Path) -> Iterator[tuple[str, Row]]:
     """Every row of the DC's txlog files, tagged with its dataset's name."""
-    payloads = (
-        payload for path in txlog_files(dc_data) for _, payload in scan(path.read_bytes()).frames
-    )
-    yield from rows_of_payloads(dc, payloads)
+    yield from rows_of_payloads(dc, _payloads(dc_data))
+
+
+def entries_of_dc(dc_data: Path) -> Iterator[txlog_pb2.LogEntry]:
+    """Every entry of the DC's txlog files, oldest first (a torn tail ends a file)."""
+    yield from _entries(_payloads(dc_data))
+
+
+def _payloads(dc_data: Path) -> Iterator[bytes]:
+    for path in txlog_files(dc_data):
+        for _, payload in scan(path.read_bytes()).frames:
+            yield payload
+
+
+def _entries(payloads: Iterable[bytes]) -> Iterator[txlog_pb2.LogEntry]:
+    for payload in payloads:
+        batch = txlog_pb2.LogBatch()
+        batch.ParseFromString(payload)
+        yield from batch.entries
 
 
 def rows_of_payloads(dc: str, payloads: Iterable[bytes]) -> Iterator[tuple[str, Row]]:
     """Every row of a DC's txlog frames' payloads (``LogBatch``es), oldest first."""
     seen_positions: set[int] = set()
     known: set[str] = set()
-    for payload in payloads:
-        batch = txlog_pb2.LogBatch()
-        batch.ParseFromString(payload)
-        for entry in batch.entries:
-            yield from _rows_of_entry(dc, entry, seen_positions, known)
+    for entry in _entries(payloads):
+        yield from _rows_of_entry(dc, entry, seen_positions, known)
 
 
 def _rows_of_entry(
@@ -81,7 +93,7 @@ def _rows_of_entry(
             yield from _synced(dc, snapshot.synced_offset + offset + 1, meta, seen, known)
     elif kind == "state":
         moved = entry.state
-        yield "transitions", (dc, moved.tx_id, _state_name(moved.state), at, moved.service)
+        yield "transitions", (dc, moved.tx_id, state_name(moved.state), at, moved.service)
 
 
 def _synced(

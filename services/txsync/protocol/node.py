@@ -410,8 +410,7 @@ class ProtocolNode:
                 self._consider_rejoin(post)
             return
         raised = self._raise_counter(post.counter)
-        stale = False
-        """A rebased post answers no round of ours: it was sent from an older base."""
+        stale = False  # rebased: it answers no round of ours, sent from an older base
         if post.base.synced_len < base.synced_len:
             self._serve_lagger(post)
             rebased = self._rebased(post, base)

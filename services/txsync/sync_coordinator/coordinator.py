@@ -74,7 +74,7 @@ from txsync.sync_coordinator.wire import (
     set_post_queue,
     view_message_to_proto,
 )
-from txsync.telemetry import Metrics
+from txsync.telemetry import Metrics, attached
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import (
     common_pb2,
@@ -330,11 +330,8 @@ class PeerLink:
         # Opened outside any trace: the stream outlives whatever span was current, and
         # its messages carry their own trace context (a post its round's, a body its
         # transaction's).
-        token = otel_context.attach(otel_context.Context())
-        try:
+        with attached(otel_context.Context()):
             call = self.stub.Exchange()
-        finally:
-            otel_context.detach(token)
         reader = asyncio.get_running_loop().create_task(self._read_answers(call))
         try:
             while not reader.done():
@@ -624,7 +621,8 @@ class Coordinator:
     def _apply(self, out: ShellOutput) -> None:
         """Hand the shell's writes to the stream's writer and make its released sends."""
         if out.step_due:
-            # Wake the loop: it steps what waits, and the gathering goes out with it.
+            # Wake the loop: it steps what waits, and the gathering goes out with it
+            # (the Tick only wakes it: the shell steps the batch's own clock first).
             with contextlib.suppress(asyncio.QueueFull):
                 self.events.put_nowait(Tick(_now_ms()))
         for write in out.writes:

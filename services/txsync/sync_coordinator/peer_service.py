@@ -11,13 +11,11 @@ way (tools, and a peer of an older version).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from opentelemetry import context as otel_context
 
 from txsync.protocol import (
     BodyAcquired,
@@ -37,7 +35,7 @@ from txsync.sync_coordinator.wire import (
     post_from_proto,
     view_message_from_proto,
 )
-from txsync.telemetry import context_of
+from txsync.telemetry import attached, context_of
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc, store_pb2
 
@@ -52,19 +50,6 @@ def _certificate_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | 
 
 def _invalid(error: WireError) -> ServiceError:
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-
-
-@contextlib.contextmanager
-def _joined(traceparent: str) -> Iterator[None]:
-    """Calls made inside join the trace ``traceparent`` names: on a stream, a pushed
-    body's store call belongs to its transaction's trace, as its unary push's did."""
-    trace_context = context_of(traceparent)
-    token = None if trace_context is None else otel_context.attach(trace_context)
-    try:
-        yield
-    finally:
-        if token is not None:
-            otel_context.detach(token)
 
 
 DIGEST_BYTES_MAX = 64
@@ -141,15 +126,17 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
                         epoch=post.epoch, seq=post.seq, whole_needed=answer.whole_needed
                     )
                 elif kind == "bodies":
+                    # A pushed body's store call joins its transaction's trace, as its
+                    # unary push did (a batch joins its first body's).
                     bodies = request.bodies.bodies
-                    with _joined(bodies[0].traceparent if bodies else ""):
+                    with attached(context_of(bodies[0].traceparent if bodies else "")):
                         await self._take_bodies(request.bodies, context)
                 elif kind == "synced_entries":
                     await self._take_synced_entries(request.synced_entries, context)
                 elif kind == "view":
                     await self._take_view_message(request.view, context)
                 elif kind == "body":
-                    with _joined(request.body.traceparent):
+                    with attached(context_of(request.body.traceparent)):
                         await self._take_body(request.body, context)
                 else:
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "an empty message")

@@ -13,6 +13,7 @@ from txsync.telemetry.logs import LOG_FORMATS, configure_logging
 from txsync.telemetry.metrics import Gauge, Metrics
 from txsync.telemetry.process import ServiceTelemetry, add_telemetry_arguments
 from txsync.telemetry.tracing import (
+    attached,
     context_of,
     current_traceparent,
     span_context_of,
@@ -26,6 +27,7 @@ __all__ = [
     "Metrics",
     "ServiceTelemetry",
     "add_telemetry_arguments",
+    "attached",
     "configure_logging",
     "context_of",
     "current_traceparent",

@@ -16,10 +16,13 @@ its trace.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, Tracer
@@ -90,6 +93,18 @@ def context_of(traceparent: str) -> Context | None:
     if not trace.get_current_span(context).get_span_context().is_valid:
         return None
     return context
+
+
+@contextlib.contextmanager
+def attached(context: Context | None) -> Iterator[None]:
+    """``context`` is the current one inside (nothing changes if None): calls made there
+    join its trace, or, with an empty ``Context()``, no trace at all."""
+    token = None if context is None else otel_context.attach(context)
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)
 
 
 def span_context_of(traceparent: str) -> SpanContext | None:
