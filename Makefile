@@ -75,7 +75,7 @@ bench: venv  ## TxSync beside etcd and Galera at 0/10/50 ms RTT, then scaling: d
 	scripts/ensure_system_packages.sh
 	$(BIN)/python -m bench.suite
 
-bench-rpcs: venv  ## gRPC calls per transaction by service and method (traced TxSync cluster)
+bench-rpcs: venv  ## work per transaction by service: gRPC messages, fsyncs, log entries, CPU
 	$(BIN)/python -m bench.rpc_counts
 
 bench-store: venv  ## submit throughput and latency of one transaction-store, fsync on

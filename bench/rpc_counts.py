@@ -1,73 +1,115 @@
-"""How many gRPC calls a transaction costs TxSync, by service and method.
+"""What a transaction costs TxSync in work, per service: gRPC messages by method, fsyncs,
+txlog entries, body files, thread hops, database commits and CPU.
 
     make bench-rpcs         (or: .venv/bin/python -m bench.rpc_counts --help)
 
-Starts the benchmark's TxSync cluster (3 DCs, 1 worker each, link emulator) with every
-service exporting traces to an in-process OTLP collector, loads it like ``make bench``
-does, and divides the server spans started inside the measured window by the
-transactions ordered in it. Streams (the store's feeds to the coordinator and the
-dispatch, the dispatch's to the workers) count once per stream, not per message; health
-checks and worker heartbeats are not traced. Tracing costs CPU itself, so the rates
-printed here are lower than ``make bench``'s: read the calls, not the speed.
+Starts the benchmark's TxSync cluster (3 DCs, 1 worker each, link emulator), loads it
+like ``make bench`` does, and reads every process's work counters
+(``txsync.telemetry.work``, served on its ``/metrics``) before and after the measured
+window. Each figure is the whole cluster's (all DCs) divided by the transactions ordered
+in the window. gRPC messages are counted at the servers: a unary call is one message
+received and one sent; a stream message is one received (client to server) or sent.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import os
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from bench import load
-from bench.systems import TxSyncSystem
-from tests.support.otlp_collector import OtlpCollector
+from prometheus_client.parser import text_string_to_metric_families
 
-SERVER_SPAN = 2
-"""``Span.SpanKind.SPAN_KIND_SERVER`` in OTLP."""
+from bench import load
+from bench.proc_stats import cpu_seconds, kind_of
+from bench.systems import TxSyncSystem
+
+Counts = collections.defaultdict[tuple[str, str], float]
+"""(service kind, what) -> count, summed over the cluster's processes."""
+
+KINDS = ("transaction-store", "sync-coordinator", "worker-dispatch", "worker")
+
+
+def metrics_addresses(system: TxSyncSystem) -> dict[str, str]:
+    """Each process's metrics address, by a name whose first word is its kind."""
+    assert system.cluster is not None
+    found = {}
+    for node, dc in system.cluster.layout["dcs"].items():
+        for key, kind in (("store_metrics", "transaction-store"), ("metrics", "sync-coordinator"),
+                          ("dispatch_metrics", "worker-dispatch")):  # fmt: skip
+            if key in dc:
+                found[f"{kind} {node}"] = dc[key]
+        for worker, address in dc.get("worker_metrics", {}).items():
+            found[f"worker {worker}"] = address
+    return found
+
+
+def scrape(addresses: dict[str, str], pids: dict[str, int]) -> Counts:
+    counts: Counts = collections.defaultdict(float)
+    for name, address in addresses.items():
+        kind = kind_of(name)
+        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=30).read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "txsync_work_total":
+                    counts[(kind, sample.labels["kind"].replace("_", " "))] += sample.value
+                elif sample.name == "txsync_rpc_messages_total":
+                    what = f"{sample.labels['method']} {sample.labels['direction']}"
+                    counts[(kind, what)] += sample.value
+    for name, pid in pids.items():
+        counts[(kind_of(name), "CPU ms")] += cpu_seconds(pid) * 1000
+    return counts
+
+
+def report(counts: Counts, ordered: int) -> list[str]:
+    """One row per kind of work, a column per service kind, per ordered transaction."""
+    whats = sorted({what for _, what in counts}, key=lambda w: (w != "CPU ms", "ed" in w, w))
+    lines = [f"  {'per ordered transaction':28}" + "".join(f"{k:>19}" for k in KINDS)]
+    for what in whats:
+        cells = [counts[(kind, what)] / max(1, ordered) for kind in KINDS]
+        if any(cells):
+            lines.append(f"  {what:28}" + "".join(f"{c:19.2f}" for c in cells))
+    messages = sum(n for (_, what), n in counts.items() if what.endswith(("received", "sent")))
+    lines.append(f"  gRPC messages, all services: {messages / max(1, ordered):.2f} per tx")
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rtt", type=float, default=10.0, help="round-trip time, ms")
-    parser.add_argument("--clients", type=int, default=4, help="clients per DC")
-    parser.add_argument("--batches", default="1,20", help="submits per call, each a run")
+    parser.add_argument("--rtt", type=float, default=0.0, help="round-trip time, ms")
+    parser.add_argument("--clients", type=int, default=16, help="clients per DC")
+    parser.add_argument("--batches", default="1,50", help="submits per call, each a run")
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds")
     options = parser.parse_args()
-    with OtlpCollector() as collector:
-        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint  # the services inherit it
-        os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"
-        system = TxSyncSystem(options.rtt / 2)
-        nodes = system.start()
-        try:
-            for batch in (int(b) for b in options.batches.split(",")):
-                start = time.time() + 4
-                stop = start + options.duration
-                plans = [load.Plan(system.name, n.name, n.address, options.clients, start, stop,
-                                   batch) for n in nodes]  # fmt: skip
-                with ThreadPoolExecutor(1) as pool:
-                    loading = pool.submit(load.run, plans)
-                    time.sleep(max(0.0, start - time.time()))
-                    before, began = system.committed(), time.time()
-                    time.sleep(max(0.0, stop - time.time()))
-                    ordered, ended = system.committed() - before, time.time()
-                    loading.result()
-                time.sleep(2)  # the last spans' export
-                calls: collections.Counter[tuple[str, str]] = collections.Counter()
-                for span in collector.spans(lambda s: s.span.kind == SERVER_SPAN):
-                    if began <= span.span.start_time_unix_nano / 1e9 < ended:
-                        calls[(span.service, span.name.rsplit("/", 1)[-1])] += 1
-                rate = ordered / (ended - began)
-                print(
-                    f"{options.clients} clients per DC, {batch} submit(s) per call, "
-                    f"{options.rtt:.0f} ms RTT: {ordered} ordered ({rate:.0f}/s, traced)"
-                )
-                for (service, method), count in calls.most_common():
-                    print(f"  {service:18} {method:20} {count / max(1, ordered):6.2f} per tx")
-                print(f"  all server calls: {sum(calls.values()) / max(1, ordered):.2f} per tx")
-        finally:
-            system.stop()
+    system = TxSyncSystem(options.rtt / 2)
+    nodes = system.start()
+    try:
+        addresses, pids = metrics_addresses(system), system.processes()
+        for batch in (int(b) for b in options.batches.split(",")):
+            start = time.time() + 4
+            stop = start + options.duration
+            plans = [load.Plan(system.name, n.name, n.address, options.clients, start, stop,
+                               batch) for n in nodes]  # fmt: skip
+            with ThreadPoolExecutor(1) as pool:
+                loading = pool.submit(load.run, plans)
+                time.sleep(max(0.0, start - time.time()))  # the clients start at ``start``
+                before, committed = scrape(addresses, pids), system.committed()
+                time.sleep(max(0.0, stop - time.time()))
+                after, ordered = scrape(addresses, pids), system.committed() - committed
+                loading.result()
+            rate = ordered / options.duration
+            print(
+                f"{options.clients} clients per DC, {batch} submit(s) per call, "
+                f"{options.rtt:.0f} ms RTT: {ordered} ordered ({rate:.0f}/s)"
+            )
+            spent: Counts = collections.defaultdict(float)
+            for key, value in after.items():
+                spent[key] = value - before[key]
+            print("\n".join(report(spent, ordered)), flush=True)
+    finally:
+        system.stop()
     return 0
 
 

@@ -76,11 +76,13 @@ def worker_args(
     listen: str | None,
     *,
     postgres: str | None = None,
+    metrics_listen: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """``postgres``: a conninfo, to apply to PostgreSQL instead of SQLite in ``data``."""
     database = ["--postgres", postgres] if postgres else ["--data", data or "."]
-    args = ["worker", "--worker-id", worker_id, *_dc(dc), *database, *_listen(listen)]
+    args = ["worker", "--worker-id", worker_id, *_dc(dc), *database, *_listen(listen),
+            *_metrics(metrics_listen)]  # fmt: skip
     return [*args, *extra]
 
 

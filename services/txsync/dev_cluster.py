@@ -63,7 +63,7 @@ PROGRESS_EVERY_S = 5.0
 LOG_TAIL_LINES = 8
 DCS_MAX = 9
 WORKERS_MAX = 8
-"""Ports base+100n+11.. hold the workers: 8 fit below the next DC's range."""
+"""Ports base+100n+11.. hold the workers and +21.. their metrics: 8 fit in each range."""
 
 
 @dataclass(eq=False)
@@ -153,8 +153,8 @@ def layout_of(
 ) -> dict[str, Any]:
     """The cluster's shape; kept in cluster.json so that a restart resumes it. DC n uses
     ports base+100n+1 (store), +2 (coordinator), +3 (its metrics), +4 (dispatch), +5
-    (its metrics), +6 (the store's metrics) and +11... (workers); a witness runs no
-    workers."""
+    (its metrics), +6 (the store's metrics), +11... (workers) and +21... (their
+    metrics); a witness runs no workers."""
     nodes = [f"dc{n + 1}" for n in range(dcs)] + (["witness"] if witness else [])
     layout: dict[str, Any] = {"dcs": {}}
     for n, node in enumerate(nodes):
@@ -173,6 +173,9 @@ def layout_of(
             dc["dispatch_metrics"] = f"127.0.0.1:{base + 5}"
             dc["workers"] = {
                 f"{node}-w{w + 1}": f"127.0.0.1:{base + 11 + w}" for w in range(workers)
+            }
+            dc["worker_metrics"] = {
+                f"{node}-w{w + 1}": f"127.0.0.1:{base + 21 + w}" for w in range(workers)
             }
         layout["dcs"][node] = dc
     return layout
@@ -306,6 +309,7 @@ class DevCluster:
                         f"{worker_id} worker",
                         [*python, *worker_args(
                             worker_id, node, str(Path(dc["data"]) / worker_id), address,
+                            metrics_listen=dc.get("worker_metrics", {}).get(worker_id),
                             extra=extra.get("worker", []),
                         )],
                         Path(dc["data"]) / f"{worker_id}.log",
@@ -461,6 +465,7 @@ def _print_guide(
         role = "  (witness: votes and relays, takes no transactions)" if dc.get("witness") else ""
         say(f"  {node}: client API {dc['store']}   coordinator {dc['coordinator']}{role}")
         served = [dc[key] for key in ("store_metrics", "metrics", "dispatch_metrics") if key in dc]
+        served += dc.get("worker_metrics", {}).values()
         if served:
             say("       metrics " + "  ".join(f"http://{a}/metrics" for a in served))
         if dc.get("workers"):

@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from txsync.telemetry import work
 from txsync.telemetry.tracing import tracing_configured
 
 
@@ -57,16 +58,29 @@ class MalformedRequest:
         )
 
 
-def _safe_deserializer(message_class: type[Message]) -> Callable[[bytes], object]:
+def _safe_deserializer(message_class: type[Message], method: str) -> Callable[[bytes], object]:
     name = message_class.DESCRIPTOR.full_name
+    received = work.received
 
     def deserialize(data: bytes) -> object:
+        received[method] += 1
         try:
             return message_class.FromString(data)
         except DecodeError as error:
             return MalformedRequest(name, str(error))
 
     return deserialize
+
+
+def _counted_serializer(message_class: type[Message], method: str) -> Callable[[Any], bytes]:
+    sent = work.sent
+    serialize = message_class.SerializeToString
+
+    def counted(message: Any) -> bytes:
+        sent[method] += 1
+        return serialize(message)
+
+    return counted
 
 
 def add_service(
@@ -100,8 +114,8 @@ def add_service(
             implementation = _unimplemented(reason, streaming=method.server_streaming)
         handlers[method.name] = make(
             implementation,
-            request_deserializer=_safe_deserializer(request_class),
-            response_serializer=response_class.SerializeToString,
+            request_deserializer=_safe_deserializer(request_class, method.name),
+            response_serializer=_counted_serializer(response_class, method.name),
         )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)

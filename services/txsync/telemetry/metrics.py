@@ -17,6 +17,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import start_http_server
 
+from txsync.telemetry import work
 from txsync.telemetry.tracing import resource_attributes
 
 
@@ -38,6 +39,16 @@ class Metrics:
         self._provider = MeterProvider(resource=resource, metric_readers=[self._reader])
         self.meter: Meter = self._provider.get_meter("txsync")
         self._servers: list[Callable[[], None]] = []
+        self.meter.create_observable_counter(
+            "txsync.work",
+            callbacks=[_observe_work],
+            description="work done since start, by kind (fsyncs, log entries, ...)",
+        )
+        self.meter.create_observable_counter(
+            "txsync.rpc.messages",
+            callbacks=[_observe_messages],
+            description="gRPC messages this process's servers received and sent, by method",
+        )
 
     def counter(self, name: str, description: str, unit: str = "") -> Counter:
         return self.meter.create_counter(name, unit=unit, description=description)
@@ -74,3 +85,16 @@ def _observe(
         return [] if value is None else [Observation(value)]
 
     return callback
+
+
+def _observe_work(options: CallbackOptions) -> Iterable[Observation]:
+    return [Observation(work.counts[kind], {"kind": kind}) for kind in work.KINDS]
+
+
+def _observe_messages(options: CallbackOptions) -> Iterable[Observation]:
+    observed = [
+        Observation(n, {"method": method, "direction": direction})
+        for direction, counted in (("received", work.received), ("sent", work.sent))
+        for method, n in list(counted.items())
+    ]
+    return observed

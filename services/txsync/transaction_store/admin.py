@@ -8,7 +8,6 @@ gathers the other DCs' answers for the cluster view and for transaction lookups.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +16,7 @@ import grpc
 from txsync.access import forwarded_credentials
 from txsync.codec import base_to_proto
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
+from txsync.telemetry import work
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices, recompute_lag
 from txsync.transaction_store.service import record_to_get_response
 from txsync.transaction_store.store import TransactionStore
@@ -180,7 +180,7 @@ class AdminServicer:
             check_request(request)
         except ServiceError as error:
             await abort(context, error)
-        data = await asyncio.to_thread(self._store.files.current.read_bytes)
+        data = await work.in_thread(self._store.files.current.read_bytes)
         chunk = bytearray()
         for offset, payload in scan(data).frames:
             frame = data[offset : offset + HEADER.size + len(payload)]

@@ -30,6 +30,7 @@ from txsync.settings import (
     LOG_FILE_BYTES_MAX_DEFAULT,
     OPEN_BODY_BYTES_MAX_DEFAULT,
 )
+from txsync.telemetry import work
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord
 from txsync.transaction_store.tx_tracing import trace_history, trace_transitions
@@ -227,7 +228,7 @@ class TransactionStore:
     async def open(cls, config: StoreConfig) -> TransactionStore:
         """Recover the txlog (cutting and reporting a torn tail) and start the writer."""
         store = cls(config)
-        store.recovery = await asyncio.to_thread(store.files.recover, store._replay)
+        store.recovery = await work.in_thread(store.files.recover, store._replay)
         if store.bodies_repaired:
             log.warning("rewrote %d body files from the txlog", store.bodies_repaired)
         if store.recovery.torn_tail is not None:
@@ -272,7 +273,11 @@ class TransactionStore:
             future = self._writer.submit(encode_frame(batch.SerializeToString()))
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+        work.count(work.LOG_BATCHES)
+        work.count(work.LOG_ENTRIES, len(entries))
         for entry in entries:
+            if entry.HasField("state"):
+                work.count(work.STATE_ENTRIES)
             self.state.apply(entry)
         return _Staged(future, self._waited_among(entries) if self._waiters else ())
 
@@ -363,7 +368,7 @@ class TransactionStore:
             prepared.append((str(uuid.uuid4()), encoded))
         to_write = [item for item in prepared if not isinstance(item, StoreError)]
         if to_write:
-            await asyncio.to_thread(self._write_bodies, to_write)
+            await work.in_thread(self._write_bodies, to_write)
 
         results: list[Submitted | StoreError] = []
         entries: list[txlog_pb2.LogEntry] = []
@@ -423,7 +428,7 @@ class TransactionStore:
                 results.append(Submitted(tx_id, True, TxState.INCOMING))
             staged = self._stage(entries) if entries else None
         if unused:
-            await asyncio.to_thread(self._delete_bodies, unused)
+            await work.in_thread(self._delete_bodies, unused)
         if staged is not None:
             await self._durable(staged)
             self._tell_local_watchers(entries)
@@ -469,7 +474,7 @@ class TransactionStore:
     async def read_body(self, tx_id: str) -> common_pb2.TxBody | None:
         encoded = self.body_cache.get(tx_id)
         if encoded is None:
-            encoded = await asyncio.to_thread(self.bodies.read, tx_id)
+            encoded = await work.in_thread(self.bodies.read, tx_id)
         if encoded is None:
             return None
         body = common_pb2.TxBody()
@@ -779,7 +784,7 @@ class TransactionStore:
         }
         if not fresh:
             return [], refused
-        await asyncio.to_thread(self._write_bodies, ((t, h[0]) for t, h in fresh.items()))
+        await work.in_thread(self._write_bodies, ((t, h[0]) for t, h in fresh.items()))
         stored: list[str] = []
         traced: list[str] = []
         async with self._lock:
@@ -815,7 +820,7 @@ class TransactionStore:
             check_tx_id(tx_id)
         cached: list[bytes | None] = [self.body_cache.get(tx_id) for tx_id in tx_ids]
         if any(body is None for body in cached):
-            cached = await asyncio.to_thread(self._read_missing, tx_ids, cached)
+            cached = await work.in_thread(self._read_missing, tx_ids, cached)
         held: list[tuple[str, bytes, TxRecord]] = []
         for tx_id, body in zip(tx_ids, cached, strict=True):
             record = self.state.txs.get(tx_id)
@@ -1001,18 +1006,18 @@ class TransactionStore:
         # in the current log must be made durable first: most of them outside the lock,
         # the few submitted meanwhile inside it.
         early = list(self._unsynced_bodies)
-        await asyncio.to_thread(self.bodies.fsync_many, early)
+        await work.in_thread(self.bodies.fsync_many, early)
         async with self._lock:
             await self._writer.flush()
             late = list(self._unsynced_bodies.difference(early))
-            await asyncio.to_thread(self.bodies.fsync_many, late)
+            await work.in_thread(self.bodies.fsync_many, late)
             self._unsynced_bodies.clear()
             snapshot, dropped = self.state.snapshot(below_position)
-            backups = await asyncio.to_thread(self.files.rotate, snapshot, _now_ms())
+            backups = await work.in_thread(self.files.rotate, snapshot, _now_ms())
             entry = self._entry(snapshot=snapshot)
             self.state.apply(entry)
         if dropped:
-            await asyncio.to_thread(self._delete_bodies, dropped)
+            await work.in_thread(self._delete_bodies, dropped)
         log.info("txlog rotated: %d transactions truncated, %s", len(dropped), backups)
         return len(dropped), backups
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql as psql
 
+from txsync.telemetry import work
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     CONTENT_CHECK_EVERY_DEFAULT,
@@ -237,12 +238,14 @@ class PostgresBackend:
 
     def apply(self, position: int, tx_id: str, body: Transaction, *, run: bool = True) -> Outcome:
         with self._lock, self._conn.transaction():
+            work.count(work.DB_COMMITS)
             return self._apply_in_transaction(ToApply(position, tx_id, body, run))
 
     def apply_many(self, batch: Sequence[ToApply]) -> BatchApplied:
         assert 0 < len(batch) <= APPLY_BATCH_MAX
         outcomes: list[Outcome] = []
         with self._lock, self._conn.transaction():
+            work.count(work.DB_COMMITS)
             for item in batch:
                 try:
                     outcomes.append(self._apply_in_transaction(item))

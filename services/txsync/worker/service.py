@@ -21,7 +21,7 @@ import grpc
 from opentelemetry.trace import StatusCode
 
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
-from txsync.telemetry import context_of, tracer
+from txsync.telemetry import context_of, tracer, work
 from txsync.v1 import common_pb2, worker_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
@@ -124,7 +124,7 @@ class WorkerServicer:
                     for r in batch
                 ]
                 outcomes, out_of_order = (
-                    await asyncio.to_thread(self.backend.apply_many, to_apply)
+                    await work.in_thread(self.backend.apply_many, to_apply)
                     if to_apply
                     else ([], None)
                 )
@@ -202,7 +202,7 @@ class WorkerServicer:
         else:
             await self._wait_applied(request.after_position, timeout_s)
         try:
-            result = await asyncio.to_thread(
+            result = await work.in_thread(
                 self.backend.query, statement_from_proto(request.statement), max_rows
             )
         except QueryRefused as error:
@@ -264,7 +264,7 @@ class WorkerServicer:
         path = scratch / "export.snapshot"
         if request.resume_offset == 0 or self._exported is None or not path.exists():
             try:
-                self._exported = await asyncio.to_thread(backend.export_snapshot, path)
+                self._exported = await work.in_thread(backend.export_snapshot, path)
             except OSError as error:
                 await abort(context, ServiceError(grpc.StatusCode.INTERNAL, str(error)))
                 return
@@ -277,7 +277,7 @@ class WorkerServicer:
         with path.open("rb") as source:
             offset = 0
             while True:
-                data = await asyncio.to_thread(source.read, SNAPSHOT_CHUNK_BYTES)
+                data = await work.in_thread(source.read, SNAPSHOT_CHUNK_BYTES)
                 whole.update(data)
                 last = offset + len(data) >= total
                 if offset + len(data) > request.resume_offset or last:
@@ -330,7 +330,7 @@ class WorkerServicer:
         if chunk is None or not chunk.snapshot_digest:
             await abort(context, _invalid("the snapshot ended before its last chunk"))
             raise AssertionError("abort raises")
-        digest = await asyncio.to_thread(_file_digest, staging)
+        digest = await work.in_thread(_file_digest, staging)
         if digest != chunk.snapshot_digest:
             staging.unlink(missing_ok=True)
             await abort(
@@ -338,9 +338,9 @@ class WorkerServicer:
                 ServiceError(grpc.StatusCode.DATA_LOSS, "snapshot digest mismatch: discarded"),
             )
         try:
-            applied = await asyncio.to_thread(backend.replace_with, staging)
+            applied = await work.in_thread(backend.replace_with, staging)
         except OSError as error:
-            self.applied = await asyncio.to_thread(backend.applied)
+            self.applied = await work.in_thread(backend.applied)
             await abort(context, ServiceError(grpc.StatusCode.INTERNAL, str(error)))
             raise AssertionError("abort raises") from None
         self.applied = applied
@@ -354,7 +354,7 @@ class WorkerServicer:
     async def _wait_applied_tx(self, tx_id: str, timeout_s: float) -> None:
         if tx_id in self._recent:
             return
-        if await asyncio.to_thread(self.backend.position_of, tx_id) is not None:
+        if await work.in_thread(self.backend.position_of, tx_id) is not None:
             return  # applied before this process started
         await self._wait_until(
             lambda: tx_id in self._recent, f"{tx_id} not applied here", timeout_s
@@ -367,7 +367,7 @@ class WorkerServicer:
         self.last_heartbeat_s = time.monotonic()
         # From the database itself: an apply whose stream was cancelled may still have
         # committed. A worker whose database is blocked cannot answer, and so looks dead.
-        applied = await asyncio.to_thread(self.backend.applied)
+        applied = await work.in_thread(self.backend.applied)
         if applied.position > self.applied.position:
             self.applied = applied
             async with self._applied_changed:

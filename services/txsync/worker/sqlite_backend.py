@@ -37,6 +37,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from txsync.telemetry import work
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     CONTENT_CHECK_EVERY_DEFAULT,
@@ -217,6 +218,7 @@ class SqliteBackend:
                 conn.execute("ROLLBACK")
                 return self._recorded(position, tx_id)
             conn.execute("COMMIT")
+            work.count(work.DB_COMMITS)
             return outcome
 
     def apply_many(self, batch: Sequence[ToApply]) -> BatchApplied:
@@ -258,6 +260,7 @@ class SqliteBackend:
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            work.count(work.DB_COMMITS)
         return outcomes, failure
 
     def _apply_in_transaction(

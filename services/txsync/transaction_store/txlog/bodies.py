@@ -15,6 +15,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from txsync.telemetry import work
 from txsync.transaction_store.txlog.files import fsync_dir
 
 BODY_EXT = "pb"
@@ -43,6 +44,7 @@ class BodyStore:
         temporary = final.with_suffix(".tmp")
         with open(temporary, "wb") as out:
             out.write(gzip.compress(encoded, compresslevel=GZIP_LEVEL, mtime=0))
+        work.count(work.BODY_FILES)
         os.replace(temporary, final)
 
     def write_many(self, bodies: list[tuple[str, bytes]]) -> None:
@@ -60,6 +62,7 @@ class BodyStore:
                 continue
             try:
                 os.fsync(fd)
+                work.count(work.FSYNCS)
             finally:
                 os.close(fd)
             directories.add(path.parent)

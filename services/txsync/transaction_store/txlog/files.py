@@ -16,6 +16,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
+from txsync.telemetry import work
 from txsync.transaction_store.txlog.framing import (
     FRAME_PAYLOAD_BYTES_MAX,
     HEADER,
@@ -60,6 +61,7 @@ def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
+        work.count(work.FSYNCS)
     finally:
         os.close(fd)
 
@@ -150,6 +152,7 @@ class LogFiles:
             written = os.write(self._fd, view)
             view = view[written:]
         os.fsync(self._fd)
+        work.count(work.FSYNCS)
         self.current_bytes += len(data)
 
     def rotate(self, snapshot: txlog_pb2.Snapshot, at_unix_ms: int) -> list[str]:
@@ -164,6 +167,7 @@ class LogFiles:
             out.write(frame)
             out.flush()
             os.fsync(out.fileno())
+        work.count(work.FSYNCS)
         os.replace(temporary, path)
         fsync_dir(self.directory)
         self._close()

@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections import deque
 
+from txsync.telemetry import work
 from txsync.transaction_store.txlog.files import LogFiles
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class GroupCommitWriter:
                     batch.append((frame, future))
                     size += len(frame)
                 try:
-                    await asyncio.to_thread(self._files.append_sync, b"".join(f for f, _ in batch))
+                    await work.in_thread(self._files.append_sync, b"".join(f for f, _ in batch))
                 except OSError as error:
                     self.broken = f"txlog write failed: {error}"
                     log.critical("%s; refusing all further writes", self.broken)

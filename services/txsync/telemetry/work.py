@@ -1,0 +1,63 @@
+"""Counts of the work a process does, to divide by the transactions it handled.
+
+Issue 20 asks what a transaction costs in fsyncs, log entries, body files, thread hops
+and gRPC messages, per service; ``make bench-rpcs`` reads these counts from every
+process's ``/metrics`` before and after a loaded window and prints them per transaction.
+
+The counts are plain integers in one process-wide object (like ``prometheus_client``'s
+default registry): an increment costs tens of nanoseconds, far below the work it counts,
+so they are always on. Threads increment some of them (the txlog writer's fsyncs); a
+lost increment under a race would only make a benchmark figure one lower.
+
+gRPC messages are counted where every served method's messages pass anyway
+(``txsync.rpc.add_service``): received requests and sent responses, by method, at the
+server. Every message between TxSync processes has a server at one end, so summing the
+servers of a cluster counts each message once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+FSYNCS = "fsyncs"
+"""``fsync`` calls: txlog appends, body files and their directories."""
+LOG_BATCHES = "log_batches"
+"""Frames handed to the txlog's group-commit writer (each one ``LogBatch``)."""
+LOG_ENTRIES = "log_entries"
+"""Entries in those frames."""
+STATE_ENTRIES = "state_entries"
+"""Of those, entries that move one transaction's state (``TxStateChanged``)."""
+BODY_FILES = "body_files"
+"""Body files written (gzip, the seed's on-disk layout)."""
+THREAD_HOPS = "thread_hops"
+"""Calls handed to a worker thread (``asyncio.to_thread``) and awaited."""
+DB_COMMITS = "db_commits"
+"""Transactions committed to a worker's database (including position-only ones)."""
+
+KINDS = (FSYNCS, LOG_BATCHES, LOG_ENTRIES, STATE_ENTRIES, BODY_FILES, THREAD_HOPS, DB_COMMITS)
+
+counts: collections.Counter[str] = collections.Counter()
+"""Work done so far in this process, by kind (one of ``KINDS``)."""
+received: collections.Counter[str] = collections.Counter()
+"""gRPC messages received by this process's servers, by method name."""
+sent: collections.Counter[str] = collections.Counter()
+"""gRPC messages sent by this process's servers (responses, stream messages), by method."""
+
+
+def count(kind: str, n: int = 1) -> None:
+    counts[kind] += n
+
+
+Params = ParamSpec("Params")
+Result = TypeVar("Result")
+
+
+async def in_thread(
+    function: Callable[Params, Result], *args: Params.args, **kwargs: Params.kwargs
+) -> Result:
+    """``asyncio.to_thread``, counted as a thread hop."""
+    counts[THREAD_HOPS] += 1
+    return await asyncio.to_thread(function, *args, **kwargs)
