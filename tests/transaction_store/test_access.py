@@ -244,7 +244,7 @@ def test_a_dc_under_access_control_applies_and_its_worker_answers_only_services(
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
             beat = worker_pb2.HeartbeatRequest()
             assert _code(lambda: stub.Heartbeat(beat)) is grpc.StatusCode.UNAUTHENTICATED
-            apply = worker_pb2.ApplyRequest(position=2, tx_id="x", body=BODY)
+            apply = worker_pb2.ApplyRequest(position=2, tx_id="x", body=BODY.SerializeToString())
             without = _code(lambda: list(stub.Apply(iter([apply]))))
             assert without is grpc.StatusCode.UNAUTHENTICATED
             as_admin = _code(lambda: list(stub.Apply(iter([apply]), metadata=_as("admin"))))

@@ -339,8 +339,8 @@ def test_follow_enqueued_and_local_submit_watch(tmp_path: Path) -> None:
         followed: list[tuple[int, str]] = []
 
         async def follow() -> None:
-            async for position, record in store.follow_enqueued(1):
-                followed.append((position, record.tx_id))
+            async for ready in store.follow_enqueued(1):
+                followed.extend((position, record.tx_id) for position, record in ready)
                 if len(followed) == 2:
                     return
 
@@ -536,7 +536,7 @@ def test_membership_entries_come_one_at_a_time_and_only_from_the_admin_api(
         )
         await store.change_membership(common_pb2.MembershipChange(node_id="dc3"))
         followed = store.follow_enqueued(1, membership_only=True)
-        position, record = await anext(followed)
+        [(position, record)] = await anext(followed)
         assert (position, record.tx_id) == (1, meta.tx_id)
         await followed.aclose()
         for bad in (
@@ -616,7 +616,7 @@ def test_a_synced_body_whose_enqueue_a_crash_lost_is_enqueued_at_the_next_load(
         await asyncio.sleep(0)
         assert not waiting.done()
         await store.load_protocol_state()
-        position, record = await asyncio.wait_for(waiting, 60)
+        [(position, record)] = await asyncio.wait_for(waiting, 60)
         assert (position, record.tx_id, record.state) == (1, tx_id, TxState.ENQUEUED)
         await follow.aclose()
 

@@ -109,10 +109,12 @@ def test_sigterm_stops_a_worker_in_the_middle_of_a_statement(tmp_path: Path) -> 
             table = worker_pb2.ApplyRequest(
                 position=1,
                 tx_id="tx1",
-                body=transaction_to_proto(_body("CREATE TABLE t (x INTEGER)")),
+                body=transaction_to_proto(_body("CREATE TABLE t (x INTEGER)")).SerializeToString(),
             )
             endless = worker_pb2.ApplyRequest(
-                position=2, tx_id="tx2", body=transaction_to_proto(_body(ENDLESS))
+                position=2,
+                tx_id="tx2",
+                body=transaction_to_proto(_body(ENDLESS)).SerializeToString(),
             )
             gate = threading.Event()
 

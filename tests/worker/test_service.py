@@ -34,7 +34,8 @@ def _requests(
 ) -> Iterator[worker_pb2.ApplyRequest]:
     for position in range(first, last + 1):
         yield worker_pb2.ApplyRequest(
-            position=position, tx_id=f"tx-{position}", body=request_body_at(position),
+            position=position, tx_id=f"tx-{position}",
+            body=request_body_at(position).SerializeToString(),
             skip=position in skip,
         )  # fmt: skip
 

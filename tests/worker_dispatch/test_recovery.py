@@ -107,7 +107,11 @@ def test_outcomes_a_crash_left_unrecorded_are_reported_after_a_restart(dc: Dc) -
     with grpc.insecure_channel(dc.store) as channel:
         store = store_pb2_grpc.StoreInternalServiceStub(channel)
         follow = store.FollowEnqueued(store_pb2.FollowEnqueuedRequest(from_position=1))
-        entries = [entry for _, entry in zip(ids, follow, strict=False)]  # ids end first
+        entries: list[store_pb2.EnqueuedTx] = []
+        for ready in follow:  # in batches of every position ready
+            entries.extend(ready.txs)
+            if len(entries) >= len(ids):
+                break
         follow.cancel()
         # What the crashed dispatch had recorded: TESTING, and no outcome.
         store.AdvanceStates(

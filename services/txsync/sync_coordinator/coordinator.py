@@ -947,14 +947,15 @@ class Coordinator:
         while True:
             request = store_pb2.FollowEnqueuedRequest(from_position=fed + 1, membership_only=True)
             try:
-                async for entry in self.store.FollowEnqueued(request):
-                    change = entry.body.membership
-                    fed = entry.position
-                    await self.events.put(
-                        ConfigChangeSynced(
-                            entry.position, ConfigChange(change.node_id, change.weight, change.url)
+                async for ready in self.store.FollowEnqueued(request):
+                    for tx in ready.txs:
+                        change = common_pb2.TxBody.FromString(tx.body).membership
+                        fed = tx.position
+                        await self.events.put(
+                            ConfigChangeSynced(
+                                tx.position, ConfigChange(change.node_id, change.weight, change.url)
+                            )
                         )
-                    )
             except grpc.aio.AioRpcError as error:
                 log.warning("membership follower ended (%s); retrying", error.code().name)
             await asyncio.sleep(0.5)
@@ -969,16 +970,17 @@ class Coordinator:
                 from_position=followed + 1, finished_only=True
             )
             try:
-                async for entry in self.store.FollowEnqueued(request):
-                    followed = entry.position
-                    self.outcomes.add_own(
-                        Finished(
-                            entry.position,
-                            entry.meta.tx_id,
-                            entry.state == common_pb2.TX_STATE_OK,
-                            entry.outcome.state_digest,
+                async for ready in self.store.FollowEnqueued(request):
+                    for tx in ready.txs:
+                        followed = tx.position
+                        self.outcomes.add_own(
+                            Finished(
+                                tx.position,
+                                tx.meta.tx_id,
+                                tx.state == common_pb2.TX_STATE_OK,
+                                tx.outcome.state_digest,
+                            )
                         )
-                    )
             except grpc.aio.AioRpcError as error:
                 log.warning("outcome follower ended (%s); retrying", error.code().name)
             await asyncio.sleep(0.5)

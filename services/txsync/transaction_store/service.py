@@ -51,6 +51,9 @@ from txsync.v1 import (
     store_pb2_grpc,
 )
 
+FOLLOW_BODY_BYTES_MAX = 4 * 1024 * 1024
+"""Bodies per FollowEnqueued message: a batch over it is split (a body alone may be
+BODY_BYTES_MAX, which still fits gRPC's MESSAGE_BYTES_MAX)."""
 PERSIST_STEPS_AHEAD_MAX = 64
 """Steps of one PersistSteps stream staged but not yet answered; the stream's reader
 waits beyond it (the coordinator keeps fewer than this in flight)."""
@@ -475,27 +478,36 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         request: store_pb2.FollowEnqueuedRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[store_pb2.FollowEnqueuedResponse]:
+        store = self._store
         try:
             check_request(request)
-            async for position, record in self._store.follow_enqueued(
+            async for ready in store.follow_enqueued(
                 request.from_position,
                 membership_only=request.membership_only,
                 finished_only=request.finished_only,
                 from_first_unfinished=request.from_first_unfinished,
             ):
-                body = None if request.finished_only else await self._store.read_body(record.tx_id)
-                state = record.state
-                response = store_pb2.FollowEnqueuedResponse(
-                    position=position,
-                    traceparent=record.traceparent,
-                    state=common_pb2.TxState.ValueType(state.value if state else 0),
-                )
-                if record.outcome is not None:
-                    response.outcome.CopyFrom(record.outcome)
-                if record.meta is not None:
-                    response.meta.CopyFrom(meta_to_proto(record.meta))
-                if body is not None:
-                    response.body.CopyFrom(body)
+                response = store_pb2.FollowEnqueuedResponse()
+                body_bytes = 0
+                for position, record in ready:
+                    body = b""
+                    if not request.finished_only:
+                        body = await store.read_encoded_body(record.tx_id) or b""
+                    if response.txs and body_bytes + len(body) > FOLLOW_BODY_BYTES_MAX:
+                        yield response
+                        response, body_bytes = store_pb2.FollowEnqueuedResponse(), 0
+                    body_bytes += len(body)
+                    state = record.state
+                    tx = response.txs.add(
+                        position=position,
+                        traceparent=record.traceparent,
+                        state=common_pb2.TxState.ValueType(state.value if state else 0),
+                        body=body,
+                    )
+                    if record.outcome is not None:
+                        tx.outcome.CopyFrom(record.outcome)
+                    if record.meta is not None:
+                        tx.meta.CopyFrom(meta_to_proto(record.meta))
                 yield response
         except StoreError as error:
             await abort(context, error)

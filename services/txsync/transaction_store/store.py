@@ -104,6 +104,8 @@ class LocalSubmit:
     traceparent: str
 
 
+FOLLOW_BATCH_MAX = 256
+"""Positions per batch that ``follow_enqueued`` yields (one stream message each)."""
 LOCAL_WATCHERS_MAX = 8
 """Concurrent ``watch_local_submits`` streams (one per coordinator incarnation)."""
 WAITS_MAX = 10_000
@@ -472,14 +474,20 @@ class TransactionStore:
         return record
 
     async def read_body(self, tx_id: str) -> common_pb2.TxBody | None:
-        encoded = self.body_cache.get(tx_id)
-        if encoded is None:
-            encoded = await work.in_thread(self.bodies.read, tx_id)
+        encoded = await self.read_encoded_body(tx_id)
         if encoded is None:
             return None
         body = common_pb2.TxBody()
         body.ParseFromString(encoded)
         return body
+
+    async def read_encoded_body(self, tx_id: str) -> bytes | None:
+        """The body as it was submitted (an encoded ``TxBody``), or None if not held:
+        what passes a body on (to dispatch, to a peer) without decoding it."""
+        encoded = self.body_cache.get(tx_id)
+        if encoded is None:
+            encoded = await work.in_thread(self.bodies.read, tx_id)
+        return encoded
 
     async def wait(
         self, tx_id: str, state: TxState, timeout_s: float
@@ -912,30 +920,37 @@ class TransactionStore:
         membership_only: bool = False,
         finished_only: bool = False,
         from_first_unfinished: bool = False,
-    ) -> AsyncGenerator[tuple[int, TxRecord], None]:
-        """Yield each synced position from ``from_position`` once it is ENQUEUED or later
-        (``membership_only``: only the membership entries, still strictly in order;
-        ``from_first_unfinished``: from the first position not yet OK or FAILED if that
-        comes earlier)."""
+    ) -> AsyncGenerator[list[tuple[int, TxRecord]], None]:
+        """Yield the synced positions from ``from_position`` on once each is ENQUEUED or
+        later, as lists of every position ready by then, in order (at most
+        ``FOLLOW_BATCH_MAX``). ``membership_only``: only the membership entries, still
+        strictly in order; ``finished_only``: once OK or FAILED; ``from_first_unfinished``:
+        from the first position not yet OK or FAILED if that comes earlier."""
         position = max(1, from_position)
         if from_first_unfinished:
             position = min(position, self.first_unfinished_position())
+        wanted = TxState.OK if finished_only else TxState.ENQUEUED
+        state_txs, txs = self.state, self.state.txs
         while True:
             changed = self._changed
-            meta = self.state.synced_at(position - 1)
-            if meta is None and position <= self.state.synced_offset:
-                raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION, f"position {position} was truncated"
-                )
-            record = self.state.txs.get(meta.tx_id) if meta is not None else None
-            state = record.state if record is not None else None
-            wanted = TxState.OK if finished_only else TxState.ENQUEUED
-            if record is not None and state is not None and state >= wanted:
+            ready: list[tuple[int, TxRecord]] = []
+            while len(ready) < FOLLOW_BATCH_MAX:
+                meta = state_txs.synced_at(position - 1)
+                if meta is None and position <= state_txs.synced_offset:
+                    raise StoreError(
+                        grpc.StatusCode.FAILED_PRECONDITION, f"position {position} was truncated"
+                    )
+                record = txs.get(meta.tx_id) if meta is not None else None
+                state = record.state if record is not None else None
+                if record is None or state is None or state < wanted:
+                    break
                 if record.membership or not membership_only:
-                    yield position, record
+                    ready.append((position, record))
                 position += 1
-                continue
-            await changed.wait()
+            if ready:
+                yield ready
+            else:
+                await changed.wait()
 
     def first_unfinished_position(self) -> int:
         """The first synced position (1-based) not yet OK or FAILED; one past the end if

@@ -854,6 +854,30 @@ Global___FollowEnqueuedRequest: _TypeAlias = FollowEnqueuedRequest  # noqa: Y015
 class FollowEnqueuedResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    TXS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def txs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EnqueuedTx]:
+        """The next transactions, in synced order: every one ready when the message was sent,
+        at most 256 and about 4 MiB of bodies (one message per batch, not per transaction).
+        """
+
+    def __init__(
+        self,
+        *,
+        txs: _abc.Iterable[Global___EnqueuedTx] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["txs", b"txs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowEnqueuedResponse: _TypeAlias = FollowEnqueuedResponse  # noqa: Y015
+
+@_typing.final
+class EnqueuedTx(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
     POSITION_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
@@ -861,6 +885,10 @@ class FollowEnqueuedResponse(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     position: _builtins.int
+    body: _builtins.bytes
+    """The encoded TxBody, as submitted (empty with finished_only): passed on to workers
+    as bytes, decoded only where it is run.
+    """
     traceparent: _builtins.str
     """W3C traceparent of the transaction's trace."""
     state: _common_pb2.TxState.ValueType
@@ -870,8 +898,6 @@ class FollowEnqueuedResponse(_message.Message):
     @_builtins.property
     def meta(self) -> _common_pb2.TxMeta: ...
     @_builtins.property
-    def body(self) -> _common_pb2.TxBody: ...
-    @_builtins.property
     def outcome(self) -> _common_pb2.Outcome:
         """The DC's outcome, once OK or FAILED."""
 
@@ -880,13 +906,13 @@ class FollowEnqueuedResponse(_message.Message):
         *,
         position: _builtins.int = ...,
         meta: _common_pb2.TxMeta | None = ...,
-        body: _common_pb2.TxBody | None = ...,
+        body: _builtins.bytes = ...,
         traceparent: _builtins.str = ...,
         state: _common_pb2.TxState.ValueType = ...,
         outcome: _common_pb2.Outcome | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "body", b"body", "meta", b"meta", "outcome", b"outcome"
+        "meta", b"meta", "outcome", b"outcome"
     ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
@@ -906,7 +932,7 @@ class FollowEnqueuedResponse(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___FollowEnqueuedResponse: _TypeAlias = FollowEnqueuedResponse  # noqa: Y015
+Global___EnqueuedTx: _TypeAlias = EnqueuedTx  # noqa: Y015
 
 @_typing.final
 class AdvanceStatesRequest(_message.Message):

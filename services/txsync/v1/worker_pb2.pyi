@@ -32,22 +32,24 @@ class ApplyRequest(_message.Message):
     position: _builtins.int
     """Synced position (1-based); must be the worker's applied position + 1."""
     tx_id: _builtins.str
+    body: _builtins.bytes
+    """The encoded TxBody (bytes on the wire as an embedded TxBody is: a worker of an
+    earlier version reads the same field), decoded once, here.
+    """
     traceparent: _builtins.str
     """W3C traceparent of the transaction's trace."""
     skip: _builtins.bool
     """The DC's testing worker failed it: record it FAILED at this position without running."""
-    @_builtins.property
-    def body(self) -> _common_pb2.TxBody: ...
     def __init__(
         self,
         *,
         position: _builtins.int = ...,
         tx_id: _builtins.str = ...,
-        body: _common_pb2.TxBody | None = ...,
+        body: _builtins.bytes = ...,
         traceparent: _builtins.str = ...,
         skip: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "body",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import grpc
+from google.protobuf.message import DecodeError
 from opentelemetry.trace import StatusCode
 
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
@@ -32,6 +33,7 @@ from txsync.worker.backend import (
 )
 from txsync.worker.outcomes import Applied, Outcome
 from txsync.worker.transactions import (
+    Transaction,
     param_to_proto,
     statement_from_proto,
     transaction_from_proto,
@@ -52,6 +54,16 @@ in flight, far fewer; past this gRPC's flow control holds the sender back)."""
 
 class _EndOfStream:
     """The request stream ended (or the caller broke it off)."""
+
+
+def _transaction_of(encoded: bytes) -> Transaction:
+    """An ApplyRequest's body, decoded: the one place a worker parses it."""
+    try:
+        return transaction_from_proto(common_pb2.TxBody.FromString(encoded))
+    except DecodeError as error:
+        raise ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"body: not a valid TxBody ({error})"
+        ) from None
 
 
 async def _read_into(
@@ -112,17 +124,18 @@ class WorkerServicer:
                         break
                     batch.append(request)
                 failure: ServiceError | None = None
+                to_apply: list[ToApply] = []
                 for index, request in enumerate(batch):
                     try:
                         check_request(request)
+                        transaction = _transaction_of(request.body)
                     except ServiceError as error:
                         batch, failure = batch[:index], error  # apply what came before it
                         break
+                    to_apply.append(
+                        ToApply(request.position, request.tx_id, transaction, not request.skip)
+                    )
                 started_ns = time.time_ns()
-                to_apply = [
-                    ToApply(r.position, r.tx_id, transaction_from_proto(r.body), not r.skip)
-                    for r in batch
-                ]
                 outcomes, out_of_order = (
                     await work.in_thread(self.backend.apply_many, to_apply)
                     if to_apply

@@ -391,21 +391,18 @@ class Dispatch:
         request = store_pb2.FollowEnqueuedRequest(
             from_position=machine.start, from_first_unfinished=True
         )
-        async for entry in self.store.FollowEnqueued(request):
-            apply = worker_pb2.ApplyRequest(
-                position=entry.position,
-                tx_id=entry.meta.tx_id,
-                body=entry.body,
-                traceparent=entry.traceparent,
-            )
-            decided = Entry(
-                entry.position,
-                entry.meta.tx_id,
-                TxState(entry.state),
-                entry.outcome.state_digest,
-                apply,
-            )
-            await self._carry_out(machine.entry(decided), queues, None)
+        async for ready in self.store.FollowEnqueued(request):
+            for tx in ready.txs:
+                apply = worker_pb2.ApplyRequest(
+                    position=tx.position,
+                    tx_id=tx.meta.tx_id,
+                    body=tx.body,  # encoded: only the worker decodes it
+                    traceparent=tx.traceparent,
+                )
+                decided = Entry(
+                    tx.position, tx.meta.tx_id, TxState(tx.state), tx.outcome.state_digest, apply
+                )
+                await self._carry_out(machine.entry(decided), queues, None)
 
     async def _carry_out(
         self,
