@@ -21,7 +21,8 @@ from pathlib import Path
 
 from bench.suite import Timing, measure, probe
 from bench.systems import TxSyncSystem
-from txsync.pipeline.txlog_rows import entries_of_dc, state_name
+from txsync.pipeline.txlog_rows import entries_of_dc
+from txsync.transaction_store.state import StoreState
 
 Times = dict[tuple[str, str], int]
 """(dc, what) -> at_unix_ms of the first such entry."""
@@ -32,6 +33,7 @@ def read_times(dcs: dict[str, Path]) -> tuple[dict[str, Times], dict[str, str]]:
     times: dict[str, Times] = collections.defaultdict(dict)
     origins: dict[str, str] = {}
     for dc, data in dcs.items():
+        replayed = StoreState(dc)  # the states, the implied ones too (``state.py``)
         for entry in entries_of_dc(data):
             kind, at = entry.WhichOneof("entry"), entry.at_unix_ms
             if kind == "submitted":
@@ -44,8 +46,9 @@ def read_times(dcs: dict[str, Path]) -> tuple[dict[str, Times], dict[str, str]]:
             elif kind == "synced":
                 for meta in entry.synced.metas:
                     times[meta.tx_id].setdefault((dc, "synced"), at)
-            elif kind == "state":
-                times[entry.state.tx_id].setdefault((dc, state_name(entry.state.state)), at)
+            for moved in replayed.apply(entry):
+                step = moved.step
+                times[moved.record.tx_id].setdefault((dc, step.state.name), step.at_unix_ms)
     return times, origins
 
 

@@ -16,6 +16,7 @@ import pytest
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.transaction_store import store as store_module
+from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.store import (
     LocalSubmit,
     ProtocolStep,
@@ -25,7 +26,7 @@ from txsync.transaction_store.store import (
 )
 from txsync.transaction_store.txlog.bodies import body_digest
 from txsync.transaction_store.validation import StoreError, nondeterminism
-from txsync.v1 import common_pb2
+from txsync.v1 import common_pb2, txlog_pb2
 
 T = TypeVar("T")
 
@@ -120,21 +121,28 @@ def test_skipped_transitions_are_refused(
 
 
 def test_backward_transition_is_refused_and_repeat_is_a_no_op(tmp_path: Path) -> None:
+    """A repeat changes nothing, and a step back is refused, except for a coordinator's
+    ENQUEUED behind the dispatch: the store enqueued it at the body's record already
+    (an implied state), and the core's own ENQUEUED may follow after TESTING."""
+
     async def scenario(store: TransactionStore) -> None:
         tx_id = (await store.submit(_body())).tx_id
         await _sync_local(store, tx_id, 1)
         await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd")
         await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd")  # retry
+        await store.persist_step(
+            ProtocolStep(changes=[StateChangeRequest(tx_id, TxState.ENQUEUED)], service="sc")
+        )
+        await store.advance_states([StateChangeRequest(tx_id, TxState.OK, _ok(tx_id))], "wd")
         with pytest.raises(StoreError) as caught:
             await store.persist_step(
-                ProtocolStep(
-                    changes=[StateChangeRequest(tx_id, TxState.ENQUEUED)],
-                    service="sc",
-                )
+                ProtocolStep(changes=[StateChangeRequest(tx_id, TxState.TESTING)], service="sc")
             )
         assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
-        assert "TESTING -> ENQUEUED" in caught.value.message
-        assert len(store.get(tx_id).history) == 4
+        assert "OK -> TESTING" in caught.value.message
+        states = [step.state for step in store.get(tx_id).history]
+        assert states == [TxState.INCOMING, TxState.ACCEPTED, TxState.ENQUEUED, TxState.TESTING,
+                          TxState.OK]  # fmt: skip
 
     _run(tmp_path, scenario)
 
@@ -180,7 +188,7 @@ def test_bad_protocol_steps_change_nothing(tmp_path: Path) -> None:
              grpc.StatusCode.ALREADY_EXISTS, "already synced"),
             (dict(incoming=[meta]), grpc.StatusCode.ALREADY_EXISTS, "already synced"),
             (dict(changes=[StateChangeRequest(other.tx_id, TxState.ACCEPTED)]),
-             grpc.StatusCode.FAILED_PRECONDITION, "unknown -> ACCEPTED"),
+             grpc.StatusCode.FAILED_PRECONDITION, "cannot be ACCEPTED: its meta is not known"),
             # A valid counter with an invalid change: the whole step is refused.
             (dict(counter=50, changes=[StateChangeRequest(tx_id, TxState.OK, _ok())]),
              grpc.StatusCode.FAILED_PRECONDITION, "ENQUEUED -> OK"),
@@ -580,12 +588,13 @@ def test_statements_that_differ_per_worker_are_refused_at_submit(
     _run(tmp_path / "allowed", lambda store: store.submit(_body(sql)), allow_nondeterministic=True)
 
 
-def test_a_synced_body_whose_enqueue_a_crash_lost_is_enqueued_at_the_next_load(
+def test_a_synced_body_is_enqueued_by_its_own_record_with_no_coordinator_step(
     tmp_path: Path,
 ) -> None:
-    """The state a coordinator killed between a body's record and its next step leaves
-    (found by the nemesis run): synced, ACCEPTED, body held. The core hears only of
-    synced entries without a body, so only the store can move it on: at the load."""
+    """ENQUEUED follows from two durable facts, the synced append and the body's record,
+    and is written by neither: a coordinator killed between a body's record and its next
+    step (the nemesis run once found 14 positions stranded ACCEPTED so) leaves it
+    ENQUEUED, and a restart finds it so."""
 
     async def synced_then_body(store: TransactionStore) -> str:
         tx_id = str(uuid.uuid4())
@@ -603,26 +612,86 @@ def test_a_synced_body_whose_enqueue_a_crash_lost_is_enqueued_at_the_next_load(
                 service="sync-coordinator",
             )
         )
-        encoded = _body().SerializeToString()
-        assert await store.store_body(tx_id, encoded, body_digest(encoded))
-        return tx_id  # and the coordinator dies before stepping BodyAcquired
-
-    tx_id = _run(tmp_path, synced_then_body)
-
-    async def reload(store: TransactionStore) -> None:
-        assert store.state.txs[tx_id].state is TxState.ACCEPTED  # stranded across restarts
+        assert store.state.txs[tx_id].state is TxState.ACCEPTED
         follow = store.follow_enqueued(1)
         waiting = asyncio.ensure_future(anext(follow))
         await asyncio.sleep(0)
         assert not waiting.done()
-        await store.load_protocol_state()
+        encoded = _body().SerializeToString()
+        assert await store.store_body(tx_id, encoded, body_digest(encoded))
         [(position, record)] = await asyncio.wait_for(waiting, 60)
         assert (position, record.tx_id, record.state) == (1, tx_id, TxState.ENQUEUED)
         await follow.aclose()
+        return tx_id  # and the coordinator dies before stepping BodyAcquired
 
-    _run(tmp_path, reload)
+    tx_id = _run(tmp_path, synced_then_body)
 
     async def after_restart(store: TransactionStore) -> None:
-        assert store.state.txs[tx_id].state is TxState.ENQUEUED  # durable
+        record = store.state.txs[tx_id]
+        states = [(step.state, step.service) for step in record.history]
+        assert states == [
+            (TxState.INCOMING, "sync-coordinator"),
+            (TxState.ACCEPTED, "sync-coordinator"),
+            (TxState.ENQUEUED, "sync-coordinator"),
+        ]
+        await store.load_protocol_state()
+        assert store.state.txs[tx_id].state is TxState.ENQUEUED
 
     _run(tmp_path, after_restart)
+
+
+def test_implied_states_cost_no_entries_and_old_logs_replay_the_same(tmp_path: Path) -> None:
+    """A step that learns, syncs and holds a transaction writes its meta and synced
+    append but no state entry; a log written before (the same facts followed by the
+    coordinator's INCOMING, ACCEPTED and ENQUEUED entries) replays to the same history."""
+    tx_id = str(uuid.uuid4())
+    meta = TxMeta(1, tx_id, "dc2")
+    encoded = _body().SerializeToString()
+
+    async def scenario(store: TransactionStore) -> list[txlog_pb2.LogEntry]:
+        assert await store.store_body(tx_id, encoded, body_digest(encoded))
+        staged = await store.stage_step(
+            ProtocolStep(
+                counter=1,
+                incoming=[meta],
+                synced_start=store.state.merge_base,
+                synced=[meta],
+                changes=[
+                    StateChangeRequest(tx_id, TxState.INCOMING),
+                    StateChangeRequest(tx_id, TxState.ACCEPTED),
+                    StateChangeRequest(tx_id, TxState.ENQUEUED),
+                ],
+            )
+        )
+        await store.finish_step(staged)
+        assert [e.WhichOneof("entry") for e in staged.entries] == ["counter", "meta_known",
+                                                                   "synced"]  # fmt: skip
+        assert store.state.txs[tx_id].state is TxState.ENQUEUED
+        return staged.entries
+
+    entries = _run(tmp_path, scenario)
+    old_style = [
+        *entries,
+        *(
+            txlog_pb2.LogEntry(
+                at_unix_ms=entries[-1].at_unix_ms + 5,
+                state=txlog_pb2.StateMoved(
+                    tx_id=tx_id, state=common_pb2.TxState.ValueType(s), service="sync-coordinator"
+                ),
+            )
+            for s in (TxState.INCOMING, TxState.ACCEPTED, TxState.ENQUEUED)
+        ),
+    ]
+    new, old = StoreState("dc1"), StoreState("dc1")
+    for replayed, log in ((new, entries), (old, old_style)):
+        replayed.apply(
+            txlog_pb2.LogEntry(
+                body_stored=txlog_pb2.BodyStored(
+                    tx_id=tx_id, body_digest=body_digest(encoded), body_bytes=len(encoded)
+                )
+            )
+        )
+        moved = [m for entry in log for m in replayed.apply(entry)]
+        assert [m.step.state for m in moved] == [TxState.INCOMING, TxState.ACCEPTED,
+                                                 TxState.ENQUEUED]  # fmt: skip
+    assert new.txs[tx_id].history == old.txs[tx_id].history

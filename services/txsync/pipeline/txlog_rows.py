@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.txlog.framing import scan
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -34,10 +35,6 @@ def txlog_files(dc_data: Path) -> list[Path]:
         return kind, int(digits or 0)
 
     return sorted(directory.glob("*.dat"), key=stamp)
-
-
-def state_name(value: int) -> str:
-    return common_pb2.TxState.Name(common_pb2.TxState.ValueType(value)).removeprefix("TX_STATE_")
 
 
 def rows_of_dc(dc: str, dc_data: Path) -> Iterator[tuple[str, Row]]:
@@ -64,21 +61,25 @@ def _entries(payloads: Iterable[bytes]) -> Iterator[txlog_pb2.LogEntry]:
 
 
 def rows_of_payloads(dc: str, payloads: Iterable[bytes]) -> Iterator[tuple[str, Row]]:
-    """Every row of a DC's txlog frames' payloads (``LogBatch``es), oldest first."""
+    """Every row of a DC's txlog frames' payloads (``LogBatch``es), oldest first. The
+    transitions are the store's own: replayed through its ``StoreState``, which also
+    makes the ones a synced append or a body implies without an entry of their own."""
     seen_positions: set[int] = set()
     known: set[str] = set()
+    replayed = StoreState(dc)
     for entry in _entries(payloads):
         yield from _rows_of_entry(dc, entry, seen_positions, known)
+        for moved in replayed.apply(entry):
+            step = moved.step
+            yield "transitions", (dc, moved.record.tx_id, step.state.name, step.at_unix_ms,
+                                  step.service)  # fmt: skip
 
 
 def _rows_of_entry(
     dc: str, entry: txlog_pb2.LogEntry, seen: set[int], known: set[str]
 ) -> Iterator[tuple[str, Row]]:
     kind = entry.WhichOneof("entry")
-    at = entry.at_unix_ms
-    if kind == "submitted":
-        yield "transitions", (dc, entry.submitted.tx_id, "INCOMING", at, "transaction-store")
-    elif kind == "meta_known":
+    if kind == "meta_known":
         meta = entry.meta_known.meta
         if meta.tx_id not in known:
             known.add(meta.tx_id)
@@ -91,9 +92,6 @@ def _rows_of_entry(
         snapshot = entry.snapshot
         for offset, meta in enumerate(snapshot.synced):
             yield from _synced(dc, snapshot.synced_offset + offset + 1, meta, seen, known)
-    elif kind == "state":
-        moved = entry.state
-        yield "transitions", (dc, moved.tx_id, state_name(moved.state), at, moved.service)
 
 
 def _synced(

@@ -38,6 +38,7 @@ from txsync.protocol.limits import MEMBERS_MAX, Limits, Timing
 from txsync.protocol.model import (
     ALLOWED_TRANSITIONS,
     GENESIS_TX_ID,
+    IMPLIED_STATES,
     Ballot,
     ConfigChange,
     Configuration,
@@ -67,6 +68,7 @@ from txsync.protocol.queues import IncomingQueue, SyncedQueue, addable_prefix
 __all__ = [
     "ALLOWED_TRANSITIONS",
     "GENESIS_TX_ID",
+    "IMPLIED_STATES",
     "MEMBERS_MAX",
     "Ballot",
     "BodyAcquired",

@@ -279,5 +279,11 @@ ALLOWED_TRANSITIONS: dict[TxState | None, frozenset[TxState]] = {
 """The lifecycle as data: the states each state may move to next (``None``: unknown tx)."""
 
 
+IMPLIED_STATES = frozenset({TxState.INCOMING, TxState.ACCEPTED, TxState.ENQUEUED})
+"""States a node reaches by a fact it records anyway (the meta, the synced append, the
+body): its transaction-store makes these transitions itself, with no entry of their own
+(``transaction_store/state.py``), so the coordinator does not send them."""
+
+
 def is_allowed_transition(current: TxState | None, new: TxState) -> bool:
     return new in ALLOWED_TRANSITIONS[current]

@@ -34,6 +34,7 @@ from opentelemetry import context as otel_context
 
 from txsync.codec import ballot_from_proto, ballot_to_proto, proposal_from_proto, proposal_to_proto
 from txsync.protocol import (
+    IMPLIED_STATES,
     Ballot,
     BodyAcquired,
     ConfigChange,
@@ -794,11 +795,14 @@ class Coordinator:
             counter=merged.counter,
             incoming=[meta_to_proto(m) for m in merged.incoming],
             synced=[meta_to_proto(m) for m in merged.synced],
+            # The store makes the core's INCOMING, ACCEPTED and ENQUEUED itself, from the
+            # metas, synced append and bodies it records: those are not sent.
             state_changes=[
                 store_pb2.StateChange(
                     tx_id=c.tx_id, state=common_pb2.TxState.ValueType(c.state.value)
                 )
                 for c in merged.changes
+                if c.state not in IMPLIED_STATES
             ],
             service=SERVICE,
         )

@@ -4,6 +4,22 @@
 appended and when the log is replayed, so that what a restarted store knows is exactly
 what it knew before. ``apply`` trusts its input: the store validates every request
 before it builds entries (``store.py``).
+
+**Implied transitions.** A state that follows from another durable fact is not written
+as an entry of its own (issue 20: it was two thirds of the log's entries):
+
+- a meta learned (``meta_known``) makes an unknown transaction INCOMING, as a submit does;
+- a synced append makes each of its transactions ACCEPTED (INCOMING first if it was
+  unknown), and ENQUEUED at once if its body is held;
+- a body stored for an ACCEPTED transaction makes it ENQUEUED.
+
+These are exactly the protocol core's own rules (``ProtocolNode``: INCOMING on a new
+meta, ACCEPTED on the synced append, ENQUEUED once synced and acquired), so the states
+and their order are what they were; each implied step carries the entry's time and
+``IMPLIED_BY`` as its service. Logs written before still hold those transitions as
+``state`` entries: replayed after the implied ones, each is a state already reached,
+and a state at or before the current one is a no-op. ``apply`` returns the transitions
+it made, for the spans (``tx_tracing``), the waiters and the pipeline's rows.
 """
 
 from __future__ import annotations
@@ -16,6 +32,9 @@ from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.v1 import common_pb2, txlog_pb2
 
 FINAL_STATES = frozenset({TxState.OK, TxState.FAILED})
+IMPLIED_BY = "sync-coordinator"
+"""The service named in the history for an implied transition: the coordinator wrote
+the fact (meta, synced append, body) that implies it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +68,32 @@ class TxRecord:
     @property
     def state(self) -> TxState | None:
         return self.history[-1].state if self.history else None
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """A transition ``apply`` made: the record's history step at ``index``."""
+
+    record: TxRecord
+    index: int
+
+    @property
+    def step(self) -> Step:
+        return self.record.history[self.index]
+
+
+def implied_by_sync(record: TxRecord) -> tuple[TxState, ...]:
+    """The states a synced append moves ``record`` through (``record.state`` is its
+    state before)."""
+    state = record.state
+    path: tuple[TxState, ...] = ()
+    if state is None:
+        path = (TxState.INCOMING, TxState.ACCEPTED)
+    elif state is TxState.INCOMING:
+        path = (TxState.ACCEPTED,)
+    elif state is not TxState.ACCEPTED:
+        return ()  # already past ACCEPTED: nothing is implied
+    return (*path, TxState.ENQUEUED) if record.body_held else path
 
 
 class StoreState:
@@ -116,13 +161,17 @@ class StoreState:
 
     # --- the one way to change it --------------------------------------------------------
 
-    def apply(self, entry: txlog_pb2.LogEntry) -> None:
+    def apply(self, entry: txlog_pb2.LogEntry) -> list[Moved]:
+        """Apply one entry; the transitions it made, in order."""
         kind = entry.WhichOneof("entry")
         at = entry.at_unix_ms
+        moved: list[Moved] = []
         if kind == "submitted":
-            self._apply_submitted(entry.submitted, at)
+            self._apply_submitted(entry.submitted, at, moved)
         elif kind == "meta_known":
-            self._apply_meta(meta_from_proto(entry.meta_known.meta))
+            record = self._apply_meta(meta_from_proto(entry.meta_known.meta))
+            if record.state is None:
+                self._apply_state(record, Step(TxState.INCOMING, at, IMPLIED_BY), moved)
         elif kind == "body_stored":
             stored = entry.body_stored
             record = self._record(stored.tx_id)
@@ -134,20 +183,21 @@ class StoreState:
                 record.body_bytes = stored.body_bytes
                 if record.state not in FINAL_STATES:
                     self.open_body_bytes += stored.body_bytes
+                if record.state is TxState.ACCEPTED:
+                    self._apply_state(record, Step(TxState.ENQUEUED, at, IMPLIED_BY), moved)
         elif kind == "counter":
             self.counter = max(self.counter, entry.counter.counter)
         elif kind == "epoch":
             self.epoch = max(self.epoch, entry.epoch.epoch)
         elif kind == "synced":
-            self._apply_synced([meta_from_proto(m) for m in entry.synced.metas])
+            self._apply_synced([meta_from_proto(m) for m in entry.synced.metas], at, moved)
         elif kind == "state":
-            moved = entry.state
+            change = entry.state
             self._apply_state(
-                moved.tx_id,
-                TxState(moved.state),
-                at,
-                moved.service,
-                moved.outcome if moved.HasField("outcome") else None,
+                self._record(change.tx_id),
+                Step(TxState(change.state), at, change.service),
+                moved,
+                change.outcome if change.HasField("outcome") else None,
             )
         elif kind == "snapshot":
             self._apply_snapshot(entry.snapshot)
@@ -161,6 +211,7 @@ class StoreState:
                 self._forget(tx_id)
         else:
             raise ValueError(f"log entry of unknown kind {kind!r}")
+        return moved
 
     def _record(self, tx_id: str) -> TxRecord:
         record = self.txs.get(tx_id)
@@ -170,7 +221,9 @@ class StoreState:
             self.txs[tx_id] = record
         return record
 
-    def _apply_submitted(self, submitted: txlog_pb2.TxSubmitted, at: int) -> None:
+    def _apply_submitted(
+        self, submitted: txlog_pb2.TxSubmitted, at: int, moved: list[Moved]
+    ) -> None:
         record = self._record(submitted.tx_id)
         record.local = True
         record.membership = submitted.membership
@@ -184,15 +237,16 @@ class StoreState:
             record.body_bytes = submitted.body_bytes
             self.open_body_bytes += submitted.body_bytes
         self.pending_local[submitted.tx_id] = None
-        self._apply_state(submitted.tx_id, TxState.INCOMING, at, submitted.service, None)
+        self._apply_state(record, Step(TxState.INCOMING, at, submitted.service), moved)
 
-    def _apply_meta(self, meta: TxMeta) -> None:
+    def _apply_meta(self, meta: TxMeta) -> TxRecord:
         record = self._record(meta.tx_id)
         record.meta = meta
         self.pending_local.pop(meta.tx_id, None)
         if record.position == 0:
             self.incoming[meta.tx_id] = meta
         self.counter = max(self.counter, meta.ts)
+        return record
 
     def _forget(self, tx_id: str) -> None:
         """Forget an incoming foreign tx's meta (checked before logging). A body that
@@ -209,7 +263,7 @@ class StoreState:
         if record.state is TxState.INCOMING:
             self.incoming_state_txs -= 1
 
-    def _apply_synced(self, metas: list[TxMeta]) -> None:
+    def _apply_synced(self, metas: list[TxMeta], at: int, moved: list[Moved]) -> None:
         for meta in metas:
             record = self._record(meta.tx_id)
             record.meta = meta
@@ -218,20 +272,23 @@ class StoreState:
             self.incoming.pop(meta.tx_id, None)
             self.pending_local.pop(meta.tx_id, None)
             self.counter = max(self.counter, meta.ts)
+            for state in implied_by_sync(record):
+                self._apply_state(record, Step(state, at, IMPLIED_BY), moved)
 
     def _apply_state(
         self,
-        tx_id: str,
-        state: TxState,
-        at: int,
-        service: str,
-        outcome: common_pb2.Outcome | None,
+        record: TxRecord,
+        step: Step,
+        moved: list[Moved],
+        outcome: common_pb2.Outcome | None = None,
     ) -> None:
-        record = self._record(tx_id)
-        before = record.state
-        if before == state:
-            return  # a repeated transition is a no-op (retries are safe)
-        record.history.append(Step(state, at, service))
+        before, state = record.state, step.state
+        if before is not None and state <= before:
+            # A repeated transition (retries are safe), or one an earlier entry implied
+            # (logs written before transitions were implied).
+            return
+        record.history.append(step)
+        moved.append(Moved(record, len(record.history) - 1))
         if outcome is not None:
             record.outcome = outcome
         if state is TxState.INCOMING:

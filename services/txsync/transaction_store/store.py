@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from txsync.codec import base_to_proto, meta_to_proto
-from txsync.protocol import MergeBase, TxMeta, TxState, is_allowed_transition
+from txsync.protocol import IMPLIED_STATES, MergeBase, TxMeta, TxState, is_allowed_transition
 from txsync.settings import (
     INCOMING_TXS_MAX_DEFAULT,
     LOG_FILE_BYTES_MAX_DEFAULT,
@@ -32,7 +32,7 @@ from txsync.settings import (
 )
 from txsync.telemetry import work
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
-from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord
+from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
 from txsync.transaction_store.tx_tracing import trace_history, trace_transitions
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
 from txsync.transaction_store.txlog.files import LogFiles, Recovery
@@ -151,11 +151,13 @@ class _LocalWatch:
 
 @dataclass(frozen=True, slots=True)
 class _Staged:
-    """Entries handed to the writer: its future, and the transactions whose state they
-    move that a ``wait`` is waiting on (woken once the entries are durable)."""
+    """Entries handed to the writer: its future, and the transitions they made (their
+    waiters are woken and their spans emitted once the entries are durable)."""
 
     future: asyncio.Future[None]
-    waited: tuple[str, ...]
+    moved: list[Moved]
+    traced_whole: Collection[str] = ()
+    """Transactions whose every span is emitted instead (their trace context arrived)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,7 +270,9 @@ class TransactionStore:
 
     # --- the one way to change anything --------------------------------------------------
 
-    def _stage(self, entries: Sequence[txlog_pb2.LogEntry]) -> _Staged:
+    def _stage(
+        self, entries: Sequence[txlog_pb2.LogEntry], *, traced_whole: Collection[str] = ()
+    ) -> _Staged:
         """Under the lock: hand entries to the writer and apply them to memory."""
         batch = txlog_pb2.LogBatch(entries=entries)
         try:
@@ -277,26 +281,13 @@ class TransactionStore:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         work.count(work.LOG_BATCHES)
         work.count(work.LOG_ENTRIES, len(entries))
+        moved: list[Moved] = []
+        apply = self.state.apply
         for entry in entries:
             if entry.HasField("state"):
                 work.count(work.STATE_ENTRIES)
-            self.state.apply(entry)
-        return _Staged(future, self._waited_among(entries) if self._waiters else ())
-
-    def _waited_among(self, entries: Sequence[txlog_pb2.LogEntry]) -> tuple[str, ...]:
-        """The transactions whose state ``entries`` move and that someone waits on."""
-        waited: list[str] = []
-        for entry in entries:
-            kind = entry.WhichOneof("entry")
-            if kind == "state":
-                tx_id = entry.state.tx_id
-            elif kind == "submitted":
-                tx_id = entry.submitted.tx_id
-            else:
-                continue
-            if tx_id in self._waiters:
-                waited.append(tx_id)
-        return tuple(waited)
+            moved += apply(entry)
+        return _Staged(future, moved, traced_whole)
 
     async def _durable(self, staged: _Staged) -> None:
         try:
@@ -304,10 +295,13 @@ class TransactionStore:
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         self._notify()
-        for tx_id in staged.waited:
-            for waiter in self._waiters.pop(tx_id, ()):
-                if not waiter.done():
-                    waiter.set_result(None)
+        waiters = self._waiters
+        for transition in staged.moved:
+            if waiters:
+                for waiter in waiters.pop(transition.record.tx_id, ()):
+                    if not waiter.done():
+                        waiter.set_result(None)
+        trace_transitions(self.state.node_id, staged.moved, skip=staged.traced_whole)
         if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._rotating = True
             # Keep a strong reference: the loop holds tasks only weakly.
@@ -555,31 +549,14 @@ class TransactionStore:
     async def load_protocol_state(self) -> int:
         """Raise and persist the epoch (a new incarnation of the coordinator).
 
-        In the same write, every synced transaction whose body is recorded here but which
-        is still ACCEPTED moves to ENQUEUED: ENQUEUED follows from those two durable
-        facts, and the coordinator that would have recorded it (after its core saw the
-        body arrive) died before its step was durable. The core is told only of synced
-        entries without a body, so nothing else would ever move them, and this DC's
-        workers would wait at the first of them for good (the nemesis run found 14 such
-        positions at one DC after a whole-cluster crash)."""
+        (A synced transaction whose body is recorded is ENQUEUED by that record itself,
+        ``state.py``: a coordinator that dies before its core saw the body arrive strands
+        nothing, and no repair is needed here, as one was when ENQUEUED was an entry the
+        coordinator wrote: the nemesis run once found 14 such positions at one DC.)"""
         async with self._lock:
             epoch = self.state.epoch + 1
-            stranded = [
-                StateChangeRequest(meta.tx_id, TxState.ENQUEUED)
-                for meta in self.state.synced
-                if (record := self.state.txs[meta.tx_id]).body_held
-                and record.state is TxState.ACCEPTED
-            ]
-            entries = [self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))]
-            entries += self._plan_changes(stranded, SERVICE_NAME)
-            staged = self._stage(entries)
+            staged = self._stage([self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))])
         await self._durable(staged)
-        if stranded:
-            log.warning(
-                "%d synced transactions held their bodies but were still ACCEPTED (a crash "
-                "between a body's record and the coordinator's step): now ENQUEUED",
-                len(stranded),
-            )
         return epoch
 
     async def persist_step(self, step: ProtocolStep) -> MergeBase:
@@ -605,7 +582,6 @@ class TransactionStore:
         """Wait until a staged step is durable; the merge base it left."""
         if step.staged is not None:
             await self._durable(step.staged)
-            trace_transitions(self.state, step.entries)
         return step.merge_base
 
     def _plan_step(self, step: ProtocolStep) -> list[txlog_pb2.LogEntry]:
@@ -682,7 +658,11 @@ class TransactionStore:
         if vote is not None:
             entries.append(self._entry(view_voted=vote))
         synced_ids = {meta.tx_id for meta in synced}
-        entries.extend(self._plan_changes(step.changes, step.service, newly_synced=synced_ids))
+        entries.extend(
+            self._plan_changes(
+                step.changes, step.service, newly_synced=synced_ids, incoming=incoming
+            )
+        )
         return entries
 
     def _check_forgettable(self, tx_id: str) -> None:
@@ -706,6 +686,7 @@ class TransactionStore:
         service: str,
         *,
         newly_synced: set[str] | None = None,
+        incoming: Sequence[TxMeta] = (),
         passed_is_repeat: bool = False,
     ) -> list[txlog_pb2.LogEntry]:
         """The entries of ``changes``, each a forward step of the lifecycle.
@@ -719,9 +700,15 @@ class TransactionStore:
         refused."""
         entries: list[txlog_pb2.LogEntry] = []
         pending: dict[str, TxState | None] = {}
+        known_now = {meta.tx_id for meta in incoming}
         for change in changes:
             check_tx_id(change.tx_id, "changes.tx_id")
             record = self.state.txs.get(change.tx_id)
+            if change.state in IMPLIED_STATES:
+                # Written by no entry of its own: the meta, synced append or body that
+                # implies it is (``state.py``). Only checked, as it was when written.
+                self._check_implied(change, record, known_now, newly_synced or set())
+                continue
             committed = record.state if record is not None else None
             current = pending.get(change.tx_id, committed)  # earlier in this request first
             if current is change.state:
@@ -735,17 +722,6 @@ class TransactionStore:
                     f"tx {change.tx_id}: {name} -> {change.state.name} is not a forward step "
                     "of INCOMING -> ACCEPTED -> ENQUEUED -> TESTING -> OK | FAILED",
                 )
-            synced = change.tx_id in (newly_synced or set()) or bool(record and record.position)
-            if change.state is TxState.ACCEPTED and not synced:
-                raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"tx {change.tx_id} cannot be ACCEPTED: it is not in the synced queue",
-                )
-            if change.state is TxState.ENQUEUED and not (record and record.body_held):
-                raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"tx {change.tx_id} cannot be ENQUEUED: its body is not held here",
-                )
             if change.state in FINAL_STATES and change.outcome is None:
                 raise invalid(f"tx {change.tx_id}: {change.state.name} needs an outcome")
             moved = txlog_pb2.StateMoved(
@@ -758,6 +734,31 @@ class TransactionStore:
             entries.append(self._entry(state=moved))
             pending[change.tx_id] = change.state
         return entries
+
+    @staticmethod
+    def _check_implied(
+        change: StateChangeRequest,
+        record: TxRecord | None,
+        known_now: set[str],
+        newly_synced: set[str],
+    ) -> None:
+        """A coordinator's INCOMING, ACCEPTED or ENQUEUED: refused where the fact that
+        implies it is missing (a coordinator out of step with its store)."""
+        tx_id, state = change.tx_id, change.state
+        known = tx_id in known_now or tx_id in newly_synced or (record and record.meta)
+        synced = tx_id in newly_synced or bool(record and record.position)
+        problem = None
+        if not known:
+            problem = "its meta is not known here"
+        elif state is not TxState.INCOMING and not synced:
+            problem = "it is not in the synced queue"
+        elif state is TxState.ENQUEUED and not (record and record.body_held):
+            problem = "its body is not held here"
+        if problem is not None:
+            raise StoreError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"tx {tx_id} cannot be {state.name}: {problem}",
+            )
 
     async def store_body(
         self, tx_id: str, encoded: bytes, digest: bytes, traceparent: str = ""
@@ -810,7 +811,7 @@ class TransactionStore:
                 self._unsynced_bodies.add(tx_id)
                 self.body_cache.put(tx_id, encoded)
                 stored.append(tx_id)
-            staged = self._stage(entries) if entries else None
+            staged = self._stage(entries, traced_whole=traced) if entries else None
         if staged is not None:
             await self._durable(staged)
         for tx_id in traced:
@@ -983,7 +984,6 @@ class TransactionStore:
                 self.body_cache.discard(change.tx_id)  # read back no more (files serve)
         if staged is not None:
             await self._durable(staged)
-            trace_transitions(self.state, entries)
 
     # --- progress, rotation and truncation ------------------------------------------
 

@@ -13,26 +13,17 @@ when it does (``trace_history``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
-from txsync.protocol import TxState
 from txsync.telemetry import context_of, tracer
-from txsync.transaction_store.state import StoreState, TxRecord
-from txsync.v1 import txlog_pb2
+from txsync.transaction_store.state import Moved, StoreState, TxRecord
 
 
-def trace_transitions(state: StoreState, entries: Iterable[txlog_pb2.LogEntry]) -> None:
-    """Spans for the state changes in ``entries``, just made durable."""
-    for entry in entries:
-        if entry.WhichOneof("entry") != "state":
-            continue
-        record = state.txs.get(entry.state.tx_id)
-        if record is None:
-            continue
-        reached = TxState(entry.state.state)
-        steps = [i for i, step in enumerate(record.history) if step.state is reached]
-        if steps:
-            _emit(state.node_id, record, steps[-1])
+def trace_transitions(node_id: str, moved: Iterable[Moved], *, skip: Collection[str] = ()) -> None:
+    """Spans for transitions just made durable (``skip``: transactions traced whole)."""
+    for transition in moved:
+        if transition.record.tx_id not in skip:
+            _emit(node_id, transition.record, transition.index)
 
 
 def trace_history(state: StoreState, tx_id: str) -> None:

@@ -95,7 +95,7 @@ class LogFiles:
         ]
         return sorted(found, key=_timestamp)
 
-    def recover(self, apply: Callable[[txlog_pb2.LogEntry], None]) -> Recovery:
+    def recover(self, apply: Callable[[txlog_pb2.LogEntry], object]) -> Recovery:
         """Replay the log into ``apply`` and open the last file for appending."""
         report = Recovery()
         files = self.log_files()
