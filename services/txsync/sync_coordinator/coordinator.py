@@ -93,9 +93,15 @@ EVENTS_PER_STEP_BATCH_MAX = 256
 """Events taken from the queue and stepped together."""
 PEER_QUEUE_MAX = 1_024
 """Messages other than posts waiting for one peer; the oldest is dropped beyond it."""
-PEER_BODY_CALLS_MAX = 256
-"""Body pushes waiting for one peer (each up to PUSH_BATCH_BYTES_MAX); the oldest is
-dropped beyond it (the peer fetches what it misses)."""
+PEER_BODY_BYTES_MAX = 64 * 1024 * 1024
+"""Bodies waiting to be pushed to one peer; the oldest push is dropped beyond it (the
+peer fetches what it misses). Bytes, not messages: queued pushes are merged into
+messages of up to PUSH_BATCH_BYTES_MAX, and a bound of 256 messages, which many small
+batches filled under load (16 clients per DC submitting 50 at a time), dropped pushes
+that each cost a fetch: 7 GetBody per transaction, measured, and a fetch storm that
+held the cluster at 65 tx/s."""
+FETCHES_IN_FLIGHT_MAX = 64
+"""Body fetches running at once; the core retries one not started (with backoff)."""
 LOCAL_BODIES_MAX = 65_536
 """Local submits' bodies held until the core asks for their push; the oldest is dropped
 beyond it (then read back from the store)."""
@@ -165,8 +171,8 @@ PUSH_BATCH_BYTES_MAX = 3 * 1024 * 1024
 def _body_batches(
     sender: str, pushes: list[peer_pb2.PushBodyRequest]
 ) -> Iterator[peer_pb2.PushBodyRequest | peer_pb2.PushBodiesRequest]:
-    """``pushes`` as few calls as fit: PushBodies of up to PUSH_BATCH_BYTES_MAX, and a
-    body larger than that alone, as a PushBody."""
+    """``pushes`` as few calls as fit: PushBodies of up to PUSH_BATCH_BYTES_MAX and
+    BODIES_PER_CALL_MAX bodies, and a body larger than that alone, as a PushBody."""
     batch: list[peer_pb2.PushBodyRequest] = []
     size = 0
     for push in pushes:
@@ -174,7 +180,9 @@ def _body_batches(
             push.sender = sender
             yield push
             continue
-        if batch and size + len(push.body) > PUSH_BATCH_BYTES_MAX:
+        if batch and (
+            size + len(push.body) > PUSH_BATCH_BYTES_MAX or len(batch) == BODIES_PER_CALL_MAX
+        ):
             yield peer_pb2.PushBodiesRequest(sender=sender, bodies=batch)
             batch, size = [], 0
         batch.append(push)
@@ -238,9 +246,12 @@ class PeerLink:
         )
         """Posts sent on the stream and not answered yet, by (epoch, seq)."""
         self._other: deque[_OtherMessage] = deque(maxlen=PEER_QUEUE_MAX)
-        self._bodies: deque[peer_pb2.PushBodyRequest | peer_pb2.PushBodiesRequest] = deque(
-            maxlen=PEER_BODY_CALLS_MAX
+        self._bodies: deque[tuple[peer_pb2.PushBodyRequest | peer_pb2.PushBodiesRequest, int]] = (
+            deque()
         )
+        """Pushes to send, each with its bodies' bytes; the last PushBodies grows until
+        it holds PUSH_BATCH_BYTES_MAX."""
+        self._bodies_bytes = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
@@ -269,11 +280,35 @@ class PeerLink:
         self._wakeup.set()
 
     def send(self, message: _OtherMessage) -> None:
-        if isinstance(message, peer_pb2.PushBodyRequest | peer_pb2.PushBodiesRequest):
-            self._bodies.append(message)
+        if isinstance(message, peer_pb2.PushBodiesRequest):
+            for push in message.bodies:
+                self._queue_body(message.sender, push)
+        elif isinstance(message, peer_pb2.PushBodyRequest):
+            self._queue_body(message.sender, message)
         else:
             self._other.append(message)
         self._wakeup.set()
+
+    def _queue_body(self, sender: str, push: peer_pb2.PushBodyRequest) -> None:
+        size = len(push.body)
+        tail = self._bodies[-1] if self._bodies else None
+        if (
+            tail is not None
+            and isinstance(tail[0], peer_pb2.PushBodiesRequest)
+            and tail[1] + size <= PUSH_BATCH_BYTES_MAX
+            and len(tail[0].bodies) < BODIES_PER_CALL_MAX  # what the peer takes at once
+        ):
+            tail[0].bodies.append(push)
+            self._bodies[-1] = (tail[0], tail[1] + size)
+        elif size > PUSH_BATCH_BYTES_MAX:
+            push.sender = sender
+            self._bodies.append((push, size))
+        else:
+            self._bodies.append((peer_pb2.PushBodiesRequest(sender=sender, bodies=[push]), size))
+        self._bodies_bytes += size
+        while self._bodies_bytes > PEER_BODY_BYTES_MAX and len(self._bodies) > 1:
+            _, dropped = self._bodies.popleft()
+            self._bodies_bytes -= dropped
 
     async def close(self) -> None:
         if self._task is not None:
@@ -287,7 +322,8 @@ class PeerLink:
 
     def _next_message(self) -> peer_pb2.ExchangeRequest:
         if self._bodies:
-            push = self._bodies.popleft()
+            push, size = self._bodies.popleft()
+            self._bodies_bytes -= size
             if isinstance(push, peer_pb2.PushBodiesRequest):
                 return peer_pb2.ExchangeRequest(bodies=push)
             return peer_pb2.ExchangeRequest(body=push)
@@ -459,6 +495,8 @@ class Coordinator:
         """Counter and merge base of each peer's latest post: how far along it is."""
         self.bodies_arriving: set[str] = set()
         """Bodies a peer pushed that the store is storing now (PushBodies)."""
+        self._fetching: set[str] = set()
+        """Bodies being fetched now (``_fetch_body``)."""
         self.known_posts = KnownPosts()
         """Peers' recent posts, which their next posts may name as references."""
         self._persists: _StepStream | None = None
@@ -913,9 +951,23 @@ class Coordinator:
         """Fetch a body (the core retries with backoff if this fails). Not while a push of
         it is being stored: under load the core's fetch delay often ends just then, and
         checking the store first cost a call per transaction (1.44 ReadBody per batched
-        transaction, measured, against 0.03 fetches from a peer)."""
-        if tx_id in self.bodies_arriving:
+        transaction, measured, against 0.03 fetches from a peer). Nor while a fetch of it
+        runs, nor beyond FETCHES_IN_FLIGHT_MAX: a loaded peer answers slowly, the core's
+        retries come due meanwhile, and each started another fetch of the same body."""
+        fetching = self._fetching
+        if (
+            tx_id in self.bodies_arriving
+            or tx_id in fetching
+            or len(fetching) >= FETCHES_IN_FLIGHT_MAX
+        ):
             return  # acquired once stored; if that fails, the core's retry fetches it
+        fetching.add(tx_id)
+        try:
+            await self._fetch_body_now(tx_id, source)
+        finally:
+            fetching.discard(tx_id)
+
+    async def _fetch_body_now(self, tx_id: str, source: str) -> None:
         try:
             await self.store.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id))
         except grpc.aio.AioRpcError:
