@@ -46,6 +46,10 @@ class Node:
 class System(Protocol):
     name: str
     emulator: LinkEmulator
+    batch_is_one_commit: bool
+    """``committed()`` counts a batched call's writes as one (etcd's revision, Galera's
+    last committed transaction), so the suite multiplies by the batch's size; TxSync
+    orders each submit of a batch as its own transaction."""
 
     def start(self) -> list[Node]: ...
 
@@ -69,6 +73,7 @@ class TxSyncSystem:
     coordinator_args: tuple[str, ...] = ()
     """Extra flags for every sync-coordinator (tuning experiments)."""
     name: str = "TxSync"
+    batch_is_one_commit: bool = False
     emulator: LinkEmulator = field(default_factory=LinkEmulator)
     cluster: DevCluster | None = None
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bench-txsync-")))
@@ -136,6 +141,7 @@ class EtcdSystem:
     one_way_delay_ms: float
     size: int = 3
     name: str = "etcd"
+    batch_is_one_commit: bool = True
     emulator: LinkEmulator = field(default_factory=LinkEmulator)
     cluster: EtcdCluster | None = None
 
@@ -168,6 +174,7 @@ class GaleraSystem:
     one_way_delay_ms: float
     size: int = 3
     name: str = "Galera"
+    batch_is_one_commit: bool = True
     emulator: LinkEmulator = field(default_factory=LinkEmulator)
     cluster: GaleraCluster | None = None
 

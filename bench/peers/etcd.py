@@ -135,10 +135,66 @@ class EtcdCluster:
         return {m.name: m.pid for m in self.members}
 
 
+def txn_stub(channel: grpc.Channel) -> Callable[[list[tuple[bytes, bytes]]], int]:
+    """``txn(puts)``: every (key, value) put in one etcd transaction (``KV/Txn`` with no
+    compare, one raft entry); returns the revision it was committed at."""
+    request_type, response_type = _txn_types()
+    call: grpc.UnaryUnaryMultiCallable[Any, Any] = channel.unary_unary(
+        "/etcdserverpb.KV/Txn",
+        request_serializer=lambda message: message.SerializeToString(),
+        response_deserializer=response_type.FromString,
+    )
+
+    def txn(puts: list[tuple[bytes, bytes]]) -> int:
+        request = request_type()
+        for key, value in puts:
+            put = request.success.add().request_put
+            put.key, put.value = key, value
+        return int(call(request, timeout=30).header.revision)
+
+    return txn
+
+
+def _txn_types() -> tuple[type[Any], type[Any]]:
+    """``TxnRequest`` / ``TxnResponse`` with what a transaction of puts uses (fields by
+    their numbers in etcd's rpc.proto)."""
+    pool, file = _pool_with_put()
+    op = file.message_type.add(name="RequestOp")
+    op.oneof_decl.add(name="request")
+    op.field.add(name="request_put", number=2, label=1, oneof_index=0,
+                 type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                 type_name=".etcdserverpb.PutRequest")  # fmt: skip
+    request = file.message_type.add(name="TxnRequest")
+    request.field.add(name="success", number=2, label=3,
+                      type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                      type_name=".etcdserverpb.RequestOp")  # fmt: skip
+    response = file.message_type.add(name="TxnResponse")
+    response.field.add(name="header", number=1, label=1,
+                       type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                       type_name=".etcdserverpb.ResponseHeader")  # fmt: skip
+    response.field.add(name="succeeded", number=2, label=1,
+                       type=descriptor_pb2.FieldDescriptorProto.TYPE_BOOL)  # fmt: skip
+    pool.Add(file)
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.TxnRequest")),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.TxnResponse")),
+    )
+
+
 def _put_types() -> tuple[type[Any], type[Any]]:
     """``etcdserverpb.PutRequest`` / ``PutResponse`` with the fields a put uses, by their
     numbers in etcd's rpc.proto (unknown fields of the answer are kept, not needed)."""
-    file = descriptor_pb2.FileDescriptorProto(name="txsync_bench_etcd_put.proto",
+    pool, file = _pool_with_put()
+    pool.Add(file)
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.PutRequest")),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.PutResponse")),
+    )
+
+
+def _pool_with_put() -> tuple[descriptor_pool.DescriptorPool, descriptor_pb2.FileDescriptorProto]:
+    """A pool and a file (not yet added) with PutRequest, ResponseHeader, PutResponse."""
+    file = descriptor_pb2.FileDescriptorProto(name="txsync_bench_etcd_kv.proto",
                                               package="etcdserverpb", syntax="proto3")  # fmt: skip
     request = file.message_type.add(name="PutRequest")
     for number, name, kind in ((1, "key", "TYPE_BYTES"), (2, "value", "TYPE_BYTES"),
@@ -153,12 +209,7 @@ def _put_types() -> tuple[type[Any], type[Any]]:
     response.field.add(name="header", number=1, label=1,
                        type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
                        type_name=".etcdserverpb.ResponseHeader")  # fmt: skip
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.PutRequest")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.PutResponse")),
-    )
+    return descriptor_pool.DescriptorPool(), file
 
 
 def put_stub(channel: grpc.Channel) -> Callable[[bytes, bytes], int]:

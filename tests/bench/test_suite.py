@@ -32,7 +32,8 @@ def test_the_suite_runs_every_system_and_renders_the_page(tmp_path: Path) -> Non
     runs = results["runs"]
     assert {(r["system"], r["clients_per_node"], r["batch"]) for r in runs} == {
         ("TxSync", 1, 1), ("TxSync", 2, 1), ("TxSync", 2, 10),
-        ("etcd", 1, 1), ("etcd", 2, 1), ("Galera", 1, 1), ("Galera", 2, 1),
+        ("etcd", 1, 1), ("etcd", 2, 1), ("etcd", 2, 10),
+        ("Galera", 1, 1), ("Galera", 2, 1), ("Galera", 2, 10),
     }  # fmt: skip
     for run in runs:
         assert run["committed_per_s"] > 0 and not run["errors"], run
@@ -48,7 +49,8 @@ def test_the_suite_runs_every_system_and_renders_the_page(tmp_path: Path) -> Non
     page = doc.read_text()
     assert page.startswith("# Benchmarks\n\nkept by hand") and page.rstrip().endswith("also kept")
     assert "old" not in page
-    for heading in ("Issue 9's targets", "Issue 19's targets", "Throughput and latency",
+    for heading in ("Issue 9's targets", "Issue 19's targets", "Issue 20's targets",
+                    "Throughput and latency",
                     "Where the client sits", "one transaction at a",
                     "Resources at the busiest point", "What a TxSync round costs"):  # fmt: skip
         assert heading in page, heading
