@@ -96,6 +96,36 @@ def test_streamed_applies_reads_after_a_position_and_heartbeats(
         assert "applied: 303" in (late_gap.value.details() or "")
 
 
+def test_batched_applies_answer_each_batch_with_one_message(
+    running_worker: ServiceProcess,
+) -> None:
+    """ApplyBatches (dispatch's stream): the same outcomes as Apply, in order, fewer
+    messages each way; a message over 64 transactions is refused, after what came
+    before it is applied."""
+
+    def batches(first: int, last: int, size: int) -> Iterator[worker_pb2.ApplyBatchesRequest]:
+        requests = list(_requests(first, last))
+        for start in range(0, len(requests), size):
+            yield worker_pb2.ApplyBatchesRequest(txs=requests[start : start + size])
+
+    with grpc.insecure_channel(running_worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        answers = list(stub.ApplyBatches(batches(1, 200, 40)))
+        outcomes = [o for answer in answers for o in answer.outcomes]
+        assert [o.outcome.position for o in outcomes] == list(range(1, 201))
+        assert all(o.outcome.state == common_pb2.TX_STATE_OK for o in outcomes)
+        assert len(answers) < len(outcomes)  # a batch applied together, one answer
+        beat = stub.Heartbeat(worker_pb2.HeartbeatRequest())
+        assert beat.state_digest == outcomes[-1].outcome.state_digest
+
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.ApplyBatches(itertools.chain(batches(201, 210, 10),
+                                                   batches(211, 275, 65))))  # fmt: skip
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "over 64" in (refused.value.details() or "")
+        assert stub.Heartbeat(worker_pb2.HeartbeatRequest()).position == 210
+
+
 def test_queries_refuse_writes_bad_limits_and_time_out(running_worker: ServiceProcess) -> None:
     with grpc.insecure_channel(running_worker.address) as channel:
         stub = worker_pb2_grpc.WorkerServiceStub(channel)

@@ -23,16 +23,23 @@ from txsync.worker_dispatch.dispatch import Dispatch
 WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
 
 
+class _EarlierWorker(WorkerServicer):
+    """A worker of the version before ``ApplyBatches``: it answers UNIMPLEMENTED."""
+
+    ApplyBatches = None  # type: ignore[assignment]
+
+
 @asynccontextmanager
 async def _workers(
-    tmp_path: Path, names: list[str]
+    tmp_path: Path, names: list[str], earlier: frozenset[str] = frozenset()
 ) -> AsyncIterator[dict[str, tuple[WorkerServicer, grpc.aio.Server, str]]]:
     async with AsyncExitStack() as stack:
         workers = {}
         for name in names:
             backend = SqliteBackend(tmp_path / f"{name}.sqlite")
             stack.callback(backend.close)
-            servicer = WorkerServicer(name, backend, tmp_path / f"{name}-scratch")
+            kind = _EarlierWorker if name in earlier else WorkerServicer
+            servicer = kind(name, backend, tmp_path / f"{name}-scratch")
             server = new_server()
             add_service(server, servicer, WORKER_SERVICE)
             port = server.add_insecure_port("127.0.0.1:0")
@@ -85,5 +92,27 @@ def test_the_worker_port_carries_the_pipeline_and_survives_a_lost_worker(
                 assert _states(dc, more) == {TxState.OK}
                 assert dispatch.tester not in (None, tester)
                 assert dispatch.workers[tester].healthy is False
+
+    run_dcs(tmp_path, ["dc1"], scenario)
+
+
+def test_a_worker_of_the_earlier_version_is_fed_one_transaction_per_message(
+    tmp_path: Path,
+) -> None:
+    """Dispatch streams batches (``ApplyBatches``); a worker that answers UNIMPLEMENTED
+    (upgraded after the DC's dispatch) is fed by ``Apply`` instead, and both agree."""
+
+    async def scenario(dcs: dict[str, InProcessDc]) -> None:
+        dc = dcs["dc1"]
+        async with _workers(tmp_path, ["w1", "w2"], earlier=frozenset({"w2"})) as workers:
+            addresses = {name: address for name, (_, _, address) in workers.items()}
+            async with _dispatch(dc, addresses) as dispatch:
+                create = (await dc.store.submit(body("CREATE TABLE t (x INTEGER)"))).tx_id
+                inserts = await submit_inserts(dc, range(30))
+                await until(reached(dc, [create, *inserts], TxState.OK), "all finished")
+                servicers = [servicer for servicer, _, _ in workers.values()]
+                await until(lambda: all(s.applied.position == 31 for s in servicers), "both at 31")
+                assert servicers[0].applied.state_digest == servicers[1].applied.state_digest
+                assert dispatch.workers["w1"].batched and not dispatch.workers["w2"].batched
 
     run_dcs(tmp_path, ["dc1"], scenario)

@@ -69,6 +69,50 @@ class ApplyRequest(_message.Message):
 Global___ApplyRequest: _TypeAlias = ApplyRequest  # noqa: Y015
 
 @_typing.final
+class ApplyBatchesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def txs(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___ApplyRequest]: ...
+    def __init__(
+        self,
+        *,
+        txs: _abc.Iterable[Global___ApplyRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["txs", b"txs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyBatchesRequest: _TypeAlias = ApplyBatchesRequest  # noqa: Y015
+
+@_typing.final
+class ApplyBatchesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outcomes(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___ApplyResponse]: ...
+    def __init__(
+        self,
+        *,
+        outcomes: _abc.Iterable[Global___ApplyResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyBatchesResponse: _TypeAlias = ApplyBatchesResponse  # noqa: Y015
+
+@_typing.final
 class ApplyResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -44,6 +44,12 @@ class WorkerServiceStub:
             response_deserializer=txsync_dot_v1_dot_worker__pb2.ApplyResponse.FromString,
             _registered_method=True,
         )
+        self.ApplyBatches = channel.stream_stream(
+            "/txsync.v1.WorkerService/ApplyBatches",
+            request_serializer=txsync_dot_v1_dot_worker__pb2.ApplyBatchesRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_worker__pb2.ApplyBatchesResponse.FromString,
+            _registered_method=True,
+        )
         self.Query = channel.unary_unary(
             "/txsync.v1.WorkerService/Query",
             request_serializer=txsync_dot_v1_dot_worker__pb2.WorkerServiceQueryRequest.SerializeToString,
@@ -76,6 +82,15 @@ class WorkerServiceServicer:
     def Apply(self, request_iterator, context):
         """Dispatch streams transactions in synced order; the worker answers each with its
         outcome, in the same order. At most 256 transactions in flight per stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
+    def ApplyBatches(self, request_iterator, context):
+        """The same, many transactions per message (worker-dispatch's stream): each request
+        carries the next transactions in position order (at most 64), each answer the
+        outcomes of what the worker applied together, in order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
@@ -115,6 +130,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
             servicer.Apply,
             request_deserializer=txsync_dot_v1_dot_worker__pb2.ApplyRequest.FromString,
             response_serializer=txsync_dot_v1_dot_worker__pb2.ApplyResponse.SerializeToString,
+        ),
+        "ApplyBatches": grpc.stream_stream_rpc_method_handler(
+            servicer.ApplyBatches,
+            request_deserializer=txsync_dot_v1_dot_worker__pb2.ApplyBatchesRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_worker__pb2.ApplyBatchesResponse.SerializeToString,
         ),
         "Query": grpc.unary_unary_rpc_method_handler(
             servicer.Query,
@@ -169,6 +189,36 @@ class WorkerService:
             "/txsync.v1.WorkerService/Apply",
             txsync_dot_v1_dot_worker__pb2.ApplyRequest.SerializeToString,
             txsync_dot_v1_dot_worker__pb2.ApplyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def ApplyBatches(
+        request_iterator,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            "/txsync.v1.WorkerService/ApplyBatches",
+            txsync_dot_v1_dot_worker__pb2.ApplyBatchesRequest.SerializeToString,
+            txsync_dot_v1_dot_worker__pb2.ApplyBatchesResponse.FromString,
             options,
             channel_credentials,
             insecure,

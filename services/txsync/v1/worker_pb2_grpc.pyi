@@ -40,6 +40,13 @@ class WorkerServiceStub:
     """Dispatch streams transactions in synced order; the worker answers each with its
     outcome, in the same order. At most 256 transactions in flight per stream.
     """
+    ApplyBatches: _grpc.StreamStreamMultiCallable[
+        _worker_pb2.ApplyBatchesRequest, _worker_pb2.ApplyBatchesResponse
+    ]
+    """The same, many transactions per message (worker-dispatch's stream): each request
+    carries the next transactions in position order (at most 64), each answer the
+    outcomes of what the worker applied together, in order.
+    """
     Query: _grpc.UnaryUnaryMultiCallable[
         _worker_pb2.WorkerServiceQueryRequest, _worker_pb2.WorkerServiceQueryResponse
     ]
@@ -70,6 +77,13 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     ]  # type: ignore[assignment]
     """Dispatch streams transactions in synced order; the worker answers each with its
     outcome, in the same order. At most 256 transactions in flight per stream.
+    """
+    ApplyBatches: _aio.StreamStreamMultiCallable[
+        _worker_pb2.ApplyBatchesRequest, _worker_pb2.ApplyBatchesResponse
+    ]  # type: ignore[assignment]
+    """The same, many transactions per message (worker-dispatch's stream): each request
+    carries the next transactions in position order (at most 64), each answer the
+    outcomes of what the worker applied together, in order.
     """
     Query: _aio.UnaryUnaryMultiCallable[
         _worker_pb2.WorkerServiceQueryRequest, _worker_pb2.WorkerServiceQueryResponse
@@ -105,6 +119,20 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     ]:
         """Dispatch streams transactions in synced order; the worker answers each with its
         outcome, in the same order. At most 256 transactions in flight per stream.
+        """
+
+    @_abc_1.abstractmethod
+    def ApplyBatches(
+        self,
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.ApplyBatchesRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _abc.Iterator[_worker_pb2.ApplyBatchesResponse],
+        _abc.AsyncIterator[_worker_pb2.ApplyBatchesResponse],
+    ]:
+        """The same, many transactions per message (worker-dispatch's stream): each request
+        carries the next transactions in position order (at most 64), each answer the
+        outcomes of what the worker applied together, in order.
         """
 
     @_abc_1.abstractmethod

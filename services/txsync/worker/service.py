@@ -21,7 +21,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.trace import StatusCode
 
-from txsync.rpc import ServiceError, abort, answers_errors, check_request
+from txsync.rpc import MalformedRequest, ServiceError, abort, answers_errors, check_request
 from txsync.telemetry import context_of, tracer, work
 from txsync.v1 import common_pb2, worker_pb2
 from txsync.worker.backend import (
@@ -67,8 +67,8 @@ def _transaction_of(encoded: bytes) -> Transaction:
 
 
 async def _read_into(
-    requests: AsyncIterator[worker_pb2.ApplyRequest],
-    arrived: asyncio.Queue[worker_pb2.ApplyRequest | _EndOfStream],
+    requests: AsyncIterator[worker_pb2.ApplyRequest | MalformedRequest],
+    arrived: asyncio.Queue[worker_pb2.ApplyRequest | MalformedRequest | _EndOfStream],
 ) -> None:
     try:
         async for request in requests:
@@ -109,14 +109,52 @@ class WorkerServicer:
         the previous batch ran is applied together, in one database transaction: under
         load one commit and one thread hop serve many transactions; one at a time, a
         batch is that one."""
-        arrived: asyncio.Queue[worker_pb2.ApplyRequest | _EndOfStream] = asyncio.Queue(
-            APPLY_QUEUE_MAX
+        async for outcomes in self._apply(requests, context):
+            for outcome in outcomes:
+                yield outcome
+
+    async def ApplyBatches(
+        self,
+        requests: AsyncIterator[worker_pb2.ApplyBatchesRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[worker_pb2.ApplyBatchesResponse]:
+        """``Apply`` with many transactions per message each way: one answer per batch
+        applied together (worker-dispatch's stream: 6 messages per transaction fewer
+        than one per transaction each way, with a worker per DC, issue 20)."""
+
+        async def each(
+            messages: AsyncIterator[worker_pb2.ApplyBatchesRequest],
+        ) -> AsyncIterator[worker_pb2.ApplyRequest | MalformedRequest]:
+            async for message in messages:
+                if isinstance(message, MalformedRequest):
+                    yield message
+                    return
+                if len(message.txs) > APPLY_BATCH_MAX:
+                    yield MalformedRequest(
+                        "txsync.v1.ApplyBatchesRequest",
+                        f"{len(message.txs)} transactions, over {APPLY_BATCH_MAX}",
+                    )
+                    return
+                for request in message.txs:
+                    yield request
+
+        async for outcomes in self._apply(each(requests), context):
+            yield worker_pb2.ApplyBatchesResponse(outcomes=outcomes)
+
+    async def _apply(
+        self,
+        requests: AsyncIterator[worker_pb2.ApplyRequest | MalformedRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[list[worker_pb2.ApplyResponse]]:
+        """The outcomes of each batch applied together, in order (``Apply``)."""
+        arrived: asyncio.Queue[worker_pb2.ApplyRequest | MalformedRequest | _EndOfStream] = (
+            asyncio.Queue(APPLY_QUEUE_MAX)
         )
         reader = asyncio.get_running_loop().create_task(_read_into(requests, arrived))
         try:
             ended = False
             while not ended:
-                batch: list[worker_pb2.ApplyRequest] = []
+                batch: list[worker_pb2.ApplyRequest | MalformedRequest] = []
                 while len(batch) < APPLY_BATCH_MAX and (not batch or not arrived.empty()):
                     request = await arrived.get()
                     if isinstance(request, _EndOfStream):
@@ -124,14 +162,17 @@ class WorkerServicer:
                         break
                     batch.append(request)
                 failure: ServiceError | None = None
+                taken: list[worker_pb2.ApplyRequest] = []
                 to_apply: list[ToApply] = []
-                for index, request in enumerate(batch):
+                for request in batch:
                     try:
                         check_request(request)
+                        assert not isinstance(request, MalformedRequest)
                         transaction = _transaction_of(request.body)
                     except ServiceError as error:
-                        batch, failure = batch[:index], error  # apply what came before it
+                        failure = error  # apply what came before it
                         break
+                    taken.append(request)
                     to_apply.append(
                         ToApply(request.position, request.tx_id, transaction, not request.skip)
                     )
@@ -141,12 +182,17 @@ class WorkerServicer:
                     if to_apply
                     else ([], None)
                 )
-                for request, outcome in zip(batch, outcomes, strict=False):
+                answers: list[worker_pb2.ApplyResponse] = []
+                for request, outcome in zip(taken, outcomes, strict=False):
                     self._trace_apply(request, outcome, started_ns)
                     self._record_applied(outcome)
-                    yield worker_pb2.ApplyResponse(
-                        tx_id=outcome.tx_id, outcome=_outcome_to_proto(outcome)
+                    answers.append(
+                        worker_pb2.ApplyResponse(
+                            tx_id=outcome.tx_id, outcome=_outcome_to_proto(outcome)
+                        )
                     )
+                if answers:
+                    yield answers
                 if outcomes:
                     async with self._applied_changed:  # waiting reads: once per batch
                         self._applied_changed.notify_all()

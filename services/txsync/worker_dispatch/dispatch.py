@@ -40,6 +40,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -53,6 +54,7 @@ from txsync.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from txsync.worker.backend import APPLY_BATCH_MAX
 from txsync.worker_dispatch.health import (
     DEAD_AFTER_S,
     Beat,
@@ -124,6 +126,8 @@ class WorkerLink:
     """How long it waited last time it was stuck (doubles while it stays stuck)."""
     recovery_progress: float = 0.0
     """0..1 while a snapshot is copied to it."""
+    batched: bool = True
+    """It serves ``ApplyBatches`` (False: a worker of an earlier version, ``Apply``)."""
     recoveries: int = 0
 
 
@@ -447,21 +451,38 @@ class Dispatch:
                     raise _Restart(f"{worker_id} out of sync")
 
     async def _stream(self, worker: WorkerLink, machine: _Machine, queues: _Queues) -> None:
-        """One worker's Apply stream: requests from its queue, answers to the machine."""
+        """One worker's stream: requests from its queue, answers to the machine. Every
+        request queued when the stream can take one goes in one ``ApplyBatches`` message,
+        and the worker answers each batch it applied together with one; a worker of an
+        earlier version, which serves ``Apply`` only, gets one message per transaction."""
         queue = queues[worker.worker_id]
-        call = worker.stub.Apply()
+        call: Any = worker.stub.ApplyBatches() if worker.batched else worker.stub.Apply()
 
         async def write() -> None:
             while True:
                 request = await queue.get()
+                message: Any = request
+                if worker.batched:
+                    taken = [request]
+                    while not queue.empty() and len(taken) < APPLY_BATCH_MAX:
+                        taken.append(queue.get_nowait())
+                    message = worker_pb2.ApplyBatchesRequest(txs=taken)
                 try:
-                    await call.write(request)
+                    await call.write(message)
                 except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
                     return  # the call ended: the reading side reports why
 
+        async def answers() -> AsyncIterator[worker_pb2.ApplyResponse]:
+            async for message in call:
+                if worker.batched:
+                    for answer in message.outcomes:
+                        yield answer
+                else:
+                    yield message
+
         writer = asyncio.get_running_loop().create_task(write())
         try:
-            async for response in call:
+            async for response in answers():
                 outcome = response.outcome
                 answer = Answer(
                     worker.worker_id,
@@ -478,6 +499,9 @@ class Dispatch:
                 worker.progressed_s = time.monotonic()
                 await self._carry_out(outputs, queues, outcome)
         except grpc.aio.AioRpcError as error:
+            if error.code() is grpc.StatusCode.UNIMPLEMENTED and worker.batched:
+                worker.batched = False  # an earlier version: Apply from now on
+                raise _Restart(f"{worker.worker_id} serves Apply only") from None
             if error.code() is grpc.StatusCode.UNAVAILABLE:
                 # Gone: out at once (heartbeats bring it back), rather than after
                 # DEAD_AFTER_S of retries against a closed port.
