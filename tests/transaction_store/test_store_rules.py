@@ -588,6 +588,19 @@ def test_statements_that_differ_per_worker_are_refused_at_submit(
     _run(tmp_path / "allowed", lambda store: store.submit(_body(sql)), allow_nondeterministic=True)
 
 
+def _learn_and_sync(store: TransactionStore, meta: TxMeta, *states: TxState) -> ProtocolStep:
+    """A coordinator's step that learns ``meta``, appends it to the synced queue and (as
+    the core does) reports ``states`` for it."""
+    return ProtocolStep(
+        counter=meta.ts,
+        incoming=[meta],
+        synced_start=store.state.merge_base,
+        synced=[meta],
+        changes=[StateChangeRequest(meta.tx_id, state) for state in states],
+        service="sync-coordinator",
+    )
+
+
 def test_a_synced_body_is_enqueued_by_its_own_record_with_no_coordinator_step(
     tmp_path: Path,
 ) -> None:
@@ -599,19 +612,7 @@ def test_a_synced_body_is_enqueued_by_its_own_record_with_no_coordinator_step(
     async def synced_then_body(store: TransactionStore) -> str:
         tx_id = str(uuid.uuid4())
         meta = TxMeta(1, tx_id, "dc2")
-        await store.persist_step(
-            ProtocolStep(
-                counter=1,
-                incoming=[meta],
-                synced_start=store.state.merge_base,
-                synced=[meta],
-                changes=[
-                    StateChangeRequest(tx_id, TxState.INCOMING),
-                    StateChangeRequest(tx_id, TxState.ACCEPTED),
-                ],
-                service="sync-coordinator",
-            )
-        )
+        await store.persist_step(_learn_and_sync(store, meta, TxState.INCOMING, TxState.ACCEPTED))
         assert store.state.txs[tx_id].state is TxState.ACCEPTED
         follow = store.follow_enqueued(1)
         waiting = asyncio.ensure_future(anext(follow))
@@ -651,17 +652,7 @@ def test_implied_states_cost_no_entries_and_old_logs_replay_the_same(tmp_path: P
     async def scenario(store: TransactionStore) -> list[txlog_pb2.LogEntry]:
         assert await store.store_body(tx_id, encoded, body_digest(encoded))
         staged = await store.stage_step(
-            ProtocolStep(
-                counter=1,
-                incoming=[meta],
-                synced_start=store.state.merge_base,
-                synced=[meta],
-                changes=[
-                    StateChangeRequest(tx_id, TxState.INCOMING),
-                    StateChangeRequest(tx_id, TxState.ACCEPTED),
-                    StateChangeRequest(tx_id, TxState.ENQUEUED),
-                ],
-            )
+            _learn_and_sync(store, meta, TxState.INCOMING, TxState.ACCEPTED, TxState.ENQUEUED)
         )
         await store.finish_step(staged)
         assert [e.WhichOneof("entry") for e in staged.entries] == ["counter", "meta_known",
