@@ -13,9 +13,8 @@ from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import peer_pb2
 
 
-def _push(n: int, size: int = 100) -> peer_pb2.PushBodiesRequest:
-    body = peer_pb2.PushBodyRequest(tx_id=f"tx-{n}", body=bytes(size))
-    return peer_pb2.PushBodiesRequest(sender="dc1", bodies=[body])
+def _push(n: int, size: int = 100) -> peer_pb2.PushBodyRequest:
+    return peer_pb2.PushBodyRequest(tx_id=f"tx-{n}", body=bytes(size))
 
 
 def _drain(link: PeerLink) -> list[peer_pb2.ExchangeRequest]:
@@ -29,7 +28,7 @@ def test_pushes_are_merged_into_as_few_messages_as_the_peer_takes() -> None:
     async def scenario() -> None:
         link = PeerLink("dc2", "127.0.0.1:9", None)
         for n in range(1_000):  # one small push per step, as under batched load
-            link.send(_push(n))
+            link.push("dc1", _push(n))
         messages = _drain(link)
         await link.close()
         batches = [m.bodies for m in messages]
@@ -45,9 +44,9 @@ def test_pushes_are_merged_into_as_few_messages_as_the_peer_takes() -> None:
 def test_a_body_too_large_to_share_a_message_goes_alone() -> None:
     async def scenario() -> None:
         link = PeerLink("dc2", "127.0.0.1:9", None)
-        link.send(_push(1))
-        link.send(_push(2, PUSH_BATCH_BYTES_MAX + 1))
-        link.send(_push(3))
+        link.push("dc1", _push(1))
+        link.push("dc1", _push(2, PUSH_BATCH_BYTES_MAX + 1))
+        link.push("dc1", _push(3))
         messages = _drain(link)
         await link.close()
         kinds = [m.WhichOneof("message") for m in messages]
@@ -63,7 +62,7 @@ def test_pushes_waiting_past_the_byte_bound_drop_the_oldest(
     async def scenario() -> None:
         link = PeerLink("dc2", "127.0.0.1:9", None)
         for n in range(40):  # 40 MiB against a bound of 16 MiB
-            link.send(_push(n, 1024 * 1024))
+            link.push("dc1", _push(n, 1024 * 1024))
         messages = _drain(link)
         await link.close()
         kept = [p.tx_id for m in messages for p in m.bodies.bodies]

@@ -25,7 +25,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,39 +168,11 @@ PUSH_BATCH_BYTES_MAX = 3 * 1024 * 1024
 """Bodies in one PushBodies call, together: under gRPC's 4 MiB message limit."""
 
 
-def _body_batches(
-    sender: str, pushes: list[peer_pb2.PushBodyRequest]
-) -> Iterator[peer_pb2.PushBodyRequest | peer_pb2.PushBodiesRequest]:
-    """``pushes`` as few calls as fit: PushBodies of up to PUSH_BATCH_BYTES_MAX and
-    BODIES_PER_CALL_MAX bodies, and a body larger than that alone, as a PushBody."""
-    batch: list[peer_pb2.PushBodyRequest] = []
-    size = 0
-    for push in pushes:
-        if len(push.body) > PUSH_BATCH_BYTES_MAX:
-            push.sender = sender
-            yield push
-            continue
-        if batch and (
-            size + len(push.body) > PUSH_BATCH_BYTES_MAX or len(batch) == BODIES_PER_CALL_MAX
-        ):
-            yield peer_pb2.PushBodiesRequest(sender=sender, bodies=batch)
-            batch, size = [], 0
-        batch.append(push)
-        size += len(push.body)
-    if batch:
-        yield peer_pb2.PushBodiesRequest(sender=sender, bodies=batch)
-
-
 def _now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-_OtherMessage = (
-    peer_pb2.SendSyncedEntriesRequest
-    | peer_pb2.PushBodyRequest
-    | peer_pb2.PushBodiesRequest
-    | peer_pb2.SendViewMessageRequest
-)
+_OtherMessage = peer_pb2.SendSyncedEntriesRequest | peer_pb2.SendViewMessageRequest
 
 
 class PeerLink:
@@ -280,16 +252,13 @@ class PeerLink:
         self._wakeup.set()
 
     def send(self, message: _OtherMessage) -> None:
-        if isinstance(message, peer_pb2.PushBodiesRequest):
-            for push in message.bodies:
-                self._queue_body(message.sender, push)
-        elif isinstance(message, peer_pb2.PushBodyRequest):
-            self._queue_body(message.sender, message)
-        else:
-            self._other.append(message)
+        self._other.append(message)
         self._wakeup.set()
 
-    def _queue_body(self, sender: str, push: peer_pb2.PushBodyRequest) -> None:
+    def push(self, sender: str, push: peer_pb2.PushBodyRequest) -> None:
+        """Queue a body push: into the last queued PushBodies while it holds fewer than
+        BODIES_PER_CALL_MAX bodies and PUSH_BATCH_BYTES_MAX bytes, a larger body alone as
+        a PushBody."""
         size = len(push.body)
         tail = self._bodies[-1] if self._bodies else None
         if (
@@ -309,6 +278,7 @@ class PeerLink:
         while self._bodies_bytes > PEER_BODY_BYTES_MAX and len(self._bodies) > 1:
             _, dropped = self._bodies.popleft()
             self._bodies_bytes -= dropped
+        self._wakeup.set()
 
     async def close(self) -> None:
         if self._task is not None:
@@ -732,15 +702,13 @@ class Coordinator:
         self._send_pushes(held)
 
     def _send_pushes(self, pushes: list[tuple[peer_pb2.PushBodyRequest, tuple[str, ...]]]) -> None:
-        """Each (body, peers) to its peers, as few PushBodies calls per peer as fit."""
-        by_peer: dict[str, list[peer_pb2.PushBodyRequest]] = {}
+        """Each (body, peers) to its peers: each peer's link merges them into as few
+        PushBodies messages as fit (``PeerLink.push``)."""
+        sender = self.config.node_id
         for push, peers in pushes:
             for peer in peers:
-                by_peer.setdefault(peer, []).append(push)
-        for peer, to_peer in by_peer.items():
-            if link := self._link(peer):
-                for request in _body_batches(self.config.node_id, to_peer):
-                    link.send(request)
+                if link := self._link(peer):
+                    link.push(sender, push)
 
     def _sync_links(self) -> None:
         """Links follow the configuration: a node added by a membership entry is dialled

@@ -296,8 +296,8 @@ class TransactionStore:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         self._notify()
         waiters = self._waiters
-        for transition in staged.moved:
-            if waiters:
+        if waiters:
+            for transition in staged.moved:
                 for waiter in waiters.pop(transition.record.tx_id, ()):
                     if not waiter.done():
                         waiter.set_result(None)
@@ -700,14 +700,16 @@ class TransactionStore:
         refused."""
         entries: list[txlog_pb2.LogEntry] = []
         pending: dict[str, TxState | None] = {}
-        known_now = {meta.tx_id for meta in incoming}
+        learned: set[str] | None = None  # the step's incoming ids, built if needed
         for change in changes:
             check_tx_id(change.tx_id, "changes.tx_id")
             record = self.state.txs.get(change.tx_id)
             if change.state in IMPLIED_STATES:
                 # Written by no entry of its own: the meta, synced append or body that
                 # implies it is (``state.py``). Only checked, as it was when written.
-                self._check_implied(change, record, known_now, newly_synced or set())
+                if learned is None:
+                    learned = {meta.tx_id for meta in incoming}
+                self._check_implied(change, record, learned, newly_synced or set())
                 continue
             committed = record.state if record is not None else None
             current = pending.get(change.tx_id, committed)  # earlier in this request first
@@ -739,13 +741,17 @@ class TransactionStore:
     def _check_implied(
         change: StateChangeRequest,
         record: TxRecord | None,
-        known_now: set[str],
+        learned: set[str],
         newly_synced: set[str],
     ) -> None:
-        """A coordinator's INCOMING, ACCEPTED or ENQUEUED: refused where the fact that
-        implies it is missing (a coordinator out of step with its store)."""
+        """A coordinator's INCOMING, ACCEPTED or ENQUEUED (sent only by coordinators of
+        the previous version): refused where the fact that implies it is missing."""
         tx_id, state = change.tx_id, change.state
-        known = tx_id in known_now or tx_id in newly_synced or (record and record.meta)
+        known = (
+            tx_id in learned
+            or tx_id in newly_synced
+            or (record is not None and record.meta is not None)
+        )
         synced = tx_id in newly_synced or bool(record and record.position)
         problem = None
         if not known:

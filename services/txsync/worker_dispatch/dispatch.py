@@ -456,13 +456,14 @@ class Dispatch:
         and the worker answers each batch it applied together with one; a worker of an
         earlier version, which serves ``Apply`` only, gets one message per transaction."""
         queue = queues[worker.worker_id]
-        call: Any = worker.stub.ApplyBatches() if worker.batched else worker.stub.Apply()
+        batched = worker.batched
+        call: Any = worker.stub.ApplyBatches() if batched else worker.stub.Apply()
 
         async def write() -> None:
             while True:
                 request = await queue.get()
                 message: Any = request
-                if worker.batched:
+                if batched:
                     taken = [request]
                     while not queue.empty() and len(taken) < APPLY_BATCH_MAX:
                         taken.append(queue.get_nowait())
@@ -474,7 +475,7 @@ class Dispatch:
 
         async def answers() -> AsyncIterator[worker_pb2.ApplyResponse]:
             async for message in call:
-                if worker.batched:
+                if batched:
                     for answer in message.outcomes:
                         yield answer
                 else:
@@ -499,7 +500,7 @@ class Dispatch:
                 worker.progressed_s = time.monotonic()
                 await self._carry_out(outputs, queues, outcome)
         except grpc.aio.AioRpcError as error:
-            if error.code() is grpc.StatusCode.UNIMPLEMENTED and worker.batched:
+            if error.code() is grpc.StatusCode.UNIMPLEMENTED and batched:
                 worker.batched = False  # an earlier version: Apply from now on
                 raise _Restart(f"{worker.worker_id} serves Apply only") from None
             if error.code() is grpc.StatusCode.UNAVAILABLE:
