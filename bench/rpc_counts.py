@@ -58,6 +58,11 @@ def scrape(addresses: dict[str, str], pids: dict[str, int]) -> Counts:
                 elif sample.name == "txsync_rpc_messages_total":
                     what = f"{sample.labels['method']} {sample.labels['direction']}"
                     counts[(kind, what)] += sample.value
+                elif sample.name.startswith("txsync_rpc_message_bytes") and sample.name.endswith(
+                    "_total"
+                ):
+                    what = f"{sample.labels['method']} bytes {sample.labels['direction']}"
+                    counts[(kind, what)] += sample.value
     for name, pid in pids.items():
         counts[(kind_of(name), "CPU ms")] += cpu_seconds(pid) * 1000
     return counts
@@ -65,14 +70,25 @@ def scrape(addresses: dict[str, str], pids: dict[str, int]) -> Counts:
 
 def report(counts: Counts, ordered: int) -> list[str]:
     """One row per kind of work, a column per service kind, per ordered transaction."""
-    whats = sorted({what for _, what in counts}, key=lambda w: (w != "CPU ms", "ed" in w, w))
-    lines = [f"  {'per ordered transaction':28}" + "".join(f"{k:>19}" for k in KINDS)]
+    whats = sorted(
+        {what for _, what in counts}, key=lambda w: (w != "CPU ms", "ed" in w, " bytes " in w, w)
+    )
+    lines = [f"  {'per ordered transaction':42}" + "".join(f"{k:>19}" for k in KINDS)]
     for what in whats:
         cells = [counts[(kind, what)] / max(1, ordered) for kind in KINDS]
         if any(cells):
-            lines.append(f"  {what:28}" + "".join(f"{c:19.2f}" for c in cells))
-    messages = sum(n for (_, what), n in counts.items() if what.endswith(("received", "sent")))
+            lines.append(f"  {what:42}" + "".join(f"{c:19.2f}" for c in cells))
+    messages = sum(
+        n
+        for (_, what), n in counts.items()
+        if what.endswith(("received", "sent")) and " bytes " not in what
+    )
     lines.append(f"  gRPC messages, all services: {messages / max(1, ordered):.2f} per tx")
+    peer_bytes = sum(
+        n for (kind, what), n in counts.items()
+        if kind == "sync-coordinator" and what.startswith("Exchange.") and "bytes received" in what
+    )  # fmt: skip
+    lines.append(f"  peer stream bytes (the WAN): {peer_bytes / max(1, ordered):.0f} per tx")
     return lines
 
 

@@ -60,25 +60,33 @@ class MalformedRequest:
 
 def _safe_deserializer(message_class: type[Message], method: str) -> Callable[[bytes], object]:
     name = message_class.DESCRIPTOR.full_name
-    received = work.received
+    received, received_bytes = work.received, work.received_bytes
+    kinds = message_class.DESCRIPTOR.oneofs_by_name.get("message")
 
     def deserialize(data: bytes) -> object:
         received[method] += 1
         try:
-            return message_class.FromString(data)
+            message = message_class.FromString(data)
         except DecodeError as error:
+            received_bytes[method] += len(data)
             return MalformedRequest(name, str(error))
+        # A stream of several kinds of message: its bytes by kind (what crosses the WAN).
+        kind = message.WhichOneof("message") if kinds is not None else None
+        received_bytes[f"{method}.{kind}" if kind else method] += len(data)
+        return message
 
     return deserialize
 
 
 def _counted_serializer(message_class: type[Message], method: str) -> Callable[[Any], bytes]:
-    sent = work.sent
+    sent, sent_bytes = work.sent, work.sent_bytes
     serialize = message_class.SerializeToString
 
     def counted(message: Any) -> bytes:
         sent[method] += 1
-        return serialize(message)
+        data: bytes = serialize(message)
+        sent_bytes[method] += len(data)
+        return data
 
     return counted
 

@@ -49,6 +49,12 @@ class Metrics:
             callbacks=[_observe_messages],
             description="gRPC messages this process's servers received and sent, by method",
         )
+        self.meter.create_observable_counter(
+            "txsync.rpc.message_bytes",
+            callbacks=[_observe_message_bytes],
+            unit="By",
+            description="bytes of those messages, by method (a stream's by kind of message)",
+        )
 
     def counter(self, name: str, description: str, unit: str = "") -> Counter:
         return self.meter.create_counter(name, unit=unit, description=description)
@@ -98,3 +104,11 @@ def _observe_messages(options: CallbackOptions) -> Iterable[Observation]:
         for method, n in list(counted.items())
     ]
     return observed
+
+
+def _observe_message_bytes(options: CallbackOptions) -> Iterable[Observation]:
+    return [
+        Observation(n, {"method": method, "direction": direction})
+        for direction, counted in (("received", work.received_bytes), ("sent", work.sent_bytes))
+        for method, n in list(counted.items())
+    ]

@@ -45,6 +45,11 @@ received: collections.Counter[str] = collections.Counter()
 """gRPC messages received by this process's servers, by method name."""
 sent: collections.Counter[str] = collections.Counter()
 """gRPC messages sent by this process's servers (responses, stream messages), by method."""
+received_bytes: collections.Counter[str] = collections.Counter()
+"""Bytes of those messages received, by method; a stream of several kinds of message (a
+``oneof message``, as ``Exchange``) by method and kind, e.g. ``Exchange.post``."""
+sent_bytes: collections.Counter[str] = collections.Counter()
+"""Bytes of those messages sent, by method."""
 
 
 def count(kind: str, n: int = 1) -> None:
