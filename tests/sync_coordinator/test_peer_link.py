@@ -1,5 +1,6 @@
 """What ``PeerLink`` queues for one peer: body pushes merged into as few messages as the
-peer takes, in order, bounded in bytes (the link is never started: no peer needed)."""
+peer takes, in order, bounded in bytes; posts encoded as changes to the post sent before
+them (the link is never started: no peer needed)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import asyncio
 
 import pytest
 
+from txsync.protocol import MergeBase, Post, TxMeta
 from txsync.sync_coordinator import coordinator
 from txsync.sync_coordinator.coordinator import PUSH_BATCH_BYTES_MAX, PeerLink
+from txsync.sync_coordinator.wire import post_to_proto
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import peer_pb2
 
@@ -69,4 +72,53 @@ def test_pushes_waiting_past_the_byte_bound_drop_the_oldest(
         assert kept == [f"tx-{n}" for n in range(24, 40)]
 
     monkeypatch.setattr(coordinator, "PEER_BODY_BYTES_MAX", 16 * 1024 * 1024)
+    asyncio.run(scenario())
+
+
+def _post(seq: int, first: int, last: int) -> Post:
+    queue = tuple(TxMeta(n, f"00000000-0000-4000-8000-{n:012d}", "dc1") for n in range(first, last))
+    return Post(1, "dc1", 7, seq, MergeBase.genesis(), last, queue)
+
+
+def _send(link: PeerLink, post: Post) -> peer_pb2.PostRequest:
+    link.post(post_to_proto(post, with_queue=False), post)
+    (message,) = _drain(link)
+    return message.post
+
+
+def test_each_post_is_sent_as_a_change_to_the_one_sent_before_it() -> None:
+    """Under load many posts are on the stream unanswered; naming the newest answered one
+    sent most of each queue again (ADD had consumed that post's queue)."""
+
+    async def scenario() -> None:
+        link = PeerLink("dc2", "127.0.0.1:9", None)
+        first = _send(link, _post(1, 0, 100))
+        assert first.delta_from_seq == 0 and len(first.queue) == 100  # nothing to name yet
+        for seq in range(2, 12):  # none answered: each names the one before
+            sent = _send(link, _post(seq, 10 * (seq - 1), 100 + 10 * (seq - 1)))
+            assert sent.delta_from_seq == seq - 1
+            assert (sent.delta_skip, sent.delta_keep, len(sent.queue)) == (10, 90, 10)
+        await link.close()
+
+    asyncio.run(scenario())
+
+
+def test_after_whole_needed_one_post_goes_whole_and_the_next_ones_name_it() -> None:
+    async def scenario() -> None:
+        link = PeerLink("dc2", "127.0.0.1:9", None)
+        posts = [_post(seq, seq, seq + 50) for seq in range(1, 8)]
+        messages = [_send(link, post) for post in posts[:4]]
+        # The peer had forgotten post 1: it refuses 2 (which named 1).
+        link._posted(messages[1], posts[1], whole_needed=True)
+        assert _drain(link)[0].post.delta_from_seq == 0  # 2 again, whole
+        after = _send(link, posts[4])
+        assert after.delta_from_seq == 2
+        # The answers for 3 and 4 (which named 2 and 3, sent before 2 went whole) come
+        # later: they do not make 5's successors go whole again.
+        link._posted(messages[2], posts[2], whole_needed=True)
+        link._posted(messages[3], posts[3], whole_needed=True)
+        _drain(link)  # 3 again (one post waits per base: all of these share one)
+        assert _send(link, posts[5]).delta_from_seq == 3
+        await link.close()
+
     asyncio.run(scenario())

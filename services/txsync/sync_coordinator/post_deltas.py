@@ -7,12 +7,14 @@ CPU of encoding and decoding every meta of every post.
 
 Between two posts of one sender the queue changes little: ADD drops a prefix, MERGE and
 local submits add metas, mostly at the end. So a post may name an earlier post of the same
-sender and epoch that the receiver **acknowledged** (its Post call returned), and carry
-only ``(skip, keep, tail)``: the queue is ``reference[skip : skip + keep] + tail``. An
-acknowledged post is one the receiver decoded and remembered; if it has forgotten it
-(evicted, or it restarted) it answers ``whole_needed`` and the sender posts whole again.
-Nothing is inferred from silence, so lost, duplicated or reordered calls cannot make a
-receiver rebuild a queue the sender never posted.
+sender and epoch that the receiver holds, and carry only ``(skip, keep, tail)``: the queue
+is ``reference[skip : skip + keep] + tail``. The sender names the post it sent just before
+on the same ordered stream (the receiver decoded and remembered that one first), or, first
+on a new stream, one the receiver acknowledged. If the receiver does not hold the named
+post (evicted, refused, or it restarted) it answers ``whole_needed`` and the sender posts
+whole again. (epoch, seq) names one post of one sender, so lost, duplicated or reordered
+messages can cost a whole post but never make a receiver rebuild a queue the sender never
+posted.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from collections import OrderedDict
 from txsync.protocol import MEMBERS_MAX, NodeId, TxMeta
 
 POSTS_KEPT_PER_PEER = 64
-"""Decoded posts a receiver keeps per sender as references: at least the sender's calls
-in flight (32), so that the newest acknowledged one is still here when it is named."""
+"""Decoded posts a receiver keeps per sender as references: enough that the newest one it
+acknowledged is still here when a new stream names it."""
 
 
 def delta_of(reference: tuple[TxMeta, ...], queue: tuple[TxMeta, ...]) -> tuple[int, int] | None:

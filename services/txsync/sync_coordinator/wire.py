@@ -68,7 +68,7 @@ class UnknownReference(WireError):
 
 def post_to_proto(post: Post, *, with_queue: bool = True) -> peer_pb2.PostRequest:
     """The post; without its queue when the sender's link fills that in
-    (``set_post_queue``: whole, or as a change to a post the peer acknowledged)."""
+    (``set_post_queue``: whole, or as a change to an earlier post the peer holds)."""
     message = peer_pb2.PostRequest(
         view_no=post.view_no,
         sender=post.sender,
@@ -82,23 +82,25 @@ def post_to_proto(post: Post, *, with_queue: bool = True) -> peer_pb2.PostReques
     return message
 
 
-def set_post_queue(message: peer_pb2.PostRequest, post: Post, acknowledged: Post | None) -> None:
-    """Fill in ``post``'s queue, as a change to ``acknowledged`` (a post of the same
-    sender the peer acknowledged) where that is shorter (``post_deltas``)."""
+def set_post_queue(message: peer_pb2.PostRequest, post: Post, reference: Post | None) -> bool:
+    """Fill in ``post``'s queue, as a change to ``reference`` (an earlier post of the same
+    sender that the peer holds, we expect) where that is shorter (``post_deltas``).
+    Whether it went as a change."""
     queue = post.queue
     delta = None
-    if acknowledged is not None and acknowledged.epoch == post.epoch:
-        delta = delta_of(acknowledged.queue, queue)
+    if reference is not None and reference.epoch == post.epoch:
+        delta = delta_of(reference.queue, queue)
     del message.queue[:]
     message.queue_len = len(queue)
     if delta is None:
         message.delta_from_seq = message.delta_skip = message.delta_keep = 0
         message.queue.extend(meta_to_proto(meta) for meta in queue)
-        return
-    assert acknowledged is not None and acknowledged.seq > 0
+        return False
+    assert reference is not None and reference.seq > 0
     skip, keep = delta
-    message.delta_from_seq, message.delta_skip, message.delta_keep = acknowledged.seq, skip, keep
+    message.delta_from_seq, message.delta_skip, message.delta_keep = reference.seq, skip, keep
     message.queue.extend(meta_to_proto(meta) for meta in queue[keep:])
+    return True
 
 
 def post_from_proto(
