@@ -147,6 +147,8 @@ COORDINATOR_SETTINGS: tuple[Setting, ...] = (
     _core("body_fetch_retry_ms", "ms", "first retry gap of a body fetch (doubles)"),
     _core("body_fetch_retry_max_ms", "ms", "longest retry gap of a body fetch"),
     _core("catchup_resend_ms", "ms", "least gap between catch-ups to one lagger"),
+    _core("catchup_grace_ms", "ms",
+          "a lagger whose post could be rebased is served catch-up only after this"),
     _core("exclusion_timeout_ms", "ms", "a member silent this long is excluded by a view change"),
     _core("view_change_timeout_ms", "ms", "a view change not installed by then is tried again"),
     _core("view_change_stagger_ms", "ms",

@@ -70,6 +70,14 @@ class Timing:
     catchup_resend_ms: int = 100
     """Least gap between two catch-up messages to the same lagger at the same base."""
 
+    catchup_grace_ms: int = 100
+    """How long a lagger whose post could be rebased is left to ADD by itself (its base
+    not moving) before it is served catch-up. Such a post was sent before its sender heard
+    of our ADD, and its queue begins with the entries we appended: the sender holds them
+    and will most likely add them itself from the posts already on their way to it (about
+    one round trip). Serving it at once sent the synced entries again: 40% of the bytes
+    between DCs under load (measured, 4 x 50 per DC)."""
+
     exclusion_timeout_ms: int = 3_000
     """A view member heard nothing from for this long is excluded by a view change
     (PROTOCOL.md §3)."""

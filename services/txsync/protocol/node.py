@@ -22,6 +22,8 @@ How a round runs here (the seed's POST, COLLECT, ADD, MERGE, made message-driven
   lacks, and keep its post if its queue begins with exactly the entries we appended
   since (rebased: that prefix taken off; the same for the posts we hold when our base
   moves). docs/protocol.md, 'Posts kept across a base change', argues why that is safe.
+  A lagger whose post is rebased most likely crossed our ADD on its way and adds those
+  entries itself: it is served only if its base has not moved for ``catchup_grace_ms``.
   A post from ahead comes from a forerunner: we merge its metas and post soon so that it
   serves us.
 
@@ -258,6 +260,9 @@ class ProtocolNode:
         self._asks_catch_up = False
         self._last_post_ms = now_ms
         self._catchup_sent: dict[NodeId, tuple[int, int]] = {}
+        self._laggers: dict[NodeId, tuple[Post, int]] = {}
+        """Members whose latest post lagged but could be rebased: that post and when to
+        serve them catch-up if no post of theirs at our base has come by then."""
         self._fx = _Effects()
 
     # --- read-only views (for the services' status and for the simulator's checks) ----
@@ -412,15 +417,27 @@ class ProtocolNode:
         raised = self._raise_counter(post.counter)
         stale = False  # rebased: it answers no round of ours, sent from an older base
         if post.base.synced_len < base.synced_len:
-            self._serve_lagger(post)
             rebased = self._rebased(post, base)
             if rebased is None:
+                self._laggers.pop(post.sender, None)
+                self._serve_lagger(post)
                 if raised:
                     self._dirty = True
                 return
+            waiting = self._laggers.get(post.sender)
+            known = self._posts.get(post.sender)
+            if known is not None and known.is_newer_than(post):
+                pass  # an old post, overtaken: its sender has posted at our base since
+            elif waiting is None or post.base.synced_len > waiting[0].base.synced_len:
+                # Its base moved since: it is adding by itself, only later than we are.
+                self._laggers[post.sender] = (post, self._now_ms + self._timing.catchup_grace_ms)
+            elif post.is_newer_than(waiting[0]):
+                self._laggers[post.sender] = (post, waiting[1])
             post = rebased  # sent before the sender heard of our ADD: still good news
             stale = True
-        elif post.base.synced_len > base.synced_len:
+        else:
+            self._laggers.pop(post.sender, None)
+        if post.base.synced_len > base.synced_len:
             known = self._ahead_posts.get(post.sender)
             if known is None or post.is_newer_than(known):
                 self._ahead_posts[post.sender] = post
@@ -509,6 +526,15 @@ class ProtocolNode:
             self._start_round()
         if self._next_fetch_ms is not None and now >= self._next_fetch_ms:
             self._retry_fetches()
+        if self._laggers:
+            self._serve_due_laggers()
+
+    def _serve_due_laggers(self) -> None:
+        for sender, (post, due_ms) in list(self._laggers.items()):
+            if self._now_ms >= due_ms:
+                del self._laggers[sender]
+                if post.base.synced_len < self._synced.length:
+                    self._serve_lagger(post)
 
     def _start_round(self) -> None:
         self._in_round = True
@@ -1039,6 +1065,7 @@ class ProtocolNode:
         self._posts = {}
         self._ahead_posts = {}
         self._catchup_sent = {}
+        self._laggers = {}
         self._dirty = True
         self._mode = Mode.BUSY
         self._abandon_round()
@@ -1205,6 +1232,8 @@ class ProtocolNode:
             soonest = self._next_round_ms
         if self._next_fetch_ms is not None:
             soonest = min(soonest, self._next_fetch_ms)
+        if self._laggers:
+            soonest = min(soonest, *(due_ms for _, due_ms in self._laggers.values()))
         if view_due is not None:
             soonest = min(soonest, view_due)
         return max(soonest, self._now_ms)

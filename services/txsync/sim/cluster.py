@@ -76,6 +76,7 @@ SIM_TIMING = Timing(
     body_fetch_retry_ms=40,
     body_fetch_retry_max_ms=800,
     catchup_resend_ms=40,
+    catchup_grace_ms=40,
     exclusion_timeout_ms=400,
     view_change_timeout_ms=300,
     view_change_stagger_ms=30,
