@@ -5,6 +5,7 @@ them (the link is never started: no peer needed)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -119,6 +120,24 @@ def test_after_whole_needed_one_post_goes_whole_and_the_next_ones_name_it() -> N
         link._posted(messages[3], posts[3], whole_needed=True)
         _drain(link)  # 3 again (one post waits per base: all of these share one)
         assert _send(link, posts[5]).delta_from_seq == 3
+        await link.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_acknowledges_every_post_sent_before_it() -> None:
+    async def scenario() -> None:
+        link = PeerLink("dc2", "127.0.0.1:9", None)
+        posts = [_post(seq, seq, seq + 50) for seq in range(1, 6)]
+        for post in posts:
+            _send(link, post)
+
+        async def answers() -> AsyncIterator[peer_pb2.ExchangeResponse]:
+            yield peer_pb2.ExchangeResponse(epoch=7, seq=4)
+
+        await link._read_answers(answers())  # type: ignore[arg-type]
+        assert link._acknowledged == posts[3]
+        assert list(link._unanswered) == [(7, 5)]
         await link.close()
 
     asyncio.run(scenario())

@@ -229,7 +229,8 @@ class PeerLink:
         self._unanswered: OrderedDict[tuple[int, int], tuple[peer_pb2.PostRequest, Post]] = (
             OrderedDict()
         )
-        """Posts sent on the stream and not answered yet, by (epoch, seq)."""
+        """Posts sent on the stream and not answered yet, by (epoch, seq), in the order
+        sent."""
         self._other: deque[_OtherMessage] = deque(maxlen=PEER_QUEUE_MAX)
         self._bodies: deque[tuple[peer_pb2.PushBodyRequest | peer_pb2.PushBodiesRequest, int]] = (
             deque()
@@ -376,9 +377,14 @@ class PeerLink:
         try:
             async for answer in call:
                 self._answers += 1
-                sent = self._unanswered.pop((answer.epoch, answer.seq), None)
-                if sent is not None:
-                    self._posted(*sent, whole_needed=answer.whole_needed)
+                key = (answer.epoch, answer.seq)
+                if key not in self._unanswered:
+                    continue
+                # An answer also acknowledges every post sent before its own (the peer
+                # answers posts together, ``peer_service.POSTS_PER_ACK``).
+                while (sent := self._unanswered.popitem(last=False))[0] != key:
+                    pass
+                self._posted(*sent[1], whole_needed=answer.whole_needed)
         finally:
             self._wakeup.set()  # the writer sees the stream is over
 

@@ -93,8 +93,9 @@ Global___ExchangeRequest: _TypeAlias = ExchangeRequest  # noqa: Y015
 
 @_typing.final
 class ExchangeResponse(_message.Message):
-    """The answer to one post of the stream: the post (epoch, seq) was taken, or, with
-    `whole_needed`, it named a post the receiver no longer holds and nothing was taken.
+    """An answer on the stream: the post (epoch, seq) and every post sent before it on the
+    stream were taken, or, with `whole_needed`, this post named a post the receiver does
+    not hold and nothing of it was taken.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

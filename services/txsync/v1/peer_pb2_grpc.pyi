@@ -68,8 +68,10 @@ class PeerServiceStub:
     ]
     """What coordinators send each other: one long-lived stream per directed pair of DCs
     carrying every message above but GetBody, handled in the order sent (a body pushed
-    ahead of the post that names it is held when the post is taken). The answers are the
-    posts' acknowledgements, in order; everything else is one-way. A message the
+    ahead of the post that names it is held when the post is taken). The answers
+    acknowledge posts, in order: one answers a post and every post before it on the
+    stream (the receiver answers every 16th post, the stream's first, and at once any
+    post it could not rebuild); everything else is one-way. A message the
     receiver refuses (not a configured peer, malformed) ends the stream with its status;
     the sender opens a new one.
     """
@@ -111,8 +113,10 @@ class PeerServiceAsyncStub(PeerServiceStub):
     ]  # type: ignore[assignment]
     """What coordinators send each other: one long-lived stream per directed pair of DCs
     carrying every message above but GetBody, handled in the order sent (a body pushed
-    ahead of the post that names it is held when the post is taken). The answers are the
-    posts' acknowledgements, in order; everything else is one-way. A message the
+    ahead of the post that names it is held when the post is taken). The answers
+    acknowledge posts, in order: one answers a post and every post before it on the
+    stream (the receiver answers every 16th post, the stream's first, and at once any
+    post it could not rebuild); everything else is one-way. A message the
     receiver refuses (not a configured peer, malformed) ends the stream with its status;
     the sender opens a new one.
     """
@@ -196,8 +200,10 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
     ]:
         """What coordinators send each other: one long-lived stream per directed pair of DCs
         carrying every message above but GetBody, handled in the order sent (a body pushed
-        ahead of the post that names it is held when the post is taken). The answers are the
-        posts' acknowledgements, in order; everything else is one-way. A message the
+        ahead of the post that names it is held when the post is taken). The answers
+        acknowledge posts, in order: one answers a post and every post before it on the
+        stream (the receiver answers every 16th post, the stream's first, and at once any
+        post it could not rebuild); everything else is one-way. A message the
         receiver refuses (not a configured peer, malformed) ends the stream with its status;
         the sender opens a new one.
         """
