@@ -15,6 +15,7 @@ import pytest
 
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
+from txsync.telemetry import work
 from txsync.transaction_store import store as store_module
 from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.store import (
@@ -82,6 +83,7 @@ def test_full_lifecycle_is_recorded_and_survives_restart(tmp_path: Path) -> None
 
     async def second(store: TransactionStore) -> None:
         record = store.get(tx_id)
+        # TESTING was written with the outcome: the restarted store has the whole history.
         assert [step.state for step in record.history] == list(TxState)[:5]
         assert [step.service for step in record.history] == [
             "transaction-store",
@@ -95,6 +97,43 @@ def test_full_lifecycle_is_recorded_and_survives_restart(tmp_path: Path) -> None
         assert (again.tx_id, again.created, again.state) == (tx_id, False, TxState.OK)
 
     _run(tmp_path, second)
+
+
+def test_testing_is_written_with_the_outcome_a_restart_before_it_finds_enqueued(
+    tmp_path: Path,
+) -> None:
+    """TESTING alone costs no log batch (nor, at low load, an fsync) per transaction: it
+    is written with the outcome. Lost with a restart before that, it is recorded again
+    when the dispatch, starting at the first unfinished position, tests it again."""
+
+    async def first(store: TransactionStore) -> str:
+        submitted = await store.submit(_body(), "key-1")
+        await _sync_local(store, submitted.tx_id, 1)
+        batches_before = work.counts[work.LOG_BATCHES]
+        await store.advance_states([StateChangeRequest(submitted.tx_id, TxState.TESTING)], "wd")
+        assert work.counts[work.LOG_BATCHES] == batches_before
+        assert store.get(submitted.tx_id).state is TxState.TESTING
+        await store.wait(submitted.tx_id, TxState.TESTING, timeout_s=5)
+        return submitted.tx_id
+
+    tx_id = _run(tmp_path, first)
+
+    async def second(store: TransactionStore) -> None:
+        assert store.get(tx_id).state is TxState.ENQUEUED
+        assert store.first_unfinished_position() == 1
+        await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd2")
+        entries_before = work.counts[work.LOG_ENTRIES]
+        await store.advance_states([StateChangeRequest(tx_id, TxState.OK, _ok())], "wd2")
+        assert work.counts[work.LOG_ENTRIES] == entries_before + 2  # TESTING, then OK
+
+    _run(tmp_path, second)
+
+    async def third(store: TransactionStore) -> None:
+        history = store.get(tx_id).history
+        assert [step.state for step in history][-2:] == [TxState.TESTING, TxState.OK]
+        assert history[-2].service == "wd2"
+
+    _run(tmp_path, third)
 
 
 @pytest.mark.parametrize(

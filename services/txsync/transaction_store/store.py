@@ -226,6 +226,9 @@ class TransactionStore:
         self._rotation: asyncio.Task[None] | None = None
         self._unsynced_bodies: set[str] = set()
         """Body files whose only durable copy is a log entry of the current file."""
+        # TESTING entries not written yet: each goes with its transaction's outcome
+        # (``advance_states``). At most one per enqueued, unfinished transaction.
+        self._testing_unwritten: dict[str, txlog_pb2.LogEntry] = {}
         self.bodies_repaired = 0
 
     @classmethod
@@ -294,18 +297,22 @@ class TransactionStore:
             await staged.future
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
-        self._notify()
-        waiters = self._waiters
-        if waiters:
-            for transition in staged.moved:
-                for waiter in waiters.pop(transition.record.tx_id, ()):
-                    if not waiter.done():
-                        waiter.set_result(None)
-        trace_transitions(self.state.node_id, staged.moved, skip=staged.traced_whole)
+        self._announce(staged.moved, staged.traced_whole)
         if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._rotating = True
             # Keep a strong reference: the loop holds tasks only weakly.
             self._rotation = asyncio.get_running_loop().create_task(self._rotate_in_background())
+
+    def _announce(self, moved: Sequence[Moved], traced_whole: Collection[str] = ()) -> None:
+        """Wake the streams and the waiters of these transitions, and emit their spans."""
+        self._notify()
+        waiters = self._waiters
+        if waiters:
+            for transition in moved:
+                for waiter in waiters.pop(transition.record.tx_id, ()):
+                    if not waiter.done():
+                        waiter.set_result(None)
+        trace_transitions(self.state.node_id, moved, skip=traced_whole)
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -486,9 +493,10 @@ class TransactionStore:
     async def wait(
         self, tx_id: str, state: TxState, timeout_s: float
     ) -> tuple[TxRecord | None, bool]:
-        """Wait until the transaction's state is ``state`` or later (durably). A
-        transaction this DC has not heard of yet (submitted at another DC) is waited for
-        too; the record is None if it never showed up."""
+        """Wait until the transaction's state is ``state`` or later (durably; TESTING, written
+        only with the outcome, as soon as the dispatch reports it). A transaction this DC has not
+        heard of yet (submitted at another DC) is waited for too; the record is None if it
+        never showed up."""
         check_tx_id(tx_id)
         if self._waiting >= WAITS_MAX:
             raise StoreError(
@@ -984,7 +992,27 @@ class TransactionStore:
                 )
         async with self._lock:
             entries = self._plan_changes(changes, service, passed_is_repeat=True)
-            staged = self._stage(entries) if entries else None
+            # TESTING is written with the transaction's outcome, in the same batch, not
+            # on its own: alone it cost a log batch and, at low load, an fsync per
+            # transaction per DC. Until then it is in memory only; a restart finds the
+            # transaction ENQUEUED, and the dispatch, which starts at the first
+            # unfinished position, tests it again (the testing worker answers from its
+            # record). The log keeps the whole history, the pipeline's timings included.
+            moved: list[Moved] = []
+            durable: list[txlog_pb2.LogEntry] = []
+            for entry in entries:
+                tx_id = entry.state.tx_id
+                if entry.state.state == TxState.TESTING.value:
+                    moved += self.state.apply(entry)
+                    self._testing_unwritten[tx_id] = entry
+                    continue
+                testing = self._testing_unwritten.pop(tx_id, None)
+                if testing is not None:
+                    durable.append(testing)  # a repeat in memory: applying it is a no-op
+                durable.append(entry)
+            staged = self._stage(durable) if durable else None
+        if moved:
+            self._announce(moved)
         for change in changes:
             if change.state in FINAL_STATES:
                 self.body_cache.discard(change.tx_id)  # read back no more (files serve)
