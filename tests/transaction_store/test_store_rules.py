@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -134,6 +135,35 @@ def test_testing_is_written_with_the_outcome_a_restart_before_it_finds_enqueued(
         assert history[-2].service == "wd2"
 
     _run(tmp_path, third)
+
+
+def test_a_state_reported_late_keeps_its_time_within_the_history_and_the_clock(
+    tmp_path: Path,
+) -> None:
+    """worker-dispatch reports TESTING with its outcome and the time it was made; the
+    store takes that time, but none before the transaction's last step nor after now."""
+
+    async def scenario(store: TransactionStore) -> None:
+        ids = [(await store.submit(_body(f"SELECT {n}"))).tx_id for n in range(3)]
+        for ts, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, ts)
+        enqueued_at = store.get(ids[-1]).history[-1].at_unix_ms
+        while time.time_ns() // 1_000_000 <= enqueued_at + 1:  # so that +1 is in the past
+            await asyncio.sleep(0.001)
+        for tx_id, at in zip(ids, (enqueued_at + 1, 1, 2**62), strict=True):
+            await store.advance_states(
+                [
+                    StateChangeRequest(tx_id, TxState.TESTING, at_unix_ms=at),
+                    StateChangeRequest(tx_id, TxState.OK, _ok()),
+                ],
+                "wd",
+            )
+        times = [{step.state: step.at_unix_ms for step in store.get(t).history} for t in ids]
+        assert times[0][TxState.TESTING] == enqueued_at + 1  # as reported
+        assert times[1][TxState.TESTING] == times[1][TxState.ENQUEUED]  # not before it
+        assert times[2][TxState.TESTING] <= times[2][TxState.OK]  # not after now
+
+    _run(tmp_path, scenario)
 
 
 @pytest.mark.parametrize(

@@ -309,6 +309,7 @@ def _changes(messages: Any) -> list[StateChangeRequest]:
                 tx_id=tx_id,
                 state=_STATES[state],
                 outcome=change.outcome if change.HasField("outcome") else None,
+                at_unix_ms=change.at_unix_ms,
             )
         )
     return changes

@@ -91,6 +91,8 @@ class StateChangeRequest:
     tx_id: str
     state: TxState
     outcome: common_pb2.Outcome | None = None
+    at_unix_ms: int = 0
+    """When the sender made the change; 0: now. Kept within the record's last step and now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -741,7 +743,13 @@ class TransactionStore:
             )
             if change.outcome is not None:
                 moved.outcome.CopyFrom(change.outcome)
-            entries.append(self._entry(state=moved))
+            entry = self._entry(state=moved)
+            if change.at_unix_ms:
+                # Reported late (TESTING with its outcome): the sender's time, within
+                # what the history and this clock allow.
+                since = record.history[-1].at_unix_ms if record and record.history else 0
+                entry.at_unix_ms = max(since, min(change.at_unix_ms, entry.at_unix_ms))
+            entries.append(entry)
             pending[change.tx_id] = change.state
         return entries
 

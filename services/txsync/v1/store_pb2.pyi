@@ -299,8 +299,15 @@ class StateChange(_message.Message):
     TX_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    AT_UNIX_MS_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     state: _common_pb2.TxState.ValueType
+    at_unix_ms: _builtins.int
+    """When the change was made, on the sender's clock, in milliseconds since the Unix
+    epoch; 0: when the store receives it. worker-dispatch reports TESTING with the
+    transaction's outcome, in one call, and keeps the step's time this way. The store
+    takes no time later than its own clock nor earlier than the transaction's last step.
+    """
     @_builtins.property
     def outcome(self) -> _common_pb2.Outcome:
         """Set with TX_STATE_OK and TX_STATE_FAILED."""
@@ -311,11 +318,19 @@ class StateChange(_message.Message):
         tx_id: _builtins.str = ...,
         state: _common_pb2.TxState.ValueType = ...,
         outcome: _common_pb2.Outcome | None = ...,
+        at_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "outcome", b"outcome", "state", b"state", "tx_id", b"tx_id"
+        "at_unix_ms",
+        b"at_unix_ms",
+        "outcome",
+        b"outcome",
+        "state",
+        b"state",
+        "tx_id",
+        b"tx_id",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

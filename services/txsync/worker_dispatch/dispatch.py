@@ -4,7 +4,8 @@ One **pipeline** at a time, over the workers that are healthy and in sync: one o
 the **testing worker** (it keeps the role while fit; otherwise the first in configured
 order takes it). Transactions stream from the store's
 ``FollowEnqueued`` in synced order; each goes to the testing worker first (the store
-records TESTING), its outcome becomes the DC's (OK or FAILED, recorded in the store), and
+records TESTING), its outcome becomes the DC's (OK or FAILED, recorded in the store, both
+by ``state_records``), and
 then every other worker applies it, running it on OK and recording it unrun on FAILED.
 Every worker answers with its running state digest; one that differs from the testing
 worker's is **out of sync**: it gets no more work, and the admin status and the log say
@@ -76,6 +77,7 @@ from txsync.worker_dispatch.pipeline import (
     Record,
     Send,
 )
+from txsync.worker_dispatch.state_records import StateRecords
 
 log = logging.getLogger(__name__)
 
@@ -85,18 +87,6 @@ HEARTBEAT_S = 1.0
 RECOVERY_CHECK_S = 1.0
 RECOVERY_TIMEOUT_S = 600.0
 """A whole snapshot copy (export and import) must finish within this."""
-STATE_BATCH_MAX = 512
-"""State changes sent to the store in one call."""
-STATES_RETRIED = frozenset({
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.ABORTED,
-})  # fmt: skip
-"""Refusals of ``AdvanceStates`` that pass (the store restarting, busy): the same
-batch again. Any other refusal is for good."""
-SERVICE = "worker-dispatch"
 _Queues = dict[str, asyncio.Queue[worker_pb2.ApplyRequest]]
 _Machine = PipelineMachine[worker_pb2.ApplyRequest]
 
@@ -171,8 +161,7 @@ class Dispatch:
         self._changed = asyncio.Event()
         self._first_beats = asyncio.Event()
         """Set once every worker was asked once: the testing role is chosen among all."""
-        self._changes: list[store_pb2.StateChange] = []
-        self._changes_ready = asyncio.Event()
+        self.states = StateRecords(self.store, on_dropped=self._changed.set)
         self.restarts = RestartLoop()
         self._machine: _Machine | None = None
         """The running pipeline's decisions."""
@@ -303,7 +292,7 @@ class Dispatch:
     # --- the pipeline -----------------------------------------------------------------
 
     async def run(self) -> None:
-        flusher = asyncio.get_running_loop().create_task(self._flush_states())
+        flusher = asyncio.get_running_loop().create_task(self.states.run())
         await self._first_beats.wait()
         try:
             while True:
@@ -438,7 +427,7 @@ class Dispatch:
                         self.workers[worker_id].progressed_s = time.monotonic()
                     await queues[worker_id].put(request)
                 case Record(tx_id=tx_id, state=state, decided_by=decided_by):
-                    self._record(tx_id, common_pb2.TxState.ValueType(state.value),
+                    self.states.record(tx_id, common_pb2.TxState.ValueType(state.value),
                                  outcome if decided_by is not None else None)  # fmt: skip
                     if decided_by is not None:
                         self.applied_ok += decided_by.ok
@@ -565,50 +554,3 @@ class Dispatch:
             imported.position,
         )
         self._changed.set()
-
-    # --- the store --------------------------------------------------------------------
-
-    def _record(
-        self,
-        tx_id: str,
-        state: common_pb2.TxState.ValueType,
-        outcome: common_pb2.Outcome | None = None,
-    ) -> None:
-        change = store_pb2.StateChange(tx_id=tx_id, state=state)
-        if outcome is not None:
-            change.outcome.CopyFrom(outcome)
-        self._changes.append(change)
-        self._changes_ready.set()
-
-    async def _flush_states(self) -> None:
-        """State changes go to the store in batches (one fsync each), in order."""
-        while True:
-            await self._changes_ready.wait()
-            self._changes_ready.clear()
-            while self._changes:
-                batch = self._changes[:STATE_BATCH_MAX]
-                try:
-                    await self.store.AdvanceStates(
-                        store_pb2.AdvanceStatesRequest(changes=batch, service=SERVICE), timeout=30
-                    )
-                except grpc.aio.AioRpcError as error:
-                    if error.code() in STATES_RETRIED:
-                        log.warning("store refused states (%s); retrying", error.details())
-                        await asyncio.sleep(0.5)
-                        continue
-                    # Refused for good: retrying the same batch would stop this DC
-                    # recording outcomes for ever. The store's record is the truth: drop
-                    # the batch and restart the pipeline, which reads every position not
-                    # finished there again and records it from the testing worker's answer.
-                    log.error(
-                        "store refused %d state changes (%s: %s): re-reading the "
-                        "unfinished positions",
-                        len(batch),
-                        error.code().name,
-                        error.details(),
-                    )
-                    del self._changes[: len(batch)]
-                    self._changed.set()
-                    await asyncio.sleep(0.5)
-                    continue
-                del self._changes[: len(batch)]

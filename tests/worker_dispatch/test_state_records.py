@@ -1,0 +1,142 @@
+"""The dispatch's state records against a real transaction store served over gRPC: a
+TESTING and its outcome go in one ``AdvanceStates`` call with TESTING's own time, a long
+test is reported TESTING on its own, and a refusal for good drops the batch and asks the
+pipeline to re-read the store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.in_process import serve_store, until
+from txsync.protocol import TxMeta, TxState
+from txsync.rpc import new_channel
+from txsync.telemetry import work
+from txsync.transaction_store.store import (
+    ProtocolStep,
+    StateChangeRequest,
+    StoreConfig,
+    TransactionStore,
+)
+from txsync.v1 import common_pb2, store_pb2_grpc
+from txsync.worker_dispatch.state_records import StateRecords
+
+CALLS = "AdvanceStates"
+
+
+@dataclass
+class Harness:
+    store: TransactionStore
+    records: StateRecords
+    dropped: list[None]
+
+    def state(self, tx_id: str) -> TxState | None:
+        return self.store.get(tx_id).state
+
+    async def enqueued(self, ts: int) -> str:
+        """A transaction submitted here and synced: ENQUEUED, ready for the dispatch."""
+        body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=f"SELECT {ts}")])
+        tx_id = (await self.store.submit(body)).tx_id
+        meta = TxMeta(ts, tx_id, "dc1")
+        await self.store.persist_step(
+            ProtocolStep(
+                counter=ts,
+                incoming=[meta],
+                synced_start=self.store.state.merge_base,
+                synced=[meta],
+                changes=[StateChangeRequest(tx_id, TxState.ACCEPTED)],
+                service="sync-coordinator",
+            )
+        )
+        assert self.state(tx_id) is TxState.ENQUEUED
+        return tx_id
+
+
+@asynccontextmanager
+async def _harness(tmp_path: Path, testing_held_s: float) -> AsyncIterator[Harness]:
+    store = await TransactionStore.open(StoreConfig(data_dir=tmp_path, node_id="dc1"))
+    server, address = await serve_store(store)
+    channel = new_channel(address, as_service=True)
+    dropped: list[None] = []
+    records = StateRecords(
+        store_pb2_grpc.StoreInternalServiceStub(channel),
+        on_dropped=lambda: dropped.append(None),
+        testing_held_s=testing_held_s,
+    )
+    sender = asyncio.get_running_loop().create_task(records.run())
+    try:
+        yield Harness(store, records, dropped)
+    finally:
+        sender.cancel()
+        await channel.close()
+        await server.stop(None)
+        await store.close()
+
+
+def _ok(position: int) -> common_pb2.Outcome:
+    return common_pb2.Outcome(state=common_pb2.TX_STATE_OK, position=position)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def test_testing_and_its_outcome_go_in_one_call_with_testing_s_own_time(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        # Held far longer than any test here takes: the outcome always comes first.
+        async with _harness(tmp_path, testing_held_s=600) as h:
+            tx_id = await h.enqueued(1)
+            calls = work.received[CALLS]
+            h.records.record(tx_id, common_pb2.TX_STATE_TESTING)
+            tested_by = _now_ms()
+            await until(lambda: _now_ms() > tested_by + 20, "the clock moved on")
+            assert h.state(tx_id) is TxState.ENQUEUED  # held, not sent
+            h.records.record(tx_id, common_pb2.TX_STATE_OK, _ok(1))
+            await until(lambda: h.state(tx_id) is TxState.OK, "OK recorded")
+            assert work.received[CALLS] == calls + 1
+            testing, ok = h.store.get(tx_id).history[-2:]
+            assert (testing.state, testing.service) == (TxState.TESTING, "worker-dispatch")
+            assert testing.at_unix_ms <= tested_by < ok.at_unix_ms
+
+    asyncio.run(main())
+
+
+def test_a_long_test_is_reported_testing_on_its_own(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _harness(tmp_path, testing_held_s=0.05) as h:
+            tx_id = await h.enqueued(1)
+            calls = work.received[CALLS]
+            h.records.record(tx_id, common_pb2.TX_STATE_TESTING)
+            await until(lambda: h.state(tx_id) is TxState.TESTING, "TESTING recorded alone")
+            assert work.received[CALLS] == calls + 1
+            h.records.record(tx_id, common_pb2.TX_STATE_OK, _ok(1))
+            await until(lambda: h.state(tx_id) is TxState.OK, "OK recorded")
+            assert work.received[CALLS] == calls + 2
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("testing_held_s", [0.05, 600])
+def test_a_refused_batch_is_dropped_and_the_next_one_goes(
+    tmp_path: Path, testing_held_s: float
+) -> None:
+    async def main() -> None:
+        async with _harness(tmp_path, testing_held_s=testing_held_s) as h:
+            first, second = await h.enqueued(1), await h.enqueued(2)
+            # OK without TESTING: not a forward step, refused for good.
+            h.records.record(first, common_pb2.TX_STATE_OK, _ok(1))
+            await until(lambda: bool(h.dropped), "the refused batch dropped")
+            assert h.state(first) is TxState.ENQUEUED
+            h.records.record(second, common_pb2.TX_STATE_TESTING)
+            h.records.record(second, common_pb2.TX_STATE_OK, _ok(2))
+            await until(lambda: h.state(second) is TxState.OK, "the next batch recorded")
+
+    asyncio.run(main())
