@@ -13,6 +13,7 @@ all writes rather than letting memory and disk disagree.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -160,6 +161,8 @@ class _Staged:
     moved: list[Moved]
     traced_whole: Collection[str] = ()
     """Transactions whose every span is emitted instead (their trace context arrived)."""
+    body_files: Collection[str] = ()
+    """Transactions whose body files the writer writes after these entries."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,6 +231,8 @@ class TransactionStore:
         self._rotation: asyncio.Task[None] | None = None
         self._unsynced_bodies: set[str] = set()
         """Body files whose only durable copy is a log entry of the current file."""
+        self._body_files_pending: set[str] = set()
+        """Body files the writer has yet to write (after their entries, ``_stage``)."""
         # TESTING entries not written yet: each goes with its transaction's outcome
         # (``advance_states``). At most one per enqueued, unfinished transaction.
         self._testing_unwritten: dict[str, txlog_pb2.LogEntry] = {}
@@ -276,14 +281,24 @@ class TransactionStore:
     # --- the one way to change anything --------------------------------------------------
 
     def _stage(
-        self, entries: Sequence[txlog_pb2.LogEntry], *, traced_whole: Collection[str] = ()
+        self,
+        entries: Sequence[txlog_pb2.LogEntry],
+        *,
+        traced_whole: Collection[str] = (),
+        bodies: Sequence[tuple[str, bytes]] = (),
     ) -> _Staged:
-        """Under the lock: hand entries to the writer and apply them to memory."""
+        """Under the lock: hand entries to the writer and apply them to memory. The
+        ``bodies`` these entries carry get their files written after them, in the
+        writer's thread (no hop of their own, and off the path before the lock); until
+        then they are read from the cache, or after a flush (``_body_files_ready``)."""
         batch = txlog_pb2.LogBatch(entries=entries)
+        then = functools.partial(self._write_bodies, bodies) if bodies else None
         try:
-            future = self._writer.submit(encode_frame(batch.SerializeToString()))
+            future = self._writer.submit(encode_frame(batch.SerializeToString()), then)
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+        files = [tx_id for tx_id, _ in bodies]
+        self._body_files_pending.update(files)
         work.count(work.LOG_BATCHES)
         work.count(work.LOG_ENTRIES, len(entries))
         moved: list[Moved] = []
@@ -292,13 +307,15 @@ class TransactionStore:
             if entry.HasField("state"):
                 work.count(work.STATE_ENTRIES)
             moved += apply(entry)
-        return _Staged(future, moved, traced_whole)
+        return _Staged(future, moved, traced_whole, files)
 
     async def _durable(self, staged: _Staged) -> None:
         try:
             await staged.future
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+        finally:
+            self._body_files_pending.difference_update(staged.body_files)
         self._announce(staged.moved, staged.traced_whole)
         if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._rotating = True
@@ -348,9 +365,10 @@ class TransactionStore:
         self, submits: Sequence[tuple[common_pb2.TxBody, str, str]], *, admin: bool = False
     ) -> list[Submitted | StoreError]:
         """Submit (body, idempotency key, traceparent) triples; each answered on its own.
-        Body files are written (without fsync) before the lock; the log entries of every
-        accepted submit carry their bodies and go into one batch, so a whole SubmitBatch
-        costs one fsync. Membership entries come only from the admin API (``admin``)."""
+        The log entries of every accepted submit carry their bodies and go into one
+        batch, so a whole SubmitBatch costs one fsync; the writer writes the body files
+        (without fsync) after it. Membership entries come only from the admin API
+        (``admin``)."""
         if self.config.witness and not admin:
             raise StoreError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -371,13 +389,9 @@ class TransactionStore:
                 prepared.append(error)
                 continue
             prepared.append((str(uuid.uuid4()), encoded))
-        to_write = [item for item in prepared if not isinstance(item, StoreError)]
-        if to_write:
-            await work.in_thread(self._write_bodies, to_write)
-
         results: list[Submitted | StoreError] = []
         entries: list[txlog_pb2.LogEntry] = []
-        unused: list[str] = []
+        files: list[tuple[str, bytes]] = []
         async with self._lock:
             batch_keys: dict[str, str] = {}
             batch_digests: dict[str, bytes] = {}
@@ -393,7 +407,6 @@ class TransactionStore:
                 if existing is not None:
                     record = self.state.txs.get(existing)
                     first_digest = record.body_digest if record else batch_digests.get(key)
-                    unused.append(tx_id)
                     if first_digest and first_digest != digest:
                         results.append(StoreError(
                             grpc.StatusCode.ALREADY_EXISTS,
@@ -409,7 +422,6 @@ class TransactionStore:
                     self._check_capacity(staged=len(entries))
                 except StoreError as error:
                     results.append(error)
-                    unused.append(tx_id)
                     continue
                 entries.append(
                     self._entry(
@@ -427,13 +439,12 @@ class TransactionStore:
                 )
                 self._unsynced_bodies.add(tx_id)
                 self.body_cache.put(tx_id, encoded)
+                files.append((tx_id, encoded))
                 if key:
                     batch_keys[key] = tx_id
                     batch_digests[key] = digest
                 results.append(Submitted(tx_id, True, TxState.INCOMING))
-            staged = self._stage(entries) if entries else None
-        if unused:
-            await work.in_thread(self._delete_bodies, unused)
+            staged = self._stage(entries, bodies=files) if entries else None
         if staged is not None:
             await self._durable(staged)
             self._tell_local_watchers(entries)
@@ -489,8 +500,18 @@ class TransactionStore:
         what passes a body on (to dispatch, to a peer) without decoding it."""
         encoded = self.body_cache.get(tx_id)
         if encoded is None:
+            await self._body_files_ready([tx_id])
             encoded = await work.in_thread(self.bodies.read, tx_id)
         return encoded
+
+    async def _body_files_ready(self, tx_ids: Iterable[str]) -> None:
+        """Wait until the writer has written these bodies' files, if it has yet to (a
+        read the cache missed: rare, the cache holds every unfinished body it can)."""
+        if not self._body_files_pending.isdisjoint(tx_ids):
+            try:
+                await self._writer.flush()
+            except WriterBrokenError as error:
+                raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
 
     async def wait(
         self, tx_id: str, state: TxState, timeout_s: float
@@ -815,8 +836,8 @@ class TransactionStore:
         }
         if not fresh:
             return [], refused
-        await work.in_thread(self._write_bodies, ((t, h[0]) for t, h in fresh.items()))
         stored: list[str] = []
+        files: list[tuple[str, bytes]] = []
         traced: list[str] = []
         async with self._lock:
             entries = []
@@ -832,8 +853,9 @@ class TransactionStore:
                 )))  # fmt: skip
                 self._unsynced_bodies.add(tx_id)
                 self.body_cache.put(tx_id, encoded)
+                files.append((tx_id, encoded))
                 stored.append(tx_id)
-            staged = self._stage(entries, traced_whole=traced) if entries else None
+            staged = self._stage(entries, traced_whole=traced, bodies=files) if entries else None
         if staged is not None:
             await self._durable(staged)
         for tx_id in traced:
@@ -842,15 +864,15 @@ class TransactionStore:
 
     async def read_bodies(self, tx_ids: Sequence[str]) -> list[tuple[str, bytes, TxRecord]]:
         """The bodies held of ``tx_ids`` (encoded, as stored), with their records; others
-        left out. Held means recorded in the txlog, not merely a file: a body's file is
-        written before its record, and a coordinator told of a file alone would mark the
-        body acquired before the store could enqueue it."""
+        left out. Held means recorded in the txlog, not merely a file: a coordinator told
+        of a file alone would mark the body acquired before the store could enqueue it."""
         if len(tx_ids) > BODIES_PER_CALL_MAX:
             raise invalid(f"tx_ids: {len(tx_ids)} is over {BODIES_PER_CALL_MAX}")
         for tx_id in tx_ids:
             check_tx_id(tx_id)
         cached: list[bytes | None] = [self.body_cache.get(tx_id) for tx_id in tx_ids]
         if any(body is None for body in cached):
+            await self._body_files_ready(tx_ids)
             cached = await work.in_thread(self._read_missing, tx_ids, cached)
         held: list[tuple[str, bytes, TxRecord]] = []
         for tx_id, body in zip(tx_ids, cached, strict=True):
@@ -1062,7 +1084,7 @@ class TransactionStore:
         # The snapshot carries no bodies, so every body file whose only durable copy is
         # in the current log must be made durable first: most of them outside the lock,
         # the few submitted meanwhile inside it.
-        early = list(self._unsynced_bodies)
+        early = list(self._unsynced_bodies - self._body_files_pending)  # files written
         await work.in_thread(self.bodies.fsync_many, early)
         async with self._lock:
             await self._writer.flush()

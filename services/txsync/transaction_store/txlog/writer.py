@@ -5,6 +5,11 @@ writes everything pending in one ``write`` + ``fsync`` (in a worker thread, so t
 loop keeps serving) and then resolves every future of that batch. Under load, batches
 grow by themselves: the longer an fsync takes, the more frames the next one carries.
 
+A frame may bring work that must follow it on disk (``then``: the store's body files,
+which the txlog's entries carry too, and from which a restart rewrites them): it runs in
+the same worker thread after the fsync, before the futures resolve, so it costs no hop
+of its own between the event loop and a thread.
+
 If a write or fsync fails the writer is **broken** for good: memory and disk may now
 disagree, so the store refuses all further writes and reports itself unhealthy instead of
 guessing what reached the disk.
@@ -16,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable, Sequence
 
 from txsync.telemetry import work
 from txsync.transaction_store.txlog.files import LogFiles
@@ -26,6 +32,10 @@ BATCH_BYTES_MAX = 16 * 1024 * 1024
 """Bytes written by one write + fsync; the rest waits for the next round."""
 
 
+_Pending = tuple[bytes, "asyncio.Future[None]", Callable[[], None] | None]
+"""A frame, its future, and what must follow it on disk."""
+
+
 class WriterBrokenError(Exception):
     pass
 
@@ -33,7 +43,7 @@ class WriterBrokenError(Exception):
 class GroupCommitWriter:
     def __init__(self, files: LogFiles) -> None:
         self._files = files
-        self._pending: deque[tuple[bytes, asyncio.Future[None]]] = deque()
+        self._pending: deque[_Pending] = deque()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -45,11 +55,12 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="txlog-writer")
 
-    def submit(self, frame: bytes) -> asyncio.Future[None]:
+    def submit(self, frame: bytes, then: Callable[[], None] | None = None) -> asyncio.Future[None]:
+        """Queue a frame; the future resolves once it is durable and ``then`` has run."""
         if self.broken is not None:
             raise WriterBrokenError(self.broken)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((frame, future))
+        self._pending.append((frame, future, then))
         self._idle.clear()
         self._wakeup.set()
         return future
@@ -72,27 +83,35 @@ class GroupCommitWriter:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._pending:
-                batch: list[tuple[bytes, asyncio.Future[None]]] = []
+                batch: list[_Pending] = []
                 size = 0
                 while self._pending and (not batch or size < BATCH_BYTES_MAX):
-                    frame, future = self._pending.popleft()
-                    batch.append((frame, future))
-                    size += len(frame)
+                    item = self._pending.popleft()
+                    batch.append(item)
+                    size += len(item[0])
                 try:
-                    await work.in_thread(self._files.append_sync, b"".join(f for f, _ in batch))
+                    await work.in_thread(
+                        self._write, b"".join(f for f, _, _ in batch), [t for _, _, t in batch if t]
+                    )
                 except OSError as error:
                     self.broken = f"txlog write failed: {error}"
                     log.critical("%s; refusing all further writes", self.broken)
                     failure = WriterBrokenError(self.broken)
-                    for _, future in [*batch, *self._pending]:
+                    for _, future, _ in [*batch, *self._pending]:
                         if not future.done():
                             future.set_exception(failure)
                     self._pending.clear()
                     break
                 self.batches_written += 1
                 self.frames_written += len(batch)
-                for _, future in batch:
+                for _, future, _ in batch:
                     if not future.done():
                         future.set_result(None)
             if not self._pending:
                 self._idle.set()
+
+    def _write(self, frames: bytes, then: Sequence[Callable[[], None]]) -> None:
+        """In the worker thread: the frames, durably, then what follows them."""
+        self._files.append_sync(frames)
+        for follow in then:
+            follow()
