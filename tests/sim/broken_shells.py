@@ -2,11 +2,14 @@
 
 Each breaks the one rule the shell exists for, persist before send, in a way a
 refactoring could: sends released before their write is durable, or a batch's sends
-before an earlier batch's write is durable.
+before an earlier batch's write is durable, or a pushed body the core is told of and
+that no write carries.
 """
 
 from __future__ import annotations
 
+from txsync.protocol import BodyAcquired, Event
+from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.shell import Shell, _Batch
 
 
@@ -28,3 +31,10 @@ class SendsOutOfOrderShell(Shell):
         for batch in released:
             self._unreleased.remove(batch)
         return released
+
+
+class ForgetsArrivedBodiesShell(Shell):
+    """Tells the core a pushed body is acquired, but writes it with nothing."""
+
+    def _take_body(self, arrived: ArrivedBody) -> Event:
+        return BodyAcquired(arrived.tx_id)

@@ -19,7 +19,11 @@ from tests.sim.broken_cores import (
     UnionAddCore,
 )
 from tests.sim.broken_dispatch import FinishedToNobodyMachine, FollowersNeverFedMachine
-from tests.sim.broken_shells import SendsBeforeDurableShell, SendsOutOfOrderShell
+from tests.sim.broken_shells import (
+    ForgetsArrivedBodiesShell,
+    SendsBeforeDurableShell,
+    SendsOutOfOrderShell,
+)
 from txsync.sim import (
     DEFAULT_MIXES,
     FaultMix,
@@ -167,6 +171,14 @@ def test_a_broken_shell_is_caught_within_200_seeds(
     """Rule 9: what a message claims of its sender, the sender holds durably."""
     failure = _first_failure(mix, nodes, shell_factory=shell)
     assert "invariant 9 " in (failure.violation or ""), failure
+
+
+def test_a_shell_that_writes_no_pushed_body_is_caught_within_200_seeds() -> None:
+    """A peer's body is stored only by the write of the step that acquires it: a shell
+    that tells the core and writes nothing leaves the body missing where the core counts
+    it held (liveness), and after a crash the worker's pipeline moves backwards."""
+    violation = _first_failure("none", 3, shell_factory=ForgetsArrivedBodiesShell).violation
+    assert violation is not None and "invariant 5 " in violation, violation
 
 
 def test_what_sends_before_durable_lead_to_without_rule_9() -> None:

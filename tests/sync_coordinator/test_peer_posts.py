@@ -1,9 +1,12 @@
-"""A post the coordinator refuses leaves no trace (issue 18): before, a post whose
-outcomes were refused had already been remembered as the sender's newest, so a later post
-could build on one that was never accepted."""
+"""What the coordinator refuses from a peer leaves no trace. A refused post (issue 18):
+before, a post whose outcomes were refused had already been remembered as the sender's
+newest, so a later post could build on one that was never accepted. A refused body: the
+others pushed with it are stored all the same."""
 
 from __future__ import annotations
 
+import hashlib
+import time
 import uuid
 from pathlib import Path
 
@@ -46,5 +49,48 @@ def test_a_refused_post_is_not_remembered(tmp_path: Path) -> None:
             # A delta on the refused post: the receiver must not hold it.
             delta = _post(6, delta_from_seq=5, delta_skip=0, delta_keep=1, queue_len=1)
             assert peer.Post(delta, timeout=30).whole_needed
+    finally:
+        cluster.stop()
+
+
+def test_a_pushed_body_that_fails_its_digest_is_refused_and_the_others_are_stored(
+    tmp_path: Path,
+) -> None:
+    """The coordinator checks a peer's bodies itself (the store would fail the whole step
+    that carried a bad one): the bad one is refused by name, the good one is stored with
+    the coordinator's next step and served to peers from then on."""
+    cluster = LocalCluster(tmp_path, 2)
+    try:
+        with grpc.insecure_channel(cluster.dcs[0].coordinator.address) as channel:
+            peer = peer_pb2_grpc.PeerServiceStub(channel)
+            encoded = common_pb2.TxBody(
+                statements=[common_pb2.Statement(sql="INSERT INTO t VALUES (1)")]
+            ).SerializeToString()
+            good, bad = str(uuid.uuid4()), str(uuid.uuid4())
+            answer = peer.PushBodies(
+                peer_pb2.PushBodiesRequest(
+                    sender="dc2",
+                    bodies=[
+                        peer_pb2.PushBodyRequest(tx_id=bad, body=encoded, digest=bytes(32)),
+                        peer_pb2.PushBodyRequest(
+                            tx_id=good, body=encoded, digest=hashlib.sha256(encoded).digest()
+                        ),
+                    ],
+                ),
+                timeout=30,
+            )
+            assert list(answer.refused) == [bad]
+            assert "fails its digest" in answer.refused[bad]
+            deadline = time.monotonic() + 60
+            while True:  # stored with the coordinator's next step, soon after the answer
+                try:
+                    held = peer.GetBody(peer_pb2.GetBodyRequest(sender="dc2", tx_id=good))
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline, "the good body was never stored"
+                    time.sleep(0.05)
+            assert held.body == encoded
+            with pytest.raises(grpc.RpcError):
+                peer.GetBody(peer_pb2.GetBodyRequest(sender="dc2", tx_id=bad), timeout=30)
     finally:
         cluster.stop()

@@ -16,6 +16,7 @@ from txsync.protocol import (
     Timing,
     TxMeta,
 )
+from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.shell import Shell, ShellError, ShellOutput
 
 TX = [f"00000000-0000-4000-8000-00000000000{n}" for n in range(1, 10)]
@@ -137,3 +138,40 @@ def test_the_clock_is_stepped_before_the_events() -> None:
     ]
     assert fetches == []
     assert out.next_tick_ms == 2_000 + Timing().body_fetch_delay_ms
+
+
+def _bodies(out: ShellOutput) -> list[list[str]]:
+    return [[body.tx_id for body in write.merged.bodies] for write in out.writes]
+
+
+def test_a_pushed_body_is_written_with_the_step_that_tells_the_core() -> None:
+    """One write (one fsync) for the body and what the core learned with it; the core
+    has the body acquired, and sends nothing about it until that write is durable."""
+    shell = _shell()
+    post = Post(0, "dc2", 1, 1, MergeBase.genesis(), 1, (TxMeta(1, TX[0], "dc2"),))
+    out = shell.step([ArrivedBody(TX[0], b"body", b"digest"), PostReceived(post)], now_ms=10)
+    assert _bodies(out) == [[TX[0]]] and _incoming(out) == [[TX[0]]]
+    assert not out.releases
+    assert shell.write_durable(out.writes[0].seq).releases
+
+
+def test_a_body_alone_still_makes_a_write() -> None:
+    shell = _shell()
+    out = shell.step([ArrivedBody(TX[0], b"body", b"digest")], now_ms=10)
+    assert _bodies(out) == [[TX[0]]]
+
+
+def test_pushed_bodies_past_the_byte_bound_go_in_the_next_write() -> None:
+    """A write stays within one gRPC message: the gathering is sealed before a body
+    would take it past ``flush_body_bytes`` (a single bigger body still goes alone)."""
+    shell = _shell(writes_in_flight_max=1, flush_body_bytes=10)
+    bodies = [ArrivedBody(TX[n], b"x" * 6, b"digest") for n in range(3)]
+    first = shell.step(bodies, now_ms=10)
+    assert _bodies(first) == [[TX[0]]]
+    assert not shell.accepting  # TX[1] sealed on size, waiting for the slot
+    second = shell.write_durable(first.writes[0].seq)
+    assert _bodies(second) == [[TX[1]]]
+    shell.write_durable(second.writes[0].seq)
+    assert _bodies(shell.step([], now_ms=20)) == [[TX[2]]]
+    alone = _shell(flush_body_bytes=10)
+    assert _bodies(alone.step([ArrivedBody(TX[3], b"x" * 50, b"digest")], now_ms=30)) == [[TX[3]]]

@@ -4,6 +4,7 @@ requests change nothing, backpressure refuses with a hint, and restarts remember
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import time
 import uuid
@@ -708,6 +709,45 @@ def test_a_synced_body_is_enqueued_by_its_own_record_with_no_coordinator_step(
         assert store.state.txs[tx_id].state is TxState.ENQUEUED
 
     _run(tmp_path, after_restart)
+
+
+def test_a_step_stores_the_peers_bodies_it_acquires_in_its_own_batch(tmp_path: Path) -> None:
+    """A pushed body and the step that tells the core of it share one batch, one fsync,
+    and the body is held (and enqueued with the synced append) once it is durable; a body
+    held already is skipped, and one that fails its checks fails the whole step."""
+
+    async def scenario(store: TransactionStore) -> None:
+        tx_id = str(uuid.uuid4())
+        encoded = _body().SerializeToString()
+        step = _learn_and_sync(store, TxMeta(1, tx_id, "dc2"), TxState.INCOMING)
+        batches_before = work.counts[work.LOG_BATCHES]
+        await store.persist_step(
+            dataclasses.replace(step, bodies=[(tx_id, encoded, body_digest(encoded), "")])
+        )
+        assert work.counts[work.LOG_BATCHES] == batches_before + 1
+        assert store.state.txs[tx_id].state is TxState.ENQUEUED
+        assert await store.read_encoded_body(tx_id) == encoded
+        entries_before = work.counts[work.LOG_ENTRIES]
+        await store.persist_step(
+            ProtocolStep(counter=2, bodies=[(tx_id, encoded, body_digest(encoded), "")])
+        )
+        assert work.counts[work.LOG_ENTRIES] == entries_before + 1  # the counter alone
+
+        other = str(uuid.uuid4())
+        before = (store.state.counter, store.files.current_bytes)
+        with pytest.raises(StoreError) as caught:
+            await store.persist_step(
+                ProtocolStep(
+                    counter=9,
+                    incoming=[TxMeta(9, other, "dc2")],
+                    bodies=[(other, encoded, b"\x00" * 32, "")],
+                )
+            )
+        assert caught.value.code is grpc.StatusCode.DATA_LOSS
+        assert (store.state.counter, store.files.current_bytes) == before
+        assert other not in store.state.txs
+
+    _run(tmp_path, scenario)
 
 
 def test_implied_states_cost_no_entries_and_old_logs_replay_the_same(tmp_path: Path) -> None:

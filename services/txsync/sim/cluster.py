@@ -7,10 +7,10 @@ same seed always yields the same run, so any failure replays from its seed alone
 Each node runs the coordinator's own ``Shell`` around its core: the shell merges the
 core's durable effects into writes, keeps a few in flight and releases sends only once
 they are durable. The simulated store answers each write after a drawn delay, in order,
-and keeps exactly what was written (plus the bodies the node holds); after a crash the
-node restarts from that durable state alone. A crash may come with writes in flight (the
-store kept a random prefix of them) or between a write's answer and the sends it
-releases.
+and keeps exactly what was written (a peer's body with the step that acquired it, as
+the coordinator writes it); after a crash the node restarts from that durable state
+alone. A crash may come with writes in flight (the store kept a random prefix of them) or
+between a write's answer and the sends it releases.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from txsync.protocol import (
     ConfigChange,
     ConfigChangeSynced,
     DurableState,
-    Event,
     FetchBody,
     Limits,
     LocalTx,
@@ -61,8 +60,8 @@ from txsync.protocol.model import Message
 from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
 from txsync.sim.workers import MachineFactory, WorkerEvent, WorkerSide
-from txsync.sync_coordinator.effects import MergedPersist
-from txsync.sync_coordinator.shell import Shell, ShellOutput
+from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
+from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput
 from txsync.worker_dispatch.pipeline import PipelineMachine
 
 NodeFactory = Callable[..., ProtocolNode]
@@ -152,7 +151,7 @@ class _SimNode:
     """Synced positions scanned for membership entries (the shell's follower)."""
     open_round: int | None = None
     """The round the core reported started and not yet ended (its reports must pair)."""
-    waiting: deque[Event] = field(default_factory=deque)
+    waiting: deque[ShellEvent] = field(default_factory=deque)
     """Events that arrived while the shell took none (a sealed write waits for a slot)."""
     last_answer_ms: int = 0
     """When the store answers this incarnation's newest write: answers keep their order."""
@@ -438,8 +437,10 @@ class Simulation:
                 # A body we already hold is news only when we fetched it from ourselves.
                 news = tx_id not in target.durable.bodies or sender == to
                 if target.core is not None and self._linked(sender, to) and news:
-                    target.durable.bodies.add(tx_id)
-                    self._step(to, BodyAcquired(tx_id))
+                    # A peer's body is durable with the write of the step that acquires
+                    # it, as the coordinator writes it (``ArrivedBody``).
+                    arrived = ArrivedBody(tx_id, b"", b"")
+                    self._step(to, BodyAcquired(tx_id) if sender == to else arrived)
             case _FetchRequest(to, sender, tx_id):
                 holder = self._nodes[to]
                 held = tx_id in holder.durable.bodies
@@ -509,7 +510,7 @@ class Simulation:
         self._membership[tx_id] = change
         self._local_tx(rng.choice(up), tx_id)
 
-    def _on_refused(self, event: Event, out: ShellOutput) -> None:
+    def _on_refused(self, event: ShellEvent, out: ShellOutput) -> None:
         """A client whose submit was refused (no majority, a full queue) tries again."""
         if isinstance(event, LocalTx) and out.rejections:
             # One retry per submit: a crash of this node must not send it a second time
@@ -598,7 +599,7 @@ class Simulation:
 
     # --- one step of one node, and its effects ---------------------------------------------
 
-    def _step(self, node: NodeId, event: Event) -> None:
+    def _step(self, node: NodeId, event: ShellEvent) -> None:
         """Step ``event`` through the node's shell, or keep it while the shell takes none."""
         sim_node = self._nodes[node]
         shell = sim_node.shell
@@ -688,6 +689,7 @@ class Simulation:
         """What the transaction-store does with one write, in its order: counter,
         forgotten metas, new metas, synced append, installed view, vote, states."""
         durable = self._nodes[node].durable
+        durable.bodies.update(arrived.tx_id for arrived in merged.bodies)
         if merged.counter:
             durable.counter = merged.counter
         if merged.forgotten:

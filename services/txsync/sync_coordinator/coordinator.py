@@ -25,7 +25,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,6 @@ from txsync.protocol import (
     ConfigChange,
     ConfigChangeSynced,
     DurableState,
-    Event,
     FetchBody,
     Limits,
     LocalTx,
@@ -59,12 +58,12 @@ from txsync.protocol import (
     Tick,
     Timing,
 )
-from txsync.rpc import new_channel
-from txsync.sync_coordinator.effects import MergedPersist
+from txsync.rpc import ServiceError, new_channel
+from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
 from txsync.sync_coordinator.post_deltas import KnownPosts
 from txsync.sync_coordinator.rounds import RoundTracker
-from txsync.sync_coordinator.shell import Shell, ShellOutput
+from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput
 from txsync.sync_coordinator.wire import (
     base_from_proto,
     base_to_proto,
@@ -76,7 +75,11 @@ from txsync.sync_coordinator.wire import (
     view_message_to_proto,
 )
 from txsync.telemetry import Metrics, attached
-from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
+from txsync.transaction_store.validation import (
+    BODIES_PER_CALL_MAX,
+    check_peer_body,
+    check_traceparent,
+)
 from txsync.v1 import (
     common_pb2,
     peer_pb2,
@@ -100,6 +103,9 @@ messages of up to PUSH_BATCH_BYTES_MAX, and a bound of 256 messages, which many 
 batches filled under load (16 clients per DC submitting 50 at a time), dropped pushes
 that each cost a fetch: 7 GetBody per transaction, measured, and a fetch storm that
 held the cluster at 65 tx/s."""
+ARRIVED_BODY_BYTES_MAX = 64 * 1024 * 1024
+"""Pushed bodies taken and not yet durable (queued for the loop, or in a write); a
+peer's stream waits beyond it. Each is held in memory until its write is durable."""
 FETCHES_IN_FLIGHT_MAX = 64
 """Body fetches running at once; the core retries one not started (with backoff)."""
 LOCAL_BODIES_MAX = 65_536
@@ -448,7 +454,7 @@ class CoordinatorSnapshot:
 class Coordinator:
     def __init__(self, config: CoordinatorConfig, metrics: Metrics | None = None) -> None:
         self.config = config
-        self.events: asyncio.Queue[Event] = asyncio.Queue(maxsize=EVENTS_MAX)
+        self.events: asyncio.Queue[ShellEvent] = asyncio.Queue(maxsize=EVENTS_MAX)
         self._store_channel = new_channel(config.store_address, as_service=True)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.links = {
@@ -489,7 +495,10 @@ class Coordinator:
         self.peer_posts: dict[str, tuple[int, MergeBase]] = {}
         """Counter and merge base of each peer's latest post: how far along it is."""
         self.bodies_arriving: set[str] = set()
-        """Bodies a peer pushed that the store is storing now (PushBodies)."""
+        """Bodies a peer pushed that wait for the loop (``take_bodies``)."""
+        self._arrived_bytes = 0
+        """Bytes of pushed bodies taken and not durable yet (ARRIVED_BODY_BYTES_MAX)."""
+        self._arrived_room = asyncio.Condition()
         self._fetching: set[str] = set()
         """Bodies being fetched now (``_fetch_body``)."""
         self.known_posts = KnownPosts()
@@ -498,8 +507,9 @@ class Coordinator:
         """The PersistSteps stream, open while running."""
         self._writes: asyncio.Queue[store_pb2.PersistStepRequest] = asyncio.Queue()
         """Steps for the stream, in the shell's order (at most its writes in flight)."""
-        self._written: deque[tuple[int, float]] = deque()
-        """(seq, monotonic time handed over) of each write the store has not answered."""
+        self._written: deque[tuple[int, float, int]] = deque()
+        """(seq, monotonic time handed over, pushed body bytes) of each write the store
+        has not answered."""
         self._accepting = asyncio.Event()
         """Set when the shell takes events again after waiting for a free write slot."""
 
@@ -622,7 +632,7 @@ class Coordinator:
                 async with asyncio.timeout(timeout):
                     first = await self.events.get()
             except TimeoutError:
-                batch: list[Event] = []  # a timer is due: the shell steps the clock
+                batch: list[ShellEvent] = []  # a timer is due: the shell steps the clock
             else:
                 # One turn of the event loop first: producers woken with this event (the
                 # local-submit watch, peers' calls) add theirs, and the batch takes them
@@ -638,11 +648,14 @@ class Coordinator:
             # more PushBodies and 9% more posts per transaction (make bench-rpcs).
             await self._writes.join()
 
-    def _step_batch(self, events: list[Event]) -> None:
+    def _step_batch(self, events: list[ShellEvent]) -> None:
         shell, node = self.shell, self.node
         assert shell is not None and node is not None, "started"
         if self._written and time.monotonic() - self._written[0][1] > PERSIST_TIMEOUT_S:
             raise RuntimeError(f"a step was not durable within {PERSIST_TIMEOUT_S:.0f} s")
+        for event in events:
+            if isinstance(event, ArrivedBody):
+                self.bodies_arriving.discard(event.tx_id)  # the core knows it now
         out = shell.step(events, now_ms=_now_ms())
         for rejection in out.rejections:
             self.rejections += 1
@@ -660,7 +673,7 @@ class Coordinator:
             with contextlib.suppress(asyncio.QueueFull):
                 self.events.put_nowait(Tick(_now_ms()))
         for write in out.writes:
-            self._written.append((write.seq, time.monotonic()))
+            self._written.append((write.seq, time.monotonic(), write.merged.body_bytes))
             self._writes.put_nowait(self._persist_request(write.merged))
         for release in out.releases:
             if release.installed:
@@ -702,8 +715,12 @@ class Coordinator:
         shell = self.shell
         assert self._persists is not None and shell is not None, "started"
         async for _ in self._persists:
-            seq, _ = self._written.popleft()
+            seq, _, body_bytes = self._written.popleft()
             self._apply(shell.write_durable(seq))
+            if body_bytes:
+                async with self._arrived_room:
+                    self._arrived_bytes -= body_bytes
+                    self._arrived_room.notify_all()
             if shell.accepting:
                 self._accepting.set()
         # A failure here is fatal for this incarnation: memory ran ahead of the disk.
@@ -836,6 +853,12 @@ class Coordinator:
                 if c.state not in IMPLIED_STATES
             ],
             service=SERVICE,
+            bodies=[
+                store_pb2.StoreBodyRequest(
+                    tx_id=b.tx_id, body=b.body, digest=b.digest, traceparent=b.traceparent
+                )
+                for b in merged.bodies
+            ],
         )
         if merged.synced_start is not None:
             request.synced_start.CopyFrom(base_to_proto(merged.synced_start))
@@ -976,15 +999,30 @@ class Coordinator:
                 peer_pb2.GetBodyRequest(sender=self.config.node_id, tx_id=tx_id),
                 timeout=self.config.rpc_timeout_s,
             )
-            await self.store.StoreBody(
-                store_pb2.StoreBodyRequest(
-                    tx_id=tx_id, body=got.body, digest=got.digest, traceparent=got.traceparent
-                )
-            )
+            arrived = checked_body(tx_id, got.body, got.digest, got.traceparent)
         except grpc.aio.AioRpcError as error:
             log.debug("fetching %s from %s: %s", tx_id, source, error.code().name)
             return
-        await self.events.put(BodyAcquired(tx_id))
+        except ServiceError as error:
+            log.warning("body %s fetched from %s refused: %s", tx_id, source, error.message)
+            return
+        await self.take_bodies([arrived])
+
+    async def take_bodies(self, bodies: Sequence[ArrivedBody]) -> None:
+        """Bodies from peers, checked (``checked_body``): the loop writes each with the
+        step that tells the core it is acquired (one store call and fsync for both). The
+        caller waits while ARRIVED_BODY_BYTES_MAX of them are not durable yet."""
+        size = sum(len(body.body) for body in bodies)
+        async with self._arrived_room:
+            await self._arrived_room.wait_for(
+                lambda: (
+                    not self._arrived_bytes or self._arrived_bytes + size <= ARRIVED_BODY_BYTES_MAX
+                )
+            )
+            self._arrived_bytes += size
+        self.bodies_arriving.update(body.tx_id for body in bodies)
+        for body in bodies:
+            await self.events.put(body)
 
     async def _follow_membership(self) -> None:
         """Feed the core each membership entry of the synced queue, in order, from the
@@ -1055,3 +1093,10 @@ class Coordinator:
             except grpc.aio.AioRpcError as error:
                 log.warning("local submit watch ended (%s); retrying", error.code().name)
             await asyncio.sleep(0.5)
+
+
+def checked_body(tx_id: str, encoded: bytes, digest: bytes, traceparent: str) -> ArrivedBody:
+    """A body from a peer, checked as the store checks it (``ServiceError`` if it fails):
+    the store fails a whole step that carries a body it refuses."""
+    check_peer_body(tx_id, encoded, digest)
+    return ArrivedBody(tx_id, encoded, digest, check_traceparent(traceparent))

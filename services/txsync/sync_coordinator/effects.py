@@ -6,6 +6,10 @@ everything durable the batch produced goes to the transaction-store in one
 order: counters take the highest, metas and state changes keep their order, and synced
 appends (always contiguous) become one append from the first start.
 
+Bodies that peers pushed ride in the write of the step that acquired them
+(``ArrivedBody``): one fsync for the body and what the step learned with it, and no
+store call of their own.
+
 Views add three effects. The store writes a step's forgotten metas before its new metas
 and its installed view before its vote, so the merge keeps only what the core's order
 means: a vote made before an install in the same batch is void, and a meta forgotten
@@ -32,6 +36,19 @@ from txsync.protocol import (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ArrivedBody:
+    """A body a peer sent, checked (parsed, within the limits, matching the origin's
+    digest) and not stored yet. The shell steps ``BodyAcquired`` for it and writes it
+    with that step's effects, so the core learns of it no earlier than it is durable
+    for anything the core sends."""
+
+    tx_id: TxId
+    body: bytes
+    digest: bytes
+    traceparent: str = ""
+
+
 @dataclass(slots=True)
 class MergedPersist:
     counter: int = 0
@@ -42,6 +59,12 @@ class MergedPersist:
     forgotten: dict[TxId, None] = field(default_factory=dict)
     installed: ViewProposal | None = None
     vote: PersistViewVote | None = None
+    bodies: list[ArrivedBody] = field(default_factory=list)
+    body_bytes: int = 0
+
+    def add_body(self, arrived: ArrivedBody) -> None:
+        self.bodies.append(arrived)
+        self.body_bytes += len(arrived.body)
 
     def add(self, ready: Ready) -> None:
         for effect in ready.persist:
@@ -86,4 +109,5 @@ class MergedPersist:
             or self.forgotten
             or self.installed
             or self.vote
+            or self.bodies
         )

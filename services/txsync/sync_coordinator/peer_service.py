@@ -1,8 +1,9 @@
 """``PeerService``: what other DCs' coordinators call on this one.
 
 Posts, catch-up and view messages are decoded and checked (``wire``) and queued for the
-protocol loop; pushed bodies are stored through the transaction-store (which checks
-their digest) before the loop hears they are acquired; bodies are served from the store.
+protocol loop; pushed bodies are checked (limits and the origin's digest) and queued
+too, and the loop writes each to the transaction-store with the step in which its core
+hears it is acquired; bodies are served from the store.
 
 Coordinators send all of it but GetBody on one ``Exchange`` stream per peer, taken here
 message by message in the order sent; the unary calls take the same messages the same
@@ -18,14 +19,14 @@ from typing import Any
 import grpc
 
 from txsync.protocol import (
-    BodyAcquired,
     PostReceived,
     SyncedEntriesReceived,
     ViewMessageReceived,
     ViewQuery,
 )
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
-from txsync.sync_coordinator.coordinator import Coordinator
+from txsync.sync_coordinator.coordinator import Coordinator, checked_body
+from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
 from txsync.sync_coordinator.wire import (
     UnknownReference,
@@ -35,7 +36,6 @@ from txsync.sync_coordinator.wire import (
     post_from_proto,
     view_message_from_proto,
 )
-from txsync.telemetry import attached, context_of
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc, store_pb2
 
@@ -139,18 +139,13 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
                             epoch=post.epoch, seq=post.seq, whole_needed=answer.whole_needed
                         )
                 elif kind == "bodies":
-                    # A pushed body's store call joins its transaction's trace, as its
-                    # unary push did (a batch joins its first body's).
-                    bodies = request.bodies.bodies
-                    with attached(context_of(bodies[0].traceparent if bodies else "")):
-                        await self._take_bodies(request.bodies, context)
+                    await self._take_bodies(request.bodies, context)
                 elif kind == "synced_entries":
                     await self._take_synced_entries(request.synced_entries, context)
                 elif kind == "view":
                     await self._take_view_message(request.view, context)
                 elif kind == "body":
-                    with attached(context_of(request.body.traceparent)):
-                        await self._take_body(request.body, context)
+                    await self._take_body(request.body, context)
                 else:
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "an empty message")
         except ServiceError as error:
@@ -217,18 +212,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(request.sender, context)
-        try:
-            await self._coordinator.store.StoreBody(
-                store_pb2.StoreBodyRequest(
-                    tx_id=request.tx_id,
-                    body=request.body,
-                    digest=request.digest,
-                    traceparent=request.traceparent,
-                )
-            )
-        except grpc.aio.AioRpcError as error:
-            raise ServiceError(error.code(), error.details() or "store refused") from None
-        await self._coordinator.events.put(BodyAcquired(request.tx_id))
+        arrived = checked_body(request.tx_id, request.body, request.digest, request.traceparent)
+        await self._coordinator.take_bodies([arrived])
 
     @answers_errors
     async def PushBodies(
@@ -246,30 +231,16 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(request.sender, context)
-        arriving = self._coordinator.bodies_arriving
-        tx_ids = [body.tx_id for body in request.bodies]
-        arriving.update(tx_ids)
-        try:
-            answer = await self._coordinator.store.StoreBodies(
-                store_pb2.StoreBodiesRequest(
-                    bodies=[
-                        store_pb2.StoreBodyRequest(
-                            tx_id=b.tx_id, body=b.body, digest=b.digest, traceparent=b.traceparent
-                        )
-                        for b in request.bodies
-                    ]
-                )
-            )
-        except grpc.aio.AioRpcError as error:
-            raise ServiceError(error.code(), error.details() or "store refused") from None
-        finally:
-            arriving.difference_update(tx_ids)
-        for body in request.bodies:  # stored now or held already: acquired either way
-            if body.tx_id not in answer.refused:
-                await self._coordinator.events.put(BodyAcquired(body.tx_id))
-        for tx_id, reason in answer.refused.items():
-            log.warning("body %s from %s refused: %s", tx_id, request.sender, reason)
-        return peer_pb2.PushBodiesResponse(refused=answer.refused)
+        arrived: list[ArrivedBody] = []
+        refused: dict[str, str] = {}
+        for body in request.bodies:
+            try:
+                arrived.append(checked_body(body.tx_id, body.body, body.digest, body.traceparent))
+            except ServiceError as error:
+                refused[body.tx_id] = error.message
+                log.warning("body %s from %s refused: %s", body.tx_id, request.sender, error)
+        await self._coordinator.take_bodies(arrived)
+        return peer_pb2.PushBodiesResponse(refused=refused)
 
     @answers_errors
     async def GetBody(

@@ -18,6 +18,9 @@ What the shell does with the ``Ready`` of each step:
   submits fell from 629 to 457 tx/s, measured);
 - seals a gathering that grows past ``flush_metas`` or ``flush_changes`` on its own, and
   then takes no more events (``accepting`` is False) until an answer lets it be written;
+  and one whose pushed bodies (``ArrivedBody``, written with the step that acquires
+  them) would pass ``flush_body_bytes`` before it takes the next, so that a write fits
+  one gRPC message;
 - releases each batch's sends only once its write and every earlier write are durable,
   in the order the batches were stepped. A batch with nothing durable needs no write,
   but its sends still wait for the batches before it.
@@ -34,8 +37,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from txsync.protocol import Event, ProtocolNode, Ready, Rejected, Tick, TxMeta
-from txsync.sync_coordinator.effects import MergedPersist
+from txsync.protocol import BodyAcquired, Event, ProtocolNode, Ready, Rejected, Tick, TxMeta
+from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 
 WRITES_IN_FLIGHT_MAX = 2
 """Store writes sent and not yet durable. What the A/Bs favoured (docs/benchmarks.md)."""
@@ -45,6 +48,13 @@ FLUSH_CHANGES = 8_192
 effects reach these sizes, well inside the store's per-step limits (16,384 metas, 65,536
 changes) even after one more batch of events (a step adds at most post_txs_max metas and
 three changes for each)."""
+FLUSH_BODY_BYTES = 4 * 1024 * 1024
+"""Pushed bodies per write: with one body of the largest size (4 MiB) and the most metas
+and changes, a write stays within gRPC's 8 MiB message (``rpc.MESSAGE_BYTES_MAX``)."""
+
+ShellEvent = Event | ArrivedBody
+"""What the shell steps: the core's events, and pushed bodies (``BodyAcquired`` to the
+core, written with the step)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +125,7 @@ class Shell:
         writes_in_flight_max: int = WRITES_IN_FLIGHT_MAX,
         flush_metas: int = FLUSH_METAS,
         flush_changes: int = FLUSH_CHANGES,
+        flush_body_bytes: int = FLUSH_BODY_BYTES,
     ) -> None:
         if writes_in_flight_max < 1:
             raise ValueError("writes_in_flight_max must be at least 1")
@@ -122,6 +133,7 @@ class Shell:
         self._writes_max = writes_in_flight_max
         self._flush_metas = flush_metas
         self._flush_changes = flush_changes
+        self._flush_body_bytes = flush_body_bytes
         self._gathering = _Gathering()
         self._unreleased: deque[_Batch] = deque()
         """Every sealed batch whose sends have not been released, in order."""
@@ -147,7 +159,7 @@ class Shell:
         merged.append(self._gathering.merged)
         return [meta for m in merged if m is not None for meta in m.synced]
 
-    def step(self, events: Iterable[Event], *, now_ms: int) -> ShellOutput:
+    def step(self, events: Iterable[ShellEvent], *, now_ms: int) -> ShellOutput:
         """Step the core with ``Tick(now_ms)``, then once per event, in order.
 
         The clock goes first: the core takes the time from its latest Tick, so an event
@@ -157,6 +169,8 @@ class Shell:
         forget (or put it last, as the coordinator once did)."""
         out = ShellOutput()
         for event in (Tick(now_ms), *events):
+            if isinstance(event, ArrivedBody):
+                event = self._take_body(event)
             ready = self.core.step(event)
             self._gathering.add(ready)
             out.rejections.extend(ready.rejections)
@@ -191,6 +205,14 @@ class Shell:
         while self._unreleased and self._unreleased[0].durable:
             released.append(self._unreleased.popleft())
         return released
+
+    def _take_body(self, arrived: ArrivedBody) -> Event:
+        """A pushed body goes into the write of the step that tells the core of it."""
+        merged = self._gathering.merged
+        if merged.bodies and merged.body_bytes + len(arrived.body) > self._flush_body_bytes:
+            self._seal()
+        self._gathering.merged.add_body(arrived)
+        return BodyAcquired(arrived.tx_id)
 
     # --- internals -------------------------------------------------------------------------
 

@@ -411,6 +411,10 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                     request.installed_view if request.HasField("installed_view") else None
                 ),
                 vote=request.vote if request.HasField("vote") else None,
+                bodies=[
+                    (b.tx_id, b.body, b.digest, check_traceparent(b.traceparent))
+                    for b in request.bodies
+                ],
             )
         )
 

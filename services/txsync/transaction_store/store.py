@@ -20,9 +20,9 @@ import uuid
 from collections.abc import AsyncGenerator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import IMPLIED_STATES, MergeBase, TxMeta, TxState, is_allowed_transition
@@ -47,6 +47,7 @@ from txsync.transaction_store.validation import (
     StoreError,
     check_body,
     check_membership,
+    check_peer_body,
     check_tx_id,
     invalid,
 )
@@ -165,6 +166,26 @@ class _Staged:
     """Transactions whose body files the writer writes after these entries."""
 
 
+PeerBody = tuple[str, bytes, bytes, str]
+"""A body a peer sent: (tx_id, encoded TxBody, the origin's digest, traceparent)."""
+
+
+class _CheckedBody(NamedTuple):
+    sent: PeerBody
+    body: common_pb2.TxBody
+    """Parsed, within the limits, matching its digest."""
+
+
+@dataclass(slots=True)
+class _BodyEntries:
+    """What storing some peers' bodies writes (``_body_entries``)."""
+
+    entries: list[txlog_pb2.LogEntry] = field(default_factory=list)
+    files: list[tuple[str, bytes]] = field(default_factory=list)
+    traced: list[str] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProtocolStep:
     """One step of the coordinator's protocol core, as the store makes it durable."""
@@ -181,6 +202,9 @@ class ProtocolStep:
     forgotten: Sequence[str] = ()
     installed_view: common_pb2.ViewProposal | None = None
     vote: common_pb2.ViewVote | None = None
+    bodies: Sequence[PeerBody] = ()
+    """Peers' bodies the step acquires, written ahead of its other entries (one held
+    already is skipped); one that fails its checks fails the step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +215,8 @@ class StagedStep:
     """None: the step changed nothing."""
     entries: list[txlog_pb2.LogEntry]
     merge_base: MergeBase
+    traced: Sequence[str] = ()
+    """Transactions whose trace context arrived with a body of this step."""
 
 
 @dataclass(slots=True)
@@ -604,15 +630,23 @@ class TransactionStore:
             )
         if len(step.changes) > STATE_CHANGES_MAX:
             raise invalid(f"at most {STATE_CHANGES_MAX} state changes per step")
+        checked = self._checked_bodies(step.bodies)
         async with self._lock:
+            # Checked in full before anything is applied: a refused step leaves no trace.
             entries = self._plan_step(step)
-            staged = self._stage(entries) if entries else None
-            return StagedStep(staged, entries, self.state.merge_base)
+            bodies = self._body_entries(checked)
+            entries[:0] = bodies.entries
+            staged = None
+            if entries:
+                staged = self._stage(entries, traced_whole=bodies.traced, bodies=bodies.files)
+            return StagedStep(staged, entries, self.state.merge_base, bodies.traced)
 
     async def finish_step(self, step: StagedStep) -> MergeBase:
         """Wait until a staged step is durable; the merge base it left."""
         if step.staged is not None:
             await self._durable(step.staged)
+        for tx_id in step.traced:
+            trace_history(self.state, tx_id)
         return step.merge_base
 
     def _plan_step(self, step: ProtocolStep) -> list[txlog_pb2.LogEntry]:
@@ -821,46 +855,57 @@ class TransactionStore:
         if len(bodies) > BODIES_PER_CALL_MAX:
             raise invalid(f"bodies: {len(bodies)} is over {BODIES_PER_CALL_MAX}")
         refused: dict[str, StoreError] = {}
-        checked: dict[str, tuple[bytes, bytes, str, common_pb2.TxBody]] = {}
-        for tx_id, encoded, digest, traceparent in bodies:
+        checked: list[_CheckedBody] = []
+        for peer_body in bodies:
             try:
-                body = _checked_body(tx_id, encoded, digest)
+                checked.append(_CheckedBody(peer_body, check_peer_body(*peer_body[:3])))
             except StoreError as error:
-                refused[tx_id] = error
-            else:
-                checked[tx_id] = (encoded, digest, traceparent, body)
-        fresh = {
-            tx_id: held
-            for tx_id, held in checked.items()
-            if not ((record := self.state.txs.get(tx_id)) is not None and record.body_held)
-        }
-        if not fresh:
+                refused[peer_body[0]] = error
+        if all(self._body_held(checked_body.sent[0]) for checked_body in checked):
             return [], refused
-        stored: list[str] = []
-        files: list[tuple[str, bytes]] = []
-        traced: list[str] = []
         async with self._lock:
-            entries = []
-            for tx_id, (encoded, digest, traceparent, body) in fresh.items():
-                record = self.state.txs.get(tx_id)
-                if record is not None and record.body_held:
-                    continue
-                if traceparent and not (record and record.traceparent):
-                    traced.append(tx_id)  # the context arrives with the body
-                entries.append(self._entry(body_stored=txlog_pb2.BodyStored(
-                    tx_id=tx_id, body_digest=digest, body_bytes=len(encoded), body=encoded,
-                    membership=body.HasField("membership"), traceparent=traceparent,
-                )))  # fmt: skip
-                self._unsynced_bodies.add(tx_id)
-                self.body_cache.put(tx_id, encoded)
-                files.append((tx_id, encoded))
-                stored.append(tx_id)
-            staged = self._stage(entries, traced_whole=traced, bodies=files) if entries else None
+            planned = self._body_entries(checked)
+            staged = None
+            if planned.entries:
+                staged = self._stage(
+                    planned.entries, traced_whole=planned.traced, bodies=planned.files
+                )
         if staged is not None:
             await self._durable(staged)
-        for tx_id in traced:
+        for tx_id in planned.traced:
             trace_history(self.state, tx_id)
-        return stored, refused
+        return [tx_id for tx_id, _ in planned.files], refused
+
+    @staticmethod
+    def _checked_bodies(bodies: Sequence[PeerBody]) -> list[_CheckedBody]:
+        """A step's bodies, each checked (the first that fails its checks fails all)."""
+        if len(bodies) > BODIES_PER_CALL_MAX:
+            raise invalid(f"bodies: {len(bodies)} is over {BODIES_PER_CALL_MAX}")
+        return [_CheckedBody(body, check_peer_body(*body[:3])) for body in bodies]
+
+    def _body_held(self, tx_id: str) -> bool:
+        record = self.state.txs.get(tx_id)
+        return record is not None and record.body_held
+
+    def _body_entries(self, checked: Sequence[_CheckedBody]) -> _BodyEntries:
+        """Under the lock: the entries that store the bodies not held yet (each once),
+        cached for reads until the writer has written their files."""
+        planned = _BodyEntries()
+        for (tx_id, encoded, digest, traceparent), body in checked:
+            if self._body_held(tx_id) or tx_id in planned.ids:
+                continue
+            planned.ids.add(tx_id)
+            record = self.state.txs.get(tx_id)
+            if traceparent and not (record and record.traceparent):
+                planned.traced.append(tx_id)  # the context arrives with the body
+            planned.entries.append(self._entry(body_stored=txlog_pb2.BodyStored(
+                tx_id=tx_id, body_digest=digest, body_bytes=len(encoded), body=encoded,
+                membership=body.HasField("membership"), traceparent=traceparent,
+            )))  # fmt: skip
+            self._unsynced_bodies.add(tx_id)
+            self.body_cache.put(tx_id, encoded)
+            planned.files.append((tx_id, encoded))
+        return planned
 
     async def read_bodies(self, tx_ids: Sequence[str]) -> list[tuple[str, bytes, TxRecord]]:
         """The bodies held of ``tx_ids`` (encoded, as stored), with their records; others
@@ -1107,20 +1152,6 @@ class TransactionStore:
             log.exception("txlog rotation failed; the current file keeps growing")
         finally:
             self._rotating = False
-
-
-def _checked_body(tx_id: str, encoded: bytes, digest: bytes) -> common_pb2.TxBody:
-    """A peer's body, parsed, within the limits, and matching the origin's digest."""
-    check_tx_id(tx_id)
-    body = common_pb2.TxBody()
-    try:
-        body.ParseFromString(encoded)
-    except DecodeError:
-        raise invalid("body: not an encoded TxBody") from None
-    check_body(body, len(encoded))
-    if body_digest(encoded) != digest:
-        raise StoreError(grpc.StatusCode.DATA_LOSS, f"body of {tx_id} fails its digest")
-    return body
 
 
 def _passed(current: TxState | None, wanted: TxState) -> bool:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from txsync.codec import WEIGHT_MAX, WireError, check_node_id, check_url
 from txsync.ids import tx_id_problem
 from txsync.protocol import TxState
 from txsync.rpc import ServiceError
+from txsync.transaction_store.txlog.bodies import body_digest
 from txsync.v1 import common_pb2
 
 STATEMENTS_MAX = 1_000
@@ -172,3 +174,18 @@ def check_wait_seconds(seconds: float) -> float:
     if seconds > WAIT_SECONDS_MAX:
         raise invalid(f"timeout: {seconds:.0f} s, more than {WAIT_SECONDS_MAX:.0f} s")
     return seconds
+
+
+def check_peer_body(tx_id: str, encoded: bytes, digest: bytes) -> common_pb2.TxBody:
+    """A peer's body, parsed, within the limits, and matching the origin's digest: the
+    store checks it, and the coordinator before its core may count the body as acquired."""
+    check_tx_id(tx_id)
+    body = common_pb2.TxBody()
+    try:
+        body.ParseFromString(encoded)
+    except DecodeError:
+        raise invalid("body: not an encoded TxBody") from None
+    check_body(body, len(encoded))
+    if body_digest(encoded) != digest:
+        raise StoreError(grpc.StatusCode.DATA_LOSS, f"body of {tx_id} fails its digest")
+    return body

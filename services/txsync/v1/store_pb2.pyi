@@ -350,6 +350,7 @@ class PersistStepRequest(_message.Message):
     FORGOTTEN_FIELD_NUMBER: _builtins.int
     INSTALLED_VIEW_FIELD_NUMBER: _builtins.int
     VOTE_FIELD_NUMBER: _builtins.int
+    BODIES_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     """0 leaves the counter as it is; otherwise it must not be lower than the stored one."""
     service: _builtins.str
@@ -386,6 +387,15 @@ class PersistStepRequest(_message.Message):
     def vote(self) -> _common_pb2.ViewVote:
         """The vote after this step (written after `installed_view`)."""
 
+    @_builtins.property
+    def bodies(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___StoreBodyRequest]:
+        """Bodies pushed by peers that this step acquires (at most 1024, checked as
+        StoreBodies checks them; one held already is skipped): written ahead of the step's
+        other entries, with the same fsync. A body that fails its checks fails the step.
+        """
+
     def __init__(
         self,
         *,
@@ -398,6 +408,7 @@ class PersistStepRequest(_message.Message):
         forgotten: _abc.Iterable[_builtins.str] | None = ...,
         installed_view: _common_pb2.ViewProposal | None = ...,
         vote: _common_pb2.ViewVote | None = ...,
+        bodies: _abc.Iterable[Global___StoreBodyRequest] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "installed_view",
@@ -409,6 +420,8 @@ class PersistStepRequest(_message.Message):
     ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "bodies",
+        b"bodies",
         "counter",
         b"counter",
         "forgotten",
