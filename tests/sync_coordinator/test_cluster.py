@@ -93,3 +93,50 @@ def test_a_post_naming_a_post_the_receiver_lacks_is_answered_whole_needed(
     with grpc.insecure_channel(cluster3.dcs[0].coordinator.address) as channel:
         answer = peer_pb2_grpc.PeerServiceStub(channel).Post(change, timeout=5)
     assert answer.whole_needed
+
+
+def test_hundreds_of_bodies_pushed_at_once_are_ordered_and_no_coordinator_stops(
+    cluster3: LocalCluster,
+) -> None:
+    """Batched submits make a DC push bodies by the hundred: a peer's coordinator writes
+    each with the step that acquires it, and once put 300 in one write, which the store
+    refuses (at most 256 per step), so that coordinator stopped (make bench, 12 clients
+    submitting batches of 50). Each write now stays within the store's count."""
+    origin = cluster3.dcs[0]
+    acked: list[str] = []
+    lock = threading.Lock()
+
+    def submit_batches(client: int) -> None:
+        with grpc.insecure_channel(origin.store.address) as channel:
+            stub = client_pb2_grpc.ClientServiceStub(channel)
+            for batch in range(3):
+                submits = [
+                    client_pb2.SubmitRequest(
+                        body=common_pb2.TxBody(
+                            statements=[
+                                common_pb2.Statement(
+                                    sql="INSERT INTO t (dc, n) VALUES (?, ?)",
+                                    params=[
+                                        common_pb2.SqlValue(text_value=f"client{client}"),
+                                        common_pb2.SqlValue(int_value=batch * 1000 + n),
+                                    ],
+                                )
+                            ]
+                        )
+                    )
+                    for n in range(400)
+                ]
+                answer = stub.SubmitBatch(client_pb2.SubmitBatchRequest(submits=submits))
+                assert all(result.HasField("accepted") for result in answer.results)
+                with lock:
+                    acked.extend(result.accepted.tx_id for result in answer.results)
+
+    threads = [threading.Thread(target=submit_batches, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(cluster3.wait_converged(set(acked))) == 4 * 3 * 400
+    for dc in cluster3.dcs:
+        assert dc.coordinator.process is not None
+        assert dc.coordinator.process.poll() is None, dc.coordinator.log()[-2000:]

@@ -17,7 +17,8 @@ from txsync.protocol import (
     TxMeta,
 )
 from txsync.sync_coordinator.effects import ArrivedBody
-from txsync.sync_coordinator.shell import Shell, ShellError, ShellOutput
+from txsync.sync_coordinator.shell import FLUSH_BODIES, Shell, ShellError, ShellOutput
+from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 
 TX = [f"00000000-0000-4000-8000-00000000000{n}" for n in range(1, 10)]
 
@@ -175,3 +176,18 @@ def test_pushed_bodies_past_the_byte_bound_go_in_the_next_write() -> None:
     assert _bodies(shell.step([], now_ms=20)) == [[TX[2]]]
     alone = _shell(flush_body_bytes=10)
     assert _bodies(alone.step([ArrivedBody(TX[3], b"x" * 50, b"digest")], now_ms=30)) == [[TX[3]]]
+
+
+def test_pushed_bodies_past_the_count_the_store_takes_go_in_the_next_write() -> None:
+    """No write holds more bodies than the store takes in one step (it refuses such a
+    write, which ends the coordinator's incarnation): 300 bodies pushed with batched
+    submits once arrived in one batch of events."""
+    assert FLUSH_BODIES <= BODIES_PER_CALL_MAX
+    shell = _shell(writes_in_flight_max=1, flush_bodies=2)
+    first = shell.step([ArrivedBody(TX[n], b"x", b"digest") for n in range(5)], now_ms=10)
+    assert _bodies(first) == [[TX[0], TX[1]]]
+    assert not shell.accepting
+    second = shell.write_durable(first.writes[0].seq)
+    assert _bodies(second) == [[TX[2], TX[3]]]
+    shell.write_durable(second.writes[0].seq)
+    assert _bodies(shell.step([], now_ms=20)) == [[TX[4]]]

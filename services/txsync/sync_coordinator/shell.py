@@ -19,8 +19,8 @@ What the shell does with the ``Ready`` of each step:
 - seals a gathering that grows past ``flush_metas`` or ``flush_changes`` on its own, and
   then takes no more events (``accepting`` is False) until an answer lets it be written;
   and one whose pushed bodies (``ArrivedBody``, written with the step that acquires
-  them) would pass ``flush_body_bytes`` before it takes the next, so that a write fits
-  one gRPC message;
+  them) would pass ``flush_body_bytes`` or ``flush_bodies`` before it takes the next, so
+  that a write fits one gRPC message and the bodies the store takes in one step;
 - releases each batch's sends only once its write and every earlier write are durable,
   in the order the batches were stepped. A batch with nothing durable needs no write,
   but its sends still wait for the batches before it.
@@ -51,6 +51,12 @@ three changes for each)."""
 FLUSH_BODY_BYTES = 4 * 1024 * 1024
 """Pushed bodies per write: with one body of the largest size (4 MiB) and the most metas
 and changes, a write stays within gRPC's 8 MiB message (``rpc.MESSAGE_BYTES_MAX``)."""
+FLUSH_BODIES = 256
+"""Pushed bodies per write: at most what the store takes in one step
+(``transaction_store.validation.BODIES_PER_CALL_MAX``, not imported: this module stays
+free of gRPC). Past it the store refuses the write and the coordinator's incarnation
+ends: batched submits put 300 small bodies in one gathering and stopped a coordinator
+in make bench."""
 
 ShellEvent = Event | ArrivedBody
 """What the shell steps: the core's events, and pushed bodies (``BodyAcquired`` to the
@@ -126,6 +132,7 @@ class Shell:
         flush_metas: int = FLUSH_METAS,
         flush_changes: int = FLUSH_CHANGES,
         flush_body_bytes: int = FLUSH_BODY_BYTES,
+        flush_bodies: int = FLUSH_BODIES,
     ) -> None:
         if writes_in_flight_max < 1:
             raise ValueError("writes_in_flight_max must be at least 1")
@@ -134,6 +141,7 @@ class Shell:
         self._flush_metas = flush_metas
         self._flush_changes = flush_changes
         self._flush_body_bytes = flush_body_bytes
+        self._flush_bodies = flush_bodies
         self._gathering = _Gathering()
         self._unreleased: deque[_Batch] = deque()
         """Every sealed batch whose sends have not been released, in order."""
@@ -209,7 +217,10 @@ class Shell:
     def _take_body(self, arrived: ArrivedBody) -> Event:
         """A pushed body goes into the write of the step that tells the core of it."""
         merged = self._gathering.merged
-        if merged.bodies and merged.body_bytes + len(arrived.body) > self._flush_body_bytes:
+        if merged.bodies and (
+            merged.body_bytes + len(arrived.body) > self._flush_body_bytes
+            or len(merged.bodies) >= self._flush_bodies
+        ):
             self._seal()
         self._gathering.merged.add_body(arrived)
         return BodyAcquired(arrived.tx_id)
