@@ -8,7 +8,7 @@ OpenTelemetry resource names the service and the DC. Metric names follow OpenTel
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -61,6 +61,19 @@ class Metrics:
 
     def histogram(self, name: str, description: str, unit: str = "") -> Histogram:
         return self.meter.create_histogram(name, unit=unit, description=description)
+
+    def observed_counter(
+        self, name: str, description: str, read: Callable[[], Mapping[str, int]], label: str
+    ) -> None:
+        """A counter kept by the caller as plain integers (``read`` gives each ``label``
+        value's count), read when scraped: for counts bumped per transaction, where an
+        OpenTelemetry ``Counter.add`` (attributes hashed on every call) cost a fifth of
+        the dispatch's CPU under load (py-spy)."""
+
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(n, {label: value}) for value, n in read().items()]
+
+        self.meter.create_observable_counter(name, callbacks=[callback], description=description)
 
     def gauges(self, gauges: Iterable[Gauge]) -> None:
         for gauge in gauges:

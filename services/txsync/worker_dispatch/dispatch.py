@@ -150,12 +150,14 @@ class Dispatch:
         for worker_id, address in workers.items():
             self._link(worker_id, address)
         self.tester: str | None = None
-        self.applied_ok = 0
-        self._finished = None
+        self.finished = {"ok": 0, "failed": 0}
+        """Transactions this DC finished, by outcome (since this process started)."""
         if metrics is not None:
-            self._finished = metrics.counter(
+            metrics.observed_counter(
                 "txsync.transactions.finished",
                 "transactions this DC finished, by outcome (rate: applied per second)",
+                lambda: self.finished,
+                label="outcome",
             )
             metrics.gauges(self._gauges())
         self._changed = asyncio.Event()
@@ -430,10 +432,7 @@ class Dispatch:
                     self.states.record(tx_id, common_pb2.TxState.ValueType(state.value),
                                  outcome if decided_by is not None else None)  # fmt: skip
                     if decided_by is not None:
-                        self.applied_ok += decided_by.ok
-                        if self._finished is not None:
-                            result = "ok" if decided_by.ok else "failed"
-                            self._finished.add(1, {"outcome": result})
+                        self.finished["ok" if decided_by.ok else "failed"] += 1
                 case OutOfSync(worker=worker_id, reason=reason):
                     self.workers[worker_id].out_of_sync = reason
                     log.error("OUT OF SYNC: worker %s: %s", worker_id, reason)
