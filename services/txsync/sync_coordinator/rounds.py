@@ -46,13 +46,21 @@ class RoundTracker:
         """Of the round span open now ("" between rounds or when tracing is off)."""
         self._span: Span | None = None
         self._peer_rounds: dict[str, SpanContext] = {}
-        self._rounds = self._duration = self._added = None
+        self.ended = {outcome.value: 0 for outcome in RoundOutcome}
+        """Rounds ended, by outcome."""
+        self.added = 0
+        """Metas ADDed by rounds."""
+        self._duration = None
         if metrics is not None:
-            self._rounds = metrics.counter("txsync.rounds", "rounds ended, by outcome")
+            metrics.observed_counter(
+                "txsync.rounds", "rounds ended, by outcome", lambda: self.ended, "outcome"
+            )
+            metrics.observed_counter(
+                "txsync.round.added", "metas ADDed by rounds", lambda: self.added
+            )
             self._duration = metrics.histogram(
                 "txsync.round.duration", "round duration, POST to MERGE", unit="s"
             )
-            self._added = metrics.counter("txsync.round.added", "metas ADDed by rounds")
 
     def peer_round(self, sender: str, traceparent: str) -> None:
         """A peer's post arrived from its round ``traceparent``."""
@@ -89,11 +97,10 @@ class RoundTracker:
                 added=ended.added,
             )
         )
-        outcome = {"outcome": ended.outcome.value}
-        if self._rounds is not None and self._duration is not None and self._added is not None:
-            self._rounds.add(1, outcome)
-            self._duration.record(duration_s, outcome)
-            self._added.add(ended.added)
+        self.ended[ended.outcome.value] += 1
+        self.added += ended.added
+        if self._duration is not None:
+            self._duration.record(duration_s, {"outcome": ended.outcome.value})
         span = self._span
         if span is not None:
             span.set_attributes(

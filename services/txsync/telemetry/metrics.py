@@ -63,15 +63,23 @@ class Metrics:
         return self.meter.create_histogram(name, unit=unit, description=description)
 
     def observed_counter(
-        self, name: str, description: str, read: Callable[[], Mapping[str, int]], label: str
+        self,
+        name: str,
+        description: str,
+        read: Callable[[], Mapping[str, int] | int],
+        label: str = "",
     ) -> None:
-        """A counter kept by the caller as plain integers (``read`` gives each ``label``
-        value's count), read when scraped: for counts bumped per transaction, where an
-        OpenTelemetry ``Counter.add`` (attributes hashed on every call) cost a fifth of
-        the dispatch's CPU under load (py-spy)."""
+        """A counter kept by the caller as plain integers, read when scraped: ``read``
+        gives the count, or each ``label`` value's count. For counts bumped per
+        transaction or per round, where an OpenTelemetry ``Counter.add`` (attributes
+        hashed and matched on every call) cost a fifth of the dispatch's CPU under load
+        (py-spy)."""
 
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(n, {label: value}) for value, n in read().items()]
+            counts = read()
+            if isinstance(counts, int):
+                return [Observation(counts)]
+            return [Observation(n, {label: value}) for value, n in counts.items()]
 
         self.meter.create_observable_counter(name, callbacks=[callback], description=description)
 
