@@ -15,7 +15,13 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from txsync.protocol.limits import MAY_BE_ZERO, Limits, Timing
+from txsync.protocol.limits import (
+    EVENT_METAS_MOST,
+    INCOMING_TXS_MOST,
+    MAY_BE_ZERO,
+    Limits,
+    Timing,
+)
 from txsync.worker.backend import (
     CONTENT_CHECK_EVERY_DEFAULT,
     HEAP_BYTES_MAX_DEFAULT,
@@ -44,6 +50,7 @@ class Setting:
     unit: str = ""
     """``bytes`` (shown in MiB), ``ms``, ``steps`` or ``positions``."""
     least: int = 1
+    most: int | None = None
 
     @property
     def flag(self) -> str:
@@ -62,6 +69,8 @@ class Setting:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < self.least:
             raise argparse.ArgumentTypeError(f"must be at least {self.least}, not {value}")
+        if self.most is not None and value > self.most:
+            raise argparse.ArgumentTypeError(f"must be at most {self.most:,}, not {value}")
         return value
 
 
@@ -129,13 +138,16 @@ STORE_LIMITS: tuple[Setting, ...] = (
 )  # fmt: skip
 
 
-def _core(name: str, unit: str, help_text: str, bounds: str = "") -> Setting:
-    """A field of the core's ``Timing`` or ``Limits``, with its default and least value."""
+def _core(
+    name: str, unit: str, help_text: str, bounds: str = "", most: int | None = None
+) -> Setting:
+    """A field of the core's ``Timing`` or ``Limits``, with its default and least value
+    (the largest, where there is one, is the core's too: ``protocol.limits``)."""
     default = getattr(Timing(), name, None)
     if default is None:
         default = getattr(Limits(), name)
     least = 0 if name in MAY_BE_ZERO else 1
-    return Setting(name, default, help_text, bounds or help_text, unit=unit, least=least)
+    return Setting(name, default, help_text, bounds or help_text, unit=unit, least=least, most=most)
 
 
 COORDINATOR_SETTINGS: tuple[Setting, ...] = (
@@ -157,10 +169,12 @@ COORDINATOR_SETTINGS: tuple[Setting, ...] = (
           "gap between resent prepares/accepts, and between view answers"),
     _core("promise_wait_ms", "ms", "after a majority promised, wait this long for the others"),
     _core("incoming_txs_max", "metas",
-          "metas held in the incoming queue; local submits are refused past 32,768 or "
-          "this, whichever is less"),
-    _core("post_txs_max", "metas", "metas in one post"),
-    _core("catchup_entries_max", "entries", "synced entries in one catch-up message"),
+          "metas held in the incoming queue (at most 65,536, what one view change may "
+          "forget); local submits are refused past 32,768 or this, whichever is less",
+          most=INCOMING_TXS_MOST),
+    _core("post_txs_max", "metas", "metas in one post (at most 4,096)", most=EVENT_METAS_MOST),
+    _core("catchup_entries_max", "entries",
+          "synced entries in one catch-up message (at most 4,096)", most=EVENT_METAS_MOST),
     _core("synced_window_max", "entries",
           "synced entries kept in memory (older ones come from the txlog)"),
 )  # fmt: skip

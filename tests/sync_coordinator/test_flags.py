@@ -15,8 +15,11 @@ import pytest
 
 from txsync.cli.main import build_parser
 from txsync.protocol import Limits, Timing
+from txsync.protocol.limits import EVENT_METAS_MOST, INCOMING_TXS_MOST, SettingError
 from txsync.settings import COORDINATOR_SETTINGS, docs_rows
 from txsync.sync_coordinator.server import protocol_settings
+from txsync.sync_coordinator.shell import FLUSH_METAS
+from txsync.transaction_store.validation import FORGOTTEN_METAS_MAX, PERSIST_METAS_MAX
 
 BASE = ("sync-coordinator", "--node-id", "dc1", "--store", "127.0.0.1:1", "--plaintext")
 
@@ -48,6 +51,29 @@ def test_each_flag_refuses_what_its_field_refuses() -> None:
             assert "--" in str(error).split(" must ", 1)[1], error
         with pytest.raises(argparse.ArgumentTypeError, match=f"at least {setting.least}"):
             setting.parse(str(setting.least - 1))
+
+
+def test_limits_the_store_bounds_have_a_largest_value_on_flag_and_field() -> None:
+    """The store takes a view install's forgotten metas, and a step's metas, only up to
+    fixed maxima (``transaction_store.validation``): a limit set past what the store takes
+    would stop the coordinator at the first large install, and at every restart after."""
+    mosts = {s.name: s.most for s in COORDINATOR_SETTINGS if s.most is not None}
+    assert mosts == {
+        "incoming_txs_max": INCOMING_TXS_MOST,
+        "post_txs_max": EVENT_METAS_MOST,
+        "catchup_entries_max": EVENT_METAS_MOST,
+    }
+    assert FORGOTTEN_METAS_MAX >= INCOMING_TXS_MOST
+    assert FLUSH_METAS + 2 * EVENT_METAS_MOST <= PERSIST_METAS_MAX
+    for setting in COORDINATOR_SETTINGS:
+        if setting.most is None:
+            continue
+        options = build_parser(every=True).parse_args([*BASE, setting.flag, str(setting.most)])
+        protocol_settings(options)  # the largest is taken
+        with pytest.raises(argparse.ArgumentTypeError, match=f"at most {setting.most:,}"):
+            setting.parse(str(setting.most + 1))
+        with pytest.raises(SettingError, match=f"^{setting.name} must not exceed"):
+            Limits(**{setting.name: setting.most + 1})
 
 
 @pytest.mark.parametrize(

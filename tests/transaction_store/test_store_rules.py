@@ -17,6 +17,7 @@ import pytest
 
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
+from txsync.protocol.limits import INCOMING_TXS_MOST
 from txsync.telemetry import work
 from txsync.transaction_store import store as store_module
 from txsync.transaction_store.state import StoreState
@@ -28,7 +29,7 @@ from txsync.transaction_store.store import (
     TransactionStore,
 )
 from txsync.transaction_store.txlog.bodies import body_digest
-from txsync.transaction_store.validation import StoreError, nondeterminism
+from txsync.transaction_store.validation import PERSIST_METAS_MAX, StoreError, nondeterminism
 from txsync.v1 import common_pb2, txlog_pb2
 
 T = TypeVar("T")
@@ -583,6 +584,47 @@ def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: 
         assert foreign[0].tx_id not in state.txs
         kept = state.txs[pushed_first.tx_id]
         assert kept.body_held and kept.meta is None, "a held body outlives its forgotten meta"
+
+    _run(tmp_path, after_restart)
+
+
+def test_a_view_install_may_forget_the_largest_incoming_queue_in_one_step(
+    tmp_path: Path,
+) -> None:
+    """An install forgets every foreign meta it cannot get a body for, in one step: up to
+    the whole queue the coordinator may hold. The store once took 16,384 forgotten metas
+    per step, a quarter of ``--incoming-txs-max``: an install over that was refused, and
+    the coordinator, learning of the install again after each restart, stopped again."""
+    foreign = [TxMeta(n, str(uuid.uuid4()), "dc3") for n in range(1, INCOMING_TXS_MOST + 1)]
+
+    async def scenario(store: TransactionStore) -> None:
+        for start in range(0, len(foreign), PERSIST_METAS_MAX):
+            chunk = foreign[start : start + PERSIST_METAS_MAX]
+            await store.persist_step(
+                ProtocolStep(counter=chunk[-1].ts, incoming=chunk, service="sc")
+            )
+        assert len(store.state.incoming) == INCOMING_TXS_MOST
+        with pytest.raises(StoreError, match=f"at most {INCOMING_TXS_MOST} forgotten") as over:
+            await store.persist_step(
+                ProtocolStep(
+                    service="sc", forgotten=[m.tx_id for m in foreign] + [str(uuid.uuid4())]
+                )
+            )
+        assert over.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        await store.persist_step(
+            ProtocolStep(
+                service="sc",
+                forgotten=[m.tx_id for m in foreign],
+                installed_view=_proposal(1, ["dc1", "dc2"], []),
+            )
+        )
+
+    _run(tmp_path, scenario)
+
+    async def after_restart(store: TransactionStore) -> None:
+        assert store.state.view_no == 1
+        assert not store.state.incoming
+        assert not any(m.tx_id in store.state.txs for m in foreign)
 
     _run(tmp_path, after_restart)
 

@@ -13,6 +13,19 @@ from typing import Any
 MEMBERS_MAX = 16
 """Nodes in one configuration. Rounds cost O(members^2) messages, so this stays small."""
 
+INCOMING_TXS_MOST = 65_536
+"""The largest ``incoming_txs_max``. A view install may forget the whole incoming queue in
+one step, and the store takes at most this many forgotten metas in one write
+(``transaction_store.validation.FORGOTTEN_METAS_MAX``): past it the store would refuse
+the install, and the coordinator would stop at every restart."""
+
+EVENT_METAS_MOST = 4_096
+"""The largest ``post_txs_max`` and ``catchup_entries_max``. One event appends at most
+two such runs of metas to a store write (a catch-up message, then an ADD of the posts
+held; ADDs chained by rebased posts take from the same posts), and the coordinator's shell
+seals a write at 2,048, so a write stays within the store's 16,384 per step
+(``PERSIST_METAS_MAX``)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
@@ -115,6 +128,12 @@ Rule = tuple[str, Callable[[Any], bool], str]
 """(field, the condition it must meet, what to say when it does not)."""
 
 _LIMIT_RULES: tuple[Rule, ...] = (
+    ("incoming_txs_max", lambda s: s.incoming_txs_max <= INCOMING_TXS_MOST,
+     f"must not exceed {INCOMING_TXS_MOST:,}"),
+    ("post_txs_max", lambda s: s.post_txs_max <= EVENT_METAS_MOST,
+     f"must not exceed {EVENT_METAS_MOST:,}"),
+    ("catchup_entries_max", lambda s: s.catchup_entries_max <= EVENT_METAS_MOST,
+     f"must not exceed {EVENT_METAS_MOST:,}"),
     ("local_admit_txs_max", lambda s: s.local_admit_txs_max <= s.incoming_txs_max,
      "must not exceed incoming_txs_max"),
     ("synced_window_max", lambda s: s.synced_window_max >= s.catchup_entries_max,

@@ -41,6 +41,7 @@ from txsync.transaction_store.txlog.framing import encode_frame
 from txsync.transaction_store.txlog.writer import GroupCommitWriter, WriterBrokenError
 from txsync.transaction_store.validation import (
     BODIES_PER_CALL_MAX,
+    FORGOTTEN_METAS_MAX,
     PERSIST_METAS_MAX,
     READ_SYNCED_MAX,
     STATE_CHANGES_MAX,
@@ -624,10 +625,10 @@ class TransactionStore:
         """Check a step and apply it (handed to the writer, not yet durable): steps staged
         one after another are checked against each other, in that order, which is what
         lets the coordinator send the next before the last is on disk."""
-        if max(len(step.incoming), len(step.synced), len(step.forgotten)) > PERSIST_METAS_MAX:
-            raise invalid(
-                f"at most {PERSIST_METAS_MAX} incoming, synced and forgotten metas per step"
-            )
+        if max(len(step.incoming), len(step.synced)) > PERSIST_METAS_MAX:
+            raise invalid(f"at most {PERSIST_METAS_MAX} incoming and synced metas per step")
+        if len(step.forgotten) > FORGOTTEN_METAS_MAX:
+            raise invalid(f"at most {FORGOTTEN_METAS_MAX} forgotten metas per step")
         if len(step.changes) > STATE_CHANGES_MAX:
             raise invalid(f"at most {STATE_CHANGES_MAX} state changes per step")
         checked = self._checked_bodies(step.bodies)

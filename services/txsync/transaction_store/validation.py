@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from txsync.codec import WEIGHT_MAX, WireError, check_node_id, check_url
 from txsync.ids import tx_id_problem
 from txsync.protocol import TxState
+from txsync.protocol.limits import INCOMING_TXS_MOST
 from txsync.rpc import ServiceError
 from txsync.transaction_store.txlog.bodies import body_digest
 from txsync.v1 import common_pb2
@@ -29,6 +30,11 @@ BATCH_SUBMITS_MAX = 1_000
 STREAM_SUBMITS_MAX = 100_000
 TRACEPARENT_CHARS_MAX = 55
 PERSIST_METAS_MAX = 16_384
+"""Incoming metas, and synced entries, in one protocol step."""
+FORGOTTEN_METAS_MAX = INCOMING_TXS_MOST
+"""Forgotten metas in one protocol step: a view install may forget a whole incoming
+queue at once, and a step the store refused would stop the coordinator at every
+restart."""
 STATE_CHANGES_MAX = 65_536
 PAGE_SIZE_MAX = 1_000
 PAGE_SIZE_DEFAULT = 100

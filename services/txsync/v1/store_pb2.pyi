@@ -377,7 +377,9 @@ class PersistStepRequest(_message.Message):
 
     @_builtins.property
     def forgotten(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Incoming metas to forget (at most 16384): not local, not synced, body not held."""
+        """Incoming metas to forget (at most 65536, a whole incoming queue): not local, not
+        synced, body not held.
+        """
 
     @_builtins.property
     def installed_view(self) -> _common_pb2.ViewProposal:
@@ -391,7 +393,7 @@ class PersistStepRequest(_message.Message):
     def bodies(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___StoreBodyRequest]:
-        """Bodies pushed by peers that this step acquires (at most 1024, checked as
+        """Bodies pushed by peers that this step acquires (at most 256, checked as
         StoreBodies checks them; one held already is skipped): written ahead of the step's
         other entries, with the same fsync. A body that fails its checks fails the step.
         """
