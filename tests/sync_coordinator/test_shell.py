@@ -3,9 +3,15 @@ flight. (The simulator runs the same shell under faults; see tests/sim.)"""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
+from txsync.codec import NODE_ID_CHARS_MAX, SEAL_ENTRIES_MAX, URL_CHARS_MAX, WEIGHT_MAX
 from txsync.protocol import (
+    MEMBERS_MAX,
+    Ballot,
+    Configuration,
     FetchBody,
     LocalTx,
     MergeBase,
@@ -15,10 +21,27 @@ from txsync.protocol import (
     SendPost,
     Timing,
     TxMeta,
+    View,
+    ViewProposal,
 )
-from txsync.sync_coordinator.effects import ArrivedBody
-from txsync.sync_coordinator.shell import FLUSH_BODIES, Shell, ShellError, ShellOutput
-from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
+from txsync.protocol.events import PersistViewVote
+from txsync.protocol.limits import EVENT_METAS_MOST, INCOMING_TXS_MOST
+from txsync.rpc import MESSAGE_BYTES_MAX
+from txsync.sync_coordinator.coordinator import Coordinator
+from txsync.sync_coordinator.effects import BODY_ENTRY_BYTES_MOST, ArrivedBody, MergedPersist
+from txsync.sync_coordinator.shell import (
+    FLUSH_BODIES,
+    FLUSH_WRITE_BYTES,
+    Shell,
+    ShellError,
+    ShellEvent,
+    ShellOutput,
+)
+from txsync.transaction_store.validation import (
+    BODIES_PER_CALL_MAX,
+    BODY_BYTES_MAX,
+    TRACEPARENT_CHARS_MAX,
+)
 
 TX = [f"00000000-0000-4000-8000-00000000000{n}" for n in range(1, 10)]
 
@@ -163,19 +186,27 @@ def test_a_body_alone_still_makes_a_write() -> None:
 
 
 def test_pushed_bodies_past_the_byte_bound_go_in_the_next_write() -> None:
-    """A write stays within one gRPC message: the gathering is sealed before a body
-    would take it past ``flush_body_bytes`` (a single bigger body still goes alone)."""
-    shell = _shell(writes_in_flight_max=1, flush_body_bytes=10)
-    bodies = [ArrivedBody(TX[n], b"x" * 6, b"digest") for n in range(3)]
-    first = shell.step(bodies, now_ms=10)
-    assert _bodies(first) == [[TX[0]]]
-    assert not shell.accepting  # TX[1] sealed on size, waiting for the slot
-    second = shell.write_durable(first.writes[0].seq)
-    assert _bodies(second) == [[TX[1]]]
-    shell.write_durable(second.writes[0].seq)
+    """A write stays within one gRPC message: the gathering is sealed before a body would
+    take it past ``FLUSH_WRITE_BYTES``, and a bigger body goes alone, sealed before and
+    after it."""
+    shell = _shell(writes_in_flight_max=1)
+    third = FLUSH_WRITE_BYTES // 3
+    first = shell.step([ArrivedBody(TX[n], b"x" * third, b"digest") for n in range(3)], now_ms=10)
+    assert _bodies(first) == [[TX[0], TX[1]]]
+    shell.write_durable(first.writes[0].seq)
     assert _bodies(shell.step([], now_ms=20)) == [[TX[2]]]
-    alone = _shell(flush_body_bytes=10)
-    assert _bodies(alone.step([ArrivedBody(TX[3], b"x" * 50, b"digest")], now_ms=30)) == [[TX[3]]]
+
+    alone = _shell()
+    post = Post(0, "dc2", 1, 1, MergeBase.genesis(), 1, (TxMeta(1, TX[4], "dc2"),))
+    events: list[ShellEvent] = [
+        PostReceived(post),
+        ArrivedBody(TX[3], b"x" * FLUSH_WRITE_BYTES, b"digest"),
+        LocalTx(TX[5]),
+    ]
+    out = alone.step(events, now_ms=30)
+    assert _bodies(out) == [[], [TX[3]]] and _incoming(out) == [[TX[4]], []]
+    assert alone.write_durable(out.writes[0].seq).step_due
+    assert _incoming(alone.step([], now_ms=40)) == [[TX[5]]]
 
 
 def test_pushed_bodies_past_the_count_the_store_takes_go_in_the_next_write() -> None:
@@ -191,3 +222,49 @@ def test_pushed_bodies_past_the_count_the_store_takes_go_in_the_next_write() -> 
     assert _bodies(second) == [[TX[2], TX[3]]]
     shell.write_durable(second.writes[0].seq)
     assert _bodies(shell.step([], now_ms=20)) == [[TX[4]]]
+
+
+def test_the_largest_write_the_shell_can_make_fits_in_one_grpc_message() -> None:
+    """The shell seals a write on ``MergedPersist.bytes_bound``, which must bound the
+    store's request from above; and with the most one event adds on top of a gathering
+    just under the bound, or of a lone body of the largest size, a write must still fit
+    the store channel's message (``MESSAGE_BYTES_MAX``: a write over it ends the
+    coordinator's incarnation, and every restart meets the same install). Raising a limit
+    these sizes rest on means finding room for it here."""
+    origin = "o" * NODE_ID_CHARS_MAX
+
+    def metas(count: int) -> list[TxMeta]:
+        return [TxMeta(2**63 - 1 - n, str(uuid.UUID(int=n + 1)), origin) for n in range(count)]
+
+    members = [f"{n:02d}" + "m" * (NODE_ID_CHARS_MAX - 2) for n in range(MEMBERS_MAX)]
+    addresses = {m: "h" * URL_CHARS_MAX for m in members}
+    proposal = ViewProposal(
+        View(2**63 - 1, tuple(members)),
+        MergeBase(2**63 - 1, str(uuid.UUID(int=1))),
+        tuple(metas(SEAL_ENTRIES_MAX)),
+        Configuration.of(dict.fromkeys(members, WEIGHT_MAX), 2**63 - 1, addresses),
+    )
+    ballot = Ballot(2**63 - 1, 2**63 - 1, members[0])
+    run = 2 * EVENT_METAS_MOST  # a catch-up, then an ADD of the posts held
+    install = MergedPersist(
+        counter=2**63 - 1,
+        incoming=metas(run),
+        synced_start=MergeBase(2**63 - 1, str(uuid.UUID(int=2))),
+        synced=metas(run),
+        forgotten=dict.fromkeys(str(uuid.UUID(int=n + 1)) for n in range(INCOMING_TXS_MOST)),
+        installed=proposal,
+        vote=PersistViewVote(ballot, ballot, proposal),
+        bodies=[
+            ArrivedBody(str(uuid.UUID(int=n + 1)), b"b", b"d" * 32, "t" * TRACEPARENT_CHARS_MAX)
+            for n in range(FLUSH_BODIES)
+        ],
+    )
+    install.body_bytes = len(install.bodies)
+    assert Coordinator._persist_request(install).ByteSize() <= install.bytes_bound()
+
+    install.bodies, install.body_bytes = [], 0
+    largest_event = install.bytes_bound()
+    assert FLUSH_WRITE_BYTES + largest_event < MESSAGE_BYTES_MAX, f"{largest_event:,}"
+    acquired = MergedPersist(incoming=metas(run), synced=metas(run)).bytes_bound()
+    lone_body = BODY_BYTES_MAX + BODY_ENTRY_BYTES_MOST
+    assert lone_body + acquired < MESSAGE_BYTES_MAX, f"{lone_body + acquired:,}"

@@ -35,6 +35,17 @@ from txsync.protocol import (
     ViewProposal,
 )
 
+META_BYTES_MOST = 128
+"""A ``TxMeta`` in a write, encoded, at most: the longest origin (63 characters), a tx id,
+a counter up to 2**63 and their tags and lengths come to 117 bytes."""
+TX_ID_BYTES_MOST = 40
+"""A forgotten tx id in a write, encoded (38 bytes)."""
+BODY_ENTRY_BYTES_MOST = 192
+"""A pushed body in a write besides its bytes: tx id, digest, traceparent, tags."""
+PROPOSAL_BYTES_MOST = 4_096 * META_BYTES_MOST + 32 * 1024
+"""A view proposal in a write: its seal (at most 4,096 metas, ``codec.SEAL_ENTRIES_MAX``)
+and its members, weights and addresses (at most 16, ``protocol.MEMBERS_MAX``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ArrivedBody:
@@ -99,6 +110,20 @@ class MergedPersist:
             self.incoming = [m for m in self.incoming if m.tx_id not in learned_in_batch]
             self.changes = [c for c in self.changes if c.tx_id not in learned_in_batch]
         self.forgotten.update(dict.fromkeys(t for t in tx_ids if t not in learned_in_batch))
+
+    def bytes_bound(self) -> int:
+        """At least the size of this write as the store's request, reckoned from counts
+        alone (cheap enough for every step): what the shell seals a write on, so that
+        every write fits one gRPC message."""
+        proposals = (self.installed is not None) + (self.vote is not None)
+        return (
+            self.body_bytes
+            + BODY_ENTRY_BYTES_MOST * len(self.bodies)
+            + META_BYTES_MOST * (len(self.incoming) + len(self.synced))
+            + TX_ID_BYTES_MOST * len(self.forgotten)
+            + PROPOSAL_BYTES_MOST * proposals
+            + 64  # the counter, the synced start and the service's name
+        )
 
     def is_empty(self) -> bool:
         return not (

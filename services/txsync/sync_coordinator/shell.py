@@ -16,11 +16,12 @@ What the shell does with the ``Ready`` of each step:
   slot (``step_due`` asks for that step), so that it takes the events that waited too
   (with 16 in flight, small writes and posts each paid fixed costs at both ends: batched
   submits fell from 629 to 457 tx/s, measured);
-- seals a gathering that grows past ``flush_metas`` or ``flush_changes`` on its own, and
-  then takes no more events (``accepting`` is False) until an answer lets it be written;
-  and one whose pushed bodies (``ArrivedBody``, written with the step that acquires
-  them) would pass ``flush_body_bytes`` or ``flush_bodies`` before it takes the next, so
-  that a write fits one gRPC message and the bodies the store takes in one step;
+- seals a gathering that grows past ``flush_metas``, ``flush_changes`` or
+  ``flush_write_bytes`` on its own, and then takes no more events (``accepting`` is
+  False) until an answer lets it be written; and, before a pushed body (``ArrivedBody``,
+  written with the step that acquires it) would take it past ``flush_write_bytes`` or
+  ``flush_bodies``, seals it first, so that a write fits one gRPC message and holds the
+  bodies the store takes in one step;
 - releases each batch's sends only once its write and every earlier write are durable,
   in the order the batches were stepped. A batch with nothing durable needs no write,
   but its sends still wait for the batches before it.
@@ -38,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from txsync.protocol import BodyAcquired, Event, ProtocolNode, Ready, Rejected, Tick, TxMeta
-from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
+from txsync.sync_coordinator.effects import BODY_ENTRY_BYTES_MOST, ArrivedBody, MergedPersist
 
 WRITES_IN_FLIGHT_MAX = 2
 """Store writes sent and not yet durable. What the A/Bs favoured (docs/benchmarks.md)."""
@@ -48,9 +49,16 @@ FLUSH_CHANGES = 8_192
 effects reach these sizes, well inside the store's per-step limits (16,384 metas, 65,536
 changes) even after one more batch of events (a step adds at most post_txs_max metas and
 three changes for each)."""
-FLUSH_BODY_BYTES = 4 * 1024 * 1024
-"""Pushed bodies per write: with one body of the largest size (4 MiB) and the most metas
-and changes, a write stays within gRPC's 8 MiB message (``rpc.MESSAGE_BYTES_MAX``)."""
+FLUSH_WRITE_BYTES = 1024 * 1024
+"""A gathering is sealed once its write may take this many bytes
+(``MergedPersist.bytes_bound``), and sealed before a pushed body would take it past
+this. So a write holds either less than this before its last event, or one body (at most
+4 MiB) and what the step that acquires it adds; the last event adds at most a view
+install forgetting the largest incoming queue (65,536 tx ids), its seal twice (installed
+and voted for) and two runs of 4,096 metas: about 5.8 MB at most, and a write stays
+within gRPC's 8 MiB message (``rpc.MESSAGE_BYTES_MAX``), which the store's channel
+enforces. (The shell once bounded bodies alone, at 4 MiB: with a large install in the
+same write that could reach 10 MB.)"""
 FLUSH_BODIES = 256
 """Pushed bodies per write: at most what the store takes in one step
 (``transaction_store.validation.BODIES_PER_CALL_MAX``, not imported: this module stays
@@ -131,7 +139,7 @@ class Shell:
         writes_in_flight_max: int = WRITES_IN_FLIGHT_MAX,
         flush_metas: int = FLUSH_METAS,
         flush_changes: int = FLUSH_CHANGES,
-        flush_body_bytes: int = FLUSH_BODY_BYTES,
+        flush_write_bytes: int = FLUSH_WRITE_BYTES,
         flush_bodies: int = FLUSH_BODIES,
     ) -> None:
         if writes_in_flight_max < 1:
@@ -140,7 +148,7 @@ class Shell:
         self._writes_max = writes_in_flight_max
         self._flush_metas = flush_metas
         self._flush_changes = flush_changes
-        self._flush_body_bytes = flush_body_bytes
+        self._flush_write_bytes = flush_write_bytes
         self._flush_bodies = flush_bodies
         self._gathering = _Gathering()
         self._unreleased: deque[_Batch] = deque()
@@ -217,8 +225,9 @@ class Shell:
     def _take_body(self, arrived: ArrivedBody) -> Event:
         """A pushed body goes into the write of the step that tells the core of it."""
         merged = self._gathering.merged
-        if merged.bodies and (
-            merged.body_bytes + len(arrived.body) > self._flush_body_bytes
+        if not merged.is_empty() and (
+            merged.bytes_bound() + BODY_ENTRY_BYTES_MOST + len(arrived.body)
+            > self._flush_write_bytes
             or len(merged.bodies) >= self._flush_bodies
         ):
             self._seal()
@@ -229,7 +238,11 @@ class Shell:
 
     def _is_big(self, merged: MergedPersist) -> bool:
         metas = len(merged.incoming) + len(merged.synced)
-        return metas >= self._flush_metas or len(merged.changes) >= self._flush_changes
+        return (
+            metas >= self._flush_metas
+            or len(merged.changes) >= self._flush_changes
+            or merged.bytes_bound() >= self._flush_write_bytes
+        )
 
     def _slot_free(self) -> bool:
         return len(self._in_flight) < self._writes_max
