@@ -582,11 +582,17 @@ class ProtocolNode:
     def _end_round(self, outcome: RoundOutcome) -> None:
         self._in_round = False
         idle = (
-            outcome is not RoundOutcome.ADVANCED
-            and len(self._incoming) == 0
+            len(self._incoming) == 0
             and not self._synced_unacquired
             and not self._ahead_posts
             and all(not post.queue for post in self._posts.values())
+            # After an ADD, only if every other member's post is held at the new base
+            # (rebased) and empty: that is the exchange of empty queues an idle round
+            # would make, already at hand (docs/protocol.md, 'Idle after an ADD').
+            and (
+                outcome is not RoundOutcome.ADVANCED
+                or all(member in self._posts for member in self._others)
+            )
         )
         self._report_round_end(outcome, idle=idle)
         if idle:
