@@ -41,7 +41,10 @@ def test_a_round_that_adds_reports_its_posts_and_what_it_added() -> None:
     started = [r.round_no for r in reports if isinstance(r, RoundStarted)]
     adding = [r for r in ended if r.added]
     assert [(r.outcome, r.added) for r in adding] == [(RoundOutcome.ADVANCED, 1)]
-    assert adding[0].posts_sent >= 1 and adding[0].posts_received == 1
+    assert adding[0].posts_received == 1
+    # The post a's ADD used may have gone in an earlier round: a round that follows a
+    # completed one starts without a post when it has nothing new to say.
+    assert sum(r.posts_sent for r in ended) >= 1
     assert ended[-1].idle, "with nothing left to order the node goes idle"
     assert started == list(range(1, len(started) + 1)), "rounds count up by one"
     assert [r.round_no for r in ended] == started[: len(ended)], "each start has its end"

@@ -464,7 +464,7 @@ class ProtocolNode:
         if self._try_add():
             return
         if self._in_round and self._fresh.issuperset(self._others):
-            self._end_round(RoundOutcome.COMPLETE)
+            self._end_round(RoundOutcome.COMPLETE, peers_hold_our_post=True)
 
     def _on_synced_entries(self, msg: SyncedEntries) -> None:
         # Synced entries are agreed facts whatever view the sender is in; the prefix
@@ -536,14 +536,37 @@ class ProtocolNode:
                 if post.base.synced_len < self._synced.length:
                     self._serve_lagger(post)
 
-    def _start_round(self) -> None:
+    def _start_round(self, *, peers_hold_our_post: bool = False) -> None:
         self._in_round = True
         self._round_no += 1
         self._round_started_ms = self._now_ms
         self._round_deadline_ms = self._now_ms + self._timing.round_timeout_ms
         self._fresh.clear()
         self._fx.rounds.append(RoundStarted(self._round_no, self._now_ms))
-        self._post()
+        if peers_hold_our_post and self._says_nothing_new():
+            self._try_add()  # with the post of ours that the peers hold
+        else:
+            self._post()
+
+    def _says_nothing_new(self) -> bool:
+        """Whether our last post at this base (kept by the rebase, if the base moved) is
+        what we would post now: same counter, same queue, nothing asked.
+
+        A round that follows an ADD or a completed round starts without a post then:
+        every peer was sent that post and holds it (rebased, as we did, once it reaches
+        this base; docs/protocol.md, 'No post that says nothing new'), and posting it
+        again only cost both ends a message. A round started by a timer always posts:
+        that post tells the peers we are alive, and repairs a post the network lost."""
+        if self._asks_catch_up or not self.is_member:
+            return False
+        mine = self._posts.get(self._id)
+        return (
+            mine is not None
+            and mine.base == self._synced.base
+            and mine.counter == self._counter
+            and mine.epoch == self._epoch
+            and mine.queue == self._incoming.postable(self._limits.post_txs_max)
+        )
 
     def _repost(self) -> None:
         """Re-post within a round, unless peers already have this very snapshot."""
@@ -579,7 +602,7 @@ class ProtocolNode:
         self._last_post_ms = self._now_ms
         self._try_add()
 
-    def _end_round(self, outcome: RoundOutcome) -> None:
+    def _end_round(self, outcome: RoundOutcome, *, peers_hold_our_post: bool = False) -> None:
         self._in_round = False
         idle = (
             len(self._incoming) == 0
@@ -604,7 +627,7 @@ class ProtocolNode:
             self._now_ms, self._round_started_ms + self._timing.busy_round_gap_ms
         )
         if self._next_round_ms <= self._now_ms:
-            self._start_round()
+            self._start_round(peers_hold_our_post=peers_hold_our_post)
 
     def _report_round_end(self, outcome: RoundOutcome, *, idle: bool = False) -> None:
         self._fx.rounds.append(
@@ -691,12 +714,18 @@ class ProtocolNode:
             known = posts.get(post.sender)
             if kept is not None and (known is None or kept.is_newer_than(known)):
                 posts[post.sender] = kept
+        mine = self._posts.get(self._id)
+        mine_kept = None if mine is None else self._rebased(mine, base)
+        if mine_kept is not None:
+            posts[self._id] = mine_kept
         self._posts = posts
         self._ahead_posts = {
             sender: post
             for sender, post in self._ahead_posts.items()
             if post.base.synced_len > base.synced_len
         }
+        if not self._ahead_posts:
+            self._asks_catch_up = False  # we reached every base we had seen posts from
         self._dirty = True
         if self._is_frozen():
             # No rounds in a view this node promised to leave (as in _run_timers): a
@@ -704,11 +733,11 @@ class ProtocolNode:
             # the base our promise reported, and the seal would lose that ADD.
             return
         if self._in_round:
-            self._end_round(RoundOutcome.ADVANCED)
+            self._end_round(RoundOutcome.ADVANCED, peers_hold_our_post=mine_kept is not None)
         else:
             self._mode = Mode.BUSY
             self._next_round_ms = min(self._next_round_ms, self._now_ms)
-            self._start_round()
+            self._start_round(peers_hold_our_post=mine_kept is not None)
 
     def _append_synced(self, metas: Sequence[TxMeta], *, holders: Sequence[NodeId]) -> None:
         """Append agreed metas. ``holders`` (besides each origin) may hold the bodies we
