@@ -70,9 +70,19 @@ def _safe_deserializer(message_class: type[Message], method: str) -> Callable[[b
         except DecodeError as error:
             received_bytes[method] += len(data)
             return MalformedRequest(name, str(error))
-        # A stream of several kinds of message: its bytes by kind (what crosses the WAN).
-        kind = message.WhichOneof("message") if kinds is not None else None
-        received_bytes[f"{method}.{kind}" if kind else method] += len(data)
+        if kinds is None:
+            received_bytes[method] += len(data)
+            return message
+        # A stream of several kinds of message: its bytes by kind (what crosses the WAN),
+        # and a message field set beside the kind (``bodies_ahead``) under its own name.
+        size = len(data)
+        for field, value in message.ListFields():
+            if field.containing_oneof is None and isinstance(value, Message):
+                beside = value.ByteSize()
+                received_bytes[f"{method}.{field.name}"] += beside
+                size -= beside
+        kind = message.WhichOneof("message")
+        received_bytes[f"{method}.{kind}" if kind else method] += size
         return message
 
     return deserialize

@@ -60,6 +60,32 @@ def test_a_body_too_large_to_share_a_message_goes_alone() -> None:
     asyncio.run(scenario())
 
 
+def test_the_last_pushes_before_a_post_travel_in_its_message() -> None:
+    """A step's pushes and post share one message; earlier full pushes go alone, ahead."""
+
+    async def scenario() -> None:
+        link = PeerLink("dc2", "127.0.0.1:9", None)
+        for n in range(300):  # one full PushBodies (256) and 44 more
+            link.push("dc1", _push(n))
+        post = _post(1, 0, 300)
+        link.post(post_to_proto(post, with_queue=False), post)
+        link.push("dc1", _push(300))  # alone, no post behind it
+        first, second = _drain(link)
+        await link.close()
+        assert first.WhichOneof("message") == "bodies" and not first.HasField("bodies_ahead")
+        assert len(first.bodies.bodies) == 256
+        assert second.WhichOneof("message") == "post" and second.post.seq == 1
+        assert [p.tx_id for p in second.bodies_ahead.bodies] == [f"tx-{n}" for n in range(256, 301)]
+        assert second.bodies_ahead.sender == "dc1"
+        link = PeerLink("dc2", "127.0.0.1:9", None)
+        link.push("dc1", _push(1))
+        (alone,) = _drain(link)
+        await link.close()
+        assert alone.WhichOneof("message") == "bodies"
+
+    asyncio.run(scenario())
+
+
 def test_pushes_waiting_past_the_byte_bound_drop_the_oldest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

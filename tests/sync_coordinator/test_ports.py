@@ -20,6 +20,7 @@ from tests.support.in_process import (
 from txsync.rpc import add_service, new_server
 from txsync.sync_coordinator.peer_service import PeerServicer
 from txsync.sync_coordinator.server import PEER_SERVICE
+from txsync.telemetry import work
 
 
 def test_the_store_port_carries_writes_and_their_answers(tmp_path: Path) -> None:
@@ -62,6 +63,8 @@ def test_the_peer_port_carries_posts_and_bodies(tmp_path: Path) -> None:
             for tx_id in [*first, *second]:
                 assert await dc.store.read_body(tx_id) is not None, tx_id
         assert all(link.sent > 0 for dc in dcs.values() for link in dc.coordinator.links.values())
+        # A step's pushes went in its post's message, and the receiver took them from it.
+        assert work.received_bytes["Exchange.bodies_ahead"] > 0
         # What admin reads: a copy, naming the peer and how far its last post was.
         snapshot = dcs["dc1"].coordinator.snapshot()
         assert snapshot is not None and [p.node_id for p in snapshot.peers] == ["dc2"]

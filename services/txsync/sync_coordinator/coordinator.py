@@ -190,7 +190,9 @@ class PeerLink:
     the peer takes the stream's messages in order, so a body pushed ahead of a post is
     held when the post is taken (with a push behind the post, the peer waited for it or,
     past ``body_fetch_delay_ms``, fetched the body itself: 1.7 fetches per transaction
-    measured under batched load while pushes queued behind posts).
+    measured under batched load while pushes queued behind posts). The last pushes
+    waiting when a post is due travel in the post's message (``bodies_ahead``): one
+    message written and read instead of two, and the peer steps them together.
 
     A post's queue is encoded when it is sent, as a change to an earlier post where it
     can be (``post_deltas``): to the post sent just before it on the same stream, which
@@ -314,23 +316,31 @@ class PeerLink:
         if self._bodies:
             push, size = self._bodies.popleft()
             self._bodies_bytes -= size
-            if isinstance(push, peer_pb2.PushBodiesRequest):
+            if not isinstance(push, peer_pb2.PushBodiesRequest):
+                return peer_pb2.ExchangeRequest(body=push)
+            if self._bodies or not self._posts:
                 return peer_pb2.ExchangeRequest(bodies=push)
-            return peer_pb2.ExchangeRequest(body=push)
+            # The last bodies go with the next post, which usually names them: they were
+            # queued by the same step (``Coordinator._apply``).
+            return peer_pb2.ExchangeRequest(post=self._next_post(), bodies_ahead=push)
         if self._posts:
-            message, post = self._posts.pop(min(self._posts))
-            if not set_post_queue(message, post, self._reference):
-                self._whole_since = (post.epoch, post.seq)
-            self._reference = post
-            self._unanswered[(post.epoch, post.seq)] = (message, post)
-            if len(self._unanswered) > STREAM_POSTS_UNANSWERED_MAX:
-                self._unanswered.popitem(last=False)
-            return peer_pb2.ExchangeRequest(post=message)
+            return peer_pb2.ExchangeRequest(post=self._next_post())
         other = self._other.popleft()
         if isinstance(other, peer_pb2.SendSyncedEntriesRequest):
             return peer_pb2.ExchangeRequest(synced_entries=other)
         assert isinstance(other, peer_pb2.SendViewMessageRequest)
         return peer_pb2.ExchangeRequest(view=other)
+
+    def _next_post(self) -> peer_pb2.PostRequest:
+        """The oldest base's post, its queue encoded against the last post sent."""
+        message, post = self._posts.pop(min(self._posts))
+        if not set_post_queue(message, post, self._reference):
+            self._whole_since = (post.epoch, post.seq)
+        self._reference = post
+        self._unanswered[(post.epoch, post.seq)] = (message, post)
+        if len(self._unanswered) > STREAM_POSTS_UNANSWERED_MAX:
+            self._unanswered.popitem(last=False)
+        return message
 
     async def _run(self) -> None:
         backoff_s = STREAM_RETRY_MIN_S

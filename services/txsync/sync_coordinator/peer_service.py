@@ -120,14 +120,17 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[peer_pb2.ExchangeResponse]:
         """A peer's stream: each message taken as its unary call would take it, in the
-        order sent (so a body pushed ahead of a post is held when the post is taken). A
-        post this node cannot rebuild is answered ``whole_needed`` at once; the others
-        are acknowledged together (``POSTS_PER_ACK``). A refused message ends the stream
-        with its status."""
+        order sent (so a body pushed ahead of a post is held when the post is taken;
+        ``bodies_ahead`` are taken before their message's own kind). A post this node
+        cannot rebuild is answered ``whole_needed`` at once; the others are acknowledged
+        together (``POSTS_PER_ACK``). A refused message ends the stream with its
+        status."""
         unacknowledged = POSTS_PER_ACK  # the stream's first post is answered
         try:
             async for request in requests:
                 check_request(request)
+                if request.HasField("bodies_ahead"):
+                    await self._take_bodies(request.bodies_ahead, context)
                 kind = request.WhichOneof("message")
                 if kind == "post":
                     post = request.post

@@ -30,6 +30,7 @@ class ExchangeRequest(_message.Message):
     BODIES_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
+    BODIES_AHEAD_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def post(self) -> Global___PostRequest: ...
     @_builtins.property
@@ -42,6 +43,14 @@ class ExchangeRequest(_message.Message):
 
     @_builtins.property
     def view(self) -> Global___SendViewMessageRequest: ...
+    @_builtins.property
+    def bodies_ahead(self) -> Global___PushBodiesRequest:
+        """Bodies taken before the message's own kind: the sender puts the bodies pushed just
+        ahead of a post in the post's message (one write and one read instead of two, and
+        the receiver's coordinator steps the bodies and the post together). At most 3 MiB,
+        as a `bodies` message; with a post (at most post_txs_max metas) under gRPC's 8 MiB.
+        """
+
     def __init__(
         self,
         *,
@@ -50,10 +59,13 @@ class ExchangeRequest(_message.Message):
         bodies: Global___PushBodiesRequest | None = ...,
         body: Global___PushBodyRequest | None = ...,
         view: Global___SendViewMessageRequest | None = ...,
+        bodies_ahead: Global___PushBodiesRequest | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "bodies",
         b"bodies",
+        "bodies_ahead",
+        b"bodies_ahead",
         "body",
         b"body",
         "message",
@@ -69,6 +81,8 @@ class ExchangeRequest(_message.Message):
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "bodies",
         b"bodies",
+        "bodies_ahead",
+        b"bodies_ahead",
         "body",
         b"body",
         "message",
