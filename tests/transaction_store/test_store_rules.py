@@ -26,6 +26,7 @@ from txsync.transaction_store.store import (
     ProtocolStep,
     StateChangeRequest,
     StoreConfig,
+    Submitted,
     TransactionStore,
 )
 from txsync.transaction_store.txlog.bodies import body_digest
@@ -359,7 +360,7 @@ def test_a_watch_that_does_not_read_is_dropped_not_buffered(
     async def scenario(store: TransactionStore) -> None:
         stalled = store.watch_local_submits()
         first = (await store.submit(_body())).tx_id
-        assert (await anext(stalled)).tx_id == first  # watching from here on
+        assert [s.tx_id for s in await anext(stalled)] == [first]  # watching from here on
         for n in range(200):  # ~5 kB of bodies per 100: past the bound, unread
             await store.submit(_body(f"INSERT INTO t VALUES ({n}, '{'x' * 30}')"))
         with pytest.raises(StoreError, match="dropped; watch again") as caught:
@@ -367,10 +368,41 @@ def test_a_watch_that_does_not_read_is_dropped_not_buffered(
         assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
         # Watching again hands every pending submit anew: nothing is lost.
         again = store.watch_local_submits()
-        handed = [(await anext(again)).tx_id for _ in range(201)]
+        handed = [s.tx_id for s in await anext(again)]  # the pending, in one message
         assert handed[0] == first and len(set(handed)) == 201
         await stalled.aclose()
         await again.aclose()
+
+    _run(tmp_path, scenario)
+
+
+def test_a_watch_hands_a_group_commits_submits_in_messages_it_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submits made durable together go in one message where they fit (the coordinator
+    steps them together): at most LOCAL_SUBMITS_PER_MESSAGE and a bound of body bytes
+    each, in submit order."""
+    monkeypatch.setattr(store_module, "LOCAL_SUBMITS_PER_MESSAGE", 4)
+
+    async def scenario(store: TransactionStore) -> None:
+        watch = store.watch_local_submits()
+        first = (await store.submit(_body())).tx_id
+        assert [s.tx_id for s in await anext(watch)] == [first]
+        bodies = [_body(f"INSERT INTO t VALUES ({n})") for n in range(10)]
+        results = await store.submit_many([(b, "", "") for b in bodies])
+        submitted = [r.tx_id for r in results if isinstance(r, Submitted)]
+        batches = [await anext(watch) for _ in range(3)]
+        assert [len(b) for b in batches] == [4, 4, 2]
+        assert [s.tx_id for b in batches for s in b] == submitted
+        # Body bytes bound a message too; a body over the bound goes alone.
+        size = len(bodies[0].SerializeToString())
+        monkeypatch.setattr(store_module, "LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE", 2 * size)
+        await store.submit_many([(b, "", "") for b in bodies[:3]])
+        assert [len(await anext(watch)) for _ in range(2)] == [2, 1]
+        monkeypatch.setattr(store_module, "LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE", size - 1)
+        await store.submit_many([(b, "", "") for b in bodies[3:5]])
+        assert [len(await anext(watch)) for _ in range(2)] == [1, 1]
+        await watch.aclose()
 
     _run(tmp_path, scenario)
 
@@ -400,8 +432,8 @@ def test_follow_enqueued_and_local_submit_watch(tmp_path: Path) -> None:
         watched: list[LocalSubmit] = []
 
         async def watch() -> None:
-            async for submit in store.watch_local_submits():
-                watched.append(submit)
+            async for submits in store.watch_local_submits():
+                watched.extend(submits)
                 if len(watched) == 2:
                     return
 

@@ -1084,22 +1084,25 @@ class Coordinator:
 
     async def _watch_local_submits(self) -> None:
         """Local submits become LocalTx events, their bodies kept for the push the core
-        asks for next; the watch restarts if the store restarts."""
+        asks for next; the watch restarts if the store restarts. A message holds what a
+        group commit made durable: its events go to the loop together, for one step."""
+        local_bodies = self._local_bodies
         while True:
             try:
-                async for submit in self.store.WatchLocalSubmits(
+                async for durable in self.store.WatchLocalSubmits(
                     store_pb2.WatchLocalSubmitsRequest()
                 ):
-                    if submit.body:
-                        self._local_bodies[submit.tx_id] = peer_pb2.PushBodyRequest(
-                            tx_id=submit.tx_id,
-                            body=submit.body,
-                            digest=submit.digest,
-                            traceparent=submit.traceparent,
-                        )
-                        if len(self._local_bodies) > LOCAL_BODIES_MAX:
-                            del self._local_bodies[next(iter(self._local_bodies))]
-                    await self.events.put(LocalTx(submit.tx_id))
+                    for submit in durable.submits:
+                        if submit.body:
+                            local_bodies[submit.tx_id] = peer_pb2.PushBodyRequest(
+                                tx_id=submit.tx_id,
+                                body=submit.body,
+                                digest=submit.digest,
+                                traceparent=submit.traceparent,
+                            )
+                            if len(local_bodies) > LOCAL_BODIES_MAX:
+                                del local_bodies[next(iter(local_bodies))]
+                        await self.events.put(LocalTx(submit.tx_id))
             except grpc.aio.AioRpcError as error:
                 log.warning("local submit watch ended (%s); retrying", error.code().name)
             await asyncio.sleep(0.5)

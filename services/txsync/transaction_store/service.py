@@ -534,13 +534,16 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         if isinstance(request, MalformedRequest):
             await abort(context, request.as_error())
         try:
-            async for submit in self._store.watch_local_submits():
-                yield store_pb2.WatchLocalSubmitsResponse(
-                    tx_id=submit.tx_id,
-                    body=submit.body,
-                    digest=submit.digest,
-                    traceparent=submit.traceparent,
-                )
+            async for submits in self._store.watch_local_submits():
+                response = store_pb2.WatchLocalSubmitsResponse()
+                for submit in submits:
+                    response.submits.add(
+                        tx_id=submit.tx_id,
+                        body=submit.body,
+                        digest=submit.digest,
+                        traceparent=submit.traceparent,
+                    )
+                yield response
         except StoreError as error:
             await abort(context, error)
 

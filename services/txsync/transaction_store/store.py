@@ -17,6 +17,7 @@ import functools
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncGenerator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,13 +121,18 @@ LOCAL_WATCH_BYTES_MAX = 64 * 1024 * 1024
 """Bodies one local submit watch may have waiting unread; past it the watch is dropped
 (its watcher watches again and is handed every pending submit anew), so a stalled or
 hostile watcher cannot grow the store's memory."""
+LOCAL_SUBMITS_PER_MESSAGE = 256
+LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE = 4 * 1024 * 1024
+"""Bodies in one ``WatchLocalSubmits`` message, together (one larger body goes alone: a
+body is at most 4 MiB, a message at most 8 MiB, ``rpc.MESSAGE_BYTES_MAX``)."""
 
 
 class _LocalWatch:
     """One ``watch_local_submits`` stream's waiting submits, bounded in bytes."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[LocalSubmit | None] = asyncio.Queue()
+        self._waiting: deque[LocalSubmit] = deque()
+        self._handed = asyncio.Event()
         self.waiting_bytes = 0
         self.dropped = False
 
@@ -135,23 +141,51 @@ class _LocalWatch:
             return
         if self.waiting_bytes + len(submit.body) > LOCAL_WATCH_BYTES_MAX:
             self.dropped = True
-            while not self.queue.empty():
-                self.queue.get_nowait()
-            self.queue.put_nowait(None)  # wakes the stream, which ends
+            self._waiting.clear()
+            self._handed.set()  # wakes the stream, which ends
             return
         self.waiting_bytes += len(submit.body)
-        self.queue.put_nowait(submit)
+        self._waiting.append(submit)
+        self._handed.set()
 
-    async def next(self) -> LocalSubmit:
-        submit = await self.queue.get()
-        if submit is None:
+    async def next_batch(self) -> list[LocalSubmit]:
+        """Every submit waiting, at least one, as many as one message takes: the callers
+        a group commit made durable are all woken before this stream is, so a batch is
+        usually a whole group commit's local submits."""
+        while not self._waiting and not self.dropped:
+            self._handed.clear()
+            await self._handed.wait()
+        if self.dropped:
             raise StoreError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this watch fell more than {LOCAL_WATCH_BYTES_MAX // 2**20} MiB of bodies "
                 "behind and was dropped; watch again (pending submits are handed anew)",
             )
-        self.waiting_bytes -= len(submit.body)
-        return submit
+        batch = _LocalSubmitBatch()
+        while self._waiting and batch.takes(self._waiting[0]):
+            batch.add(self._waiting.popleft())
+        self.waiting_bytes -= batch.body_bytes
+        return batch.submits
+
+
+class _LocalSubmitBatch:
+    """Local submits for one ``WatchLocalSubmits`` message."""
+
+    def __init__(self) -> None:
+        self.submits: list[LocalSubmit] = []
+        self.body_bytes = 0
+
+    def takes(self, submit: LocalSubmit) -> bool:
+        if not self.submits:
+            return True  # a body over the byte bound goes alone
+        return (
+            len(self.submits) < LOCAL_SUBMITS_PER_MESSAGE
+            and self.body_bytes + len(submit.body) <= LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE
+        )
+
+    def add(self, submit: LocalSubmit) -> None:
+        self.submits.append(submit)
+        self.body_bytes += len(submit.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -953,10 +987,11 @@ class TransactionStore:
         begin = from_len - state.synced_offset
         return start, state.synced[begin : begin + count_max]
 
-    async def watch_local_submits(self) -> AsyncGenerator[LocalSubmit, None]:
+    async def watch_local_submits(self) -> AsyncGenerator[list[LocalSubmit], None]:
         """Every local submit the protocol has not stamped yet (those pending when the
-        watch starts first), each once, with its body. New ones are handed over as they
-        become durable, not found by rescanning the pending ones at every write."""
+        watch starts first), each once, with its body, in batches of what one message
+        takes (``_LocalSubmitBatch``). New ones are handed over as they become durable,
+        not found by rescanning the pending ones at every write."""
         if len(self._local_watchers) >= LOCAL_WATCHERS_MAX:
             raise StoreError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -966,15 +1001,25 @@ class TransactionStore:
         self._local_watchers.add(handed)
         try:
             pending = list(self.state.pending_local)
+            batch = _LocalSubmitBatch()
             for tx_id in pending:
-                yield await self._local_submit(tx_id)
+                submit = await self._local_submit(tx_id)
+                if not batch.takes(submit):
+                    yield batch.submits
+                    batch = _LocalSubmitBatch()
+                batch.add(submit)
+            if batch.submits:
+                yield batch.submits
             already = set(pending)
             while True:
-                submit = await handed.next()
-                if submit.tx_id in already:
-                    already.discard(submit.tx_id)  # submitted while the pending were read
-                    continue
-                yield submit
+                new = []
+                for submit in await handed.next_batch():
+                    if submit.tx_id in already:
+                        already.discard(submit.tx_id)  # submitted while the pending were read
+                    else:
+                        new.append(submit)
+                if new:
+                    yield new
         finally:
             self._local_watchers.discard(handed)
 

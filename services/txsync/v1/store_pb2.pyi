@@ -40,6 +40,32 @@ Global___WatchLocalSubmitsRequest: _TypeAlias = WatchLocalSubmitsRequest  # noqa
 class WatchLocalSubmitsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    SUBMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def submits(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___LocalSubmit]:
+        """Submits made durable together (a group commit's), in submit order: at most 256, and
+        at most 4 MiB of bodies unless one body alone is larger (under gRPC's 8 MiB).
+        """
+
+    def __init__(
+        self,
+        *,
+        submits: _abc.Iterable[Global___LocalSubmit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["submits", b"submits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchLocalSubmitsResponse: _TypeAlias = WatchLocalSubmitsResponse  # noqa: Y015
+
+@_typing.final
+class LocalSubmit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
     TX_ID_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
@@ -76,7 +102,7 @@ class WatchLocalSubmitsResponse(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___WatchLocalSubmitsResponse: _TypeAlias = WatchLocalSubmitsResponse  # noqa: Y015
+Global___LocalSubmit: _TypeAlias = LocalSubmit  # noqa: Y015
 
 @_typing.final
 class ReportProgressRequest(_message.Message):

@@ -187,8 +187,8 @@ class StoreInternalServiceServicer:
         raise NotImplementedError("Method not implemented!")
 
     def WatchLocalSubmits(self, request, context):
-        """Local submits not yet stamped by the protocol (first every pending one, then each new
-        one): the coordinator steps each as a local transaction. A submit is acknowledged as
+        """Local submits not yet stamped by the protocol (first every pending one, then the new
+        ones, a message per group commit): the coordinator steps each as a local transaction. A submit is acknowledged as
         INCOMING once durable, whether or not a coordinator is running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

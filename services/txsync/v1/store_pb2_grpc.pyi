@@ -90,8 +90,8 @@ class StoreInternalServiceStub:
     WatchLocalSubmits: _grpc.UnaryStreamMultiCallable[
         _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
     ]
-    """Local submits not yet stamped by the protocol (first every pending one, then each new
-    one): the coordinator steps each as a local transaction. A submit is acknowledged as
+    """Local submits not yet stamped by the protocol (first every pending one, then the new
+    ones, a message per group commit): the coordinator steps each as a local transaction. A submit is acknowledged as
     INCOMING once durable, whether or not a coordinator is running.
     """
     ReportProgress: _grpc.UnaryUnaryMultiCallable[
@@ -160,8 +160,8 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
     WatchLocalSubmits: _aio.UnaryStreamMultiCallable[
         _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
     ]  # type: ignore[assignment]
-    """Local submits not yet stamped by the protocol (first every pending one, then each new
-    one): the coordinator steps each as a local transaction. A submit is acknowledged as
+    """Local submits not yet stamped by the protocol (first every pending one, then the new
+    ones, a message per group commit): the coordinator steps each as a local transaction. A submit is acknowledged as
     INCOMING once durable, whether or not a coordinator is running.
     """
     ReportProgress: _aio.UnaryUnaryMultiCallable[
@@ -298,8 +298,8 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         _abc.Iterator[_store_pb2.WatchLocalSubmitsResponse],
         _abc.AsyncIterator[_store_pb2.WatchLocalSubmitsResponse],
     ]:
-        """Local submits not yet stamped by the protocol (first every pending one, then each new
-        one): the coordinator steps each as a local transaction. A submit is acknowledged as
+        """Local submits not yet stamped by the protocol (first every pending one, then the new
+        ones, a message per group commit): the coordinator steps each as a local transaction. A submit is acknowledged as
         INCOMING once durable, whether or not a coordinator is running.
         """
 
