@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
+from tests.support.in_process import WAIT_S
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.protocol.limits import INCOMING_TXS_MOST
@@ -30,6 +32,7 @@ from txsync.transaction_store.store import (
     TransactionStore,
 )
 from txsync.transaction_store.txlog.bodies import body_digest
+from txsync.transaction_store.txlog.writer import GroupCommitWriter
 from txsync.transaction_store.validation import PERSIST_METAS_MAX, StoreError, nondeterminism
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -402,6 +405,34 @@ def test_a_watch_hands_a_group_commits_submits_in_messages_it_bounds(
         monkeypatch.setattr(store_module, "LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE", size - 1)
         await store.submit_many([(b, "", "") for b in bodies[3:5]])
         assert [len(await anext(watch)) for _ in range(2)] == [1, 1]
+        await watch.aclose()
+
+    _run(tmp_path, scenario)
+
+
+def test_a_watch_hands_a_submit_before_its_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator's write of the meta follows the submit in the log (durable only if
+    the submit is), so it need not wait for the submit's fsync to learn of it."""
+
+    async def scenario(store: TransactionStore) -> None:
+        gate = threading.Event()
+        write = GroupCommitWriter._write
+
+        def held(writer: GroupCommitWriter, frames: bytes, then: Any) -> None:
+            gate.wait(WAIT_S)
+            write(writer, frames, then)
+
+        monkeypatch.setattr(GroupCommitWriter, "_write", held)
+        watch = store.watch_local_submits()
+        submitting = asyncio.create_task(store.submit(_body()))
+        try:
+            handed = await asyncio.wait_for(anext(watch), WAIT_S)
+            assert not submitting.done()  # its fsync has not happened
+        finally:
+            gate.set()
+        assert [s.tx_id for s in handed] == [(await submitting).tx_id]
         await watch.aclose()
 
     _run(tmp_path, scenario)

@@ -149,9 +149,8 @@ class _LocalWatch:
         self._handed.set()
 
     async def next_batch(self) -> list[LocalSubmit]:
-        """Every submit waiting, at least one, as many as one message takes: the callers
-        a group commit made durable are all woken before this stream is, so a batch is
-        usually a whole group commit's local submits."""
+        """Every submit waiting, at least one, as many as one message takes: under load,
+        what was staged while the previous message was on its way."""
         while not self._waiting and not self.dropped:
             self._handed.clear()
             await self._handed.wait()
@@ -506,14 +505,21 @@ class TransactionStore:
                     batch_digests[key] = digest
                 results.append(Submitted(tx_id, True, TxState.INCOMING))
             staged = self._stage(entries, bodies=files) if entries else None
+            if staged is not None:
+                self._tell_local_watchers(entries)
         if staged is not None:
             await self._durable(staged)
-            self._tell_local_watchers(entries)
         return results
 
     def _tell_local_watchers(self, entries: Sequence[txlog_pb2.LogEntry]) -> None:
-        """Durable local submits go to the coordinator with their bodies, which it pushes
-        to the peers without reading them back from here."""
+        """Local submits go to the coordinator with their bodies (which it pushes to the
+        peers without reading them back from here) as soon as they are staged, before
+        their fsync: what the coordinator then writes about them (their metas) is
+        appended after them to the same log, so it is durable only if they are, and the
+        coordinator sends nothing about them before its own write is durable. Its step
+        so rides the next group commit instead of waiting for this one, the watch
+        message and a ``PersistSteps`` message later. If this write fails, the writer
+        is broken, the coordinator's write fails after it, and it restarts."""
         for watcher in self._local_watchers:
             for entry in entries:
                 submitted = entry.submitted
@@ -990,8 +996,9 @@ class TransactionStore:
     async def watch_local_submits(self) -> AsyncGenerator[list[LocalSubmit], None]:
         """Every local submit the protocol has not stamped yet (those pending when the
         watch starts first), each once, with its body, in batches of what one message
-        takes (``_LocalSubmitBatch``). New ones are handed over as they become durable,
-        not found by rescanning the pending ones at every write."""
+        takes (``_LocalSubmitBatch``). New ones are handed over as they are staged
+        (``_tell_local_watchers``), not found by rescanning the pending ones at every
+        write."""
         if len(self._local_watchers) >= LOCAL_WATCHERS_MAX:
             raise StoreError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

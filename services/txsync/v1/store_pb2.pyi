@@ -45,8 +45,9 @@ class WatchLocalSubmitsResponse(_message.Message):
     def submits(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___LocalSubmit]:
-        """Submits made durable together (a group commit's), in submit order: at most 256, and
-        at most 4 MiB of bodies unless one body alone is larger (under gRPC's 8 MiB).
+        """The submits waiting (what was written while the last message was on its way), in
+        submit order: at most 256, and at most 4 MiB of bodies unless one body alone is
+        larger (under gRPC's 8 MiB).
         """
 
     def __init__(

@@ -188,7 +188,8 @@ class StoreInternalServiceServicer:
 
     def WatchLocalSubmits(self, request, context):
         """Local submits not yet stamped by the protocol (first every pending one, then the new
-        ones, a message per group commit): the coordinator steps each as a local transaction. A submit is acknowledged as
+        ones as they are written, before their fsync: the coordinator's own writes about them
+        follow them in the log): the coordinator steps each as a local transaction. A submit is acknowledged as
         INCOMING once durable, whether or not a coordinator is running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -91,7 +91,8 @@ class StoreInternalServiceStub:
         _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
     ]
     """Local submits not yet stamped by the protocol (first every pending one, then the new
-    ones, a message per group commit): the coordinator steps each as a local transaction. A submit is acknowledged as
+    ones as they are written, before their fsync: the coordinator's own writes about them
+    follow them in the log): the coordinator steps each as a local transaction. A submit is acknowledged as
     INCOMING once durable, whether or not a coordinator is running.
     """
     ReportProgress: _grpc.UnaryUnaryMultiCallable[
@@ -161,7 +162,8 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
         _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
     ]  # type: ignore[assignment]
     """Local submits not yet stamped by the protocol (first every pending one, then the new
-    ones, a message per group commit): the coordinator steps each as a local transaction. A submit is acknowledged as
+    ones as they are written, before their fsync: the coordinator's own writes about them
+    follow them in the log): the coordinator steps each as a local transaction. A submit is acknowledged as
     INCOMING once durable, whether or not a coordinator is running.
     """
     ReportProgress: _aio.UnaryUnaryMultiCallable[
@@ -299,7 +301,8 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         _abc.AsyncIterator[_store_pb2.WatchLocalSubmitsResponse],
     ]:
         """Local submits not yet stamped by the protocol (first every pending one, then the new
-        ones, a message per group commit): the coordinator steps each as a local transaction. A submit is acknowledged as
+        ones as they are written, before their fsync: the coordinator's own writes about them
+        follow them in the log): the coordinator steps each as a local transaction. A submit is acknowledged as
         INCOMING once durable, whether or not a coordinator is running.
         """
 
