@@ -62,6 +62,12 @@ def _safe_deserializer(message_class: type[Message], method: str) -> Callable[[b
     name = message_class.DESCRIPTOR.full_name
     received, received_bytes = work.received, work.received_bytes
     kinds = message_class.DESCRIPTOR.oneofs_by_name.get("message")
+    # Message fields set beside the kind (``ExchangeRequest.bodies_ahead``).
+    beside = [
+        f.name
+        for f in message_class.DESCRIPTOR.fields
+        if kinds is not None and f.containing_oneof is None and f.message_type is not None
+    ]
 
     def deserialize(data: bytes) -> object:
         received[method] += 1
@@ -73,16 +79,18 @@ def _safe_deserializer(message_class: type[Message], method: str) -> Callable[[b
         if kinds is None:
             received_bytes[method] += len(data)
             return message
-        # A stream of several kinds of message: its bytes by kind (what crosses the WAN),
-        # and a message field set beside the kind (``bodies_ahead``) under its own name.
-        size = len(data)
-        for field, value in message.ListFields():
-            if field.containing_oneof is None and isinstance(value, Message):
-                beside = value.ByteSize()
-                received_bytes[f"{method}.{field.name}"] += beside
-                size -= beside
+        # A stream of several kinds of message: its bytes by kind (what crosses the WAN).
         kind = message.WhichOneof("message")
-        received_bytes[f"{method}.{kind}" if kind else method] += size
+        extra = next((name for name in beside if message.HasField(name)), None)
+        if kind is None or extra is None:
+            received_bytes[f"{method}.{kind}" if kind else method] += len(data)
+            return message
+        # With a field beside the kind, the rest of the message is counted under that
+        # field's name: the kind's part (a post) is encoded again to size it, not the
+        # part beside it (up to 3 MiB of bodies).
+        kind_bytes = getattr(message, kind).ByteSize()
+        received_bytes[f"{method}.{kind}"] += kind_bytes
+        received_bytes[f"{method}.{extra}"] += len(data) - kind_bytes
         return message
 
     return deserialize

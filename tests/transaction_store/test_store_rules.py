@@ -382,8 +382,8 @@ def test_a_watch_that_does_not_read_is_dropped_not_buffered(
 def test_a_watch_hands_a_group_commits_submits_in_messages_it_bounds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Submits made durable together go in one message where they fit (the coordinator
-    steps them together): at most LOCAL_SUBMITS_PER_MESSAGE and a bound of body bytes
+    """Submits written together go in one message where they fit (the coordinator steps
+    them together): at most LOCAL_SUBMITS_PER_MESSAGE and a bound of body bytes
     each, in submit order."""
     monkeypatch.setattr(store_module, "LOCAL_SUBMITS_PER_MESSAGE", 4)
 

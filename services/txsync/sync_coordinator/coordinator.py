@@ -1084,15 +1084,17 @@ class Coordinator:
 
     async def _watch_local_submits(self) -> None:
         """Local submits become LocalTx events, their bodies kept for the push the core
-        asks for next; the watch restarts if the store restarts. A message holds what a
-        group commit made durable: its events go to the loop together, for one step."""
+        asks for next; the watch restarts if the store restarts. A message holds every
+        submit the store wrote since the last one (before their fsync: what the step
+        writes about them follows them in the log), and its events go to the loop
+        together, for one step."""
         local_bodies = self._local_bodies
         while True:
             try:
-                async for durable in self.store.WatchLocalSubmits(
+                async for handed in self.store.WatchLocalSubmits(
                     store_pb2.WatchLocalSubmitsRequest()
                 ):
-                    for submit in durable.submits:
+                    for submit in handed.submits:
                         if submit.body:
                             local_bodies[submit.tx_id] = peer_pb2.PushBodyRequest(
                                 tx_id=submit.tx_id,
