@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.worker.conftest import BackendFactory
+from txsync.worker import backend as backend_module
 from txsync.worker.backend import ApplyOrderError, QueryRefused, ToApply
-from txsync.worker.outcomes import GENESIS_DIGEST
+from txsync.worker.outcomes import GENESIS_DIGEST, Outcome
 from txsync.worker.sqlite_backend import SqliteBackend
 from txsync.worker.transactions import Statement, Transaction
 
@@ -161,3 +162,55 @@ def test_queries_are_read_only_and_cut_at_max_rows(open_backend: BackendFactory)
     # Nothing above wrote anything.
     count = backend.query(Statement("SELECT count(*) FROM accounts"), 1)
     assert count.rows == ((50,),)
+
+
+def _keyed(key: str, *statements: tuple[str, tuple[int | str, ...]]) -> Transaction:
+    return Transaction(tuple(Statement(sql, params) for sql, params in statements), key)
+
+
+def test_a_later_transaction_with_a_key_runs_nothing_and_names_the_first(
+    open_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cluster-wide idempotency: the first transaction with a key in the order runs, a
+    later one with it (a retry made at another DC) repeats its verdict without running,
+    at every worker alike, until the key is ``KEYS_REMEMBERED`` positions old."""
+    monkeypatch.setattr(backend_module, "KEYS_REMEMBERED", 3)
+    tester, follower = open_backend("t"), open_backend("f")
+    deposit = ("UPDATE accounts SET balance = balance + 1 WHERE id = 1", ())
+    history = [
+        _body((SCHEMA, ())),
+        _keyed("k1", (INSERT, (1, 100))),
+        _keyed("k1", (INSERT, (1, 100))),  # a retry: ordered, not run
+        _keyed("k2", (INSERT, (1, 5))),  # fails (a duplicate id)...
+        _keyed("k2", (INSERT, (1, 5))),  # ...and so does its retry, without running
+        _keyed("k3", deposit),
+        _keyed("k3", deposit),  # another body: the key decides
+        _body(deposit),
+        _body(deposit),
+        _keyed("k3", deposit),  # 4 positions after k3's first: runs again
+    ]
+    outcomes = [tester.apply(n, f"tx{n}", body) for n, body in enumerate(history, start=1)]
+    assert [o.ok for o in outcomes] == [True, True, True, False, False, True, True, True, True,
+                                        True]  # fmt: skip
+    assert [o.duplicate_of for o in outcomes] == ["", "", "tx2", "", "tx4", "", "tx6", "", "",
+                                                  ""]  # fmt: skip
+    assert outcomes[2].rows_affected == () and outcomes[4].error.endswith("which failed")
+    read = tester.query(Statement("SELECT balance FROM accounts WHERE id = 1"), 10)
+    assert read.rows == ((104,),), "k1 once, k3's deposit three times (once past its window)"
+    # A worker told that the testing worker failed a transaction still tells a duplicate
+    # from a failure: the same verdicts, the same digests.
+    twins = [
+        follower.apply(n, f"tx{n}", body, run=outcome.ok)
+        for (n, body), outcome in zip(enumerate(history, start=1), outcomes, strict=True)
+    ]
+    def verdicts(applied: list[Outcome]) -> list[tuple[bool, str, bytes]]:
+        return [(o.ok, o.duplicate_of, o.state_digest) for o in applied]
+
+    assert verdicts(twins) == verdicts(outcomes)
+    # Re-delivered after a reconnect: answered from the record, duplicate_of included.
+    assert tester.apply(3, "tx3", history[2]) == outcomes[2]
+    # The digest tells a duplicate from the same statements run.
+    plain = open_backend("plain")
+    ran = [plain.apply(n, f"tx{n}", Transaction(b.statements)) for n, b in enumerate(history, 1)]
+    assert ran[1].state_digest == outcomes[1].state_digest, "a key alone changes nothing"
+    assert ran[2].state_digest != outcomes[2].state_digest

@@ -37,6 +37,7 @@ BOOKKEEPING = [
     "UPDATE main.[_txsync_applied] SET position = 99",
     "UPDATE `_TxSync_Applied` SET position = 99",
     "DELETE FROM _txsync_outcomes",
+    "DELETE FROM _txsync_keys",
     "INSERT INTO _txsync_outcomes VALUES (99, 'x', 1, '', x'00', '')",
     "DROP TABLE _txsync_outcomes",
     "INSERT INTO t (v) SELECT error FROM _txsync_outcomes",  # differs between replicas
@@ -109,7 +110,10 @@ def _probe(backend: SqliteBackend, sql: str) -> Outcome:
         Statement("SELECT name FROM sqlite_master WHERE name LIKE '%txsync%'"),
         10,
     ).rows
-    assert sorted(tables) == [("_txsync_applied",), ("_txsync_outcomes",)]
+    assert sorted(tables) == [
+        ("_txsync_applied",), ("_txsync_keys",), ("_txsync_keys_position",),
+        ("_txsync_outcomes",), ("sqlite_autoindex__txsync_keys_1",),
+    ]  # fmt: skip
     following = backend.apply(after.position + 1, "next", _body("DELETE FROM t WHERE v = 'x'"))
     assert following.ok, following.error
     return outcome

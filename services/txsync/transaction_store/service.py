@@ -86,7 +86,23 @@ async def _waited(
     if record is not None and record.state is not None:
         response.state = common_pb2.TxState.ValueType(record.state.value)
     if record is not None and record.outcome is not None:
-        response.outcome.CopyFrom(record.outcome)
+        response.outcome.CopyFrom(_answered_outcome(store, record.outcome))
+
+
+def _answered_outcome(store: TransactionStore, outcome: common_pb2.Outcome) -> common_pb2.Outcome:
+    """What a client is told of ``outcome``: a duplicate (a retry whose key an earlier
+    transaction held) answers with the first one's rows affected and error, which its
+    submitter is after, when this DC still holds them."""
+    if not outcome.duplicate_of:
+        return outcome
+    first = store.state.tx(outcome.duplicate_of)
+    if first is None or first.outcome is None:
+        return outcome
+    answer = common_pb2.Outcome()
+    answer.CopyFrom(outcome)
+    answer.rows_affected[:] = first.outcome.rows_affected
+    answer.error = first.outcome.error or outcome.error
+    return answer
 
 
 def _submit_args(
@@ -128,6 +144,7 @@ def record_to_get_response(
         response.outcome.CopyFrom(record.outcome)
     if body is not None:
         response.body.CopyFrom(body)
+    response.idempotency_key = record.idempotency_key or response.body.idempotency_key
     return response
 
 
@@ -234,7 +251,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         if record.state is not None:
             response.state = common_pb2.TxState.ValueType(record.state.value)
         if record.outcome is not None:
-            response.outcome.CopyFrom(record.outcome)
+            response.outcome.CopyFrom(_answered_outcome(self._store, record.outcome))
         return response
 
     @answers_errors

@@ -435,7 +435,18 @@ class TransactionStore:
                 f"{self.config.node_id} is a witness (it applies nothing): submit at a DC",
             )
         prepared: list[tuple[str, bytes] | StoreError] = []
-        for body, _, _ in submits:
+        keys = [key or body.idempotency_key for body, key, _ in submits]
+        for (body, _, _), key in zip(submits, keys, strict=True):
+            if key and body.idempotency_key != key:
+                # The key travels with the body, so that every DC can tell a retry made
+                # at another DC from a new transaction (docs/client.md, "Idempotency").
+                if body.idempotency_key:
+                    prepared.append(invalid(
+                        f"body.idempotency_key {body.idempotency_key!r} differs from the "
+                        f"submit's idempotency_key {key!r}: give one, or the same"
+                    ))  # fmt: skip
+                    continue
+                body.idempotency_key = key
             encoded = body.SerializeToString()
             try:
                 check_body(
@@ -455,7 +466,7 @@ class TransactionStore:
         async with self._lock:
             batch_keys: dict[str, str] = {}
             batch_digests: dict[str, bytes] = {}
-            for (_, key, traceparent), item in zip(submits, prepared, strict=True):
+            for (_, _, traceparent), key, item in zip(submits, keys, prepared, strict=True):
                 if isinstance(item, StoreError):
                     results.append(item)
                     continue

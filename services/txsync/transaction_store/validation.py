@@ -137,6 +137,8 @@ def check_body(
         raise invalid(f"body: {len(body.statements)} statements, more than {STATEMENTS_MAX}")
     if len(body.label.encode()) > LABEL_BYTES_MAX:
         raise invalid(f"body.label: longer than {LABEL_BYTES_MAX} bytes")
+    if len(body.idempotency_key.encode()) > IDEMPOTENCY_KEY_BYTES_MAX:
+        raise invalid(f"body.idempotency_key: longer than {IDEMPOTENCY_KEY_BYTES_MAX} bytes")
     for index, statement in enumerate(body.statements):
         where = f"body.statements[{index}]"
         sql_bytes = len(statement.sql.encode())

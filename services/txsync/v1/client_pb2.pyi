@@ -29,8 +29,11 @@ class SubmitRequest(_message.Message):
     WAIT_FOR_FIELD_NUMBER: _builtins.int
     WAIT_TIMEOUT_FIELD_NUMBER: _builtins.int
     idempotency_key: _builtins.str
-    """Optional (at most 128 bytes): a retried submit with the same key returns the first
-    submit's transaction id and changes nothing.
+    """Optional (at most 128 bytes): a retried submit with the same key at the same DC
+    returns the first submit's transaction id and changes nothing. The key travels with
+    the body (`TxBody.idempotency_key`), so a retry at another DC is ordered but runs
+    nothing: its outcome names the first (`Outcome.duplicate_of`, with the first's
+    verdict, rows affected and error), at every DC alike.
     """
     wait_for: _common_pb2.TxState.ValueType
     """Optional: answer once the transaction has reached this state (or a later one) at this
@@ -278,12 +281,17 @@ class GetResponse(_message.Message):
     POSITION_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     state: _common_pb2.TxState.ValueType
     position: _builtins.int
     """Position in the synced queue (1-based); 0 while not yet accepted."""
     traceparent: _builtins.str
     """W3C traceparent of the transaction's trace."""
+    idempotency_key: _builtins.str
+    """The submit's idempotency key: known at the DC that took the submit, and at the
+    others once they hold the body (with `include_body`).
+    """
     @_builtins.property
     def meta(self) -> _common_pb2.TxMeta:
         """Set once the protocol has stamped the transaction (its ts)."""
@@ -309,6 +317,7 @@ class GetResponse(_message.Message):
         position: _builtins.int = ...,
         body: _common_pb2.TxBody | None = ...,
         traceparent: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "body", b"body", "meta", b"meta", "outcome", b"outcome"
@@ -319,6 +328,8 @@ class GetResponse(_message.Message):
         b"body",
         "history",
         b"history",
+        "idempotency_key",
+        b"idempotency_key",
         "meta",
         b"meta",
         "outcome",

@@ -485,8 +485,16 @@ class TxBody(_message.Message):
     STATEMENTS_FIELD_NUMBER: _builtins.int
     LABEL_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """Free-form client label kept with the transaction (at most 256 bytes)."""
+    idempotency_key: _builtins.str
+    """The submit's idempotency key (at most 128 bytes), put here by the store that took
+    it so that it travels with the body: the first transaction with a key in the agreed
+    order is applied, a later one with the same key is recorded at every DC as its
+    duplicate (`Outcome.duplicate_of`) and runs nothing. Keys are remembered for the
+    262,144 positions after theirs (docs/client.md, "Idempotency").
+    """
     @_builtins.property
     def statements(
         self,
@@ -503,11 +511,19 @@ class TxBody(_message.Message):
         statements: _abc.Iterable[Global___Statement] | None = ...,
         label: _builtins.str = ...,
         membership: Global___MembershipChange | None = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["membership", b"membership"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "label", b"label", "membership", b"membership", "statements", b"statements"
+        "idempotency_key",
+        b"idempotency_key",
+        "label",
+        b"label",
+        "membership",
+        b"membership",
+        "statements",
+        b"statements",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
@@ -525,6 +541,7 @@ class Outcome(_message.Message):
     STATE_DIGEST_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     POSITION_FIELD_NUMBER: _builtins.int
+    DUPLICATE_OF_FIELD_NUMBER: _builtins.int
     state: Global___TxState.ValueType
     """TX_STATE_OK or TX_STATE_FAILED."""
     state_digest: _builtins.bytes
@@ -535,6 +552,10 @@ class Outcome(_message.Message):
     """The database's error text when failed (at most 4 KiB)."""
     position: _builtins.int
     """Synced position (1-based) at which this transaction was applied."""
+    duplicate_of: _builtins.str
+    """Set when the transaction ran nothing: an earlier one in the agreed order had its
+    idempotency key. This is that one's id; `state` is its verdict.
+    """
     @_builtins.property
     def rows_affected(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Rows affected per statement (empty when failed)."""
@@ -547,10 +568,13 @@ class Outcome(_message.Message):
         state_digest: _builtins.bytes = ...,
         error: _builtins.str = ...,
         position: _builtins.int = ...,
+        duplicate_of: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "duplicate_of",
+        b"duplicate_of",
         "error",
         b"error",
         "position",

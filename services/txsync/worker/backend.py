@@ -13,6 +13,15 @@ from txsync.worker.transactions import Statement, Transaction
 
 OUTCOMES_KEPT = 4_096
 """Outcomes kept for re-delivery after a reconnect (older ones are pruned)."""
+KEYS_REMEMBERED = 262_144
+"""Positions for which a transaction's idempotency key is remembered after its own: a
+keyed transaction within this many positions of an earlier one with the same key is its
+duplicate and runs nothing; past it, it runs. Counted in positions, not time, so every
+worker of every DC draws the line at the same transaction (docs/client.md). At most
+about 60 MB of keys per database (a key is at most 128 bytes)."""
+KEYS_PRUNE_EVERY = 4_096
+"""Keys past ``KEYS_REMEMBERED`` are deleted at every position divisible by this (the
+lookup checks the distance itself, so pruning late changes no verdict)."""
 RESULT_BYTES_MAX = 4 * 1024 * 1024
 """A query's rows are cut (``truncated``) past this many bytes of values."""
 APPLY_BATCH_MAX = 64
@@ -112,7 +121,8 @@ class QueryResult:
 
 def recorded_outcome(position: int, tx_id: str, row: tuple[object, ...] | None) -> Outcome:
     """An outcome as ``_txsync_outcomes`` keeps it: ``(tx_id, ok, rows_affected, digest,
-    error)``; refuses a position pruned already or holding another transaction."""
+    error, duplicate_of)``; refuses a position pruned already or holding another
+    transaction."""
     if row is None:
         raise ApplyOrderError(f"position {position} was applied long ago; outcome pruned")
     if row[0] != tx_id:
@@ -120,7 +130,26 @@ def recorded_outcome(position: int, tx_id: str, row: tuple[object, ...] | None) 
     rows = tuple(int(n) for n in str(row[2]).split(",") if n)
     digest = row[3]
     assert isinstance(digest, bytes | bytearray | memoryview)
-    return Outcome(position, tx_id, bool(row[1]), rows, bytes(digest), str(row[4]))
+    return Outcome(position, tx_id, bool(row[1]), rows, bytes(digest), str(row[4]), str(row[5]))
+
+
+@dataclass(frozen=True, slots=True)
+class FirstWithKey:
+    """The transaction that holds an idempotency key: a later one with the key repeats
+    its verdict and runs nothing."""
+
+    tx_id: str
+    ok: bool
+
+    def error(self) -> str:
+        """The duplicate's error text (empty when the first succeeded)."""
+        return "" if self.ok else f"not run: a duplicate of {self.tx_id}, which failed"
+
+
+def keys_remembered_above(position: int) -> int:
+    """A key recorded at a position above this one still makes duplicates at
+    ``position``."""
+    return position - KEYS_REMEMBERED - 1
 
 
 def collect_rows(

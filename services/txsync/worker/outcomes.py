@@ -47,6 +47,9 @@ class Outcome:
     rows_affected: tuple[int, ...]
     state_digest: bytes
     error: str = ""
+    duplicate_of: str = ""
+    """Set when it ran nothing: the earlier transaction with its idempotency key (whose
+    verdict ``ok`` repeats)."""
 
 
 def next_digest(
@@ -58,11 +61,14 @@ def next_digest(
     ok: bool,
     rows_affected: tuple[int, ...],
     content: bytes = b"",
+    duplicate_of: str = "",
 ) -> bytes:
     """SHA-256 over the previous digest, the position, the id, the statements (their
-    deterministic encoding), the verdict and the rows affected; at a content check
-    position, also the digest of every user table's rows (``content``), so that replicas
-    whose data went apart with the same history are told apart there."""
+    deterministic encoding), the verdict and the rows affected, and for a duplicate the
+    transaction it repeats (keys themselves stay out: a history digests as it did before
+    keys travelled); at a content check position, also the digest of every user table's
+    rows (``content``), so that replicas whose data went apart with the same history are
+    told apart there."""
     sha = hashlib.sha256(previous)
     sha.update(struct.pack(">Q", position))
     sha.update(tx_id.encode())
@@ -72,6 +78,9 @@ def next_digest(
         sha.update(encoded)
     sha.update(b"OK" if ok else b"FAILED")
     sha.update(struct.pack(f">{len(rows_affected)}q", *rows_affected))
+    if duplicate_of:
+        sha.update(b"DUPLICATE")
+        sha.update(duplicate_of.encode())
     if content:
         sha.update(b"CONTENT")
         sha.update(content)

@@ -37,15 +37,18 @@ from txsync.telemetry import work
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     CONTENT_CHECK_EVERY_DEFAULT,
+    KEYS_PRUNE_EVERY,
     OUTCOMES_KEPT,
     STATEMENT_TIMEOUT_MS_DEFAULT,
     ApplyInterrupted,
     ApplyOrderError,
     BatchApplied,
+    FirstWithKey,
     QueryRefused,
     QueryResult,
     ToApply,
     collect_rows,
+    keys_remembered_above,
     recorded_outcome,
 )
 from txsync.worker.outcomes import (
@@ -91,6 +94,15 @@ _SETUP = (
         rows_affected TEXT NOT NULL,
         state_digest BYTEA NOT NULL,
         error TEXT NOT NULL)""",
+    # Made before keys travelled: no duplicate_of.
+    f"""ALTER TABLE {BOOKKEEPING_SCHEMA}.outcomes
+        ADD COLUMN IF NOT EXISTS duplicate_of TEXT NOT NULL DEFAULT ''""",
+    f"""CREATE TABLE IF NOT EXISTS {BOOKKEEPING_SCHEMA}.keys (
+        key TEXT PRIMARY KEY,
+        tx_id TEXT NOT NULL,
+        position BIGINT NOT NULL,
+        ok BOOLEAN NOT NULL)""",
+    f"CREATE INDEX IF NOT EXISTS keys_position ON {BOOKKEEPING_SCHEMA}.keys (position)",
     f"""DO $$ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{USER_ROLE}') THEN
             CREATE ROLE {USER_ROLE} NOLOGIN;
@@ -115,6 +127,7 @@ _SETUP = (
 )
 _APPLIED = f"{BOOKKEEPING_SCHEMA}.applied"
 _OUTCOMES = f"{BOOKKEEPING_SCHEMA}.outcomes"
+_KEYS = f"{BOOKKEEPING_SCHEMA}.keys"
 _LITERAL_OR_PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
 
 
@@ -270,24 +283,48 @@ class PostgresBackend:
             raise ApplyOrderError(f"position {position} after {last}: a gap")
         ok, error = False, "not run: the DC's testing worker failed it"
         rows: tuple[int, ...] = ()
-        if run:
+        key = body.idempotency_key
+        first = self._first_with_key(key, position) if key else None
+        if first is not None:
+            ok, error = first.ok, first.error()
+        elif run:
             ok, rows, error = self._run(conn, body)
         content = (
             _content_digest(conn) if is_content_check(position, self.content_check_every) else b""
         )
+        duplicate_of = first.tx_id if first is not None else ""
         digest = next_digest(
-            digest, position, tx_id, body, ok=ok, rows_affected=rows, content=content
-        )
+            digest, position, tx_id, body, ok=ok, rows_affected=rows, content=content,
+            duplicate_of=duplicate_of,
+        )  # fmt: skip
         conn.execute(
             f"UPDATE {_APPLIED} SET position = %s, tx_id = %s, state_digest = %s",
             (position, tx_id, digest),
         )
         conn.execute(
-            f"INSERT INTO {_OUTCOMES} VALUES (%s, %s, %s, %s, %s, %s)",
-            (position, tx_id, ok, ",".join(map(str, rows)), digest, error),
+            f"INSERT INTO {_OUTCOMES} VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (position, tx_id, ok, ",".join(map(str, rows)), digest, error, duplicate_of),
         )
         conn.execute(f"DELETE FROM {_OUTCOMES} WHERE position <= %s", (position - OUTCOMES_KEPT,))
-        return Outcome(position, tx_id, ok, rows, digest, error)
+        if key and first is None:  # an expired holder of the key is replaced
+            conn.execute(
+                f"INSERT INTO {_KEYS} VALUES (%s, %s, %s, %s) ON CONFLICT (key) DO UPDATE "
+                "SET tx_id = EXCLUDED.tx_id, position = EXCLUDED.position, ok = EXCLUDED.ok",
+                (key, tx_id, position, ok),
+            )
+        if position % KEYS_PRUNE_EVERY == 0:
+            conn.execute(
+                f"DELETE FROM {_KEYS} WHERE position <= %s", (keys_remembered_above(position),)
+            )
+        return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of)
+
+    def _first_with_key(self, key: str, position: int) -> FirstWithKey | None:
+        """The transaction that holds ``key`` at ``position``, if one does."""
+        row = self._conn.execute(
+            f"SELECT tx_id, ok FROM {_KEYS} WHERE key = %s AND position > %s",
+            (key, keys_remembered_above(position)),
+        ).fetchone()
+        return None if row is None else FirstWithKey(str(row[0]), bool(row[1]))
 
     def _run(
         self, conn: psycopg.Connection[tuple[object, ...]], body: Transaction
@@ -350,7 +387,8 @@ class PostgresBackend:
 
     def _recorded(self, position: int, tx_id: str) -> Outcome:
         row = self._conn.execute(
-            f"SELECT tx_id, ok, rows_affected, state_digest, error FROM {_OUTCOMES} "
+            "SELECT tx_id, ok, rows_affected, state_digest, error, duplicate_of "
+            f"FROM {_OUTCOMES} "
             "WHERE position = %s",
             (position,),
         ).fetchone()

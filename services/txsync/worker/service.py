@@ -456,6 +456,7 @@ def _outcome_to_proto(outcome: Outcome) -> common_pb2.Outcome:
         state_digest=outcome.state_digest,
         error=outcome.error,
         position=outcome.position,
+        duplicate_of=outcome.duplicate_of,
     )
 
 

@@ -42,16 +42,19 @@ from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     CONTENT_CHECK_EVERY_DEFAULT,
     HEAP_BYTES_MAX_DEFAULT,
+    KEYS_PRUNE_EVERY,
     OUTCOMES_KEPT,
     STEPS_MAX_DEFAULT,
     VALUE_BYTES_MAX_DEFAULT,
     ApplyInterrupted,
     ApplyOrderError,
     BatchApplied,
+    FirstWithKey,
     QueryRefused,
     QueryResult,
     ToApply,
     collect_rows,
+    keys_remembered_above,
     recorded_outcome,
 )
 from txsync.worker.outcomes import (
@@ -82,9 +85,21 @@ CREATE TABLE IF NOT EXISTS _txsync_outcomes (
     ok INTEGER NOT NULL,
     rows_affected TEXT NOT NULL,
     state_digest BLOB NOT NULL,
-    error TEXT NOT NULL
+    error TEXT NOT NULL,
+    duplicate_of TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS _txsync_keys (
+    key TEXT PRIMARY KEY,
+    tx_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    ok INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS _txsync_keys_position ON _txsync_keys (position);
 """
+_OUTCOMES_BEFORE_KEYS = (
+    "ALTER TABLE _txsync_outcomes ADD COLUMN duplicate_of TEXT NOT NULL DEFAULT ''"
+)
+"""A database made before keys travelled lacks the outcome's ``duplicate_of``."""
 
 
 class _BatchRolledBack(Exception):
@@ -145,6 +160,9 @@ class SqliteBackend:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(_txsync_outcomes)")}
+        if "duplicate_of" not in columns:
+            conn.execute(_OUTCOMES_BEFORE_KEYS)
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
         conn.execute(f"PRAGMA hard_heap_limit={int(self.heap_bytes_max)}")
         self._guard.install(conn)
@@ -283,7 +301,11 @@ class SqliteBackend:
             raise ApplyOrderError(f"position {position} after {last}: a gap")
         ok, error = False, "not run: the DC's testing worker failed it"
         rows: tuple[int, ...] = ()
-        if run:
+        key = body.idempotency_key
+        first = _first_with_key(conn, key, position) if key else None
+        if first is not None:
+            ok, error = first.ok, first.error()
+        elif run:
             ok, rows, error = self._run(conn, body)
             if not conn.in_transaction:
                 # Some errors (a full disk, an ON CONFLICT ROLLBACK clause) roll back the
@@ -294,21 +316,32 @@ class SqliteBackend:
         content = (
             _content_digest(conn) if is_content_check(position, self.content_check_every) else b""
         )
+        duplicate_of = first.tx_id if first is not None else ""
         digest = next_digest(
-            bytes(digest), position, tx_id, body, ok=ok, rows_affected=rows, content=content
-        )
+            bytes(digest), position, tx_id, body, ok=ok, rows_affected=rows, content=content,
+            duplicate_of=duplicate_of,
+        )  # fmt: skip
         conn.execute(
             "UPDATE _txsync_applied SET position = ?, tx_id = ?, state_digest = ?",
             (position, tx_id, digest),
         )
         conn.execute(
-            "INSERT INTO _txsync_outcomes VALUES (?, ?, ?, ?, ?, ?)",
-            (position, tx_id, int(ok), ",".join(map(str, rows)), digest, error),
+            "INSERT INTO _txsync_outcomes VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (position, tx_id, int(ok), ",".join(map(str, rows)), digest, error, duplicate_of),
         )
         conn.execute(
             "DELETE FROM _txsync_outcomes WHERE position <= ?", (position - OUTCOMES_KEPT,)
         )
-        return Outcome(position, tx_id, ok, rows, digest, error)
+        if key and first is None:  # an expired holder of the key is replaced
+            conn.execute(
+                "INSERT OR REPLACE INTO _txsync_keys VALUES (?, ?, ?, ?)",
+                (key, tx_id, position, int(ok)),
+            )
+        if position % KEYS_PRUNE_EVERY == 0:
+            conn.execute(
+                "DELETE FROM _txsync_keys WHERE position <= ?", (keys_remembered_above(position),)
+            )
+        return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of)
 
     def _run(
         self, conn: sqlite3.Connection, body: Transaction
@@ -360,7 +393,8 @@ class SqliteBackend:
 
     def _recorded(self, position: int, tx_id: str) -> Outcome:
         row = self._conn.execute(
-            "SELECT tx_id, ok, rows_affected, state_digest, error FROM _txsync_outcomes "
+            "SELECT tx_id, ok, rows_affected, state_digest, error, duplicate_of "
+            "FROM _txsync_outcomes "
             "WHERE position = ?",
             (position,),
         ).fetchone()
@@ -391,6 +425,15 @@ class SqliteBackend:
             return QueryResult(columns, rows, truncated, position)
         finally:
             conn.close()
+
+
+def _first_with_key(conn: sqlite3.Connection, key: str, position: int) -> FirstWithKey | None:
+    """The transaction that holds ``key`` at ``position``, if one does."""
+    row = conn.execute(
+        "SELECT tx_id, ok FROM _txsync_keys WHERE key = ? AND position > ?",
+        (key, keys_remembered_above(position)),
+    ).fetchone()
+    return None if row is None else FirstWithKey(str(row[0]), bool(row[1]))
 
 
 def _content_digest(conn: sqlite3.Connection) -> bytes:

@@ -31,6 +31,9 @@ class Statement:
 @dataclass(frozen=True, slots=True)
 class Transaction:
     statements: tuple[Statement, ...]
+    idempotency_key: str = ""
+    """The submit's key: the first transaction with a key in the agreed order runs, a
+    later one with the same key is recorded as its duplicate (``KeyedApply``)."""
 
 
 def param_from_proto(value: common_pb2.SqlValue) -> SqlParam:
@@ -46,7 +49,9 @@ def statement_from_proto(statement: common_pb2.Statement) -> Statement:
 
 
 def transaction_from_proto(body: common_pb2.TxBody) -> Transaction:
-    return Transaction(tuple(statement_from_proto(s) for s in body.statements))
+    return Transaction(
+        tuple(statement_from_proto(s) for s in body.statements), body.idempotency_key
+    )
 
 
 def param_to_proto(value: object) -> common_pb2.SqlValue:
@@ -69,7 +74,8 @@ def transaction_to_proto(transaction: Transaction) -> common_pb2.TxBody:
         statements=[
             common_pb2.Statement(sql=s.sql, params=[param_to_proto(p) for p in s.params])
             for s in transaction.statements
-        ]
+        ],
+        idempotency_key=transaction.idempotency_key,
     )
 
 
