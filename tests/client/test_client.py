@@ -1,0 +1,218 @@
+"""The client library against a real 3-DC cluster: submits and their verdicts, reads
+that see the caller's writes, errors that name what happened, batching, and failover."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from txsync.client import (
+    AsyncClient,
+    Client,
+    InvalidRequest,
+    KeyConflict,
+    NotFound,
+    State,
+    Statement,
+    TransactionFailed,
+    Unavailable,
+)
+
+CALLERS = 48
+
+
+def _table(client: Client) -> str:
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    client.submit(f"CREATE TABLE {name} (k INTEGER PRIMARY KEY, v TEXT)", wait="ok")
+    return name
+
+
+def test_a_submit_is_answered_at_the_state_asked_for_and_read_back_anywhere(
+    cluster_file: Path,
+) -> None:
+    with (
+        Client(str(cluster_file), dc="dc1") as writer,
+        Client(str(cluster_file), dc="dc3") as reader,
+    ):
+        table = _table(writer)
+        durable = writer.submit(f"INSERT INTO {table} VALUES (?, ?)", 1, "one", wait=None)
+        assert durable.state is State.INCOMING and durable.dc == "dc1" and durable.created
+        accepted = writer.submit(
+            [Statement(f"INSERT INTO {table} VALUES (?, ?)", (2, "two")),
+             Statement(f"UPDATE {table} SET v = ? WHERE k = ?", ("uno", 1))],
+        )  # fmt: skip
+        assert accepted.state in (State.ACCEPTED, State.ENQUEUED, State.TESTING, State.OK)
+        # Read-your-writes at another DC: the read waits until a worker there applied it.
+        read = reader.query(f"SELECT k, v FROM {table} ORDER BY k", after=accepted)
+        assert read.rows == ((1, "uno"), (2, "two")) and read.columns == ("k", "v")
+        assert read.worker.startswith("dc3-")
+        applied = writer.submit(f"UPDATE {table} SET v = ? WHERE k = ?", None, 2, wait="ok")
+        assert applied.outcome is not None and applied.outcome.rows_affected == (1,)
+        info = reader.get(applied.tx_id, body=True)
+        assert info.position == applied.outcome.position and info.origin == "dc1"
+        assert info.statements[0].params == (None, 2) and info.idempotency_key == applied.key
+        assert reader.wait(applied.tx_id, "ok").state is State.OK
+
+
+def test_errors_name_what_happened(cluster_file: Path) -> None:
+    with Client(str(cluster_file)) as client:
+        table = _table(client)
+        client.submit(f"INSERT INTO {table} VALUES (1, 'x')", wait="ok")
+        with pytest.raises(TransactionFailed, match="UNIQUE") as failed:
+            client.submit(f"INSERT INTO {table} VALUES (1, 'again')", wait="ok")
+        assert not failed.value.outcome.ok and failed.value.tx_id
+        with pytest.raises(InvalidRequest, match="statement"):
+            client.submit("")
+        with pytest.raises(InvalidRequest, match="random"):
+            client.submit(f"INSERT INTO {table} VALUES (random(), 'r')")
+        key = f"k-{uuid.uuid4()}"
+        client.submit(f"INSERT INTO {table} VALUES (2, 'y')", key=key)
+        with pytest.raises(KeyConflict, match="a retry must send the same body"):
+            client.submit(f"INSERT INTO {table} VALUES (3, 'z')", key=key)
+        with pytest.raises(NotFound):
+            client.get(str(uuid.uuid4()))
+        with pytest.raises(TypeError, match="parameter"):
+            client.submit(f"INSERT INTO {table} VALUES (?, ?)", 4, object())  # type: ignore[arg-type]
+
+
+def test_no_dc_answering_is_unavailable_once_the_deadline_passed() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"  # nothing listens there
+    with Client(address, timeout=1.0) as client, pytest.raises(Unavailable):
+        client.submit("INSERT INTO t VALUES (1)")
+
+
+def test_one_key_at_two_dcs_at_once_has_one_effect(cluster_file: Path) -> None:
+    """The same transaction with the same key submitted at dc1 and dc2 together (a
+    client that retried elsewhere before the first answer): both are ordered, the first
+    in the order runs, the other is its duplicate at every DC, and both callers are
+    answered with the first one's id and outcome."""
+    with Client(str(cluster_file), dc="dc1") as one, Client(str(cluster_file), dc="dc2") as two:
+        table = _table(one)
+        key = f"transfer-{uuid.uuid4()}"
+        sql = f"INSERT INTO {table} VALUES (?, ?)"
+        answers = {}
+
+        def submit(name: str, client: Client) -> None:
+            answers[name] = client.submit(sql, 1, "once", key=key, wait="ok")
+
+        threads = [threading.Thread(target=submit, args=a) for a in (("one", one), ("two", two))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        first, second = answers["one"], answers["two"]
+        assert first.tx_id == second.tx_id, "both callers are told of the same transaction"
+        assert [first.duplicate, second.duplicate].count(True) == 1
+        counted = one.query(f"SELECT count(*) FROM {table}", after=first.tx_id)
+        assert counted.rows == ((1,),)
+        _each_dc_records_one_duplicate(cluster_file, first.tx_id, key)
+
+
+def _each_dc_records_one_duplicate(cluster_file: Path, first_id: str, key: str) -> None:
+    """At every DC: exactly the transaction ``first_id`` ran under ``key`` and every
+    other one with the key names it (the same verdict everywhere)."""
+    for dc in ("dc1", "dc2", "dc3"):
+        with Client(str(cluster_file), dc=dc) as client:
+            keyed = [
+                client.get(info.tx_id, body=True)
+                for info in client.list()
+                if info.position and info.state is not None and info.state.final
+            ]
+            mine = [t for t in keyed if t.idempotency_key == key]
+            assert len(mine) >= 2, f"{dc}: {mine}"
+            runs = [t for t in mine if t.outcome is not None and not t.outcome.duplicate_of]
+            assert [t.tx_id for t in runs] == [first_id], f"{dc}: {mine}"
+            assert all(
+                t.outcome is not None and t.outcome.duplicate_of == first_id
+                for t in mine if t.tx_id != first_id
+            )  # fmt: skip
+
+
+def test_many_callers_share_batches_and_each_gets_its_own_answer(cluster_file: Path) -> None:
+    async def main() -> None:
+        async with AsyncClient(str(cluster_file), dc="dc2") as client:
+            created = await client.submit(
+                f"CREATE TABLE b_{uuid.uuid4().hex[:8]} (k INTEGER PRIMARY KEY)", wait="ok"
+            )
+            table = (await client.get(created.tx_id, body=True)).statements[0].sql.split()[2]
+            answers = await asyncio.gather(
+                *(client.submit(f"INSERT INTO {table} VALUES (?)", n) for n in range(CALLERS * 4))
+            )
+            batcher = client._batchers[client.current]
+            assert len({a.tx_id for a in answers}) == CALLERS * 4
+            assert batcher.calls < CALLERS * 4 / 2, "concurrent submits travelled together"
+            applied = await asyncio.gather(*(client.wait(a.tx_id, "ok") for a in answers))
+            last = max(applied, key=lambda a: a.outcome.position if a.outcome else 0)
+            counted = await client.query(f"SELECT count(*) FROM {table}", after=last.tx_id)
+            assert counted.rows == ((CALLERS * 4,),)
+
+    asyncio.run(main())
+
+
+def test_list_pages_through_everything(cluster_file: Path) -> None:
+    with Client(str(cluster_file), dc="dc3") as client:
+        table = _table(client)
+        client.submit_many([(f"INSERT INTO {table} VALUES (?, ?)", (n, "x")) for n in range(7)])
+        everything = list(client.list(page_size=3))
+        assert len({t.tx_id for t in everything}) == len(everything) >= 8
+        page, token = client.list_page(page_size=3)
+        assert len(page) == 3 and token
+        assert [t.tx_id for t in page] == [t.tx_id for t in everything[:3]]
+
+
+def _pids_of(dc_store: str) -> list[int]:
+    """The DC's transaction-store and sync-coordinator (found by the store's address on
+    their command lines)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"txsync.cli.main" not in args:
+            continue
+        role = args[args.index(b"txsync.cli.main") + 1]
+        flag = {b"transaction-store": b"--listen", b"sync-coordinator": b"--store"}.get(role)
+        if flag in args and args[args.index(flag) + 1] == dc_store.encode():
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_a_retry_after_a_dc_fails_goes_elsewhere_and_has_one_effect(cluster_file: Path) -> None:
+    """dc3 takes a submit and then stops answering (its store and coordinator frozen):
+    the client, told to wait for the outcome, fails over to the next DC with the same
+    key. When dc3 comes back its own copy is ordered too, and is the duplicate: one
+    effect, at every DC."""
+    with Client(str(cluster_file), dc="dc3", attempt_s=1.0, timeout=120) as client:
+        table = _table(client)
+        key = f"payment-{uuid.uuid4()}"
+        sql = f"INSERT INTO {table} VALUES (?, ?)"
+        taken = client.submit(sql, 7, "paid", key=key, wait=None)
+        assert taken.dc == "dc3"
+        frozen = _pids_of(client.endpoints[0].address)
+        assert len(frozen) == 2, frozen
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            retried = client.submit(sql, 7, "paid", key=key, wait="ok")
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+        assert retried.dc != "dc3" and retried.outcome is not None and retried.outcome.ok
+        # dc3's own copy, ordered once dc3 is back, repeats the first one's verdict.
+        again = client.wait(taken.tx_id, "ok")
+        assert retried.tx_id in (again.tx_id, taken.tx_id)
+        counted = client.query(f"SELECT count(*) FROM {table}", after=taken.tx_id)
+        assert counted.rows == ((1,),)
+    _each_dc_records_one_duplicate(cluster_file, retried.tx_id, key)
