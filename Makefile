@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-verify bench-startup clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-verify bench-startup bench-client clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -92,6 +92,9 @@ bench-breakdown: venv  ## where a transaction's time goes, hop by hop, from a lo
 
 bench-apply: venv  ## one DC applying with 1, 2 and 4 SQLite workers: applied/s and latency
 	$(BIN)/python -m bench.apply_bench
+
+bench-client: venv  ## the client library: 48 concurrent callers, batching on and off
+	$(BIN)/python -m bench.client_bench
 
 bench-startup: venv  ## txsync --help, each service exec -> SERVING, dev up -> cluster.json
 	$(BIN)/python -m bench.startup_bench

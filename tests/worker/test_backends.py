@@ -203,6 +203,7 @@ def test_a_later_transaction_with_a_key_runs_nothing_and_names_the_first(
         follower.apply(n, f"tx{n}", body, run=outcome.ok)
         for (n, body), outcome in zip(enumerate(history, start=1), outcomes, strict=True)
     ]
+
     def verdicts(applied: list[Outcome]) -> list[tuple[bool, str, bytes]]:
         return [(o.ok, o.duplicate_of, o.state_digest) for o in applied]
 

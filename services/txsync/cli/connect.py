@@ -11,17 +11,20 @@ when the cluster requires one; ``--tls-ca`` (default ``$TXSYNC_TLS_CA``) turns T
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
+from txsync.client.endpoints import EndpointError, looks_like_addresses, resolve
 from txsync.tls import channel_credentials, read_pem
+
+if TYPE_CHECKING:
+    from txsync.client import Client
 
 DEFAULT_ENDPOINTS = "data/cluster.json"
 TIMEOUT_S = 5.0
@@ -80,14 +83,12 @@ def add_connection_arguments(
 
 
 def targets_of(endpoints: str) -> list[Target]:
-    """The DCs ``endpoints`` names: a cluster.json, or comma-separated store addresses."""
-    if looks_like_addresses(endpoints):
-        return [Target("", address.strip()) for address in endpoints.split(",")]
+    """The DCs ``endpoints`` names: a cluster.json, store addresses, or a DNS name
+    (``txsync.client.endpoints``)."""
     try:
-        dcs = json.loads(Path(endpoints).read_text())["dcs"]
-        return [Target(node, str(dc["store"])) for node, dc in dcs.items()]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        fail(f"cannot read {endpoints} (is the cluster up? `make run` writes it): {error}")
+        return [Target(e.dc, e.address) for e in resolve(endpoints)]
+    except EndpointError as error:
+        fail(str(error))
 
 
 def all_targets(options: argparse.Namespace) -> list[Target]:
@@ -108,11 +109,30 @@ def target(options: argparse.Namespace) -> Target:
     return all_targets(options)[0]
 
 
-def looks_like_addresses(text: str) -> bool:
-    return all(
-        ":" in part and part.rsplit(":", 1)[1].isdigit() and not part.endswith(".json")
-        for part in text.split(",")
-    )
+def client_of(options: argparse.Namespace, **settings: Any) -> Client:
+    """The client library on the connection options: every DC the endpoints name, the
+    ``--dc`` one first (the others are where it fails over to)."""
+    from txsync.client import Client, Tls  # noqa: PLC0415 - only the commands that submit or read
+
+    all_targets(options)  # the same checks and messages as the other commands
+    ca: Path | None = getattr(options, "tls_ca", None)
+    tls = None
+    if ca is not None:
+        if (options.tls_cert is None) != (options.tls_key is None):
+            fail("give both --tls-cert and --tls-key, or neither")
+        try:
+            tls = Tls(
+                read_pem(ca, "CA"),
+                read_pem(options.tls_cert, "certificate") if options.tls_cert else None,
+                read_pem(options.tls_key, "key") if options.tls_key else None,
+                options.tls_server_name,
+            )
+        except OSError as error:
+            fail(str(error))
+    try:
+        return Client(options.endpoints, dc=options.dc, token=options.token, tls=tls, **settings)
+    except (EndpointError, ValueError) as error:
+        fail(str(error))
 
 
 def metadata(options: argparse.Namespace) -> tuple[tuple[str, str], ...]:

@@ -13,12 +13,8 @@ import json
 import sys
 from typing import Any
 
-import grpc
-from google.protobuf import duration_pb2
-
-from txsync.cli.connect import add_connection_arguments, channel, describe, metadata, target
+from txsync.cli.connect import add_connection_arguments, client_of
 from txsync.cli.submit_command import parse_param
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 EPILOG = """\
 examples:
@@ -32,39 +28,32 @@ exit status: 0 answered, 1 refused (a write, a bad statement) or unreachable,
 """
 
 
-def _value(value: common_pb2.SqlValue) -> Any:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "blob_value":
-        return base64.b64encode(value.blob_value).decode()
-    return getattr(value, kind)
+def _shown(value: Any) -> Any:
+    """A value for JSON: a blob as base64."""
+    return base64.b64encode(value).decode() if isinstance(value, bytes) else value
 
 
 def run(options: argparse.Namespace) -> int:
-    address = target(options).address
-    request = client_pb2.QueryRequest(
-        statement=common_pb2.Statement(
-            sql=options.sql, params=[parse_param(p) for p in options.param]
-        ),
-        after_position=options.after_position,
-        after_tx_id=options.after or "",
-        max_rows=options.max_rows,
-        timeout=duration_pb2.Duration(seconds=int(options.timeout)),
-    )
-    try:
-        with channel(address, options) as open_channel:
-            answer = client_pb2_grpc.ClientServiceStub(open_channel).Query(
-                request, timeout=options.timeout + 5, metadata=metadata(options)
+    from txsync.client import TxSyncError  # noqa: PLC0415
+
+    with client_of(options) as client:
+        try:
+            answer = client.query(
+                options.sql,
+                *(parse_param(p) for p in options.param),
+                after=options.after or None,
+                after_position=options.after_position,
+                max_rows=options.max_rows,
+                timeout=options.timeout,
             )
-    except grpc.RpcError as error:
-        print(f"error: {address}: {describe(error)}", file=sys.stderr)
-        return 1
-    rows = [[_value(v) for v in row.values] for row in answer.rows]
+        except (TxSyncError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+    rows = [[_shown(v) for v in row] for row in answer.rows]
     if options.output == "json":
         print(json.dumps({
             "columns": list(answer.columns), "rows": rows, "truncated": answer.truncated,
-            "position": answer.position, "worker": answer.worker_id,
+            "position": answer.position, "worker": answer.worker,
         }, indent=2))  # fmt: skip
         return 0
     table = [list(answer.columns)] + [["NULL" if v is None else str(v) for v in r] for r in rows]
@@ -72,7 +61,7 @@ def run(options: argparse.Namespace) -> int:
     for row in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     more = " (truncated: raise --max-rows)" if answer.truncated else ""
-    print(f"({len(rows)} row{'s' if len(rows) != 1 else ''}{more}; worker {answer.worker_id} "
+    print(f"({len(rows)} row{'s' if len(rows) != 1 else ''}{more}; worker {answer.worker} "
           f"at position {answer.position})")  # fmt: skip
     return 0
 

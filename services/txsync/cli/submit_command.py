@@ -1,4 +1,8 @@
-"""``txsync submit``: send one transaction to a DC and optionally wait for a state."""
+"""``txsync submit``: send one transaction to a DC and optionally wait for a state.
+
+Through the client library (``txsync.client``): the ``--dc`` DC first, the others of the
+endpoints if it does not answer, with the same idempotency key (``--key``, else a new
+one), so a retry never applies the transaction twice."""
 
 from __future__ import annotations
 
@@ -8,17 +12,10 @@ import sys
 import time
 from typing import Any
 
-import grpc
+from txsync.cli.connect import add_connection_arguments, client_of
+from txsync.client.results import SqlValue, Statement
 
-from txsync.cli.connect import add_connection_arguments, channel, metadata, target
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
-
-WAIT_STATES = {
-    "incoming": common_pb2.TX_STATE_INCOMING,
-    "accepted": common_pb2.TX_STATE_ACCEPTED,
-    "enqueued": common_pb2.TX_STATE_ENQUEUED,
-    "ok": common_pb2.TX_STATE_OK,
-}
+WAIT_STATES = ("incoming", "accepted", "enqueued", "ok")
 
 EPILOG = """\
 parameters: each --param fills the next '?'. Whole numbers and decimals become numbers,
@@ -31,24 +28,27 @@ examples:
       WHERE id = 1' --wait ok
   txsync submit --endpoints 127.0.0.1:7101 --sql 'DELETE FROM t' --wait accepted -o json
 
+The DC asked first is --dc (default: the first of the endpoints); if it does not answer,
+or cannot order for lack of a majority, the submit goes to the next with the same key.
+
 exit status: 0 reached the state waited for, 1 refused or unreachable, 3 timed out,
 4 FAILED (the DC's testing worker's database refused it; the error is printed).
 """
 
 
-def parse_param(text: str) -> common_pb2.SqlValue:
+def parse_param(text: str) -> SqlValue:
     if text.startswith("s:"):
-        return common_pb2.SqlValue(text_value=text[2:])
+        return text[2:]
     if text == "null":
-        return common_pb2.SqlValue()
+        return None
     try:
-        return common_pb2.SqlValue(int_value=int(text))
+        return int(text)
     except ValueError:
         pass
     try:
-        return common_pb2.SqlValue(real_value=float(text))
+        return float(text)
     except ValueError:
-        return common_pb2.SqlValue(text_value=text)
+        return text
 
 
 def register(commands: Any) -> None:
@@ -61,7 +61,12 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--sql", required=True, help="one parameterised SQL statement")
     parser.add_argument("--param", action="append", default=[], help="a parameter; repeat")
-    parser.add_argument("--key", default="", help="idempotency key (a retry returns the same tx)")
+    parser.add_argument(
+        "--key",
+        default="",
+        help="idempotency key: a retry with it, at any DC, applies nothing twice "
+        "(default: a new one)",
+    )
     parser.add_argument("--wait", choices=sorted(WAIT_STATES), help="wait for this state")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
     add_connection_arguments(parser, outputs=("text", "json"))
@@ -69,45 +74,47 @@ def register(commands: Any) -> None:
 
 
 def run(options: argparse.Namespace) -> int:
-    address = target(options).address
-    body = common_pb2.TxBody(
-        statements=[
-            common_pb2.Statement(sql=options.sql, params=[parse_param(p) for p in options.param])
-        ]
-    )
+    from txsync.client import TransactionFailed, TxSyncError  # noqa: PLC0415
+    from txsync.client.errors import Timeout  # noqa: PLC0415
+
+    statement = Statement(options.sql, tuple(parse_param(p) for p in options.param))
     started = time.monotonic()
-    request = client_pb2.SubmitRequest(body=body, idempotency_key=options.key)
-    if options.wait:
-        request.wait_for = WAIT_STATES[options.wait]
-        request.wait_timeout.FromNanoseconds(int(options.timeout * 1e9))
-    with channel(address, options) as open_channel:
-        stub = client_pb2_grpc.ClientServiceStub(open_channel)
+    result: dict[str, Any] = {}
+    with client_of(options, timeout=options.timeout) as client:
         try:
-            submitted = stub.Submit(
-                request, timeout=options.timeout + 10, metadata=metadata(options)
+            submitted = client.submit(
+                [statement], key=options.key or None, wait=options.wait, timeout=options.timeout
             )
-            result: dict[str, Any] = {
+            result = {
                 "tx_id": submitted.tx_id,
                 "created": submitted.created,
-                "state": common_pb2.TxState.Name(submitted.state),
+                "state": f"TX_STATE_{submitted.state.name}",
+                "dc": submitted.dc,
+                "key": submitted.key,
             }
-            reached = submitted.reached
-            if options.wait:
-                if submitted.state == common_pb2.TX_STATE_FAILED:
-                    result["error"] = submitted.outcome.error
-                result["reached"] = reached
-                result["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
-        except grpc.RpcError as error:
-            code = error.code().name if hasattr(error, "code") else "UNKNOWN"
-            details = error.details() if hasattr(error, "details") else str(error)
-            print(f"error: {address}: {code}: {details}", file=sys.stderr)
+            if submitted.duplicate:
+                result["duplicate"] = True
+            reached = True
+        except TransactionFailed as failed:
+            result = {"tx_id": failed.tx_id, "state": "TX_STATE_FAILED", "error": failed.error}
+            reached = True
+        except Timeout as timeout:
+            result = {"tx_id": timeout.tx_id, "state": f"TX_STATE_{timeout.state}"}
+            reached = False
+        except TxSyncError as error:
+            print(f"error: {error}", file=sys.stderr)
             return 1
+    if options.wait:
+        result["reached"] = reached
+        result["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
     if options.output == "json":
         print(json.dumps(result))
     else:
         line = f"{result['tx_id']}  {result['state']}"
         if "elapsed_ms" in result:
             line += f"  ({result['elapsed_ms']} ms)" if reached else "  (timed out)"
+        if result.get("duplicate"):
+            line += "  (a duplicate: its key was taken first by this transaction)"
         if "error" in result:
             line += f"\n  {result['error']}"
         print(line)

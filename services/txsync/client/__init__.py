@@ -9,35 +9,65 @@ with failover between DCs, retries that are safe across DCs, and batching built 
 
 ``AsyncClient`` is the same on asyncio. docs/client.md teaches it, with examples the
 tests run.
+
+The names below are imported when first used (PEP 562), so that a program importing one
+module of the package (the CLI's status commands read ``txsync.client.endpoints``) does
+not pay for the rest.
 """
 
-from txsync.client.async_client import AsyncClient, Reached, Tls
-from txsync.client.blocking import Client
-from txsync.client.endpoints import Endpoint, EndpointError
-from txsync.client.errors import (
-    AccessDenied,
-    Backpressure,
-    InvalidRequest,
-    KeyConflict,
-    NotFound,
-    Timeout,
-    TransactionFailed,
-    TxSyncError,
-    Unavailable,
-)
-from txsync.client.results import (
-    Outcome,
-    QueryResult,
-    State,
-    Statement,
-    Submitted,
-    Transition,
-    TxInfo,
-)
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from txsync.client.async_client import AsyncClient, Reached, Tls
+    from txsync.client.blocking import Client
+    from txsync.client.endpoints import Endpoint, EndpointError
+    from txsync.client.errors import (
+        AccessDenied,
+        Backpressure,
+        InvalidRequest,
+        KeyConflict,
+        NotFound,
+        Timeout,
+        TransactionFailed,
+        TxSyncError,
+        Unavailable,
+    )
+    from txsync.client.results import (
+        Outcome,
+        QueryResult,
+        State,
+        Statement,
+        Submitted,
+        Transition,
+        TxInfo,
+    )
+
+_HOMES = {
+    "txsync.client.async_client": ("AsyncClient", "Reached", "Tls"),
+    "txsync.client.blocking": ("Client",),
+    "txsync.client.endpoints": ("Endpoint", "EndpointError"),
+    "txsync.client.errors": (
+        "AccessDenied", "Backpressure", "InvalidRequest", "KeyConflict", "NotFound", "Timeout",
+        "TransactionFailed", "TxSyncError", "Unavailable",
+    ),
+    "txsync.client.results": (
+        "Outcome", "QueryResult", "State", "Statement", "Submitted", "Transition", "TxInfo",
+    ),
+}  # fmt: skip
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = [
     "AccessDenied", "AsyncClient", "Backpressure", "Client", "Endpoint", "EndpointError",
     "InvalidRequest", "KeyConflict", "NotFound", "Outcome", "QueryResult", "Reached", "State",
     "Statement", "Submitted", "Timeout", "Tls", "TransactionFailed", "Transition", "TxInfo",
     "TxSyncError", "Unavailable",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'txsync.client' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

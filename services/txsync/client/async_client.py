@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import grpc
 from google.protobuf import duration_pb2
@@ -188,24 +188,51 @@ class AsyncClient:
         statements = _statements(sql, params)
         return await self._submit(body_of(statements, label), key, wait, timeout)
 
+    @overload
+    async def submit_many(
+        self, transactions: Iterable[Submittable], *, keys: Sequence[str] | None = None,
+        wait: Wait = "accepted", timeout: float | None = None, raise_errors: Literal[True] = True,
+    ) -> builtins.list[Submitted]: ...  # fmt: skip
+
+    @overload
+    async def submit_many(
+        self, transactions: Iterable[Submittable], *, keys: Sequence[str] | None = None,
+        wait: Wait = "accepted", timeout: float | None = None, raise_errors: bool,
+    ) -> builtins.list[Submitted | TxSyncError]: ...  # fmt: skip
+
     async def submit_many(
         self,
         transactions: Iterable[Submittable],
         *,
+        keys: Sequence[str] | None = None,
         wait: Wait = "accepted",
         timeout: float | None = None,
-    ) -> list[Submitted]:
-        """Submit each of ``transactions`` (SQL text, (SQL, params), or statements) with
-        a key of its own, concurrently; they travel in as few calls as the batching
-        allows. Raises the first error after every submit has its answer."""
+        raise_errors: bool = True,
+    ) -> builtins.list[Any]:
+        """Submit each of ``transactions`` (SQL text, (SQL, params), or statements),
+        concurrently: they travel in as few calls as the batching allows. ``keys``: one
+        per transaction (default: a new one each). Each is answered on its own; the
+        first error is raised once all are answered, or (``raise_errors=False``) every
+        error is returned in its transaction's place."""
         bodies = [body_of(_submittable(t)) for t in transactions]
+        if keys is not None and len(keys) != len(bodies):
+            raise ValueError(f"{len(keys)} keys for {len(bodies)} transactions")
         answers = await asyncio.gather(
-            *(self._submit(body, None, wait, timeout) for body in bodies), return_exceptions=True
+            *(
+                self._submit(body, keys[n] if keys is not None else None, wait, timeout)
+                for n, body in enumerate(bodies)
+            ),
+            return_exceptions=True,
         )
+        results: builtins.list[Submitted | TxSyncError] = []
         for answer in answers:
-            if isinstance(answer, BaseException):
+            if isinstance(answer, TxSyncError) and not raise_errors:
+                results.append(answer)
+            elif isinstance(answer, BaseException):
                 raise answer
-        return [a for a in answers if isinstance(a, Submitted)]
+            else:
+                results.append(answer)
+        return results
 
     async def _submit(
         self, body: common_pb2.TxBody, key: str | None, wait: Wait, timeout: float | None
@@ -227,7 +254,7 @@ class AsyncClient:
             except Refused as refused:
                 last = self._refusal(refused)
                 if isinstance(last, Backpressure):
-                    await _sleep_until(deadline, last.retry_after_s)
+                    await _sleep_until(deadline, max(last.retry_after_s, BACKOFF_FIRST_S))
                 continue
             self.current = index
             if wanted is None or answer.reached:
@@ -274,10 +301,16 @@ class AsyncClient:
 
     # -- reading ------------------------------------------------------------------------
 
-    async def get(self, tx_id: str, *, body: bool = False, timeout: float | None = None) -> TxInfo:
-        """The transaction as the DC in use holds it (asking the others if it has not
-        heard of it yet); ``body`` adds its statements. Raises ``NotFound``."""
-        request = client_pb2.GetRequest(tx_id=tx_id, include_body=body)
+    async def get(
+        self, tx_id: str = "", *, key: str = "", body: bool = False, timeout: float | None = None
+    ) -> TxInfo:
+        """The transaction ``tx_id`` (or the one submitted with idempotency ``key``) as
+        the DC in use holds it, asking the others if it has not heard of it (a key is
+        known at the DC that took the submit); ``body`` adds its statements. Raises
+        ``NotFound``."""
+        if not tx_id and not key:
+            raise ValueError("give a transaction id or an idempotency key")
+        request = client_pb2.GetRequest(tx_id=tx_id, idempotency_key=key, include_body=body)
         answer: client_pb2.GetResponse = await self._call(
             "Get", request, timeout, others_on_not_found=True
         )

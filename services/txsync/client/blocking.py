@@ -12,9 +12,11 @@ import asyncio
 import builtins
 import threading
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from txsync.client.async_client import AsyncClient, Reached, Submittable, Wait
+from txsync.client.endpoints import Endpoint
+from txsync.client.errors import TxSyncError
 from txsync.client.results import QueryResult, SqlValue, State, Statement, Submitted, TxInfo
 
 _T = TypeVar("_T")
@@ -71,8 +73,14 @@ class Client:
         return asyncio.run_coroutine_threadsafe(call, self._loop).result()
 
     @property
-    def endpoints(self) -> builtins.list[Any]:
+    def endpoints(self) -> builtins.list[Endpoint]:
+        """The DCs, in the order the client tries them."""
         return self._client.endpoints
+
+    @property
+    def current(self) -> Endpoint:
+        """The DC in use: the one that answered last."""
+        return self._client.endpoints[self._client.current]
 
     def submit(
         self,
@@ -88,16 +96,34 @@ class Client:
             self._client.submit(sql, *params, key=key, wait=wait, timeout=timeout, label=label)
         )
 
+    @overload
     def submit_many(
-        self, transactions: Iterable[Submittable], *, wait: Wait = "accepted",
-        timeout: float | None = None,
-    ) -> builtins.list[Submitted]:  # fmt: skip
-        """As ``AsyncClient.submit_many``."""
-        return self._run(self._client.submit_many(transactions, wait=wait, timeout=timeout))
+        self, transactions: Iterable[Submittable], *, keys: Sequence[str] | None = None,
+        wait: Wait = "accepted", timeout: float | None = None, raise_errors: Literal[True] = True,
+    ) -> builtins.list[Submitted]: ...  # fmt: skip
 
-    def get(self, tx_id: str, *, body: bool = False, timeout: float | None = None) -> TxInfo:
+    @overload
+    def submit_many(
+        self, transactions: Iterable[Submittable], *, keys: Sequence[str] | None = None,
+        wait: Wait = "accepted", timeout: float | None = None, raise_errors: bool,
+    ) -> builtins.list[Submitted | TxSyncError]: ...  # fmt: skip
+
+    def submit_many(
+        self, transactions: Iterable[Submittable], *, keys: Sequence[str] | None = None,
+        wait: Wait = "accepted", timeout: float | None = None, raise_errors: bool = True,
+    ) -> builtins.list[Any]:  # fmt: skip
+        """As ``AsyncClient.submit_many``."""
+        return self._run(
+            self._client.submit_many(
+                transactions, keys=keys, wait=wait, timeout=timeout, raise_errors=raise_errors
+            )
+        )
+
+    def get(
+        self, tx_id: str = "", *, key: str = "", body: bool = False, timeout: float | None = None
+    ) -> TxInfo:
         """As ``AsyncClient.get``."""
-        return self._run(self._client.get(tx_id, body=body, timeout=timeout))
+        return self._run(self._client.get(tx_id, key=key, body=body, timeout=timeout))
 
     def wait(
         self, tx_id: str, state: str | State = "ok", *, timeout: float | None = None

@@ -1,40 +1,38 @@
 """``load``: rows of CSV or Parquet files become transactions, submitted through the
-client API from the executors.
+client library (``txsync.client``) from the executors.
 
 Each row fills the ``?`` of a SQL template from the columns named (in that order);
 ``rows_per_transaction`` consecutive rows go into one transaction (one statement each, at
 most 1000). Every transaction gets an idempotency key made of ``key_prefix`` and the
 index of its first row (``zipWithIndex``: stable for the same input files), so running
-the same load again, after a failure half-way, submits only what is missing: the store
-answers the rest from their keys. A store knows the keys submitted to it, not those
-submitted to other DCs, so each transaction always goes to the same store (transactions
-are dealt to the endpoints, sorted, by their first row): resume a load with the same
-endpoints, in any order.
+the same load again, after a failure half-way, applies only what is missing: the rest
+are answered from their keys by the store that took them, or, sent to another DC, are
+ordered but run nothing (keys count across the cluster, docs/client.md). Transactions are
+dealt to the endpoints by their first row, so a rerun with the same endpoints sends each
+to the same DC again and is answered at once.
 
-Each task (a slice of consecutive rows) submits its transactions to the DCs' stores in
-batches of ``batch`` transactions per store, waiting out back-pressure: a refused
-batch (RESOURCE_EXHAUSTED while the DC's incoming queue is full, UNAVAILABLE) is retried
-with exponential backoff, up to ``RETRIES_MAX`` times. Progress is printed as tasks
-finish; the result counts transactions created, already present, and refused (with the
-first refusals' reasons).
+Each task (a slice of consecutive rows) hands its transactions to one client per
+endpoint ``batch`` at a time; the library gathers them into ``SubmitBatch`` calls, waits
+out back-pressure and fails over to another DC when one does not answer, each
+transaction within ``SUBMIT_TIMEOUT_S``. Progress is printed as tasks finish; the result
+counts transactions created, already present, and refused (with the first refusals'
+reasons).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 from pyspark.sql import DataFrame, SparkSession
 
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
-from txsync.worker.transactions import param_to_proto
+from txsync.client import Client, Statement, Submitted
+from txsync.client.results import SqlValue
 
 Counts = tuple[int, int, int, int, str]
-RETRIES_MAX = 40
-BACKOFF_MAX_S = 5.0
+SUBMIT_TIMEOUT_S = 600.0
+"""A transaction's whole deadline, back-pressure and failovers included."""
 STATEMENTS_MAX = 1000
 
 
@@ -61,39 +59,44 @@ class LoadResult:
 def _submit_slice(plan: LoadPlan, rows: Iterable[tuple[int, Any]]) -> Iterator[Counts]:
     """Run on an executor: ``(created, existing, refused, rows, first error)``."""
     endpoints = sorted(plan.endpoints)
-    metadata = (("authorization", f"Bearer {plan.token}"),) if plan.token else ()
     counts = [0, 0, 0, 0]
     errors: list[str] = []
-    channels = [grpc.insecure_channel(endpoint) for endpoint in endpoints]
-    stubs = [client_pb2_grpc.ClientServiceStub(channel) for channel in channels]
-    pending: list[list[client_pb2.SubmitRequest]] = [[] for _ in endpoints]
+    clients = [
+        Client(endpoints, dc=endpoint, token=plan.token, timeout=SUBMIT_TIMEOUT_S,
+               batch_max=max(1, min(plan.batch, 1_000)))
+        for endpoint in endpoints
+    ]  # fmt: skip
+    pending: list[tuple[list[list[Statement]], list[str]]] = [([], []) for _ in endpoints]
 
     def flush(target: int) -> None:
-        if not pending[target]:
+        transactions, keys = pending[target]
+        if not transactions:
             return
-        request = client_pb2.SubmitBatchRequest(submits=pending[target])
-        for result in _send(stubs[target], request, metadata):
-            if result.HasField("accepted"):
-                counts[0 if result.accepted.created else 1] += 1
+        answers = clients[target].submit_many(
+            transactions, keys=keys, wait=None, raise_errors=False
+        )
+        for answer in answers:
+            if isinstance(answer, Submitted):
+                counts[0 if answer.created else 1] += 1
             else:
                 counts[2] += 1
-                errors.append(result.error)
-        pending[target].clear()
+                errors.append(str(answer))
+        transactions.clear()
+        keys.clear()
 
-    statements: list[common_pb2.Statement] = []
+    statements: list[Statement] = []
     first_row = 0
 
     def close_transaction() -> None:
         if not statements:
             return
-        # The transaction's store follows from its first row alone, so every run (however
-        # the input is sliced) sends it to the same DC, which knows its key.
+        # The transaction's DC follows from its first row alone, so every run (however
+        # the input is sliced) sends it to the same DC, which answers it from its key.
         target = (first_row // plan.rows_per_transaction) % len(endpoints)
-        body = common_pb2.TxBody(statements=list(statements))
-        key = f"{plan.key_prefix}:{first_row}"
-        pending[target].append(client_pb2.SubmitRequest(body=body, idempotency_key=key))
+        pending[target][0].append(list(statements))
+        pending[target][1].append(f"{plan.key_prefix}:{first_row}")
         statements.clear()
-        if len(pending[target]) >= plan.batch:
+        if len(pending[target][0]) >= plan.batch:
             flush(target)
 
     try:
@@ -102,44 +105,24 @@ def _submit_slice(plan: LoadPlan, rows: Iterable[tuple[int, Any]]) -> Iterator[C
                 close_transaction()
             if not statements:
                 first_row = position
-            params = [param_to_proto(row[column]) for column in plan.columns]
-            statements.append(common_pb2.Statement(sql=plan.sql, params=params))
+            statements.append(Statement(plan.sql, tuple(_plain(row[c]) for c in plan.columns)))
             counts[3] += 1
         close_transaction()
         for target in range(len(endpoints)):
             flush(target)
     finally:
-        for channel in channels:
-            channel.close()
+        for client in clients:
+            client.close()
     yield counts[0], counts[1], counts[2], counts[3], errors[0] if errors else ""
 
 
-def _send(
-    stub: client_pb2_grpc.ClientServiceStub,
-    request: client_pb2.SubmitBatchRequest,
-    metadata: tuple[tuple[str, str], ...],
-) -> list[client_pb2.SubmitResult]:
-    """One batch, retried through back-pressure and brief unavailability."""
-    pause_s = 0.1
-    for attempt in range(RETRIES_MAX):
-        try:
-            answer = stub.SubmitBatch(request, timeout=30, metadata=metadata)
-        except grpc.RpcError as error:
-            code = error.code() if isinstance(error, grpc.Call) else None
-            retryable = code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE)
-            if not retryable or attempt == RETRIES_MAX - 1:
-                raise
-            time.sleep(pause_s)
-            pause_s = min(pause_s * 2, BACKOFF_MAX_S)
-            continue
-        busy = [r for r in answer.results if r.error.startswith("RESOURCE_EXHAUSTED")]
-        if not busy or attempt == RETRIES_MAX - 1:
-            return list(answer.results)
-        # Some submits of the batch met a full queue: send the batch again (the ones that
-        # went in are answered from their idempotency keys).
-        time.sleep(pause_s)
-        pause_s = min(pause_s * 2, BACKOFF_MAX_S)
-    raise AssertionError("unreachable")
+def _plain(value: object) -> SqlValue:
+    """A column's value as a statement takes it: dates, decimals and the like as text."""
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return value
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return str(value)
 
 
 def load(

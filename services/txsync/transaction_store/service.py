@@ -233,7 +233,10 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
     async def Get(
         self, request: client_pb2.GetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> client_pb2.GetResponse:
-        record = self._store.get(request.tx_id)
+        if request.tx_id or not request.idempotency_key:
+            record = self._store.get(request.tx_id)
+        else:
+            record = self._store.get_by_key(check_idempotency_key(request.idempotency_key))
         body = await self._store.read_body(record.tx_id) if request.include_body else None
         return record_to_get_response(record, self._store.config.node_id, body)
 

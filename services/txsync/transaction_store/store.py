@@ -565,6 +565,17 @@ class TransactionStore:
             raise StoreError(grpc.StatusCode.NOT_FOUND, f"no transaction {tx_id} at this DC")
         return record
 
+    def get_by_key(self, key: str) -> TxRecord:
+        """The transaction submitted here with idempotency key ``key``."""
+        tx_id = self.state.idempotency.get(key)
+        record = self.state.tx(tx_id) if tx_id is not None else None
+        if record is None:
+            raise StoreError(
+                grpc.StatusCode.NOT_FOUND,
+                f"no transaction submitted at this DC with idempotency key {key!r}",
+            )
+        return record
+
     async def read_body(self, tx_id: str) -> common_pb2.TxBody | None:
         encoded = await self.read_encoded_body(tx_id)
         if encoded is None:

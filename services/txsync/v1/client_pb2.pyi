@@ -250,19 +250,29 @@ class GetRequest(_message.Message):
 
     TX_ID_FIELD_NUMBER: _builtins.int
     INCLUDE_BODY_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
+    """The transaction's id, or (empty) ..."""
     include_body: _builtins.bool
     """Also return the body (statements)."""
+    idempotency_key: _builtins.str
+    """...the idempotency key it was submitted with at this DC (at most 128 bytes)."""
     def __init__(
         self,
         *,
         tx_id: _builtins.str = ...,
         include_body: _builtins.bool = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "include_body", b"include_body", "tx_id", b"tx_id"
+        "idempotency_key",
+        b"idempotency_key",
+        "include_body",
+        b"include_body",
+        "tx_id",
+        b"tx_id",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

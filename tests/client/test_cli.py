@@ -1,0 +1,43 @@
+"""The CLI commands built on the library, against a real cluster: a retried submit at
+another DC, a transaction found by its key, and a listing of every page."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from tests.support.dev_up import txsync
+
+
+def test_submit_twice_with_a_key_find_it_by_the_key_and_list_everything(
+    cluster_file: Path,
+) -> None:
+    endpoints = ("--endpoints", str(cluster_file))
+    table = f"cli_{uuid.uuid4().hex[:8]}"
+    made = txsync("submit", *endpoints, "--sql", f"CREATE TABLE {table} (k INTEGER)",
+                  "--wait", "ok")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    key = f"cli-{uuid.uuid4()}"
+    insert = ("--sql", f"INSERT INTO {table} VALUES (?)", "--param", "1", "--key", key)
+    first = txsync("submit", *endpoints, "--dc", "dc1", *insert, "--wait", "ok", "-o", "json")
+    again = txsync("submit", *endpoints, "--dc", "dc2", *insert, "--wait", "ok", "-o", "json")
+    assert first.returncode == 0 and again.returncode == 0, (first.stderr, again.stderr)
+    one, two = json.loads(first.stdout), json.loads(again.stdout)
+    assert two["tx_id"] == one["tx_id"] and two.get("duplicate") and two["dc"] == "dc2"
+    found = txsync("tx", "get", "--key", key, *endpoints, "--dc", "dc1", "-o", "json")
+    assert found.returncode == 0, found.stderr
+    shown = json.loads(found.stdout)
+    assert shown["tx_id"] == one["tx_id"] and shown["key"] == key
+    assert [dc["node_id"] for dc in shown["dcs"]] == ["dc1", "dc2", "dc3"]
+    counted = txsync("query", *endpoints, "--dc", "dc3", "--sql", f"SELECT count(*) FROM {table}",
+                     "--after", one["tx_id"], "-o", "json")  # fmt: skip
+    assert json.loads(counted.stdout)["rows"] == [[1]], counted.stderr
+    page = txsync("tx", "list", *endpoints, "--limit", "2")
+    assert page.returncode == 0 and "more: --page-token" in page.stderr
+    listed = txsync("tx", "list", *endpoints, "--all", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    ids = [row["tx_id"] for row in json.loads(listed.stdout)]
+    assert len(ids) == len(set(ids)) > 2 and one["tx_id"] in ids
+    missing = txsync("tx", "get", "--key", f"never-{uuid.uuid4()}", *endpoints)
+    assert missing.returncode == 1 and "no transaction submitted" in missing.stderr
