@@ -41,3 +41,16 @@ def test_submit_twice_with_a_key_find_it_by_the_key_and_list_everything(
     assert len(ids) == len(set(ids)) > 2 and one["tx_id"] in ids
     missing = txsync("tx", "get", "--key", f"never-{uuid.uuid4()}", *endpoints)
     assert missing.returncode == 1 and "no transaction submitted" in missing.stderr
+
+
+def test_query_reads_a_named_worker_and_workers_shows_their_digests(cluster_file: Path) -> None:
+    endpoints = ("--endpoints", str(cluster_file), "--dc", "dc3")
+    for worker in ("dc3-w1", "dc3-w2"):
+        read = txsync("query", *endpoints, "--worker", worker, "--sql", "SELECT 1", "-o", "json")
+        assert read.returncode == 0, read.stderr
+        assert json.loads(read.stdout)["worker"] == worker
+    unknown = txsync("query", *endpoints, "--worker", "dc3-w9", "--sql", "SELECT 1")
+    assert unknown.returncode == 1 and "no worker 'dc3-w9' in this DC" in unknown.stderr
+    listed = txsync("workers", *endpoints, "-o", "json")
+    digests = [w["state_digest"] for w in json.loads(listed.stdout)["dc3"]]
+    assert len(digests) == 2 and all(len(d) == 64 for d in digests), listed.stdout

@@ -44,6 +44,9 @@ def test_a_submit_is_answered_at_the_state_asked_for_and_read_back_anywhere(
         table = _table(writer)
         durable = writer.submit(f"INSERT INTO {table} VALUES (?, ?)", 1, "one", wait=None)
         assert durable.state is State.INCOMING and durable.dc == "dc1" and durable.created
+        # Read at dc3 at once after a transaction dc3 has likely not heard of yet.
+        early = reader.query(f"SELECT v FROM {table} WHERE k = 1", after=durable.tx_id)
+        assert early.rows == (("one",),)
         accepted = writer.submit(
             [Statement(f"INSERT INTO {table} VALUES (?, ?)", (2, "two")),
              Statement(f"UPDATE {table} SET v = ? WHERE k = ?", ("uno", 1))],

@@ -22,6 +22,7 @@ examples:
   txsync query --dc dc3 --sql 'SELECT balance FROM accounts WHERE id = ?' --param 1 \\
       --after 5e0b3c1a-...            # after this transaction is applied there
   txsync query --sql 'SELECT count(*) FROM accounts' -o json
+  txsync query --dc dc2 --worker dc2-w2 --sql 'SELECT count(*) FROM accounts'
 
 exit status: 0 answered, 1 refused (a write, a bad statement) or unreachable,
 2 bad arguments.
@@ -45,6 +46,7 @@ def run(options: argparse.Namespace) -> int:
                 after_position=options.after_position,
                 max_rows=options.max_rows,
                 timeout=options.timeout,
+                worker=options.worker or "",
             )
         except (TxSyncError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
@@ -81,6 +83,9 @@ def register(commands: Any) -> None:
     after.add_argument("--after-position", type=int, default=0, metavar="N",
                        help="read after this synced position")  # fmt: skip
     parser.add_argument("--max-rows", type=int, default=1000, help="at most (default 1000)")
+    parser.add_argument("--worker", metavar="W",
+                        help="read this worker of the DC, healthy or not (to check replicas "
+                        "by hand; `txsync workers` lists them)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=10.0,
                         help="seconds to wait for --after (1..60, default 10)")  # fmt: skip
     add_connection_arguments(parser)

@@ -218,6 +218,7 @@ def run_workers(options: argparse.Namespace) -> int:
                 "healthy": w.healthy,
                 "out_of_sync": w.out_of_sync,
                 "position": w.position,
+                "state_digest": w.state_digest.hex(),
                 "recovery": round(w.recovery_progress, 3),
             }
             for w in answer.workers

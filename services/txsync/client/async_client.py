@@ -395,14 +395,17 @@ class AsyncClient:
         after_position: int = 0,
         max_rows: int = 1_000,
         timeout: float = 10.0,
+        worker: str = "",
     ) -> QueryResult:
-        """A read-only statement on the DC's most advanced healthy worker. ``after`` (a
-        transaction, or its id) reads your writes: the worker waits until it has applied
-        that transaction (up to ``timeout``), wherever it was submitted."""
+        """A read-only statement on the DC's most advanced healthy worker (or the one
+        ``worker`` names, healthy or not). ``after`` (a transaction, or its id) reads
+        your writes: the worker waits until it has applied that transaction (up to
+        ``timeout``), wherever it was submitted."""
         request = client_pb2.QueryRequest(
             statement=common_pb2.Statement(sql=sql, params=[value_to_proto(p) for p in params]),
             after_tx_id=after.tx_id if isinstance(after, Submitted) else (after or ""),
             after_position=after_position, max_rows=max_rows, timeout=_duration(timeout),
+            worker_id=worker,
         )  # fmt: skip
         answer: client_pb2.QueryResponse = await self._call(
             "Query", request, timeout + self.attempt_s, attempt_s=timeout + self.attempt_s

@@ -154,12 +154,13 @@ class Client:
         after_position: int = 0,
         max_rows: int = 1_000,
         timeout: float = 10.0,
+        worker: str = "",
     ) -> QueryResult:
         """As ``AsyncClient.query``."""
         return self._run(
             self._client.query(
                 sql, *params, after=after, after_position=after_position, max_rows=max_rows,
-                timeout=timeout,
+                timeout=timeout, worker=worker,
             )
         )  # fmt: skip
 

@@ -68,17 +68,28 @@ class DcAdmin:
     async def query(
         self, request: client_pb2.QueryRequest, after_position: int, credentials: Credentials = ()
     ) -> client_pb2.QueryResponse:
-        """Run a read on the most advanced healthy, in-sync worker of this DC."""
+        """Run a read on the most advanced healthy, in-sync worker of this DC, or on the
+        one ``request.worker_id`` names (whatever its health: an operator checking it)."""
         listed = await self.call(
             "dispatch", "ListWorkers", admin_pb2.ListWorkersRequest(), credentials
         )
         assert isinstance(listed, admin_pb2.ListWorkersResponse)
-        fit = [w for w in listed.workers if w.healthy and not w.out_of_sync and w.url]
-        if not fit:
-            raise ServiceError(
-                grpc.StatusCode.UNAVAILABLE, "no healthy worker in this DC to read from"
-            )
-        worker = max(fit, key=lambda w: w.position)
+        if request.worker_id:
+            named = [w for w in listed.workers if w.worker_id == request.worker_id and w.url]
+            if not named:
+                workers = ", ".join(w.worker_id for w in listed.workers) or "none"
+                raise ServiceError(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"no worker {request.worker_id!r} in this DC (it has {workers})",
+                )
+            worker = named[0]
+        else:
+            fit = [w for w in listed.workers if w.healthy and not w.out_of_sync and w.url]
+            if not fit:
+                raise ServiceError(
+                    grpc.StatusCode.UNAVAILABLE, "no healthy worker in this DC to read from"
+                )
+            worker = max(fit, key=lambda w: w.position)
         if worker.url not in self._workers:
             channel = new_channel(worker.url)
             self._channels.append(channel)

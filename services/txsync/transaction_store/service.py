@@ -279,15 +279,25 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         when this store knows it (any worker can then wait for it)."""
         after_position = request.after_position
         if request.after_tx_id:
-            record = self._store.get(check_tx_id(request.after_tx_id, "after_tx_id"))
-            if record.state is not None and record.state >= TxState.ACCEPTED:
+            # Not known here yet (submitted at another DC): the worker waits for the id.
+            record = self._store.state.tx(check_tx_id(request.after_tx_id, "after_tx_id"))
+            if (
+                record is not None
+                and record.state is not None
+                and (record.state >= TxState.ACCEPTED)
+            ):
                 after_position = max(after_position, record.position)
+        if len(request.worker_id) > WORKER_ID_CHARS_MAX:
+            raise invalid(f"worker_id: longer than {WORKER_ID_CHARS_MAX} characters")
         if self._dc.services.dispatch is None:
             raise StoreError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this transaction-store has no worker-dispatch (--dispatch) to read through",
             )
         return await self._dc.query(request, after_position, forwarded_credentials(context))
+
+
+WORKER_ID_CHARS_MAX = 63
 
 
 def _traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str:

@@ -485,12 +485,19 @@ class QueryRequest(_message.Message):
     AFTER_TX_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     MAX_ROWS_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
     after_position: _builtins.int
     """Read-your-writes: wait until a worker has applied this synced position (1-based)..."""
     after_tx_id: _builtins.str
-    """...or this transaction. Both empty: read at once."""
+    """...or this transaction, wherever it was submitted (this DC may not have heard of it
+    yet). Both empty: read at once.
+    """
     max_rows: _builtins.int
     """At most 10000 rows; 0 means 1000. Results past it are cut and `truncated` is set."""
+    worker_id: _builtins.str
+    """Read this worker of the DC (at most 63 characters), healthy or not, in sync or not:
+    for checking replicas by hand. Empty: the most advanced healthy worker in sync.
+    """
     @_builtins.property
     def statement(self) -> _common_pb2.Statement:
         """One read-only statement; a statement that writes is refused with INVALID_ARGUMENT."""
@@ -507,6 +514,7 @@ class QueryRequest(_message.Message):
         after_tx_id: _builtins.str = ...,
         timeout: _duration_pb2.Duration | None = ...,
         max_rows: _builtins.int = ...,
+        worker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "statement", b"statement", "timeout", b"timeout"
@@ -523,6 +531,8 @@ class QueryRequest(_message.Message):
         b"statement",
         "timeout",
         b"timeout",
+        "worker_id",
+        b"worker_id",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
