@@ -5,10 +5,10 @@ process is not slowed by them).
 
 What "committed" means per system, as each one's client sees it:
 
-* TxSync: ``Submit`` to the client's DC with ``wait_for`` ACCEPTED: answered once that DC
-  has it ACCEPTED (ordered: in the agreed order, which no DC can change). Batched:
-  ``SubmitBatch`` of ``batch`` transactions whose last one waits (a DC orders its own
-  submits in the order it took them).
+* TxSync: the client library's ``submit(..., wait="accepted")`` to the client's DC:
+  answered once that DC has it ACCEPTED (ordered: in the agreed order, which no DC can
+  change); one ``Submit`` call each. Batched: ``submit_many`` of ``batch`` transactions,
+  one ``SubmitBatch`` call, answered once all are ACCEPTED.
 * etcd: ``KV/Put`` answered (committed by a Raft majority). Batched: one ``KV/Txn`` of
   ``batch`` puts.
 * Galera: ``INSERT ... ON DUPLICATE KEY UPDATE`` with autocommit answered (certified by
@@ -32,10 +32,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf import duration_pb2
 
 from bench.systems import GALERA_UPSERT, KEYS, TXSYNC_UPSERT, VALUE_BYTES
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
+from txsync.client import Client
 
 GALERA_DEADLOCK = 1213
 """ER_LOCK_DEADLOCK: how Galera tells a client its transaction lost certification."""
@@ -168,40 +167,35 @@ def _sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
     raise ValueError(f"no such system {plan.system!r}")
 
 
+_CLIENTS: dict[str, Client] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _txsync_client(plan: Plan) -> Client:
+    """The client library, one per node process, shared by that node's callers. Each
+    call carries one caller's work, as etcd's and Galera's clients' calls do: one
+    transaction (``batch_max`` 1), or one batch of ``plan.batch``; a call in flight per
+    caller; no idempotency keys (the other systems have none to pay for)."""
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(plan.address)
+        if client is None:
+            client = Client(
+                plan.address, batch_max=plan.batch, in_flight_max=plan.clients,
+                idempotent=False, timeout=40,
+            )  # fmt: skip
+            _CLIENTS[plan.address] = client
+    return client
+
+
 def _txsync_sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
-    stub = client_pb2_grpc.ClientServiceStub(grpc.insecure_channel(plan.address))
-    timeout = duration_pb2.Duration(seconds=30)
-
-    def submit(last: bool) -> client_pb2.SubmitRequest:
-        """One upsert; ``last`` also asks the store to answer only once it is ACCEPTED."""
-        params = [common_pb2.SqlValue(int_value=rng.randrange(KEYS)),
-                  common_pb2.SqlValue(text_value=_value(rng))]  # fmt: skip
-        body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=TXSYNC_UPSERT,
-                                                                  params=params)])  # fmt: skip
-        if not last:
-            return client_pb2.SubmitRequest(body=body)
-        return client_pb2.SubmitRequest(body=body, wait_for=common_pb2.TX_STATE_ACCEPTED,
-                                        wait_timeout=timeout)  # fmt: skip
-
-    def accepted(answer: client_pb2.SubmitResponse) -> None:
-        if not answer.reached:
-            raise RuntimeError(f"{answer.tx_id} not ACCEPTED in 30 s")
+    client = _txsync_client(plan)
 
     def submit_one() -> tuple[int, int]:
-        accepted(stub.Submit(submit(last=True), timeout=40))
+        client.submit(TXSYNC_UPSERT, rng.randrange(KEYS), _value(rng), wait="accepted")
         return 1, 0
 
     def submit_batch() -> tuple[int, int]:
-        request = client_pb2.SubmitBatchRequest(
-            submits=[submit(last=n == plan.batch - 1) for n in range(plan.batch)]
-        )
-        results = stub.SubmitBatch(request, timeout=40).results
-        taken = [r.accepted for r in results if r.WhichOneof("result") == "accepted"]
-        if not taken:
-            raise RuntimeError(f"batch refused: {results[0].error}")
-        if results[-1].WhichOneof("result") != "accepted":
-            raise RuntimeError(f"the batch's last submit refused: {results[-1].error}")
-        accepted(taken[-1])
-        return len(taken), 0
+        upserts = [(TXSYNC_UPSERT, (rng.randrange(KEYS), _value(rng))) for _ in range(plan.batch)]
+        return len(client.submit_many(upserts, wait="accepted")), 0
 
     return submit_batch if plan.batch > 1 else submit_one

@@ -21,6 +21,7 @@ from txsync.client import (
     NotFound,
     State,
     Statement,
+    Submitted,
     TransactionFailed,
     Unavailable,
 )
@@ -150,9 +151,8 @@ def test_many_callers_share_batches_and_each_gets_its_own_answer(cluster_file: P
             answers = await asyncio.gather(
                 *(client.submit(f"INSERT INTO {table} VALUES (?)", n) for n in range(CALLERS * 4))
             )
-            batcher = client._batchers[client.current]
             assert len({a.tx_id for a in answers}) == CALLERS * 4
-            assert batcher.calls < CALLERS * 4 / 2, "concurrent submits travelled together"
+            assert client.calls < CALLERS * 4 / 2, "concurrent submits travelled together"
             applied = await asyncio.gather(*(client.wait(a.tx_id, "ok") for a in answers))
             last = max(applied, key=lambda a: a.outcome.position if a.outcome else 0)
             counted = await client.query(f"SELECT count(*) FROM {table}", after=last.tx_id)
@@ -219,3 +219,22 @@ def test_a_retry_after_a_dc_fails_goes_elsewhere_and_has_one_effect(cluster_file
         counted = client.query(f"SELECT count(*) FROM {table}", after=taken.tx_id)
         assert counted.rows == ((1,),)
     _each_dc_records_one_duplicate(cluster_file, retried.tx_id, key)
+
+
+def test_submit_many_leaves_in_one_call_and_keys_can_be_left_out(cluster_file: Path) -> None:
+    with Client(str(cluster_file), dc="dc1") as client:
+        table = _table(client)
+        before = client.calls
+        answers = client.submit_many(
+            [(f"INSERT INTO {table} VALUES (?, ?)", (n, "x")) for n in range(50)],
+            keys=[f"{table}-{n}" for n in range(50)],
+        )
+        assert client.calls == before + 1, "50 submits handed over together: one SubmitBatch"
+        assert [a.key for a in answers] == [f"{table}-{n}" for n in range(50)]
+        refused = client.submit_many(
+            [f"INSERT INTO {table} VALUES (100, 'y')", ""], raise_errors=False, wait=None
+        )
+        assert isinstance(refused[0], Submitted) and isinstance(refused[1], InvalidRequest)
+    with Client(str(cluster_file), dc="dc1", idempotent=False) as plain:
+        bare = plain.submit(f"INSERT INTO {table} VALUES (?, ?)", 200, "z", wait="ok")
+        assert bare.key == "" and plain.get(bare.tx_id).idempotency_key == ""

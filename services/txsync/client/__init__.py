@@ -21,8 +21,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from txsync.client.async_client import AsyncClient, Reached, Tls
+    from txsync.client.async_client import AsyncClient
     from txsync.client.blocking import Client
+    from txsync.client.connection import Tls
+    from txsync.client.core import Reached
     from txsync.client.endpoints import Endpoint, EndpointError
     from txsync.client.errors import (
         AccessDenied,
@@ -46,8 +48,10 @@ if TYPE_CHECKING:
     )
 
 _HOMES = {
-    "txsync.client.async_client": ("AsyncClient", "Reached", "Tls"),
+    "txsync.client.async_client": ("AsyncClient",),
+    "txsync.client.connection": ("Tls",),
     "txsync.client.blocking": ("Client",),
+    "txsync.client.core": ("Reached",),
     "txsync.client.endpoints": ("Endpoint", "EndpointError"),
     "txsync.client.errors": (
         "AccessDenied", "Backpressure", "InvalidRequest", "KeyConflict", "NotFound", "Timeout",

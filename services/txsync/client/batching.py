@@ -4,15 +4,21 @@ gathers records), each caller answered on its own.
 A submit goes out at once when fewer than ``in_flight_max`` calls to the DC are under
 way, so a lone caller never waits for company; submits that arrive while that many are
 under way queue, and the next call carries all of them (at most ``batch_max``). Under
-load that makes one call, one fsync and one ordering step serve many callers; with
-``linger_s`` the first queued submit also waits that long for others.
+load that makes one call, one fsync and one ordering step serve many callers.
+
+``SubmitBatcher`` does it for tasks on an event loop (with ``linger_s``, the first queued
+submit also waits that long for others); ``ThreadBatcher`` for threads, with no thread of
+its own: a caller that finds a call free makes it, carrying whatever is queued, in its
+own thread (flat combining), and the others wait for their answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 
 import grpc
 
@@ -140,3 +146,83 @@ def _refused_in_batch(error: str) -> Refused:
     name, _, details = error.partition(": ")
     code = grpc.StatusCode.__members__.get(name, grpc.StatusCode.UNKNOWN)
     return Refused(code, details or error)
+
+
+SendOneNow = Callable[[client_pb2.SubmitRequest, float], client_pb2.SubmitResponse]
+SendManyNow = Callable[[client_pb2.SubmitBatchRequest, float], client_pb2.SubmitBatchResponse]
+
+
+class ThreadBatcher:
+    """``SubmitBatcher`` for threads (module docstring); ``send_one`` and ``send_many``
+    block and raise ``Refused``."""
+
+    def __init__(
+        self,
+        send_one: SendOneNow,
+        send_many: SendManyNow,
+        *,
+        batch_max: int = BATCH_MAX_DEFAULT,
+        in_flight_max: int = IN_FLIGHT_MAX_DEFAULT,
+        grace_s: float = RESPONSE_GRACE_S_DEFAULT,
+    ) -> None:
+        if not 1 <= batch_max <= BATCH_MAX_MOST:
+            raise ValueError(f"batch_max {batch_max} is outside 1..{BATCH_MAX_MOST}")
+        if in_flight_max < 1:
+            raise ValueError("in_flight_max must be at least 1")
+        self._send_one, self._send_many = send_one, send_many
+        self.batch_max, self.in_flight_max, self.grace_s = batch_max, in_flight_max, grace_s
+        self._queued: deque[tuple[client_pb2.SubmitRequest, Future[client_pb2.SubmitResponse]]]
+        self._queued = deque()
+        self._in_flight = 0
+        self._changed = threading.Condition()
+        self.calls = 0
+
+    def submit(self, request: client_pb2.SubmitRequest) -> client_pb2.SubmitResponse:
+        answer: Future[client_pb2.SubmitResponse] = Future()
+        with self._changed:
+            self._queued.append((request, answer))
+        while not answer.done():
+            with self._changed:
+                if answer.done():
+                    break
+                if self._in_flight >= self.in_flight_max or not self._queued:
+                    self._changed.wait()  # a call ended: maybe ours was in it
+                    continue
+                size = min(self.batch_max, len(self._queued))
+                batch = [self._queued.popleft() for _ in range(size)]
+                self._in_flight += 1
+                self.calls += 1
+            try:
+                self._send(batch)
+            finally:
+                with self._changed:
+                    self._in_flight -= 1
+                    self._changed.notify_all()
+        return answer.result()
+
+    def _send(
+        self, batch: list[tuple[client_pb2.SubmitRequest, Future[client_pb2.SubmitResponse]]]
+    ) -> None:
+        timeout = self.grace_s + max(r.wait_timeout.ToNanoseconds() / 1e9 for r, _ in batch)
+        try:
+            if len(batch) == 1:
+                (request, answer), = batch  # fmt: skip
+                answer.set_result(self._send_one(request, timeout))
+                return
+            answered = self._send_many(
+                client_pb2.SubmitBatchRequest(submits=[r for r, _ in batch]), timeout
+            )
+            for (_, answer), result in zip(batch, answered.results, strict=True):
+                if result.WhichOneof("result") == "accepted":
+                    answer.set_result(result.accepted)
+                else:
+                    answer.set_exception(_refused_in_batch(result.error))
+        except Refused as refused:
+            for _, answer in batch:
+                if not answer.done():
+                    answer.set_exception(refused)
+        except BaseException as error:  # no caller may wait for ever
+            for _, answer in batch:
+                if not answer.done():
+                    answer.set_exception(Refused(grpc.StatusCode.CANCELLED, repr(error)))
+            raise

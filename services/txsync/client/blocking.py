@@ -1,30 +1,53 @@
 """``Client``: the library for code that does not run an event loop.
 
-It is ``AsyncClient`` run on an event loop of its own, in one background thread: every
-call hands its coroutine to that loop and blocks until it is answered. So failover,
-retries and batching are the same code in both, and submits made from many threads at
-once meet in the loop and are gathered into batches as tasks' submits are.
+What it does (failover, retries, idempotency) is ``core.Core``, the same as
+``AsyncClient``'s; its transport makes synchronous gRPC calls in the caller's own thread
+(``core.run``), so a call costs no thread hop. Submits from many threads at once meet in
+a ``ThreadBatcher``: whoever finds a call free makes it, carrying what the others queued.
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import threading
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
-from typing import Any, Literal, TypeVar, overload
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal, overload
 
-from txsync.client.async_client import AsyncClient, Reached, Submittable, Wait
-from txsync.client.endpoints import Endpoint
+import grpc
+from google.protobuf.message import Message
+
+from txsync.client.batching import BATCH_MAX_DEFAULT, IN_FLIGHT_MAX_DEFAULT, ThreadBatcher
+from txsync.client.connection import Tls, channel_options, token_metadata
+from txsync.client.core import (
+    ATTEMPT_S_DEFAULT,
+    TIMEOUT_S_DEFAULT,
+    Core,
+    Reached,
+    Submittable,
+    Wait,
+    bodies_of,
+    refused_by,
+    run,
+    statements_of,
+)
+from txsync.client.endpoints import Endpoint, resolve
 from txsync.client.errors import TxSyncError
-from txsync.client.results import QueryResult, SqlValue, State, Statement, Submitted, TxInfo
-
-_T = TypeVar("_T")
+from txsync.client.results import (
+    QueryResult,
+    SqlValue,
+    State,
+    Statement,
+    Submitted,
+    TxInfo,
+    body_of,
+)
+from txsync.v1 import admin_pb2_grpc, client_pb2, client_pb2_grpc
 
 
 class Client:
     """A blocking client for the whole cluster; safe to share between threads. Takes
-    ``AsyncClient``'s arguments. Use as ``with Client(...) as client:``, or ``close()``.
+    ``AsyncClient``'s arguments (but ``linger_ms``). Use as ``with Client(...) as
+    client:``, or ``close()``.
 
     >>> with Client("data/cluster.json") as client:  # doctest: +SKIP
     ...     done = client.submit("INSERT INTO t VALUES (?, ?)", 1, "one", wait="ok")
@@ -32,19 +55,40 @@ class Client:
     ((1, 'one'),)
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="txsync-client", daemon=True
-        )
-        self._thread.start()
-        self._closed = False
-        try:
-            # Made on the loop: its channels belong to the loop's thread.
-            self._client = self._run(_make(args, kwargs))
-        except BaseException:
-            self._stop()
-            raise
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] | None = None,
+        *,
+        dc: str | None = None,
+        token: str | None = None,
+        tls: Tls | None = None,
+        timeout: float = TIMEOUT_S_DEFAULT,
+        attempt_s: float = ATTEMPT_S_DEFAULT,
+        batch_max: int = BATCH_MAX_DEFAULT,
+        in_flight_max: int = IN_FLIGHT_MAX_DEFAULT,
+        idempotent: bool = True,
+    ) -> None:
+        self.endpoints: builtins.list[Endpoint] = resolve(endpoints, dc)
+        self._transport = SyncTransport(
+            self.endpoints, token_metadata(token), tls,
+            batching={"batch_max": batch_max, "in_flight_max": in_flight_max,
+                      "grace_s": attempt_s},
+        )  # fmt: skip
+        self._core = Core(
+            self.endpoints, self._transport, timeout=timeout, attempt_s=attempt_s,
+            idempotent=idempotent, batch_max=batch_max,
+        )  # fmt: skip
+
+    @property
+    def current(self) -> Endpoint:
+        """The DC in use: the one that answered last."""
+        return self.endpoints[self._core.current]
+
+    @property
+    def calls(self) -> int:
+        """Submit calls made through the batching so far."""
+        batched = sum(b.calls for b in self._transport.batchers.values())
+        return batched + self._core.batch_calls
 
     def __enter__(self) -> Client:
         return self
@@ -53,34 +97,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._run(self._client.close())
-        finally:
-            self._stop()
-
-    def _stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    def _run(self, call: Coroutine[Any, Any, _T]) -> _T:
-        if threading.current_thread() is self._thread:
-            call.close()
-            raise RuntimeError("a Client may not be called from its own loop's callbacks")
-        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
-
-    @property
-    def endpoints(self) -> builtins.list[Endpoint]:
-        """The DCs, in the order the client tries them."""
-        return self._client.endpoints
-
-    @property
-    def current(self) -> Endpoint:
-        """The DC in use: the one that answered last."""
-        return self._client.endpoints[self._client.current]
+        self._transport.close()
 
     def submit(
         self,
@@ -92,9 +109,8 @@ class Client:
         label: str = "",
     ) -> Submitted:
         """As ``AsyncClient.submit``."""
-        return self._run(
-            self._client.submit(sql, *params, key=key, wait=wait, timeout=timeout, label=label)
-        )
+        body = body_of(statements_of(sql, params), label)
+        return run(self._core.submit(body, key, wait, timeout))
 
     @overload
     def submit_many(
@@ -113,23 +129,25 @@ class Client:
         wait: Wait = "accepted", timeout: float | None = None, raise_errors: bool = True,
     ) -> builtins.list[Any]:  # fmt: skip
         """As ``AsyncClient.submit_many``."""
-        return self._run(
-            self._client.submit_many(
-                transactions, keys=keys, wait=wait, timeout=timeout, raise_errors=raise_errors
-            )
-        )
+        bodies = bodies_of(builtins.list(transactions))
+        results = run(self._core.submit_many(bodies, keys, wait, timeout))
+        if raise_errors:
+            for result in results:
+                if isinstance(result, TxSyncError):
+                    raise result
+        return results
 
     def get(
         self, tx_id: str = "", *, key: str = "", body: bool = False, timeout: float | None = None
     ) -> TxInfo:
         """As ``AsyncClient.get``."""
-        return self._run(self._client.get(tx_id, key=key, body=body, timeout=timeout))
+        return run(self._core.get(tx_id, key, body, timeout))
 
     def wait(
         self, tx_id: str, state: str | State = "ok", *, timeout: float | None = None
     ) -> Reached:
         """As ``AsyncClient.wait``."""
-        return self._run(self._client.wait(tx_id, state, timeout=timeout))
+        return run(self._core.wait(tx_id, state, timeout))
 
     def list(self, state: str | State | None = None, *, page_size: int = 1_000) -> Iterator[TxInfo]:
         """As ``AsyncClient.list``: every transaction, a page fetched as it is needed."""
@@ -144,7 +162,7 @@ class Client:
         self, state: str | State | None = None, page_token: str = "", *, page_size: int = 1_000
     ) -> tuple[builtins.list[TxInfo], str]:
         """As ``AsyncClient.list_page``."""
-        return self._run(self._client.list_page(state, page_token, page_size=page_size))
+        return run(self._core.list_page(state, page_token, page_size))
 
     def query(
         self,
@@ -157,13 +175,102 @@ class Client:
         worker: str = "",
     ) -> QueryResult:
         """As ``AsyncClient.query``."""
-        return self._run(
-            self._client.query(
-                sql, *params, after=after, after_position=after_position, max_rows=max_rows,
+        return run(
+            self._core.query(
+                sql, params, after=after, after_position=after_position, max_rows=max_rows,
                 timeout=timeout, worker=worker,
             )
         )  # fmt: skip
 
 
-async def _make(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncClient:
-    return AsyncClient(*args, **kwargs)
+class SyncTransport:
+    """``core.Transport`` whose coroutines block and never suspend (``core.run``): a
+    channel and a ``ThreadBatcher`` per DC."""
+
+    def __init__(
+        self,
+        endpoints: builtins.list[Endpoint],
+        metadata: tuple[tuple[str, str], ...],
+        tls: Tls | None,
+        batching: dict[str, Any],
+    ) -> None:
+        self.endpoints, self.metadata, self.tls, self.batching = endpoints, metadata, tls, batching
+        ThreadBatcher(_never, _never, **batching)  # checks the settings now
+        self.channels: dict[int, grpc.Channel] = {}
+        self.stubs: dict[tuple[int, str], Any] = {}
+        self.batchers: dict[int, ThreadBatcher] = {}
+
+    async def submit(
+        self, index: int, request: client_pb2.SubmitRequest
+    ) -> client_pb2.SubmitResponse:
+        batcher = self.batchers.get(index)
+        if batcher is None:
+
+            def send_one(
+                request: client_pb2.SubmitRequest, timeout: float
+            ) -> client_pb2.SubmitResponse:
+                answer: client_pb2.SubmitResponse = self.call_now(
+                    index, "client", "Submit", request, timeout
+                )
+                return answer
+
+            def send_many(
+                request: client_pb2.SubmitBatchRequest, timeout: float
+            ) -> client_pb2.SubmitBatchResponse:
+                answer: client_pb2.SubmitBatchResponse = self.call_now(
+                    index, "client", "SubmitBatch", request, timeout
+                )
+                return answer
+
+            batcher = self.batchers.setdefault(
+                index, ThreadBatcher(send_one, send_many, **self.batching)
+            )
+        return batcher.submit(request)
+
+    async def call(
+        self, index: int, service: str, method: str, request: Message, timeout: float
+    ) -> Any:
+        return self.call_now(index, service, method, request, timeout)
+
+    def call_now(
+        self, index: int, service: str, method: str, request: Message, timeout: float
+    ) -> Any:
+        stub = self.stubs.get((index, service))
+        if stub is None:
+            channel = self.channels.get(index)
+            if channel is None:
+                endpoint = self.endpoints[index]
+                options = channel_options(endpoint, self.tls)
+                channel = self.channels.setdefault(index, (
+                    grpc.insecure_channel(endpoint.address, options=options)
+                    if self.tls is None
+                    else grpc.secure_channel(
+                        endpoint.address, self.tls.credentials(), options=options
+                    )
+                ))  # fmt: skip
+            kind = client_pb2_grpc.ClientServiceStub if service == "client" else None
+            stub = self.stubs.setdefault(
+                (index, service),
+                kind(channel) if kind else admin_pb2_grpc.AdminServiceStub(channel),
+            )
+        try:
+            return getattr(stub, method)(request, timeout=timeout, metadata=self.metadata)
+        except grpc.RpcError as error:
+            if not isinstance(error, grpc.Call):
+                raise
+            details, trailing = error.details() or "", error.trailing_metadata()
+            raise refused_by(error.code(), details, trailing) from None
+
+    async def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def close(self) -> None:
+        channels, self.channels = builtins.list(self.channels.values()), {}
+        self.stubs.clear()
+        self.batchers.clear()
+        for channel in channels:
+            channel.close()
+
+
+def _never(request: Message, timeout: float) -> Any:
+    raise AssertionError("a batcher made only to check its settings")

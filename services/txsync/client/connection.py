@@ -1,0 +1,59 @@
+"""What a channel to a DC needs, for both clients: TLS, options, the bearer token. (Kept
+apart from ``async_client`` so that the blocking client does not load gRPC's asyncio
+layer: every CLI command pays for what it imports.)"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from txsync.client.endpoints import Endpoint
+
+MESSAGE_BYTES_MAX = 8 * 1024 * 1024
+TOKEN_ENV = "TXSYNC_TOKEN"
+
+
+@dataclass(frozen=True, slots=True)
+class Tls:
+    """TLS to the DCs' stores: the CA that signed their certificates, and optionally a
+    certificate of the caller's own (PEM, as bytes or a path)."""
+
+    ca: bytes | Path
+    cert: bytes | Path | None = None
+    key: bytes | Path | None = None
+    server_name: str | None = None
+    """The name the stores' certificates carry, when it is not their address's host (the
+    chart's certificates name the DC: ``dc1``)."""
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def pem(value: bytes | Path | None) -> bytes | None:
+            return value.read_bytes() if isinstance(value, Path) else value
+
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("give both a client certificate and its key, or neither")
+        return grpc.ssl_channel_credentials(
+            root_certificates=pem(self.ca), private_key=pem(self.key),
+            certificate_chain=pem(self.cert),
+        )  # fmt: skip
+
+
+def channel_options(endpoint: Endpoint, tls: Tls | None) -> list[tuple[str, int | str]]:
+    """Messages up to 8 MiB both ways (as every TxSync service takes), and the name the
+    DC's certificate must carry."""
+    options: list[tuple[str, int | str]] = [
+        ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+        ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+    ]
+    name = tls is not None and (tls.server_name or endpoint.server_name)
+    if name:
+        options.append(("grpc.ssl_target_name_override", name))
+    return options
+
+
+def token_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The bearer token as call metadata (``token`` None: ``$TXSYNC_TOKEN``)."""
+    token = os.environ.get(TOKEN_ENV, "") if token is None else token
+    return (("authorization", f"Bearer {token}"),) if token else ()

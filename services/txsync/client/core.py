@@ -1,0 +1,510 @@
+"""What the client does, written once for both faces: ``Core`` holds the failover,
+retry and idempotency rules and builds every request; a ``Transport`` does the I/O.
+
+``AsyncClient`` gives ``Core`` a transport on grpc.aio. ``Client`` gives it one whose
+``async`` methods block (synchronous gRPC in the caller's own thread, ``time.sleep``)
+and so never suspend: a ``Core`` coroutine then runs to its end in one ``send`` (``run``
+below), with no event loop and no thread hop between the caller and its call. So
+``Core`` awaits nothing but its transport.
+
+Failover. A call goes to the DC in use, the preferred one first. When that DC does not
+answer (UNAVAILABLE, a deadline, a restart), refuses in a way another DC may not
+(FAILED_PRECONDITION, ...), or holds a submit ``attempt_s`` without ordering it while
+reporting that it is cut off from a majority, the call goes to the next DC, the same
+submit with the same idempotency key, with a growing pause after each round of all DCs,
+until the call's ``timeout``. The client then stays with the DC that answered.
+
+Idempotency. Every submit carries a key (a random one unless given). A retry at the same
+DC is answered from the first submit; one at another DC is ordered too but runs nothing:
+the first transaction with a key in the agreed order is the one that counts, at every DC,
+and a later one answers with its id and outcome (docs/client.md, "Idempotency").
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import grpc
+from google.protobuf import duration_pb2
+from google.protobuf.message import Message
+
+from txsync.client.batching import Refused
+from txsync.client.endpoints import Endpoint
+from txsync.client.errors import (
+    RETRIED_ELSEWHERE,
+    Backpressure,
+    NotFound,
+    Timeout,
+    TransactionFailed,
+    TxSyncError,
+    Unavailable,
+    from_status,
+)
+from txsync.client.results import (
+    QueryResult,
+    SqlValue,
+    State,
+    Statement,
+    Submitted,
+    TxInfo,
+    body_of,
+    outcome_of,
+    query_result_of,
+    state_of,
+    tx_info_of,
+    value_to_proto,
+)
+from txsync.v1 import admin_pb2, client_pb2, common_pb2
+
+TIMEOUT_S_DEFAULT = 30.0
+"""A call's whole deadline, failovers included."""
+TIMEOUT_S_MOST = 600.0
+"""What a DC waits for at most in one call."""
+ATTEMPT_S_DEFAULT = 5.0
+"""How long a submit waits at one DC before the client asks whether that DC can still
+order anything (and moves on if it cannot), and how long a DC may take to answer beyond
+what it was asked to wait for before the client takes it for down."""
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MOST_S = 2.0
+
+Submittable = str | Sequence[Statement] | tuple[str, Sequence[SqlValue]]
+"""One transaction for ``submit_many``: SQL text, (SQL, parameters), or statements."""
+Wait = str | State | None
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Reached:
+    """Where a transaction got to (``wait``)."""
+
+    tx_id: str
+    """The transaction that counts (the first with its key, for a duplicate)."""
+    state: State
+    outcome: common_pb2.Outcome | None
+
+
+class Transport(Protocol):
+    """The I/O ``Core`` needs; every method raises ``Refused`` for a refusal."""
+
+    async def submit(
+        self, index: int, request: client_pb2.SubmitRequest
+    ) -> client_pb2.SubmitResponse:
+        """One submit to DC ``index``, through its batching."""
+        ...
+
+    async def call(
+        self, index: int, service: str, method: str, request: Message, timeout: float
+    ) -> Any:
+        """``<service>.<method>`` at DC ``index`` (service "client" or "admin")."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+def run(call: Coroutine[Any, Any, _T]) -> _T:
+    """``call``'s result, for a ``Core`` coroutine on a blocking transport (it never
+    suspends: the module docstring)."""
+    try:
+        call.send(None)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+    call.close()
+    raise RuntimeError("a blocking client's call suspended: its transport must not await")
+
+
+class Core:
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        transport: Transport,
+        *,
+        timeout: float,
+        attempt_s: float,
+        idempotent: bool,
+        batch_max: int,
+    ) -> None:
+        self.endpoints, self.transport = endpoints, transport
+        self.timeout, self.attempt_s = checked_timeout(timeout), attempt_s
+        self.idempotent, self.batch_max = idempotent, batch_max
+        self.current = 0
+        """Index in ``endpoints`` of the DC in use."""
+        self.batch_calls = 0
+        """``SubmitBatch`` calls ``submit_many`` made."""
+
+    # -- writing ------------------------------------------------------------------------
+
+    async def submit(
+        self, body: common_pb2.TxBody, key: str | None, wait: Wait, timeout: float | None
+    ) -> Submitted:
+        wanted = None if wait is None else State.named(wait)
+        retried = self.idempotent or bool(key)
+        key = key or (str(uuid.uuid4()) if self.idempotent else "")
+        deadline = self._deadline(timeout)
+        request = client_pb2.SubmitRequest(body=body, idempotency_key=key)
+        if wanted is not None:
+            request.wait_for = common_pb2.TxState.ValueType(wanted.value)
+        last: Exception | None = None
+        async for index in self._failover_order(deadline):
+            endpoint = self.endpoints[index]
+            if wanted is not None:
+                attempt = min(self.attempt_s, deadline - time.monotonic())
+                request.wait_timeout.CopyFrom(duration(max(attempt, 0.001)))
+            try:
+                answer = await self.transport.submit(index, request)
+            except Refused as refused:
+                last = self._refusal(refused)
+                if not retried:
+                    raise last from None
+                if isinstance(last, Backpressure):
+                    await self._sleep_until(deadline, max(last.retry_after_s, BACKOFF_FIRST_S))
+                continue
+            self.current = index
+            if wanted is None or answer.reached:
+                return submitted(answer, endpoint, key)
+            reached = await self._wait_while_ordering(index, answer.tx_id, wanted, deadline)
+            if reached is not None:
+                answer.state = common_pb2.TxState.ValueType(reached.state.value)
+                if reached.outcome is not None:
+                    answer.outcome.CopyFrom(reached.outcome)
+                return submitted(answer, endpoint, key)
+            last = Timeout(
+                f"{endpoint} did not order transaction {answer.tx_id} in time", answer.tx_id,
+                State(answer.state).name,
+            )  # fmt: skip
+            if not retried:
+                raise last
+        raise _exhausted(last, "submit")
+
+    async def submit_many(
+        self,
+        bodies: Sequence[common_pb2.TxBody],
+        keys: Sequence[str] | None,
+        wait: Wait,
+        timeout: float | None,
+    ) -> list[Submitted | TxSyncError]:
+        """Each body in one ``SubmitBatch`` call per ``batch_max``, at the DC in use; a
+        submit that call did not settle (a DC that did not answer, a refusal another DC
+        may not repeat, not ordered in time) goes on alone with its key, as ``submit``
+        would."""
+        if keys is not None and len(keys) != len(bodies):
+            raise ValueError(f"{len(keys)} keys for {len(bodies)} transactions")
+        wanted = None if wait is None else State.named(wait)
+        chosen = [k for k in keys] if keys is not None else [""] * len(bodies)
+        chosen = [k or (str(uuid.uuid4()) if self.idempotent else "") for k in chosen]
+        requests = [
+            client_pb2.SubmitRequest(body=body, idempotency_key=key)
+            for body, key in zip(bodies, chosen, strict=True)
+        ]
+        seconds = min(self.attempt_s, self._deadline(timeout) - time.monotonic())
+        for request in requests:
+            if wanted is not None:
+                request.wait_for = common_pb2.TxState.ValueType(wanted.value)
+                request.wait_timeout.CopyFrom(duration(max(seconds, 0.001)))
+        index = self.current
+        results: list[Submitted | TxSyncError | None] = [None] * len(requests)
+        for start in range(0, len(requests), self.batch_max):
+            chunk = requests[start : start + self.batch_max]
+            self.batch_calls += 1
+            try:
+                answer: client_pb2.SubmitBatchResponse = await self.transport.call(
+                    index, "client", "SubmitBatch", client_pb2.SubmitBatchRequest(submits=chunk),
+                    seconds + self.attempt_s,
+                )  # fmt: skip
+            except Refused:
+                continue  # each goes on alone below
+            self.current = index
+            for offset, settled in enumerate(answer.results):
+                key = chosen[start + offset]
+                results[start + offset] = self._settled(settled, index, key, wanted)
+        for n, result in enumerate(results):
+            if result is None and (self.idempotent or chosen[n]):
+                try:
+                    results[n] = await self.submit(bodies[n], chosen[n], wait, timeout)
+                except TxSyncError as error:
+                    results[n] = error
+            elif result is None:
+                results[n] = Unavailable(f"{self.endpoints[index]} did not take the submit")
+        return [r for r in results if r is not None]
+
+    def _settled(
+        self, result: client_pb2.SubmitResult, index: int, key: str, wanted: State | None
+    ) -> Submitted | TxSyncError | None:
+        """One submit of a batch, if the batch's answer settles it."""
+        if result.WhichOneof("result") != "accepted":
+            name, _, details = result.error.partition(": ")
+            code = grpc.StatusCode.__members__.get(name, grpc.StatusCode.UNKNOWN)
+            error = from_status(code, details or result.error)
+            elsewhere = code in RETRIED_ELSEWHERE or isinstance(error, Backpressure)
+            return None if elsewhere else error
+        if wanted is not None and not result.accepted.reached:
+            return None  # not ordered in time: it waits on alone, as submit would
+        try:
+            return submitted(result.accepted, self.endpoints[index], key)
+        except TransactionFailed as failed:
+            return failed
+
+    async def _wait_while_ordering(
+        self, index: int, tx_id: str, wanted: State, deadline: float
+    ) -> Reached | None:
+        """Wait at DC ``index`` for ``tx_id`` to reach ``wanted`` while that DC can order
+        (a majority); None when it cannot, or does not answer, or the deadline passed."""
+        while (left := deadline - time.monotonic()) > 0:
+            if not await self._orders(index, left):
+                return None
+            try:
+                answer = await self._wait_once(index, tx_id, wanted, min(self.attempt_s, left))
+            except Refused:
+                return None
+            if answer.reached:
+                return Reached(tx_id, State(answer.state), _outcome_or_none(answer))
+        return None
+
+    async def _orders(self, index: int, left: float) -> bool:
+        """Whether DC ``index`` says it is in a view with a majority (or cannot say: a
+        caller whose role may not read the status keeps waiting there)."""
+        try:
+            status: admin_pb2.GetStatusResponse = await self.transport.call(
+                index, "admin", "GetStatus", admin_pb2.GetStatusRequest(), min(left, 5.0)
+            )
+        except Refused as refused:
+            return refused.code == grpc.StatusCode.PERMISSION_DENIED
+        return bool(status.local.quorum != admin_pb2.QUORUM_STATE_MINORITY)
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def get(self, tx_id: str, key: str, body: bool, timeout: float | None) -> TxInfo:
+        if not tx_id and not key:
+            raise ValueError("give a transaction id or an idempotency key")
+        request = client_pb2.GetRequest(tx_id=tx_id, idempotency_key=key, include_body=body)
+        answer: client_pb2.GetResponse = await self.call(
+            "Get", request, timeout, others_on_not_found=True
+        )
+        return tx_info_of(answer)
+
+    async def wait(self, tx_id: str, state: str | State, timeout: float | None) -> Reached:
+        wanted = State.named(state)
+        deadline = self._deadline(timeout)
+        last: Exception | None = None
+        async for index in self._failover_order(deadline):
+            try:
+                answer = await self._wait_once(index, tx_id, wanted, deadline - time.monotonic())
+            except Refused as refused:
+                last = self._refusal(refused)
+                continue
+            self.current = index
+            if not answer.reached:
+                raise Timeout(
+                    f"transaction {tx_id} is {_name(answer.state)}, not {wanted.name}, after the "
+                    "timeout", tx_id, _name(answer.state),
+                )  # fmt: skip
+            outcome = _outcome_or_none(answer)
+            if wanted is State.OK and answer.state == common_pb2.TX_STATE_FAILED:
+                raise TransactionFailed(tx_id, outcome_of(answer.outcome))
+            return Reached(outcome.duplicate_of if outcome and outcome.duplicate_of else tx_id,
+                           State(answer.state), outcome)  # fmt: skip
+        raise _exhausted(last, "wait")
+
+    async def _wait_once(
+        self, index: int, tx_id: str, wanted: State, seconds: float
+    ) -> client_pb2.WaitResponse:
+        request = client_pb2.WaitRequest(
+            tx_id=tx_id, state=common_pb2.TxState.ValueType(wanted.value),
+            timeout=duration(max(seconds, 0.001)),
+        )  # fmt: skip
+        answer: client_pb2.WaitResponse = await self.transport.call(
+            index, "client", "Wait", request, seconds + self.attempt_s
+        )
+        return answer
+
+    async def list_page(
+        self, state: str | State | None, page_token: str, page_size: int
+    ) -> tuple[list[TxInfo], str]:
+        request = client_pb2.ListRequest(
+            state=common_pb2.TxState.ValueType(State.named(state).value if state else 0),
+            page_size=page_size, page_token=page_token,
+        )  # fmt: skip
+        # A page token is one DC's: only the first page may go elsewhere.
+        answer: client_pb2.ListResponse = await self.call(
+            "List", request, None, failover=not page_token
+        )
+        return [tx_info_of(t) for t in answer.transactions], answer.next_page_token
+
+    async def query(
+        self,
+        sql: str,
+        params: Sequence[SqlValue],
+        *,
+        after: str | Submitted | None,
+        after_position: int,
+        max_rows: int,
+        timeout: float,
+        worker: str,
+    ) -> QueryResult:
+        request = client_pb2.QueryRequest(
+            statement=common_pb2.Statement(sql=sql, params=[value_to_proto(p) for p in params]),
+            after_tx_id=after.tx_id if isinstance(after, Submitted) else (after or ""),
+            after_position=after_position, max_rows=max_rows, timeout=duration(timeout),
+            worker_id=worker,
+        )  # fmt: skip
+        answer: client_pb2.QueryResponse = await self.call(
+            "Query", request, timeout + self.attempt_s, attempt_s=timeout + self.attempt_s
+        )
+        return query_result_of(answer)
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    async def call(
+        self,
+        method: str,
+        request: Message,
+        timeout: float | None,
+        *,
+        failover: bool = True,
+        others_on_not_found: bool = False,
+        attempt_s: float | None = None,
+    ) -> Any:
+        """``ClientService.<method>`` at the DC in use, then at the next ones while they
+        do not answer (and, ``others_on_not_found``, while they have not heard of it)."""
+        deadline = self._deadline(timeout)
+        last: Exception | None = None
+        order = self._failover_order(deadline) if failover else _once(self.current)
+        tried: set[int] = set()
+        async for index in order:
+            if isinstance(last, NotFound) and index in tried:
+                raise last  # every DC was asked
+            tried.add(index)
+            left = max(min(deadline - time.monotonic(), attempt_s or self.attempt_s), 0.001)
+            try:
+                answer = await self.transport.call(index, "client", method, request, left)
+            except Refused as refused:
+                last = self._refusal(refused)
+                if isinstance(last, NotFound) and not others_on_not_found:
+                    raise last from None
+                if isinstance(last, Backpressure):
+                    await self._sleep_until(deadline, last.retry_after_s)
+                continue
+            self.current = index
+            return answer
+        raise _exhausted(last, method)
+
+    def _refusal(self, refused: Refused) -> Exception:
+        """The error ``refused`` stands for; raises it at once unless another DC (or a
+        later try) may answer otherwise."""
+        error = from_status(refused.code, refused.details, refused.retry_after_s)
+        retried = refused.code in RETRIED_ELSEWHERE or isinstance(error, Backpressure | NotFound)
+        if not retried:
+            raise error
+        return error
+
+    async def _failover_order(self, deadline: float) -> AsyncIterator[int]:
+        """DC indexes to try until ``deadline``: the one in use, then the others in turn,
+        with a growing, jittered pause after each round of all of them."""
+        count, start, rounds = len(self.endpoints), self.current, 0
+        while True:
+            for step in range(count):
+                if time.monotonic() >= deadline:
+                    return
+                yield (start + step) % count
+            pause = min(BACKOFF_FIRST_S * 2**rounds, BACKOFF_MOST_S) * random.uniform(0.5, 1)
+            rounds += 1
+            await self._sleep_until(deadline, pause)
+
+    async def _sleep_until(self, deadline: float, seconds: float) -> None:
+        left = min(seconds, deadline - time.monotonic())
+        if left > 0:
+            await self.transport.sleep(left)
+
+    def _deadline(self, timeout: float | None) -> float:
+        return time.monotonic() + checked_timeout(self.timeout if timeout is None else timeout)
+
+
+async def _once(index: int) -> AsyncIterator[int]:
+    yield index
+
+
+def checked_timeout(seconds: float) -> float:
+    if not 0 < seconds <= TIMEOUT_S_MOST:
+        raise ValueError(f"timeout {seconds} s is outside (0, {TIMEOUT_S_MOST:g}]")
+    return seconds
+
+
+def duration(seconds: float) -> duration_pb2.Duration:
+    value = duration_pb2.Duration()
+    value.FromNanoseconds(int(seconds * 1e9))
+    return value
+
+
+def statements_of(sql: str | Sequence[Statement], params: Sequence[SqlValue]) -> list[Statement]:
+    """``submit``'s transaction: SQL text and its parameters, or statements."""
+    if isinstance(sql, str):
+        return [Statement(sql, tuple(params))]
+    if params:
+        raise ValueError("parameters go inside each Statement when submitting several")
+    statements = list(sql)
+    if not all(isinstance(s, Statement) for s in statements):
+        raise TypeError("submit takes SQL text and parameters, or a sequence of Statement")
+    return statements
+
+
+def bodies_of(transactions: Sequence[Submittable]) -> list[common_pb2.TxBody]:
+    """``submit_many``'s transactions as bodies."""
+    bodies = []
+    for transaction in transactions:
+        if isinstance(transaction, str):
+            statements = [Statement(transaction)]
+        elif isinstance(transaction, tuple) and transaction and isinstance(transaction[0], str):
+            sql, params = transaction
+            statements = [Statement(sql, tuple(params))]
+        else:
+            statements = statements_of(transaction, ())  # type: ignore[arg-type]
+        bodies.append(body_of(statements))
+    return bodies
+
+
+def refused_by(code: grpc.StatusCode, details: str, trailing: Any) -> Refused:
+    """A gRPC error as ``Refused``, with the DC's ``retry-after-ms`` hint."""
+    hint = dict(trailing or ()).get("retry-after-ms", "0")
+    try:
+        retry_after_s = int(hint) / 1000
+    except (TypeError, ValueError):
+        retry_after_s = 0.0
+    return Refused(code, details or "", retry_after_s)
+
+
+def _exhausted(last: Exception | None, what: str) -> TxSyncError:
+    """What to raise when the deadline passed: the last DC's reason, if it had one."""
+    if isinstance(last, TxSyncError):
+        return last
+    return Unavailable(f"{what}: no DC answered before the deadline")
+
+
+def _outcome_or_none(
+    answer: client_pb2.WaitResponse | client_pb2.SubmitResponse,
+) -> common_pb2.Outcome | None:
+    return answer.outcome if answer.HasField("outcome") else None
+
+
+def _name(state: int) -> str:
+    return found.name if (found := state_of(state)) is not None else "UNKNOWN"
+
+
+def submitted(answer: client_pb2.SubmitResponse, endpoint: Endpoint, key: str) -> Submitted:
+    outcome = outcome_of(answer.outcome) if answer.HasField("outcome") else None
+    if outcome is not None and answer.state == common_pb2.TX_STATE_FAILED:
+        raise TransactionFailed(outcome.duplicate_of or answer.tx_id, outcome)
+    duplicate = outcome is not None and bool(outcome.duplicate_of)
+    return Submitted(
+        tx_id=outcome.duplicate_of if outcome is not None and duplicate else answer.tx_id,
+        state=State(answer.state),
+        created=answer.created and not duplicate,
+        duplicate=duplicate,
+        outcome=outcome,
+        dc=endpoint.dc or endpoint.address,
+        key=key,
+    )
