@@ -238,3 +238,19 @@ def test_submit_many_leaves_in_one_call_and_keys_can_be_left_out(cluster_file: P
     with Client(str(cluster_file), dc="dc1", idempotent=False) as plain:
         bare = plain.submit(f"INSERT INTO {table} VALUES (?, ?)", 200, "z", wait="ok")
         assert bare.key == "" and plain.get(bare.tx_id).idempotency_key == ""
+
+
+def test_submits_not_ordered_in_one_attempt_are_waited_for(cluster_file: Path) -> None:
+    """A transaction that takes about a second to apply, waited for "ok" with 0.2 s per
+    attempt: the DC answers "not yet", and the client waits on (it does not resend)."""
+    slow = (
+        "INSERT INTO {t} SELECT count(*), '{v}' FROM (WITH RECURSIVE c(x) AS "
+        "(SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n}) SELECT x FROM c)"
+    )
+    with Client(str(cluster_file), dc="dc2", attempt_s=0.2, timeout=120) as client:
+        table = _table(client)
+        single = client.submit(slow.format(t=table, v="one", n=3_000_000), wait="ok")
+        many = client.submit_many([slow.format(t=table, v="many", n=2_900_000)], wait="ok")
+        assert single.outcome is not None and many[0].outcome is not None
+        rows = client.query(f"SELECT k, v FROM {table} ORDER BY k", after=many[0]).rows
+        assert rows == ((2_900_000, "many"), (3_000_000, "one"))

@@ -188,10 +188,10 @@ class Core:
         wait: Wait,
         timeout: float | None,
     ) -> list[Submitted | TxSyncError]:
-        """Each body in one ``SubmitBatch`` call per ``batch_max``, at the DC in use; a
-        submit that call did not settle (a DC that did not answer, a refusal another DC
-        may not repeat, not ordered in time) goes on alone with its key, as ``submit``
-        would."""
+        """Each body in one ``SubmitBatch`` call per ``batch_max``, at the DC in use. A
+        submit the DC took but did not order in time is waited for there while it can
+        order; one it refused in a way another DC may not, or did not answer, goes on
+        alone with its key, as ``submit`` would (without a key it is not sent again)."""
         if keys is not None and len(keys) != len(bodies):
             raise ValueError(f"{len(keys)} keys for {len(bodies)} transactions")
         wanted = None if wait is None else State.named(wait)
@@ -201,13 +201,16 @@ class Core:
             client_pb2.SubmitRequest(body=body, idempotency_key=key)
             for body, key in zip(bodies, chosen, strict=True)
         ]
-        seconds = min(self.attempt_s, self._deadline(timeout) - time.monotonic())
+        deadline = self._deadline(timeout)
+        seconds = min(self.attempt_s, deadline - time.monotonic())
         for request in requests:
             if wanted is not None:
                 request.wait_for = common_pb2.TxState.ValueType(wanted.value)
                 request.wait_timeout.CopyFrom(duration(max(seconds, 0.001)))
         index = self.current
         results: list[Submitted | TxSyncError | None] = [None] * len(requests)
+        # Submits the DC took but did not order in time: waited for, not sent again.
+        taken: dict[int, client_pb2.SubmitResponse] = {}
         for start in range(0, len(requests), self.batch_max):
             chunk = requests[start : start + self.batch_max]
             self.batch_calls += 1
@@ -220,16 +223,38 @@ class Core:
                 continue  # each goes on alone below
             self.current = index
             for offset, settled in enumerate(answer.results):
-                key = chosen[start + offset]
-                results[start + offset] = self._settled(settled, index, key, wanted)
+                n = start + offset
+                results[n] = self._settled(settled, index, chosen[n], wanted)
+                if results[n] is None and settled.WhichOneof("result") == "accepted":
+                    taken[n] = settled.accepted
+        for n, accepted in taken.items():
+            assert wanted is not None
+            reached = await self._wait_while_ordering(index, accepted.tx_id, wanted, deadline)
+            if reached is None and (self.idempotent or chosen[n]):
+                continue  # its DC cannot order it now: sent again elsewhere, below
+            if reached is None:
+                results[n] = Timeout(
+                    f"{self.endpoints[index]} did not order transaction {accepted.tx_id} in time",
+                    accepted.tx_id, State(accepted.state).name,
+                )  # fmt: skip
+                continue
+            accepted.state = common_pb2.TxState.ValueType(reached.state.value)
+            if reached.outcome is not None:
+                accepted.outcome.CopyFrom(reached.outcome)
+            try:
+                results[n] = submitted(accepted, self.endpoints[index], chosen[n])
+            except TransactionFailed as failed:
+                results[n] = failed
         for n, result in enumerate(results):
             if result is None and (self.idempotent or chosen[n]):
                 try:
                     results[n] = await self.submit(bodies[n], chosen[n], wait, timeout)
                 except TxSyncError as error:
                     results[n] = error
-            elif result is None:
-                results[n] = Unavailable(f"{self.endpoints[index]} did not take the submit")
+            elif result is None:  # refused or unanswered, and not to be sent twice
+                results[n] = Unavailable(
+                    f"{self.endpoints[index]} did not answer the submit (sent once: no key)"
+                )
         return [r for r in results if r is not None]
 
     def _settled(
