@@ -23,55 +23,35 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
-from google.protobuf import duration_pb2
-
 from tests.support.cluster import LocalCluster
-from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
+from txsync.client import Client
 
 
-def _body(n: int) -> common_pb2.TxBody:
-    return common_pb2.TxBody(
-        statements=[
-            common_pb2.Statement(
-                sql="UPDATE accounts SET balance = balance + 1 WHERE id = ?",
-                params=[common_pb2.SqlValue(int_value=n)],
-            )
-        ]
-    )
+def _statement(n: int) -> tuple[str, int]:
+    return "UPDATE accounts SET balance = balance + 1 WHERE id = ?", n
 
 
 def measure(rtt_ms: float, samples: int, root: Path) -> list[float]:
     cluster = LocalCluster(root, 3, one_way_delay_ms=rtt_ms / 2)
-    channels = [grpc.insecure_channel(dc.store.address) for dc in cluster.dcs]
-    stubs = [client_pb2_grpc.ClientServiceStub(channel) for channel in channels]
-    timeout = duration_pb2.Duration(seconds=30)
+    # A client per DC (each asks its own DC only), without keys: a probe, not a writer.
+    clients = [Client(dc.store.address, idempotent=False, timeout=30) for dc in cluster.dcs]
     latencies: list[float] = []
     try:
-        with ThreadPoolExecutor(len(stubs)) as pool:
+        with ThreadPoolExecutor(len(clients)) as pool:
             for n in range(samples + 5):
-                origin = stubs[n % len(stubs)]
+                origin = clients[n % len(clients)]
                 started = time.perf_counter()
-                tx_id = origin.Submit(client_pb2.SubmitRequest(body=_body(n))).tx_id
-                waits = [
-                    pool.submit(
-                        stub.Wait,
-                        client_pb2.WaitRequest(
-                            tx_id=tx_id, state=common_pb2.TX_STATE_ACCEPTED, timeout=timeout
-                        ),
-                    )
-                    for stub in stubs
-                ]
-                reached = all(wait.result().reached for wait in waits)
+                tx_id = origin.submit(*_statement(n), wait=None).tx_id
+                waits = [pool.submit(client.wait, tx_id, "accepted") for client in clients]
+                for wait in waits:
+                    wait.result()  # Timeout if not ACCEPTED there within 30 s
                 elapsed = (time.perf_counter() - started) * 1000
-                if not reached:
-                    raise RuntimeError(f"tx {tx_id} not ACCEPTED everywhere within 30 s")
                 if n >= 5:  # the first few warm up connections
                     latencies.append(elapsed)
                 time.sleep(0.02)
     finally:
-        for channel in channels:
-            channel.close()
+        for client in clients:
+            client.close()
         cluster.stop()
     return latencies
 

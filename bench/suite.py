@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2
 
 from bench import load
 from bench.proc_stats import cpu_seconds, kind_of, peak_rss_mib
 from bench.systems import EtcdSystem, GaleraSystem, Node, System, TxSyncSystem
-from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
+from txsync.client import Client
+from txsync.v1 import admin_pb2, admin_pb2_grpc
 
 SPAWN_S = 2.5
 """Time for the client processes to start before their warm-up ends."""
@@ -183,32 +183,25 @@ def _round_costs(system: TxSyncSystem, window: tuple[float, float], wan_bytes: i
 def probe(system: TxSyncSystem, samples: int) -> dict[str, float]:
     """Light load: one transaction at a time, each DC in turn submitting; the time until
     every DC has it ACCEPTED, and until every DC has it OK (its workers applied it)."""
-    addresses = system.nodes_addresses()
-    channels = [grpc.insecure_channel(a) for a in addresses]
-    stubs = [client_pb2_grpc.ClientServiceStub(c) for c in channels]
-    timeout = duration_pb2.Duration(seconds=30)
+    # A client per DC (each asks its own DC only), without keys: a probe, not a writer.
+    clients = [Client(a, idempotent=False, timeout=30) for a in system.nodes_addresses()]
     accepted: list[float] = []
     finished: list[float] = []
     from bench.systems import KEYS, TXSYNC_UPSERT  # noqa: PLC0415
 
     try:
-        with ThreadPoolExecutor(2 * len(stubs)) as pool:
+        with ThreadPoolExecutor(2 * len(clients)) as pool:
             for n in range(samples + 3):
-                body = common_pb2.TxBody(statements=[common_pb2.Statement(
-                    sql=TXSYNC_UPSERT, params=[common_pb2.SqlValue(int_value=n % KEYS),
-                                               common_pb2.SqlValue(text_value="p")])])  # fmt: skip
                 started = time.perf_counter()
-                tx_id = stubs[n % len(stubs)].Submit(client_pb2.SubmitRequest(body=body)).tx_id
+                origin = clients[n % len(clients)]
+                tx_id = origin.submit(TXSYNC_UPSERT, n % KEYS, "p", wait=None).tx_id
 
-                def until(stub: Any, state: common_pb2.TxState.ValueType, tx: str = tx_id) -> float:
-                    answer = stub.Wait(client_pb2.WaitRequest(tx_id=tx, state=state,
-                                                              timeout=timeout))  # fmt: skip
-                    if not answer.reached:
-                        raise RuntimeError(f"{tx} did not reach state {state}")
+                def until(client: Client, state: str, tx: str = tx_id) -> float:
+                    client.wait(tx, state)  # Timeout if not within 30 s
                     return time.perf_counter()
 
-                waits_a = [pool.submit(until, s, common_pb2.TX_STATE_ACCEPTED) for s in stubs]
-                waits_o = [pool.submit(until, s, common_pb2.TX_STATE_OK) for s in stubs]
+                waits_a = [pool.submit(until, c, "accepted") for c in clients]
+                waits_o = [pool.submit(until, c, "ok") for c in clients]
                 at_a = max(w.result() for w in waits_a)
                 at_o = max(w.result() for w in waits_o)
                 if n >= 3:
@@ -216,8 +209,8 @@ def probe(system: TxSyncSystem, samples: int) -> dict[str, float]:
                     finished.append((at_o - started) * 1000)
                 time.sleep(0.02)
     finally:
-        for channel in channels:
-            channel.close()
+        for client in clients:
+            client.close()
     return {
         "accepted_all_p50_ms": _percentile(accepted, 0.5),
         "accepted_all_p99_ms": _percentile(accepted, 0.99),

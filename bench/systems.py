@@ -22,9 +22,10 @@ import grpc
 from bench.peers.etcd import EtcdCluster
 from bench.peers.galera import GaleraCluster
 from tests.support.dev_up import free_base_port
+from txsync.client import Client
 from txsync.dev_cluster import DevCluster, layout_of
 from txsync.link_emulator import LinkEmulator
-from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
+from txsync.v1 import admin_pb2, admin_pb2_grpc
 
 KEYS = 10_000
 VALUE_BYTES = 100
@@ -89,12 +90,8 @@ class TxSyncSystem:
         )
         self.cluster.start()
         nodes = [Node(dc, entry["store"]) for dc, entry in layout["dcs"].items()]
-        with grpc.insecure_channel(nodes[0].address) as channel:
-            stub = client_pb2_grpc.ClientServiceStub(channel)
-            body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=TXSYNC_TABLE)])
-            tx_id = stub.Submit(client_pb2.SubmitRequest(body=body), timeout=10).tx_id
-            stub.Wait(client_pb2.WaitRequest(tx_id=tx_id, state=common_pb2.TX_STATE_OK),
-                      timeout=60)  # fmt: skip
+        with Client(nodes[0].address, timeout=60) as client:
+            client.submit(TXSYNC_TABLE, wait="ok")
         return nodes
 
     def nodes_addresses(self) -> list[str]:
