@@ -22,9 +22,9 @@ and a later one answers with its id and outcome (docs/client.md, "Idempotency").
 
 from __future__ import annotations
 
+import os
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -144,7 +144,7 @@ class Core:
     ) -> Submitted:
         wanted = None if wait is None else State.named(wait)
         retried = self.idempotent or bool(key)
-        key = key or (str(uuid.uuid4()) if self.idempotent else "")
+        key = key or (new_key() if self.idempotent else "")
         deadline = self._deadline(timeout)
         request = client_pb2.SubmitRequest(body=body, idempotency_key=key)
         if wanted is not None:
@@ -196,7 +196,7 @@ class Core:
             raise ValueError(f"{len(keys)} keys for {len(bodies)} transactions")
         wanted = None if wait is None else State.named(wait)
         chosen = [k for k in keys] if keys is not None else [""] * len(bodies)
-        chosen = [k or (str(uuid.uuid4()) if self.idempotent else "") for k in chosen]
+        chosen = [k or (new_key() if self.idempotent else "") for k in chosen]
         requests = [
             client_pb2.SubmitRequest(body=body, idempotency_key=key)
             for body, key in zip(bodies, chosen, strict=True)
@@ -447,6 +447,12 @@ class Core:
 
     def _deadline(self, timeout: float | None) -> float:
         return time.monotonic() + checked_timeout(self.timeout if timeout is None else timeout)
+
+
+def new_key() -> str:
+    """A key no other submit has: 128 random bits (``uuid`` would cost every CLI call the
+    import of ``platform``)."""
+    return os.urandom(16).hex()
 
 
 async def _once(index: int) -> AsyncIterator[int]:
