@@ -60,10 +60,9 @@ class SubmitBatcher:
         linger_s: float = 0.0,
         grace_s: float = RESPONSE_GRACE_S_DEFAULT,
     ) -> None:
-        if not 1 <= batch_max <= BATCH_MAX_MOST:
-            raise ValueError(f"batch_max {batch_max} is outside 1..{BATCH_MAX_MOST}")
-        if in_flight_max < 1 or linger_s < 0:
-            raise ValueError("in_flight_max must be at least 1 and linger_s not negative")
+        _check_settings(batch_max, in_flight_max)
+        if linger_s < 0:
+            raise ValueError("linger_s must not be negative")
         self._send_one, self._send_many = send_one, send_many
         self.batch_max, self.in_flight_max, self.linger_s = batch_max, in_flight_max, linger_s
         self.grace_s = grace_s
@@ -129,6 +128,13 @@ class SubmitBatcher:
             self._pump()
 
 
+def _check_settings(batch_max: int, in_flight_max: int) -> None:
+    if not 1 <= batch_max <= BATCH_MAX_MOST:
+        raise ValueError(f"batch_max {batch_max} is outside 1..{BATCH_MAX_MOST}")
+    if in_flight_max < 1:
+        raise ValueError(f"in_flight_max {in_flight_max} is below 1")
+
+
 def _settle(
     answer: asyncio.Future[client_pb2.SubmitResponse],
     result: client_pb2.SubmitResponse | Refused,
@@ -165,10 +171,7 @@ class ThreadBatcher:
         in_flight_max: int = IN_FLIGHT_MAX_DEFAULT,
         grace_s: float = RESPONSE_GRACE_S_DEFAULT,
     ) -> None:
-        if not 1 <= batch_max <= BATCH_MAX_MOST:
-            raise ValueError(f"batch_max {batch_max} is outside 1..{BATCH_MAX_MOST}")
-        if in_flight_max < 1:
-            raise ValueError("in_flight_max must be at least 1")
+        _check_settings(batch_max, in_flight_max)
         self._send_one, self._send_many = send_one, send_many
         self.batch_max, self.in_flight_max, self.grace_s = batch_max, in_flight_max, grace_s
         self._queued: deque[tuple[client_pb2.SubmitRequest, Future[client_pb2.SubmitResponse]]]

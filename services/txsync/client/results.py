@@ -126,7 +126,7 @@ class QueryResult:
     worker: str
 
 
-def value_to_proto(value: SqlValue) -> common_pb2.SqlValue:
+def value_to_proto(value: object) -> common_pb2.SqlValue:
     if value is None:
         return common_pb2.SqlValue()
     if isinstance(value, bool):

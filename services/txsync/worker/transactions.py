@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from txsync.client.results import value_to_proto
 from txsync.v1 import common_pb2
 
 SqlParam = None | bool | int | float | str | bytes
@@ -55,18 +56,11 @@ def transaction_from_proto(body: common_pb2.TxBody) -> Transaction:
 
 
 def param_to_proto(value: object) -> common_pb2.SqlValue:
-    """A value read from a database, for an answer (a query's rows, a bulk load)."""
-    if value is None:
-        return common_pb2.SqlValue()
-    if isinstance(value, bool):
-        return common_pb2.SqlValue(bool_value=value)
-    if isinstance(value, int):
-        return common_pb2.SqlValue(int_value=value)
-    if isinstance(value, float):
-        return common_pb2.SqlValue(real_value=value)
-    if isinstance(value, bytes | bytearray):
-        return common_pb2.SqlValue(blob_value=bytes(value))
-    return common_pb2.SqlValue(text_value=str(value))
+    """A value read from a database, for an answer (a query's rows, a bulk load): as the
+    client library sends a parameter, anything it has no kind for as text."""
+    if value is None or isinstance(value, bool | int | float | str | bytes | bytearray):
+        return value_to_proto(value)
+    return value_to_proto(str(value))
 
 
 def transaction_to_proto(transaction: Transaction) -> common_pb2.TxBody:
