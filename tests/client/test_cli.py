@@ -4,6 +4,8 @@ another DC, a transaction found by its key, and a listing of every page."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -54,3 +56,17 @@ def test_query_reads_a_named_worker_and_workers_shows_their_digests(cluster_file
     listed = txsync("workers", *endpoints, "-o", "json")
     digests = [w["state_digest"] for w in json.loads(listed.stdout)["dc3"]]
     assert len(digests) == 2 and all(len(d) == 64 for d in digests), listed.stdout
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(cluster_file: Path) -> None:
+    """`txsync tx list --all | head -1`: the pipe closes under the command's output."""
+    listing = subprocess.Popen(
+        [sys.executable, "-m", "txsync.cli.main", "tx", "list", "--all",
+         "--endpoints", str(cluster_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert listing.stdout is not None and listing.stderr is not None
+    listing.stdout.close()  # before the command writes: as `head` does once it has its lines
+    errors = listing.stderr.read().decode()
+    assert listing.wait(timeout=60) in (0, 141)
+    assert "Traceback" not in errors, errors
