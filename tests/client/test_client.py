@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.support.processes import free_port
 from txsync.client import (
     AsyncClient,
     Client,
@@ -87,9 +87,7 @@ def test_errors_name_what_happened(cluster_file: Path) -> None:
 
 
 def test_no_dc_answering_is_unavailable_once_the_deadline_passed() -> None:
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{closed.getsockname()[1]}"  # nothing listens there
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
     with Client(address, timeout=1.0) as client, pytest.raises(Unavailable):
         client.submit("INSERT INTO t VALUES (1)")
 

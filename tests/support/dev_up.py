@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 
+from tests.support.processes import DEV_UP_BASES, ephemeral_low
 from txsync.parent_watch import child_environment
 from txsync.v1 import (
     admin_pb2,
@@ -29,8 +30,6 @@ UP_TIMEOUT_S = 360.0
 PORTS_PER_DC = (1, 2, 3, 4, 5, 6, *range(11, 19), *range(21, 29))
 """Offsets from base+100n that `dev up` uses: its services, then up to 8 workers and
 their metrics (``dev_cluster.layout_of``)."""
-EPHEMERAL_LOW_DEFAULT = 32_768
-"""Linux's default lowest ephemeral port, where /proc does not say."""
 
 
 def free_base_port(dcs: int = 3) -> int:
@@ -38,9 +37,10 @@ def free_base_port(dcs: int = 3) -> int:
     the ephemeral range: a port there can be taken by any outgoing connection between
     this probe and the service's bind (a worker's metrics port once was, in a
     fresh-clone CI run, and the cluster could not start)."""
-    highest_offset = 100 * dcs + max(PORTS_PER_DC)
+    assert 100 * dcs + max(PORTS_PER_DC) < DEV_UP_BASES.step, "clusters would overlap"
     # Where the ephemeral range starts too low to leave room, any base will have to do.
-    bases = range(10_000, _ephemeral_low() - highest_offset, 1000) or range(10_000, 60_000, 1000)
+    low = DEV_UP_BASES.stop <= ephemeral_low()
+    bases = DEV_UP_BASES if low else range(10_000, 60_000, 1000)
     rng = random.Random()
     for _ in range(50):
         base = rng.choice(bases)
@@ -52,14 +52,6 @@ def free_base_port(dcs: int = 3) -> int:
             continue
         return base
     raise RuntimeError("no free port range")
-
-
-def _ephemeral_low() -> int:
-    try:
-        low = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
-    except (OSError, IndexError):
-        return EPHEMERAL_LOW_DEFAULT
-    return int(low)
 
 
 def txsync(*args: str) -> subprocess.CompletedProcess[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -147,18 +148,43 @@ def transaction_store(
 
 
 _HANDED_OUT: set[int] = set()
+EPHEMERAL_LOW_DEFAULT = 32_768
+"""Linux's default lowest ephemeral port, where /proc does not say."""
+DEV_UP_BASES = range(10_000, 20_000, 1000)
+"""Where `dev up` clusters of tests take their ports (``dev_up.free_base_port``)."""
+FREE_PORTS_FROM = DEV_UP_BASES.stop
+"""``free_port`` hands out ports from here up to the ephemeral range."""
+
+
+def ephemeral_low() -> int:
+    """The lowest port the kernel gives an outgoing connection (or a bind to port 0)."""
+    try:
+        low = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
+    except (OSError, IndexError):
+        return EPHEMERAL_LOW_DEFAULT
+    return int(low)
 
 
 def free_port() -> int:
     """A loopback port free right now (for services whose address peers need upfront),
-    never the same twice in one test run: the kernel may offer a just-closed port again."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port: int = probe.getsockname()[1]
+    never the same twice in one test run (the kernel may offer a just-closed port again),
+    and below the ephemeral range: there, any outgoing connection of any process may take
+    it between this probe and the service's bind (a coordinator of a fresh-clone CI run
+    once found its port taken so)."""
+    candidates = range(FREE_PORTS_FROM, ephemeral_low())
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.choice(candidates) if len(candidates) > 1000 else 0
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", port))
+                port = int(probe.getsockname()[1])
+        except OSError:
+            continue
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
+    raise RuntimeError("no free loopback port")
 
 
 def sync_coordinator(

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
+from tests.support.processes import free_port
 from txsync.protocol import RoundEnded, RoundOutcome, RoundStarted
 from txsync.sync_coordinator.rounds import RoundTracker
 from txsync.telemetry import Metrics
@@ -16,9 +16,7 @@ from txsync.telemetry import Metrics
 
 @pytest.fixture
 def metrics() -> Iterator[tuple[Metrics, str]]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     served = Metrics("sync-coordinator", "dc1")
     served.serve(f"127.0.0.1:{port}")
     yield served, f"http://127.0.0.1:{port}/metrics"
