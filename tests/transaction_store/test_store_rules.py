@@ -497,6 +497,49 @@ def test_follow_enqueued_and_local_submit_watch(tmp_path: Path) -> None:
     _run(tmp_path, scenario)
 
 
+def test_a_follower_that_gathers_takes_what_finished_meanwhile_in_one_batch(
+    tmp_path: Path,
+) -> None:
+    async def finish(store: TransactionStore, tx_id: str, position: int) -> None:
+        await store.advance_states(
+            [
+                StateChangeRequest(tx_id, TxState.TESTING),
+                StateChangeRequest(tx_id, TxState.OK, _ok(tx_id, position)),
+            ],
+            "wd",
+        )
+
+    async def scenario(store: TransactionStore) -> None:
+        ids = [(await store.submit(_body())).tx_id for _ in range(4)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+        batches: asyncio.Queue[list[int]] = asyncio.Queue()
+
+        async def follow(gather_s: float) -> None:
+            async for ready in store.follow_enqueued(1, finished_only=True, gather_s=gather_s):
+                await batches.put([position for position, _ in ready])
+
+        # Without a gather, each transaction finished by a call of its own is a batch:
+        # the follower runs while the next call's write is made durable.
+        eager = asyncio.create_task(follow(0.0))
+        for position, tx_id in enumerate(ids[:2], start=1):
+            await finish(store, tx_id, position)
+        assert [await batches.get(), await batches.get()] == [[1], [2]]
+        eager.cancel()
+        # With one, the first goes at once, and what finishes during the pause after it
+        # (here: two calls, far within the longest gather) comes as one.
+        gathering = asyncio.create_task(follow(store_module.FOLLOW_GATHER_MS_MAX / 1000))
+        assert await batches.get() == [1, 2]
+        await finish(store, ids[2], 3)
+        await finish(store, ids[3], 4)
+        assert await asyncio.wait_for(batches.get(), WAIT_S) == [3, 4]
+        gathering.cancel()
+        with pytest.raises(StoreError, match="gather_ms: at most 1000"):
+            await anext(store.follow_enqueued(1, gather_s=1.5))
+
+    _run(tmp_path, scenario)
+
+
 def test_truncation_needs_every_peer_and_worker_past_it(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> list[str]:
         ids = [(await store.submit(_body())).tx_id for _ in range(4)]

@@ -521,6 +521,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                 membership_only=request.membership_only,
                 finished_only=request.finished_only,
                 from_first_unfinished=request.from_first_unfinished,
+                gather_s=request.gather_ms / 1000,
             ):
                 response = store_pb2.FollowEnqueuedResponse()
                 body_bytes = 0

@@ -112,6 +112,8 @@ class LocalSubmit:
 
 FOLLOW_BATCH_MAX = 256
 """Positions per batch that ``follow_enqueued`` yields (one stream message each)."""
+FOLLOW_GATHER_MS_MAX = 1_000
+"""Longest wait a follower may ask for between batches (``gather_s``)."""
 LOCAL_WATCHERS_MAX = 8
 """Concurrent ``watch_local_submits`` streams (one per coordinator incarnation)."""
 WAITS_MAX = 10_000
@@ -1085,12 +1087,18 @@ class TransactionStore:
         membership_only: bool = False,
         finished_only: bool = False,
         from_first_unfinished: bool = False,
+        gather_s: float = 0.0,
     ) -> AsyncGenerator[list[tuple[int, TxRecord]], None]:
         """Yield the synced positions from ``from_position`` on once each is ENQUEUED or
         later, as lists of every position ready by then, in order (at most
         ``FOLLOW_BATCH_MAX``). ``membership_only``: only the membership entries, still
         strictly in order; ``finished_only``: once OK or FAILED; ``from_first_unfinished``:
-        from the first position not yet OK or FAILED if that comes earlier."""
+        from the first position not yet OK or FAILED if that comes earlier; ``gather_s``:
+        wait that long after each batch, so that a follower in no haste takes what became
+        ready meanwhile as one batch (at low load a batch per transaction otherwise: a
+        stream message, and a wakeup of the follower's process)."""
+        if not 0 <= gather_s <= FOLLOW_GATHER_MS_MAX / 1000:
+            raise invalid(f"gather_ms: at most {FOLLOW_GATHER_MS_MAX}")
         position = max(1, from_position)
         if from_first_unfinished:
             position = min(position, self.first_unfinished_position())
@@ -1114,6 +1122,8 @@ class TransactionStore:
                 position += 1
             if ready:
                 yield ready
+                if gather_s:
+                    await asyncio.sleep(gather_s)
             else:
                 await changed.wait()
 

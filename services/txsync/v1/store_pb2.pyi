@@ -867,6 +867,7 @@ class FollowEnqueuedRequest(_message.Message):
     MEMBERSHIP_ONLY_FIELD_NUMBER: _builtins.int
     FINISHED_ONLY_FIELD_NUMBER: _builtins.int
     FROM_FIRST_UNFINISHED_FIELD_NUMBER: _builtins.int
+    GATHER_MS_FIELD_NUMBER: _builtins.int
     from_position: _builtins.int
     """First synced position (1-based) wanted."""
     membership_only: _builtins.bool
@@ -882,6 +883,11 @@ class FollowEnqueuedRequest(_message.Message):
     (worker-dispatch resuming after a crash: its workers may hold outcomes that the
     store never recorded, and those are reported again from the workers' records).
     """
+    gather_ms: _builtins.int
+    """After each message, wait this long (at most 1,000 ms) before gathering the next: a
+    follower that needs no haste then takes what finished meanwhile in one message, not
+    one message per transaction (the coordinator's outcome follower). 0: no wait.
+    """
     def __init__(
         self,
         *,
@@ -889,6 +895,7 @@ class FollowEnqueuedRequest(_message.Message):
         membership_only: _builtins.bool = ...,
         finished_only: _builtins.bool = ...,
         from_first_unfinished: _builtins.bool = ...,
+        gather_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -899,6 +906,8 @@ class FollowEnqueuedRequest(_message.Message):
         b"from_first_unfinished",
         "from_position",
         b"from_position",
+        "gather_ms",
+        b"gather_ms",
         "membership_only",
         b"membership_only",
     ]  # noqa: Y015
