@@ -114,7 +114,8 @@ beyond it (then read back from the store)."""
 OUTCOMES_GATHER_MS = 100
 """The outcome follower's pause between the store's messages: outcomes only ride posts
 and only delay divergence detection by it, while one message (and one wakeup of this
-process) per finished transaction cost about a fifteenth of a DC's messages at low load."""
+process) per finished transaction were 6% of the gRPC messages at low load (docs/
+benchmarks.md, Tuning 15)."""
 PENDING_POST_BASES_MAX = 8
 """Merge bases with an unsent post to one peer; the oldest base is dropped beyond it."""
 PEER_CHANNEL_OPTIONS = [
