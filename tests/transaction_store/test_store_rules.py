@@ -438,6 +438,41 @@ def test_a_watch_hands_a_submit_before_its_fsync(
     _run(tmp_path, scenario)
 
 
+def test_submits_staged_during_a_write_are_handed_together_as_the_next_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load each submit handed as staged went alone to the coordinator: a watch
+    message per transaction. Those staged while a write is on disk wait for the next
+    write, which takes them all, and go as one batch."""
+
+    async def scenario(store: TransactionStore) -> None:
+        gate = threading.Event()
+        write = GroupCommitWriter._write
+
+        def held(writer: GroupCommitWriter, frames: bytes, then: Any) -> None:
+            gate.wait(WAIT_S)
+            write(writer, frames, then)
+
+        monkeypatch.setattr(GroupCommitWriter, "_write", held)
+        watch = store.watch_local_submits()
+        first = asyncio.create_task(store.submit(_body()))
+        try:
+            handed = await asyncio.wait_for(anext(watch), WAIT_S)  # the writer was idle
+            (watcher,) = store._local_watchers
+            later = [asyncio.create_task(store.submit(_body())) for _ in range(2)]
+            while len(store.state.pending_local) < 3:
+                await asyncio.sleep(0)  # both staged, behind the held write
+            assert watcher.waiting_bytes == 0  # and not handed yet
+        finally:
+            gate.set()
+        assert [s.tx_id for s in handed] == [(await first).tx_id]
+        together = await asyncio.wait_for(anext(watch), WAIT_S)
+        assert [s.tx_id for s in together] == [(await task).tx_id for task in later]
+        await watch.aclose()
+
+    _run(tmp_path, scenario)
+
+
 def test_waits_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store_module, "WAITS_MAX", 3)
 

@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Collection, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -348,15 +348,19 @@ class TransactionStore:
         *,
         traced_whole: Collection[str] = (),
         bodies: Sequence[tuple[str, bytes]] = (),
+        on_taken: Callable[[], None] | None = None,
     ) -> _Staged:
         """Under the lock: hand entries to the writer and apply them to memory. The
         ``bodies`` these entries carry get their files written after them, in the
         writer's thread (no hop of their own, and off the path before the lock); until
-        then they are read from the cache, or after a flush (``_body_files_ready``)."""
+        then they are read from the cache, or after a flush (``_body_files_ready``).
+        ``on_taken`` runs when the writer starts the write that holds them."""
         batch = txlog_pb2.LogBatch(entries=entries)
         then = functools.partial(self._write_bodies, bodies) if bodies else None
         try:
-            future = self._writer.submit(encode_frame(batch.SerializeToString()), then)
+            future = self._writer.submit(
+                encode_frame(batch.SerializeToString()), then, on_taken=on_taken
+            )
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         files = [tx_id for tx_id, _ in bodies]
@@ -517,22 +521,33 @@ class TransactionStore:
                     batch_keys[key] = tx_id
                     batch_digests[key] = digest
                 results.append(Submitted(tx_id, True, TxState.INCOMING))
-            staged = self._stage(entries, bodies=files) if entries else None
-            if staged is not None:
-                self._tell_local_watchers(entries)
+            staged = None
+            if entries:
+                tell = functools.partial(self._tell_local_watchers, entries)
+                if self._writer.writing:
+                    staged = self._stage(entries, bodies=files, on_taken=tell)
+                else:
+                    staged = self._stage(entries, bodies=files)
+                    tell()
         if staged is not None:
             await self._durable(staged)
         return results
 
     def _tell_local_watchers(self, entries: Sequence[txlog_pb2.LogEntry]) -> None:
         """Local submits go to the coordinator with their bodies (which it pushes to the
-        peers without reading them back from here) as soon as they are staged, before
-        their fsync: what the coordinator then writes about them (their metas) is
-        appended after them to the same log, so it is durable only if they are, and the
-        coordinator sends nothing about them before its own write is durable. Its step
+        peers without reading them back from here) before their fsync: what the
+        coordinator then writes about them (their metas) is appended after them to the
+        same log, so it is durable only if they are, and the coordinator sends nothing
+        about them before its own write is durable. Its step
         so rides the next group commit instead of waiting for this one, the watch
         message and a ``PersistSteps`` message later. If this write fails, the writer
-        is broken, the coordinator's write fails after it, and it restarts."""
+        is broken, the coordinator's write fails after it, and it restarts.
+
+        Handed as staged while the writer is idle; while a write is on disk, as the next
+        write starts, which takes every submit staged meanwhile: they go in one watch
+        message. Handed as staged under load too, each went alone: a message, and a
+        coordinator wakeup, per transaction. (Handed always as the write starts, at one
+        client per DC they came later, by a loop turn or the rest of another write.)"""
         for watcher in self._local_watchers:
             for entry in entries:
                 submitted = entry.submitted

@@ -8,7 +8,9 @@ grow by themselves: the longer an fsync takes, the more frames the next one carr
 A frame may bring work that must follow it on disk (``then``: the store's body files,
 which the txlog's entries carry too, and from which a restart rewrites them): it runs in
 the same worker thread after the fsync, before the futures resolve, so it costs no hop
-of its own between the event loop and a thread.
+of its own between the event loop and a thread. And work for when its write starts
+(``on_taken``, on the event loop): the store then hands the coordinator the local
+submits staged while the write before was on disk, all together (``writing`` tells it).
 
 If a write or fsync fails the writer is **broken** for good: memory and disk may now
 disagree, so the store refuses all further writes and reports itself unhealthy instead of
@@ -22,6 +24,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from txsync.telemetry import work
 from txsync.transaction_store.txlog.files import LogFiles
@@ -32,8 +35,13 @@ BATCH_BYTES_MAX = 16 * 1024 * 1024
 """Bytes written by one write + fsync; the rest waits for the next round."""
 
 
-_Pending = tuple[bytes, "asyncio.Future[None]", Callable[[], None] | None]
-"""A frame, its future, and what must follow it on disk."""
+class _Pending(NamedTuple):
+    frame: bytes
+    future: asyncio.Future[None]
+    then: Callable[[], None] | None
+    """What must follow the frame on disk (in the writer's thread)."""
+    on_taken: Callable[[], None] | None
+    """What runs when the frame's write starts (on the event loop)."""
 
 
 class WriterBrokenError(Exception):
@@ -51,16 +59,25 @@ class GroupCommitWriter:
         self.broken: str | None = None
         self.batches_written = 0
         self.frames_written = 0
+        self.writing = False
+        """A write is on its way to disk (frames submitted now wait for the next)."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="txlog-writer")
 
-    def submit(self, frame: bytes, then: Callable[[], None] | None = None) -> asyncio.Future[None]:
-        """Queue a frame; the future resolves once it is durable and ``then`` has run."""
+    def submit(
+        self,
+        frame: bytes,
+        then: Callable[[], None] | None = None,
+        *,
+        on_taken: Callable[[], None] | None = None,
+    ) -> asyncio.Future[None]:
+        """Queue a frame; the future resolves once it is durable and ``then`` has run;
+        ``on_taken`` runs as its write starts (never if the writer broke before)."""
         if self.broken is not None:
             raise WriterBrokenError(self.broken)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((frame, future, then))
+        self._pending.append(_Pending(frame, future, then, on_taken))
         self._idle.clear()
         self._wakeup.set()
         return future
@@ -88,25 +105,33 @@ class GroupCommitWriter:
                 while self._pending and (not batch or size < BATCH_BYTES_MAX):
                     item = self._pending.popleft()
                     batch.append(item)
-                    size += len(item[0])
+                    size += len(item.frame)
+                for item in batch:
+                    if item.on_taken is not None:
+                        item.on_taken()
+                self.writing = True
                 try:
                     await work.in_thread(
-                        self._write, b"".join(f for f, _, _ in batch), [t for _, _, t in batch if t]
+                        self._write,
+                        b"".join(item.frame for item in batch),
+                        [item.then for item in batch if item.then],
                     )
                 except OSError as error:
                     self.broken = f"txlog write failed: {error}"
                     log.critical("%s; refusing all further writes", self.broken)
                     failure = WriterBrokenError(self.broken)
-                    for _, future, _ in [*batch, *self._pending]:
-                        if not future.done():
-                            future.set_exception(failure)
+                    for item in [*batch, *self._pending]:
+                        if not item.future.done():
+                            item.future.set_exception(failure)
                     self._pending.clear()
                     break
+                finally:
+                    self.writing = False
                 self.batches_written += 1
                 self.frames_written += len(batch)
-                for _, future, _ in batch:
-                    if not future.done():
-                        future.set_result(None)
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_result(None)
             if not self._pending:
                 self._idle.set()
 
