@@ -609,8 +609,7 @@ def test_automatic_rotation_keeps_everything(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> int:
         for _ in range(40):
             await store.submit(_body())
-        await asyncio.sleep(0.2)  # let the background rotation finish
-        return len(store.state.txs)
+        return len(store.state.txs)  # closing waits for the rotation under way
 
     count = _run(tmp_path, scenario, log_file_bytes_max=2_000)
     assert count == 40
