@@ -410,6 +410,19 @@ def test_a_watch_hands_a_group_commits_submits_in_messages_it_bounds(
     _run(tmp_path, scenario)
 
 
+def _hold_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Every txlog write waits in the writer's thread until the returned gate is set."""
+    gate = threading.Event()
+    write = GroupCommitWriter._write
+
+    def held(writer: GroupCommitWriter, frames: bytes, then: Any) -> None:
+        gate.wait(WAIT_S)
+        write(writer, frames, then)
+
+    monkeypatch.setattr(GroupCommitWriter, "_write", held)
+    return gate
+
+
 def test_a_watch_hands_a_submit_before_its_fsync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -417,14 +430,7 @@ def test_a_watch_hands_a_submit_before_its_fsync(
     the submit is), so it need not wait for the submit's fsync to learn of it."""
 
     async def scenario(store: TransactionStore) -> None:
-        gate = threading.Event()
-        write = GroupCommitWriter._write
-
-        def held(writer: GroupCommitWriter, frames: bytes, then: Any) -> None:
-            gate.wait(WAIT_S)
-            write(writer, frames, then)
-
-        monkeypatch.setattr(GroupCommitWriter, "_write", held)
+        gate = _hold_writes(monkeypatch)
         watch = store.watch_local_submits()
         submitting = asyncio.create_task(store.submit(_body()))
         try:
@@ -446,22 +452,16 @@ def test_submits_staged_during_a_write_are_handed_together_as_the_next_starts(
     write, which takes them all, and go as one batch."""
 
     async def scenario(store: TransactionStore) -> None:
-        gate = threading.Event()
-        write = GroupCommitWriter._write
-
-        def held(writer: GroupCommitWriter, frames: bytes, then: Any) -> None:
-            gate.wait(WAIT_S)
-            write(writer, frames, then)
-
-        monkeypatch.setattr(GroupCommitWriter, "_write", held)
+        gate = _hold_writes(monkeypatch)
         watch = store.watch_local_submits()
         first = asyncio.create_task(store.submit(_body()))
         try:
             handed = await asyncio.wait_for(anext(watch), WAIT_S)  # the writer was idle
             (watcher,) = store._local_watchers
             later = [asyncio.create_task(store.submit(_body())) for _ in range(2)]
-            while len(store.state.pending_local) < 3:
-                await asyncio.sleep(0)  # both staged, behind the held write
+            async with asyncio.timeout(WAIT_S):
+                while len(store.state.pending_local) < 3:
+                    await asyncio.sleep(0)  # both staged, behind the held write
             assert watcher.waiting_bytes == 0  # and not handed yet
         finally:
             gate.set()
