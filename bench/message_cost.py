@@ -1,0 +1,190 @@
+"""What the plumbing under a transaction costs alone: one gRPC message, one unary call,
+one hop to a thread and back, one small fsynced append.
+
+    make bench-messages     (or: .venv/bin/python -m bench.message_cost --help)
+
+At one client per DC every TxSync service handles each message on its own (nothing to
+gather it with), so a transaction's CPU is about its messages times what one costs,
+plus the services' own work. This measures the first factor on this machine, with none
+of TxSync's code: a server process (this module with ``--serve``) answers a client
+process over loopback, both on uvloop as the services run (``TXSYNC_EVENT_LOOP``), one
+request in flight at a time, as at low load. CPU is user + system time of both
+processes over the measured requests (``/proc``), so the native work of gRPC's threads
+counts too. The thread hop (``asyncio.to_thread``: how the store reaches its fsync and a
+worker its database) and the fsynced append (a txlog group commit of one small entry)
+run in the client process alone.
+
+Each figure is the median of ``--reps`` runs of ``--count`` operations after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from bench.proc_stats import cpu_seconds
+from txsync.rpc import run_service
+
+PAYLOAD_BYTES = 300
+"""About a post's or a state change's size at one client per DC."""
+SERVICE = "bench.MessageCost"
+
+
+def _same(data: bytes) -> bytes:
+    return data
+
+
+async def _serve() -> None:
+    async def echo_stream(
+        requests: AsyncIterator[bytes], _: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        async for request in requests:
+            yield request
+
+    async def echo(request: bytes, _: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return request
+
+    handlers = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Stream": grpc.stream_stream_rpc_method_handler(echo_stream, _same, _same),
+            "Unary": grpc.unary_unary_rpc_method_handler(echo, _same, _same),
+        },
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handlers,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)  # the client reads the port, then our CPU, while we serve
+    await server.wait_for_termination()
+
+
+@dataclass(frozen=True)
+class Cost:
+    what: str
+    client_us: float
+    server_us: float
+    wall_us: float
+
+    @property
+    def total_us(self) -> float:
+        return self.client_us + self.server_us
+
+
+async def _timed(
+    what: str, operation: Callable[[], Awaitable[object]], count: int, server_pid: int | None
+) -> Cost:
+    for _ in range(min(count, 200)):
+        await operation()  # warm-up: connections, caches, the allocator
+    server_before = cpu_seconds(server_pid) if server_pid else 0.0
+    cpu_before, wall_before = time.process_time(), time.perf_counter()
+    for _ in range(count):
+        await operation()
+    cpu, wall = time.process_time() - cpu_before, time.perf_counter() - wall_before
+    server = cpu_seconds(server_pid) - server_before if server_pid else 0.0
+    return Cost(what, cpu / count * 1e6, server / count * 1e6, wall / count * 1e6)
+
+
+async def _measure(port: int, server_pid: int, count: int) -> list[Cost]:
+    payload = b"x" * PAYLOAD_BYTES
+    costs = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stream = channel.stream_stream(
+            f"/{SERVICE}/Stream", request_serializer=_same, response_deserializer=_same
+        )()
+        unary = channel.unary_unary(
+            f"/{SERVICE}/Unary", request_serializer=_same, response_deserializer=_same
+        )
+
+        async def round_trip() -> None:
+            await stream.write(payload)
+            await stream.read()
+
+        costs.append(await _timed("stream: a message each way", round_trip, count, server_pid))
+        costs.append(await _timed("unary call", lambda: unary(payload), count, server_pid))
+        await stream.done_writing()
+    costs.append(await _timed("thread hop (asyncio.to_thread)", _hop, count, None))
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as scratch:
+        descriptor = os.open(Path(scratch) / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+
+            def append() -> None:
+                os.write(descriptor, payload)
+                os.fdatasync(descriptor)
+
+            costs.append(
+                await _timed(
+                    f"append {PAYLOAD_BYTES} B + fdatasync, in a thread",
+                    lambda: asyncio.to_thread(append),
+                    count,
+                    None,
+                )
+            )
+        finally:
+            os.close(descriptor)
+    return costs
+
+
+async def _hop() -> None:
+    await asyncio.to_thread(int)
+
+
+def measure_once(count: int) -> list[Cost]:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.message_cost", "--serve"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        if not line.strip().isdigit():
+            raise SystemExit(f"the server process did not start (it printed {line!r})")
+        return run_service(_measure(int(line), server.pid, count))
+    finally:
+        server.kill()
+        server.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.message_cost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--count", type=int, default=3000, help="operations per run (default 3000)")
+    parser.add_argument("--reps", type=int, default=3, help="runs; medians shown (default 3)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        run_service(_serve())
+        return
+    if not 1 <= args.count <= 1_000_000 or not 1 <= args.reps <= 100:
+        parser.error("--count must be 1..1,000,000 and --reps 1..100")
+    runs = []
+    for rep in range(args.reps):
+        print(f"run {rep + 1} of {args.reps} ...", file=sys.stderr, flush=True)
+        runs.append(measure_once(args.count))
+    print(f"{args.count} operations per run, one in flight; medians of {args.reps} runs")
+    print(f"  {'per operation':44}{'client CPU us':>14}{'server CPU us':>14}"
+          f"{'both us':>10}{'wall us':>10}")  # fmt: skip
+    for index, first in enumerate(runs[0]):
+        cells = [statistics.median(getattr(run[index], field) for run in runs)
+                 for field in ("client_us", "server_us", "total_us", "wall_us")]  # fmt: skip
+        print(f"  {first.what:44}" + "".join(f"{cell:14.1f}" for cell in cells[:2])
+              + "".join(f"{cell:10.1f}" for cell in cells[2:]))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
