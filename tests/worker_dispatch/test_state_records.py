@@ -1,23 +1,25 @@
 """The dispatch's state records against a real transaction store served over gRPC: a
-TESTING and its outcome go in one ``AdvanceStates`` call with TESTING's own time, a long
-test is reported TESTING on its own, and a refusal for good drops the batch and asks the
-pipeline to re-read the store."""
+TESTING and its outcome go in one batch with TESTING's own time, a long test is reported
+TESTING on its own, a refusal for good drops the batch and asks the pipeline to re-read
+the store, and a store that goes away and comes back gets the batch on a new stream."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
-from tests.support.in_process import serve_store, until
+from tests.support.in_process import STORE_SERVICE, serve_store, until
 from txsync.protocol import TxMeta, TxState
-from txsync.rpc import new_channel
+from txsync.rpc import add_service, new_channel, new_server
 from txsync.telemetry import work
+from txsync.transaction_store.service import StoreInternalServicer
 from txsync.transaction_store.store import (
     ProtocolStep,
     StateChangeRequest,
@@ -27,7 +29,8 @@ from txsync.transaction_store.store import (
 from txsync.v1 import common_pb2, store_pb2_grpc
 from txsync.worker_dispatch.state_records import StateRecords
 
-CALLS = "AdvanceStates"
+BATCHES = "AdvanceStatesStream"
+"""Messages the store received on the stream: one per batch."""
 
 
 @dataclass
@@ -35,6 +38,18 @@ class Harness:
     store: TransactionStore
     records: StateRecords
     dropped: list[None]
+    server: grpc.aio.Server
+    address: str
+
+    async def restart_server(self, while_down: Callable[[], Awaitable[None]]) -> None:
+        """Stop serving the store, run ``while_down``, then serve it again at the same
+        address (as a restarted store process would be)."""
+        await self.server.stop(None)
+        await while_down()
+        self.server = new_server()
+        add_service(self.server, StoreInternalServicer(self.store), STORE_SERVICE)
+        assert self.server.add_insecure_port(self.address) > 0
+        await self.server.start()
 
     def state(self, tx_id: str) -> TxState | None:
         return self.store.get(tx_id).state
@@ -70,12 +85,13 @@ async def _harness(tmp_path: Path, testing_held_s: float) -> AsyncIterator[Harne
         testing_held_s=testing_held_s,
     )
     sender = asyncio.get_running_loop().create_task(records.run())
+    harness = Harness(store, records, dropped, server, address)
     try:
-        yield Harness(store, records, dropped)
+        yield harness
     finally:
         sender.cancel()
         await channel.close()
-        await server.stop(None)
+        await harness.server.stop(None)
         await store.close()
 
 
@@ -94,14 +110,14 @@ def test_testing_and_its_outcome_go_in_one_call_with_testing_s_own_time(
         # Held far longer than any test here takes: the outcome always comes first.
         async with _harness(tmp_path, testing_held_s=600) as h:
             tx_id = await h.enqueued(1)
-            calls = work.received[CALLS]
+            batches = work.received[BATCHES]
             h.records.record(tx_id, common_pb2.TX_STATE_TESTING)
             tested_by = _now_ms()
             await until(lambda: _now_ms() > tested_by + 20, "the clock moved on")
             assert h.state(tx_id) is TxState.ENQUEUED  # held, not sent
             h.records.record(tx_id, common_pb2.TX_STATE_OK, _ok(1))
             await until(lambda: h.state(tx_id) is TxState.OK, "OK recorded")
-            assert work.received[CALLS] == calls + 1
+            assert work.received[BATCHES] == batches + 1
             testing, ok = h.store.get(tx_id).history[-2:]
             assert (testing.state, testing.service) == (TxState.TESTING, "worker-dispatch")
             assert testing.at_unix_ms <= tested_by < ok.at_unix_ms
@@ -113,13 +129,13 @@ def test_a_long_test_is_reported_testing_on_its_own(tmp_path: Path) -> None:
     async def main() -> None:
         async with _harness(tmp_path, testing_held_s=0.05) as h:
             tx_id = await h.enqueued(1)
-            calls = work.received[CALLS]
+            batches = work.received[BATCHES]
             h.records.record(tx_id, common_pb2.TX_STATE_TESTING)
             await until(lambda: h.state(tx_id) is TxState.TESTING, "TESTING recorded alone")
-            assert work.received[CALLS] == calls + 1
+            assert work.received[BATCHES] == batches + 1
             h.records.record(tx_id, common_pb2.TX_STATE_OK, _ok(1))
             await until(lambda: h.state(tx_id) is TxState.OK, "OK recorded")
-            assert work.received[CALLS] == calls + 2
+            assert work.received[BATCHES] == batches + 2
 
     asyncio.run(main())
 
@@ -138,5 +154,27 @@ def test_a_refused_batch_is_dropped_and_the_next_one_goes(
             h.records.record(second, common_pb2.TX_STATE_TESTING)
             h.records.record(second, common_pb2.TX_STATE_OK, _ok(2))
             await until(lambda: h.state(second) is TxState.OK, "the next batch recorded")
+
+    asyncio.run(main())
+
+
+def test_a_batch_the_store_did_not_answer_goes_again_on_a_new_stream(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _harness(tmp_path, testing_held_s=600) as h:
+            first, second = await h.enqueued(1), await h.enqueued(2)
+            h.records.record(first, common_pb2.TX_STATE_TESTING)
+            h.records.record(first, common_pb2.TX_STATE_OK, _ok(1))
+            await until(lambda: h.state(first) is TxState.OK, "recorded on the first stream")
+
+            async def record_while_down() -> None:
+                refusals = h.records.refusals
+                h.records.record(second, common_pb2.TX_STATE_TESTING)
+                h.records.record(second, common_pb2.TX_STATE_OK, _ok(2))
+                await until(lambda: h.records.refusals > refusals, "the batch refused")
+                assert h.state(second) is TxState.ENQUEUED
+
+            await h.restart_server(record_while_down)
+            await until(lambda: h.state(second) is TxState.OK, "recorded on a new stream")
+            assert not h.dropped, "a store that went away refused nothing for good"
 
     asyncio.run(main())

@@ -557,6 +557,23 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         )
         return store_pb2.AdvanceStatesResponse()
 
+    async def AdvanceStatesStream(
+        self,
+        request_iterator: AsyncIterator[store_pb2.AdvanceStatesStreamRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[store_pb2.AdvanceStatesStreamResponse]:
+        """``AdvanceStates``, one request at a time in arrival order; the first refused
+        request ends the stream with its status."""
+        try:
+            async for request in request_iterator:
+                check_request(request)
+                await self._store.advance_states(
+                    _changes(request.changes), request.service or "worker-dispatch"
+                )
+                yield store_pb2.AdvanceStatesStreamResponse()
+        except StoreError as error:
+            await abort(context, error)
+
     async def WatchLocalSubmits(
         self,
         request: store_pb2.WatchLocalSubmitsRequest,

@@ -1043,3 +1043,51 @@ class AdvanceStatesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdvanceStatesResponse: _TypeAlias = AdvanceStatesResponse  # noqa: Y015
+
+@_typing.final
+class AdvanceStatesStreamRequest(_message.Message):
+    """One batch on AdvanceStatesStream: the fields of AdvanceStatesRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGES_FIELD_NUMBER: _builtins.int
+    SERVICE_FIELD_NUMBER: _builtins.int
+    service: _builtins.str
+    @_builtins.property
+    def changes(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___StateChange]:
+        """At most 65536 changes."""
+
+    def __init__(
+        self,
+        *,
+        changes: _abc.Iterable[Global___StateChange] | None = ...,
+        service: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "changes", b"changes", "service", b"service"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdvanceStatesStreamRequest: _TypeAlias = AdvanceStatesStreamRequest  # noqa: Y015
+
+@_typing.final
+class AdvanceStatesStreamResponse(_message.Message):
+    """The batch sent last is durable."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdvanceStatesStreamResponse: _TypeAlias = AdvanceStatesStreamResponse  # noqa: Y015

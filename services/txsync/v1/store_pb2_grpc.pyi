@@ -87,6 +87,14 @@ class StoreInternalServiceStub:
     """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
     A backward or skipped transition is refused with FAILED_PRECONDITION.
     """
+    AdvanceStatesStream: _grpc.StreamStreamMultiCallable[
+        _store_pb2.AdvanceStatesStreamRequest, _store_pb2.AdvanceStatesStreamResponse
+    ]
+    """The same on one stream (what worker-dispatch uses): each request is applied in order
+    and answered once durable; a refused request ends the stream with its status, and
+    nothing sent after it is applied. A stream message costs both ends about half what a
+    unary call does (`make bench-messages`).
+    """
     WatchLocalSubmits: _grpc.UnaryStreamMultiCallable[
         _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
     ]
@@ -157,6 +165,14 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
     ]  # type: ignore[assignment]
     """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
     A backward or skipped transition is refused with FAILED_PRECONDITION.
+    """
+    AdvanceStatesStream: _aio.StreamStreamMultiCallable[
+        _store_pb2.AdvanceStatesStreamRequest, _store_pb2.AdvanceStatesStreamResponse
+    ]  # type: ignore[assignment]
+    """The same on one stream (what worker-dispatch uses): each request is applied in order
+    and answered once durable; a refused request ends the stream with its status, and
+    nothing sent after it is applied. A stream message costs both ends about half what a
+    unary call does (`make bench-messages`).
     """
     WatchLocalSubmits: _aio.UnaryStreamMultiCallable[
         _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
@@ -289,6 +305,21 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
     ]:
         """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
         A backward or skipped transition is refused with FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def AdvanceStatesStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_store_pb2.AdvanceStatesStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _abc.Iterator[_store_pb2.AdvanceStatesStreamResponse],
+        _abc.AsyncIterator[_store_pb2.AdvanceStatesStreamResponse],
+    ]:
+        """The same on one stream (what worker-dispatch uses): each request is applied in order
+        and answered once durable; a refused request ends the stream with its status, and
+        nothing sent after it is applied. A stream message costs both ends about half what a
+        unary call does (`make bench-messages`).
         """
 
     @_abc_1.abstractmethod
