@@ -8,9 +8,12 @@ from typing import Any
 
 from txsync.protocol import (
     DurableState,
+    Event,
     MergeBase,
+    PersistIncoming,
     Post,
     ProtocolNode,
+    Ready,
     TxMeta,
     ViewPromise,
 )
@@ -93,3 +96,21 @@ class StalePostsKeptCore(ProtocolNode):
 
     def _rebased(self, post: Post, base: MergeBase) -> Post | None:
         return replace(post, base=base)
+
+
+class ForgetsForeignMetasCore(ProtocolNode):
+    """Writes the metas of its own transactions but not those it merged from peers'
+    posts, which it still posts: a restart forgets what its peers were told it holds
+    (docs/protocol.md, "Durability")."""
+
+    def step(self, event: Event) -> Ready:
+        ready = super().step(event)
+        kept = []
+        for effect in ready.persist:
+            if isinstance(effect, PersistIncoming):
+                own = tuple(meta for meta in effect.metas if meta.origin == self.node_id)
+                if not own:
+                    continue
+                effect = PersistIncoming(own)
+            kept.append(effect)
+        return replace(ready, persist=tuple(kept))

@@ -11,6 +11,7 @@ import pytest
 
 from tests.sim.broken_cores import (
     ForgetfulCounterCore,
+    ForgetsForeignMetasCore,
     MajorityAddNoCutCore,
     NoCutCore,
     SealWithoutQueuesCore,
@@ -138,6 +139,7 @@ def _first_failure(
         (UnfrozenPromiseCore, ALL_FAULTS, 3, {1, 2, 3}),
         (SealWithoutQueuesCore, ALL_FAULTS, 3, {1, 2, 3}),
         (StalePostsKeptCore, "delay", 3, {0, 1, 2, 6}),
+        (ForgetsForeignMetasCore, "delay", 3, {9}),
     ],
     ids=[
         "majority-add-no-cut",
@@ -147,6 +149,7 @@ def _first_failure(
         "promise-without-freeze",
         "seal-without-queues",
         "stale-posts-kept",
+        "forgets-foreign-metas",
     ],
 )
 def test_a_broken_core_is_caught_within_200_seeds(
@@ -192,6 +195,23 @@ def test_what_sends_before_durable_lead_to_without_rule_9() -> None:
             simulation.run()
         except InvariantViolation as violation:
             assert violation.invariant in {2, 3, 6}, violation
+            return
+    pytest.fail(f"no harm in {BUG_SEEDS_MAX} seeds")
+
+
+def test_what_unwritten_foreign_metas_lead_to_without_rule_9() -> None:
+    """The harm of posting merged metas before they are durable: a peer's ADD counted on
+    a queue its sender forgets at a crash, and the order forks or loses an acknowledged
+    transaction, with no view change needed (docs/protocol.md, "Durability")."""
+    for seed in range(BUG_SEEDS_MAX):
+        config = SimConfig(
+            seed=seed, nodes=3, txs=20, faults=FaultMix.parse("delay,drop,duplicate,reorder,crash")
+        )
+        simulation = Simulation(config, node_factory=ForgetsForeignMetasCore, check_sends=False)
+        try:
+            simulation.run()
+        except InvariantViolation as violation:
+            assert violation.invariant in {1, 2, 3}, violation
             return
     pytest.fail(f"no harm in {BUG_SEEDS_MAX} seeds")
 
