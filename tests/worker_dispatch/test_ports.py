@@ -6,9 +6,11 @@ them are pure (test_pipeline.py, test_health.py); these show the adapters carry 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -116,3 +118,54 @@ def test_a_worker_of_the_earlier_version_is_fed_one_transaction_per_message(
                 assert dispatch.workers["w1"].batched and not dispatch.workers["w2"].batched
 
     run_dcs(tmp_path, ["dc1"], scenario)
+
+
+class _Heartbeats:
+    """A worker port that serves only heartbeats (``add_service`` answers the rest
+    UNIMPLEMENTED): it answers them, or holds every one (``held``) until the
+    server stops: a worker stuck, or stopping, while the dispatch asks."""
+
+    def __init__(self, *, held: bool) -> None:
+        self.held = held
+        self.asked = 0
+
+    async def Heartbeat(  # noqa: N802 - the gRPC method's name
+        self, request: worker_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.HeartbeatResponse:
+        self.asked += 1
+        if self.held:
+            await asyncio.Event().wait()
+        return worker_pb2.HeartbeatResponse(position=0)
+
+
+def test_a_worker_drained_during_its_heartbeat_stops_no_other_heartbeat() -> None:
+    """Draining closes the worker's channel, which ends a heartbeat still out with
+    CancelledError; that once ended every worker's heartbeats, and the dispatch with them
+    (a worker scaled down, or registering again at a new address, mid-heartbeat)."""
+
+    async def main() -> None:
+        ports = {"held": _Heartbeats(held=True), "live": _Heartbeats(held=False)}
+        async with AsyncExitStack() as stack:
+            addresses = {}
+            for name, servicer in ports.items():
+                server = new_server()
+                add_service(server, servicer, WORKER_SERVICE)
+                addresses[name] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+                await server.start()
+                stack.push_async_callback(server.stop, 0)
+            # No store: heartbeats need none (its channel connects only when used).
+            dispatch = Dispatch("127.0.0.1:1", addresses)
+            stack.push_async_callback(dispatch.close)
+            beats = asyncio.get_running_loop().create_task(dispatch.watch_heartbeats())
+            try:
+                await until(lambda: ports["held"].asked > 0, "a heartbeat held by the worker")
+                assert await dispatch.drain("held")
+                asked = ports["live"].asked
+                await until(lambda: ports["live"].asked >= asked + 2 or beats.done(), "beats")
+                assert not beats.done(), beats.exception()
+            finally:
+                beats.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beats
+
+    asyncio.run(main())

@@ -121,6 +121,14 @@ class WorkerLink:
     recoveries: int = 0
 
 
+def _stopping() -> bool:
+    """Whether this task itself is being cancelled (the dispatch stops), rather than a
+    gRPC call of it ended with CancelledError because ``drain`` closed the worker's
+    channel under the call. Only the first may end a task the dispatch lives by."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class _Restart(Exception):
     """The healthy set changed or a worker failed: build the pipeline anew."""
 
@@ -236,6 +244,12 @@ class Dispatch:
             answer = await link.stub.Heartbeat(worker_pb2.HeartbeatRequest(), timeout=HEARTBEAT_S)
         except grpc.aio.AioRpcError:
             answer = None
+        except asyncio.CancelledError:
+            # A worker drained during its heartbeat ends this beat, not the heartbeats of
+            # every worker (it stopped the dispatch: found by CI).
+            if _stopping() or self.workers.get(link.worker_id) is link:
+                raise
+            return
         before = Health(
             link.healthy, link.last_heartbeat_s, link.stuck_at, link.stuck_retry_at,
             link.stuck_backoff_s,
@@ -323,6 +337,12 @@ class Dispatch:
                 except grpc.aio.AioRpcError as error:
                     log.warning("pipeline restarts: %s %s", error.code().name, error.details())
                     self._restarted(f"{error.code().name} {error.details()}")
+                    await asyncio.sleep(0.2)
+                except asyncio.CancelledError:
+                    if _stopping():
+                        raise
+                    log.info("pipeline restarts: a drained worker's stream was closed")
+                    self._restarted("a drained worker's stream was closed")
                     await asyncio.sleep(0.2)
                 except Exception as error:
                     # A bug must not stop the DC applying: log it whole and start over.
@@ -517,6 +537,10 @@ class Dispatch:
                 if (link.out_of_sync or link.needs_snapshot) and link.healthy:
                     try:
                         await self._recover(link, source)
+                    except asyncio.CancelledError:
+                        if _stopping():
+                            raise
+                        log.warning("recovery of %s ended: a worker drained", link.worker_id)
                     except grpc.aio.AioRpcError as error:
                         log.warning(
                             "recovery of %s from %s failed (%s: %s); retrying",
