@@ -52,10 +52,15 @@ async def until(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-async def serve_store(store: TransactionStore) -> tuple[grpc.aio.Server, str]:
+async def serve_store(
+    store: TransactionStore, address: str = "127.0.0.1:0"
+) -> tuple[grpc.aio.Server, str]:
+    """Serve the store's internal API at ``address`` (a free port by default; an
+    address served before, for a store process that comes back)."""
     server = new_server()
     add_service(server, StoreInternalServicer(store), STORE_SERVICE)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(address)
+    assert port > 0, f"cannot serve at {address}"
     await server.start()
     return server, f"127.0.0.1:{port}"
 

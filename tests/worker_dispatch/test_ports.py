@@ -42,13 +42,22 @@ async def _workers(
             stack.callback(backend.close)
             kind = _EarlierWorker if name in earlier else WorkerServicer
             servicer = kind(name, backend, tmp_path / f"{name}-scratch")
-            server = new_server()
-            add_service(server, servicer, WORKER_SERVICE)
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            stack.push_async_callback(server.stop, 0)
-            workers[name] = (servicer, server, f"127.0.0.1:{port}")
+            server, address = await _serve_worker_port(stack, servicer)
+            workers[name] = (servicer, server, address)
         yield workers
+
+
+async def _serve_worker_port(
+    stack: AsyncExitStack, servicer: object
+) -> tuple[grpc.aio.Server, str]:
+    """Serve ``servicer`` as a worker port on a free loopback port until ``stack``
+    closes (methods it lacks answer UNIMPLEMENTED)."""
+    server = new_server()
+    add_service(server, servicer, WORKER_SERVICE)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stack.push_async_callback(server.stop, 0)
+    return server, f"127.0.0.1:{port}"
 
 
 @asynccontextmanager
@@ -121,9 +130,9 @@ def test_a_worker_of_the_earlier_version_is_fed_one_transaction_per_message(
 
 
 class _Heartbeats:
-    """A worker port that serves only heartbeats (``add_service`` answers the rest
-    UNIMPLEMENTED): it answers them, or holds every one (``held``) until the
-    server stops: a worker stuck, or stopping, while the dispatch asks."""
+    """A worker port that serves only heartbeats: it answers them, or holds every one
+    (``held``) until the server stops: a worker stuck, or stopping, while the dispatch
+    asks."""
 
     def __init__(self, *, held: bool) -> None:
         self.held = held
@@ -146,13 +155,10 @@ def test_a_worker_drained_during_its_heartbeat_stops_no_other_heartbeat() -> Non
     async def main() -> None:
         ports = {"held": _Heartbeats(held=True), "live": _Heartbeats(held=False)}
         async with AsyncExitStack() as stack:
-            addresses = {}
-            for name, servicer in ports.items():
-                server = new_server()
-                add_service(server, servicer, WORKER_SERVICE)
-                addresses[name] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-                await server.start()
-                stack.push_async_callback(server.stop, 0)
+            addresses = {
+                name: (await _serve_worker_port(stack, servicer))[1]
+                for name, servicer in ports.items()
+            }
             # No store: heartbeats need none (its channel connects only when used).
             dispatch = Dispatch("127.0.0.1:1", addresses)
             stack.push_async_callback(dispatch.close)

@@ -15,11 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support.in_process import STORE_SERVICE, serve_store, until
+from tests.support.in_process import serve_store, until
 from txsync.protocol import TxMeta, TxState
-from txsync.rpc import add_service, new_channel, new_server
+from txsync.rpc import new_channel
 from txsync.telemetry import work
-from txsync.transaction_store.service import StoreInternalServicer
 from txsync.transaction_store.store import (
     ProtocolStep,
     StateChangeRequest,
@@ -46,10 +45,7 @@ class Harness:
         address (as a restarted store process would be)."""
         await self.server.stop(None)
         await while_down()
-        self.server = new_server()
-        add_service(self.server, StoreInternalServicer(self.store), STORE_SERVICE)
-        assert self.server.add_insecure_port(self.address) > 0
-        await self.server.start()
+        self.server, _ = await serve_store(self.store, self.address)
 
     def state(self, tx_id: str) -> TxState | None:
         return self.store.get(tx_id).state

@@ -552,9 +552,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     async def AdvanceStates(
         self, request: store_pb2.AdvanceStatesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> store_pb2.AdvanceStatesResponse:
-        await self._store.advance_states(
-            _changes(request.changes), request.service or "worker-dispatch"
-        )
+        await self._advance_states(request)
         return store_pb2.AdvanceStatesResponse()
 
     async def AdvanceStatesStream(
@@ -567,12 +565,15 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         try:
             async for request in request_iterator:
                 check_request(request)
-                await self._store.advance_states(
-                    _changes(request.changes), request.service or "worker-dispatch"
-                )
+                await self._advance_states(request.batch)
                 yield store_pb2.AdvanceStatesStreamResponse()
         except StoreError as error:
             await abort(context, error)
+
+    async def _advance_states(self, request: store_pb2.AdvanceStatesRequest) -> None:
+        await self._store.advance_states(
+            _changes(request.changes), request.service or "worker-dispatch"
+        )
 
     async def WatchLocalSubmits(
         self,

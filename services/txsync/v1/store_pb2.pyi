@@ -1046,30 +1046,21 @@ Global___AdvanceStatesResponse: _TypeAlias = AdvanceStatesResponse  # noqa: Y015
 
 @_typing.final
 class AdvanceStatesStreamRequest(_message.Message):
-    """One batch on AdvanceStatesStream: the fields of AdvanceStatesRequest."""
-
     DESCRIPTOR: _descriptor.Descriptor
 
-    CHANGES_FIELD_NUMBER: _builtins.int
-    SERVICE_FIELD_NUMBER: _builtins.int
-    service: _builtins.str
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def changes(
-        self,
-    ) -> _containers.RepeatedCompositeFieldContainer[Global___StateChange]:
-        """At most 65536 changes."""
+    def batch(self) -> Global___AdvanceStatesRequest:
+        """One batch, as AdvanceStates takes it."""
 
     def __init__(
         self,
         *,
-        changes: _abc.Iterable[Global___StateChange] | None = ...,
-        service: _builtins.str = ...,
+        batch: Global___AdvanceStatesRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "changes", b"changes", "service", b"service"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

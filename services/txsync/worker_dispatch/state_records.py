@@ -160,7 +160,8 @@ async def _sent(
     answered, so the stream broke in between (the store stopped, the connection went;
     gRPC then reports INTERNAL from its core as often as UNAVAILABLE). It passes."""
     try:
-        await stream.write(store_pb2.AdvanceStatesStreamRequest(changes=batch, service=SERVICE))
+        states = store_pb2.AdvanceStatesRequest(changes=batch, service=SERVICE)
+        await stream.write(store_pb2.AdvanceStatesStreamRequest(batch=states))
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as error:
         return grpc.StatusCode.UNAVAILABLE, f"the stream broke before the batch went: {error}"
     try:
