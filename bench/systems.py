@@ -12,6 +12,7 @@ Every system writes the same transaction: one row, upserted by a key drawn from
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +132,9 @@ class TxSyncSystem:
         if self.cluster is not None:
             self.cluster.stop()
         self.emulator.close()
+        # A run leaves ~1 GB of logs, bodies and databases; etcd's and Galera's
+        # clusters remove theirs too.
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 @dataclass
