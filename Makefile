@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-verify bench-startup bench-client clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-verify bench-startup bench-client clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -80,6 +80,9 @@ bench-rpcs: venv  ## work per transaction by service: gRPC messages, fsyncs, log
 
 bench-messages: venv  ## CPU of one gRPC message, one unary call, one thread hop, one fsync
 	$(BIN)/python -m bench.message_cost
+
+bench-waits: venv  ## CPU of a submit's wait in the store: each on its own, or a batch as one
+	$(BIN)/python -m bench.wait_cost
 
 bench-store: venv  ## submit throughput and latency of one transaction-store, fsync on
 	$(BIN)/python -m bench.store_bench

@@ -492,6 +492,37 @@ def test_waits_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     _run(tmp_path, scenario)
 
 
+def test_a_wait_on_many_ends_when_the_last_arrives_or_at_its_timeout(tmp_path: Path) -> None:
+    """``wait_many`` (a waiting ``SubmitBatch``) answers once every transaction reached the
+    state, each in the order asked; at its timeout it answers where each one is. Either way
+    it leaves no waiter behind."""
+
+    async def scenario(store: TransactionStore) -> None:
+        first, second = [(await store.submit(_body())).tx_id for _ in range(2)]
+        unknown = str(uuid.uuid4())  # never heard of here
+        both = asyncio.create_task(store.wait_many([first, second], TxState.ACCEPTED, 30))
+        await _sync_local(store, first, 10)
+        await asyncio.sleep(0.05)
+        assert not both.done()  # the second is not there yet
+        await _sync_local(store, second, 11)
+        answers = await asyncio.wait_for(both, WAIT_S)
+        assert [(record is not None and record.tx_id, reached) for record, reached in answers] == [
+            (first, True),
+            (second, True),
+        ]
+
+        answers = await store.wait_many([unknown, first], TxState.ACCEPTED, 0.1)
+        assert [(record is not None, reached) for record, reached in answers] == [
+            (False, False),
+            (True, True),
+        ]
+        partly = await store.wait_many([first, second], TxState.OK, 0.1)
+        assert [reached for _, reached in partly] == [False, False]
+        assert not store._waiters  # nothing left listed to wake
+
+    _run(tmp_path, scenario)
+
+
 def test_follow_enqueued_and_local_submit_watch(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> None:
         first = (await store.submit(_body())).tx_id

@@ -77,16 +77,19 @@ def _wait_args(submit: client_pb2.SubmitRequest) -> tuple[TxState, float] | None
 
 
 async def _waited(
-    store: TransactionStore, response: client_pb2.SubmitResponse, wait: tuple[TxState, float]
+    store: TransactionStore,
+    responses: Sequence[client_pb2.SubmitResponse],
+    wait: tuple[TxState, float],
 ) -> None:
-    """Fill ``response`` with where its transaction is once it reached the state asked
-    for, or the timeout ended."""
-    record, reached = await store.wait(response.tx_id, *wait)
-    response.reached = reached
-    if record is not None and record.state is not None:
-        response.state = common_pb2.TxState.ValueType(record.state.value)
-    if record is not None and record.outcome is not None:
-        response.outcome.CopyFrom(_answered_outcome(store, record.outcome))
+    """Fill each response with where its transaction is once it reached the state asked
+    for, or the timeout ended (all of them waited on as one)."""
+    answers = await store.wait_many([response.tx_id for response in responses], *wait)
+    for response, (record, reached) in zip(responses, answers, strict=True):
+        response.reached = reached
+        if record is not None and record.state is not None:
+            response.state = common_pb2.TxState.ValueType(record.state.value)
+        if record is not None and record.outcome is not None:
+            response.outcome.CopyFrom(_answered_outcome(store, record.outcome))
 
 
 def _answered_outcome(store: TransactionStore, outcome: common_pb2.Outcome) -> common_pb2.Outcome:
@@ -178,7 +181,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         wait = _wait_args(request)
         response = _submitted(await self._store.submit(body, key, traceparent))
         if wait is not None:
-            await _waited(self._store, response, wait)
+            await _waited(self._store, [response], wait)
         return response
 
     @answers_errors
@@ -193,12 +196,13 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         answer = client_pb2.SubmitBatchResponse(
             results=_results(await self._store.submit_many(args))
         )
+        waiting: dict[tuple[TxState, float], list[client_pb2.SubmitResponse]] = {}
+        for result, wait in zip(answer.results, waits, strict=True):
+            if wait is not None and result.WhichOneof("result") == "accepted":
+                waiting.setdefault(wait, []).append(result.accepted)
+        # Submits of one batch ask alike as a rule: one wait for them all.
         await asyncio.gather(
-            *(
-                _waited(self._store, result.accepted, wait)
-                for result, wait in zip(answer.results, waits, strict=True)
-                if wait is not None and result.WhichOneof("result") == "accepted"
-            )
+            *(_waited(self._store, responses, wait) for wait, responses in waiting.items())
         )
         return answer
 
