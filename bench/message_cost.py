@@ -1,5 +1,5 @@
 """What the plumbing under a transaction costs alone: one gRPC message, one unary call,
-one hop to a thread and back, one small fsynced append.
+one hop to a thread and back, one small fsynced append, one body file.
 
     make bench-messages     (or: .venv/bin/python -m bench.message_cost --help)
 
@@ -12,7 +12,9 @@ request in flight at a time, as at low load. CPU is user + system time of both
 processes over the measured requests (``/proc``), so the native work of gRPC's threads
 counts too. The thread hop (``asyncio.to_thread``: how the store reaches its fsync and a
 worker its database) and the fsynced append (a txlog group commit of one small entry)
-run in the client process alone.
+run in the client process alone, as do the body file's rows: a 120-byte body gzipped by
+``gzip.compress`` (zlib's default state) and by the store's ``gzip_body``, and a whole
+body file as the store writes one (``BodyStore.write``: gzip, create, write, rename).
 
 Each figure is the median of ``--reps`` runs of ``--count`` operations after a warm-up.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import os
 import statistics
 import subprocess
@@ -35,9 +38,12 @@ import grpc
 
 from bench.proc_stats import cpu_seconds
 from txsync.rpc import run_service
+from txsync.transaction_store.txlog.bodies import GZIP_LEVEL, BodyStore, gzip_body
 
 PAYLOAD_BYTES = 300
 """About a post's or a state change's size at one client per DC."""
+BODY = b"\n\x1c\n\x18INSERT INTO t VALUES (1)" * 4
+"""A 120-byte encoded body: one short statement, as the benchmarks submit."""
 SERVICE = "bench.MessageCost"
 
 
@@ -133,6 +139,20 @@ async def _measure(port: int, server_pid: int, count: int) -> list[Cost]:
             )
         finally:
             os.close(descriptor)
+        bodies, written = BodyStore(Path(scratch) / "bodies"), iter(range(10**9))
+
+        async def default_gzip() -> None:
+            gzip.compress(BODY, compresslevel=GZIP_LEVEL, mtime=0)
+
+        async def store_gzip() -> None:
+            gzip_body(BODY)
+
+        async def body_file() -> None:
+            bodies.write(f"{next(written):08x}-0000-4000-8000-000000000000", BODY)
+
+        costs.append(await _timed("gzip.compress, 120-byte body", default_gzip, count, None))
+        costs.append(await _timed("gzip_body (the store's), same body", store_gzip, count, None))
+        costs.append(await _timed("body file (BodyStore.write)", body_file, count, None))
     return costs
 
 
