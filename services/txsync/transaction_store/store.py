@@ -663,23 +663,27 @@ class TransactionStore:
                 f"{WAITS_MAX}); retry later",
                 retry_after_ms=self.config.retry_after_ms,
             )
-        self._waiting += len(tx_ids)
+        pending = [tx_id for tx_id in tx_ids if not self._has_reached(tx_id, state)]
+        if not pending:  # all there already: no waiter, no timer
+            return [(self.state.tx(tx_id), True) for tx_id in tx_ids]
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop)
         # A plain timer, not ``asyncio.timeout``: that costs a Timeout object, a
         # reschedule and two running-loop lookups (each a getpid syscall on 3.11) per
         # wait, a few percent of the store's CPU with many clients waiting.
         timer = loop.call_later(timeout_s, waiter.time_out)
-        pending = [tx_id for tx_id in tx_ids if not self._has_reached(tx_id, state)]
+        self._waiting += len(tx_ids)
         try:
-            while pending and not waiter.timed_out:
+            while True:
                 for tx_id in pending:
                     waiting_here = self._waiters.setdefault(tx_id, [])
                     if waiter not in waiting_here:  # still listed where nothing moved
                         waiting_here.append(waiter)
                 await waiter.woken
-                waiter.woken = loop.create_future()
                 pending = [tx_id for tx_id in pending if not self._has_reached(tx_id, state)]
+                if not pending or waiter.timed_out:
+                    break
+                waiter.woken = loop.create_future()
         finally:
             self._waiting -= len(tx_ids)
             timer.cancel()
