@@ -167,13 +167,13 @@ def test_bodies_travel_between_dcs_with_their_digest(
 def test_a_body_file_without_its_record_is_not_held(
     server: ServiceProcess, internal: store_pb2_grpc.StoreInternalServiceStub
 ) -> None:
-    """A body's file is written before its txlog record; a read in between must not
-    find it, or a coordinator would mark the body acquired and order a transaction the
-    store cannot enqueue (a coordinator died of this under load once)."""
+    """Only the txlog's record makes a body held: a file alone (left by a crash, or
+    put there by hand) must not, or a coordinator would mark the body acquired and
+    order a transaction the store cannot enqueue (a coordinator died of this under
+    load once, when files were written before their records)."""
     tx_id = str(uuid.uuid4())
     internal.PersistStep(store_pb2.PersistStepRequest(
         incoming=[common_pb2.TxMeta(ts=1000, tx_id=tx_id, origin="dc2")]))  # fmt: skip
-    # As StoreBodies leaves it between writing the files and recording them:
     BodyStore(server.workdir / "txlog" / "transactions").write(tx_id, _body(3).SerializeToString())
     code, _ = _code(lambda: internal.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id)))
     assert code is grpc.StatusCode.NOT_FOUND

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from tests.support.in_process import WAIT_S
+from tests.support.in_process import WAIT_S, until
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.protocol.limits import INCOMING_TXS_MOST
@@ -31,8 +31,8 @@ from txsync.transaction_store.store import (
     Submitted,
     TransactionStore,
 )
-from txsync.transaction_store.txlog.bodies import body_digest
-from txsync.transaction_store.txlog.writer import GroupCommitWriter
+from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
+from txsync.transaction_store.txlog.files import LogFiles
 from txsync.transaction_store.validation import PERSIST_METAS_MAX, StoreError, nondeterminism
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -293,6 +293,7 @@ def test_backpressure_refuses_with_a_retry_hint(tmp_path: Path) -> None:
         with pytest.raises(StoreError) as caught:
             await store.submit(_body())
         assert "waiting to be ordered" in caught.value.message
+        await store.truncate(0)  # a rotation files every body held (none truncated)
         bodies = list((tmp_path / "txlog" / "transactions").glob("*/*.gz"))
         assert len(bodies) == 3  # refused submits leave no body behind
 
@@ -318,8 +319,6 @@ def test_body_exchange_checks_digests(tmp_path: Path) -> None:
             await store.store_body(tx_id, encoded, b"\x00" * 32)
         assert caught.value.code is grpc.StatusCode.DATA_LOSS
         assert not store.bodies.holds(tx_id)
-        from txsync.transaction_store.txlog.bodies import body_digest
-
         assert await store.store_body(tx_id, encoded, body_digest(encoded))
         assert not await store.store_body(tx_id, encoded, body_digest(encoded))
         with pytest.raises(StoreError, match="not an encoded TxBody"):
@@ -413,13 +412,13 @@ def test_a_watch_hands_a_group_commits_submits_in_messages_it_bounds(
 def _hold_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Every txlog write waits in the writer's thread until the returned gate is set."""
     gate = threading.Event()
-    write = GroupCommitWriter._write
+    append = LogFiles.append_sync
 
-    def held(writer: GroupCommitWriter, frames: bytes, then: Any) -> None:
+    def held(files: LogFiles, frames: bytes) -> None:
         gate.wait(WAIT_S)
-        write(writer, frames, then)
+        append(files, frames)
 
-    monkeypatch.setattr(GroupCommitWriter, "_write", held)
+    monkeypatch.setattr(LogFiles, "append_sync", held)
     return gate
 
 
@@ -640,7 +639,9 @@ def test_automatic_rotation_keeps_everything(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> int:
         for _ in range(40):
             await store.submit(_body())
-        return len(store.state.txs)  # closing waits for the rotation under way
+        # Closing would abandon a rotation still filing bodies: let one finish.
+        await until(lambda: any((tmp_path / "txlog").glob("bak-*.dat")), "a rotation")
+        return len(store.state.txs)
 
     count = _run(tmp_path, scenario, log_file_bytes_max=2_000)
     assert count == 40
@@ -652,35 +653,72 @@ def test_automatic_rotation_keeps_everything(tmp_path: Path) -> None:
     _run(tmp_path, after_restart)
 
 
-def test_body_files_lost_with_the_page_cache_come_back_from_the_log(tmp_path: Path) -> None:
-    """A power loss can drop body files written without fsync; their log entries are
-    durable, so recovery rewrites them (and a rotation first makes them durable)."""
+def test_a_shutdown_abandons_a_rotation_still_filing_bodies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a long partition a rotation files every body since the last one (tens of
+    seconds): a graceful shutdown stops it between two files instead of waiting, and
+    the log it would have retired stays whole."""
+    written: list[str] = []
+    write = BodyStore.write
 
-    async def submit(store: TransactionStore) -> list[str]:
-        return [(await store.submit(_body(f"INSERT INTO t VALUES ({n})"))).tx_id for n in range(3)]
+    async def scenario(store: TransactionStore) -> list[str]:
+        def held(bodies: BodyStore, tx_id: str, encoded: bytes, *, durably: bool = False) -> str:
+            deadline = time.monotonic() + WAIT_S
+            while not store._closing:  # the first file is written as the shutdown begins
+                assert time.monotonic() < deadline, "the store never closed"
+                time.sleep(0.001)
+            written.append(tx_id)
+            return write(bodies, tx_id, encoded, durably=durably)
 
-    ids = _run(tmp_path, submit)
-    store_dir = tmp_path / "txlog" / "transactions"
-    lost, garbled = (
-        (store_dir / ids[0][:3] / f"{ids[0]}.pb.gz"),
-        (store_dir / ids[1][:3] / f"{ids[1]}.pb.gz"),
-    )
-    lost.unlink()
-    garbled.write_bytes(b"not gzip at all")
+        monkeypatch.setattr(BodyStore, "write", held)
+        ids = [(await store.submit(_body())).tx_id for _ in range(40)]
+        await until(lambda: store._rotating, "a rotation")
+        return ids
 
-    async def after_power_loss(store: TransactionStore) -> None:
-        assert store.bodies_repaired == 2
-        for n, tx_id in enumerate(ids):
-            body = await store.read_body(tx_id)
-            assert body is not None and body.statements[0].sql.endswith(f"({n})")
-        await store.truncate(0)  # a rotation: the bodies are fsynced, then leave the log
+    ids = _run(tmp_path, scenario, log_file_bytes_max=2_000)
+    assert len(written) == 1 and not list((tmp_path / "txlog").glob("bak-*.dat"))
+    monkeypatch.undo()
 
-    _run(tmp_path, after_power_loss)
-
-    async def after_rotation(store: TransactionStore) -> None:
-        assert store.bodies_repaired == 0
+    async def after_restart(store: TransactionStore) -> None:
         for tx_id in ids:
             assert await store.read_body(tx_id) is not None
+
+    _run(tmp_path, after_restart)
+
+
+def test_a_rotation_files_the_bodies_it_keeps_and_no_others(tmp_path: Path) -> None:
+    """A body lives in its log entry until a rotation retires the entry: only then, and
+    only for a transaction the rotation keeps, is its file written (durably, before the
+    log is rotated). A truncated transaction never gets one: creating files cost the
+    store more CPU than anything else under batched load."""
+
+    async def submit(store: TransactionStore) -> list[str]:
+        ids = [(await store.submit(_body(f"INSERT INTO t VALUES ({n})"))).tx_id for n in range(4)]
+        assert not any(store.bodies.holds(tx_id) for tx_id in ids)
+        return ids
+
+    ids = _run(tmp_path, submit)
+
+    async def after_restart(store: TransactionStore) -> None:
+        for n, tx_id in enumerate(ids):  # read back from the log
+            body = await store.read_body(tx_id)
+            assert body is not None and body.statements[0].sql.endswith(f"({n})")
+        assert not any(store.bodies.holds(tx_id) for tx_id in ids)
+        for ts, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, ts)
+        store.report_progress({"dc2": 4, "dc3": 4}, 2)
+        dropped, _ = await store.truncate(0)
+        assert dropped == 2
+        assert [store.bodies.holds(tx_id) for tx_id in ids] == [False, False, True, True]
+
+    _run(tmp_path, after_restart)
+
+    async def after_rotation(store: TransactionStore) -> None:
+        for n, tx_id in enumerate(ids[2:], start=2):  # read back from the files
+            body = await store.read_body(tx_id)
+            assert body is not None and body.statements[0].sql.endswith(f"({n})")
+        assert await store.read_body(ids[0]) is None
 
     _run(tmp_path, after_rotation)
 

@@ -1,15 +1,13 @@
-"""Encoded bodies of unfinished transactions, kept in memory.
+"""Encoded bodies of unfinished transactions that a log rotation filed, kept in memory.
 
-Every body is read back soon after it arrives: the coordinator pushes a local one to the
-peers, answers fetches, and worker-dispatch streams each one to the testing worker once
-it is ENQUEUED. Reading them from their gzip files cost a thread hop, a decompression and
-a parse per read on the store's hottest paths (a third of its CPU under batched load, by
-py-spy). The files stay what they were (the seed's layout, the copy a rotation makes
-durable); this cache only saves reading them back while a transaction is in flight.
-
-A body enters when the store records it (submitted here or stored from a peer) and leaves
-when its transaction finishes, or, oldest first, when the cache is over its byte budget:
-a body not found here is read from its file, so eviction costs time, never correctness.
+Until a rotation, every body is in the store's memory anyway (its only copy on disk is
+the current log's entry, ``TransactionStore._unfiled``). A rotation files the bodies of
+the transactions it keeps; those still unfinished are read back soon (worker-dispatch
+streams each one to the testing worker once it is ENQUEUED, peers fetch them), and
+reading a gzip file costs a thread hop, a decompression and a parse. They enter this
+cache at the rotation and leave when their transaction finishes, or, oldest first, when
+the cache is over its byte budget: a body not found here is read from its file, so
+eviction costs time, never correctness.
 """
 
 from __future__ import annotations

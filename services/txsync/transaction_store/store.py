@@ -80,7 +80,8 @@ class StoreConfig:
     """A witness node (PROTOCOL.md §1) votes and relays but has no workers: it refuses
     client transactions, which would otherwise be ordered by a DC that applies nothing."""
     body_cache_bytes_max: int = BODY_CACHE_BYTES_DEFAULT
-    """Bodies of unfinished transactions kept in memory for reading back (``body_cache``)."""
+    """Bodies of unfinished transactions a rotation filed, kept in memory for reading back
+    (``body_cache``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +219,6 @@ class _Staged:
     moved: list[Moved]
     traced_whole: Collection[str] = ()
     """Transactions whose every span is emitted instead (their trace context arrived)."""
-    body_files: Collection[str] = ()
-    """Transactions whose body files the writer writes after these entries."""
 
 
 PeerBody = tuple[str, bytes, bytes, str]
@@ -237,7 +236,7 @@ class _BodyEntries:
     """What storing some peers' bodies writes (``_body_entries``)."""
 
     entries: list[txlog_pb2.LogEntry] = field(default_factory=list)
-    files: list[tuple[str, bytes]] = field(default_factory=list)
+    stored: list[str] = field(default_factory=list)
     traced: list[str] = field(default_factory=list)
     ids: set[str] = field(default_factory=set)
 
@@ -310,23 +309,25 @@ class TransactionStore:
         self._local_watchers: set[_LocalWatch] = set()
         self.body_cache = BodyCache(config.body_cache_bytes_max)
         self._rotating = False
+        self._closing = False
+        """Set by ``close``: a rotation stops filing bodies and gives up."""
         self._rotation: asyncio.Task[None] | None = None
-        self._unsynced_bodies: set[str] = set()
-        """Body files whose only durable copy is a log entry of the current file."""
-        self._body_files_pending: set[str] = set()
-        """Body files the writer has yet to write (after their entries, ``_stage``)."""
+        self._unfiled: dict[str, bytes] = {}
+        """Bodies (encoded) whose only copy on disk is an entry of the current log file,
+        read from here. A rotation files those of the transactions it keeps and drops
+        the rest: most transactions are finished and truncated by then and never get a
+        file (creating one cost up to 0.9 ms of CPU, spread over 4,096 directories:
+        docs/benchmarks.md, Tuning 18). As large as the bodies in the current file:
+        about ``log_file_bytes_max`` at most, while rotations succeed."""
         # TESTING entries not written yet: each goes with its transaction's outcome
         # (``advance_states``). At most one per enqueued, unfinished transaction.
         self._testing_unwritten: dict[str, txlog_pb2.LogEntry] = {}
-        self.bodies_repaired = 0
 
     @classmethod
     async def open(cls, config: StoreConfig) -> TransactionStore:
         """Recover the txlog (cutting and reporting a torn tail) and start the writer."""
         store = cls(config)
         store.recovery = await work.in_thread(store.files.recover, store._replay)
-        if store.bodies_repaired:
-            log.warning("rewrote %d body files from the txlog", store.bodies_repaired)
         if store.recovery.torn_tail is not None:
             alarm = f"txlog torn tail at start-up: {store.recovery.torn_tail}"
             log.warning("%s", alarm)
@@ -335,22 +336,22 @@ class TransactionStore:
         return store
 
     def _replay(self, entry: txlog_pb2.LogEntry) -> None:
-        """Recovery: apply an entry, and bring back a body file it carries if needed."""
+        """Recovery: apply an entry, and keep a body it carries (not filed yet)."""
         self.state.apply(entry)
         kind = entry.WhichOneof("entry")
         if kind == "snapshot":
-            self._unsynced_bodies.clear()
+            self._unfiled.clear()  # the rotation that wrote it filed what it kept
             return
         if kind not in ("submitted", "body_stored"):
             return
         carried = entry.submitted if kind == "submitted" else entry.body_stored
         if carried.body:
-            if self.bodies.repair(carried.tx_id, carried.body, carried.body_digest):
-                self.bodies_repaired += 1
-            self._unsynced_bodies.add(carried.tx_id)
+            self._unfiled[carried.tx_id] = carried.body
 
     async def close(self) -> None:
-        """Make everything durable and stop (graceful shutdown)."""
+        """Make everything durable and stop (graceful shutdown). A rotation still filing
+        bodies outside the lock is abandoned: the log it would retire stays, whole."""
+        self._closing = True
         if self._rotation is not None:
             await self._rotation
         await self._writer.close()
@@ -367,24 +368,15 @@ class TransactionStore:
         entries: Sequence[txlog_pb2.LogEntry],
         *,
         traced_whole: Collection[str] = (),
-        bodies: Sequence[tuple[str, bytes]] = (),
         on_taken: Callable[[], None] | None = None,
     ) -> _Staged:
-        """Under the lock: hand entries to the writer and apply them to memory. The
-        ``bodies`` these entries carry get their files written after them, in the
-        writer's thread (no hop of their own, and off the path before the lock); until
-        then they are read from the cache, or after a flush (``_body_files_ready``).
+        """Under the lock: hand entries to the writer and apply them to memory.
         ``on_taken`` runs when the writer starts the write that holds them."""
         batch = txlog_pb2.LogBatch(entries=entries)
-        then = functools.partial(self._write_bodies, bodies) if bodies else None
         try:
-            future = self._writer.submit(
-                encode_frame(batch.SerializeToString()), then, on_taken=on_taken
-            )
+            future = self._writer.submit(encode_frame(batch.SerializeToString()), on_taken=on_taken)
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
-        files = [tx_id for tx_id, _ in bodies]
-        self._body_files_pending.update(files)
         work.count(work.LOG_BATCHES)
         work.count(work.LOG_ENTRIES, len(entries))
         moved: list[Moved] = []
@@ -393,15 +385,13 @@ class TransactionStore:
             if entry.HasField("state"):
                 work.count(work.STATE_ENTRIES)
             moved += apply(entry)
-        return _Staged(future, moved, traced_whole, files)
+        return _Staged(future, moved, traced_whole)
 
     async def _durable(self, staged: _Staged) -> None:
         try:
             await staged.future
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
-        finally:
-            self._body_files_pending.difference_update(staged.body_files)
         self._announce(staged.moved, staged.traced_whole)
         if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._rotating = True
@@ -451,8 +441,8 @@ class TransactionStore:
     ) -> list[Submitted | StoreError]:
         """Submit (body, idempotency key, traceparent) triples; each answered on its own.
         The log entries of every accepted submit carry their bodies and go into one
-        batch, so a whole SubmitBatch costs one fsync; the writer writes the body files
-        (without fsync) after it. Membership entries come only from the admin API
+        batch, so a whole SubmitBatch costs one fsync (their files wait for a rotation:
+        ``_unfiled``). Membership entries come only from the admin API
         (``admin``)."""
         if self.config.witness and not admin:
             raise StoreError(
@@ -487,7 +477,6 @@ class TransactionStore:
             prepared.append((str(uuid.uuid4()), encoded))
         results: list[Submitted | StoreError] = []
         entries: list[txlog_pb2.LogEntry] = []
-        files: list[tuple[str, bytes]] = []
         async with self._lock:
             batch_keys: dict[str, str] = {}
             batch_digests: dict[str, bytes] = {}
@@ -533,9 +522,7 @@ class TransactionStore:
                         )
                     )
                 )
-                self._unsynced_bodies.add(tx_id)
-                self.body_cache.put(tx_id, encoded)
-                files.append((tx_id, encoded))
+                self._unfiled[tx_id] = encoded
                 if key:
                     batch_keys[key] = tx_id
                     batch_digests[key] = digest
@@ -544,9 +531,9 @@ class TransactionStore:
             if entries:
                 tell = functools.partial(self._tell_local_watchers, entries)
                 if self._writer.writing:
-                    staged = self._stage(entries, bodies=files, on_taken=tell)
+                    staged = self._stage(entries, on_taken=tell)
                 else:
-                    staged = self._stage(entries, bodies=files)
+                    staged = self._stage(entries)
                     tell()
         if staged is not None:
             await self._durable(staged)
@@ -578,9 +565,6 @@ class TransactionStore:
                         submitted.traceparent,
                     )
                 )
-
-    def _write_bodies(self, bodies: Iterable[tuple[str, bytes]]) -> None:
-        self.bodies.write_many(list(bodies))
 
     def _delete_bodies(self, tx_ids: Iterable[str]) -> None:
         for tx_id in tx_ids:
@@ -623,20 +607,15 @@ class TransactionStore:
     async def read_encoded_body(self, tx_id: str) -> bytes | None:
         """The body as it was submitted (an encoded ``TxBody``), or None if not held:
         what passes a body on (to dispatch, to a peer) without decoding it."""
-        encoded = self.body_cache.get(tx_id)
+        encoded = self._body_in_memory(tx_id)
         if encoded is None:
-            await self._body_files_ready([tx_id])
             encoded = await work.in_thread(self.bodies.read, tx_id)
         return encoded
 
-    async def _body_files_ready(self, tx_ids: Iterable[str]) -> None:
-        """Wait until the writer has written these bodies' files, if it has yet to (a
-        read the cache missed: rare, the cache holds every unfinished body it can)."""
-        if not self._body_files_pending.isdisjoint(tx_ids):
-            try:
-                await self._writer.flush()
-            except WriterBrokenError as error:
-                raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+    def _body_in_memory(self, tx_id: str) -> bytes | None:
+        """A body not filed yet, or one the cache holds (unfinished when filed)."""
+        encoded = self._unfiled.get(tx_id)
+        return self.body_cache.get(tx_id) if encoded is None else encoded
 
     async def wait(
         self, tx_id: str, state: TxState, timeout_s: float
@@ -752,7 +731,7 @@ class TransactionStore:
             entries[:0] = bodies.entries
             staged = None
             if entries:
-                staged = self._stage(entries, traced_whole=bodies.traced, bodies=bodies.files)
+                staged = self._stage(entries, traced_whole=bodies.traced)
             return StagedStep(staged, entries, self.state.merge_base, bodies.traced)
 
     async def finish_step(self, step: StagedStep) -> MergeBase:
@@ -981,14 +960,12 @@ class TransactionStore:
             planned = self._body_entries(checked)
             staged = None
             if planned.entries:
-                staged = self._stage(
-                    planned.entries, traced_whole=planned.traced, bodies=planned.files
-                )
+                staged = self._stage(planned.entries, traced_whole=planned.traced)
         if staged is not None:
             await self._durable(staged)
         for tx_id in planned.traced:
             trace_history(self.state, tx_id)
-        return [tx_id for tx_id, _ in planned.files], refused
+        return planned.stored, refused
 
     @staticmethod
     def _checked_bodies(bodies: Sequence[PeerBody]) -> list[_CheckedBody]:
@@ -1002,8 +979,7 @@ class TransactionStore:
         return record is not None and record.body_held
 
     def _body_entries(self, checked: Sequence[_CheckedBody]) -> _BodyEntries:
-        """Under the lock: the entries that store the bodies not held yet (each once),
-        cached for reads until the writer has written their files."""
+        """Under the lock: the entries that store the bodies not held yet (each once)."""
         planned = _BodyEntries()
         for (tx_id, encoded, digest, traceparent), body in checked:
             if self._body_held(tx_id) or tx_id in planned.ids:
@@ -1016,9 +992,8 @@ class TransactionStore:
                 tx_id=tx_id, body_digest=digest, body_bytes=len(encoded), body=encoded,
                 membership=body.HasField("membership"), traceparent=traceparent,
             )))  # fmt: skip
-            self._unsynced_bodies.add(tx_id)
-            self.body_cache.put(tx_id, encoded)
-            planned.files.append((tx_id, encoded))
+            self._unfiled[tx_id] = encoded
+            planned.stored.append(tx_id)
         return planned
 
     async def read_bodies(self, tx_ids: Sequence[str]) -> list[tuple[str, bytes, TxRecord]]:
@@ -1029,9 +1004,8 @@ class TransactionStore:
             raise invalid(f"tx_ids: {len(tx_ids)} is over {BODIES_PER_CALL_MAX}")
         for tx_id in tx_ids:
             check_tx_id(tx_id)
-        cached: list[bytes | None] = [self.body_cache.get(tx_id) for tx_id in tx_ids]
+        cached = [self._body_in_memory(tx_id) for tx_id in tx_ids]
         if any(body is None for body in cached):
-            await self._body_files_ready(tx_ids)
             cached = await work.in_thread(self._read_missing, tx_ids, cached)
         held: list[tuple[str, bytes, TxRecord]] = []
         for tx_id, body in zip(tx_ids, cached, strict=True):
@@ -1260,30 +1234,60 @@ class TransactionStore:
         return await self._rotate(below_position)
 
     async def _rotate(self, below_position: int) -> tuple[int, list[str]]:
-        # The snapshot carries no bodies, so every body file whose only durable copy is
-        # in the current log must be made durable first: most of them outside the lock,
-        # the few submitted meanwhile inside it.
-        early = list(self._unsynced_bodies - self._body_files_pending)  # files written
-        await work.in_thread(self.bodies.fsync_many, early)
+        # The snapshot carries no bodies, so the bodies of the transactions it keeps
+        # must be in durable files before the current log is retired: most of them
+        # filed outside the lock (those that look kept now), the rest inside it.
+        # After a long partition that is every body since the last rotation (tens of
+        # seconds of file creation and fsyncs): a shutdown must not wait for that.
+        early = self._unfiled_kept(below_position)
+        if not await work.in_thread(self.bodies.file_many, early, lambda: self._closing):
+            raise StoreError(grpc.StatusCode.UNAVAILABLE, "the store is shutting down")
         async with self._lock:
             await self._writer.flush()
-            late = list(self._unsynced_bodies.difference(early))
-            await work.in_thread(self.bodies.fsync_many, late)
-            self._unsynced_bodies.clear()
             snapshot, dropped = self.state.snapshot(below_position)
+            gone = set(dropped)
+            filed = {tx_id for tx_id, _ in early}
+            late = [
+                (tx_id, encoded)
+                for tx_id, encoded in self._unfiled.items()
+                if tx_id not in gone and tx_id not in filed
+            ]
+            await work.in_thread(self.bodies.file_many, late)
             backups = await work.in_thread(self.files.rotate, snapshot, _now_ms())
             entry = self._entry(snapshot=snapshot)
             self.state.apply(entry)
-        if dropped:
-            await work.in_thread(self._delete_bodies, dropped)
+            unfiled, self._unfiled = self._unfiled, {}
+        for tx_id, encoded in (*early, *late):
+            record = self.state.txs.get(tx_id)
+            if record is not None and record.state not in FINAL_STATES:
+                self.body_cache.put(tx_id, encoded)  # likely read again
+        # A dropped transaction has a file if an earlier rotation kept it, or if this
+        # one filed it early; the others never had one.
+        with_files = [tx_id for tx_id in dropped if tx_id not in unfiled or tx_id in filed]
+        if with_files:
+            await work.in_thread(self._delete_bodies, with_files)
         log.info("txlog rotated: %d transactions truncated, %s", len(dropped), backups)
         return len(dropped), backups
+
+    def _unfiled_kept(self, below_position: int) -> list[tuple[str, bytes]]:
+        """The unfiled bodies a rotation below ``below_position`` would keep, as far as
+        can be told outside the lock (the synced queue may grow meanwhile)."""
+        txs = self.state.txs
+        kept: list[tuple[str, bytes]] = []
+        for tx_id, encoded in self._unfiled.items():
+            record = txs.get(tx_id)
+            if record is None or not 0 < record.position < below_position:
+                kept.append((tx_id, encoded))
+        return kept
 
     async def _rotate_in_background(self) -> None:
         try:
             await self._rotate(self.truncatable_below())
         except Exception:
-            log.exception("txlog rotation failed; the current file keeps growing")
+            if self._closing:
+                log.info("txlog rotation abandoned: shutting down")
+            else:
+                log.exception("txlog rotation failed; the current file keeps growing")
         finally:
             self._rotating = False
 

@@ -2,10 +2,12 @@
 layout). Each file holds one gzip-compressed, serialized ``TxBody``; its digest is
 SHA-256 of the uncompressed encoded body.
 
-Files appear whole or not at all (written to ``.tmp``, then renamed; stray ``.tmp`` files
-are removed at start-up). They are *not* what makes a body durable: the log entry that
-carries the body is. So a body file is written without fsync on the submit path, and
-``fsync_many`` makes a set of them durable before a log rotation retires their entries.
+A body file is not what makes a body durable: the log entry that carries it is. So the
+store writes body files only when a log rotation retires those entries, and only for
+the transactions the rotation keeps (``file_many``: written, fsynced, then the log is
+rotated); until then a body is read from the store's memory. Files appear whole or not
+at all (written to ``.tmp``, then renamed; stray ``.tmp`` files are removed at
+start-up).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import gzip
 import hashlib
 import os
 import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from txsync.telemetry import work
@@ -21,7 +24,7 @@ from txsync.transaction_store.txlog.files import fsync_dir
 
 BODY_EXT = "pb"
 GZIP_LEVEL = 1
-"""Fast compression: bodies are written on every submit's critical path."""
+"""Fast compression: a rotation files every body it keeps, under the store's lock."""
 SMALL_BODY_BYTES = 4096
 """Bodies up to this size are compressed with a window this size (see ``gzip_body``)."""
 
@@ -59,12 +62,13 @@ class BodyStore:
     def path(self, tx_id: str) -> Path:
         return self._root / tx_id[:3] / f"{tx_id}.{BODY_EXT}.gz"
 
-    def write(self, tx_id: str, encoded: bytes) -> None:
-        """Write a body file (whole or not at all), without fsync.
+    def write(self, tx_id: str, encoded: bytes, *, durably: bool = False) -> str:
+        """Write a body file (whole or not at all); fsync it if ``durably``. Returns its
+        directory (``file_many`` fsyncs each once).
 
-        Every DC writes one for every transaction, so this is lean: string paths, each
-        prefix directory made once, the file written with one ``os.write`` (pathlib and
-        buffered files cost about as much CPU as creating the file, measured)."""
+        Lean, as a rotation may file thousands: string paths, each prefix directory
+        made once, the file written with one ``os.write`` (pathlib and buffered files
+        cost about as much CPU as creating the file, measured)."""
         directory = f"{self._root}/{tx_id[:3]}"
         if directory not in self._directories_made:
             os.makedirs(directory, exist_ok=True)
@@ -77,44 +81,34 @@ class BodyStore:
             view = memoryview(compressed)
             while view:
                 view = view[os.write(fd, view) :]
+            if durably:
+                os.fsync(fd)
+                work.count(work.FSYNCS)
         finally:
             os.close(fd)
         work.count(work.BODY_FILES)
         os.replace(temporary, final)
+        return directory
 
-    def write_many(self, bodies: list[tuple[str, bytes]]) -> None:
-        for tx_id, encoded in bodies:
-            self.write(tx_id, encoded)
+    def file_many(
+        self, bodies: Iterable[tuple[str, bytes]], stopping: Callable[[], bool] = lambda: False
+    ) -> bool:
+        """Write these bodies' files durably: each file, then each directory that got
+        one, then the root (a prefix directory may be new). Sorted by id, so that each
+        directory's files are made one after another (its metadata stays in cache).
 
-    def fsync_many(self, tx_ids: list[str]) -> None:
-        """Make these body files durable (missing ones are skipped: truncated meanwhile)."""
-        directories: set[Path] = set()
-        for tx_id in tx_ids:
-            path = self.path(tx_id)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-                work.count(work.FSYNCS)
-            finally:
-                os.close(fd)
-            directories.add(path.parent)
+        False if ``stopping()`` turned true first: the files written are whole, not
+        known durable, and harmless (a later rotation writes them again)."""
+        in_order = sorted(bodies, key=lambda body: body[0])
+        directories: set[str] = set()
+        for tx_id, encoded in in_order:
+            if stopping():
+                return False
+            directories.add(self.write(tx_id, encoded, durably=True))
         if directories:
-            directories.add(self._root)
-        for directory in directories:
-            fsync_dir(directory)
-
-    def repair(self, tx_id: str, encoded: bytes, digest: bytes) -> bool:
-        """Rewrite the body file if it is missing or does not match; true if rewritten."""
-        try:
-            held = self.read(tx_id)
-        except (OSError, EOFError, gzip.BadGzipFile):
-            held = None
-        if held is not None and body_digest(held) == digest:
-            return False
-        self.write(tx_id, encoded)
+            for directory in sorted(directories):
+                fsync_dir(Path(directory))
+            fsync_dir(self._root)
         return True
 
     def read(self, tx_id: str) -> bytes | None:

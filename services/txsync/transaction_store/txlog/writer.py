@@ -5,12 +5,9 @@ writes everything pending in one ``write`` + ``fsync`` (in a worker thread, so t
 loop keeps serving) and then resolves every future of that batch. Under load, batches
 grow by themselves: the longer an fsync takes, the more frames the next one carries.
 
-A frame may bring work that must follow it on disk (``then``: the store's body files,
-which the txlog's entries carry too, and from which a restart rewrites them): it runs in
-the same worker thread after the fsync, before the futures resolve, so it costs no hop
-of its own between the event loop and a thread. And work for when its write starts
-(``on_taken``, on the event loop): the store then hands the coordinator the local
-submits staged while the write before was on disk, all together (``writing`` tells it).
+A frame may bring work for when its write starts (``on_taken``, on the event loop): the
+store then hands the coordinator the local submits staged while the write before was on
+disk, all together (``writing`` tells it).
 
 If a write or fsync fails the writer is **broken** for good: memory and disk may now
 disagree, so the store refuses all further writes and reports itself unhealthy instead of
@@ -23,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import NamedTuple
 
 from txsync.telemetry import work
@@ -38,8 +35,6 @@ BATCH_BYTES_MAX = 16 * 1024 * 1024
 class _Pending(NamedTuple):
     frame: bytes
     future: asyncio.Future[None]
-    then: Callable[[], None] | None
-    """What must follow the frame on disk (in the writer's thread)."""
     on_taken: Callable[[], None] | None
     """What runs when the frame's write starts (on the event loop)."""
 
@@ -68,16 +63,15 @@ class GroupCommitWriter:
     def submit(
         self,
         frame: bytes,
-        then: Callable[[], None] | None = None,
         *,
         on_taken: Callable[[], None] | None = None,
     ) -> asyncio.Future[None]:
-        """Queue a frame; the future resolves once it is durable and ``then`` has run;
-        ``on_taken`` runs as its write starts (never if the writer broke before)."""
+        """Queue a frame; the future resolves once it is durable; ``on_taken`` runs as
+        its write starts (never if the writer broke before)."""
         if self.broken is not None:
             raise WriterBrokenError(self.broken)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(frame, future, then, on_taken))
+        self._pending.append(_Pending(frame, future, on_taken))
         self._idle.clear()
         self._wakeup.set()
         return future
@@ -112,9 +106,7 @@ class GroupCommitWriter:
                 self.writing = True
                 try:
                     await work.in_thread(
-                        self._write,
-                        b"".join(item.frame for item in batch),
-                        [item.then for item in batch if item.then],
+                        self._files.append_sync, b"".join(item.frame for item in batch)
                     )
                 except OSError as error:
                     self.broken = f"txlog write failed: {error}"
@@ -134,9 +126,3 @@ class GroupCommitWriter:
                         item.future.set_result(None)
             if not self._pending:
                 self._idle.set()
-
-    def _write(self, frames: bytes, then: Sequence[Callable[[], None]]) -> None:
-        """In the worker thread: the frames, durably, then what follows them."""
-        self._files.append_sync(frames)
-        for follow in then:
-            follow()
