@@ -687,6 +687,34 @@ def test_a_shutdown_abandons_a_rotation_still_filing_bodies(
     _run(tmp_path, after_restart)
 
 
+def test_rotations_asked_at_once_take_turns(tmp_path: Path) -> None:
+    """An operator's truncate can meet an automatic rotation: filing the same bodies at
+    once, each would truncate the other's temporary file, and one could retire the log
+    while the other still rewrote a file it had renamed."""
+
+    async def scenario(store: TransactionStore) -> list[str]:
+        ids: list[str] = []
+        for start in range(0, 300, 50):
+            results = await store.submit_many(
+                [(_body(f"INSERT INTO t VALUES ({n})"), "", "") for n in range(start, start + 50)]
+            )
+            ids += [r.tx_id for r in results if isinstance(r, Submitted)]
+        assert [
+            dropped for dropped, _ in await asyncio.gather(*[store.truncate(0) for _ in range(3)])
+        ] == [0] * 3
+        assert all(store.bodies.holds(tx_id) for tx_id in ids)
+        return ids
+
+    ids = _run(tmp_path, scenario)
+
+    async def after_restart(store: TransactionStore) -> None:
+        for n, tx_id in enumerate(ids):
+            body = await store.read_body(tx_id)
+            assert body is not None and body.statements[0].sql.endswith(f"({n})")
+
+    _run(tmp_path, after_restart)
+
+
 def test_a_rotation_files_the_bodies_it_keeps_and_no_others(tmp_path: Path) -> None:
     """A body lives in its log entry until a rotation retires the entry: only then, and
     only for a transaction the rotation keeps, is its file written (durably, before the

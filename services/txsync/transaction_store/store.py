@@ -311,6 +311,9 @@ class TransactionStore:
         self._rotating = False
         self._closing = False
         """Set by ``close``: a rotation stops filing bodies and gives up."""
+        self._one_rotation = asyncio.Lock()
+        """Rotations take turns (an operator's truncate can meet an automatic one): two
+        filing the same body would write one temporary file at once."""
         self._rotation: asyncio.Task[None] | None = None
         self._unfiled: dict[str, bytes] = {}
         """Bodies (encoded) whose only copy on disk is an entry of the current log file,
@@ -1234,6 +1237,10 @@ class TransactionStore:
         return await self._rotate(below_position)
 
     async def _rotate(self, below_position: int) -> tuple[int, list[str]]:
+        async with self._one_rotation:
+            return await self._rotate_alone(below_position)
+
+    async def _rotate_alone(self, below_position: int) -> tuple[int, list[str]]:
         # The snapshot carries no bodies, so the bodies of the transactions it keeps
         # must be in durable files before the current log is retired: most of them
         # filed outside the lock (those that look kept now), the rest inside it.
