@@ -97,19 +97,46 @@ class BodyStore:
         one, then the root (a prefix directory may be new). Sorted by id, so that each
         directory's files are made one after another (its metadata stays in cache).
 
-        False if ``stopping()`` turned true first: the files written are whole, not
-        known durable, and harmless (a later rotation writes them again)."""
+        A file already there with this very body (left by a rotation that a crash or a
+        shutdown cut short) is fsynced, not written again: so a store restarted over
+        and over still files a little more each time, and its rotations finish.
+
+        False if ``stopping()`` turned true first: the files written are whole and
+        harmless (the next rotation keeps them)."""
         in_order = sorted(bodies, key=lambda body: body[0])
         directories: set[str] = set()
         for tx_id, encoded in in_order:
             if stopping():
                 return False
-            directories.add(self.write(tx_id, encoded, durably=True))
+            if self._fsync_if_holding(tx_id, encoded):
+                directories.add(f"{self._root}/{tx_id[:3]}")
+            else:
+                directories.add(self.write(tx_id, encoded, durably=True))
         if directories:
             for directory in sorted(directories):
                 fsync_dir(Path(directory))
             fsync_dir(self._root)
         return True
+
+    def _fsync_if_holding(self, tx_id: str, encoded: bytes) -> bool:
+        """Whether this body's file is there, whole and equal to ``encoded`` (then
+        fsynced). Checking one costs about a seventh of creating it in a directory of
+        its own: 0.07 against 0.48-0.59 ms of CPU, 2,000 small bodies, measured."""
+        try:
+            fd = os.open(self.path(tx_id), os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            with os.fdopen(os.dup(fd), "rb") as source:
+                if zlib.decompress(source.read(), 16 + zlib.MAX_WBITS) != encoded:
+                    return False
+            os.fsync(fd)
+            work.count(work.FSYNCS)
+            return True
+        except (OSError, zlib.error):
+            return False  # torn or foreign: written again
+        finally:
+            os.close(fd)
 
     def read(self, tx_id: str) -> bytes | None:
         """The encoded body, or None if not held (or unreadable, which is reported)."""
