@@ -664,13 +664,11 @@ def test_a_shutdown_abandons_a_rotation_still_filing_bodies(
     write = BodyStore.write
 
     async def scenario(store: TransactionStore) -> list[str]:
-        def held(bodies: BodyStore, tx_id: str, encoded: bytes, *, durably: bool = False) -> str:
-            deadline = time.monotonic() + WAIT_S
-            while not store._closing:  # the first file is written as the shutdown begins
-                assert time.monotonic() < deadline, "the store never closed"
-                time.sleep(0.001)
+        def held(bodies: BodyStore, tx_id: str, encoded: bytes, *, durably: bool = False) -> None:
+            # The first file is written as the shutdown begins.
+            assert store._closing.wait(WAIT_S), "the store never closed"
             written.append(tx_id)
-            return write(bodies, tx_id, encoded, durably=durably)
+            write(bodies, tx_id, encoded, durably=durably)
 
         monkeypatch.setattr(BodyStore, "write", held)
         ids = [(await store.submit(_body())).tx_id for _ in range(40)]

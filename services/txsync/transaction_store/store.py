@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -309,8 +310,8 @@ class TransactionStore:
         self._local_watchers: set[_LocalWatch] = set()
         self.body_cache = BodyCache(config.body_cache_bytes_max)
         self._rotating = False
-        self._closing = False
-        """Set by ``close``: a rotation stops filing bodies and gives up."""
+        self._closing = threading.Event()
+        """Set by ``close``: a rotation stops filing bodies (in its thread) and gives up."""
         self._one_rotation = asyncio.Lock()
         """Rotations take turns (an operator's truncate can meet an automatic one): two
         filing the same body would write one temporary file at once."""
@@ -354,7 +355,7 @@ class TransactionStore:
     async def close(self) -> None:
         """Make everything durable and stop (graceful shutdown). A rotation still filing
         bodies outside the lock is abandoned: the log it would retire stays, whole."""
-        self._closing = True
+        self._closing.set()
         if self._rotation is not None:
             await self._rotation
         await self._writer.close()
@@ -1247,7 +1248,7 @@ class TransactionStore:
         # After a long partition that is every body since the last rotation (tens of
         # seconds of file creation and fsyncs): a shutdown must not wait for that.
         early = self._unfiled_kept(below_position)
-        if not await work.in_thread(self.bodies.file_many, early, lambda: self._closing):
+        if not await work.in_thread(self.bodies.file_many, early, self._closing.is_set):
             raise StoreError(grpc.StatusCode.UNAVAILABLE, "the store is shutting down")
         async with self._lock:
             await self._writer.flush()
@@ -1291,7 +1292,7 @@ class TransactionStore:
         try:
             await self._rotate(self.truncatable_below())
         except Exception:
-            if self._closing:
+            if self._closing.is_set():
                 log.info("txlog rotation abandoned: shutting down")
             else:
                 log.exception("txlog rotation failed; the current file keeps growing")

@@ -62,14 +62,17 @@ class BodyStore:
     def path(self, tx_id: str) -> Path:
         return self._root / tx_id[:3] / f"{tx_id}.{BODY_EXT}.gz"
 
-    def write(self, tx_id: str, encoded: bytes, *, durably: bool = False) -> str:
-        """Write a body file (whole or not at all); fsync it if ``durably``. Returns its
-        directory (``file_many`` fsyncs each once).
+    def _directory(self, tx_id: str) -> str:
+        return f"{self._root}/{tx_id[:3]}"
+
+    def write(self, tx_id: str, encoded: bytes, *, durably: bool = False) -> None:
+        """Write a body file (whole or not at all); fsync it if ``durably`` (its
+        directory is left to the caller: ``file_many`` fsyncs each once).
 
         Lean, as a rotation may file thousands: string paths, each prefix directory
         made once, the file written with one ``os.write`` (pathlib and buffered files
         cost about as much CPU as creating the file, measured)."""
-        directory = f"{self._root}/{tx_id[:3]}"
+        directory = self._directory(tx_id)
         if directory not in self._directories_made:
             os.makedirs(directory, exist_ok=True)
             self._directories_made.add(directory)
@@ -88,7 +91,6 @@ class BodyStore:
             os.close(fd)
         work.count(work.BODY_FILES)
         os.replace(temporary, final)
-        return directory
 
     def file_many(
         self, bodies: Iterable[tuple[str, bytes]], stopping: Callable[[], bool] = lambda: False
@@ -108,10 +110,9 @@ class BodyStore:
         for tx_id, encoded in in_order:
             if stopping():
                 return False
-            if self._fsync_if_holding(tx_id, encoded):
-                directories.add(f"{self._root}/{tx_id[:3]}")
-            else:
-                directories.add(self.write(tx_id, encoded, durably=True))
+            if not self._fsync_if_holding(tx_id, encoded):
+                self.write(tx_id, encoded, durably=True)
+            directories.add(self._directory(tx_id))
         if directories:
             for directory in sorted(directories):
                 fsync_dir(Path(directory))
@@ -120,23 +121,21 @@ class BodyStore:
 
     def _fsync_if_holding(self, tx_id: str, encoded: bytes) -> bool:
         """Whether this body's file is there, whole and equal to ``encoded`` (then
-        fsynced). Checking one costs about a seventh of creating it in a directory of
-        its own: 0.07 against 0.48-0.59 ms of CPU, 2,000 small bodies, measured."""
+        fsynced). Checking one costs a quarter to a seventh of creating it in a
+        directory of its own: 0.07 against 0.28-0.59 ms of CPU (2,000 small bodies,
+        four runs)."""
         try:
+            if self.read(tx_id) != encoded:
+                return False
             fd = os.open(self.path(tx_id), os.O_RDONLY)
-        except FileNotFoundError:
-            return False
+        except (OSError, EOFError, zlib.error):
+            return False  # torn or foreign (BadGzipFile is an OSError): written again
         try:
-            with os.fdopen(os.dup(fd), "rb") as source:
-                if zlib.decompress(source.read(), 16 + zlib.MAX_WBITS) != encoded:
-                    return False
             os.fsync(fd)
             work.count(work.FSYNCS)
-            return True
-        except (OSError, zlib.error):
-            return False  # torn or foreign: written again
         finally:
             os.close(fd)
+        return True
 
     def read(self, tx_id: str) -> bytes | None:
         """The encoded body, or None if not held (or unreadable, which is reported)."""
