@@ -193,8 +193,14 @@ class StoreState:
             self._apply_synced([meta_from_proto(m) for m in entry.synced.metas], at, moved)
         elif kind == "state":
             change = entry.state
+            record = self._record(change.tx_id)
+            if change.testing_at_unix_ms:
+                # TESTING written with its outcome, in the outcome's entry (a repeat
+                # where memory has it already).
+                testing = Step(TxState.TESTING, change.testing_at_unix_ms, change.service)
+                self._apply_state(record, testing, moved)
             self._apply_state(
-                self._record(change.tx_id),
+                record,
                 Step(TxState(change.state), at, change.service),
                 moved,
                 change.outcome if change.HasField("outcome") else None,

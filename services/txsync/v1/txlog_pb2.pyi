@@ -250,8 +250,8 @@ class TxSubmitted(_message.Message):
     service: _builtins.str
     body: _builtins.bytes
     """The encoded TxBody itself: the log entry is what makes the body durable (one fsync
-    per batch). The body file is written without fsync, rewritten from here at recovery
-    if it is missing or wrong, and fsynced before a rotation retires this entry.
+    per batch). A body file is written (and fsynced) only by a rotation that retires
+    this entry and keeps the transaction.
     """
     membership: _builtins.bool
     """The body is a membership entry (PROTOCOL.md §3)."""
@@ -441,9 +441,15 @@ class StateMoved(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     SERVICE_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    TESTING_AT_UNIX_MS_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     state: _common_pb2.TxState.ValueType
     service: _builtins.str
+    testing_at_unix_ms: _builtins.int
+    """Set on an outcome (OK or FAILED) whose TESTING no entry of its own recorded: when
+    testing began. Replay applies TESTING at that time, then the outcome (one entry per
+    finished transaction instead of two; logs with separate TESTING entries replay too).
+    """
     @_builtins.property
     def outcome(self) -> _common_pb2.Outcome: ...
     def __init__(
@@ -453,6 +459,7 @@ class StateMoved(_message.Message):
         state: _common_pb2.TxState.ValueType = ...,
         service: _builtins.str = ...,
         outcome: _common_pb2.Outcome | None = ...,
+        testing_at_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -463,6 +470,8 @@ class StateMoved(_message.Message):
         b"service",
         "state",
         b"state",
+        "testing_at_unix_ms",
+        b"testing_at_unix_ms",
         "tx_id",
         b"tx_id",
     ]  # noqa: Y015
