@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import random
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,9 @@ from hypothesis import strategies as st
 
 from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.txlog.bodies import SMALL_BODY_BYTES, BodyStore, gzip_body
-from txsync.transaction_store.txlog.files import LogCorruptionError, LogFiles
+from txsync.transaction_store.txlog.files import LogCorruptionError, LogFiles, snapshot_batches
 from txsync.transaction_store.txlog.framing import HEADER, encode_frame, scan
-from txsync.v1 import txlog_pb2
+from txsync.v1 import common_pb2, txlog_pb2
 
 
 def _batch(counter: int) -> bytes:
@@ -155,6 +156,114 @@ def test_crash_between_new_file_and_backup_keeps_the_snapshot_file(tmp_path: Pat
     assert len(list(tmp_path.glob("log-*.dat"))) == 1
     assert len(list(tmp_path.glob("bak-*.dat"))) == 1
     files2.close()
+
+
+def _held_state(directory: Path, txs: int) -> None:
+    """A log of ``txs`` local transactions: the first half synced (some OK), the rest
+    INCOMING with their metas known, one without a meta yet."""
+    files = LogFiles(directory)
+    files.recover(lambda entry: None)
+    batch = txlog_pb2.LogBatch()
+    ids = [str(uuid.UUID(int=n + 1, version=4)) for n in range(txs)]
+    metas = [common_pb2.TxMeta(tx_id=tx_id, origin="dc1", ts=n + 1) for n, tx_id in enumerate(ids)]
+    for n, tx_id in enumerate(ids):
+        batch.entries.add(at_unix_ms=n).submitted.CopyFrom(
+            txlog_pb2.TxSubmitted(
+                tx_id=tx_id, idempotency_key=f"key-{n}", body_digest=b"d" * 32, body_bytes=100,
+                service="client", traceparent=f"00-{n:032x}-{n + 1:016x}-01",
+            )
+        )  # fmt: skip
+        if n < txs - 1:
+            batch.entries.add(at_unix_ms=n).meta_known.meta.CopyFrom(metas[n])
+    synced = batch.entries.add(at_unix_ms=txs).synced
+    synced.metas.extend(metas[: txs // 2])
+    for n in range(0, txs // 2, 3):
+        moved = batch.entries.add(at_unix_ms=txs + n).state
+        moved.tx_id, moved.state, moved.service = ids[n], common_pb2.TX_STATE_OK, "wd"
+        moved.testing_at_unix_ms = txs + n
+        moved.outcome.state = common_pb2.TX_STATE_OK
+    files.append_sync(encode_frame(batch.SerializeToString()))
+    files.close()
+
+
+def _as_compared(state: StoreState) -> tuple[object, ...]:
+    records = [
+        (r.tx_id, r.seq, r.local, r.meta, r.position, r.idempotency_key, r.body_held,
+         r.body_bytes, r.traceparent, r.history, r.outcome, r.membership)
+        for r in state.txs.values()
+    ]  # fmt: skip
+    return (
+        records, state.synced, state.synced_offset, state.counter, state.epoch,
+        list(state.incoming), list(state.pending_local), state.idempotency,
+        state.open_body_bytes, state.incoming_state_txs, state._next_seq,
+    )  # fmt: skip
+
+
+def test_a_snapshot_larger_than_a_frame_is_split_and_replays_whole(tmp_path: Path) -> None:
+    """A snapshot over its frame budget goes in parts (a head, then transactions, then
+    synced entries): replayed, the state is the one a single frame gives, in the same
+    order, and rotation's pace counts every part as the snapshot."""
+    _held_state(tmp_path / "one", 400)
+    _held_state(tmp_path / "split", 400)
+    results = []
+    for name, frame_bytes in (("one", 64 * 1024 * 1024), ("split", 4000)):
+        state, _ = _recover(tmp_path / name)
+        files = LogFiles(tmp_path / name, snapshot_frame_bytes=frame_bytes)
+        files.recover(StoreState("dc1").apply)
+        snapshot, _ = state.snapshot(truncate_below=0)
+        files.rotate(snapshot, at_unix_ms=1)
+        assert files.appended_bytes == 0
+        files.close()
+        again, reopened = _recover(tmp_path / name)
+        assert reopened.appended_bytes == 0  # the parts are the snapshot, not appends
+        reopened.close()
+        assert _as_compared(again) == _as_compared(state)
+        results.append(again)
+        frames = scan(reopened.current.read_bytes()).frames
+        kinds = []
+        for _, payload in frames:
+            batch = txlog_pb2.LogBatch.FromString(payload)
+            kinds += [entry.WhichOneof("entry") for entry in batch.entries]
+        if name == "one":
+            assert kinds == ["snapshot"]
+        else:
+            assert kinds[0] == "snapshot" and len(kinds) > 10
+            assert set(kinds[1:]) == {"snapshot_more"}
+            assert max(len(payload) for _, payload in frames) < 2 * frame_bytes
+    assert _as_compared(results[0]) == _as_compared(results[1])
+
+
+def test_a_snapshot_missing_a_part_or_out_of_order_refuses_start(tmp_path: Path) -> None:
+    """A split snapshot's file is fsynced whole before its rename, so a part missing is
+    damage: start-up refuses it rather than start with part of the state."""
+    _held_state(tmp_path / "held", 200)
+    state, files = _recover(tmp_path / "held")
+    files.close()
+    snapshot, _ = state.snapshot(truncate_below=0)
+    batches = snapshot_batches(snapshot, 1, frame_bytes=2000)
+    synced_parts = [n for n, b in enumerate(batches) if b.entries[0].snapshot_more.synced]
+    assert batches[0].entries[0].snapshot.parts == len(batches) - 1 and len(synced_parts) >= 2
+    first, second = synced_parts[:2]
+    swapped = [*batches]
+    swapped[first], swapped[second] = batches[second], batches[first]
+    for name, written, refusal in (
+        ("last", batches[:-1], "1 snapshot parts missing"),
+        ("middle", batches[:2] + batches[3:] + [_counter_batch(7)], "snapshot parts missing"),
+        ("swapped", swapped, "snapshot part at synced index"),
+    ):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "log-1.dat").write_bytes(
+            b"".join(encode_frame(b.SerializeToString()) for b in written)
+        )
+        with pytest.raises(LogCorruptionError, match=refusal):
+            _recover(directory)
+
+
+def _counter_batch(counter: int) -> txlog_pb2.LogBatch:
+    batch = txlog_pb2.LogBatch()
+    batch.entries.add(at_unix_ms=counter).counter.counter = counter
+    return batch
 
 
 def test_torn_tail_in_an_older_file_is_corruption(tmp_path: Path) -> None:

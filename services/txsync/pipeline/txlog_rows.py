@@ -92,6 +92,10 @@ def _rows_of_entry(
         snapshot = entry.snapshot
         for offset, meta in enumerate(snapshot.synced):
             yield from _synced(dc, snapshot.synced_offset + offset + 1, meta, seen, known)
+    elif kind == "snapshot_more":  # the rest of a snapshot too large for one frame
+        more = entry.snapshot_more
+        for offset, meta in enumerate(more.synced):
+            yield from _synced(dc, more.synced_from + offset + 1, meta, seen, known)
 
 
 def _synced(

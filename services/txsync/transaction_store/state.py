@@ -24,7 +24,7 @@ it made, for the spans (``tx_tracing``), the waiters and the pipeline's rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from txsync.codec import meta_from_proto, meta_to_proto
@@ -207,6 +207,8 @@ class StoreState:
             )
         elif kind == "snapshot":
             self._apply_snapshot(entry.snapshot)
+        elif kind == "snapshot_more":
+            self._apply_snapshot_more(entry.snapshot_more)
         elif kind == "view_voted":
             self.vote = entry.view_voted
         elif kind == "view_installed":
@@ -308,17 +310,36 @@ class StoreState:
         fresh = StoreState(self.node_id)
         fresh.counter = snapshot.counter
         fresh.epoch = snapshot.epoch
-        fresh.synced_offset = snapshot.synced_len - len(snapshot.synced)
-        fresh.synced = [meta_from_proto(m) for m in snapshot.synced]
+        fresh.synced_offset = (
+            snapshot.synced_offset
+            if snapshot.continued
+            else snapshot.synced_len - len(snapshot.synced)  # logs from before the field
+        )
         fresh.truncated_last_tx_id = snapshot.truncated_last_tx_id
         if snapshot.HasField("view"):
             fresh.view = snapshot.view.installed
         if snapshot.HasField("vote"):
             fresh.vote = snapshot.vote
-        for saved in sorted(snapshot.txs, key=lambda t: t.seq):
-            record = fresh._record(saved.tx_id)
+        fresh._restore_txs(snapshot.txs)
+        fresh._restore_synced(snapshot.synced)
+        self.__dict__.update(fresh.__dict__)
+
+    def _apply_snapshot_more(self, more: txlog_pb2.SnapshotMore) -> None:
+        expected = self.synced_offset + len(self.synced)
+        if more.synced_from != expected:
+            raise ValueError(
+                f"snapshot part at synced index {more.synced_from}, expected {expected}"
+            )
+        self._restore_txs(more.txs)
+        self._restore_synced(more.synced)
+
+    def _restore_txs(self, txs: Iterable[txlog_pb2.SnapshotTx]) -> None:
+        """A snapshot's transactions, in the order they were learned (``seq``). Parts of
+        a split snapshot come in that order too, all of them before its synced entries."""
+        for saved in sorted(txs, key=lambda t: t.seq):
+            record = self._record(saved.tx_id)
             record.seq = saved.seq
-            fresh._next_seq = max(fresh._next_seq, saved.seq + 1)
+            self._next_seq = max(self._next_seq, saved.seq + 1)
             record.local = saved.local
             record.membership = saved.membership
             record.meta = meta_from_proto(saved.meta) if saved.has_meta else None
@@ -332,20 +353,23 @@ class StoreState:
             ]
             record.outcome = saved.outcome if saved.HasField("outcome") else None
             if record.idempotency_key:
-                fresh.idempotency[record.idempotency_key] = record.tx_id
+                self.idempotency[record.idempotency_key] = record.tx_id
             state = record.state
             if state is TxState.INCOMING:
-                fresh.incoming_state_txs += 1
+                self.incoming_state_txs += 1
             if record.body_held and state not in FINAL_STATES:
-                fresh.open_body_bytes += record.body_bytes
+                self.open_body_bytes += record.body_bytes
             if record.local and record.meta is None and state is not None:
-                fresh.pending_local[record.tx_id] = None
-        for index, meta in enumerate(fresh.synced):
-            fresh._record(meta.tx_id).position = fresh.synced_offset + index + 1
-        for record in fresh.txs.values():
+                self.pending_local[record.tx_id] = None
             if record.meta is not None and record.position == 0:
-                fresh.incoming[record.tx_id] = record.meta
-        self.__dict__.update(fresh.__dict__)
+                self.incoming[record.tx_id] = record.meta  # until a synced entry names it
+
+    def _restore_synced(self, synced: Iterable[common_pb2.TxMeta]) -> None:
+        for meta in synced:
+            self.synced.append(meta_from_proto(meta))
+            record = self._record(meta.tx_id)
+            record.position = self.synced_offset + len(self.synced)
+            self.incoming.pop(meta.tx_id, None)
 
     # --- snapshots for rotation -----------------------------------------------------------
 

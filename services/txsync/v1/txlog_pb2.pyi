@@ -63,6 +63,7 @@ class LogEntry(_message.Message):
     VIEW_VOTED_FIELD_NUMBER: _builtins.int
     VIEW_INSTALLED_FIELD_NUMBER: _builtins.int
     FORGOTTEN_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_MORE_FIELD_NUMBER: _builtins.int
     at_unix_ms: _builtins.int
     """Wall-clock time of the append, milliseconds since the Unix epoch."""
     @_builtins.property
@@ -89,6 +90,10 @@ class LogEntry(_message.Message):
     def view_installed(self) -> Global___ViewInstalled: ...
     @_builtins.property
     def forgotten(self) -> Global___IncomingForgotten: ...
+    @_builtins.property
+    def snapshot_more(self) -> Global___SnapshotMore:
+        """More of the snapshot the file starts with (a snapshot over one frame's worth)."""
+
     def __init__(
         self,
         *,
@@ -104,6 +109,7 @@ class LogEntry(_message.Message):
         view_voted: _common_pb2.ViewVote | None = ...,
         view_installed: Global___ViewInstalled | None = ...,
         forgotten: Global___IncomingForgotten | None = ...,
+        snapshot_more: Global___SnapshotMore | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "body_stored",
@@ -120,6 +126,8 @@ class LogEntry(_message.Message):
         b"meta_known",
         "snapshot",
         b"snapshot",
+        "snapshot_more",
+        b"snapshot_more",
         "state",
         b"state",
         "submitted",
@@ -149,6 +157,8 @@ class LogEntry(_message.Message):
         b"meta_known",
         "snapshot",
         b"snapshot",
+        "snapshot_more",
+        b"snapshot_more",
         "state",
         b"state",
         "submitted",
@@ -173,6 +183,7 @@ class LogEntry(_message.Message):
         "view_voted",
         "view_installed",
         "forgotten",
+        "snapshot_more",
     ]  # noqa: Y015
     _WhichOneofArgType_entry: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
     def WhichOneof(
@@ -497,6 +508,8 @@ class Snapshot(_message.Message):
     TRUNCATED_LAST_TX_ID_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
     VOTE_FIELD_NUMBER: _builtins.int
+    CONTINUED_FIELD_NUMBER: _builtins.int
+    PARTS_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     epoch: _builtins.int
     synced_len: _builtins.int
@@ -506,6 +519,15 @@ class Snapshot(_message.Message):
     truncated_last_tx_id: _builtins.str
     """Id of the last truncated entry (index synced_offset - 1), so that catch-up can still
     start exactly at the truncation point. Empty when nothing was truncated.
+    """
+    continued: _builtins.bool
+    """SnapshotMore entries follow in the next frames of this file with the rest of
+    `txs`, then of `synced` (from `synced_offset`): a snapshot is split so that no
+    frame holds more than 16 MiB of it. Unset: this entry holds all of it.
+    """
+    parts: _builtins.int
+    """With `continued`: how many SnapshotMore frames follow (recovery refuses a file
+    with fewer).
     """
     @_builtins.property
     def synced(
@@ -533,14 +555,20 @@ class Snapshot(_message.Message):
         truncated_last_tx_id: _builtins.str = ...,
         view: Global___ViewInstalled | None = ...,
         vote: _common_pb2.ViewVote | None = ...,
+        continued: _builtins.bool = ...,
+        parts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view", "vote", b"vote"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "continued",
+        b"continued",
         "counter",
         b"counter",
         "epoch",
         b"epoch",
+        "parts",
+        b"parts",
         "synced",
         b"synced",
         "synced_len",
@@ -560,6 +588,44 @@ class Snapshot(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Snapshot: _TypeAlias = Snapshot  # noqa: Y015
+
+@_typing.final
+class SnapshotMore(_message.Message):
+    """Part of a split snapshot (`Snapshot.continued`), in the order written: transactions,
+    then synced entries; `synced_from` is the 0-based index of this part's first synced
+    entry (as `Snapshot.synced_offset` counts), a check that no part is missing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TXS_FIELD_NUMBER: _builtins.int
+    SYNCED_FROM_FIELD_NUMBER: _builtins.int
+    SYNCED_FIELD_NUMBER: _builtins.int
+    synced_from: _builtins.int
+    @_builtins.property
+    def txs(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___SnapshotTx]: ...
+    @_builtins.property
+    def synced(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TxMeta]: ...
+    def __init__(
+        self,
+        *,
+        txs: _abc.Iterable[Global___SnapshotTx] | None = ...,
+        synced_from: _builtins.int = ...,
+        synced: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "synced", b"synced", "synced_from", b"synced_from", "txs", b"txs"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotMore: _TypeAlias = SnapshotMore  # noqa: Y015
 
 @_typing.final
 class SnapshotTx(_message.Message):

@@ -28,6 +28,11 @@ from txsync.v1 import txlog_pb2
 LOG_PREFIX = "log-"
 BAK_PREFIX = "bak-"
 SUFFIX = ".dat"
+SNAPSHOT_FRAME_BYTES = 16 * 1024 * 1024
+"""A snapshot larger than this is written in several frames (``snapshot_batches``): a
+frame holds at most ``FRAME_PAYLOAD_BYTES_MAX`` (64 MiB), and a store that holds a few
+hundred thousand transactions (its workers stopped, nothing truncated) makes a larger
+snapshot; in one frame every rotation then failed and the log grew without end."""
 
 
 class LogCorruptionError(Exception):
@@ -66,9 +71,50 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def snapshot_batches(
+    snapshot: txlog_pb2.Snapshot, at_unix_ms: int, frame_bytes: int = SNAPSHOT_FRAME_BYTES
+) -> list[txlog_pb2.LogBatch]:
+    """The batches (a frame each) that start a new log file with ``snapshot``: one, or if
+    it is larger than ``frame_bytes``, its other fields first (``continued``), then parts
+    (``SnapshotMore``) of at most about ``frame_bytes`` each, with its transactions and
+    then its synced entries, in order."""
+    whole = txlog_pb2.LogBatch()
+    whole.entries.add(at_unix_ms=at_unix_ms).snapshot.CopyFrom(snapshot)
+    if whole.ByteSize() <= frame_bytes:
+        return [whole]
+    head = txlog_pb2.LogBatch()
+    first = head.entries.add(at_unix_ms=at_unix_ms).snapshot
+    first.CopyFrom(snapshot)
+    del first.txs[:]
+    del first.synced[:]
+    first.continued = True
+    batches = [head]
+    part: txlog_pb2.SnapshotMore | None = None
+    size = 0
+
+    def room_for(item_bytes: int, synced_from: int) -> txlog_pb2.SnapshotMore:
+        nonlocal part, size
+        if part is None or (size + item_bytes > frame_bytes and size > 0):
+            batch = txlog_pb2.LogBatch()
+            part = batch.entries.add(at_unix_ms=at_unix_ms).snapshot_more
+            part.synced_from = synced_from
+            batches.append(batch)
+            size = 0
+        size += item_bytes + 8  # the field's tag and length, roughly
+        return part
+
+    for saved in snapshot.txs:
+        room_for(saved.ByteSize(), snapshot.synced_offset).txs.append(saved)
+    for index, meta in enumerate(snapshot.synced):
+        room_for(meta.ByteSize(), snapshot.synced_offset + index).synced.append(meta)
+    first.parts = len(batches) - 1
+    return batches
+
+
 class LogFiles:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, snapshot_frame_bytes: int = SNAPSHOT_FRAME_BYTES) -> None:
         self.directory = directory
+        self._snapshot_frame_bytes = snapshot_frame_bytes
         directory.mkdir(parents=True, exist_ok=True)
         self._current: Path | None = None
         self._fd: int | None = None
@@ -126,12 +172,26 @@ class LogFiles:
                     log.truncate(result.good_end)
                     log.flush()
                     os.fsync(log.fileno())
+            snapshot_end = 0
+            parts_missing = 0
             for offset, payload in result.frames:
                 batch = txlog_pb2.LogBatch()
                 try:
                     batch.ParseFromString(payload)
                 except DecodeError as error:
                     raise LogCorruptionError(path, offset, f"undecodable batch: {error}") from None
+                first = batch.entries[0] if batch.entries else None
+                kind = first.WhichOneof("entry") if first is not None else None
+                if parts_missing and kind != "snapshot_more":
+                    raise LogCorruptionError(
+                        path, offset, f"{parts_missing} snapshot parts missing"
+                    )
+                if first is not None and kind == "snapshot" and offset == 0:
+                    parts_missing = first.snapshot.parts if first.snapshot.continued else 0
+                    snapshot_end = offset + HEADER.size + len(payload)
+                elif kind == "snapshot_more" and parts_missing:
+                    parts_missing -= 1
+                    snapshot_end = offset + HEADER.size + len(payload)
                 for entry in batch.entries:
                     try:
                         apply(entry)
@@ -139,9 +199,13 @@ class LogFiles:
                         raise LogCorruptionError(path, offset, f"unusable entry: {error}") from None
                     report.entries += 1
                 report.batches += 1
+            if parts_missing:
+                raise LogCorruptionError(
+                    path, result.good_end, f"{parts_missing} snapshot parts missing"
+                )
             report.files_replayed.append(path.name)
         self._open(live[-1])
-        self.snapshot_bytes = _snapshot_frame_bytes(live[-1])
+        self.snapshot_bytes = snapshot_end  # of the last file: rotation's pace
         return report
 
     def append_sync(self, data: bytes) -> None:
@@ -157,9 +221,10 @@ class LogFiles:
 
     def rotate(self, snapshot: txlog_pb2.Snapshot, at_unix_ms: int) -> list[str]:
         """Start a new log file that begins with ``snapshot``; older files become bak-."""
-        batch = txlog_pb2.LogBatch()
-        batch.entries.add(at_unix_ms=at_unix_ms).snapshot.CopyFrom(snapshot)
-        frame = encode_frame(batch.SerializeToString())
+        frame = b"".join(
+            encode_frame(batch.SerializeToString())
+            for batch in snapshot_batches(snapshot, at_unix_ms, self._snapshot_frame_bytes)
+        )
         old_files = self.log_files()
         path = self._new_path()
         temporary = path.with_suffix(".tmp")
