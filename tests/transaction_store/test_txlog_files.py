@@ -247,8 +247,8 @@ def test_a_snapshot_missing_a_part_or_out_of_order_refuses_start(tmp_path: Path)
     swapped = [*batches]
     swapped[first], swapped[second] = batches[second], batches[first]
     for name, written, refusal in (
-        ("last", batches[:-1], "1 snapshot parts missing"),
-        ("middle", batches[:2] + batches[3:] + [_counter_batch(7)], "snapshot parts missing"),
+        ("last", batches[:-1], "snapshot incomplete: 1 parts missing"),
+        ("middle", batches[:2] + batches[3:] + [_counter_batch(7)], "snapshot incomplete"),
         ("swapped", swapped, "snapshot part at synced index"),
     ):
         directory = tmp_path / name

@@ -78,13 +78,13 @@ def snapshot_batches(
     it is larger than ``frame_bytes``, its other fields first (``continued``), then parts
     (``SnapshotMore``) of at most about ``frame_bytes`` each, with its transactions and
     then its synced entries, in order."""
-    whole = txlog_pb2.LogBatch()
-    whole.entries.add(at_unix_ms=at_unix_ms).snapshot.CopyFrom(snapshot)
-    if whole.ByteSize() <= frame_bytes:
+    if snapshot.ByteSize() + 64 <= frame_bytes:  # 64: the batch's and entry's own bytes
+        whole = txlog_pb2.LogBatch()
+        whole.entries.add(at_unix_ms=at_unix_ms).snapshot.CopyFrom(snapshot)
         return [whole]
     head = txlog_pb2.LogBatch()
     first = head.entries.add(at_unix_ms=at_unix_ms).snapshot
-    first.CopyFrom(snapshot)
+    first.CopyFrom(snapshot)  # every field, the ones added later too; then the lists go
     del first.txs[:]
     del first.synced[:]
     first.continued = True
@@ -184,7 +184,7 @@ class LogFiles:
                 kind = first.WhichOneof("entry") if first is not None else None
                 if parts_missing and kind != "snapshot_more":
                     raise LogCorruptionError(
-                        path, offset, f"{parts_missing} snapshot parts missing"
+                        path, offset, f"snapshot incomplete: {parts_missing} parts missing"
                     )
                 if first is not None and kind == "snapshot" and offset == 0:
                     parts_missing = first.snapshot.parts if first.snapshot.continued else 0
@@ -201,7 +201,7 @@ class LogFiles:
                 report.batches += 1
             if parts_missing:
                 raise LogCorruptionError(
-                    path, result.good_end, f"{parts_missing} snapshot parts missing"
+                    path, result.good_end, f"snapshot incomplete: {parts_missing} parts missing"
                 )
             report.files_replayed.append(path.name)
         self._open(live[-1])
