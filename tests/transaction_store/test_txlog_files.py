@@ -243,27 +243,20 @@ def test_a_snapshot_missing_a_part_or_out_of_order_refuses_start(tmp_path: Path)
     batches = snapshot_batches(snapshot, 1, frame_bytes=2000)
     synced_parts = [n for n, b in enumerate(batches) if b.entries[0].snapshot_more.synced]
     assert batches[0].entries[0].snapshot.parts == len(batches) - 1 and len(synced_parts) >= 2
+    frames = [encode_frame(batch.SerializeToString()) for batch in batches]
     first, second = synced_parts[:2]
-    swapped = [*batches]
-    swapped[first], swapped[second] = batches[second], batches[first]
+    swapped = [*frames]
+    swapped[first], swapped[second] = frames[second], frames[first]
     for name, written, refusal in (
-        ("last", batches[:-1], "snapshot incomplete: 1 parts missing"),
-        ("middle", batches[:2] + batches[3:] + [_counter_batch(7)], "snapshot incomplete"),
+        ("last", frames[:-1], "snapshot incomplete: 1 parts missing"),
+        ("middle", frames[:2] + frames[3:] + [_batch(7)], "snapshot incomplete"),
         ("swapped", swapped, "snapshot part at synced index"),
     ):
         directory = tmp_path / name
         directory.mkdir()
-        (directory / "log-1.dat").write_bytes(
-            b"".join(encode_frame(b.SerializeToString()) for b in written)
-        )
+        (directory / "log-1.dat").write_bytes(b"".join(written))
         with pytest.raises(LogCorruptionError, match=refusal):
             _recover(directory)
-
-
-def _counter_batch(counter: int) -> txlog_pb2.LogBatch:
-    batch = txlog_pb2.LogBatch()
-    batch.entries.add(at_unix_ms=counter).counter.counter = counter
-    return batch
 
 
 def test_torn_tail_in_an_older_file_is_corruption(tmp_path: Path) -> None:
