@@ -16,6 +16,11 @@ run in the client process alone, as do the body file's rows: a 120-byte body gzi
 ``gzip.compress`` (zlib's default state) and by the store's ``gzip_body``, and a whole
 body file as the store writes one (``BodyStore.write``: gzip, create, write, rename).
 
+The gRPC rows are measured on both of gRPC's transports, side by side in each run:
+the poller-driven one the services run on (``GRPC_EXPERIMENTS``, set by ``txsync``'s
+command line for them) and gRPC's default, the EventEngine. Each run is then a pair of
+client processes, one per transport, each with its own server.
+
 Each figure is the median of ``--reps`` runs of ``--count`` operations after a warm-up.
 """
 
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gzip
+import json
 import os
 import statistics
 import subprocess
@@ -38,6 +45,7 @@ from pathlib import Path
 import grpc
 
 from bench.proc_stats import cpu_seconds
+from txsync.cli.main import GRPC_EXPERIMENTS
 from txsync.rpc import run_service
 from txsync.transaction_store.txlog.bodies import GZIP_LEVEL, BodyStore, gzip_body
 
@@ -46,6 +54,9 @@ PAYLOAD_BYTES = 300
 BODY = b"\n\x1c\n\x18INSERT INTO t VALUES (1)" * 4
 """A 120-byte encoded body: one short statement, as the benchmarks submit."""
 SERVICE = "bench.MessageCost"
+TRANSPORTS = {"the services' transport": GRPC_EXPERIMENTS, "gRPC's default": ""}
+"""Each transport's ``GRPC_EXPERIMENTS``: the poller-driven one, and the EventEngine."""
+GRPC_ROWS = ("stream: a message each way", "unary call")
 
 
 def _same(data: bytes) -> bytes:
@@ -164,6 +175,7 @@ async def _hop() -> None:
 
 
 def measure_once(count: int) -> list[Cost]:
+    """One run, in this process (its gRPC on whatever ``GRPC_EXPERIMENTS`` says)."""
     server = subprocess.Popen(
         [sys.executable, "-m", "bench.message_cost", "--serve"],
         stdout=subprocess.PIPE,
@@ -180,6 +192,30 @@ def measure_once(count: int) -> list[Cost]:
         server.wait()
 
 
+def measure_on(experiments: str, count: int) -> list[Cost]:
+    """One run in a client process of its own whose gRPC (and its server's) has
+    ``GRPC_EXPERIMENTS`` set to ``experiments`` before it starts."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.message_cost", "--measure", "--count", str(count)],
+        env={**os.environ, "GRPC_EXPERIMENTS": experiments},
+        capture_output=True, text=True, check=False, timeout=3600,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise SystemExit(f"a measuring process failed:\n{result.stderr[-2000:]}")
+    return [Cost(**fields) for fields in json.loads(result.stdout)]
+
+
+def _rows(runs: dict[str, list[Cost]]) -> list[Cost]:
+    """The gRPC rows of every transport, then the rest from the services' transport."""
+    rows = []
+    for what in GRPC_ROWS:
+        for transport, run in runs.items():
+            (cost,) = (cost for cost in run if cost.what == what)
+            rows.append(dataclasses.replace(cost, what=f"{what} ({transport})"))
+    services = runs[next(iter(TRANSPORTS))]
+    return rows + [cost for cost in services if cost.what not in GRPC_ROWS]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.message_cost",
@@ -189,23 +225,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=3000, help="operations per run (default 3000)")
     parser.add_argument("--reps", type=int, default=3, help="runs; medians shown (default 3)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         run_service(_serve())
         return
     if not 1 <= args.count <= 1_000_000 or not 1 <= args.reps <= 100:
         parser.error("--count must be 1..1,000,000 and --reps 1..100")
+    if args.measure:
+        print(json.dumps([dataclasses.asdict(cost) for cost in measure_once(args.count)]))
+        return
     runs = []
     for rep in range(args.reps):
         print(f"run {rep + 1} of {args.reps} ...", file=sys.stderr, flush=True)
-        runs.append(measure_once(args.count))
+        runs.append(_rows({transport: measure_on(experiments, args.count)
+                           for transport, experiments in TRANSPORTS.items()}))  # fmt: skip
     print(f"{args.count} operations per run, one in flight; medians of {args.reps} runs")
-    print(f"  {'per operation':44}{'client CPU us':>14}{'server CPU us':>14}"
+    print(f"  {'per operation':56}{'client CPU us':>14}{'server CPU us':>14}"
           f"{'both us':>10}{'wall us':>10}")  # fmt: skip
     for index, first in enumerate(runs[0]):
         cells = [statistics.median(getattr(run[index], field) for run in runs)
                  for field in ("client_us", "server_us", "total_us", "wall_us")]  # fmt: skip
-        print(f"  {first.what:44}" + "".join(f"{cell:14.1f}" for cell in cells[:2])
+        print(f"  {first.what:56}" + "".join(f"{cell:14.1f}" for cell in cells[:2])
               + "".join(f"{cell:10.1f}" for cell in cells[2:]))  # fmt: skip
 
 

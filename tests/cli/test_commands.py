@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
-from txsync.cli.main import COMMANDS, build_parser
+from txsync.cli.main import COMMANDS, GRPC_EXPERIMENTS, build_parser, set_grpc_experiments
 
 
 def _registered_summaries() -> dict[str, str]:
@@ -36,3 +37,64 @@ def test_help_and_a_client_command_import_no_service_or_kubernetes_code() -> Non
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
+def test_a_service_runs_on_the_poller_driven_grpc_transport_unless_told_otherwise() -> None:
+    environ: dict[str, str] = {}
+    set_grpc_experiments("transaction-store", environ)
+    assert environ == {"GRPC_EXPERIMENTS": GRPC_EXPERIMENTS}
+    chosen = {"GRPC_EXPERIMENTS": "event_engine_client"}
+    set_grpc_experiments("worker", chosen)
+    assert chosen == {"GRPC_EXPERIMENTS": "event_engine_client"}  # the user's choice
+    for not_a_service in ("submit", "dev", None):
+        untouched: dict[str, str] = {}
+        set_grpc_experiments(not_a_service, untouched)
+        assert untouched == {}
+
+
+def test_the_variable_is_set_before_grpc_is_imported() -> None:
+    probe = (
+        "import os, sys\n"
+        "import txsync.cli.main as cli\n"
+        "before = 'grpc' in sys.modules\n"
+        "try:\n"
+        "    cli.main(['worker', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(before, 'grpc' in sys.modules, os.environ.get('GRPC_EXPERIMENTS'))\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True, text=True, check=True, timeout=60, env=environ,
+    )  # fmt: skip
+    assert result.stdout.strip().splitlines()[-1] == f"False True {GRPC_EXPERIMENTS}"
+
+
+def test_the_installed_grpc_knows_the_experiments_the_services_turn_off() -> None:
+    """gRPC only logs a name it does not know: an upgrade that drops the poller-driven
+    transport would go unnoticed without this call over it."""
+    probe = (
+        "import asyncio, grpc\n"
+        "async def echo(request, context):\n"
+        "    return request\n"
+        "async def main():\n"
+        "    server = grpc.aio.server()\n"
+        "    handler = grpc.unary_unary_rpc_method_handler(echo)\n"
+        "    server.add_generic_rpc_handlers(\n"
+        "        (grpc.method_handlers_generic_handler('probe.Echo', {'Call': handler}),))\n"
+        "    port = server.add_insecure_port('127.0.0.1:0')\n"
+        "    await server.start()\n"
+        "    async with grpc.aio.insecure_channel(f'127.0.0.1:{port}') as channel:\n"
+        "        answer = await channel.unary_unary('/probe.Echo/Call')(b'ping', timeout=30)\n"
+        "    await server.stop(None)\n"
+        "    print(answer.decode())\n"
+        "asyncio.run(main())\n"
+    )
+    environ = {**os.environ, "GRPC_EXPERIMENTS": GRPC_EXPERIMENTS}
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True, text=True, check=True, timeout=60, env=environ,
+    )  # fmt: skip
+    assert result.stdout.strip() == "ping"
+    assert "Unknown experiment" not in result.stderr, result.stderr
