@@ -14,6 +14,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary context switches of all the process's threads so far: each is a thread
+    going to sleep until something wakes it, the cost that handing work between threads
+    and processes adds to the CPU time (a thread that ended takes its count with it)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
 def peak_rss_mib(pid: int) -> float:
     """The process's peak resident memory (VmHWM)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -1,5 +1,5 @@
 """What a transaction costs TxSync in work, per service: gRPC messages by method, fsyncs,
-txlog entries, body files, thread hops, database commits and CPU.
+txlog entries, body files, thread hops, database commits, CPU and context switches.
 
     make bench-rpcs         (or: .venv/bin/python -m bench.rpc_counts --help)
 
@@ -7,7 +7,9 @@ Starts the benchmark's TxSync cluster (3 DCs, 1 worker each, link emulator), loa
 like ``make bench`` does, and reads every process's work counters
 (``txsync.telemetry.work``, served on its ``/metrics``) before and after the measured
 window. Each figure is the whole cluster's (all DCs) divided by the transactions ordered
-in the window. gRPC messages are counted at the servers: a unary call is one message
+in the window. Context switches are the voluntary ones of all of a process's threads
+(``/proc``): a thread waiting to be woken, as each handover between threads or processes
+makes. gRPC messages are counted at the servers: a unary call is one message
 received and one sent; a stream message is one received (client to server) or sent.
 """
 
@@ -23,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import load
-from bench.proc_stats import cpu_seconds, kind_of
+from bench.proc_stats import context_switches, cpu_seconds, kind_of
 from bench.systems import TxSyncSystem
 
 Counts = collections.defaultdict[tuple[str, str], float]
@@ -65,6 +67,7 @@ def scrape(addresses: dict[str, str], pids: dict[str, int]) -> Counts:
                     counts[(kind, what)] += sample.value
     for name, pid in pids.items():
         counts[(kind_of(name), "CPU ms")] += cpu_seconds(pid) * 1000
+        counts[(kind_of(name), "context switches")] += context_switches(pid)
     return counts
 
 
