@@ -35,6 +35,10 @@ hundred thousand transactions (its workers stopped, nothing truncated) makes a l
 snapshot; in one frame every rotation then failed and the log grew without end."""
 
 
+_SNAPSHOT_LISTS = frozenset({"txs", "synced"})
+"""A split snapshot's lists: they go into its parts, not its head."""
+
+
 class LogCorruptionError(Exception):
     """The txlog is damaged somewhere a crash of ours cannot have damaged it."""
 
@@ -84,9 +88,13 @@ def snapshot_batches(
         return [whole]
     head = txlog_pb2.LogBatch()
     first = head.entries.add(at_unix_ms=at_unix_ms).snapshot
-    first.CopyFrom(snapshot)  # every field, the ones added later too; then the lists go
-    del first.txs[:]
-    del first.synced[:]
+    for descriptor, value in snapshot.ListFields():  # every field, later ones too: not the lists
+        if descriptor.name in _SNAPSHOT_LISTS:
+            continue
+        if descriptor.message_type is not None:
+            getattr(first, descriptor.name).CopyFrom(value)
+        else:
+            setattr(first, descriptor.name, value)
     first.continued = True
     batches = [head]
     part: txlog_pb2.SnapshotMore | None = None
