@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from tests.support.processes import ServiceProcess, free_port, sync_coordinator, transaction_store
+from tests.support.waiting import wait_until
 from txsync.link_emulator import LinkEmulator, LinkSettings
 from txsync.v1 import (
     admin_pb2,
@@ -154,11 +155,7 @@ class LocalCluster:
         raise AssertionError(f"no metric {name} at {url}")
 
     def wait_for(self, what: str, condition: Callable[[], bool], timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not within {timeout_s} s: {what}")
-            time.sleep(0.1)
+        wait_until(what, condition, timeout_s)
 
     def synced(self, dc: Dc) -> list[str]:
         with grpc.insecure_channel(dc.store.address) as channel:

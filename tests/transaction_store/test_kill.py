@@ -26,6 +26,7 @@ import pytest
 
 from tests.support.clients import list_tx_ids
 from tests.support.processes import ServiceProcess, transaction_store
+from tests.support.waiting import wait_until
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 KILL_POINTS = int(os.environ.get("TXSYNC_KILL_POINTS", "50"))
@@ -118,10 +119,9 @@ def _rotations(data: Path) -> int:
 
 def _wait_for_a_rotation(data: Path, before: int) -> None:
     """Until a rotation started after ``before`` bak files has completed."""
-    deadline = time.monotonic() + ROTATION_WAIT_S
-    while _rotations(data) <= before:
-        assert time.monotonic() < deadline, f"no log rotation completed in {ROTATION_WAIT_S} s"
-        time.sleep(0.02)
+    wait_until(
+        "a log rotation completed", lambda: _rotations(data) > before, ROTATION_WAIT_S, poll_s=0.02
+    )
 
 
 def _verify(process: ServiceProcess, storm: Storm, known: dict[str, str]) -> None:
