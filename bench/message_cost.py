@@ -21,6 +21,13 @@ the poller-driven one the services run on (``GRPC_EXPERIMENTS``, set by ``txsync
 command line for them) and gRPC's default, the EventEngine. Each run is then a pair of
 client processes, one per transport, each with its own server.
 
+The "after 10 ms idle" rows (a tenth of ``--count`` each, services' transport) wait that
+long before each operation, as the services' messages come at one client per DC: on
+this machine a message or a hop after the processes slept costs about four times the
+CPU of one back to back (docs/benchmarks.md, Tuning 21), which is most of why a
+transaction costs more CPU at low load than under load. The row of the sleep alone
+gives the client's share of it, to subtract.
+
 Each figure is the median of ``--reps`` runs of ``--count`` operations after a warm-up.
 """
 
@@ -57,6 +64,11 @@ SERVICE = "bench.MessageCost"
 TRANSPORTS = {"the services' transport": GRPC_EXPERIMENTS, "gRPC's default": ""}
 """Each transport's ``GRPC_EXPERIMENTS``: the poller-driven one, and the EventEngine."""
 GRPC_ROWS = ("stream: a message each way", "unary call")
+IDLE_GAP_S = 0.01
+"""The pause before each operation of the "after 10 ms idle" rows: about the gap between
+one service's messages at one client per DC (~130 transactions/s over the cluster)."""
+IDLE_COUNT_DIVISOR = 10
+"""Those rows run a tenth of ``--count`` (each waits ``IDLE_GAP_S`` first)."""
 
 
 def _same(data: bytes) -> bytes:
@@ -114,6 +126,26 @@ async def _timed(
     return Cost(what, cpu / count * 1e6, server / count * 1e6, wall / count * 1e6)
 
 
+def _after_idle(operation: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[None]]:
+    """``operation`` after ``IDLE_GAP_S`` of nothing: both processes sleep in between, as
+    the services do between the messages of one client per DC. (The client's column
+    also holds the wake of its own sleep's timer; the server's holds nothing else.)"""
+
+    async def idle_then() -> None:
+        await asyncio.sleep(IDLE_GAP_S)
+        await operation()
+
+    return idle_then
+
+
+def _idle_count(count: int) -> int:
+    return max(1, count // IDLE_COUNT_DIVISOR)
+
+
+async def _nothing() -> None:
+    pass
+
+
 async def _measure(port: int, server_pid: int, count: int) -> list[Cost]:
     payload = b"x" * PAYLOAD_BYTES
     costs = []
@@ -131,8 +163,32 @@ async def _measure(port: int, server_pid: int, count: int) -> list[Cost]:
 
         costs.append(await _timed("stream: a message each way", round_trip, count, server_pid))
         costs.append(await _timed("unary call", lambda: unary(payload), count, server_pid))
+        costs.append(
+            await _timed(
+                f"stream: a message each way, after {IDLE_GAP_S * 1000:.0f} ms idle",
+                _after_idle(round_trip),
+                _idle_count(count),
+                server_pid,
+            )
+        )
         await stream.done_writing()
+    costs.append(
+        await _timed(
+            f"nothing, after {IDLE_GAP_S * 1000:.0f} ms idle (the sleep's own wake)",
+            _after_idle(_nothing),
+            _idle_count(count),
+            None,
+        )
+    )
     costs.append(await _timed("thread hop (asyncio.to_thread)", _hop, count, None))
+    costs.append(
+        await _timed(
+            f"thread hop, after {IDLE_GAP_S * 1000:.0f} ms idle",
+            _after_idle(_hop),
+            _idle_count(count),
+            None,
+        )
+    )
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as scratch:
         descriptor = os.open(Path(scratch) / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
