@@ -403,13 +403,15 @@ class TransactionStore:
             self._rotation = asyncio.get_running_loop().create_task(self._rotate_in_background())
 
     def _announce(self, moved: Sequence[Moved], traced_whole: Collection[str] = ()) -> None:
-        """Wake the streams and the waiters of these transitions, and emit their spans."""
-        self._notify()
+        """Wake the waiters of these transitions and the streams, and emit their spans.
+        Waiters first: the loop runs what is woken in order, and a waiter is a client
+        waiting for its answer, a stream (the dispatch's feed) work behind it."""
         waiters = self._waiters
         if waiters:
             for transition in moved:
                 for waiter in waiters.pop(transition.record.tx_id, ()):
                     waiter.wake()
+        self._notify()
         trace_transitions(self.state.node_id, moved, skip=traced_whole)
 
     def _notify(self) -> None:
