@@ -24,9 +24,9 @@ client processes, one per transport, each with its own server.
 The "after 10 ms idle" rows (a tenth of ``--count`` each, services' transport) wait that
 long before each operation, as the services' messages come at one client per DC: on
 this machine a message or a hop after the processes slept costs about four times the
-CPU of one back to back (docs/benchmarks.md, Tuning 21), which is most of why a
-transaction costs more CPU at low load than under load. The row of the sleep alone
-gives the client's share of it, to subtract.
+CPU of one back to back (docs/benchmarks.md, Tuning 21), which is why a message in the
+cluster costs several times the bare figure above it. The row of the sleep alone gives
+the client's share of it, to subtract.
 
 Each figure is the median of ``--reps`` runs of ``--count`` operations after a warm-up.
 """
