@@ -11,16 +11,27 @@ its submit at the origin as zero and prints, at the origin and at the peers, whe
 later entry was appended: the meta (the coordinator persisting it), the body, the synced
 append and each state. It also prints CPU per transaction by process kind, since on a
 loaded 2-core machine the hops wait for CPU more than for the network.
+
+With ``--client-legs`` it then loads the cluster again for ``--duration``, the same
+clients as threads of this process (so that each answer's time can be joined with its
+transaction's entries), and adds the client's legs: its send to the origin's submit
+entry, the origin's ACCEPTED to its answer, and the whole wait. Entries carry whole
+milliseconds, the client's times do not: a leg is up to 1 ms off, its median less.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import random
+import threading
+import time
 from pathlib import Path
 
+from bench.load import value_of
 from bench.suite import Timing, measure, probe
-from bench.systems import TxSyncSystem
+from bench.systems import KEYS, TXSYNC_UPSERT, TxSyncSystem
+from txsync.client import Client
 from txsync.pipeline.txlog_rows import entries_of_dc
 from txsync.transaction_store.state import StoreState
 
@@ -71,6 +82,61 @@ def breakdown(times: dict[str, Times], origins: dict[str, str]) -> list[tuple[st
     return [(where, what, sorted(found[(where, what)])) for where, what in keys]
 
 
+Sent = tuple[str, float, float]
+"""A client's transaction: its id, when it was sent and when answered (unix ms)."""
+
+
+def client_legs(addresses: list[str], clients: int, duration_s: float) -> list[Sent]:
+    """Every transaction ``clients`` threads per DC submitted in ``duration_s``, each
+    waiting for its own DC's ACCEPTED, one ``Submit`` each, with a client library per DC
+    shared by its threads (as ``bench.load``'s clients)."""
+    sent: list[Sent] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + duration_s
+
+    def submit_until_stop(client: Client, seed: int) -> None:
+        rng = random.Random(seed)
+        mine: list[Sent] = []
+        while time.monotonic() < stop_at:
+            started = time.time() * 1000
+            submitted = client.submit(
+                TXSYNC_UPSERT, rng.randrange(KEYS), value_of(rng), wait="accepted"
+            )
+            mine.append((submitted.tx_id, started, time.time() * 1000))
+        with lock:
+            sent.extend(mine)
+
+    libraries = [Client(address, in_flight_max=clients, batch_max=1, idempotent=False,
+                        timeout=40) for address in addresses]  # fmt: skip
+    try:
+        threads = [threading.Thread(target=submit_until_stop, args=(library, seed))
+                   for seed, library in enumerate(libraries * clients)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for library in libraries:
+            library.close()
+    return sent
+
+
+def client_rows(
+    sent: list[Sent], times: dict[str, Times], origins: dict[str, str]
+) -> list[tuple[str, str, list[float]]]:
+    """The client's legs, joined with each transaction's entries at its origin."""
+    legs: dict[str, list[float]] = {"sent>submit": [], "ACCEPTED>answer": [], "answer": []}
+    for tx_id, started, answered in sent:
+        origin = origins.get(tx_id)
+        seen = times.get(tx_id, {})
+        if origin is None or (origin, "submit") not in seen or (origin, "ACCEPTED") not in seen:
+            continue
+        legs["sent>submit"].append(seen[(origin, "submit")] - started)
+        legs["ACCEPTED>answer"].append(answered - seen[(origin, "ACCEPTED")])
+        legs["answer"].append(answered - started)
+    return [("client", what, sorted(values)) for what, values in legs.items() if values]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -82,7 +148,11 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=6.0, help="measured seconds")
     parser.add_argument("--one-at-a-time", action="store_true",
                         help="the probe's load: one transaction in the cluster")  # fmt: skip
+    parser.add_argument("--client-legs", action="store_true",
+                        help="then load it again from here and add the client's legs")  # fmt: skip
     options = parser.parse_args()
+    if options.client_legs and options.one_at_a_time:
+        parser.error("--client-legs goes with the clients' load, not --one-at-a-time")
     system = TxSyncSystem(options.rtt / 2)
     try:
         nodes = system.start()
@@ -98,15 +168,23 @@ def main() -> int:
             print("CPU per transaction: " + ", ".join(
                 f"{kind} {ms / 1000:.1f} ms" for kind, ms in sorted(cpu.items())
             ) + f"; {sum(cpu.values()) / 1000:.1f} ms in all")  # fmt: skip
+        sent = []
+        if options.client_legs:
+            sent = client_legs(system.nodes_addresses(), options.clients, options.duration)
         assert system.cluster is not None
         dcs = {dc: Path(entry["data"]) for dc, entry in system.cluster.layout["dcs"].items()}
-        rows = breakdown(*read_times(dcs))
+        times, origins = read_times(dcs)
+        rows: list[tuple[str, str, list[float]]] = [
+            (where, what, [float(value) for value in values])
+            for where, what, values in breakdown(times, origins)
+        ]
+        rows += client_rows(sent, times, origins)
     finally:
         system.stop()
-    print(f"{'where':<7} {'appended':<9} {'count':>6} {'p50 ms':>7} {'p90 ms':>7}")
+    print(f"{'where':<7} {'appended':<15} {'count':>6} {'p50 ms':>7} {'p90 ms':>7}")
     for where, what, values in rows:
         p50, p90 = values[len(values) // 2], values[int(len(values) * 0.9)]
-        print(f"{where:<7} {what:<9} {len(values):>6} {p50:>7} {p90:>7}")
+        print(f"{where:<7} {what:<15} {len(values):>6} {p50:>7.1f} {p90:>7.1f}")
     return 0
 
 

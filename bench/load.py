@@ -115,7 +115,7 @@ def _client(plan: Plan, n: int, result: NodeResult, lock: threading.Lock) -> Non
         result.aborts += aborts
 
 
-def _value(rng: random.Random) -> str:
+def value_of(rng: random.Random) -> str:
     """A new 100-byte value each time: an upsert that writes what the row holds already
     changes nothing, and MariaDB would then replicate nothing (and be measured doing so)."""
     return f"{rng.randrange(10**12):012d}".ljust(VALUE_BYTES, "x")
@@ -132,12 +132,12 @@ def _sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
         put, txn = put_stub(channel), txn_stub(channel)
 
         def etcd_put() -> tuple[int, int]:
-            put(b"t/%d" % rng.randrange(KEYS), _value(rng).encode())
+            put(b"t/%d" % rng.randrange(KEYS), value_of(rng).encode())
             return 1, 0
 
         def etcd_txn() -> tuple[int, int]:
             # Distinct keys: etcd refuses a transaction that puts one key twice.
-            txn([(b"t/%d" % key, _value(rng).encode())
+            txn([(b"t/%d" % key, value_of(rng).encode())
                  for key in rng.sample(range(KEYS), plan.batch)])  # fmt: skip
             return plan.batch, 0
 
@@ -151,7 +151,7 @@ def _sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
 
         def galera_upsert() -> tuple[int, int]:
             aborts = 0
-            rows = [(rng.randrange(KEYS), _value(rng)) for _ in range(plan.batch)]
+            rows = [(rng.randrange(KEYS), value_of(rng)) for _ in range(plan.batch)]
             while True:
                 try:
                     # A batch is one multi-row statement (PyMySQL's executemany of an
@@ -191,11 +191,11 @@ def _txsync_sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, in
     client = _txsync_client(plan)
 
     def submit_one() -> tuple[int, int]:
-        client.submit(TXSYNC_UPSERT, rng.randrange(KEYS), _value(rng), wait="accepted")
+        client.submit(TXSYNC_UPSERT, rng.randrange(KEYS), value_of(rng), wait="accepted")
         return 1, 0
 
     def submit_batch() -> tuple[int, int]:
-        upserts = [(TXSYNC_UPSERT, (rng.randrange(KEYS), _value(rng))) for _ in range(plan.batch)]
+        upserts = [(TXSYNC_UPSERT, (rng.randrange(KEYS), value_of(rng))) for _ in range(plan.batch)]
         return len(client.submit_many(upserts, wait="accepted")), 0
 
     return submit_batch if plan.batch > 1 else submit_one
