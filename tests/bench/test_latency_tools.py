@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.latency_breakdown import breakdown
+from bench.latency_breakdown import breakdown, client_rows
 from bench.protocol_model import DroppingCore, measure
 from txsync.protocol import ProtocolNode
 
@@ -36,4 +36,19 @@ def test_the_breakdown_counts_from_each_transaction_s_submit_at_its_origin() -> 
         ("origin", "submit", [0, 0]),
         ("origin", "synced", [30, 40]),
         ("peer", "meta", [10, 20]),
+    ]
+
+
+def test_the_client_legs_join_each_answer_with_its_origin_s_entries() -> None:
+    times = {
+        "t1": {("dc1", "submit"): 1_002, ("dc1", "ACCEPTED"): 1_030, ("dc2", "ACCEPTED"): 1_020},
+        "t2": {("dc2", "submit"): 2_001, ("dc2", "ACCEPTED"): 2_050},
+        "t3": {("dc1", "submit"): 3_000},  # never ACCEPTED in the window: left out
+    }
+    sent = [("t1", 1_000.5, 1_034.5), ("t2", 2_000.0, 2_052.0), ("t3", 2_999.0, 3_040.0)]
+    rows = client_rows(sent, times, {"t1": "dc1", "t2": "dc2", "t3": "dc1"})
+    assert rows == [
+        ("client", "sent>submit", [1.0, 1.5]),
+        ("client", "ACCEPTED>answer", [2.0, 4.5]),
+        ("client", "answer", [34.0, 52.0]),
     ]
