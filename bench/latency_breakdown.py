@@ -13,8 +13,9 @@ append and each state. It also prints CPU per transaction by process kind, since
 loaded 2-core machine the hops wait for CPU more than for the network.
 
 With ``--client-legs`` it then loads the cluster again for ``--duration``, the same
-clients as threads of this process (so that each answer's time can be joined with its
-transaction's entries), and adds the client's legs: its send to the origin's submit
+clients as threads of one process of their own (not this one, whose link emulator
+would hold the GIL as answers come), recording each transaction, and adds the client's
+legs, joined with the transaction's entries: its send to the origin's submit
 entry, the origin's ACCEPTED to its answer, and the whole wait. Entries carry whole
 milliseconds, the client's times do not: a leg is up to 1 ms off, its median less.
 """
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import multiprocessing
 import random
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench.load import value_of
@@ -170,7 +173,11 @@ def main() -> int:
             ) + f"; {sum(cpu.values()) / 1000:.1f} ms in all")  # fmt: skip
         sent = []
         if options.client_legs:
-            sent = client_legs(system.nodes_addresses(), options.clients, options.duration)
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(1, mp_context=context) as pool:
+                sent = pool.submit(
+                    client_legs, system.nodes_addresses(), options.clients, options.duration
+                ).result()
         assert system.cluster is not None
         dcs = {dc: Path(entry["data"]) for dc, entry in system.cluster.layout["dcs"].items()}
         times, origins = read_times(dcs)
