@@ -91,7 +91,9 @@ def snapshot_batches(
     for descriptor, value in snapshot.ListFields():  # every field, later ones too: not the lists
         if descriptor.name in _SNAPSHOT_LISTS:
             continue
-        if descriptor.message_type is not None:
+        if descriptor.is_repeated:  # a list added later: it is small, or it joins the parts
+            getattr(first, descriptor.name).extend(value)
+        elif descriptor.message_type is not None:
             getattr(first, descriptor.name).CopyFrom(value)
         else:
             setattr(first, descriptor.name, value)
