@@ -28,10 +28,11 @@ import multiprocessing
 import random
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bench.load import value_of
+from bench.load import txsync_client, value_of
 from bench.suite import Timing, measure, probe
 from bench.systems import KEYS, TXSYNC_UPSERT, TxSyncSystem
 from txsync.client import Client
@@ -109,8 +110,7 @@ def client_legs(addresses: list[str], clients: int, duration_s: float) -> list[S
         with lock:
             sent.extend(mine)
 
-    libraries = [Client(address, in_flight_max=clients, batch_max=1, idempotent=False,
-                        timeout=40) for address in addresses]  # fmt: skip
+    libraries = [txsync_client(address, clients, 1) for address in addresses]
     try:
         threads = [threading.Thread(target=submit_until_stop, args=(library, seed))
                    for seed, library in enumerate(libraries * clients)]  # fmt: skip
@@ -181,11 +181,10 @@ def main() -> int:
         assert system.cluster is not None
         dcs = {dc: Path(entry["data"]) for dc, entry in system.cluster.layout["dcs"].items()}
         times, origins = read_times(dcs)
-        rows: list[tuple[str, str, list[float]]] = [
-            (where, what, [float(value) for value in values])
-            for where, what, values in breakdown(times, origins)
+        rows: list[tuple[str, str, Sequence[float]]] = [
+            *breakdown(times, origins),
+            *client_rows(sent, times, origins),
         ]
-        rows += client_rows(sent, times, origins)
     finally:
         system.stop()
     print(f"{'where':<7} {'appended':<15} {'count':>6} {'p50 ms':>7} {'p90 ms':>7}")

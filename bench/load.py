@@ -172,19 +172,20 @@ _CLIENTS_LOCK = threading.Lock()
 
 
 def _txsync_client(plan: Plan) -> Client:
-    """The client library, one per node process, shared by that node's callers. Each
-    call carries one caller's work, as etcd's and Galera's clients' calls do: one
-    transaction (``batch_max`` 1), or one batch of ``plan.batch``; a call in flight per
-    caller; no idempotency keys (the other systems have none to pay for)."""
+    """The client library (``txsync_client``), one per node process, shared by that
+    node's callers. Each call carries one caller's work, as etcd's and Galera's clients'
+    calls do: one transaction (``batch_max`` 1), or one batch of ``plan.batch``."""
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(plan.address)
         if client is None:
-            client = Client(
-                plan.address, batch_max=plan.batch, in_flight_max=plan.clients,
-                idempotent=False, timeout=40,
-            )  # fmt: skip
-            _CLIENTS[plan.address] = client
+            client = _CLIENTS[plan.address] = txsync_client(plan.address, plan.clients, plan.batch)
     return client
+
+
+def txsync_client(address: str, callers: int, batch: int) -> Client:
+    """The client library as the benchmark's callers use it: no idempotency keys (the
+    other systems have none to pay for), a call in flight per caller, ``batch`` per call."""
+    return Client(address, batch_max=batch, in_flight_max=callers, idempotent=False, timeout=40)
 
 
 def _txsync_sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
