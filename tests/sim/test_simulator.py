@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from tests.sim.broken_shells import (
     SendsBeforeDurableShell,
     SendsOutOfOrderShell,
 )
+from tests.sim.broken_store import KeepsVoidStampsSimulation
 from txsync.protocol import ProtocolNode
 from txsync.sim import (
     DEFAULT_MIXES,
@@ -57,9 +59,13 @@ def _regressions() -> list[SimConfig]:
     return configs
 
 
+@pytest.mark.parametrize("stamped", [False, True], ids=["as-found", "stamped"])
 @pytest.mark.parametrize("config", _regressions(), ids=lambda c: f"{c.faults.name}-{c.seed}")
-def test_regression_seed_passes(config: SimConfig) -> None:
-    outcome = run_seed(config)
+def test_regression_seed_passes(config: SimConfig, stamped: bool) -> None:
+    """Each seed as it was found (the core stamped every local submit then), and with
+    the store stamping them, as the services do now (another schedule of the same
+    faults)."""
+    outcome = run_seed(dataclasses.replace(config, stamped_submits=stamped))
     assert outcome.ok, f"{outcome.violation}\nreplay: {outcome.replay_command()}"
     assert outcome.stats.synced == config.txs
 
@@ -72,9 +78,10 @@ def test_a_seed_replays_identically() -> None:
     assert first.stats.crashes > 0 or first.stats.dropped > 0  # faults really happened
 
 
+@pytest.mark.parametrize("stamped", [True, False], ids=["stamped", "unstamped"])
 @pytest.mark.parametrize("mix", DEFAULT_MIXES)
-def test_every_fault_mix_quick(mix: str) -> None:
-    summary = run_mix(FaultMix.parse(mix), range(25), nodes=3, txs=15)
+def test_every_fault_mix_quick(mix: str, stamped: bool) -> None:
+    summary = run_mix(FaultMix.parse(mix), range(25), nodes=3, txs=15, stamped_submits=stamped)
     assert not summary.failures, summary.failures[0].violation
     if "membership" in mix:  # membership entries are synced too
         assert summary.synced > 25 * 15
@@ -186,6 +193,22 @@ def test_a_shell_that_writes_no_pushed_body_is_caught_within_200_seeds() -> None
     assert violation is not None and "invariant 5 " in violation, violation
 
 
+def test_a_store_that_keeps_void_stamps_is_caught_within_200_seeds() -> None:
+    """The replay rule for stamped submits left out: a node restarts holding its
+    transaction at a stamp below a counter it posted without it, which the promise
+    check catches at its next post (the harm would need a view change's seal at that
+    base, docs/protocol.md)."""
+    for seed in range(BUG_SEEDS_MAX):
+        config = SimConfig(seed=seed, nodes=5, txs=40, faults=FaultMix.parse("crash"))
+        try:
+            KeepsVoidStampsSimulation(config).run()
+        except InvariantViolation as violation:
+            assert violation.invariant == 6 and "posted without it" in str(violation), violation
+            return
+        assert run_seed(config).ok  # the correct store passes the same seed
+    pytest.fail(f"a store keeping void stamps survived {BUG_SEEDS_MAX} seeds")
+
+
 def test_what_sends_before_durable_lead_to_without_rule_9() -> None:
     """The harm itself: a node that told its peers what a crash then took from it comes
     back contradicting them (a transaction both synced and incoming, a state moving
@@ -264,6 +287,9 @@ def test_cli_replays_one_seed_and_prints_one_line_per_mix() -> None:
     lines = result.stdout.splitlines()
     assert lines[1].startswith("crash ") and " OK " in lines[1]
     assert lines[2].startswith("drop,reorder ") and " OK " in lines[2]
+    result = _txsync("sim", "--seed", "11", "--nodes", "3", "--txs", "15", "--faults", "crash",
+                     "--unstamped-submits", "--jobs", "1")  # fmt: skip
+    assert result.returncode == 0 and " OK " in result.stdout, result.stderr
 
 
 def test_cli_refuses_bad_arguments_clearly() -> None:

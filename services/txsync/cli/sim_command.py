@@ -92,6 +92,12 @@ def register(commands: Any) -> None:
         help="worker processes (default: one per core)",
     )
     parser.add_argument(
+        "--unstamped-submits",
+        action="store_true",
+        help="the coordinator stamps every local submit and writes it before posting, as "
+        "before the store stamped them (the old regression seeds replay so)",
+    )
+    parser.add_argument(
         "--keep-going",
         action="store_true",
         help="finish every seed of a mix after a violation instead of stopping at the first",
@@ -124,6 +130,7 @@ def run(options: argparse.Namespace) -> int:
             txs=options.txs,
             jobs=options.jobs,
             stop_at_first=not options.keep_going,
+            stamped_submits=not options.unstamped_submits,
         )
         print(summary.line(time.monotonic() - started), flush=True)
         for outcome in summary.failures:

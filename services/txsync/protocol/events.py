@@ -39,9 +39,18 @@ from txsync.protocol.model import (
 
 @dataclass(frozen=True, slots=True)
 class LocalTx:
-    """A client's transaction whose body the caller has already stored durably."""
+    """A client's transaction whose body the caller has already stored durably.
+
+    ``stamp``: the timestamp the store gave it as it wrote the submit, durable with it
+    (0: none; the core stamps it). ``local_seq``: the submit's number among this node's
+    local submits, counting up; the caller writes the highest one stepped with every
+    write (``ProtocolNode.local_seq_stepped``), which is how a restart tells a stamp the
+    core took from one it may have posted a counter past (docs/protocol.md, "The
+    submit's counter, stamped by the store")."""
 
     tx_id: TxId
+    stamp: int = 0
+    local_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,6 +224,7 @@ class ProtocolNode:
 
         self._counter = durable.counter
         self._persisted_counter = durable.counter
+        self._local_seq = 0
         self._epoch = durable.epoch
         self._seq = 0
         self._synced = SyncedQueue(
@@ -314,6 +315,12 @@ class ProtocolNode:
         return self._counter
 
     @property
+    def local_seq_stepped(self) -> int:
+        """The highest ``LocalTx.local_seq`` this incarnation has stepped: written with
+        every write, made after those steps."""
+        return self._local_seq
+
+    @property
     def view_no(self) -> int:
         return self._installed.view.view_no
 
@@ -346,8 +353,8 @@ class ProtocolNode:
         match event:
             case Tick(now_ms):
                 self._now_ms = max(self._now_ms, now_ms)
-            case LocalTx(tx_id):
-                self._on_local_tx(tx_id)
+            case LocalTx(tx_id, stamp, local_seq):
+                self._on_local_tx(tx_id, stamp, local_seq)
             case PostReceived(post):
                 self._on_post(post)
             case SyncedEntriesReceived(entries):
@@ -378,18 +385,31 @@ class ProtocolNode:
 
     # --- events ----------------------------------------------------------------------------
 
-    def _on_local_tx(self, tx_id: TxId) -> None:
+    def _on_local_tx(self, tx_id: TxId, stamp: int, local_seq: int) -> None:
+        self._local_seq = max(self._local_seq, local_seq)
         if tx_id in self._incoming:
             self._reject(f"local tx {tx_id}", "already in the incoming queue")
             return
-        if len(self._incoming) >= self._limits.local_admit_txs_max:
+        # A stamped submit is written and acknowledged already: the store refused the
+        # client if it was full, and a refusal here would strand a stamp on disk that a
+        # restart must not take back at its old timestamp.
+        if not stamp and len(self._incoming) >= self._limits.local_admit_txs_max:
             self._reject(f"local tx {tx_id}", "incoming queue full; retry later")
             return
-        self._counter += 1
-        meta = TxMeta(self._counter, tx_id, self._id)
-        self._incoming.insert(meta, acquired=True)
-        self._fx.persist.append(PersistIncoming((meta,)))
-        self._fx.state_changes.append(StateChanged(tx_id, TxState.INCOMING))
+        if stamp > self._counter:
+            # Taken as stamped: the submit's write is durable, and with it this meta and
+            # the counter it raises, so nothing is written before the post that names it.
+            self._counter = stamp
+            self._persisted_counter = max(self._persisted_counter, stamp)
+            self._incoming.insert(TxMeta(stamp, tx_id, self._id), acquired=True)
+        else:
+            # Unstamped, or stamped at or below a counter this node has (maybe) posted
+            # without it: stamped anew, and written before any post names it.
+            self._counter += 1
+            meta = TxMeta(self._counter, tx_id, self._id)
+            self._incoming.insert(meta, acquired=True)
+            self._fx.persist.append(PersistIncoming((meta,)))
+            self._fx.state_changes.append(StateChanged(tx_id, TxState.INCOMING))
         if self._others:
             self._fx.bodies.append(PushBody(tx_id, self._others))
         self._dirty = True

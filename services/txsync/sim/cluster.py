@@ -61,7 +61,7 @@ from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
 from txsync.sim.workers import MachineFactory, WorkerEvent, WorkerSide
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
-from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput
+from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
 from txsync.worker_dispatch.pipeline import PipelineMachine
 
 NodeFactory = Callable[..., ProtocolNode]
@@ -96,6 +96,11 @@ DISK_MS = ((0, 6), (2, 40))
 seed), then per write; answers stay in order. On the slow one, crashes find more writes
 in flight."""
 
+HAND_OVER_MS = ((0, 3), (0, 30))
+"""How long a durable stamped submit takes to reach the core (the store's watch): prompt,
+or lagging (drawn per seed), so that peers' posts raise the counter meanwhile and the
+restamp and the replay rule are exercised."""
+
 STEPS_MAX = 400_000
 """A schedule that takes more steps than this is reported as a liveness failure."""
 
@@ -110,6 +115,12 @@ class SimConfig:
     fault_window_ms: int = 3_000
     liveness_bound_ms: int = 30_000
     """After healing, every tx must be synced everywhere within this much simulated time."""
+    stamped_submits: bool = True
+    """The store stamps each local submit's timestamp as it writes it, and hands it to the
+    coordinator once durable, as the services do (docs/protocol.md, "The submit's
+    counter, stamped by the store"); False: the core stamps every one and writes the
+    meta before its first post, as they did before (the regression seeds found then
+    replay so)."""
 
 
 @dataclass(slots=True)
@@ -124,6 +135,11 @@ class _Durable:
     promised: Ballot | None = None
     accepted_ballot: Ballot | None = None
     accepted: ViewProposal | None = None
+    stamps: dict[TxId, tuple[int, int]] = field(default_factory=dict)
+    """Stamped submits of this incarnation no write has settled yet: (stamp, local_seq)."""
+    restamp: dict[TxId, int] = field(default_factory=dict)
+    """Stamped submits a write voided (a counter at or past the stamp, made before the
+    core had stepped them): handed over unstamped at the next start, by local_seq."""
 
     def restore(self) -> DurableState:
         return DurableState(
@@ -155,6 +171,14 @@ class _SimNode:
     """Events that arrived while the shell took none (a sealed write waits for a slot)."""
     last_answer_ms: int = 0
     """When the store answers this incarnation's newest write: answers keep their order."""
+    log: deque[_LogItem] = field(default_factory=deque)
+    """What the store staged and has not made durable yet, in log order."""
+    local_seq: int = 0
+    """The store's numbering of local submits."""
+    handing: dict[TxId, None] = field(default_factory=dict)
+    """Durable stamped submits the core has not stepped yet (on their way, or waiting
+    while the shell takes no events)."""
+    last_hand_ms: int = 0
 
     @property
     def core(self) -> ProtocolNode | None:
@@ -208,6 +232,34 @@ class _WriteDurable:
 
 
 @dataclass(frozen=True, slots=True)
+class _StampedSubmit:
+    """A local submit the store stamped and staged."""
+
+    tx_id: TxId
+    stamp: int
+    local_seq: int
+
+
+_LogItem = StepWrite | _StampedSubmit
+
+
+@dataclass(frozen=True, slots=True)
+class _SubmitDurable:
+    node: NodeId
+    epoch: int
+    submit: _StampedSubmit
+
+
+@dataclass(frozen=True, slots=True)
+class _HandOver:
+    """The store's watch hands a durable stamped submit to the coordinator."""
+
+    node: NodeId
+    epoch: int
+    submit: _StampedSubmit
+
+
+@dataclass(frozen=True, slots=True)
 class _Crash:
     node: NodeId
     torn: bool
@@ -236,6 +288,8 @@ _SimEvent = (
     | _Submit
     | _ChangeMembership
     | _WriteDurable
+    | _SubmitDurable
+    | _HandOver
     | _Crash
     | _Restart
     | _Partition
@@ -279,6 +333,7 @@ class Simulation:
         self._shell_factory = shell_factory
         self._writes_in_flight_max = self._rng.choice((1, 2, 4))
         self._disk_ms = self._rng.choice(DISK_MS)
+        self._hand_ms = self._rng.choice(HAND_OVER_MS) if config.stamped_submits else (0, 0)
         self._initial = tuple(f"dc{index + 1}" for index in range(config.nodes))
         spare = (f"dc{config.nodes + 1}",) if config.faults.membership else ()
         self._ids = self._initial + spare
@@ -361,6 +416,8 @@ class Simulation:
             if core is None or core.merge_base.synced_len != target or core.incoming_metas():
                 return False
             if sim_node.shell is not None and sim_node.shell.pending_synced():
+                return False
+            if sim_node.handing or sim_node.log:  # a submit on its way to the core
                 return False
             if len(sim_node.durable.bodies) < target:
                 return False
@@ -448,6 +505,14 @@ class Simulation:
                     self._send(_DeliverBody(sender, to, tx_id))
             case _WriteDurable():
                 self._write_durable(event)
+            case _SubmitDurable(node, epoch, submit):
+                sim_node = self._nodes[node]
+                if epoch == sim_node.durable.epoch and sim_node.core is not None:
+                    self._submit_durable(node, submit)  # else _crash settled it
+            case _HandOver(node, epoch, submit):
+                sim_node = self._nodes[node]
+                if epoch == sim_node.durable.epoch and sim_node.core is not None:
+                    self._step(node, LocalTx(submit.tx_id, submit.stamp, submit.local_seq))
             case _Submit(tx_id, attempt):
                 self._submit(tx_id, attempt)
             case _ChangeMembership(attempt):
@@ -484,11 +549,54 @@ class Simulation:
         self._local_tx(node, tx_id)
 
     def _local_tx(self, node: NodeId, tx_id: TxId) -> None:
-        """A client's submit reaches ``node``: its store holds the body, its core hears."""
-        durable = self._nodes[node].durable
-        durable.bodies.add(tx_id)
+        """A client's submit reaches ``node``: its store holds the body, its core hears.
+        Stamped, the store stamps it above every counter and timestamp it has staged and
+        writes it; the core hears once that is durable."""
+        sim_node = self._nodes[node]
+        durable = sim_node.durable
         self._received[tx_id] = (node, durable.epoch)
-        self._step(node, LocalTx(tx_id))
+        if not self.config.stamped_submits:
+            durable.bodies.add(tx_id)
+            self._step(node, LocalTx(tx_id))
+            return
+        sim_node.local_seq += 1
+        submit = _StampedSubmit(tx_id, self._staged_high(sim_node) + 1, sim_node.local_seq)
+        sim_node.log.append(submit)
+        self._at(self._answer_ms(sim_node), _SubmitDurable(node, durable.epoch, submit))
+
+    def _staged_high(self, sim_node: _SimNode) -> int:
+        """The highest counter or timestamp the store holds or has staged for the node."""
+        high = sim_node.durable.counter
+        for item in sim_node.log:
+            if isinstance(item, _StampedSubmit):
+                high = max(high, item.stamp)
+            else:
+                merged = item.merged
+                metas = [*merged.incoming, *merged.synced]
+                high = max(high, merged.counter, *(meta.ts for meta in metas))
+        return high
+
+    def _submit_durable(self, node: NodeId, submit: _StampedSubmit) -> None:
+        sim_node = self._nodes[node]
+        head = sim_node.log.popleft()
+        assert head is submit, "the store answers in log order"
+        self._apply_submit(node, submit)
+        sim_node.handing[submit.tx_id] = None
+        hand_at = max(self._now + self._rng.randint(*self._hand_ms), sim_node.last_hand_ms)
+        sim_node.last_hand_ms = hand_at
+        self._at(hand_at, _HandOver(node, sim_node.durable.epoch, submit))
+
+    def _apply_submit(self, node: NodeId, submit: _StampedSubmit) -> None:
+        """The submit's entry is durable: its body, its meta at the stamp, the counter it
+        raises, INCOMING, and the client's answer."""
+        durable = self._nodes[node].durable
+        tx_id = submit.tx_id
+        durable.bodies.add(tx_id)
+        durable.incoming[tx_id] = TxMeta(submit.stamp, tx_id, node)
+        durable.stamps[tx_id] = (submit.stamp, submit.local_seq)
+        durable.counter = max(durable.counter, submit.stamp)
+        self.checker.on_state(node, tx_id, TxState.INCOMING)
+        self.checker.on_acked(node, tx_id)
 
     def _change_membership(self, attempt: int) -> None:
         """An operator's membership entry at a configured node that is up: add the spare,
@@ -512,7 +620,7 @@ class Simulation:
 
     def _on_refused(self, event: ShellEvent, out: ShellOutput) -> None:
         """A client whose submit was refused (no majority, a full queue) tries again."""
-        if isinstance(event, LocalTx) and out.rejections:
+        if isinstance(event, LocalTx) and not event.stamp and out.rejections:
             # One retry per submit: a crash of this node must not send it a second time
             # (the same id from two origins is two transactions, not a retry).
             self._received.pop(event.tx_id, None)
@@ -538,6 +646,9 @@ class Simulation:
     def _start(self, node: NodeId) -> None:
         sim_node = self._nodes[node]
         sim_node.durable.epoch += 1
+        # The epoch's entry settles every stamp no write voided: the restarted core holds
+        # them as restored, and its writes count local submits from here.
+        sim_node.durable.stamps.clear()
         # What the store does when a coordinator loads its state (load_protocol_state):
         # a synced transaction whose body is held but which is still ACCEPTED (its
         # ENQUEUED was in a write lost in a crash) becomes ENQUEUED.
@@ -567,7 +678,11 @@ class Simulation:
         sim_node.waiting.clear()
         sim_node.last_answer_ms = self._now
         self.workers.dc_started(node, self._now)
+        restamp = sorted(sim_node.durable.restamp, key=sim_node.durable.restamp.__getitem__)
+        sim_node.handing.update(dict.fromkeys(restamp))
         self._step(node, Tick(self._now))
+        for tx_id in restamp:  # as the store's watch hands them over, first
+            self._step(node, LocalTx(tx_id))
 
     def _crash(self, node: NodeId) -> None:
         """The node's process dies. Of the writes it had handed over, the store may have
@@ -575,9 +690,18 @@ class Simulation:
         sim_node = self._nodes[node]
         shell = sim_node.shell
         assert shell is not None
-        in_flight = shell.writes_in_flight
-        for write in in_flight[: self._rng.randint(0, len(in_flight))]:
-            self._apply_durable(node, write.merged)
+        if self.config.stamped_submits:
+            staged = list(sim_node.log)
+            for item in staged[: self._rng.randint(0, len(staged))]:
+                if isinstance(item, _StampedSubmit):
+                    self._apply_submit(node, item)
+                else:
+                    self._apply_durable(node, item.merged)
+            sim_node.log.clear()
+        else:
+            in_flight = shell.writes_in_flight
+            for write in in_flight[: self._rng.randint(0, len(in_flight))]:
+                self._apply_durable(node, write.merged)
         # A submit the dead incarnation never acknowledged was never written, nor (the
         # shell's rule) told to anyone: its client times out and submits it again.
         epoch = sim_node.durable.epoch
@@ -593,6 +717,7 @@ class Simulation:
         sim_node.tick_at = None
         sim_node.torn_crash_pending = False
         sim_node.waiting.clear()
+        sim_node.handing.clear()
         self.workers.dc_crashed(node, self._now)
         self.stats.crashes += 1
         self._at(self._now + self._rng.randint(50, 1_500), _Restart(node))
@@ -607,6 +732,8 @@ class Simulation:
         if not shell.accepting:
             sim_node.waiting.append(event)
             return
+        if isinstance(event, LocalTx):
+            sim_node.handing.pop(event.tx_id, None)  # the core holds it from here
         core = shell.core
         rounds_before = core.round_no
         try:
@@ -624,7 +751,7 @@ class Simulation:
             counter=core.counter,
             synced_len=core.merge_base.synced_len - len(pending),
             incoming_ids={meta.tx_id for meta in core.incoming_metas()},
-            synced_pending={meta.tx_id for meta in pending},
+            synced_pending={meta.tx_id for meta in pending}.union(sim_node.handing),
         )
         if out.next_tick_ms is not None:
             self._arm_timer(sim_node, out.next_tick_ms)
@@ -635,14 +762,20 @@ class Simulation:
         """Hand the shell's writes to the store and make the sends it released."""
         sim_node = self._nodes[node]
         for write in out.writes:
-            answer = max(self._now + self._rng.randint(*self._disk_ms), sim_node.last_answer_ms)
-            sim_node.last_answer_ms = answer
+            answer = self._answer_ms(sim_node)
+            if self.config.stamped_submits:
+                sim_node.log.append(write)
             epoch = sim_node.durable.epoch
             self._at(answer, _WriteDurable(node, epoch, write.seq, write.merged))
         for release in out.releases:
             for ready in release.readies:
                 self._check_round_reports(sim_node, ready)
                 self._send_effects(node, ready)
+
+    def _answer_ms(self, sim_node: _SimNode) -> int:
+        answer = max(self._now + self._rng.randint(*self._disk_ms), sim_node.last_answer_ms)
+        sim_node.last_answer_ms = answer
+        return answer
 
     def _write_durable(self, answer: _WriteDurable) -> None:
         """The store made a write durable: apply it, then tell the shell, which may
@@ -652,6 +785,9 @@ class Simulation:
         shell = sim_node.shell
         if shell is None or answer.epoch != sim_node.durable.epoch:
             return  # the incarnation that wrote it is gone; _crash settled its writes
+        if self.config.stamped_submits:
+            head = sim_node.log.popleft()
+            assert isinstance(head, StepWrite) and head.seq == answer.seq, "answers in order"
         self._apply_durable(node, answer.merged)
         out = shell.write_durable(answer.seq)
         if sim_node.torn_crash_pending:
@@ -691,12 +827,16 @@ class Simulation:
         durable = self._nodes[node].durable
         durable.bodies.update(arrived.tx_id for arrived in merged.bodies)
         if merged.counter:
-            durable.counter = merged.counter
+            self._settle_stamps(node, merged)
+            durable.counter = max(durable.counter, merged.counter)
         if merged.forgotten:
             self.checker.on_forgotten(node, merged.forgotten)
             for tx_id in merged.forgotten:
                 durable.incoming.pop(tx_id, None)
         durable.incoming.update((added.tx_id, added) for added in merged.incoming)
+        for added in merged.incoming:  # stamped anew: the stamp is history
+            durable.stamps.pop(added.tx_id, None)
+            durable.restamp.pop(added.tx_id, None)
         if merged.synced:
             start = merged.synced_start
             assert start is not None, "a synced append has a start"
@@ -723,6 +863,22 @@ class Simulation:
             if change.state is TxState.INCOMING and meta is not None and meta.origin == node:
                 self.checker.on_acked(node, change.tx_id)  # the client's submit is answered
         self.workers.synced_changed(node, self._now)
+
+    def _settle_stamps(self, node: NodeId, merged: MergedPersist) -> None:
+        """The replay rule for stamps, applied as the store applies a write with a
+        counter: a stamp the core had stepped when the write was made stays for good; one
+        at or below the counter that the core had not stepped is void (the core may have
+        posted that counter without it), and the submit is stamped anew at the next
+        start. (``BrokenStampSimulation`` keeps every stamp, to show the harm.)"""
+        durable = self._nodes[node].durable
+        for tx_id, (stamp, local_seq) in list(durable.stamps.items()):
+            if merged.local_seq >= local_seq:
+                del durable.stamps[tx_id]
+            elif merged.counter >= stamp:
+                del durable.stamps[tx_id]
+                durable.restamp[tx_id] = local_seq
+                if durable.incoming.get(tx_id) == TxMeta(stamp, tx_id, node):
+                    del durable.incoming[tx_id]
 
     def _check_durable(self, node: NodeId, message: Message) -> None:
         """Persist before send (the ``Ready`` contract, rule 1): what a message claims
@@ -770,10 +926,14 @@ class Simulation:
         return (vote is not None and vote >= ballot) or installed >= ballot.view_no
 
     def _send_effects(self, node: NodeId, ready: Ready) -> None:
+        promised: Post | None = None
         for message in ready.messages:
             match message:
                 case SendPost(to, post):
                     self._check_durable(node, post)
+                    if post is not promised:  # one post goes to each peer
+                        promised = post
+                        self._check_promise(node, post)
                     self._send(_Deliver(to, node, post))
                 case SendSyncedEntries(to, entries):
                     self._check_durable(node, entries)
@@ -799,6 +959,12 @@ class Simulation:
                         self._at(self._now, _DeliverBody(node, node, tx_id))
                     else:
                         self._send(_FetchRequest(source, node, tx_id))
+
+    def _check_promise(self, node: NodeId, post: Post) -> None:
+        core = self._nodes[node].core
+        assert core is not None, "a node that is down sends nothing"
+        own = [meta for meta in core.incoming_metas() if meta.origin == node]
+        self.checker.on_post_sent(node, post.counter, own)
 
     def _body_held_somewhere(self, tx_id: TxId) -> bool:
         return any(tx_id in sim_node.durable.bodies for sim_node in self._nodes.values())

@@ -44,6 +44,8 @@ class InvariantChecker:
         self._views: dict[int, ViewProposal] = {}
         self.latest_view: ViewProposal | None = None
         self._view_no: dict[NodeId, int] = {n: 0 for n in self._synced_ids}
+        self._posted_counter: dict[NodeId, int] = {n: 0 for n in self._synced_ids}
+        self._own_posted: dict[NodeId, set[TxId]] = {n: set() for n in self._synced_ids}
 
     @property
     def views_installed(self) -> int:
@@ -121,6 +123,26 @@ class InvariantChecker:
         """A node restarts from its durable state: a counter it raised in memory but never
         wrote (nor, if its shell is right, sent) is gone with the crash."""
         self._counter[node] = durable_counter
+
+    def on_post_sent(self, node: NodeId, counter: int, own: Iterable[TxMeta]) -> None:
+        """``node`` sent a post with ``counter``, holding its own transactions ``own``.
+        A post's counter promises that no transaction of the sender at or below it is
+        missing from where the post's queue puts it (the seal of a view change cuts each
+        post at its counter; docs/protocol.md): so an own transaction the node holds for
+        the first time at a post has a timestamp above every counter it posted before,
+        in any incarnation."""
+        posted = self._own_posted[node]
+        before = self._posted_counter[node]
+        for meta in own:
+            if meta.tx_id in posted:
+                continue
+            if meta.ts <= before:
+                raise InvariantViolation(
+                    6, f"{node} holds its tx {meta.tx_id} at ts {meta.ts}, at or below "
+                    f"counter {before} it posted without it",
+                )  # fmt: skip
+            posted.add(meta.tx_id)
+        self._posted_counter[node] = max(before, counter)
 
     def on_acked(self, node: NodeId, tx_id: TxId) -> None:
         self.acked[tx_id] = node

@@ -35,6 +35,7 @@ class SeedOutcome:
                 "--nodes", str(config.nodes),
                 "--txs", str(config.txs),
                 "--faults", config.faults.name,
+                *([] if config.stamped_submits else ["--unstamped-submits"]),
             ]
         )  # fmt: skip
 
@@ -99,8 +100,12 @@ def run_mix(
     machine_factory: MachineFactory | None = None,
     stop_at_first: bool = False,
     on_outcome: Callable[[SeedOutcome], None] | None = None,
+    stamped_submits: bool = True,
 ) -> MixSummary:
-    configs = [SimConfig(seed=seed, nodes=nodes, txs=txs, faults=mix) for seed in seeds]
+    configs = [
+        SimConfig(seed=seed, nodes=nodes, txs=txs, faults=mix, stamped_submits=stamped_submits)
+        for seed in seeds
+    ]
     outcomes: Iterator[SeedOutcome]
     broken = node_factory or shell_factory or machine_factory
     if jobs > 1 and not broken:

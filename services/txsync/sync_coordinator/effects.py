@@ -72,6 +72,9 @@ class MergedPersist:
     vote: PersistViewVote | None = None
     bodies: list[ArrivedBody] = field(default_factory=list)
     body_bytes: int = 0
+    local_seq: int = 0
+    """The highest local submit the core had stepped when the write was sealed (no
+    entry of its own: it rides the write to tell a restart which stamps it may keep)."""
 
     def add_body(self, arrived: ArrivedBody) -> None:
         self.bodies.append(arrived)

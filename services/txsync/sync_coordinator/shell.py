@@ -252,6 +252,7 @@ class Shell:
         if gathering.merged.is_empty():
             batch = _Batch(tuple(gathering.readies), None, durable=True)
         else:
+            gathering.merged.local_seq = self.core.local_seq_stepped
             batch = _Batch(tuple(gathering.readies), gathering.merged)
             self._unwritten.append(batch)
         self._unreleased.append(batch)
