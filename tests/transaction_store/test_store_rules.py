@@ -432,51 +432,64 @@ def _hold_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return gate
 
 
-def test_a_watch_hands_a_submit_before_its_fsync(
+def test_a_watch_hands_a_submit_once_durable_with_its_stamp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The coordinator's write of the meta follows the submit in the log (durable only if
-    the submit is), so it need not wait for the submit's fsync to learn of it."""
+    """The coordinator posts a stamped submit without writing it first, so it must not
+    hear of it before the submit's write is durable. The stamp is above every counter
+    and timestamp staged, and is the transaction's meta."""
 
     async def scenario(store: TransactionStore) -> None:
+        await store.persist_step(ProtocolStep(counter=7, local_seq=0))
         gate = _hold_writes(monkeypatch)
         watch = store.watch_local_submits()
+        handing = asyncio.ensure_future(anext(watch))
         submitting = asyncio.create_task(store.submit(_body()))
         try:
-            handed = await asyncio.wait_for(anext(watch), WAIT_S)
-            assert not submitting.done()  # its fsync has not happened
+            async with asyncio.timeout(WAIT_S):
+                while not store._unhanded:
+                    await asyncio.sleep(0)  # staged, its write held
+            await asyncio.sleep(0.05)
+            assert not handing.done()  # not before its fsync
         finally:
             gate.set()
-        assert [s.tx_id for s in handed] == [(await submitting).tx_id]
+        (handed,) = await asyncio.wait_for(handing, WAIT_S)
+        tx_id = (await submitting).tx_id
+        assert (handed.tx_id, handed.ts, handed.local_seq) == (tx_id, 8, 1)
+        record = store.get(tx_id)
+        assert record.meta == TxMeta(8, tx_id, "dc1") and store.state.counter == 8
         await watch.aclose()
 
     _run(tmp_path, scenario)
 
 
-def test_submits_staged_during_a_write_are_handed_together_as_the_next_starts(
+def test_submits_made_durable_together_are_handed_together_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under load each submit handed as staged went alone to the coordinator: a watch
-    message per transaction. Those staged while a write is on disk wait for the next
-    write, which takes them all, and go as one batch."""
+    """Submits staged while a write is on disk go in the next write, and reach the
+    coordinator in one watch message once it is durable (a message and a coordinator
+    wakeup per transaction cost a lot under load), after the first, in log order."""
 
     async def scenario(store: TransactionStore) -> None:
         gate = _hold_writes(monkeypatch)
         watch = store.watch_local_submits()
         first = asyncio.create_task(store.submit(_body()))
         try:
-            handed = await asyncio.wait_for(anext(watch), WAIT_S)  # the writer was idle
-            (watcher,) = store._local_watchers
+            async with asyncio.timeout(WAIT_S):
+                while store._writer.writing is False:
+                    await asyncio.sleep(0)  # the first write is on disk (held)
             later = [asyncio.create_task(store.submit(_body())) for _ in range(2)]
             async with asyncio.timeout(WAIT_S):
-                while len(store.state.pending_local) < 3:
+                while len(store.state.unsettled) < 3:
                     await asyncio.sleep(0)  # both staged, behind the held write
-            assert watcher.waiting_bytes == 0  # and not handed yet
         finally:
             gate.set()
+        handed = await asyncio.wait_for(anext(watch), WAIT_S)
         assert [s.tx_id for s in handed] == [(await first).tx_id]
         together = await asyncio.wait_for(anext(watch), WAIT_S)
         assert [s.tx_id for s in together] == [(await task).tx_id for task in later]
+        assert [s.local_seq for s in (*handed, *together)] == [1, 2, 3]
+        assert [s.ts for s in (*handed, *together)] == [1, 2, 3]
         await watch.aclose()
 
     _run(tmp_path, scenario)

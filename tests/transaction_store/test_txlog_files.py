@@ -160,7 +160,8 @@ def test_crash_between_new_file_and_backup_keeps_the_snapshot_file(tmp_path: Pat
 
 def _held_state(directory: Path, txs: int) -> None:
     """A log of ``txs`` local transactions: the first half synced (some OK), the rest
-    INCOMING with their metas known, one without a meta yet."""
+    INCOMING with their metas known, one without a meta yet; then three stamped submits,
+    the first voided by a counter (to be stamped anew), two still open."""
     files = LogFiles(directory)
     files.recover(lambda entry: None)
     batch = txlog_pb2.LogBatch()
@@ -182,6 +183,16 @@ def _held_state(directory: Path, txs: int) -> None:
         moved.tx_id, moved.state, moved.service = ids[n], common_pb2.TX_STATE_OK, "wd"
         moved.testing_at_unix_ms = txs + n
         moved.outcome.state = common_pb2.TX_STATE_OK
+    for n in range(3):
+        batch.entries.add(at_unix_ms=2 * txs).submitted.CopyFrom(
+            txlog_pb2.TxSubmitted(
+                tx_id=str(uuid.UUID(int=txs + n + 1, version=4)), body_digest=b"d" * 32,
+                body_bytes=100, service="client", ts=txs + n + 1, local_seq=n + 1,
+            )
+        )  # fmt: skip
+    batch.entries.add(at_unix_ms=2 * txs).counter.CopyFrom(
+        txlog_pb2.CounterRaised(counter=txs + 1, local_seq=0)
+    )
     files.append_sync(encode_frame(batch.SerializeToString()))
     files.close()
 
@@ -196,6 +207,7 @@ def _as_compared(state: StoreState) -> tuple[object, ...]:
         records, state.synced, state.synced_offset, state.counter, state.epoch,
         list(state.incoming), list(state.pending_local), state.idempotency,
         state.open_body_bytes, state.incoming_state_txs, state._next_seq,
+        list(state.unsettled.items()), state.local_seq, state.coordinator_counter,
     )  # fmt: skip
 
 
@@ -208,6 +220,7 @@ def test_a_snapshot_larger_than_a_frame_is_split_and_replays_whole(tmp_path: Pat
     results = []
     for name, frame_bytes in (("one", 64 * 1024 * 1024), ("split", 4000)):
         state, _ = _recover(tmp_path / name)
+        assert len(state.unsettled) == 2 and len(state.pending_local) == 2  # open, voided
         files = LogFiles(tmp_path / name, snapshot_frame_bytes=frame_bytes)
         files.recover(StoreState("dc1").apply)
         snapshot, _ = state.snapshot(truncate_below=0)

@@ -868,6 +868,7 @@ class Coordinator:
                 if c.state not in IMPLIED_STATES
             ],
             service=SERVICE,
+            local_seq=merged.local_seq,
             bodies=[
                 store_pb2.StoreBodyRequest(
                     tx_id=b.tx_id, body=b.body, digest=b.digest, traceparent=b.traceparent
@@ -1089,11 +1090,10 @@ class Coordinator:
             await asyncio.sleep(0.5)
 
     async def _watch_local_submits(self) -> None:
-        """Local submits become LocalTx events, their bodies kept for the push the core
-        asks for next; the watch restarts if the store restarts. A message holds every
-        submit the store wrote since the last one (before their fsync: what the step
-        writes about them follows them in the log), and its events go to the loop
-        together, for one step."""
+        """Local submits become LocalTx events with the store's stamps, their bodies kept
+        for the push the core asks for next; the watch restarts if the store restarts.
+        A message holds every submit the store made durable since the last one, in order,
+        and its events go to the loop together, for one step."""
         local_bodies = self._local_bodies
         while True:
             try:
@@ -1110,7 +1110,7 @@ class Coordinator:
                             )
                             if len(local_bodies) > LOCAL_BODIES_MAX:
                                 del local_bodies[next(iter(local_bodies))]
-                        await self.events.put(LocalTx(submit.tx_id))
+                        await self.events.put(LocalTx(submit.tx_id, submit.ts, submit.local_seq))
             except grpc.aio.AioRpcError as error:
                 log.warning("local submit watch ended (%s); retrying", error.code().name)
             await asyncio.sleep(0.5)

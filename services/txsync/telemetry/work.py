@@ -36,8 +36,14 @@ THREAD_HOPS = "thread_hops"
 """Calls handed to a worker thread (``asyncio.to_thread``) and awaited."""
 DB_COMMITS = "db_commits"
 """Transactions committed to a worker's database (including position-only ones)."""
+STAMPS_RENEWED = "stamps_renewed"
+"""Local submits the coordinator stamped anew: its counter had passed the store's stamp
+(each costs the write and fsync the stamp saves)."""
 
-KINDS = (FSYNCS, LOG_BATCHES, LOG_ENTRIES, STATE_ENTRIES, BODY_FILES, THREAD_HOPS, DB_COMMITS)
+KINDS = (
+    FSYNCS, LOG_BATCHES, LOG_ENTRIES, STATE_ENTRIES, BODY_FILES, THREAD_HOPS, DB_COMMITS,
+    STAMPS_RENEWED,
+)  # fmt: skip
 
 counts: collections.Counter[str] = collections.Counter()
 """Work done so far in this process, by kind (one of ``KINDS``)."""

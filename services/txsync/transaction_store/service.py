@@ -359,25 +359,21 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         request: store_pb2.LoadProtocolStateRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> store_pb2.LoadProtocolStateResponse:
-        epoch = await self._store.load_protocol_state()
-        state = self._store.state
+        loaded = await self._store.load_protocol_state()
         response = store_pb2.LoadProtocolStateResponse(
-            node_id=state.node_id,
-            counter=state.counter,
-            epoch=epoch,
-            merge_base=base_to_proto(state.merge_base),
-            synced_tail=[meta_to_proto(m) for m in state.synced[-100_000:]],
+            node_id=self._store.state.node_id,
+            counter=loaded.counter,
+            epoch=loaded.epoch,
+            merge_base=base_to_proto(loaded.merge_base),
+            synced_tail=[meta_to_proto(m) for m in loaded.synced_tail],
+            synced_unacquired=[meta_to_proto(m) for m in loaded.synced_unacquired],
         )
-        for meta in state.incoming.values():
-            record = state.txs[meta.tx_id]
-            response.incoming.add(meta=meta_to_proto(meta), acquired=record.body_held)
-        for meta in state.synced:
-            if not state.txs[meta.tx_id].body_held:
-                response.synced_unacquired.append(meta_to_proto(meta))
-        if state.view is not None:
-            response.view.CopyFrom(state.view)
-        if state.vote is not None:
-            response.vote.CopyFrom(state.vote)
+        for meta, acquired in loaded.incoming:
+            response.incoming.add(meta=meta_to_proto(meta), acquired=acquired)
+        if loaded.view is not None:
+            response.view.CopyFrom(loaded.view)
+        if loaded.vote is not None:
+            response.vote.CopyFrom(loaded.vote)
         return response
 
     @answers_errors
@@ -435,6 +431,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         return await self._store.stage_step(
             ProtocolStep(
                 counter=request.counter,
+                local_seq=request.local_seq,
                 incoming=_metas(request.incoming, "incoming"),
                 synced_start=start,
                 synced=_metas(request.synced, "synced"),
@@ -595,6 +592,8 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                         body=submit.body,
                         digest=submit.digest,
                         traceparent=submit.traceparent,
+                        ts=submit.ts,
+                        local_seq=submit.local_seq,
                     )
                 yield response
         except StoreError as error:

@@ -13,6 +13,15 @@ as an entry of its own (issue 20: it was two thirds of the log's entries):
   unknown), and ENQUEUED at once if its body is held;
 - a body stored for an ACCEPTED transaction makes it ENQUEUED.
 
+**Stamped submits.** A local submit carries the timestamp the store stamped it with, and
+that stamp is its meta, so that the coordinator posts it without writing it first. A
+later ``counter`` entry settles it: kept if the coordinator had stepped the submit when
+it made that write (the entry's ``local_seq``), void if not and the counter reaches the
+stamp (the coordinator may have posted that counter without it: the submit goes back to
+``pending_local``, to be stamped anew); an ``epoch`` entry (a new coordinator, which
+loads the stamps as they are) settles every stamp still open. docs/protocol.md, "The
+submit's counter, stamped by the store", has the argument.
+
 These are exactly the protocol core's own rules (``ProtocolNode``: INCOMING on a new
 meta, ACCEPTED on the synced append, ENQUEUED once synced and acquired), so the states
 and their order are what they were; each implied step carries the entry's time and
@@ -110,6 +119,13 @@ class StoreState:
         self.idempotency: dict[str, str] = {}
         self.pending_local: dict[str, None] = {}
         """Local submits the protocol has not stamped yet, in submit order."""
+        self.unsettled: dict[str, tuple[int, int]] = {}
+        """Stamped local submits no counter or epoch entry has settled: (stamp,
+        local_seq), in local_seq order (so in stamp order too)."""
+        self.local_seq = 0
+        """The highest local_seq a submit was given."""
+        self.coordinator_counter = 0
+        """The highest counter the coordinator wrote (``counter`` counts stamps too)."""
         self.incoming: dict[str, TxMeta] = {}
         self.incoming_state_txs = 0
         """Transactions in state INCOMING (backpressure)."""
@@ -186,9 +202,14 @@ class StoreState:
                 if record.state is TxState.ACCEPTED:
                     self._apply_state(record, Step(TxState.ENQUEUED, at, IMPLIED_BY), moved)
         elif kind == "counter":
-            self.counter = max(self.counter, entry.counter.counter)
+            raised = entry.counter
+            self.counter = max(self.counter, raised.counter)
+            self.coordinator_counter = max(self.coordinator_counter, raised.counter)
+            if self.unsettled:
+                self._settle_stamps(raised.counter, raised.local_seq)
         elif kind == "epoch":
             self.epoch = max(self.epoch, entry.epoch.epoch)
+            self.unsettled.clear()
         elif kind == "synced":
             self._apply_synced([meta_from_proto(m) for m in entry.synced.metas], at, moved)
         elif kind == "state":
@@ -244,13 +265,45 @@ class StoreState:
             record.body_digest = submitted.body_digest
             record.body_bytes = submitted.body_bytes
             self.open_body_bytes += submitted.body_bytes
-        self.pending_local[submitted.tx_id] = None
+        self.local_seq = max(self.local_seq, submitted.local_seq)
+        if submitted.ts:
+            meta = TxMeta(submitted.ts, submitted.tx_id, self.node_id)
+            record.meta = meta
+            self.incoming[meta.tx_id] = meta
+            self.counter = max(self.counter, meta.ts)
+            self.unsettled[meta.tx_id] = (meta.ts, submitted.local_seq)
+        else:
+            self.pending_local[submitted.tx_id] = None
         self._apply_state(record, Step(TxState.INCOMING, at, submitted.service), moved)
+
+    def _settle_stamps(self, counter: int, local_seq: int) -> None:
+        """A counter the coordinator wrote having stepped the submits up to
+        ``local_seq``: their stamps stay; those after them at or below ``counter`` are
+        void. (Stamps rise with local_seq, so both are runs from the front.)"""
+        unsettled = self.unsettled
+        settled: list[str] = []
+        void: list[str] = []
+        for tx_id, (stamp, seq) in unsettled.items():
+            if seq <= local_seq:
+                settled.append(tx_id)
+            elif stamp <= counter:
+                void.append(tx_id)
+            else:
+                break
+        for tx_id in settled:
+            del unsettled[tx_id]
+        for tx_id in void:
+            del unsettled[tx_id]
+            record = self.txs[tx_id]
+            record.meta = None
+            self.incoming.pop(tx_id, None)
+            self.pending_local[tx_id] = None
 
     def _apply_meta(self, meta: TxMeta) -> TxRecord:
         record = self._record(meta.tx_id)
         record.meta = meta
         self.pending_local.pop(meta.tx_id, None)
+        self.unsettled.pop(meta.tx_id, None)  # stamped anew
         if record.position == 0:
             self.incoming[meta.tx_id] = meta
         self.counter = max(self.counter, meta.ts)
@@ -279,6 +332,7 @@ class StoreState:
             record.position = self.synced_len
             self.incoming.pop(meta.tx_id, None)
             self.pending_local.pop(meta.tx_id, None)
+            self.unsettled.pop(meta.tx_id, None)
             self.counter = max(self.counter, meta.ts)
             for state in implied_by_sync(record):
                 self._apply_state(record, Step(state, at, IMPLIED_BY), moved)
@@ -309,6 +363,8 @@ class StoreState:
     def _apply_snapshot(self, snapshot: txlog_pb2.Snapshot) -> None:
         fresh = StoreState(self.node_id)
         fresh.counter = snapshot.counter
+        fresh.local_seq = snapshot.local_seq
+        fresh.coordinator_counter = snapshot.coordinator_counter
         fresh.epoch = snapshot.epoch
         fresh.synced_offset = (
             snapshot.synced_offset
@@ -324,6 +380,18 @@ class StoreState:
         fresh._restore_synced(snapshot.synced)
         self.__dict__.update(fresh.__dict__)
 
+    def _restore_unsettled(self, txs: Iterable[txlog_pb2.SnapshotTx]) -> None:
+        stamped = [(saved.stamp_local_seq, saved.tx_id) for saved in txs if saved.stamp_local_seq]
+        if not stamped:
+            return
+        stamped.extend((seq, tx_id) for tx_id, (_, seq) in self.unsettled.items())
+        unsettled: dict[str, tuple[int, int]] = {}
+        for seq, tx_id in sorted(stamped):
+            meta = self.txs[tx_id].meta
+            assert meta is not None, "a stamp is the meta"
+            unsettled[tx_id] = (meta.ts, seq)
+        self.unsettled = unsettled
+
     def _apply_snapshot_more(self, more: txlog_pb2.SnapshotMore) -> None:
         expected = self.synced_offset + len(self.synced)
         if more.synced_from != expected:
@@ -336,6 +404,7 @@ class StoreState:
     def _restore_txs(self, txs: Iterable[txlog_pb2.SnapshotTx]) -> None:
         """A snapshot's transactions, in the order they were learned (``seq``). Parts of
         a split snapshot come in that order too, all of them before its synced entries."""
+        txs = list(txs)
         for saved in sorted(txs, key=lambda t: t.seq):
             record = self._record(saved.tx_id)
             record.seq = saved.seq
@@ -363,6 +432,7 @@ class StoreState:
                 self.pending_local[record.tx_id] = None
             if record.meta is not None and record.position == 0:
                 self.incoming[record.tx_id] = record.meta  # until a synced entry names it
+        self._restore_unsettled(txs)
 
     def _restore_synced(self, synced: Iterable[common_pb2.TxMeta]) -> None:
         for meta in synced:
@@ -382,6 +452,8 @@ class StoreState:
         gone = set(dropped)
         snapshot = txlog_pb2.Snapshot(
             counter=self.counter,
+            local_seq=self.local_seq,
+            coordinator_counter=self.coordinator_counter,
             epoch=self.epoch,
             synced_len=self.synced_len,
             synced=[meta_to_proto(m) for m in self.synced[cut:]],
@@ -407,6 +479,9 @@ class StoreState:
                 seq=record.seq,
                 membership=record.membership,
             )
+            stamped = self.unsettled.get(record.tx_id)
+            if stamped is not None:
+                saved.stamp_local_seq = stamped[1]
             if record.meta is not None:
                 saved.meta.CopyFrom(meta_to_proto(record.meta))
             if record.outcome is not None:

@@ -13,13 +13,12 @@ all writes rather than letting memory and disk disagree.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -110,6 +109,9 @@ class LocalSubmit:
     """Encoded ``TxBody``; empty if it could not be read (the peers then fetch it)."""
     digest: bytes
     traceparent: str
+    ts: int = 0
+    """The stamp the store gave it (0: the coordinator stamps it)."""
+    local_seq: int = 0
 
 
 FOLLOW_BATCH_MAX = 256
@@ -247,7 +249,10 @@ class ProtocolStep:
     """One step of the coordinator's protocol core, as the store makes it durable."""
 
     counter: int = 0
-    """0 leaves the counter as it is; otherwise it must not be lower than the stored one."""
+    """0 leaves the counter as it is; otherwise it must not be lower than the counter the
+    coordinator wrote last."""
+    local_seq: int = 0
+    """The highest local submit the coordinator had stepped (logged with ``counter``)."""
     incoming: Sequence[TxMeta] = ()
     synced_start: MergeBase | None = None
     """The base the synced entries extend (must be the stored merge base)."""
@@ -261,6 +266,25 @@ class ProtocolStep:
     bodies: Sequence[PeerBody] = ()
     """Peers' bodies the step acquires, written ahead of its other entries (one held
     already is skipped); one that fails its checks fails the step."""
+
+
+PROTOCOL_STATE_SYNCED_MAX = 100_000
+"""Synced entries a coordinator loads at start (the newest)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolState:
+    """What a new coordinator incarnation starts from (``load_protocol_state``)."""
+
+    epoch: int
+    counter: int
+    merge_base: MergeBase
+    synced_tail: list[TxMeta]
+    incoming: list[tuple[TxMeta, bool]]
+    """Incoming metas and whether each body is held."""
+    synced_unacquired: list[TxMeta]
+    view: common_pb2.ViewProposal | None
+    vote: common_pb2.ViewVote | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +332,9 @@ class TransactionStore:
         every write (with many clients waiting, waking all of them per fsync cost more
         than the writes)."""
         self._local_watchers: set[_LocalWatch] = set()
+        self._unhanded: deque[tuple[_Staged, list[txlog_pb2.LogEntry]]] = deque()
+        """Stamped submits staged and not yet handed to the watchers, in log order: handed
+        once durable, in that order (``_hand_durable_submits``)."""
         self.body_cache = BodyCache(config.body_cache_bytes_max)
         self._rotating = False
         self._closing = threading.Event()
@@ -372,13 +399,11 @@ class TransactionStore:
         entries: Sequence[txlog_pb2.LogEntry],
         *,
         traced_whole: Collection[str] = (),
-        on_taken: Callable[[], None] | None = None,
     ) -> _Staged:
-        """Under the lock: hand entries to the writer and apply them to memory.
-        ``on_taken`` runs when the writer starts the write that holds them."""
+        """Under the lock: hand entries to the writer and apply them to memory."""
         batch = txlog_pb2.LogBatch(entries=entries)
         try:
-            future = self._writer.submit(encode_frame(batch.SerializeToString()), on_taken=on_taken)
+            future = self._writer.submit(encode_frame(batch.SerializeToString()))
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         work.count(work.LOG_BATCHES)
@@ -484,6 +509,9 @@ class TransactionStore:
         results: list[Submitted | StoreError] = []
         entries: list[txlog_pb2.LogEntry] = []
         async with self._lock:
+            # Stamped above every counter and timestamp staged (the state applies what is
+            # staged): the protocol takes the stamp if its counter is still below it.
+            stamp, local_seq = self.state.counter, self.state.local_seq
             batch_keys: dict[str, str] = {}
             batch_digests: dict[str, bytes] = {}
             for (_, _, traceparent), key, item in zip(submits, keys, prepared, strict=True):
@@ -514,6 +542,8 @@ class TransactionStore:
                 except StoreError as error:
                     results.append(error)
                     continue
+                stamp += 1
+                local_seq += 1
                 entries.append(
                     self._entry(
                         submitted=txlog_pb2.TxSubmitted(
@@ -525,6 +555,8 @@ class TransactionStore:
                             service=SERVICE_NAME,
                             body=encoded,
                             membership=admin,
+                            ts=stamp,
+                            local_seq=local_seq,
                         )
                     )
                 )
@@ -535,42 +567,43 @@ class TransactionStore:
                 results.append(Submitted(tx_id, True, TxState.INCOMING))
             staged = None
             if entries:
-                tell = functools.partial(self._tell_local_watchers, entries)
-                if self._writer.writing:
-                    staged = self._stage(entries, on_taken=tell)
-                else:
-                    staged = self._stage(entries)
-                    tell()
+                staged = self._stage(entries)
+                self._unhanded.append((staged, entries))
+                staged.future.add_done_callback(self._hand_durable_submits)
         if staged is not None:
             await self._durable(staged)
         return results
 
-    def _tell_local_watchers(self, entries: Sequence[txlog_pb2.LogEntry]) -> None:
-        """Local submits go to the coordinator with their bodies (which it pushes to the
-        peers without reading them back from here) before their fsync: what the
-        coordinator then writes about them (their metas) is appended after them to the
-        same log, so it is durable only if they are, and the coordinator sends nothing
-        about them before its own write is durable. Its step
-        so rides the next group commit instead of waiting for this one, the watch
-        message and a ``PersistSteps`` message later. If this write fails, the writer
-        is broken, the coordinator's write fails after it, and it restarts.
+    def _hand_durable_submits(self, _: object = None) -> None:
+        """Local submits go to the coordinator with their stamps and bodies (which it
+        pushes to the peers without reading them back from here) once durable, in log
+        order: the coordinator then posts a stamped one at once, with no write of its own
+        (docs/protocol.md, "The submit's counter, stamped by the store"), and takes the
+        highest local_seq it has stepped as proof of every one before it. A callback of
+        the write's future, not a step of the submitting call, so that a client that
+        hangs up does not hold its submits back. (Handed before their fsync, as they
+        once were, the coordinator had to write their metas and wait for that write
+        before posting: a ``PersistSteps`` round trip and an fsync per local
+        transaction.)"""
+        unhanded = self._unhanded
+        while unhanded and unhanded[0][0].future.done():
+            staged, entries = unhanded.popleft()
+            if staged.future.cancelled() or staged.future.exception() is not None:
+                continue  # the writer broke: the coordinator's next write fails too
+            for watcher in self._local_watchers:
+                for entry in entries:
+                    watcher.hand(self._handed(entry.submitted))
 
-        Handed as staged while the writer is idle; while a write is on disk, as the next
-        write starts, which takes every submit staged meanwhile: they go in one watch
-        message. Handed as staged under load too, each went alone: a message, and a
-        coordinator wakeup, per transaction. (Handed always as the write starts, at one
-        client per DC they came later, by a loop turn or the rest of another write.)"""
-        for watcher in self._local_watchers:
-            for entry in entries:
-                submitted = entry.submitted
-                watcher.hand(
-                    LocalSubmit(
-                        submitted.tx_id,
-                        submitted.body,
-                        submitted.body_digest,
-                        submitted.traceparent,
-                    )
-                )
+    @staticmethod
+    def _handed(submitted: txlog_pb2.TxSubmitted) -> LocalSubmit:
+        return LocalSubmit(
+            submitted.tx_id,
+            submitted.body,
+            submitted.body_digest,
+            submitted.traceparent,
+            submitted.ts,
+            submitted.local_seq,
+        )
 
     def _delete_bodies(self, tx_ids: Iterable[str]) -> None:
         for tx_id in tx_ids:
@@ -702,8 +735,11 @@ class TransactionStore:
 
     # --- internal API: the sync-coordinator -------------------------------------------
 
-    async def load_protocol_state(self) -> int:
-        """Raise and persist the epoch (a new incarnation of the coordinator).
+    async def load_protocol_state(self) -> ProtocolState:
+        """Raise and persist the epoch (a new incarnation of the coordinator), and return
+        the protocol's state as of that entry: everything in it is durable once the
+        epoch is. (Read after the epoch's write instead, it could hold a submit stamped
+        meanwhile and not yet durable, whose stamp the coordinator would post.)
 
         (A synced transaction whose body is recorded is ENQUEUED by that record itself,
         ``state.py``: a coordinator that dies before its core saw the body arrive strands
@@ -712,8 +748,23 @@ class TransactionStore:
         async with self._lock:
             epoch = self.state.epoch + 1
             staged = self._stage([self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))])
+            loaded = self._protocol_state()
         await self._durable(staged)
-        return epoch
+        return loaded
+
+    def _protocol_state(self) -> ProtocolState:
+        state = self.state
+        txs = state.txs
+        return ProtocolState(
+            epoch=state.epoch,
+            counter=state.counter,
+            merge_base=state.merge_base,
+            synced_tail=state.synced[-PROTOCOL_STATE_SYNCED_MAX:],
+            incoming=[(meta, txs[meta.tx_id].body_held) for meta in state.incoming.values()],
+            synced_unacquired=[m for m in state.synced if not txs[m.tx_id].body_held],
+            view=state.view,
+            vote=state.vote,
+        )
 
     async def persist_step(self, step: ProtocolStep) -> MergeBase:
         """Check one protocol step, apply it and answer once it is durable."""
@@ -733,6 +784,10 @@ class TransactionStore:
         async with self._lock:
             # Checked in full before anything is applied: a refused step leaves no trace.
             entries = self._plan_step(step)
+            node_id = self.state.node_id
+            renewed = sum(1 for meta in step.incoming if meta.origin == node_id)
+            if renewed:  # a local meta comes from the coordinator only stamped anew
+                work.count(work.STAMPS_RENEWED, renewed)
             bodies = self._body_entries(checked)
             entries[:0] = bodies.entries
             staged = None
@@ -760,12 +815,14 @@ class TransactionStore:
         state = self.state
         entries: list[txlog_pb2.LogEntry] = []
         if counter:
-            if counter < state.counter:
+            if counter < state.coordinator_counter:
                 raise StoreError(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"counter {counter} is below the stored {state.counter}: counters only rise",
+                    f"counter {counter} is below the stored {state.coordinator_counter}: "
+                    "counters only rise",
                 )
-            entries.append(self._entry(counter=txlog_pb2.CounterRaised(counter=counter)))
+            raised = txlog_pb2.CounterRaised(counter=counter, local_seq=step.local_seq)
+            entries.append(self._entry(counter=raised))
         if forgotten:
             for tx_id in forgotten:
                 self._check_forgettable(tx_id)
@@ -779,7 +836,8 @@ class TransactionStore:
                 raise StoreError(
                     grpc.StatusCode.ALREADY_EXISTS, f"tx {meta.tx_id} is already synced"
                 )
-            if record is not None and record.meta is not None and record.meta != meta:
+            restamped = record is not None and record.local and meta.origin == state.node_id
+            if record is not None and record.meta not in (None, meta) and not restamped:
                 raise StoreError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"tx {meta.tx_id} is known as {record.meta}, not {meta}",
@@ -1047,11 +1105,12 @@ class TransactionStore:
         return start, state.synced[begin : begin + count_max]
 
     async def watch_local_submits(self) -> AsyncGenerator[list[LocalSubmit], None]:
-        """Every local submit the protocol has not stamped yet (those pending when the
-        watch starts first), each once, with its body, in batches of what one message
-        takes (``_LocalSubmitBatch``). New ones are handed over as they are staged
-        (``_tell_local_watchers``), not found by rescanning the pending ones at every
-        write."""
+        """Every local submit the protocol may not hold yet, each once, with its body, in
+        batches of what one message takes (``_LocalSubmitBatch``). First those waiting
+        when the watch starts: the ones to stamp anew (``pending_local``), then the
+        durable stamped ones no counter or epoch has settled, in order (a coordinator
+        that holds one already refuses it as a repeat). Then new ones as they become
+        durable (``_hand_durable_submits``), not found by rescanning at every write."""
         if len(self._local_watchers) >= LOCAL_WATCHERS_MAX:
             raise StoreError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -1060,17 +1119,23 @@ class TransactionStore:
         handed = _LocalWatch()
         self._local_watchers.add(handed)
         try:
-            pending = list(self.state.pending_local)
+            staged = {entry.submitted.tx_id for _, entries in self._unhanded for entry in entries}
+            stamped = [
+                (tx_id, stamp, seq)
+                for tx_id, (stamp, seq) in self.state.unsettled.items()
+                if tx_id not in staged  # handed as they become durable
+            ]
+            pending = [*((tx_id, 0, 0) for tx_id in self.state.pending_local), *stamped]
             batch = _LocalSubmitBatch()
-            for tx_id in pending:
-                submit = await self._local_submit(tx_id)
+            for tx_id, stamp, seq in pending:
+                submit = await self._local_submit(tx_id, stamp, seq)
                 if not batch.takes(submit):
                     yield batch.submits
                     batch = _LocalSubmitBatch()
                 batch.add(submit)
             if batch.submits:
                 yield batch.submits
-            already = set(pending)
+            already = {tx_id for tx_id, _, _ in pending}
             while True:
                 new = []
                 for submit in await handed.next_batch():
@@ -1083,11 +1148,11 @@ class TransactionStore:
         finally:
             self._local_watchers.discard(handed)
 
-    async def _local_submit(self, tx_id: str) -> LocalSubmit:
+    async def _local_submit(self, tx_id: str, stamp: int, local_seq: int) -> LocalSubmit:
         record = self.state.txs[tx_id]
         held = await self.read_bodies([tx_id])
         body = held[0][1] if held else b""
-        return LocalSubmit(tx_id, body, record.body_digest, record.traceparent)
+        return LocalSubmit(tx_id, body, record.body_digest, record.traceparent, stamp, local_seq)
 
     # --- internal API: worker-dispatch -------------------------------------------------
 

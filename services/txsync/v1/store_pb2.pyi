@@ -71,6 +71,8 @@ class LocalSubmit(_message.Message):
     BODY_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    TS_FIELD_NUMBER: _builtins.int
+    LOCAL_SEQ_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     body: _builtins.bytes
     """The encoded TxBody (as submitted, at most 4 MiB), so that the coordinator pushes it to
@@ -80,6 +82,12 @@ class LocalSubmit(_message.Message):
     """SHA-256 of `body`."""
     traceparent: _builtins.str
     """W3C traceparent of the transaction's trace (empty when not traced)."""
+    ts: _builtins.int
+    """The timestamp the store stamped it with as it wrote it (0: stamp it anew, as a
+    submit the store stamped is handed over only once durable, and one whose stamp a
+    counter voided is handed over without it), and its local_seq (LocalTx's).
+    """
+    local_seq: _builtins.int
     def __init__(
         self,
         *,
@@ -87,6 +95,8 @@ class LocalSubmit(_message.Message):
         body: _builtins.bytes = ...,
         digest: _builtins.bytes = ...,
         traceparent: _builtins.str = ...,
+        ts: _builtins.int = ...,
+        local_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -95,8 +105,12 @@ class LocalSubmit(_message.Message):
         b"body",
         "digest",
         b"digest",
+        "local_seq",
+        b"local_seq",
         "traceparent",
         b"traceparent",
+        "ts",
+        b"ts",
         "tx_id",
         b"tx_id",
     ]  # noqa: Y015
@@ -378,10 +392,17 @@ class PersistStepRequest(_message.Message):
     INSTALLED_VIEW_FIELD_NUMBER: _builtins.int
     VOTE_FIELD_NUMBER: _builtins.int
     BODIES_FIELD_NUMBER: _builtins.int
+    LOCAL_SEQ_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
-    """0 leaves the counter as it is; otherwise it must not be lower than the stored one."""
+    """0 leaves the counter as it is; otherwise it must not be lower than the counter the
+    coordinator last wrote (a stamp may have raised the stored one past it).
+    """
     service: _builtins.str
     """Which service asks (kept in the transactions' history)."""
+    local_seq: _builtins.int
+    """The highest LocalSubmit.local_seq the coordinator had stepped when it made this step
+    (logged with `counter`: how a restart tells the stamps it keeps).
+    """
     @_builtins.property
     def incoming(
         self,
@@ -438,6 +459,7 @@ class PersistStepRequest(_message.Message):
         installed_view: _common_pb2.ViewProposal | None = ...,
         vote: _common_pb2.ViewVote | None = ...,
         bodies: _abc.Iterable[Global___StoreBodyRequest] | None = ...,
+        local_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "installed_view",
@@ -459,6 +481,8 @@ class PersistStepRequest(_message.Message):
         b"incoming",
         "installed_view",
         b"installed_view",
+        "local_seq",
+        b"local_seq",
         "service",
         b"service",
         "state_changes",

@@ -252,6 +252,8 @@ class TxSubmitted(_message.Message):
     SERVICE_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_FIELD_NUMBER: _builtins.int
+    TS_FIELD_NUMBER: _builtins.int
+    LOCAL_SEQ_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     idempotency_key: _builtins.str
     body_digest: _builtins.bytes
@@ -266,6 +268,13 @@ class TxSubmitted(_message.Message):
     """
     membership: _builtins.bool
     """The body is a membership entry (PROTOCOL.md §3)."""
+    ts: _builtins.int
+    """The timestamp the store stamped the submit with, above every counter and timestamp
+    staged before it (0: none, a log from before stamps), and the submit's number among
+    this DC's local submits. The stamp is the transaction's meta unless a later counter
+    entry voids it (docs/protocol.md, "The submit's counter, stamped by the store").
+    """
+    local_seq: _builtins.int
     def __init__(
         self,
         *,
@@ -277,6 +286,8 @@ class TxSubmitted(_message.Message):
         service: _builtins.str = ...,
         body: _builtins.bytes = ...,
         membership: _builtins.bool = ...,
+        ts: _builtins.int = ...,
+        local_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -289,12 +300,16 @@ class TxSubmitted(_message.Message):
         b"body_digest",
         "idempotency_key",
         b"idempotency_key",
+        "local_seq",
+        b"local_seq",
         "membership",
         b"membership",
         "service",
         b"service",
         "traceparent",
         b"traceparent",
+        "ts",
+        b"ts",
         "tx_id",
         b"tx_id",
     ]  # noqa: Y015
@@ -381,15 +396,24 @@ class CounterRaised(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     COUNTER_FIELD_NUMBER: _builtins.int
+    LOCAL_SEQ_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
+    local_seq: _builtins.int
+    """The highest local submit the coordinator had stepped when it made this write: a stamp
+    at or below `counter` with a higher local_seq is void (the coordinator may have
+    posted `counter` without it) and is stamped anew.
+    """
     def __init__(
         self,
         *,
         counter: _builtins.int = ...,
+        local_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counter", b"counter"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "counter", b"counter", "local_seq", b"local_seq"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -510,6 +534,8 @@ class Snapshot(_message.Message):
     VOTE_FIELD_NUMBER: _builtins.int
     CONTINUED_FIELD_NUMBER: _builtins.int
     PARTS_FIELD_NUMBER: _builtins.int
+    LOCAL_SEQ_FIELD_NUMBER: _builtins.int
+    COORDINATOR_COUNTER_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     epoch: _builtins.int
     synced_len: _builtins.int
@@ -529,6 +555,11 @@ class Snapshot(_message.Message):
     """With `continued`: how many SnapshotMore frames follow (recovery refuses a file
     with fewer).
     """
+    local_seq: _builtins.int
+    """The highest local_seq given to a local submit, and the highest counter the
+    coordinator wrote (`counter` also counts the stamps).
+    """
+    coordinator_counter: _builtins.int
     @_builtins.property
     def synced(
         self,
@@ -557,16 +588,22 @@ class Snapshot(_message.Message):
         vote: _common_pb2.ViewVote | None = ...,
         continued: _builtins.bool = ...,
         parts: _builtins.int = ...,
+        local_seq: _builtins.int = ...,
+        coordinator_counter: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view", "vote", b"vote"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "continued",
         b"continued",
+        "coordinator_counter",
+        b"coordinator_counter",
         "counter",
         b"counter",
         "epoch",
         b"epoch",
+        "local_seq",
+        b"local_seq",
         "parts",
         b"parts",
         "synced",
@@ -644,6 +681,7 @@ class SnapshotTx(_message.Message):
     LOCAL_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_FIELD_NUMBER: _builtins.int
+    STAMP_LOCAL_SEQ_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     has_meta: _builtins.bool
     idempotency_key: _builtins.str
@@ -654,6 +692,10 @@ class SnapshotTx(_message.Message):
     local: _builtins.bool
     seq: _builtins.int
     membership: _builtins.bool
+    stamp_local_seq: _builtins.int
+    """A local submit's stamp (the meta) no counter entry has settled yet: its local_seq
+    (0: settled, or no stamp).
+    """
     @_builtins.property
     def meta(self) -> _common_pb2.TxMeta: ...
     @_builtins.property
@@ -678,6 +720,7 @@ class SnapshotTx(_message.Message):
         local: _builtins.bool = ...,
         seq: _builtins.int = ...,
         membership: _builtins.bool = ...,
+        stamp_local_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "meta", b"meta", "outcome", b"outcome"
@@ -706,6 +749,8 @@ class SnapshotTx(_message.Message):
         b"outcome",
         "seq",
         b"seq",
+        "stamp_local_seq",
+        b"stamp_local_seq",
         "traceparent",
         b"traceparent",
         "tx_id",

@@ -5,10 +5,6 @@ writes everything pending in one ``write`` + ``fsync`` (in a worker thread, so t
 loop keeps serving) and then resolves every future of that batch. Under load, batches
 grow by themselves: the longer an fsync takes, the more frames the next one carries.
 
-A frame may bring work for when its write starts (``on_taken``, on the event loop): the
-store then hands the coordinator the local submits staged while the write before was on
-disk, all together (``writing`` tells it).
-
 If a write or fsync fails the writer is **broken** for good: memory and disk may now
 disagree, so the store refuses all further writes and reports itself unhealthy instead of
 guessing what reached the disk.
@@ -20,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
 from typing import NamedTuple
 
 from txsync.telemetry import work
@@ -35,8 +30,6 @@ BATCH_BYTES_MAX = 16 * 1024 * 1024
 class _Pending(NamedTuple):
     frame: bytes
     future: asyncio.Future[None]
-    on_taken: Callable[[], None] | None
-    """What runs when the frame's write starts (on the event loop)."""
 
 
 class WriterBrokenError(Exception):
@@ -60,18 +53,13 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="txlog-writer")
 
-    def submit(
-        self,
-        frame: bytes,
-        *,
-        on_taken: Callable[[], None] | None = None,
-    ) -> asyncio.Future[None]:
-        """Queue a frame; the future resolves once it is durable; ``on_taken`` runs as
-        its write starts (never if the writer broke before)."""
+    def submit(self, frame: bytes) -> asyncio.Future[None]:
+        """Queue a frame; the future resolves once it is durable (its callbacks run in
+        the order the frames were submitted)."""
         if self.broken is not None:
             raise WriterBrokenError(self.broken)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(frame, future, on_taken))
+        self._pending.append(_Pending(frame, future))
         self._idle.clear()
         self._wakeup.set()
         return future
@@ -100,9 +88,6 @@ class GroupCommitWriter:
                     item = self._pending.popleft()
                     batch.append(item)
                     size += len(item.frame)
-                for item in batch:
-                    if item.on_taken is not None:
-                        item.on_taken()
                 self.writing = True
                 try:
                     await work.in_thread(

@@ -1,0 +1,145 @@
+"""Stamped submits: the store's side of the replay rule (docs/protocol.md, "The submit's
+counter, stamped by the store"), checked on a real store and after a restart, which
+replays the very log it wrote."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from tests.support.in_process import WAIT_S
+from txsync.protocol import TxMeta
+from txsync.transaction_store.store import (
+    LocalSubmit,
+    ProtocolStep,
+    StoreConfig,
+    TransactionStore,
+)
+from txsync.v1 import common_pb2
+
+Scenario = Callable[[TransactionStore], Awaitable[None]]
+
+
+def _body(n: int = 1) -> common_pb2.TxBody:
+    return common_pb2.TxBody(statements=[common_pb2.Statement(sql=f"INSERT INTO t VALUES ({n})")])
+
+
+def _run(tmp_path: Path, *scenarios: Scenario) -> None:
+    """Each scenario on the store opened afresh from the same directory."""
+
+    async def main() -> None:
+        for scenario in scenarios:
+            store = await TransactionStore.open(StoreConfig(data_dir=tmp_path, node_id="dc1"))
+            try:
+                await scenario(store)
+            finally:
+                await store.close()
+
+    asyncio.run(main())
+
+
+async def _submit(store: TransactionStore) -> str:
+    return (await store.submit(_body())).tx_id
+
+
+async def _first_watched(store: TransactionStore) -> list[LocalSubmit]:
+    watch = store.watch_local_submits()
+    try:
+        return await asyncio.wait_for(anext(watch), WAIT_S)
+    finally:
+        await watch.aclose()
+
+
+def test_a_counter_made_before_the_submit_was_stepped_voids_its_stamp(tmp_path: Path) -> None:
+    """The coordinator wrote counter 5 without having stepped the submit stamped 1: it
+    may have posted 5 without it, so the stamp is void, before and after a restart, and
+    the submit is handed over to be stamped anew."""
+    tx_id = ""
+
+    async def write(store: TransactionStore) -> None:
+        nonlocal tx_id
+        tx_id = await _submit(store)
+        assert store.get(tx_id).meta == TxMeta(1, tx_id, "dc1")
+        await store.persist_step(ProtocolStep(counter=5, local_seq=0))
+        await check(store)
+
+    async def check(store: TransactionStore) -> None:
+        assert store.get(tx_id).meta is None and tx_id not in store.state.incoming
+        assert list(store.state.pending_local) == [tx_id] and not store.state.unsettled
+        (handed,) = await _first_watched(store)
+        assert (handed.tx_id, handed.ts, handed.local_seq) == (tx_id, 0, 0)
+
+    _run(tmp_path, write, check)
+
+
+def test_a_counter_made_after_the_submit_was_stepped_keeps_its_stamp(tmp_path: Path) -> None:
+    tx_id = ""
+
+    async def write(store: TransactionStore) -> None:
+        nonlocal tx_id
+        tx_id = await _submit(store)
+        await store.persist_step(ProtocolStep(counter=5, local_seq=1))
+        await check(store)
+
+    async def check(store: TransactionStore) -> None:
+        assert store.get(tx_id).meta == TxMeta(1, tx_id, "dc1")
+        assert store.state.incoming[tx_id] == TxMeta(1, tx_id, "dc1")
+        assert not store.state.pending_local and not store.state.unsettled
+
+    _run(tmp_path, write, check)
+
+
+def test_a_counter_below_the_stamp_leaves_it_open_and_a_new_epoch_settles_it(
+    tmp_path: Path,
+) -> None:
+    """A counter below the stamp says nothing of it; a new coordinator (its epoch) takes
+    the stamps as they are, so a counter written after that voids none of them."""
+    tx_id = ""
+
+    async def write(store: TransactionStore) -> None:
+        nonlocal tx_id
+        await store.persist_step(ProtocolStep(counter=5))
+        tx_id = await _submit(store)
+        assert store.state.unsettled == {tx_id: (6, 1)}
+        await store.persist_step(ProtocolStep(counter=5, local_seq=0))
+        assert store.state.unsettled == {tx_id: (6, 1)}
+
+    async def restart(store: TransactionStore) -> None:
+        assert store.state.unsettled == {tx_id: (6, 1)}  # replayed open
+        (handed,) = await _first_watched(store)  # the coordinator may not hold it
+        assert (handed.ts, handed.local_seq) == (6, 1)
+        await store.load_protocol_state()
+        assert not store.state.unsettled
+        await store.persist_step(ProtocolStep(counter=9, local_seq=0))
+        assert store.get(tx_id).meta == TxMeta(6, tx_id, "dc1")
+
+    _run(tmp_path, write, restart)
+
+
+def test_stamped_anew_the_meta_replaces_the_stamp(tmp_path: Path) -> None:
+    """The coordinator's counter had passed the stamp when it stepped the submit: it
+    writes the meta it stamped anew, which the store takes in place of the stamp, open
+    or void, and a submit stamped afterwards goes above it."""
+    tx_ids: list[str] = []
+
+    async def write(store: TransactionStore) -> None:
+        tx_ids.extend([await _submit(store), await _submit(store)])
+        await store.persist_step(ProtocolStep(counter=5, local_seq=0))  # voids both
+        first, second = tx_ids
+        await store.persist_step(
+            ProtocolStep(counter=7, local_seq=2, incoming=[TxMeta(6, first, "dc1")])
+        )
+        assert store.get(first).meta == TxMeta(6, first, "dc1")
+        assert list(store.state.pending_local) == [second]
+        third = await _submit(store)
+        assert store.get(third).meta == TxMeta(8, third, "dc1")
+        tx_ids.append(third)
+
+    async def check(store: TransactionStore) -> None:
+        first, second, third = tx_ids
+        assert store.get(first).meta == TxMeta(6, first, "dc1")
+        assert store.get(second).meta is None
+        assert store.state.unsettled == {third: (8, 3)} and store.state.local_seq == 3
+
+    _run(tmp_path, write, check)
