@@ -5,8 +5,11 @@ replays the very log it wrote."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import pytest
 
 from tests.support.in_process import WAIT_S
 from txsync.protocol import TxMeta
@@ -16,6 +19,7 @@ from txsync.transaction_store.store import (
     StoreConfig,
     TransactionStore,
 )
+from txsync.transaction_store.txlog.files import LogFiles
 from txsync.v1 import common_pb2
 
 Scenario = Callable[[TransactionStore], Awaitable[None]]
@@ -143,3 +147,36 @@ def test_stamped_anew_the_meta_replaces_the_stamp(tmp_path: Path) -> None:
         assert store.state.unsettled == {third: (8, 3)} and store.state.local_seq == 3
 
     _run(tmp_path, write, check)
+
+
+def test_a_submit_whose_client_hung_up_is_still_handed_over_once_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's call cancelled while its submit's write is on disk: the submit is
+    written all the same, so the coordinator must still hear of it, and only once it is
+    durable."""
+
+    async def scenario(store: TransactionStore) -> None:
+        gate = threading.Event()
+        append = LogFiles.append_sync
+
+        def held(files: LogFiles, frames: bytes) -> None:
+            gate.wait(WAIT_S)
+            append(files, frames)
+
+        monkeypatch.setattr(LogFiles, "append_sync", held)
+        watch = store.watch_local_submits()
+        handing = asyncio.ensure_future(anext(watch))
+        submitting = asyncio.create_task(store.submit(_body()))
+        async with asyncio.timeout(WAIT_S):
+            while not store.state.unsettled:
+                await asyncio.sleep(0)  # staged, its write held
+        submitting.cancel()
+        await asyncio.sleep(0.05)
+        assert not handing.done()
+        gate.set()
+        (handed,) = await asyncio.wait_for(handing, WAIT_S)
+        assert handed.tx_id in store.state.unsettled and handed.ts == 1
+        await watch.aclose()
+
+    _run(tmp_path, scenario)

@@ -418,7 +418,10 @@ class TransactionStore:
 
     async def _durable(self, staged: _Staged) -> None:
         try:
-            await staged.future
+            # Shielded: a caller that is cancelled (a client hanging up) must not cancel
+            # the write's future, which its callbacks (the hand-over of local submits)
+            # take as the word that the write is durable.
+            await asyncio.shield(staged.future)
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         self._announce(staged.moved, staged.traced_whole)
