@@ -680,8 +680,16 @@ class ProtocolNode:
                 self._next_round_ms = self._now_ms
 
     def _try_add(self) -> bool:
-        """ADD if a post of every member is at hand for our base; true if the base moved."""
+        """ADD if a post of every member is at hand for our base; true if the base moved.
+
+        Never below the installed view's seal end: the entries up to it are decided (the
+        old view added them), and a member short of them must be served them. Members
+        all short of it (the view took laggards in to keep a majority, and the one
+        holding the seal's history is down) wait for it; adding at their base forked the
+        order (seed 358, five faults, 3 nodes, stamped submits)."""
         if not self.is_member or self._is_frozen() or len(self._posts) < len(self._members):
+            return False
+        if self._synced.base.synced_len < self._installed.seal_end.synced_len:
             return False
         posts = self._posts.values()
         limit_ts = min(post.counter for post in posts)
