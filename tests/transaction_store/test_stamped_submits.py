@@ -5,13 +5,13 @@ replays the very log it wrote."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from tests.support.in_process import WAIT_S
+from tests.transaction_store.held_writes import hold_writes
 from txsync.protocol import TxMeta
 from txsync.transaction_store.store import (
     LocalSubmit,
@@ -19,7 +19,6 @@ from txsync.transaction_store.store import (
     StoreConfig,
     TransactionStore,
 )
-from txsync.transaction_store.txlog.files import LogFiles
 from txsync.v1 import common_pb2
 
 Scenario = Callable[[TransactionStore], Awaitable[None]]
@@ -157,14 +156,7 @@ def test_a_submit_whose_client_hung_up_is_still_handed_over_once_durable(
     durable."""
 
     async def scenario(store: TransactionStore) -> None:
-        gate = threading.Event()
-        append = LogFiles.append_sync
-
-        def held(files: LogFiles, frames: bytes) -> None:
-            gate.wait(WAIT_S)
-            append(files, frames)
-
-        monkeypatch.setattr(LogFiles, "append_sync", held)
+        gate = hold_writes(monkeypatch)
         watch = store.watch_local_submits()
         handing = asyncio.ensure_future(anext(watch))
         submitting = asyncio.create_task(store.submit(_body()))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -17,6 +16,7 @@ import grpc
 import pytest
 
 from tests.support.in_process import WAIT_S, until
+from tests.transaction_store.held_writes import hold_writes
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.protocol.limits import INCOMING_TXS_MOST
@@ -32,7 +32,6 @@ from txsync.transaction_store.store import (
     TransactionStore,
 )
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest, gzip_body
-from txsync.transaction_store.txlog.files import LogFiles
 from txsync.transaction_store.validation import PERSIST_METAS_MAX, StoreError, nondeterminism
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -419,19 +418,6 @@ def test_a_watch_hands_a_group_commits_submits_in_messages_it_bounds(
     _run(tmp_path, scenario)
 
 
-def _hold_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Every txlog write waits in the writer's thread until the returned gate is set."""
-    gate = threading.Event()
-    append = LogFiles.append_sync
-
-    def held(files: LogFiles, frames: bytes) -> None:
-        gate.wait(WAIT_S)
-        append(files, frames)
-
-    monkeypatch.setattr(LogFiles, "append_sync", held)
-    return gate
-
-
 def test_a_watch_hands_a_submit_once_durable_with_its_stamp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -441,7 +427,7 @@ def test_a_watch_hands_a_submit_once_durable_with_its_stamp(
 
     async def scenario(store: TransactionStore) -> None:
         await store.persist_step(ProtocolStep(counter=7, local_seq=0))
-        gate = _hold_writes(monkeypatch)
+        gate = hold_writes(monkeypatch)
         watch = store.watch_local_submits()
         handing = asyncio.ensure_future(anext(watch))
         submitting = asyncio.create_task(store.submit(_body()))
@@ -471,7 +457,7 @@ def test_submits_made_durable_together_are_handed_together_in_order(
     wakeup per transaction cost a lot under load), after the first, in log order."""
 
     async def scenario(store: TransactionStore) -> None:
-        gate = _hold_writes(monkeypatch)
+        gate = hold_writes(monkeypatch)
         watch = store.watch_local_submits()
         first = asyncio.create_task(store.submit(_body()))
         try:
