@@ -170,7 +170,8 @@ COORDINATOR_SETTINGS: tuple[Setting, ...] = (
     _core("promise_wait_ms", "ms", "after a majority promised, wait this long for the others"),
     _core("incoming_txs_max", "metas",
           "metas held in the incoming queue (at most 65,536, what one view change may "
-          "forget); local submits are refused past 32,768 or this, whichever is less",
+          "forget); past 32,768 or this, whichever is less, local submits wait in the "
+          "store until there is room",
           most=INCOMING_TXS_MOST),
     _core("post_txs_max", "metas", "metas in one post (at most 4,096)", most=EVENT_METAS_MOST),
     _core("catchup_entries_max", "entries",

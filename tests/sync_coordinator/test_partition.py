@@ -85,3 +85,34 @@ def test_one_way_cut_and_flapping_links_converge(cluster: LocalCluster) -> None:
         flapper.join()
     emulator.heal()
     assert len(cluster.wait_converged(set(acked))) == 24
+
+
+def test_a_cut_off_dcs_submits_wait_in_its_store_not_in_its_core(tmp_path: Path) -> None:
+    """A stamped submit is acknowledged before its coordinator holds it, so the core
+    cannot refuse it when full: the coordinator takes local submits only while its
+    incoming queue has room (here 8), the store keeps the rest, and after healing all
+    of them are ordered."""
+    room = 8
+    cluster = LocalCluster(
+        tmp_path,
+        3,
+        one_way_delay_ms=1,
+        coordinator_args=("--round-timeout-ms", "300", "--incoming-txs-max", str(room)),
+    )
+    try:
+        emulator = cluster.emulator
+        assert emulator is not None
+        cut_off = cluster.dcs[0]
+        emulator.partition({cut_off.node_id}, {dc.node_id for dc in cluster.dcs[1:]})
+        acked: list[str] = []
+        submit_at(cut_off, 3 * room, acked, threading.Lock())  # all acknowledged, while cut
+        cluster.wait_for(
+            "the cut-off core to fill its room",
+            lambda: cluster.status(cut_off).incoming_len >= room,
+        )
+        assert cluster.status(cut_off).incoming_len == room
+        emulator.heal()
+        order = cluster.wait_converged(set(acked))
+        assert len(order) == 3 * room
+    finally:
+        cluster.stop()

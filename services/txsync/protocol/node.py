@@ -343,6 +343,16 @@ class ProtocolNode:
     def incoming_metas(self) -> Sequence[TxMeta]:
         return self._incoming.metas()
 
+    @property
+    def incoming_len(self) -> int:
+        return len(self._incoming)
+
+    @property
+    def local_admit_txs_max(self) -> int:
+        """Past this many incoming metas the core refuses unstamped local submits; the
+        shell holds stamped ones back until there is room (they cannot be refused)."""
+        return self._limits.local_admit_txs_max
+
     def is_incoming(self, tx_id: TxId) -> bool:
         return tx_id in self._incoming
 
@@ -390,9 +400,10 @@ class ProtocolNode:
         if tx_id in self._incoming:
             self._reject(f"local tx {tx_id}", "already in the incoming queue")
             return
-        # A stamped submit is written and acknowledged already: the store refused the
-        # client if it was full, and a refusal here would strand a stamp on disk that a
-        # restart must not take back at its old timestamp.
+        # A stamped submit is written and acknowledged already: a refusal here would
+        # strand a stamp on disk that a restart must not take back at its old timestamp.
+        # The shell bounds them instead, handing one over only while the queue holds
+        # fewer than local_admit_txs_max metas (the store holds the rest).
         if not stamp and len(self._incoming) >= self._limits.local_admit_txs_max:
             self._reject(f"local tx {tx_id}", "incoming queue full; retry later")
             return

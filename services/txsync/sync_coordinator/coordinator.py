@@ -491,6 +491,10 @@ class Coordinator:
         """Local submits' bodies as the store streamed them, until the core asks for
         their push (at most LOCAL_BODIES_MAX, oldest dropped)."""
         self._pushes_waiting = asyncio.Event()
+        self._locals_queued = 0
+        """LocalTx events put on the queue and not stepped yet: they count against the
+        core's room for local metas (``_wait_room_for_local``)."""
+        self._room_for_locals = asyncio.Event()
         self.rejections = 0
         joining = () if config.joining else (config.node_id,)
         self.weights = {node: config.weights.get(node, 1) for node in (*joining, *config.peers)}
@@ -671,7 +675,11 @@ class Coordinator:
         for event in events:
             if isinstance(event, ArrivedBody):
                 self.bodies_arriving.discard(event.tx_id)  # the core knows it now
+            elif isinstance(event, LocalTx):
+                self._locals_queued -= 1
         out = shell.step(events, now_ms=_now_ms())
+        if self._locals_queued + node.incoming_len < node.local_admit_txs_max:
+            self._room_for_locals.set()
         for rejection in out.rejections:
             self.rejections += 1
             level = logging.ERROR if "FORK" in rejection.reason else logging.DEBUG
@@ -829,7 +837,7 @@ class Coordinator:
             quorum=node.quorum_state(),
             merge_base=node.merge_base,
             counter=node.counter,
-            incoming_len=len(node.incoming_metas()),
+            incoming_len=node.incoming_len,
             lag=self.lag(),
             now_ms=node.now_ms,
             paused=self.paused,
@@ -1110,10 +1118,26 @@ class Coordinator:
                             )
                             if len(local_bodies) > LOCAL_BODIES_MAX:
                                 del local_bodies[next(iter(local_bodies))]
+                        await self._wait_room_for_local()
                         await self.events.put(LocalTx(submit.tx_id, submit.ts, submit.local_seq))
+                        # Counted once put (no await in between, so the loop cannot have
+                        # stepped it yet), so a cancelled put leaves no count behind.
+                        self._locals_queued += 1
             except grpc.aio.AioRpcError as error:
                 log.warning("local submit watch ended (%s); retrying", error.code().name)
             await asyncio.sleep(0.5)
+
+    async def _wait_room_for_local(self) -> None:
+        """Until the core has room for one more local meta. A stamped submit is durable
+        and acknowledged, so the core cannot refuse it as it refuses an unstamped one
+        when full; it waits here instead, and the rest wait in the store (bounded by its
+        --incoming-max and, per watch, by bytes), not in the core's incoming queue, which
+        a view change may have to forget whole (INCOMING_TXS_MOST)."""
+        node = self.node
+        assert node is not None, "started"
+        while self._locals_queued + node.incoming_len >= node.local_admit_txs_max:
+            self._room_for_locals.clear()
+            await self._room_for_locals.wait()
 
 
 def checked_body(tx_id: str, encoded: bytes, digest: bytes, traceparent: str) -> ArrivedBody:
