@@ -33,9 +33,7 @@ def _run(tmp_path: Path, *scenarios: Scenario) -> None:
 
     async def main() -> None:
         for scenario in scenarios:
-            store = await TransactionStore.open(
-                StoreConfig(data_dir=tmp_path, node_id="dc1", stamp_clock_us=lambda: 0)
-            )
+            store = await TransactionStore.open(StoreConfig(data_dir=tmp_path, node_id="dc1"))
             try:
                 await scenario(store)
             finally:

@@ -423,8 +423,7 @@ def test_a_watch_hands_a_submit_once_durable_with_its_stamp(
 ) -> None:
     """The coordinator posts a stamped submit without writing it first, so it must not
     hear of it before the submit's write is durable. The stamp is above every counter
-    and timestamp staged (here the clock is behind them), and is the transaction's
-    meta."""
+    and timestamp staged, and is the transaction's meta."""
 
     async def scenario(store: TransactionStore) -> None:
         await store.persist_step(ProtocolStep(counter=7, local_seq=0))
@@ -447,7 +446,7 @@ def test_a_watch_hands_a_submit_once_durable_with_its_stamp(
         assert record.meta == TxMeta(8, tx_id, "dc1") and store.state.counter == 8
         await watch.aclose()
 
-    _run(tmp_path, scenario, stamp_clock_us=lambda: 5)
+    _run(tmp_path, scenario)
 
 
 def test_submits_made_durable_together_are_handed_together_in_order(
@@ -455,9 +454,7 @@ def test_submits_made_durable_together_are_handed_together_in_order(
 ) -> None:
     """Submits staged while a write is on disk go in the next write, and reach the
     coordinator in one watch message once it is durable (a message and a coordinator
-    wakeup per transaction cost a lot under load), after the first, in log order. Their
-    stamps are at least the clock (here ahead of every counter) and rise in log order
-    even where the clock stands still."""
+    wakeup per transaction cost a lot under load), after the first, in log order."""
 
     async def scenario(store: TransactionStore) -> None:
         gate = hold_writes(monkeypatch)
@@ -478,10 +475,10 @@ def test_submits_made_durable_together_are_handed_together_in_order(
         together = await asyncio.wait_for(anext(watch), WAIT_S)
         assert [s.tx_id for s in together] == [(await task).tx_id for task in later]
         assert [s.local_seq for s in (*handed, *together)] == [1, 2, 3]
-        assert [s.ts for s in (*handed, *together)] == [1_000, 1_001, 1_002]
+        assert [s.ts for s in (*handed, *together)] == [1, 2, 3]
         await watch.aclose()
 
-    _run(tmp_path, scenario, stamp_clock_us=lambda: 1_000)
+    _run(tmp_path, scenario)
 
 
 def test_waits_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

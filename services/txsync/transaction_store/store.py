@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -60,10 +60,6 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "transaction-store"
 
 
-def _wall_clock_us() -> int:
-    return time.time_ns() // 1_000
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoreConfig:
     data_dir: Path
@@ -86,9 +82,6 @@ class StoreConfig:
     body_cache_bytes_max: int = BODY_CACHE_BYTES_DEFAULT
     """Bodies of unfinished transactions a rotation filed, kept in memory for reading back
     (``body_cache``)."""
-    stamp_clock_us: Callable[[], int] = _wall_clock_us
-    """The clock a local submit's stamp is at least (microseconds since the epoch; a
-    test passes ``lambda: 0`` for plain counter stamps). See ``submit_many``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -521,14 +514,7 @@ class TransactionStore:
         async with self._lock:
             # Stamped above every counter and timestamp staged (the state applies what is
             # staged): the protocol takes the stamp if its counter is still below it.
-            # And at least the wall clock: a peer's post then passes the stamp before the
-            # hand-over only if it names a stamp made later (or the clocks disagree), so
-            # the core rarely stamps anew. Before it, a counter-only stamp was passed by
-            # any post that raised the counter meanwhile: 23-42% renewed at 0 ms RTT,
-            # each a write and an fsync the stamp was meant to save. Correctness never
-            # depends on the clock: the core stamps anew whatever it has passed.
             stamp, local_seq = self.state.counter, self.state.local_seq
-            clock_us = self.config.stamp_clock_us()
             batch_keys: dict[str, str] = {}
             batch_digests: dict[str, bytes] = {}
             for (_, _, traceparent), key, item in zip(submits, keys, prepared, strict=True):
@@ -559,7 +545,7 @@ class TransactionStore:
                 except StoreError as error:
                     results.append(error)
                     continue
-                stamp = max(stamp + 1, clock_us)
+                stamp += 1
                 local_seq += 1
                 entries.append(
                     self._entry(
