@@ -481,6 +481,77 @@ def test_submits_made_durable_together_are_handed_together_in_order(
     _run(tmp_path, scenario)
 
 
+async def _staged_submit(
+    store: TransactionStore, key: str = ""
+) -> tuple[asyncio.Task[Submitted], str]:
+    """A submit whose write is held (``hold_writes``): its task and its transaction."""
+    submitting = asyncio.create_task(store.submit(_body(), key))
+    async with asyncio.timeout(WAIT_S):
+        while not store.state.unsettled:
+            await asyncio.sleep(0)  # staged: in memory, its write held
+    (tx_id,) = store.state.unsettled
+    return submitting, tx_id
+
+
+def test_a_retried_submit_is_acknowledged_no_sooner_than_its_first_try(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry with the same key finds the transaction in memory while its write is
+    still on disk: answered then, a crash before the fsync would lose a transaction
+    the client was told the store holds."""
+
+    async def scenario(store: TransactionStore) -> None:
+        gate = hold_writes(monkeypatch)
+        first, tx_id = await _staged_submit(store, "key-1")
+        retry = asyncio.create_task(store.submit(_body(), "key-1"))
+        await asyncio.sleep(0.05)
+        assert not retry.done()
+        gate.set()
+        assert await asyncio.wait_for(retry, WAIT_S) == Submitted(tx_id, False, TxState.INCOMING)
+        assert (await first).tx_id == tx_id
+
+    _run(tmp_path, scenario)
+
+
+def test_a_wait_is_answered_once_the_state_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory holds what is staged; a wait answers from what is written."""
+
+    async def scenario(store: TransactionStore) -> None:
+        gate = hold_writes(monkeypatch)
+        submitting, tx_id = await _staged_submit(store)
+        waiting = asyncio.create_task(store.wait(tx_id, TxState.INCOMING, WAIT_S))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        gate.set()
+        record, reached = await asyncio.wait_for(waiting, WAIT_S)
+        assert reached and record is not None and record.tx_id == tx_id
+        await submitting
+
+    _run(tmp_path, scenario)
+
+
+def test_a_write_whose_caller_hung_up_still_wakes_the_others_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wake-up is the write's own callback, not a step of the call that staged it:
+    the submitter cancelled, a wait on its transaction is answered when the write is
+    durable, not at some later write that may never come."""
+
+    async def scenario(store: TransactionStore) -> None:
+        gate = hold_writes(monkeypatch)
+        submitting, tx_id = await _staged_submit(store)
+        waiting = asyncio.create_task(store.wait(tx_id, TxState.INCOMING, WAIT_S))
+        await asyncio.sleep(0)
+        submitting.cancel()
+        gate.set()
+        _, reached = await asyncio.wait_for(waiting, WAIT_S / 2)
+        assert reached
+
+    _run(tmp_path, scenario)
+
+
 def test_waits_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store_module, "WAITS_MAX", 3)
 

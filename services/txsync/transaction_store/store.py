@@ -13,6 +13,7 @@ all writes rather than letting memory and disk disagree.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -332,9 +333,13 @@ class TransactionStore:
         every write (with many clients waiting, waking all of them per fsync cost more
         than the writes)."""
         self._local_watchers: set[_LocalWatch] = set()
-        self._unhanded: deque[tuple[_Staged, list[txlog_pb2.LogEntry]]] = deque()
+        self._unhanded: deque[tuple[_Staged, Sequence[txlog_pb2.LogEntry]]] = deque()
         """Stamped submits staged and not yet handed to the watchers, in log order: handed
         once durable, in that order (``_hand_durable_submits``)."""
+        self._undurable: dict[str, _Staged] = {}
+        """Transactions a write not yet durable moves, with the last such write. Memory
+        holds what is staged, so an answer that promises a state (a wait, a retried
+        submit) waits for that write first (``_has_reached``, ``submit_many``)."""
         self.body_cache = BodyCache(config.body_cache_bytes_max)
         self._rotating = False
         self._closing = threading.Event()
@@ -399,8 +404,11 @@ class TransactionStore:
         entries: Sequence[txlog_pb2.LogEntry],
         *,
         traced_whole: Collection[str] = (),
+        hand_over: bool = False,
     ) -> _Staged:
-        """Under the lock: hand entries to the writer and apply them to memory."""
+        """Under the lock: hand entries to the writer and apply them to memory. Once they
+        are durable, local submits among them are handed to the coordinator
+        (``hand_over``), then waiters are woken (``_on_durable``)."""
         batch = txlog_pb2.LogBatch(entries=entries)
         try:
             future = self._writer.submit(encode_frame(batch.SerializeToString()))
@@ -414,17 +422,38 @@ class TransactionStore:
             if entry.HasField("state"):
                 work.count(work.STATE_ENTRIES)
             moved += apply(entry)
-        return _Staged(future, moved, traced_whole)
+        staged = _Staged(future, moved, traced_whole)
+        undurable = self._undurable
+        for transition in moved:
+            undurable[transition.record.tx_id] = staged
+        if hand_over:  # before the waiters are woken: the coordinator's is the hot path
+            self._unhanded.append((staged, entries))
+            future.add_done_callback(self._hand_durable_submits)
+        future.add_done_callback(functools.partial(self._on_durable, staged))
+        return staged
+
+    def _on_durable(self, staged: _Staged, future: asyncio.Future[None]) -> None:
+        """The write is on disk: its transitions count as reached, their waiters wake. A
+        callback of the write's future, not a step of the call that staged it, so that
+        a caller cancelled meanwhile (a client hanging up) holds no one else's answer
+        back until some later write."""
+        if future.cancelled() or future.exception() is not None:
+            return  # the writer broke: nothing staged since is durable, nor will be
+        undurable = self._undurable
+        for transition in staged.moved:
+            tx_id = transition.record.tx_id
+            if undurable.get(tx_id) is staged:
+                del undurable[tx_id]
+        self._announce(staged.moved, staged.traced_whole)
 
     async def _durable(self, staged: _Staged) -> None:
         try:
             # Shielded: a caller that is cancelled (a client hanging up) must not cancel
-            # the write's future, which its callbacks (the hand-over of local submits)
-            # take as the word that the write is durable.
+            # the write's future, whose callbacks (the hand-over of local submits, the
+            # waiters' wake-up) take it as the word that the write is durable.
             await asyncio.shield(staged.future)
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
-        self._announce(staged.moved, staged.traced_whole)
         if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._rotating = True
             # Keep a strong reference: the loop holds tasks only weakly.
@@ -511,6 +540,7 @@ class TransactionStore:
             prepared.append((str(uuid.uuid4()), encoded))
         results: list[Submitted | StoreError] = []
         entries: list[txlog_pb2.LogEntry] = []
+        in_flight: dict[int, _Staged] = {}  # writes on their way that this call repeats
         async with self._lock:
             # Stamped above every counter and timestamp staged (the state applies what is
             # staged): the protocol takes the stamp if its counter is still below it.
@@ -539,6 +569,9 @@ class TransactionStore:
                         continue
                     state = record.state if record and record.state else TxState.INCOMING
                     results.append(Submitted(existing, False, state))
+                    writing = self._undurable.get(existing)
+                    if writing is not None:
+                        in_flight[id(writing)] = writing
                     continue
                 try:
                     self._check_capacity(staged=len(entries))
@@ -568,13 +601,14 @@ class TransactionStore:
                     batch_keys[key] = tx_id
                     batch_digests[key] = digest
                 results.append(Submitted(tx_id, True, TxState.INCOMING))
-            staged = None
-            if entries:
-                staged = self._stage(entries)
-                self._unhanded.append((staged, entries))
-                staged.future.add_done_callback(self._hand_durable_submits)
+            staged = self._stage(entries, hand_over=True) if entries else None
         if staged is not None:
             await self._durable(staged)
+        for repeated in in_flight.values():
+            # A retry of a submit still on its way to disk is acknowledged no sooner
+            # than the first try: a crash before that write would lose the transaction
+            # both answers promised.
+            await self._durable(repeated)
         return results
 
     def _hand_durable_submits(self, _: object = None) -> None:
@@ -718,6 +752,10 @@ class TransactionStore:
         return [(self.state.tx(tx_id), tx_id not in unreached) for tx_id in tx_ids]
 
     def _has_reached(self, tx_id: str, state: TxState) -> bool:
+        """Durably (or TESTING, which is never written alone): memory holds staged
+        states, and a waiter answered from one a crash then takes back was lied to."""
+        if tx_id in self._undurable:
+            return False  # its write's _on_durable wakes the waiter
         record = self.state.tx(tx_id)
         current = record.state if record is not None else None
         return current is not None and _reached(current, state)
