@@ -214,7 +214,7 @@ class _Waiter:
         self.wake()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Staged:
     """Entries handed to the writer: its future, and the transitions they made (their
     waiters are woken and their spans emitted once the entries are durable)."""
@@ -223,6 +223,7 @@ class _Staged:
     moved: list[Moved]
     traced_whole: Collection[str] = ()
     """Transactions whose every span is emitted instead (their trace context arrived)."""
+    announced: bool = False
 
 
 PeerBody = tuple[str, bytes, bytes, str]
@@ -336,10 +337,11 @@ class TransactionStore:
         self._unhanded: deque[tuple[_Staged, Sequence[txlog_pb2.LogEntry]]] = deque()
         """Stamped submits staged and not yet handed to the watchers, in log order: handed
         once durable, in that order (``_hand_durable_submits``)."""
-        self._undurable: dict[str, _Staged] = {}
-        """Transactions a write not yet durable moves, with the last such write. Memory
-        holds what is staged, so an answer that promises a state (a wait, a retried
-        submit) waits for that write first (``_has_reached``, ``submit_many``)."""
+        self._undurable: dict[str, tuple[_Staged, TxState | None]] = {}
+        """Transactions a write not yet durable moves: the last such write, and the state
+        the log holds for them meanwhile (None: none yet). Memory holds what is staged,
+        so an answer that promises a state (a wait, a retried submit) goes by the log's
+        (``_has_reached``, ``submit_many``)."""
         self.body_cache = BodyCache(config.body_cache_bytes_max)
         self._rotating = False
         self._closing = threading.Event()
@@ -425,7 +427,13 @@ class TransactionStore:
         staged = _Staged(future, moved, traced_whole)
         undurable = self._undurable
         for transition in moved:
-            undurable[transition.record.tx_id] = staged
+            record = transition.record
+            held = undurable.get(record.tx_id)
+            if held is not None:
+                written = held[1]
+            else:
+                written = record.history[transition.index - 1].state if transition.index else None
+            undurable[record.tx_id] = (staged, written)
         if hand_over:  # before the waiters are woken: the coordinator's is the hot path
             self._unhanded.append((staged, entries))
             future.add_done_callback(self._hand_durable_submits)
@@ -433,18 +441,20 @@ class TransactionStore:
         return staged
 
     def _on_durable(self, staged: _Staged, future: asyncio.Future[None]) -> None:
-        """The write is on disk: its transitions count as reached, their waiters wake. A
-        callback of the write's future, not a step of the call that staged it, so that
-        a caller cancelled meanwhile (a client hanging up) holds no one else's answer
-        back until some later write."""
+        """The write is on disk: its transitions count as reached (a callback of the
+        write's future, so before any caller resumes)."""
         if future.cancelled() or future.exception() is not None:
             return  # the writer broke: nothing staged since is durable, nor will be
         undurable = self._undurable
-        for transition in staged.moved:
+        for transition in staged.moved:  # writes end in the order they were staged
             tx_id = transition.record.tx_id
-            if undurable.get(tx_id) is staged:
+            held = undurable.get(tx_id)
+            if held is None:
+                continue
+            if held[0] is staged:
                 del undurable[tx_id]
-        self._announce(staged.moved, staged.traced_whole)
+            else:  # a later write moves it further
+                undurable[tx_id] = (held[0], transition.step.state)
 
     async def _durable(self, staged: _Staged) -> None:
         try:
@@ -454,10 +464,28 @@ class TransactionStore:
             await asyncio.shield(staged.future)
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+        except asyncio.CancelledError:
+            # The caller hung up: the write's end still wakes its waiters, now and not
+            # at some later write that may never come.
+            staged.future.add_done_callback(functools.partial(self._announce_durable, staged))
+            raise
+        # Announced here, as the caller resumes, not in a callback of the write's
+        # future: a callback woke every waiter and stream before the caller went on, and
+        # the caller is the coordinator's step, whose answer orders the next rounds (16
+        # clients per DC: 10% fewer transactions a second, 10% more CPU each).
+        self._announce_durable(staged)
         if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._rotating = True
             # Keep a strong reference: the loop holds tasks only weakly.
             self._rotation = asyncio.get_running_loop().create_task(self._rotate_in_background())
+
+    def _announce_durable(self, staged: _Staged, future: object = None) -> None:
+        """``_announce`` a durable write's transitions, once (a repeated submit's call
+        may await another call's write)."""
+        if staged.announced or staged.future.cancelled() or staged.future.exception():
+            return
+        staged.announced = True
+        self._announce(staged.moved, staged.traced_whole)
 
     def _announce(self, moved: Sequence[Moved], traced_whole: Collection[str] = ()) -> None:
         """Wake the waiters of these transitions and the streams, and emit their spans.
@@ -568,10 +596,13 @@ class TransactionStore:
                         ))  # fmt: skip
                         continue
                     state = record.state if record and record.state else TxState.INCOMING
+                    if (held := self._undurable.get(existing)) is not None:
+                        writing, written = held
+                        if written is None:  # its submit is on its way
+                            in_flight[id(writing)] = writing
+                        else:
+                            state = written  # what the log holds, not what is on its way
                     results.append(Submitted(existing, False, state))
-                    writing = self._undurable.get(existing)
-                    if writing is not None:
-                        in_flight[id(writing)] = writing
                     continue
                 try:
                     self._check_capacity(staged=len(entries))
@@ -754,8 +785,9 @@ class TransactionStore:
     def _has_reached(self, tx_id: str, state: TxState) -> bool:
         """Durably (or TESTING, which is never written alone): memory holds staged
         states, and a waiter answered from one a crash then takes back was lied to."""
-        if tx_id in self._undurable:
-            return False  # its write's _on_durable wakes the waiter
+        held = self._undurable.get(tx_id)
+        if held is not None:  # a write's _on_durable wakes the waiter
+            return held[1] is not None and _reached(held[1], state)
         record = self.state.tx(tx_id)
         current = record.state if record is not None else None
         return current is not None and _reached(current, state)
