@@ -409,8 +409,9 @@ class TransactionStore:
         hand_over: bool = False,
     ) -> _Staged:
         """Under the lock: hand entries to the writer and apply them to memory. Once they
-        are durable, local submits among them are handed to the coordinator
-        (``hand_over``), then waiters are woken (``_on_durable``)."""
+        are durable, local submits among them go to the coordinator (``hand_over``) and
+        the log's state moves on (``_on_durable``), both before any caller resumes;
+        the caller then wakes the waiters (``_durable``)."""
         batch = txlog_pb2.LogBatch(entries=entries)
         try:
             future = self._writer.submit(encode_frame(batch.SerializeToString()))
@@ -434,7 +435,7 @@ class TransactionStore:
             else:
                 written = record.history[transition.index - 1].state if transition.index else None
             undurable[record.tx_id] = (staged, written)
-        if hand_over:  # before the waiters are woken: the coordinator's is the hot path
+        if hand_over:  # in log order, ahead of everything the write's end wakes
             self._unhanded.append((staged, entries))
             future.add_done_callback(self._hand_durable_submits)
         future.add_done_callback(functools.partial(self._on_durable, staged))
@@ -460,7 +461,7 @@ class TransactionStore:
         try:
             # Shielded: a caller that is cancelled (a client hanging up) must not cancel
             # the write's future, whose callbacks (the hand-over of local submits, the
-            # waiters' wake-up) take it as the word that the write is durable.
+            # log's state) take it as the word that the write is durable.
             await asyncio.shield(staged.future)
         except WriterBrokenError as error:
             raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
@@ -786,7 +787,7 @@ class TransactionStore:
         """Durably (or TESTING, which is never written alone): memory holds staged
         states, and a waiter answered from one a crash then takes back was lied to."""
         held = self._undurable.get(tx_id)
-        if held is not None:  # a write's _on_durable wakes the waiter
+        if held is not None:  # that write's _announce_durable wakes the waiter
             return held[1] is not None and _reached(held[1], state)
         record = self.state.tx(tx_id)
         current = record.state if record is not None else None
