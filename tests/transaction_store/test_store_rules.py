@@ -535,9 +535,10 @@ def test_a_wait_is_answered_once_the_state_is_durable(
 def test_a_write_whose_caller_hung_up_still_wakes_the_others_waiting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The wake-up is the write's own callback, not a step of the call that staged it:
-    the submitter cancelled, a wait on its transaction is answered when the write is
-    durable, not at some later write that may never come."""
+    """The call that staged a write wakes its waiters as it resumes; cancelled (a
+    client hanging up), it leaves that to a callback of the write, so a wait on its
+    transaction is answered when the write is durable, not at some later write that
+    may never come."""
 
     async def scenario(store: TransactionStore) -> None:
         gate = hold_writes(monkeypatch)
