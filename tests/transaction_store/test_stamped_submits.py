@@ -33,7 +33,9 @@ def _run(tmp_path: Path, *scenarios: Scenario) -> None:
 
     async def main() -> None:
         for scenario in scenarios:
-            store = await TransactionStore.open(StoreConfig(data_dir=tmp_path, node_id="dc1"))
+            store = await TransactionStore.open(
+                StoreConfig(data_dir=tmp_path, node_id="dc1", stamp_clock_us=lambda: 0)
+            )
             try:
                 await scenario(store)
             finally:

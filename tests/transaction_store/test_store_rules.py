@@ -423,7 +423,8 @@ def test_a_watch_hands_a_submit_once_durable_with_its_stamp(
 ) -> None:
     """The coordinator posts a stamped submit without writing it first, so it must not
     hear of it before the submit's write is durable. The stamp is above every counter
-    and timestamp staged, and is the transaction's meta."""
+    and timestamp staged, and is the transaction's meta. A lone submit (no load) is
+    stamped from the counter, not the clock (here far ahead)."""
 
     async def scenario(store: TransactionStore) -> None:
         await store.persist_step(ProtocolStep(counter=7, local_seq=0))
@@ -446,7 +447,7 @@ def test_a_watch_hands_a_submit_once_durable_with_its_stamp(
         assert record.meta == TxMeta(8, tx_id, "dc1") and store.state.counter == 8
         await watch.aclose()
 
-    _run(tmp_path, scenario)
+    _run(tmp_path, scenario, stamp_clock_us=lambda: 1_000)
 
 
 def test_submits_made_durable_together_are_handed_together_in_order(
@@ -454,7 +455,10 @@ def test_submits_made_durable_together_are_handed_together_in_order(
 ) -> None:
     """Submits staged while a write is on disk go in the next write, and reach the
     coordinator in one watch message once it is durable (a message and a coordinator
-    wakeup per transaction cost a lot under load), after the first, in log order."""
+    wakeup per transaction cost a lot under load), after the first, in log order. The
+    first, alone, is stamped from the counter; the later ones, staged while it is on
+    its way (load), at least at the clock (here ahead of every counter), rising in log
+    order even where the clock stands still."""
 
     async def scenario(store: TransactionStore) -> None:
         gate = hold_writes(monkeypatch)
@@ -475,10 +479,10 @@ def test_submits_made_durable_together_are_handed_together_in_order(
         together = await asyncio.wait_for(anext(watch), WAIT_S)
         assert [s.tx_id for s in together] == [(await task).tx_id for task in later]
         assert [s.local_seq for s in (*handed, *together)] == [1, 2, 3]
-        assert [s.ts for s in (*handed, *together)] == [1, 2, 3]
+        assert [s.ts for s in (*handed, *together)] == [1, 1_000, 1_001]
         await watch.aclose()
 
-    _run(tmp_path, scenario)
+    _run(tmp_path, scenario, stamp_clock_us=lambda: 1_000)
 
 
 async def _staged_submit(

@@ -101,6 +101,11 @@ HAND_OVER_MS = ((0, 3), (0, 30))
 or lagging (drawn per seed), so that peers' posts raise the counter meanwhile and the
 restamp and the replay rule are exercised."""
 
+STAMP_CLOCK_SKEW_US = 7_919
+"""With a stamp clock (odd seeds), node n's clock runs n times this many microseconds
+modulo 50 ms ahead of the simulated time: clocks that disagree by more than a message's
+trip, as the store's wall clocks may (``StoreConfig.stamp_clock_us``)."""
+
 STEPS_MAX = 400_000
 """A schedule that takes more steps than this is reported as a liveness failure."""
 
@@ -334,6 +339,10 @@ class Simulation:
         self._writes_in_flight_max = self._rng.choice((1, 2, 4))
         self._disk_ms = self._rng.choice(DISK_MS)
         self._hand_ms = self._rng.choice(HAND_OVER_MS) if config.stamped_submits else (0, 0)
+        self._stamp_clock = config.stamped_submits and config.seed % 2 == 1
+        """Odd seeds stamp as the store does (at least its clock), even ones from the
+        counter alone (every stamp one above it: the tightest a post can pass); chosen
+        from the seed, not drawn, so the even seeds' schedules stay as found."""
         self._initial = tuple(f"dc{index + 1}" for index in range(config.nodes))
         spare = (f"dc{config.nodes + 1}",) if config.faults.membership else ()
         self._ids = self._initial + spare
@@ -560,9 +569,22 @@ class Simulation:
             self._step(node, LocalTx(tx_id))
             return
         sim_node.local_seq += 1
-        submit = _StampedSubmit(tx_id, self._staged_high(sim_node) + 1, sim_node.local_seq)
+        stamp = self._staged_high(sim_node) + 1
+        if self._stamp_clock and self._loaded(sim_node):
+            skew_us = self._ids.index(node) * STAMP_CLOCK_SKEW_US % 50_000
+            stamp = max(stamp, self._now * 1_000 + skew_us)
+        submit = _StampedSubmit(tx_id, stamp, sim_node.local_seq)
         sim_node.log.append(submit)
         self._at(self._answer_ms(sim_node), _SubmitDurable(node, durable.epoch, submit))
+
+    @staticmethod
+    def _loaded(sim_node: _SimNode) -> bool:
+        """The store's sign of load (``TransactionStore._stamp_clock_us``): another
+        local submit stamped and not yet settled (staged or durable) or waiting for the
+        core's stamp."""
+        durable = sim_node.durable
+        staged = any(isinstance(item, _StampedSubmit) for item in sim_node.log)
+        return staged or bool(durable.stamps) or bool(durable.restamp)
 
     def _staged_high(self, sim_node: _SimNode) -> int:
         """The highest counter or timestamp the store holds or has staged for the node."""

@@ -39,10 +39,13 @@ DB_COMMITS = "db_commits"
 STAMPS_RENEWED = "stamps_renewed"
 """Local submits the coordinator stamped anew: its counter had passed the store's stamp
 (each costs the write and fsync the stamp saves)."""
+STAMPS_AT_CLOCK = "stamps_at_clock"
+"""Calls whose local submits the store stamped at least at its wall clock (under load:
+``TransactionStore._stamp_clock_us``)."""
 
 KINDS = (
     FSYNCS, LOG_BATCHES, LOG_ENTRIES, STATE_ENTRIES, BODY_FILES, THREAD_HOPS, DB_COMMITS,
-    STAMPS_RENEWED,
+    STAMPS_RENEWED, STAMPS_AT_CLOCK,
 )  # fmt: skip
 
 counts: collections.Counter[str] = collections.Counter()
