@@ -4,7 +4,8 @@ argparse error naming the flag) and the rows of the table in docs/operations.md,
 test compares with the docs, so that neither can drift from the code.
 
 Declared here: the workers' limits (``WORKER_LIMITS``), the store's backpressure and log
-size (``STORE_LIMITS``), and the coordinator's timings and limits
+size (``STORE_LIMITS``), worker-dispatch's feed (``DISPATCH_SETTINGS``), and the
+coordinator's timings and limits
 (``COORDINATOR_SETTINGS``: the protocol core's ``Timing`` and ``Limits``, whose defaults
 and cross-field rules stay with the core).
 """
@@ -36,6 +37,16 @@ INCOMING_TXS_MAX_DEFAULT = 32_768
 OPEN_BODY_BYTES_MAX_DEFAULT = 1 << 30
 LOG_FILE_BYTES_MAX_DEFAULT = 16 << 20
 """The store's defaults (``StoreConfig`` takes them from here)."""
+FOLLOW_GATHER_MS_MOST = 1_000
+"""The longest pause a follower of the store's ``FollowEnqueued`` may ask for between two
+messages (``FollowEnqueuedRequest.gather_ms``)."""
+FEED_GATHER_MS_DEFAULT = 20
+"""worker-dispatch's pause between the store's messages of its feed. At one client per DC
+each transaction otherwise takes a feed message, an ``ApplyBatches`` round trip and an
+``AdvanceStatesStream`` round trip of its own, each a wake-up of a sleeping process
+(docs/benchmarks.md, Tuning 21 and 26). Whatever is ENQUEUED meanwhile goes in the next
+message; the first after a quiet spell goes at once. The price: OK comes up to this
+much later at low load; ACCEPTED, which clients wait for by default, not at all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +145,19 @@ STORE_LIMITS: tuple[Setting, ...] = (
         "many bytes were appended since its snapshot",
         "bytes appended to the txlog file before it is rotated (and start-up work)",
         unit="bytes",
+    ),
+)  # fmt: skip
+
+
+DISPATCH_SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "feed_gather_ms", FEED_GATHER_MS_DEFAULT,
+        "after each message of the store's feed of ordered transactions, wait this long "
+        "so that what is ordered meanwhile reaches the workers as one batch (fewer "
+        "messages and wake-ups at low load; OK comes up to this much later); 0: no wait",
+        "pause between the store's messages to the workers' feed (batches at low load; "
+        "OK up to this much later)",
+        unit="ms", least=0, most=FOLLOW_GATHER_MS_MOST,
     ),
 )  # fmt: skip
 

@@ -20,6 +20,7 @@ from tests.transaction_store.held_writes import hold_writes
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.protocol.limits import INCOMING_TXS_MOST
+from txsync.settings import FOLLOW_GATHER_MS_MOST
 from txsync.telemetry import work
 from txsync.transaction_store import store as store_module
 from txsync.transaction_store.state import StoreState
@@ -678,7 +679,7 @@ def test_a_follower_that_gathers_takes_what_finished_meanwhile_in_one_batch(
         eager.cancel()
         # With one, the first goes at once, and what finishes during the pause after it
         # (here: two calls, far within the longest gather) comes as one.
-        gathering = asyncio.create_task(follow(store_module.FOLLOW_GATHER_MS_MAX / 1000))
+        gathering = asyncio.create_task(follow(FOLLOW_GATHER_MS_MOST / 1000))
         assert await batches.get() == [1, 2]
         await finish(store, ids[2], 3)
         await finish(store, ids[3], 4)
@@ -686,6 +687,47 @@ def test_a_follower_that_gathers_takes_what_finished_meanwhile_in_one_batch(
         gathering.cancel()
         with pytest.raises(StoreError, match="gather_ms: at most 1000"):
             await anext(store.follow_enqueued(1, gather_s=1.5))
+
+    _run(tmp_path, scenario)
+
+
+def test_a_follower_pauses_only_after_a_small_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of ``FOLLOW_GATHER_BELOW`` positions or more says the load batches by
+    itself: the next goes without the pause (under batched load a pause after each
+    message only idled worker-dispatch's feed)."""
+    monkeypatch.setattr(store_module, "FOLLOW_GATHER_BELOW", 3)
+
+    def finished(tx_id: str, position: int) -> list[StateChangeRequest]:
+        return [
+            StateChangeRequest(tx_id, TxState.TESTING),
+            StateChangeRequest(tx_id, TxState.OK, _ok(tx_id, position)),
+        ]
+
+    async def scenario(store: TransactionStore) -> None:
+        ids = [(await store.submit(_body())).tx_id for _ in range(5)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+        changes = [c for p, t in enumerate(ids[:3], start=1) for c in finished(t, p)]
+        await store.advance_states(changes, "wd")
+        batches: asyncio.Queue[list[int]] = asyncio.Queue()
+
+        async def follow() -> None:
+            gather_s = FOLLOW_GATHER_MS_MOST / 1000
+            async for ready in store.follow_enqueued(1, finished_only=True, gather_s=gather_s):
+                await batches.put([position for position, _ in ready])
+
+        following = asyncio.create_task(follow())
+        assert await asyncio.wait_for(batches.get(), WAIT_S) == [1, 2, 3]
+        # No pause after those three: the follower takes 4 while 5's write is made
+        # durable, as a follower that does not gather does. (A pause after 1-3 would
+        # have brought 4 and 5 as one batch.)
+        await store.advance_states(finished(ids[3], 4), "wd")
+        await store.advance_states(finished(ids[4], 5), "wd")
+        assert await asyncio.wait_for(batches.get(), WAIT_S) == [4]
+        assert await asyncio.wait_for(batches.get(), WAIT_S) == [5]
+        following.cancel()
 
     _run(tmp_path, scenario)
 

@@ -908,9 +908,11 @@ class FollowEnqueuedRequest(_message.Message):
     store never recorded, and those are reported again from the workers' records).
     """
     gather_ms: _builtins.int
-    """After each message, wait this long (at most 1,000 ms) before gathering the next: a
-    follower that needs no haste then takes what finished meanwhile in one message, not
-    one message per transaction (the coordinator's outcome follower). 0: no wait.
+    """After each message of fewer than 32 transactions, wait this long (at most 1,000 ms)
+    before gathering the next: a follower that needs no haste then takes what became
+    ready meanwhile in one message, not one message per transaction (the coordinator's
+    outcome follower, worker-dispatch's feed). A bigger message goes on without a
+    wait: the load batches by itself. 0: no wait.
     """
     def __init__(
         self,

@@ -47,6 +47,7 @@ import grpc
 
 from txsync.protocol import TxState
 from txsync.rpc import new_channel
+from txsync.settings import FEED_GATHER_MS_DEFAULT
 from txsync.telemetry import Gauge, Metrics
 from txsync.v1 import (
     common_pb2,
@@ -148,10 +149,13 @@ class Dispatch:
         workers: dict[str, str],
         *,
         stuck_after_s: float = 10.0,
+        feed_gather_ms: int = FEED_GATHER_MS_DEFAULT,
         metrics: Metrics | None = None,
     ) -> None:
         self.stuck_after_s = stuck_after_s
         """A worker with work in flight and no outcome for this long is taken out."""
+        self.feed_gather_ms = feed_gather_ms
+        """The feed's pause between the store's messages (``FEED_GATHER_MS_DEFAULT``)."""
         self._store_channel = new_channel(store_address, as_service=True)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.workers: dict[str, WorkerLink] = {}
@@ -404,7 +408,9 @@ class Dispatch:
 
     async def _feed(self, machine: _Machine, queues: _Queues) -> None:
         request = store_pb2.FollowEnqueuedRequest(
-            from_position=machine.start, from_first_unfinished=True
+            from_position=machine.start,
+            from_first_unfinished=True,
+            gather_ms=self.feed_gather_ms,
         )
         async for ready in self.store.FollowEnqueued(request):
             for tx in ready.txs:

@@ -24,6 +24,7 @@ from txsync.rpc import (
     run_service,
     until_stopped,
 )
+from txsync.settings import DISPATCH_SETTINGS, FEED_GATHER_MS_DEFAULT, add_arguments
 from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import admin_pb2, worker_pb2
 from txsync.worker_dispatch.admin import NOT_HERE, DispatchAdmin
@@ -47,11 +48,18 @@ async def serve(
     port_file: Path | None,
     telemetry: ServiceTelemetry,
     stuck_after_s: float = 10.0,
+    feed_gather_ms: int = FEED_GATHER_MS_DEFAULT,
     metrics_listen: str | None = None,
     access_file: Path | None = None,
     pod_watch: WorkerPodWatch | None = None,
 ) -> int:
-    dispatch = Dispatch(store, workers, stuck_after_s=stuck_after_s, metrics=telemetry.metrics)
+    dispatch = Dispatch(
+        store,
+        workers,
+        stuck_after_s=stuck_after_s,
+        feed_gather_ms=feed_gather_ms,
+        metrics=telemetry.metrics,
+    )
     interceptors = guarded_serving(telemetry, metrics_listen, access_file)
     if interceptors is None:
         return 2
@@ -133,6 +141,7 @@ def register(commands: Any) -> None:
         help="a worker with work in flight and no outcome for this long is taken out "
         "(the testing role moves on)",
     )
+    add_arguments(parser.add_argument_group("feed"), DISPATCH_SETTINGS)
     parser.add_argument("--listen", default="127.0.0.1:7003", help="host:port for admin/health")
     parser.add_argument("--port-file", type=Path, help="write the bound host:port here")
     k8s = parser.add_argument_group(
@@ -192,6 +201,7 @@ def run(options: argparse.Namespace) -> int:
             port_file=options.port_file,
             telemetry=telemetry,
             stuck_after_s=options.stuck_after_s,
+            feed_gather_ms=options.feed_gather_ms,
             metrics_listen=options.metrics_listen,
             access_file=options.access_file,
             pod_watch=pod_watch,
