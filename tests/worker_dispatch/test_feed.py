@@ -67,7 +67,7 @@ def test_transactions_ordered_during_the_pause_reach_the_worker_in_one_batch(
         with grpc.insecure_channel(cluster.dcs[0].store.address) as channel:
             stub = client_pb2_grpc.ClientServiceStub(channel)
 
-            def submit(sql: str, wait_for: int) -> str:
+            def submit(sql: str, wait_for: common_pb2.TxState.ValueType) -> str:
                 body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql)])
                 request = client_pb2.SubmitRequest(body=body, wait_for=wait_for)
                 return stub.Submit(request, timeout=WAIT_S).tx_id
