@@ -341,8 +341,9 @@ class Simulation:
         self._hand_ms = self._rng.choice(HAND_OVER_MS) if config.stamped_submits else (0, 0)
         self._stamp_clock = config.stamped_submits and config.seed % 2 == 1
         """Odd seeds stamp as the store does (at least its clock under load: ``_loaded``),
-        even ones from the counter alone (every stamp one above it: the tightest a post can pass); chosen
-        from the seed, not drawn, so the even seeds' schedules stay as found."""
+        even ones from the counter alone (every stamp one above it: the tightest a post
+        can pass); chosen from the seed, not drawn, so the even seeds' schedules stay as
+        found."""
         self._initial = tuple(f"dc{index + 1}" for index in range(config.nodes))
         spare = (f"dc{config.nodes + 1}",) if config.faults.membership else ()
         self._ids = self._initial + spare
