@@ -584,11 +584,11 @@ class TransactionStore:
         in_flight: dict[int, _Staged] = {}  # writes on their way that this call repeats
         async with self._lock:
             # Stamped above every counter and timestamp staged (the state applies what is
-            # staged): the protocol takes the stamp if its counter is still below it.
-            # Correctness never depends on the clock below: the core stamps anew
-            # whatever it has passed.
-            stamp, local_seq = self.state.counter, self.state.local_seq
-            clock_us = self._stamp_clock_us(len(prepared))
+            # staged): the protocol takes the stamp if its counter is still below it. The
+            # first is at least the clock under load (``_stamp_clock_us``); correctness
+            # never depends on it: the core stamps anew whatever it has passed.
+            stamp = max(self.state.counter, self._stamp_clock_us(len(prepared)) - 1)
+            local_seq = self.state.local_seq
             batch_keys: dict[str, str] = {}
             batch_digests: dict[str, bytes] = {}
             for (_, _, traceparent), key, item in zip(submits, keys, prepared, strict=True):
@@ -625,8 +625,7 @@ class TransactionStore:
                 except StoreError as error:
                     results.append(error)
                     continue
-                stamp = max(stamp + 1, clock_us)
-                clock_us = 0
+                stamp += 1
                 local_seq += 1
                 entries.append(
                     self._entry(
