@@ -13,13 +13,11 @@ import json
 import os
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.dev_up import (
     down,
@@ -30,6 +28,7 @@ from tests.support.dev_up import (
     txsync,
     up,
 )
+from tests.support.metrics import sample, scrape
 from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
 from txsync.v1 import (
     admin_pb2,
@@ -41,21 +40,6 @@ pytestmark = pytest.mark.under_load  # a busy machine: see tests/conftest.py
 
 SUBMITS_PER_DC = 25
 DCS = ("dc1", "dc2", "dc3")
-
-
-def _scrape(address: str) -> str:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as answer:
-        text: str = answer.read().decode()
-    return text
-
-
-def _sample(text: str, name: str, **labels: str) -> float:
-    """The value of the one sample of ``name`` with ``labels`` among its labels."""
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                return float(sample.value)
-    raise AssertionError(f"no {name} {labels} in:\n{text}")
 
 
 def test_three_dcs_converge_and_are_observable(tmp_path: Path) -> None:
@@ -202,13 +186,13 @@ def _check_round_spans_link_to_other_dcs(collector: OtlpCollector) -> None:
 
 def _check_metrics(dcs: dict[str, Any]) -> None:
     for dc in DCS:
-        coordinator = _scrape(dcs[dc]["metrics"])
+        coordinator = scrape(dcs[dc]["metrics"])
         for name in ("txsync_quorum_majority", "txsync_rounds_total",
                      "txsync_round_duration_seconds_bucket", "txsync_lag",
                      "txsync_synced_length", "txsync_incoming_length",
                      "txsync_divergence_alarms"):  # fmt: skip
             assert name in coordinator, f"{dc} coordinator lacks {name}"
-        dispatch = _scrape(dcs[dc]["dispatch_metrics"])
+        dispatch = scrape(dcs[dc]["dispatch_metrics"])
         finished = [
             float(line.rsplit(" ", 1)[1])
             for line in dispatch.splitlines()
@@ -216,14 +200,14 @@ def _check_metrics(dcs: dict[str, Any]) -> None:
         ]
         assert finished == [1 + 3 * SUBMITS_PER_DC], dispatch
         assert "txsync_workers_healthy" in dispatch
-        store = _scrape(dcs[dc]["store_metrics"])
+        store = scrape(dcs[dc]["store_metrics"])
         assert "txsync_store_incoming" in store and "txsync_store_open_body_bytes" in store
         # The work counters `make bench-rpcs` divides by transactions (issue 20): every
         # transaction moved to OK at every DC, each move an entry made durable.
         transactions = 1 + 3 * SUBMITS_PER_DC
-        assert _sample(store, "txsync_work_total", kind="state_entries") >= transactions
-        assert _sample(store, "txsync_work_total", kind="fsyncs") >= 1
-        assert _sample(coordinator, "txsync_rpc_messages_total", method="Exchange",
+        assert sample(store, "txsync_work_total", kind="state_entries") >= transactions
+        assert sample(store, "txsync_work_total", kind="fsyncs") >= 1
+        assert sample(coordinator, "txsync_rpc_messages_total", method="Exchange",
                        direction="received") >= 1  # fmt: skip
         for address in dcs[dc]["worker_metrics"].values():
-            assert _sample(_scrape(address), "txsync_work_total", kind="db_commits") >= 1
+            assert sample(scrape(address), "txsync_work_total", kind="db_commits") >= 1

@@ -7,13 +7,13 @@ processes: a store, a coordinator, a dispatch and one SQLite worker serving its 
 from __future__ import annotations
 
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 
 from tests.support.cluster import LocalCluster
+from tests.support.metrics import sample, scrape
 from tests.support.processes import free_port, worker, worker_dispatch
 from tests.support.waiting import wait_until
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
@@ -27,18 +27,13 @@ TXS = 12
 WAIT_S = 120.0
 
 
-def _worker_batches(metrics_url: str) -> int:
+def _worker_batches(metrics_address: str) -> int:
     """``ApplyBatches`` messages the worker received so far (one per batch fed)."""
-    with urllib.request.urlopen(metrics_url, timeout=30) as answer:
-        text = answer.read().decode()
-    for line in text.splitlines():
-        if (
-            line.startswith("txsync_rpc_messages_total{")
-            and 'method="ApplyBatches"' in line
-            and 'direction="received"' in line
-        ):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+    text = scrape(metrics_address)
+    if 'method="ApplyBatches"' not in text:
+        return 0  # none yet: the counter appears with the first message
+    labels = {"method": "ApplyBatches", "direction": "received"}
+    return int(sample(text, "txsync_rpc_messages_total", **labels))
 
 
 def test_transactions_ordered_during_the_pause_reach_the_worker_in_one_batch(
@@ -52,7 +47,7 @@ def test_transactions_ordered_during_the_pause_reach_the_worker_in_one_batch(
     the_worker = worker(
         tmp_path / "w1", "w1", "--metrics-listen", f"127.0.0.1:{metrics_port}", port=free_port()
     )
-    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    metrics_address = f"127.0.0.1:{metrics_port}"
     dispatch = None
     try:
         the_worker.start()
@@ -73,7 +68,7 @@ def test_transactions_ordered_during_the_pause_reach_the_worker_in_one_batch(
                 return stub.Submit(request, timeout=WAIT_S).tx_id
 
             submit("CREATE TABLE t (n INTEGER)", common_pb2.TX_STATE_OK)
-            before = _worker_batches(metrics_url)
+            before = _worker_batches(metrics_address)
             started = time.monotonic()
             tx_ids = [
                 submit(f"INSERT INTO t (n) VALUES ({n})", common_pb2.TX_STATE_ACCEPTED)
@@ -86,7 +81,7 @@ def test_transactions_ordered_during_the_pause_reach_the_worker_in_one_batch(
 
             wait_until("every transaction OK", every_one_ok, WAIT_S)
             elapsed_s = time.monotonic() - started
-        batches = _worker_batches(metrics_url) - before
+        batches = _worker_batches(metrics_address) - before
         # A feed message at most at the start and after each pause that began within
         # the run (the last one's pause may end after it): however slow the machine.
         most = 1 + int(elapsed_s / (GATHER_MS / 1000)) + 1
