@@ -14,7 +14,15 @@ from typing import Any
 
 import grpc
 
-from tests.support.in_process import InProcessDc, body, reached, run_dcs, submit_inserts, until
+from tests.support.in_process import (
+    WAIT_S,
+    InProcessDc,
+    body,
+    reached,
+    run_dcs,
+    submit_inserts,
+    until,
+)
 from txsync.protocol import TxState
 from txsync.rpc import add_service, new_server
 from txsync.v1 import worker_pb2
@@ -70,7 +78,8 @@ async def _dispatch(dc: InProcessDc, addresses: dict[str, str]) -> AsyncIterator
     finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        async with asyncio.timeout(WAIT_S):  # a task that outlives its cancel fails here
+            await asyncio.gather(*tasks, return_exceptions=True)
         await dispatch.close()
 
 

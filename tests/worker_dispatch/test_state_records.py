@@ -1,7 +1,8 @@
 """The dispatch's state records against a real transaction store served over gRPC: a
 TESTING and its outcome go in one batch with TESTING's own time, a long test is reported
 TESTING on its own, a refusal for good drops the batch and asks the pipeline to re-read
-the store, and a store that goes away and comes back gets the batch on a new stream."""
+the store, a store that goes away and comes back gets the batch on a new stream, and the
+sender stops when cancelled, even as a record arrives."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support.in_process import serve_store, until
+from tests.support.in_process import WAIT_S, serve_store, until
 from txsync.protocol import TxMeta, TxState
 from txsync.rpc import new_channel
 from txsync.telemetry import work
@@ -39,6 +40,7 @@ class Harness:
     dropped: list[None]
     server: grpc.aio.Server
     address: str
+    sender: asyncio.Task[None]
 
     async def restart_server(self, while_down: Callable[[], Awaitable[None]]) -> None:
         """Stop serving the store, run ``while_down``, then serve it again at the same
@@ -81,14 +83,21 @@ async def _harness(tmp_path: Path, testing_held_s: float) -> AsyncIterator[Harne
         testing_held_s=testing_held_s,
     )
     sender = asyncio.get_running_loop().create_task(records.run())
-    harness = Harness(store, records, dropped, server, address)
+    harness = Harness(store, records, dropped, server, address, sender)
     try:
         yield harness
     finally:
-        sender.cancel()
+        await _stopped(sender)
         await channel.close()
         await harness.server.stop(None)
         await store.close()
+
+
+async def _stopped(sender: asyncio.Task[None]) -> None:
+    """Cancel the sender and wait, within a deadline, until it has ended."""
+    sender.cancel()
+    async with asyncio.timeout(WAIT_S):
+        await asyncio.gather(sender, return_exceptions=True)
 
 
 def _ok(position: int) -> common_pb2.Outcome:
@@ -172,5 +181,26 @@ def test_a_batch_the_store_did_not_answer_goes_again_on_a_new_stream(tmp_path: P
             await h.restart_server(record_while_down)
             await until(lambda: h.state(second) is TxState.OK, "recorded on a new stream")
             assert not h.dropped, "a store that went away refused nothing for good"
+
+    asyncio.run(main())
+
+
+def test_the_sender_stops_when_cancelled_as_a_record_arrives(tmp_path: Path) -> None:
+    """On Python 3.11 ``asyncio.wait_for`` returns the result of what it waits for if
+    that is done as its caller is cancelled, and the cancellation is lost: the sender then
+    went on waiting for records for ever, and the dispatch's stop with it (a hang in CI)."""
+
+    async def main() -> None:
+        async with _harness(tmp_path, testing_held_s=600) as h:
+            tx_id = await h.enqueued(1)
+            h.records.record(tx_id, common_pb2.TX_STATE_TESTING)
+            # The sender has taken the record and waits, with a deadline (the held
+            # TESTING's), for the next one.
+            await until(lambda: not h.records._ready.is_set(), "the sender waiting")
+            h.records.record(tx_id, common_pb2.TX_STATE_OK, _ok(1))
+            h.sender.cancel()  # in the same turn: the record's wake-up and the cancel race
+            async with asyncio.timeout(WAIT_S):
+                await asyncio.gather(h.sender, return_exceptions=True)
+            assert h.sender.cancelled()
 
     asyncio.run(main())
