@@ -537,6 +537,53 @@ def test_a_wait_is_answered_once_the_state_is_durable(
     _run(tmp_path, scenario)
 
 
+def test_get_and_list_read_what_is_written_not_what_is_staged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submit whose write is on disk is not there yet for Get and List; an outcome
+    on its way to disk is not shown either (TESTING, never written alone, is). A state
+    read from a staged write is one a crash may take back."""
+
+    async def scenario(store: TransactionStore) -> None:
+        gate = hold_writes(monkeypatch)
+        submitting, tx_id = await _staged_submit(store, "key-1")
+        assert store.state.tx(tx_id) is not None  # in memory
+        with pytest.raises(StoreError, match="no transaction") as caught:
+            store.get(tx_id)
+        assert caught.value.code is grpc.StatusCode.NOT_FOUND
+        with pytest.raises(StoreError, match="idempotency key"):
+            store.get_by_key("key-1")
+        assert store.list_page(None, 10, 0) == ([], None)
+        gate.set()
+        await submitting
+        assert store.get(tx_id).state is TxState.INCOMING
+        assert store.get_by_key("key-1").tx_id == tx_id
+
+        await _sync_local(store, tx_id, 1)
+        gate.clear()
+        testing = StateChangeRequest(tx_id, TxState.TESTING)
+        ok = StateChangeRequest(tx_id, TxState.OK, outcome=_ok())
+        advancing = asyncio.create_task(store.advance_states([testing, ok], "worker-dispatch"))
+
+        def staged_ok() -> bool:
+            record = store.state.tx(tx_id)  # memory: what is staged
+            return record is not None and record.state is TxState.OK
+
+        await until(staged_ok, "OK staged, its write held")
+        seen = store.get(tx_id)
+        assert (seen.state, seen.outcome, seen.position) == (TxState.TESTING, None, 1)
+        assert [step.state for step in seen.history][-2:] == [TxState.ENQUEUED, TxState.TESTING]
+        assert store.list_page(TxState.OK, 10, 0) == ([], None)
+        assert [r.state for r in store.list_page(TxState.TESTING, 10, 0)[0]] == [TxState.TESTING]
+        gate.set()
+        await advancing
+        seen = store.get(tx_id)
+        assert seen.state is TxState.OK and seen.outcome == _ok()
+        assert [r.tx_id for r in store.list_page(TxState.OK, 10, 0)[0]] == [tx_id]
+
+    _run(tmp_path, scenario)
+
+
 def test_a_write_whose_caller_hung_up_still_wakes_the_others_waiting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

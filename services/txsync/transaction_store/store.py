@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -726,16 +726,17 @@ class TransactionStore:
         return result
 
     def get(self, tx_id: str) -> TxRecord:
+        """The transaction as the log holds it (``written_tx``)."""
         check_tx_id(tx_id)
-        record = self.state.tx(tx_id)
+        record = self.written_tx(tx_id)
         if record is None:
             raise StoreError(grpc.StatusCode.NOT_FOUND, f"no transaction {tx_id} at this DC")
         return record
 
     def get_by_key(self, key: str) -> TxRecord:
-        """The transaction submitted here with idempotency key ``key``."""
+        """The transaction submitted here with idempotency key ``key``, as written."""
         tx_id = self.state.idempotency.get(key)
-        record = self.state.tx(tx_id) if tx_id is not None else None
+        record = self.written_tx(tx_id) if tx_id is not None else None
         if record is None:
             raise StoreError(
                 grpc.StatusCode.NOT_FOUND,
@@ -791,7 +792,7 @@ class TransactionStore:
             )
         pending = [tx_id for tx_id in tx_ids if not self._has_reached(tx_id, state)]
         if not pending:  # all there already: no waiter, no timer
-            return [(self.state.tx(tx_id), True) for tx_id in tx_ids]
+            return [(self.written_tx(tx_id), True) for tx_id in tx_ids]
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop)
         # A plain timer, not ``asyncio.timeout``: that costs a Timeout object, a
@@ -820,7 +821,18 @@ class TransactionStore:
                     if not listed:
                         del self._waiters[tx_id]
         unreached = set(pending)
-        return [(self.state.tx(tx_id), tx_id not in unreached) for tx_id in tx_ids]
+        return [(self.written_tx(tx_id), tx_id not in unreached) for tx_id in tx_ids]
+
+    def written_tx(self, tx_id: str) -> TxRecord | None:
+        """The transaction as the log holds it: what a client reads (``Get``, ``List``,
+        the record a wait answers with). Memory holds what is staged too, and a state
+        read from a write still on disk is one a crash may take back (a synced position
+        recomputed, an outcome run again). None: not even its first state is written."""
+        record = self.state.tx(tx_id)
+        held = self._undurable.get(tx_id)
+        if record is None or held is None:
+            return record
+        return _as_written(record, held[1])
 
     def _has_reached(self, tx_id: str, state: TxState) -> bool:
         """Durably (or TESTING, which is never written alone): memory holds staged
@@ -835,11 +847,16 @@ class TransactionStore:
     def list_page(
         self, state: TxState | None, page_size: int, after_seq: int
     ) -> tuple[list[TxRecord], int | None]:
-        """A page of transactions (in the order learned) after ``after_seq``; the last
-        seq of the page if more may follow."""
+        """A page of transactions (in the order learned) after ``after_seq``, as
+        written (``written_tx``); the last seq of the page if more may follow."""
         page: list[TxRecord] = []
-        for record in self.state.in_seq_order():
-            if record.seq <= after_seq or (state is not None and record.state is not state):
+        undurable = self._undurable
+        for stored in self.state.in_seq_order():
+            if stored.seq <= after_seq:
+                continue
+            held = undurable.get(stored.tx_id)
+            record = stored if held is None else _as_written(stored, held[1])
+            if record is None or (state is not None and record.state is not state):
                 continue
             if len(page) == page_size:
                 return page, page[-1].seq
@@ -1491,6 +1508,28 @@ def _passed(current: TxState | None, wanted: TxState) -> bool:
     if current is None or (current in FINAL_STATES and wanted in FINAL_STATES):
         return False
     return current > wanted
+
+
+def _as_written(record: TxRecord, written: TxState | None) -> TxRecord | None:
+    """``record`` without what is staged beyond ``written``, the state its log holds
+    (None: nothing yet). TESTING stays: it is never written alone (``advance_states``)."""
+    if written is None:
+        return None
+    history = record.history
+    end = len(history)
+    while (
+        end > 1
+        and history[end - 1].state > written
+        and history[end - 1].state is not TxState.TESTING
+    ):
+        end -= 1
+    reached = history[end - 1].state
+    return replace(
+        record,
+        history=history[:end],
+        outcome=record.outcome if reached in FINAL_STATES else None,
+        position=record.position if reached >= TxState.ACCEPTED else 0,
+    )
 
 
 def _reached(current: TxState, wanted: TxState) -> bool:
