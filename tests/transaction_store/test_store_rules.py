@@ -1047,6 +1047,63 @@ def test_a_view_install_may_forget_the_largest_incoming_queue_in_one_step(
     _run(tmp_path, after_restart)
 
 
+def _list_all(
+    store: TransactionStore, state: TxState | None, page_size: int
+) -> tuple[list[str], int]:
+    """Every transaction ``List`` pages through, in order, and the calls it took."""
+    listed: list[str] = []
+    after, calls = 0, 0
+    while True:
+        page, last = store.list_page(state, page_size, after)
+        calls += 1
+        listed += [record.tx_id for record in page]
+        if last is None:
+            return listed, calls
+        after = last
+
+
+def test_list_looks_at_a_bounded_number_of_transactions_per_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``List`` call looks at no more than ``LIST_SCAN_MAX`` transactions, and starts
+    where its token says, not at the first one: paging a rare state through many once
+    walked them all on every call. Short pages and forgotten transactions lose nothing,
+    before and after a restart from a rotated log (its snapshot)."""
+    monkeypatch.setattr(store_module, "LIST_SCAN_MAX", 4)
+    foreign = [TxMeta(n, str(uuid.uuid4()), "dc3") for n in range(1, 11)]
+    forgotten = {meta.tx_id for meta in foreign[::2]}
+
+    def in_seq_order(store: TransactionStore) -> list[str]:
+        records = [r for r in store.state.txs.values() if r.history]
+        return [r.tx_id for r in sorted(records, key=lambda r: r.seq)]
+
+    def check(store: TransactionStore) -> None:
+        expected = in_seq_order(store)
+        assert len(expected) == 20 and not forgotten & set(expected)
+        assert _list_all(store, None, 3) == (expected, 7)  # pages of 3
+        assert _list_all(store, None, 1000) == (expected, 5)  # 4 looked at per call
+        assert _list_all(store, TxState.ACCEPTED, 1000) == ([], 5)  # none: empty pages
+        local = [tx_id for tx_id in expected if store.state.txs[tx_id].local]
+        assert _list_all(store, TxState.INCOMING, 1000)[0] == expected and len(local) == 15
+
+    async def scenario(store: TransactionStore) -> None:
+        for _ in range(10):
+            await store.submit(_body())
+        await store.persist_step(ProtocolStep(counter=10, incoming=foreign, service="sc"))
+        await store.persist_step(ProtocolStep(service="sc", forgotten=sorted(forgotten)))
+        for _ in range(5):
+            await store.submit(_body())
+        check(store)
+        await store.truncate(0)  # the next start replays from its snapshot
+
+    _run(tmp_path, scenario)
+
+    async def after_restart(store: TransactionStore) -> None:
+        check(store)
+
+    _run(tmp_path, after_restart)
+
+
 def test_membership_entries_come_one_at_a_time_and_only_from_the_admin_api(
     tmp_path: Path,
 ) -> None:

@@ -33,6 +33,7 @@ it made, for the spans (``tx_tracing``), the waiters and the pipeline's rows.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -116,6 +117,9 @@ class StoreState:
         """Id of the entry at ``synced_offset - 1`` (the base a catch-up there starts at)."""
         self.synced: list[TxMeta] = []
         self.txs: dict[str, TxRecord] = {}
+        self._seq_order: list[TxRecord] = []
+        """Every record made, in seq order (forgotten ones too, until ``_compact_seq_order``):
+        a page after a seq is found by bisection, not by walking the dict from its start."""
         self.idempotency: dict[str, str] = {}
         self.pending_local: dict[str, None] = {}
         """Local submits the protocol has not stamped yet, in submit order."""
@@ -172,8 +176,15 @@ class StoreState:
         record = self.txs.get(tx_id)
         return record if record is not None and record.history else None
 
-    def in_seq_order(self) -> Iterator[TxRecord]:
-        return (r for r in self.txs.values() if r.history)
+    def in_seq_order(self, after_seq: int = 0) -> Iterator[TxRecord]:
+        """The records with a state, in the order this store learned of them, from the
+        first after ``after_seq``."""
+        order, txs = self._seq_order, self.txs
+        start = bisect.bisect_right(order, after_seq, key=_seq_of)
+        for index in range(start, len(order)):
+            record = order[index]
+            if record.history and txs.get(record.tx_id) is record:
+                yield record
 
     # --- the one way to change it --------------------------------------------------------
 
@@ -248,6 +259,7 @@ class StoreState:
             record = TxRecord(tx_id=tx_id, seq=self._next_seq)
             self._next_seq += 1
             self.txs[tx_id] = record
+            self._seq_order.append(record)
         return record
 
     def _apply_submitted(
@@ -323,6 +335,12 @@ class StoreState:
         del self.txs[tx_id]
         if record.state is TxState.INCOMING:
             self.incoming_state_txs -= 1
+        if len(self._seq_order) > 2 * len(self.txs) + 1024:
+            self._compact_seq_order()
+
+    def _compact_seq_order(self) -> None:
+        """Drop forgotten records from ``_seq_order`` (amortised: once they are half)."""
+        self._seq_order = list(self.txs.values())
 
     def _apply_synced(self, metas: list[TxMeta], at: int, moved: list[Moved]) -> None:
         for meta in metas:
@@ -492,3 +510,7 @@ class StoreState:
                 )
                 transition.at.FromMilliseconds(step.at_unix_ms)
         return snapshot, dropped
+
+
+def _seq_of(record: TxRecord) -> int:
+    return record.seq

@@ -136,6 +136,9 @@ LOCAL_WATCHERS_MAX = 8
 WAITS_MAX = 10_000
 """Calls waiting on transactions at once (Wait, Submit with wait_for): each holds a task
 and a future; past it a wait is refused with a retry hint rather than grow the store."""
+LIST_SCAN_MAX = 20_000
+"""Transactions one ``List`` call looks at (8 ms of the event loop here); a page
+it cannot fill within them ends early, with a token to go on from."""
 LOCAL_WATCH_BYTES_MAX = 64 * 1024 * 1024
 """Bodies one local submit watch may have waiting unread; past it the watch is dropped
 (its watcher watches again and is handed every pending submit anew), so a stalled or
@@ -848,12 +851,18 @@ class TransactionStore:
         self, state: TxState | None, page_size: int, after_seq: int
     ) -> tuple[list[TxRecord], int | None]:
         """A page of transactions (in the order learned) after ``after_seq``, as
-        written (``written_tx``); the last seq of the page if more may follow."""
+        written (``written_tx``); the seq to go on after if more may follow.
+
+        At most ``LIST_SCAN_MAX`` records are looked at per call: a page of a rare
+        state among many transactions may come back short, or empty, with a token to
+        go on from, rather than hold the event loop while it walks them all."""
         page: list[TxRecord] = []
         undurable = self._undurable
-        for stored in self.state.in_seq_order():
-            if stored.seq <= after_seq:
-                continue
+        scanned = 0
+        for stored in self.state.in_seq_order(after_seq):
+            if scanned == LIST_SCAN_MAX:
+                return page, stored.seq - 1
+            scanned += 1
             held = undurable.get(stored.tx_id)
             record = stored if held is None else _as_written(stored, held[1])
             if record is None or (state is not None and record.state is not state):

@@ -459,7 +459,11 @@ class ListResponse(_message.Message):
     @_builtins.property
     def transactions(
         self,
-    ) -> _containers.RepeatedCompositeFieldContainer[Global___GetResponse]: ...
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___GetResponse]:
+        """A page may be short, even empty, and yet not the last: a call looks at a bounded
+        number of transactions. Go on while next_page_token is set.
+        """
+
     def __init__(
         self,
         *,
