@@ -42,10 +42,13 @@ STAMPS_RENEWED = "stamps_renewed"
 STAMPS_AT_CLOCK = "stamps_at_clock"
 """Calls whose local submits the store stamped at least at its wall clock (under load:
 ``TransactionStore._stamp_clock_us``)."""
+INLINE_WRITES = "inline_writes"
+"""txlog writes made on the event loop's thread, not handed to a worker thread (a quiet
+store: ``GroupCommitWriter``)."""
 
 KINDS = (
     FSYNCS, LOG_BATCHES, LOG_ENTRIES, STATE_ENTRIES, BODY_FILES, THREAD_HOPS, DB_COMMITS,
-    STAMPS_RENEWED, STAMPS_AT_CLOCK,
+    STAMPS_RENEWED, STAMPS_AT_CLOCK, INLINE_WRITES,
 )  # fmt: skip
 
 counts: collections.Counter[str] = collections.Counter()

@@ -136,6 +136,10 @@ LOCAL_WATCHERS_MAX = 8
 WAITS_MAX = 10_000
 """Calls waiting on transactions at once (Wait, Submit with wait_for): each holds a task
 and a future; past it a wait is refused with a retry hint rather than grow the store."""
+QUIET_CLIENT_CALLS_MOST = 2
+"""With no more client calls in progress than this (submits, waits), the store counts as
+quiet, and the txlog's writer writes a lone frame on the event loop's thread
+(``GroupCommitWriter``): under load the loop has other calls to serve during an fsync."""
 LIST_SCAN_MAX = 20_000
 """Transactions one ``List`` call looks at (8 ms of the event loop here); a page
 it cannot fill within them ends early, with a token to go on from."""
@@ -338,7 +342,11 @@ class TransactionStore:
         self.progress = Progress()
         self._finished_through = 0
         """Every synced position up to here is OK or FAILED (first_unfinished_position)."""
-        self._writer = GroupCommitWriter(self.files)
+        self._client_calls = 0
+        """Submit and wait calls in progress (a wait already answered is not counted)."""
+        self._writer = GroupCommitWriter(
+            self.files, quiet=lambda: self._client_calls <= QUIET_CLIENT_CALLS_MOST
+        )
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
         """Replaced and set after every durable batch: what the streams wait on."""
@@ -551,6 +559,15 @@ class TransactionStore:
         batch, so a whole SubmitBatch costs one fsync (their files wait for a rotation:
         ``_unfiled``). Membership entries come only from the admin API
         (``admin``)."""
+        self._client_calls += 1
+        try:
+            return await self._submit_many(submits, admin=admin)
+        finally:
+            self._client_calls -= 1
+
+    async def _submit_many(
+        self, submits: Sequence[tuple[common_pb2.TxBody, str, str]], *, admin: bool
+    ) -> list[Submitted | StoreError]:
         if self.config.witness and not admin:
             raise StoreError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -803,6 +820,7 @@ class TransactionStore:
         # wait, a few percent of the store's CPU with many clients waiting.
         timer = loop.call_later(timeout_s, waiter.time_out)
         self._waiting += len(tx_ids)
+        self._client_calls += 1
         try:
             while True:
                 for tx_id in pending:
@@ -816,6 +834,7 @@ class TransactionStore:
                 waiter.woken = loop.create_future()
         finally:
             self._waiting -= len(tx_ids)
+            self._client_calls -= 1
             timer.cancel()
             for tx_id in pending:  # timed out or cancelled: maybe still listed
                 listed = self._waiters.get(tx_id)
