@@ -851,10 +851,11 @@ class TransactionStore:
         read from a write still on disk is one a crash may take back (a synced position
         recomputed, an outcome run again). None: not even its first state is written."""
         record = self.state.tx(tx_id)
-        held = self._undurable.get(tx_id)
-        if record is None or held is None:
-            return record
-        return _as_written(record, held[1])
+        return record if record is None else self._written(record)
+
+    def _written(self, record: TxRecord) -> TxRecord | None:
+        held = self._undurable.get(record.tx_id)
+        return record if held is None else _as_written(record, held[1])
 
     def _has_reached(self, tx_id: str, state: TxState) -> bool:
         """Durably (or TESTING, which is never written alone): memory holds staged
@@ -876,14 +877,12 @@ class TransactionStore:
         state among many transactions may come back short, or empty, with a token to
         go on from, rather than hold the event loop while it walks them all."""
         page: list[TxRecord] = []
-        undurable = self._undurable
         scanned = 0
         for stored in self.state.in_seq_order(after_seq):
             if scanned == LIST_SCAN_MAX:
                 return page, stored.seq - 1
             scanned += 1
-            held = undurable.get(stored.tx_id)
-            record = stored if held is None else _as_written(stored, held[1])
+            record = self._written(stored)
             if record is None or (state is not None and record.state is not state):
                 continue
             if len(page) == page_size:
