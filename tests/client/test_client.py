@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.processes import free_port
+from tests.support.waiting import wait_until
 from txsync.client import (
     AsyncClient,
     Client,
@@ -23,10 +24,13 @@ from txsync.client import (
     Statement,
     Submitted,
     TransactionFailed,
+    TxInfo,
     Unavailable,
 )
 
 CALLERS = 48
+WAIT_S = 120.0
+"""Generous: a condition is polled, never slept for."""
 
 
 def _table(client: Client) -> str:
@@ -121,16 +125,23 @@ def test_one_key_at_two_dcs_at_once_has_one_effect(cluster_file: Path) -> None:
 
 def _each_dc_records_one_duplicate(cluster_file: Path, first_id: str, key: str) -> None:
     """At every DC: exactly the transaction ``first_id`` ran under ``key`` and every
-    other one with the key names it (the same verdict everywhere)."""
+    other one with the key names it (the same verdict everywhere). Each caller was
+    answered once its own DC finished; another DC may finish the later one after, so
+    each is waited for until both are finished there (written: ``List`` shows no
+    outcome still on its way to disk)."""
     for dc in ("dc1", "dc2", "dc3"):
         with Client(str(cluster_file), dc=dc) as client:
-            keyed = [
-                client.get(info.tx_id, body=True)
-                for info in client.list()
-                if info.position and info.state is not None and info.state.final
-            ]
-            mine = [t for t in keyed if t.idempotency_key == key]
-            assert len(mine) >= 2, f"{dc}: {mine}"
+
+            def finished_with_key() -> list[TxInfo]:
+                keyed = [
+                    client.get(info.tx_id, body=True)
+                    for info in client.list()
+                    if info.position and info.state is not None and info.state.final
+                ]
+                return [t for t in keyed if t.idempotency_key == key]
+
+            wait_until(f"both finished at {dc}", lambda: len(finished_with_key()) >= 2, WAIT_S)
+            mine = finished_with_key()
             runs = [t for t in mine if t.outcome is not None and not t.outcome.duplicate_of]
             assert [t.tx_id for t in runs] == [first_id], f"{dc}: {mine}"
             assert all(
