@@ -348,7 +348,8 @@ def generated(results: dict[str, Any], plots: Path, doc: Path) -> str:
     relative = plots.relative_to(doc.parent) if plots.is_relative_to(doc.parent) else plots
     parts = [
         START,
-        f"Run of {machine['date']}: {machine['platform']}, {machine['cores']} cores, Python "
+        f"Run of {machine['date']}, build {machine.get('build', 'unknown')}: "
+        f"{machine['platform']}, {machine['cores']} cores, Python "
         f"{machine['python']}; {machine['etcd']}; {machine['mariadb']}; galera-4 "
         f"{machine['galera']}. The whole run took {results['seconds'] / 60:.1f} min.",
         "",

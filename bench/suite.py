@@ -16,6 +16,13 @@ incoming queue). Then the scaling run: 3 -> 5 DCs, 1 -> 4 workers per DC.
 
 Results go to ``build/bench/results.json``; ``bench/report.py`` turns them into
 ``docs/benchmarks.md`` and its plots. Nothing here asserts a time: it measures and prints.
+
+The page names the build measured (the commit, and whether the services' files differed
+from it). Every cluster starts its services from the files as they are then, so a run
+during which those files change measures a mix of builds: the suite then keeps its
+results but does not regenerate the page, and exits with status 1 (a run of session 29
+so measured showed 3 s latencies that were no build's). Measure a build from a worktree
+of its own, or leave the files alone until the run ends.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any
 
 import grpc
 
+import txsync
 from bench import load
 from bench.proc_stats import cpu_seconds, kind_of, peak_rss_mib
 from bench.systems import EtcdSystem, GaleraSystem, Node, System, TxSyncSystem
@@ -220,6 +228,38 @@ def probe(system: TxSyncSystem, samples: int) -> dict[str, float]:
     }
 
 
+SERVICES_DIR = Path(txsync.__file__).resolve().parent
+"""The services every cluster of the run starts (they import the same package)."""
+
+
+def services_fingerprint(root: Path = SERVICES_DIR) -> str:
+    """Every source file under ``root`` by path, size and modification time: differs
+    once any is edited, added or removed."""
+    files = sorted(path for path in root.rglob("*") if path.suffix in (".py", ".so", ".pyi"))
+    stats = [(str(path.relative_to(root)), path.stat()) for path in files]
+    return repr([(name, stat.st_size, stat.st_mtime_ns) for name, stat in stats])
+
+
+def build_of(root: Path = SERVICES_DIR) -> str:
+    """The commit the services come from, short, with " + local changes" when their
+    files differ from it ("unknown" outside a git checkout)."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+        except OSError:
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "unknown"
+    return commit + (" + local changes" if git("status", "--porcelain", "--", ".") else "")
+
+
 def machine() -> dict[str, str]:
     def version(command: list[str]) -> str:
         try:
@@ -238,6 +278,7 @@ def machine() -> dict[str, str]:
         "mariadb": version(["mariadbd", "--version"]),
         "galera": version(["dpkg-query", "-W", "-f", "${Version}", "galera-4"]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "build": build_of(),
     }
 
 
@@ -279,6 +320,7 @@ def main() -> int:
                         help="the page to regenerate ('' for none)")  # fmt: skip
     options = parser.parse_args()
     started = time.monotonic()
+    fingerprint = services_fingerprint()
     results: dict[str, Any] = {"machine": machine(), "options": vars(options) | {
         "out": str(options.out)}, "runs": [], "probes": [],
         "scaling": []}  # fmt: skip
@@ -328,9 +370,15 @@ def main() -> int:
             finally:
                 system.stop()
     results["seconds"] = time.monotonic() - started
+    changed = services_fingerprint() != fingerprint
+    results["services_changed_during_run"] = changed
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps(results, indent=1) + "\n")
     _log(f"results: {options.out} ({results['seconds'] / 60:.1f} min)")
+    if changed:
+        _log(f"the services under {SERVICES_DIR} changed during the run: its clusters "
+             "ran different builds, so the page is not regenerated (see --help)")  # fmt: skip
+        return 1
     if options.doc:
         from bench.report import render  # noqa: PLC0415 - matplotlib only when rendering
 
