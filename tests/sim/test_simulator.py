@@ -21,6 +21,7 @@ from tests.sim.broken_cores import (
     UnionAddCore,
 )
 from tests.sim.broken_dispatch import FinishedToNobodyMachine, FollowersNeverFedMachine
+from tests.sim.broken_feed import NoRoomWaitSimulation
 from tests.sim.broken_shells import (
     ForgetsArrivedBodiesShell,
     SendsBeforeDurableShell,
@@ -207,6 +208,21 @@ def test_a_store_that_keeps_void_stamps_is_caught_within_200_seeds() -> None:
             return
         assert run_seed(config).ok  # the correct store passes the same seed
     pytest.fail(f"a store keeping void stamps survived {BUG_SEEDS_MAX} seeds")
+
+
+def test_a_feed_that_waits_for_no_room_is_caught_within_200_seeds() -> None:
+    """Hand-overs stepped whether or not the core has room: a restarted node's core,
+    full, refuses a submit whose stamp a counter voided, which its client was told is
+    stored, and the transaction is lost (invariant 3)."""
+    for seed in range(BUG_SEEDS_MAX):
+        config = SimConfig(seed=seed, nodes=5, txs=40, faults=FaultMix.parse("crash"))
+        try:
+            NoRoomWaitSimulation(config).run()
+        except InvariantViolation as violation:
+            assert violation.invariant == 3 and "acknowledged" in str(violation), violation
+            assert run_seed(config).ok  # the correct feed passes the same seed
+            return
+    pytest.fail(f"a feed that waits for no room survived {BUG_SEEDS_MAX} seeds")
 
 
 def test_what_sends_before_durable_lead_to_without_rule_9() -> None:

@@ -84,8 +84,11 @@ SIM_TIMING = Timing(
 )
 """Shorter than the services' defaults so that a schedule covers many rounds quickly."""
 
-SIM_LIMITS = Limits(post_txs_max=64, catchup_entries_max=16, synced_window_max=64)
-"""Small enough that posts are cut, catch-up comes in chunks and old entries leave memory."""
+SIM_LIMITS = Limits(
+    post_txs_max=64, catchup_entries_max=16, synced_window_max=64, local_admit_txs_max=8
+)
+"""Small enough that posts are cut, catch-up comes in chunks, old entries leave memory,
+and local submits wait for room in the core (``_feed_locals``)."""
 
 SIM_FLUSH_METAS = 24
 SIM_FLUSH_CHANGES = 48
@@ -181,8 +184,12 @@ class _SimNode:
     local_seq: int = 0
     """The store's numbering of local submits."""
     handing: dict[TxId, None] = field(default_factory=dict)
-    """Durable stamped submits the core has not stepped yet (on their way, or waiting
-    while the shell takes no events)."""
+    """Durable stamped submits the core has not stepped yet (on their way, waiting for
+    room in the core, or waiting while the shell takes no events)."""
+    locals_waiting: deque[LocalTx] = field(default_factory=deque)
+    """Submits the store's watch handed over while the core had no room for more local
+    metas: stepped in order as room frees, as the coordinator does
+    (``Coordinator._wait_room_for_local``)."""
     last_hand_ms: int = 0
 
     @property
@@ -522,7 +529,9 @@ class Simulation:
             case _HandOver(node, epoch, submit):
                 sim_node = self._nodes[node]
                 if epoch == sim_node.durable.epoch and sim_node.core is not None:
-                    self._step(node, LocalTx(submit.tx_id, submit.stamp, submit.local_seq))
+                    local = LocalTx(submit.tx_id, submit.stamp, submit.local_seq)
+                    sim_node.locals_waiting.append(local)
+                    self._feed_locals(node)
             case _Submit(tx_id, attempt):
                 self._submit(tx_id, attempt)
             case _ChangeMembership(attempt):
@@ -704,8 +713,23 @@ class Simulation:
         restamp = sorted(sim_node.durable.restamp, key=sim_node.durable.restamp.__getitem__)
         sim_node.handing.update(dict.fromkeys(restamp))
         self._step(node, Tick(self._now))
-        for tx_id in restamp:  # as the store's watch hands them over, first
-            self._step(node, LocalTx(tx_id))
+        # As the store's watch hands them over, first; like every hand-over, only while
+        # the core has room (the core refuses an unstamped one when full, and these are
+        # acknowledged already).
+        sim_node.locals_waiting.extend(LocalTx(tx_id) for tx_id in restamp)
+        self._feed_locals(node)
+
+    def _feed_locals(self, node: NodeId) -> None:
+        """Step the submits handed over, in order, while the core has room for them
+        (the ones waiting for the shell count as taken)."""
+        sim_node = self._nodes[node]
+        waiting = sim_node.locals_waiting
+        while waiting and sim_node.shell is not None:
+            core = sim_node.shell.core
+            queued = sum(isinstance(event, LocalTx) for event in sim_node.waiting)
+            if core.incoming_len + queued >= core.local_admit_txs_max:
+                return
+            self._step(node, waiting.popleft())
 
     def _crash(self, node: NodeId) -> None:
         """The node's process dies. Of the writes it had handed over, the store may have
@@ -741,6 +765,7 @@ class Simulation:
         sim_node.torn_crash_pending = False
         sim_node.waiting.clear()
         sim_node.handing.clear()
+        sim_node.locals_waiting.clear()
         self.workers.dc_crashed(node, self._now)
         self.stats.crashes += 1
         self._at(self._now + self._rng.randint(50, 1_500), _Restart(node))
@@ -780,6 +805,8 @@ class Simulation:
             self._arm_timer(sim_node, out.next_tick_ms)
         if self._membership and not isinstance(event, ConfigChangeSynced):
             self._feed_membership(node)
+        if sim_node.locals_waiting and not isinstance(event, LocalTx):
+            self._feed_locals(node)  # an ADD or a forget may have made room
 
     def _take_output(self, node: NodeId, out: ShellOutput) -> None:
         """Hand the shell's writes to the store and make the sends it released."""
