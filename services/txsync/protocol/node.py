@@ -347,11 +347,12 @@ class ProtocolNode:
     def incoming_len(self) -> int:
         return len(self._incoming)
 
-    @property
-    def local_admit_txs_max(self) -> int:
-        """Past this many incoming metas the core refuses unstamped local submits; the
-        shell holds stamped ones back until there is room (they cannot be refused)."""
-        return self._limits.local_admit_txs_max
+    def has_room_for_local(self, queued: int = 0) -> bool:
+        """Whether one more local submit may be handed over, ``queued`` being on their way
+        already. Past ``local_admit_txs_max`` incoming metas the core refuses unstamped
+        local submits; stamped ones cannot be refused, so the caller holds every
+        hand-over back until there is room (the coordinator, and the simulator as it)."""
+        return len(self._incoming) + queued < self._limits.local_admit_txs_max
 
     def is_incoming(self, tx_id: TxId) -> bool:
         return tx_id in self._incoming
@@ -404,7 +405,7 @@ class ProtocolNode:
         # strand a stamp on disk that a restart must not take back at its old timestamp.
         # The shell bounds them instead, handing one over only while the queue holds
         # fewer than local_admit_txs_max metas (the store holds the rest).
-        if not stamp and len(self._incoming) >= self._limits.local_admit_txs_max:
+        if not stamp and not self.has_room_for_local():
             self._reject(f"local tx {tx_id}", "incoming queue full; retry later")
             return
         if stamp > self._counter:

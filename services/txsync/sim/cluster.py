@@ -725,9 +725,8 @@ class Simulation:
         sim_node = self._nodes[node]
         waiting = sim_node.locals_waiting
         while waiting and sim_node.shell is not None:
-            core = sim_node.shell.core
             queued = sum(isinstance(event, LocalTx) for event in sim_node.waiting)
-            if core.incoming_len + queued >= core.local_admit_txs_max:
+            if not sim_node.shell.core.has_room_for_local(queued):
                 return
             self._step(node, waiting.popleft())
 

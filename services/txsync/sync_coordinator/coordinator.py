@@ -678,7 +678,7 @@ class Coordinator:
             elif isinstance(event, LocalTx):
                 self._locals_queued -= 1
         out = shell.step(events, now_ms=_now_ms())
-        if self._locals_queued + node.incoming_len < node.local_admit_txs_max:
+        if node.has_room_for_local(self._locals_queued):
             self._room_for_locals.set()
         for rejection in out.rejections:
             self.rejections += 1
@@ -1135,7 +1135,7 @@ class Coordinator:
         a view change may have to forget whole (INCOMING_TXS_MOST)."""
         node = self.node
         assert node is not None, "started"
-        while self._locals_queued + node.incoming_len >= node.local_admit_txs_max:
+        while not node.has_room_for_local(self._locals_queued):
             self._room_for_locals.clear()
             await self._room_for_locals.wait()
 
