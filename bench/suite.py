@@ -244,31 +244,26 @@ def build_of(root: Path = SERVICES_DIR) -> str:
     """The commit the services come from, short, with " + local changes" when their
     files differ from it ("unknown" outside a git checkout)."""
 
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(root), *args],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-        except OSError:
-            return ""
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short", "HEAD")
+    commit = _first_line(["git", "-C", str(root), "rev-parse", "--short", "HEAD"])
     if not commit:
         return "unknown"
-    return commit + (" + local changes" if git("status", "--porcelain", "--", ".") else "")
+    changes = _first_line(["git", "-C", str(root), "status", "--porcelain", "--", "."])
+    return commit + (" + local changes" if changes else "")
+
+
+def _first_line(command: list[str]) -> str | None:
+    """The first line ``command`` prints ("" for none); None if it cannot be run."""
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    except OSError:
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
 
 
 def machine() -> dict[str, str]:
     def version(command: list[str]) -> str:
-        try:
-            out = subprocess.run(
-                command, capture_output=True, text=True, timeout=10, check=False
-            ).stdout
-        except OSError:
-            return "not installed"
-        return out.strip().splitlines()[0] if out.strip() else "?"
+        line = _first_line(command)
+        return "not installed" if line is None else line or "?"
 
     return {
         "platform": platform.platform(),
