@@ -210,4 +210,14 @@ def _check_metrics(dcs: dict[str, Any]) -> None:
         assert sample(coordinator, "txsync_rpc_messages_total", method="Exchange",
                        direction="received") >= 1  # fmt: skip
         for address in dcs[dc]["worker_metrics"].values():
-            assert sample(scrape(address), "txsync_work_total", kind="db_commits") >= 1
+            worker = scrape(address)
+            assert sample(worker, "txsync_work_total", kind="db_commits") >= 1
+            # Each worker applies every transaction, parsing its body to do so.
+            assert sample(worker, "txsync_work_total", kind="body_decodes") >= transactions
+    # A body is encoded once, by the store it was submitted to: as many encodes over
+    # the cluster as transactions (the table's creation and every client's inserts).
+    encodes = sum(
+        sample(scrape(dcs[dc]["store_metrics"]), "txsync_work_total", kind="body_encodes")
+        for dc in DCS
+    )
+    assert encodes == 1 + 3 * SUBMITS_PER_DC

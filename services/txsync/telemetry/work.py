@@ -1,8 +1,9 @@
 """Counts of the work a process does, to divide by the transactions it handled.
 
-Issue 20 asks what a transaction costs in fsyncs, log entries, body files, thread hops
-and gRPC messages, per service; ``make bench-rpcs`` reads these counts from every
-process's ``/metrics`` before and after a loaded window and prints them per transaction.
+Issue 20 asks what a transaction costs in fsyncs, log entries, body files, body encodes
+and decodes, thread hops and gRPC messages, per service; ``make bench-rpcs`` reads these
+counts from every process's ``/metrics`` before and after a loaded window and prints them
+per transaction.
 
 The counts are plain integers in one process-wide object (like ``prometheus_client``'s
 default registry): an increment costs tens of nanoseconds, far below the work it counts,
@@ -42,13 +43,18 @@ STAMPS_RENEWED = "stamps_renewed"
 STAMPS_AT_CLOCK = "stamps_at_clock"
 """Calls whose local submits the store stamped at least at its wall clock (under load:
 ``TransactionStore._stamp_clock_us``)."""
+BODY_ENCODES = "body_encodes"
+"""Transaction bodies serialized (a submit's body, once, at its origin's store)."""
+BODY_DECODES = "body_decodes"
+"""Transaction bodies parsed: a submit's, as its request is read; a peer's, as the
+coordinator and the store check it; a worker's, to apply it; a body read for a client."""
 INLINE_WRITES = "inline_writes"
 """txlog writes made on the event loop's thread, not handed to a worker thread (a quiet
 store: ``GroupCommitWriter``)."""
 
 KINDS = (
     FSYNCS, LOG_BATCHES, LOG_ENTRIES, STATE_ENTRIES, BODY_FILES, THREAD_HOPS, DB_COMMITS,
-    STAMPS_RENEWED, STAMPS_AT_CLOCK, INLINE_WRITES,
+    STAMPS_RENEWED, STAMPS_AT_CLOCK, INLINE_WRITES, BODY_ENCODES, BODY_DECODES,
 )  # fmt: skip
 
 counts: collections.Counter[str] = collections.Counter()

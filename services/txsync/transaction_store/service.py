@@ -21,7 +21,7 @@ from txsync.codec import WireError, base_to_proto, meta_to_proto, metas_from_pro
 from txsync.ids import tx_id_problem
 from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
-from txsync.telemetry import current_traceparent
+from txsync.telemetry import current_traceparent, work
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.state import TxRecord
 from txsync.transaction_store.store import (
@@ -111,6 +111,7 @@ def _answered_outcome(store: TransactionStore, outcome: common_pb2.Outcome) -> c
 def _submit_args(
     submit: client_pb2.SubmitRequest, traceparent: str
 ) -> tuple[common_pb2.TxBody, str, str]:
+    work.count(work.BODY_DECODES)  # gRPC parsed the body with its request
     return (submit.body, check_idempotency_key(submit.idempotency_key), traceparent)
 
 

@@ -587,6 +587,7 @@ class TransactionStore:
                     continue
                 body.idempotency_key = key
             encoded = body.SerializeToString()
+            work.count(work.BODY_ENCODES)
             try:
                 check_body(
                     body,
@@ -770,6 +771,7 @@ class TransactionStore:
             return None
         body = common_pb2.TxBody()
         body.ParseFromString(encoded)
+        work.count(work.BODY_DECODES)
         return body
 
     async def read_encoded_body(self, tx_id: str) -> bytes | None:

@@ -16,6 +16,7 @@ from txsync.ids import tx_id_problem
 from txsync.protocol import TxState
 from txsync.protocol.limits import INCOMING_TXS_MOST
 from txsync.rpc import ServiceError
+from txsync.telemetry import work
 from txsync.transaction_store.txlog.bodies import body_digest
 from txsync.v1 import common_pb2
 
@@ -189,6 +190,7 @@ def check_peer_body(tx_id: str, encoded: bytes, digest: bytes) -> common_pb2.TxB
     store checks it, and the coordinator before its core may count the body as acquired."""
     check_tx_id(tx_id)
     body = common_pb2.TxBody()
+    work.count(work.BODY_DECODES)
     try:
         body.ParseFromString(encoded)
     except DecodeError:

@@ -58,6 +58,7 @@ class _EndOfStream:
 
 def _transaction_of(encoded: bytes) -> Transaction:
     """An ApplyRequest's body, decoded: the one place a worker parses it."""
+    work.count(work.BODY_DECODES)
     try:
         return transaction_from_proto(common_pb2.TxBody.FromString(encoded))
     except DecodeError as error:
