@@ -9,6 +9,7 @@ the tuning record and the explanations stay beside figures that change with each
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -431,11 +432,34 @@ def render(results: dict[str, Any], doc: Path) -> None:
         doc.write_text("# Benchmarks\n\n" + block + "\n")
 
 
-def main() -> int:
-    source = Path(sys.argv[1] if len(sys.argv) > 1 else "build/bench/results.json")
-    doc = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/benchmarks.md")
-    render(json.loads(source.read_text()), doc)
-    print(f"page: {doc}")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.report",
+        description="Render a make bench run's results.json into the benchmarks page and "
+        "its plots, without running anything: only the page's generated part changes.",
+        epilog="example: python -m bench.report build/bench/results.json docs/benchmarks.md",
+    )
+    parser.add_argument(
+        "results",
+        nargs="?",
+        type=Path,
+        default=Path("build/bench/results.json"),
+        help="what bench.suite wrote (default: build/bench/results.json)",
+    )
+    parser.add_argument(
+        "page",
+        nargs="?",
+        type=Path,
+        default=Path("docs/benchmarks.md"),
+        help="the page to render into (default: docs/benchmarks.md)",
+    )
+    options = parser.parse_args(argv)
+    try:
+        results = json.loads(options.results.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        parser.error(f"cannot read {options.results}: {error}")
+    render(results, options.page)
+    print(f"page: {options.page}")
     return 0
 
 
