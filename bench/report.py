@@ -439,20 +439,10 @@ def main(argv: list[str] | None = None) -> int:
         "its plots, without running anything: only the page's generated part changes.",
         epilog="example: python -m bench.report build/bench/results.json docs/benchmarks.md",
     )
-    parser.add_argument(
-        "results",
-        nargs="?",
-        type=Path,
-        default=Path("build/bench/results.json"),
-        help="what bench.suite wrote (default: build/bench/results.json)",
-    )
-    parser.add_argument(
-        "page",
-        nargs="?",
-        type=Path,
-        default=Path("docs/benchmarks.md"),
-        help="the page to render into (default: docs/benchmarks.md)",
-    )
+    parser.add_argument("results", nargs="?", type=Path, default=Path("build/bench/results.json"),
+                        help="what bench.suite wrote (default: %(default)s)")  # fmt: skip
+    parser.add_argument("page", nargs="?", type=Path, default=Path("docs/benchmarks.md"),
+                        help="the page to render into (default: %(default)s)")  # fmt: skip
     options = parser.parse_args(argv)
     try:
         results = json.loads(options.results.read_text())
