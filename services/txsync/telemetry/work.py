@@ -44,7 +44,8 @@ STAMPS_AT_CLOCK = "stamps_at_clock"
 """Calls whose local submits the store stamped at least at its wall clock (under load:
 ``TransactionStore._stamp_clock_us``)."""
 BODY_ENCODES = "body_encodes"
-"""Transaction bodies serialized (a submit's body, once, at its origin's store)."""
+"""Transaction bodies serialized: each submitted body, by the store it was submitted to
+(a retry's again, before it is found to be one); nobody else encodes a body."""
 BODY_DECODES = "body_decodes"
 """Transaction bodies parsed: a submit's, as its request is read; a peer's, as the
 coordinator and the store check it; a worker's, to apply it; a body read for a client."""
