@@ -257,7 +257,8 @@ def _first_line(command: list[str]) -> str | None:
         out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
     except OSError:
         return None
-    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+    printed = out.stdout.strip()
+    return printed.splitlines()[0] if printed else ""
 
 
 def machine() -> dict[str, str]:
