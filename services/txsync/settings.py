@@ -36,7 +36,13 @@ MIB = 1024 * 1024
 INCOMING_TXS_MAX_DEFAULT = 32_768
 OPEN_BODY_BYTES_MAX_DEFAULT = 1 << 30
 LOG_FILE_BYTES_MAX_DEFAULT = 16 << 20
+HISTORY_KEPT_DEFAULT = 10_000
+BACKUPS_KEPT_DEFAULT = 2
 """The store's defaults (``StoreConfig`` takes them from here)."""
+PROGRESS_REPORT_S = 1.0
+"""How often the sync-coordinator (the peers' synced lengths) and worker-dispatch (the
+workers' lowest position) report progress to their store (``ReportProgress``), which
+truncates what all of them passed at its next rotation."""
 FOLLOW_GATHER_MS_MOST = 1_000
 """The longest pause a follower of the store's ``FollowEnqueued`` may ask for between two
 messages (``FollowEnqueuedRequest.gather_ms``)."""
@@ -59,7 +65,7 @@ class Setting:
     bounds: str
     """For the docs table: what it bounds."""
     unit: str = ""
-    """``bytes`` (shown in MiB), ``ms``, ``steps`` or ``positions``."""
+    """``bytes`` (shown in MiB), ``ms``, ``steps``, ``positions``, ``files``..."""
     least: int = 1
     most: int | None = None
 
@@ -145,6 +151,21 @@ STORE_LIMITS: tuple[Setting, ...] = (
         "many bytes were appended since its snapshot",
         "bytes appended to the txlog file before it is rotated (and start-up work)",
         unit="bytes",
+    ),
+    Setting(
+        "history_kept", HISTORY_KEPT_DEFAULT,
+        "a rotation keeps at least this many of the newest synced positions (for tx get, "
+        "waits and retried submits) although every peer and worker passed them",
+        "finished transactions kept after a rotation (memory: about 3 KB each); older "
+        "ones every peer and worker passed are truncated",
+        unit="positions", least=0,
+    ),
+    Setting(
+        "backups_kept", BACKUPS_KEPT_DEFAULT,
+        "bak- files (retired log files, read by the pipeline's export) kept in the txlog "
+        "directory; a rotation deletes older ones",
+        "retired txlog files (`bak-*.dat`) kept; older ones are deleted at rotation",
+        unit="files", least=0,
     ),
 )  # fmt: skip
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from unittest.mock import ANY
 
 import grpc
 import pytest
@@ -31,6 +32,7 @@ from txsync.transaction_store.store import (
     StoreConfig,
     Submitted,
     TransactionStore,
+    TruncationHold,
 )
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest, gzip_body
 from txsync.transaction_store.validation import PERSIST_METAS_MAX, StoreError, nondeterminism
@@ -44,6 +46,8 @@ def _body(sql: str = "INSERT INTO t VALUES (1)") -> common_pb2.TxBody:
 
 
 def _run(tmp_path: Path, scenario: Callable[[TransactionStore], Awaitable[T]], **config: Any) -> T:
+    config.setdefault("history_kept", 0)  # truncation goes as far as progress allows
+
     async def main() -> T:
         store = await TransactionStore.open(StoreConfig(data_dir=tmp_path, node_id="dc1", **config))
         try:
@@ -56,6 +60,13 @@ def _run(tmp_path: Path, scenario: Callable[[TransactionStore], Awaitable[T]], *
 
 def _ok(tx_id: str = "", position: int = 1) -> common_pb2.Outcome:
     return common_pb2.Outcome(state=common_pb2.TX_STATE_OK, position=position)
+
+
+def _finished(tx_id: str, position: int) -> list[StateChangeRequest]:
+    return [
+        StateChangeRequest(tx_id, TxState.TESTING),
+        StateChangeRequest(tx_id, TxState.OK, _ok(tx_id, position)),
+    ]
 
 
 async def _sync_local(store: TransactionStore, tx_id: str, ts: int) -> TxMeta:
@@ -304,8 +315,8 @@ def test_backpressure_refuses_with_a_retry_hint(tmp_path: Path) -> None:
             await store.submit(_body())
         assert "waiting to be ordered" in caught.value.message
         await store.truncate(0)  # a rotation files every body held (none truncated)
-        bodies = list((tmp_path / "txlog" / "transactions").glob("*/*.gz"))
-        assert len(bodies) == 3  # refused submits leave no body behind
+        kept = [tx_id for tx_id in store.state.txs if _body_kept(store, tx_id)]
+        assert len(kept) == 3  # refused submits leave no body behind
 
     _run(tmp_path, scenario, incoming_txs_max=3)
 
@@ -746,11 +757,7 @@ def test_a_follower_pauses_only_after_a_small_batch(
     message only idled worker-dispatch's feed)."""
     monkeypatch.setattr(store_module, "FOLLOW_GATHER_BELOW", 3)
 
-    def finished(tx_id: str, position: int) -> list[StateChangeRequest]:
-        return [
-            StateChangeRequest(tx_id, TxState.TESTING),
-            StateChangeRequest(tx_id, TxState.OK, _ok(tx_id, position)),
-        ]
+    finished = _finished
 
     async def scenario(store: TransactionStore) -> None:
         ids = [(await store.submit(_body())).tx_id for _ in range(5)]
@@ -787,7 +794,12 @@ def test_truncation_needs_every_peer_and_worker_past_it(tmp_path: Path) -> None:
         with pytest.raises(StoreError) as caught:
             await store.truncate(3)
         assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
-        assert store.report_progress({"dc2": 3, "dc3": 2}, 4) == 3
+        assert store.report_progress({"dc2": 3, "dc3": 2}, 4) == 0  # none finished
+        assert "unfinished transactions at 0" in store.truncation_hold().held_by
+        await store.advance_states(_finished(ids[0], 1) + _finished(ids[1], 2), "wd")
+        assert store.truncatable_below() == 3
+        await store.advance_states(_finished(ids[2], 3), "wd")
+        assert store.truncation_hold() == TruncationHold(3, "peer dc3 at 2 (2 behind)")
         dropped, backups = await store.truncate(0)
         assert dropped == 2 and len(backups) == 1
         with pytest.raises(StoreError):
@@ -804,7 +816,7 @@ def test_truncation_needs_every_peer_and_worker_past_it(tmp_path: Path) -> None:
     async def after_restart(store: TransactionStore) -> None:
         assert store.state.synced_len == 4
         assert store.get(ids[3]).position == 4
-        assert not store.bodies.holds(ids[0]) and store.bodies.holds(ids[3])
+        assert not _body_kept(store, ids[0]) and _body_kept(store, ids[3])
 
     _run(tmp_path, after_restart)
 
@@ -830,10 +842,10 @@ def test_automatic_rotation_keeps_everything(tmp_path: Path) -> None:
 def test_a_shutdown_abandons_a_rotation_still_filing_bodies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After a long partition a rotation files every body since the last one (tens of
-    seconds): a graceful shutdown stops it between two files instead of waiting, and
-    the log it would have retired stays whole. The next rotation keeps what it had
-    filed (checked, not rewritten)."""
+    """After a long partition a rotation files every body since the last one it cannot
+    carry (tens of seconds; here it carries none): a graceful shutdown stops it between
+    two files instead of waiting, and the log it would have retired stays whole. The
+    next rotation keeps what it had filed (checked, not rewritten)."""
     written: list[str] = []
     write = BodyStore.write
 
@@ -845,6 +857,7 @@ def test_a_shutdown_abandons_a_rotation_still_filing_bodies(
             write(bodies, tx_id, encoded, durably=durably)
 
         monkeypatch.setattr(BodyStore, "write", held)
+        monkeypatch.setattr(TransactionStore, "_carry_budget", lambda store: 0)
         ids = [(await store.submit(_body())).tx_id for _ in range(40)]
         await until(lambda: store._rotating, "a rotation")
         return ids
@@ -852,6 +865,7 @@ def test_a_shutdown_abandons_a_rotation_still_filing_bodies(
     ids = _run(tmp_path, scenario, log_file_bytes_max=2_000)
     assert len(written) == 1 and not list((tmp_path / "txlog").glob("bak-*.dat"))
     monkeypatch.undo()
+    monkeypatch.setattr(TransactionStore, "_carry_budget", lambda store: 0)
     # The next rotation keeps the whole file it finds, and rewrites a torn one.
     bodies = BodyStore(tmp_path / "txlog" / "transactions")
     kept = bodies.path(written[0]).stat().st_ino
@@ -868,10 +882,14 @@ def test_a_shutdown_abandons_a_rotation_still_filing_bodies(
     _run(tmp_path, after_restart)
 
 
-def test_rotations_asked_at_once_take_turns(tmp_path: Path) -> None:
+def test_rotations_asked_at_once_take_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An operator's truncate can meet an automatic rotation: filing the same bodies at
     once, each would truncate the other's temporary file, and one could retire the log
-    while the other still rewrote a file it had renamed."""
+    while the other still rewrote a file it had renamed. (Bodies a rotation carries
+    are not filed: here it carries none.)"""
+    monkeypatch.setattr(TransactionStore, "_carry_budget", lambda store: 0)
 
     async def scenario(store: TransactionStore) -> list[str]:
         ids: list[str] = []
@@ -896,11 +914,16 @@ def test_rotations_asked_at_once_take_turns(tmp_path: Path) -> None:
     _run(tmp_path, after_restart)
 
 
-def test_a_rotation_files_the_bodies_it_keeps_and_no_others(tmp_path: Path) -> None:
+def test_a_rotation_files_the_bodies_it_keeps_and_no_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A body lives in its log entry until a rotation retires the entry: only then, and
-    only for a transaction the rotation keeps, is its file written (durably, before the
+    only for a transaction the rotation keeps and cannot carry into the new file (here
+    none), is its file written (durably, before the
     log is rotated). A truncated transaction never gets one: creating files cost the
     store more CPU than anything else under batched load."""
+
+    monkeypatch.setattr(TransactionStore, "_carry_budget", lambda store: 0)
 
     async def submit(store: TransactionStore) -> list[str]:
         ids = [(await store.submit(_body(f"INSERT INTO t VALUES ({n})"))).tx_id for n in range(4)]
@@ -917,6 +940,7 @@ def test_a_rotation_files_the_bodies_it_keeps_and_no_others(tmp_path: Path) -> N
         for ts, tx_id in enumerate(ids, start=1):
             await _sync_local(store, tx_id, ts)
         store.report_progress({"dc2": 4, "dc3": 4}, 2)
+        await store.advance_states(_finished(ids[0], 1) + _finished(ids[1], 2), "wd")
         dropped, _ = await store.truncate(0)
         assert dropped == 2
         assert [store.bodies.holds(tx_id) for tx_id in ids] == [False, False, True, True]
@@ -1312,3 +1336,105 @@ def test_implied_states_cost_no_entries_and_old_logs_replay_the_same(tmp_path: P
         assert [m.step.state for m in moved] == [TxState.INCOMING, TxState.ACCEPTED,
                                                  TxState.ENQUEUED]  # fmt: skip
     assert new.txs[tx_id].history == old.txs[tx_id].history
+
+
+def test_truncation_follows_the_whole_set_of_peers_and_keeps_the_newest_history(
+    tmp_path: Path,
+) -> None:
+    """The coordinator's report names every peer and replaces the last one (a removed
+    peer holds nothing back); the newest ``history_kept`` positions stay whatever was
+    passed; a rotation leaves ``backups_kept`` bak- files."""
+
+    async def scenario(store: TransactionStore) -> tuple[object, ...]:
+        ids = [(await store.submit(_body(), idempotency_key=f"k{n}")).tx_id for n in range(6)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+            await store.advance_states(_finished(tx_id, position), "wd")
+        assert store.truncation_hold() == TruncationHold(
+            0, "the sync-coordinator, which has not reported the peers yet at 0 (6 behind)"
+        )
+        store.report_progress({"dc2": 6, "dc3": 1}, None, peers_reported=True)
+        assert "worker-dispatch" in store.truncation_hold().held_by
+        store.report_progress({}, 6)
+        assert store.truncation_hold() == TruncationHold(2, "peer dc3 at 1 (5 behind)")
+        store.report_progress({"dc2": 6}, None, peers_reported=True)  # dc3 removed
+        assert store.truncation_hold() == TruncationHold(5, "")  # 2 newest kept
+        for _ in range(3):
+            await store.truncate(0)
+        assert store.state.synced_offset == 4 and len(store.state.txs) == 2
+        assert len(list((tmp_path / "txlog").glob("bak-*.dat"))) == 1
+        assert store.progress.truncated_total == 4
+        return _state_view(store)
+
+    kept = _run(tmp_path, scenario, history_kept=2, backups_kept=1)
+
+    async def after_restart(store: TransactionStore) -> None:
+        assert _state_view(store) == kept  # truncated in place as the snapshot replays
+
+    _run(tmp_path, after_restart)
+
+
+def test_a_rotation_carries_the_bodies_it_keeps_into_the_new_file(tmp_path: Path) -> None:
+    """Kept bodies up to half a log file go into the new file after its snapshot (one
+    sequential write, no file each), are read from there, and survive a restart and the
+    next rotation; they do not pace the next rotation."""
+
+    async def scenario(store: TransactionStore) -> list[str]:
+        ids = [(await store.submit(_body(f"INSERT INTO t VALUES ({n})"))).tx_id for n in range(4)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+        await store.advance_states(_finished(ids[0], 1), "wd")
+        store.report_progress({"dc2": 4}, 4, peers_reported=True)
+        assert await store.truncate(0) == (1, [ANY])
+        assert not any(store.bodies.holds(tx_id) for tx_id in ids)
+        assert sorted(store._unfiled) == sorted(ids[1:])
+        assert store.files.appended_bytes == 0
+        return ids
+
+    ids = _run(tmp_path, scenario)
+
+    async def after_restart(store: TransactionStore) -> None:
+        assert store.files.appended_bytes == 0
+        for n, tx_id in enumerate(ids[1:], start=1):
+            body = await store.read_body(tx_id)
+            assert body is not None and body.statements[0].sql.endswith(f"({n})")
+        await store.truncate(0)  # carried again
+        assert sorted(store._unfiled) == sorted(ids[1:])
+
+    _run(tmp_path, after_restart)
+    _run(tmp_path, after_restart)
+
+
+def _body_kept(store: TransactionStore, tx_id: str) -> bool:
+    """The store holds the body: in the current log file or in a file of its own."""
+    return tx_id in store._unfiled or store.bodies.holds(tx_id)
+
+
+def _state_view(store: TransactionStore) -> tuple[object, ...]:
+    state = store.state
+    return (
+        [meta.tx_id for meta in state.synced], state.synced_offset, state.truncated_last_tx_id,
+        {r.tx_id: (r.seq, r.position, r.history, r.idempotency_key) for r in state.txs.values()},
+        [r.tx_id for r in state.in_seq_order()], dict(state.idempotency), state.open_body_bytes,
+        state.incoming_state_txs, state.merge_base,
+    )  # fmt: skip
+
+
+def test_a_witness_truncates_with_its_peers_alone(tmp_path: Path) -> None:
+    """A witness has no workers and finishes nothing: its peers' progress alone counts."""
+
+    async def scenario(store: TransactionStore) -> None:
+        metas = [TxMeta(ts, str(uuid.uuid4()), "dc2") for ts in (1, 2)]
+        await store.persist_step(
+            ProtocolStep(
+                counter=2, incoming=metas, synced_start=store.state.merge_base, synced=metas,
+                changes=[StateChangeRequest(m.tx_id, TxState.ACCEPTED) for m in metas],
+                service="sync-coordinator",
+            )
+        )  # fmt: skip
+        store.report_progress({"dc2": 1}, None, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(2, "peer dc2 at 1 (1 behind)")
+        store.report_progress({}, None, peers_reported=True)  # alone
+        assert store.truncation_hold() == TruncationHold(3, "")
+
+    _run(tmp_path, scenario, witness=True)

@@ -65,6 +65,13 @@ def dc_report(status: admin_pb2.DcStatus) -> dict[str, Any]:
         "workers_healthy": status.workers_healthy,
         "workers_total": status.workers_total,
         "alarms": list(status.alarms),
+        "retention": {
+            "history_from": status.retention.history_from,
+            "truncatable_below": status.retention.truncatable_below,
+            "txs_held": status.retention.txs_held,
+            "held_by": status.retention.held_by,
+            "truncated_total": status.retention.truncated_total,
+        },
     }
 
 
@@ -95,17 +102,21 @@ def run_status(options: argparse.Namespace) -> int:
         print(json.dumps(reports, indent=2))
     else:
         rows = [("DC", "QUORUM", "MODE", "VIEW", "MEMBERS", "SYNCED", "LAG", "INCOMING",
-                 "WORKERS", "HEALTHY")]  # fmt: skip
+                 "WORKERS", "HISTORY", "HEALTHY")]  # fmt: skip
         for r in reports:
             rows.append((
                 r["dc"], r["quorum"], r["mode"], str(r["view"]), ",".join(r["members"]),
                 str(r["synced"]), str(r["lag"]), str(r["incoming"]),
-                f"{r['workers_healthy']}/{r['workers_total']}", "yes" if r["healthy"] else "no",
+                f"{r['workers_healthy']}/{r['workers_total']}",
+                f"{r['retention']['history_from']}-", "yes" if r["healthy"] else "no",
             ))  # fmt: skip
         print_table(rows)
         for r in reports:
             for alarm in r["alarms"]:
                 print(f"{r['dc']}: {alarm}")
+            if r["retention"]["held_by"]:
+                # Not an alarm: a peer or worker a little behind holds history all the time.
+                print(f"{r['dc']}: truncation held by {r['retention']['held_by']}")
         for failure in failures:
             print(f"(not answering: {failure})")
     return 0 if all(r["healthy"] for r in reports) and not failures else 1

@@ -59,6 +59,7 @@ from txsync.protocol import (
     Timing,
 )
 from txsync.rpc import ServiceError, new_channel
+from txsync.settings import PROGRESS_REPORT_S
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
 from txsync.sync_coordinator.post_deltas import KnownPosts
@@ -589,6 +590,7 @@ class Coordinator:
             loop.create_task(self._follow_membership(), name="membership"),
             loop.create_task(self._follow_outcomes(), name="outcomes"),
             loop.create_task(self._push_bodies(), name="body-pushes"),
+            loop.create_task(self._report_progress(), name="progress-reports"),
         ]
         for task in self._tasks:
             task.add_done_callback(self._on_task_done)
@@ -846,6 +848,32 @@ class Coordinator:
             divergence_alarm_count=self.outcomes.alarm_count,
         )
 
+    def peers_progress(self) -> dict[str, int]:
+        """Every peer of the configuration with the synced length of its latest post: 0
+        for one not heard from since this coordinator started, which may need any of the
+        history (it holds truncation back until it posts)."""
+        assert self.node is not None
+        me = self.node.node_id
+        return {
+            peer: post[1].synced_len if (post := self.peer_posts.get(peer)) else 0
+            for peer in self.node.configuration
+            if peer != me
+        }
+
+    async def _report_progress(self) -> None:
+        """Tell the store how far every peer DC has come, so that it truncates the
+        history all of them (and this DC's workers) passed. A failed report is tried
+        again at the next one: until then the store truncates less, never more."""
+        while True:
+            request = store_pb2.ReportProgressRequest(
+                peer_synced_len=self.peers_progress(), peers_reported=True
+            )
+            try:
+                await self.store.ReportProgress(request, timeout=PERSIST_TIMEOUT_S)
+            except grpc.aio.AioRpcError as error:
+                log.info("progress report to the store failed: %s", error.code().name)
+            await asyncio.sleep(PROGRESS_REPORT_S)
+
     def lag(self) -> int:
         """Synced entries behind the most advanced peer whose post we have (0 if none
         is ahead)."""
@@ -1056,7 +1084,12 @@ class Coordinator:
         assert node is not None
         fed = node.installed_view.configuration.applied_position
         while True:
-            request = store_pb2.FollowEnqueuedRequest(from_position=fed + 1, membership_only=True)
+            # Truncation keeps every position not finished at this DC, and a membership
+            # entry is applied (its view installed) as soon as it is ENQUEUED: positions
+            # skipped as truncated hold none that the core has not had.
+            request = store_pb2.FollowEnqueuedRequest(
+                from_position=fed + 1, membership_only=True, skip_truncated=True
+            )
             try:
                 async for ready in self.store.FollowEnqueued(request):
                     for tx in ready.txs:
@@ -1078,8 +1111,13 @@ class Coordinator:
         assert node is not None
         followed = max(0, node.merge_base.synced_len - OUTCOMES_PER_POST)
         while True:
+            # Outcomes truncated before they were sent are not compared: the exchange
+            # is a check (OUTCOMES_PER_POST), not a record every position must reach.
             request = store_pb2.FollowEnqueuedRequest(
-                from_position=followed + 1, finished_only=True, gather_ms=OUTCOMES_GATHER_MS
+                from_position=followed + 1,
+                finished_only=True,
+                gather_ms=OUTCOMES_GATHER_MS,
+                skip_truncated=True,
             )
             try:
                 async for ready in self.store.FollowEnqueued(request):

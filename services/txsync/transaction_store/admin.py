@@ -52,6 +52,7 @@ class AdminServicer:
             incoming_len=len(state.incoming) + len(state.pending_local),
             alarms=alarms,
             healthy=store.broken is None,
+            retention=_retention(store),
         )
         credentials = forwarded_credentials(context)
         local = await self._dc.dc_status(local, credentials)
@@ -190,6 +191,20 @@ class AdminServicer:
             chunk += frame
         if chunk:
             yield admin_pb2.ExportLogResponse(records=bytes(chunk))
+
+
+def _retention(store: TransactionStore) -> admin_pb2.Retention:
+    hold, progress = store.truncation_hold(), store.progress
+    retention = admin_pb2.Retention(
+        history_from=store.state.synced_offset + 1,
+        truncatable_below=hold.below,
+        txs_held=len(store.state.txs),
+        held_by=hold.held_by,
+        truncated_total=progress.truncated_total,
+    )
+    if progress.last_rotation_ms:
+        retention.last_rotation.FromMilliseconds(progress.last_rotation_ms)
+    return retention
 
 
 def _trace_id(traceparent: str) -> str:

@@ -224,6 +224,8 @@ def run(options: argparse.Namespace) -> int:
         incoming_txs_max=options.incoming_max,
         open_body_bytes_max=options.body_bytes_max,
         log_file_bytes_max=options.log_file_bytes_max,
+        history_kept=options.history_kept,
+        backups_kept=options.backups_kept,
         witness=options.witness,
         allow_nondeterministic=options.allow_nondeterministic,
     )

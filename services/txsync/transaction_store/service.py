@@ -524,6 +524,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                 finished_only=request.finished_only,
                 from_first_unfinished=request.from_first_unfinished,
                 gather_s=request.gather_ms / 1000,
+                skip_truncated=request.skip_truncated,
             ):
                 response = store_pb2.FollowEnqueuedResponse()
                 body_bytes = 0
@@ -607,5 +608,10 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         if len(request.peer_synced_len) > 16:
             raise invalid("peer_synced_len: at most 16 peers")
         workers = request.workers_min_position if request.HasField("workers_min_position") else None
-        truncatable = self._store.report_progress(dict(request.peer_synced_len), workers)
-        return store_pb2.ReportProgressResponse(truncatable_below=truncatable)
+        store = self._store
+        truncatable = store.report_progress(
+            dict(request.peer_synced_len), workers, peers_reported=request.peers_reported
+        )
+        return store_pb2.ReportProgressResponse(
+            truncatable_below=truncatable, history_from=store.state.synced_offset + 1
+        )

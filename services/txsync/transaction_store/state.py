@@ -511,6 +511,29 @@ class StoreState:
                 transition.at.FromMilliseconds(step.at_unix_ms)
         return snapshot, dropped
 
+    def drop_truncated(self, snapshot: txlog_pb2.Snapshot, dropped: list[str]) -> None:
+        """What applying ``snapshot`` (made by ``snapshot`` just now, nothing applied
+        since) does, in place: the ``dropped`` synced entries and their records go, and
+        every other record stays the same object. Rebuilding the state from the snapshot
+        cost a rotation time in proportion to what it keeps, under the store's lock, and
+        left readers that hold a record or the ``txs`` dict (a follower between two
+        batches) with copies nothing updates any more: a feed stalled for good at the
+        first rotation under load."""
+        assert [m.tx_id for m in self.synced[: len(dropped)]] == dropped, "a stale snapshot"
+        del self.synced[: len(dropped)]
+        self.synced_offset = snapshot.synced_offset
+        self.truncated_last_tx_id = snapshot.truncated_last_tx_id
+        for tx_id in dropped:
+            record = self.txs.pop(tx_id, None)
+            if record is None:
+                continue
+            if record.idempotency_key and self.idempotency.get(record.idempotency_key) == tx_id:
+                del self.idempotency[record.idempotency_key]
+            if record.body_held and record.state not in FINAL_STATES:
+                self.open_body_bytes -= record.body_bytes  # an operator's truncate may cut these
+        if len(self._seq_order) > 2 * len(self.txs) + 1024:
+            self._compact_seq_order()
+
 
 def _seq_of(record: TxRecord) -> int:
     return record.seq

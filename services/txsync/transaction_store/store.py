@@ -29,7 +29,9 @@ import grpc
 from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import IMPLIED_STATES, MergeBase, TxMeta, TxState, is_allowed_transition
 from txsync.settings import (
+    BACKUPS_KEPT_DEFAULT,
     FOLLOW_GATHER_MS_MOST,
+    HISTORY_KEPT_DEFAULT,
     INCOMING_TXS_MAX_DEFAULT,
     LOG_FILE_BYTES_MAX_DEFAULT,
     OPEN_BODY_BYTES_MAX_DEFAULT,
@@ -80,6 +82,12 @@ class StoreConfig:
     """The current log file is rotated (and truncated if allowed) once this many bytes
     were appended since its snapshot. It also bounds start-up work: every body carried
     by the live log is checked against its file."""
+    history_kept: int = HISTORY_KEPT_DEFAULT
+    """A rotation keeps at least this many of the newest synced positions, passed by
+    every peer and worker or not: ``tx get``, waits and retried submits find them. Memory
+    holds these and the unfinished transactions, never the whole history."""
+    backups_kept: int = BACKUPS_KEPT_DEFAULT
+    """Retired log files (``bak-``) kept after a rotation; older ones are deleted."""
     allow_nondeterministic: bool = False
     """Accept statements whose result depends on the worker (random(), 'now', ...)."""
     witness: bool = False
@@ -322,8 +330,27 @@ class StagedStep:
 
 @dataclass(slots=True)
 class Progress:
+    """How far the others have come, as reported (``ReportProgress``); in memory only: a
+    restarted store truncates nothing until the coordinator and the dispatch report
+    again (each does every ``PROGRESS_REPORT_S``)."""
+
     peer_synced_len: dict[str, int] = field(default_factory=dict)
+    peers_reported: bool = False
+    """The coordinator reported its whole set of peers (possibly none: a DC alone)."""
     workers_min_position: int | None = None
+    truncated_total: int = 0
+    """Transactions truncated since the store started."""
+    last_rotation_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TruncationHold:
+    """How far truncation may go now, and what keeps it from going further."""
+
+    below: int
+    """Synced positions below this one may be truncated (0: none)."""
+    held_by: str
+    """What stops it at ``below`` ("" if only ``history_kept`` or the synced end does)."""
 
 
 def _now_ms() -> int:
@@ -1341,6 +1368,7 @@ class TransactionStore:
         finished_only: bool = False,
         from_first_unfinished: bool = False,
         gather_s: float = 0.0,
+        skip_truncated: bool = False,
     ) -> AsyncGenerator[list[tuple[int, TxRecord]], None]:
         """Yield the synced positions from ``from_position`` on once each is ENQUEUED or
         later, as lists of every position ready by then, in order (at most
@@ -1350,19 +1378,24 @@ class TransactionStore:
         wait that long after each batch smaller than ``FOLLOW_GATHER_BELOW``, so that a
         follower in no haste takes what became ready meanwhile as one batch (at low load a
         batch per transaction otherwise: a stream message, and a wakeup of the follower's
-        process)."""
+        process); ``skip_truncated``: where the history at the position was truncated
+        (before the call or while it follows), go on at the first position still held."""
         if not 0 <= gather_s <= FOLLOW_GATHER_MS_MOST / 1000:
             raise invalid(f"gather_ms: at most {FOLLOW_GATHER_MS_MOST}")
         position = max(1, from_position)
         if from_first_unfinished:
             position = min(position, self.first_unfinished_position())
         wanted = TxState.OK if finished_only else TxState.ENQUEUED
-        state_txs, txs = self.state, self.state.txs
+        state_txs = self.state
         while True:
+            txs = state_txs.txs
             changed = self._changed
             ready: list[tuple[int, TxRecord]] = []
             while len(ready) < FOLLOW_BATCH_MAX:
                 meta = state_txs.synced_at(position - 1)
+                if meta is None and position <= state_txs.synced_offset and skip_truncated:
+                    position = state_txs.synced_offset + 1
+                    continue
                 if meta is None and position <= state_txs.synced_offset:
                     raise StoreError(
                         grpc.StatusCode.FAILED_PRECONDITION, f"position {position} was truncated"
@@ -1439,20 +1472,49 @@ class TransactionStore:
 
     # --- progress, rotation and truncation ------------------------------------------
 
-    def report_progress(self, peers: dict[str, int], workers_min: int | None) -> int:
-        self.progress.peer_synced_len.update(peers)
+    def report_progress(
+        self, peers: dict[str, int], workers_min: int | None, *, peers_reported: bool = False
+    ) -> int:
+        """Take a report: the coordinator's (``peers_reported``: every peer of the
+        configuration, replacing the last report, so a removed peer holds nothing back)
+        or the dispatch's (the lowest applied position among the DC's workers)."""
+        progress = self.progress
+        if peers_reported:
+            progress.peer_synced_len = dict(peers)
+            progress.peers_reported = True
+        else:
+            progress.peer_synced_len.update(peers)
         if workers_min is not None:
-            self.progress.workers_min_position = workers_min
+            progress.workers_min_position = workers_min
         return self.truncatable_below()
 
     def truncatable_below(self) -> int:
-        """Synced positions below this one every peer and every worker has passed."""
-        progress = self.progress
-        if not progress.peer_synced_len or progress.workers_min_position is None:
-            return 0
-        peers_min = min(progress.peer_synced_len.values())
-        passed = min(peers_min, progress.workers_min_position, self.state.synced_len)
-        return passed + 1 if passed else 0
+        """Synced positions below this one may be truncated (0: none)."""
+        return self.truncation_hold().below
+
+    def truncation_hold(self) -> TruncationHold:
+        """Truncation keeps what a peer DC or a worker of this DC has not passed, what
+        is not finished here (its state record would find no transaction), and the
+        newest ``history_kept`` positions. A witness has no workers: only the peers
+        count there."""
+        progress, end = self.progress, self.state.synced_len
+        passed: list[tuple[int, str]] = []
+        if not progress.peers_reported and not progress.peer_synced_len:
+            passed.append((0, "the sync-coordinator, which has not reported the peers yet"))
+        passed += [(length, f"peer {peer}") for peer, length in progress.peer_synced_len.items()]
+        if not self.config.witness:
+            if progress.workers_min_position is None:
+                passed.append((0, "the worker-dispatch, which has not reported the workers yet"))
+            else:
+                passed.append((progress.workers_min_position, "the slowest worker"))
+            passed.append((self.first_unfinished_position() - 1, "unfinished transactions"))
+        through, holder = min(passed, key=lambda limit: limit[0], default=(end, ""))
+        kept_from_end = max(0, end - self.config.history_kept)
+        if through >= kept_from_end:
+            through, holder = kept_from_end, ""
+        if holder:
+            holder = f"{holder} at {through} ({end - through} behind)"
+        return TruncationHold(through + 1 if through else 0, holder)
 
     async def truncate(self, below_position: int = 0) -> tuple[int, list[str]]:
         """Rotate the log, dropping synced history below ``below_position`` (0: as far as
@@ -1478,7 +1540,14 @@ class TransactionStore:
         # filed outside the lock (those that look kept now), the rest inside it.
         # After a long partition that is every body since the last rotation (tens of
         # seconds of file creation and fsyncs): a shutdown must not wait for that.
-        early = self._unfiled_kept(below_position)
+        #
+        # Most kept bodies are not filed at all: up to ``_carry_budget`` bytes of them
+        # are carried into the new file, after its snapshot, in a few large sequential
+        # writes and one fsync. Filing cost a file create and fsync each, and a rotation
+        # that kept the bodies the workers had not reached yet (a few thousand under a
+        # burst) held the lock for seconds: long enough for the peers to exclude the DC.
+        budget = self._carry_budget()
+        _, early = _split_by_budget(self._unfiled_kept(below_position), budget)
         if not await work.in_thread(self.bodies.file_many, early, self._closing.is_set):
             raise StoreError(grpc.StatusCode.UNAVAILABLE, "the store is shutting down")
         async with self._lock:
@@ -1486,16 +1555,17 @@ class TransactionStore:
             snapshot, dropped = self.state.snapshot(below_position)
             gone = set(dropped)
             filed = {tx_id for tx_id, _ in early}
-            late = [
+            kept_unfiled = [
                 (tx_id, encoded)
                 for tx_id, encoded in self._unfiled.items()
                 if tx_id not in gone and tx_id not in filed
             ]
+            carried, late = _split_by_budget(kept_unfiled, budget)
             await work.in_thread(self.bodies.file_many, late)
-            backups = await work.in_thread(self.files.rotate, snapshot, _now_ms())
-            entry = self._entry(snapshot=snapshot)
-            self.state.apply(entry)
-            unfiled, self._unfiled = self._unfiled, {}
+            entries = [self._carried_entry(tx_id, encoded) for tx_id, encoded in carried]
+            backups = await work.in_thread(self.files.rotate, snapshot, _now_ms(), entries)
+            self.state.drop_truncated(snapshot, dropped)
+            unfiled, self._unfiled = self._unfiled, dict(carried)
         for tx_id, encoded in (*early, *late):
             record = self.state.txs.get(tx_id)
             if record is not None and record.state not in FINAL_STATES:
@@ -1505,8 +1575,30 @@ class TransactionStore:
         with_files = [tx_id for tx_id in dropped if tx_id not in unfiled or tx_id in filed]
         if with_files:
             await work.in_thread(self._delete_bodies, with_files)
-        log.info("txlog rotated: %d transactions truncated, %s", len(dropped), backups)
+        deleted = await work.in_thread(self.files.delete_backups, self.config.backups_kept)
+        self.progress.truncated_total += len(dropped)
+        self.progress.last_rotation_ms = _now_ms()
+        log.info(
+            "txlog rotated: %d transactions truncated, %d kept, %s (%d old bak- deleted)",
+            len(dropped),
+            len(self.state.txs),
+            backups,
+            len(deleted),
+        )
         return len(dropped), backups
+
+    def _carry_budget(self) -> int:
+        """Bytes of kept bodies a rotation carries into the new file; past it they are
+        filed (once: a filed body stays filed). Half a file: a long partition's bodies
+        are not rewritten at every rotation."""
+        return self.config.log_file_bytes_max // 2
+
+    def _carried_entry(self, tx_id: str, encoded: bytes) -> txlog_pb2.LogEntry:
+        record = self.state.txs[tx_id]
+        return self._entry(body_stored=txlog_pb2.BodyStored(
+            tx_id=tx_id, body_digest=record.body_digest, body_bytes=len(encoded), body=encoded,
+            membership=record.membership, traceparent=record.traceparent, carried=True,
+        ))  # fmt: skip
 
     def _unfiled_kept(self, below_position: int) -> list[tuple[str, bytes]]:
         """The unfiled bodies a rotation below ``below_position`` would keep, as far as
@@ -1529,6 +1621,18 @@ class TransactionStore:
                 log.exception("txlog rotation failed; the current file keeps growing")
         finally:
             self._rotating = False
+
+
+def _split_by_budget(
+    bodies: list[tuple[str, bytes]], budget: int
+) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    """The bodies that fit ``budget`` bytes (in order: the oldest first), and the rest."""
+    taken = 0
+    for index, (_, encoded) in enumerate(bodies):
+        taken += len(encoded)
+        if taken > budget:
+            return bodies[:index], bodies[index:]
+    return bodies, []
 
 
 def _passed(current: TxState | None, wanted: TxState) -> bool:

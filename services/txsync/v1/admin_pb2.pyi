@@ -165,6 +165,7 @@ class DcStatus(_message.Message):
     WORKERS_TOTAL_FIELD_NUMBER: _builtins.int
     ALARMS_FIELD_NUMBER: _builtins.int
     HEALTHY_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     mode: Global___SyncMode.ValueType
     quorum: Global___QuorumState.ValueType
@@ -187,6 +188,10 @@ class DcStatus(_message.Message):
     def alarms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Problems an operator must see (corrupt log tail cut, divergence alarms, ...)."""
 
+    @_builtins.property
+    def retention(self) -> Global___Retention:
+        """What the txlog keeps and what holds its truncation back."""
+
     def __init__(
         self,
         *,
@@ -203,9 +208,10 @@ class DcStatus(_message.Message):
         workers_total: _builtins.int = ...,
         alarms: _abc.Iterable[_builtins.str] | None = ...,
         healthy: _builtins.bool = ...,
+        retention: Global___Retention | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "merge_base", b"merge_base", "view", b"view"
+        "merge_base", b"merge_base", "retention", b"retention", "view", b"view"
     ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
@@ -229,6 +235,8 @@ class DcStatus(_message.Message):
         b"peers",
         "quorum",
         b"quorum",
+        "retention",
+        b"retention",
         "view",
         b"view",
         "workers_healthy",
@@ -240,6 +248,65 @@ class DcStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DcStatus: _TypeAlias = DcStatus  # noqa: Y015
+
+@_typing.final
+class Retention(_message.Message):
+    """History every peer DC and every worker of this DC has passed is truncated when the
+    txlog rotates; the rest is kept, on disk and in memory.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HISTORY_FROM_FIELD_NUMBER: _builtins.int
+    TRUNCATABLE_BELOW_FIELD_NUMBER: _builtins.int
+    TXS_HELD_FIELD_NUMBER: _builtins.int
+    HELD_BY_FIELD_NUMBER: _builtins.int
+    TRUNCATED_TOTAL_FIELD_NUMBER: _builtins.int
+    LAST_ROTATION_FIELD_NUMBER: _builtins.int
+    history_from: _builtins.int
+    """The first synced position still held (1 + what was truncated)."""
+    truncatable_below: _builtins.int
+    """Synced positions below this one may go at the next rotation."""
+    txs_held: _builtins.int
+    """Transactions the store holds in memory (unfinished and not yet truncated)."""
+    held_by: _builtins.str
+    """What keeps the oldest held history (a peer DC or the workers, and how far behind
+    the synced end it is); empty when nothing does.
+    """
+    truncated_total: _builtins.int
+    """Transactions truncated since the store started, and when the last rotation ended."""
+    @_builtins.property
+    def last_rotation(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        history_from: _builtins.int = ...,
+        truncatable_below: _builtins.int = ...,
+        txs_held: _builtins.int = ...,
+        held_by: _builtins.str = ...,
+        truncated_total: _builtins.int = ...,
+        last_rotation: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_rotation", b"last_rotation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "held_by",
+        b"held_by",
+        "history_from",
+        b"history_from",
+        "last_rotation",
+        b"last_rotation",
+        "truncatable_below",
+        b"truncatable_below",
+        "truncated_total",
+        b"truncated_total",
+        "txs_held",
+        b"txs_held",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Retention: _TypeAlias = Retention  # noqa: Y015
 
 @_typing.final
 class GetStatusResponse(_message.Message):

@@ -147,17 +147,27 @@ class ReportProgressRequest(_message.Message):
 
     PEER_SYNCED_LEN_FIELD_NUMBER: _builtins.int
     WORKERS_MIN_POSITION_FIELD_NUMBER: _builtins.int
+    PEERS_REPORTED_FIELD_NUMBER: _builtins.int
     workers_min_position: _builtins.int
     """The lowest applied position among this DC's workers; unset while unknown."""
+    peers_reported: _builtins.bool
+    """`peer_synced_len` is the whole set of peers (the coordinator's report): a peer
+    removed from the configuration holds truncation back no longer, and a DC alone
+    reports an empty set.
+    """
     @_builtins.property
     def peer_synced_len(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
-        """Synced length each peer DC reported (merge base), by node id (at most 16 entries)."""
+        """Synced length each peer DC reported (merge base), by node id (at most 16 entries).
+        With `peers_reported` it is every peer of the configuration (0 for one not heard
+        from yet) and replaces what was reported before; without it, it adds to that.
+        """
 
     def __init__(
         self,
         *,
         peer_synced_len: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         workers_min_position: _builtins.int | None = ...,
+        peers_reported: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "_workers_min_position",
@@ -171,6 +181,8 @@ class ReportProgressRequest(_message.Message):
         b"_workers_min_position",
         "peer_synced_len",
         b"peer_synced_len",
+        "peers_reported",
+        b"peers_reported",
         "workers_min_position",
         b"workers_min_position",
     ]  # noqa: Y015
@@ -192,17 +204,23 @@ class ReportProgressResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TRUNCATABLE_BELOW_FIELD_NUMBER: _builtins.int
+    HISTORY_FROM_FIELD_NUMBER: _builtins.int
     truncatable_below: _builtins.int
     """Synced entries below this position may be truncated."""
+    history_from: _builtins.int
+    """The first synced position the store still holds (1 + what was truncated): a worker
+    at a lower applied position cannot replay the log and needs a snapshot.
+    """
     def __init__(
         self,
         *,
         truncatable_below: _builtins.int = ...,
+        history_from: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "truncatable_below", b"truncatable_below"
+        "history_from", b"history_from", "truncatable_below", b"truncatable_below"
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
@@ -892,6 +910,7 @@ class FollowEnqueuedRequest(_message.Message):
     FINISHED_ONLY_FIELD_NUMBER: _builtins.int
     FROM_FIRST_UNFINISHED_FIELD_NUMBER: _builtins.int
     GATHER_MS_FIELD_NUMBER: _builtins.int
+    SKIP_TRUNCATED_FIELD_NUMBER: _builtins.int
     from_position: _builtins.int
     """First synced position (1-based) wanted."""
     membership_only: _builtins.bool
@@ -914,6 +933,12 @@ class FollowEnqueuedRequest(_message.Message):
     outcome follower, worker-dispatch's feed). A bigger message goes on without a
     wait: the load batches by itself. 0: no wait.
     """
+    skip_truncated: _builtins.bool
+    """Where history before the wanted position was truncated, go on at the first
+    position the store still holds instead of failing (FAILED_PRECONDITION): for the
+    sync-coordinator's followers, which start from what their core knows and may lag a
+    rotation. worker-dispatch must see every position and leaves it unset.
+    """
     def __init__(
         self,
         *,
@@ -922,6 +947,7 @@ class FollowEnqueuedRequest(_message.Message):
         finished_only: _builtins.bool = ...,
         from_first_unfinished: _builtins.bool = ...,
         gather_ms: _builtins.int = ...,
+        skip_truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -936,6 +962,8 @@ class FollowEnqueuedRequest(_message.Message):
         b"gather_ms",
         "membership_only",
         b"membership_only",
+        "skip_truncated",
+        b"skip_truncated",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

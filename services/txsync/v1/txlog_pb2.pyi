@@ -352,6 +352,7 @@ class BodyStored(_message.Message):
     BODY_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    CARRIED_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     body_digest: _builtins.bytes
     body_bytes: _builtins.int
@@ -360,6 +361,11 @@ class BodyStored(_message.Message):
     """The body is a membership entry."""
     traceparent: _builtins.str
     """W3C traceparent of the transaction's trace, as the origin gave it."""
+    carried: _builtins.bool
+    """Written by a rotation right after its snapshot: the body of a transaction it kept,
+    carried into the new file instead of a file of its own (recovery counts these frames
+    with the snapshot's, so they do not pace the next rotation).
+    """
     def __init__(
         self,
         *,
@@ -369,6 +375,7 @@ class BodyStored(_message.Message):
         body: _builtins.bytes = ...,
         membership: _builtins.bool = ...,
         traceparent: _builtins.str = ...,
+        carried: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -379,6 +386,8 @@ class BodyStored(_message.Message):
         b"body_bytes",
         "body_digest",
         b"body_digest",
+        "carried",
+        b"carried",
         "membership",
         b"membership",
         "traceparent",

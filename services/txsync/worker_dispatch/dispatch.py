@@ -47,7 +47,7 @@ import grpc
 
 from txsync.protocol import TxState
 from txsync.rpc import new_channel
-from txsync.settings import FEED_GATHER_MS_DEFAULT
+from txsync.settings import FEED_GATHER_MS_DEFAULT, PROGRESS_REPORT_S
 from txsync.telemetry import Gauge, Metrics
 from txsync.v1 import (
     common_pb2,
@@ -179,6 +179,9 @@ class Dispatch:
         self.restarts = RestartLoop()
         self._machine: _Machine | None = None
         """The running pipeline's decisions."""
+        self.history_from = 0
+        """The first synced position the store still holds (0: not known yet); a worker
+        behind it cannot replay the log (``report_progress``)."""
 
     def _gauges(self) -> list[Gauge]:
         def healthy() -> float:
@@ -307,7 +310,46 @@ class Dispatch:
                 link.needs_snapshot = (
                     snapshot_needed(tester.position, link.position) or link.needs_snapshot
                 )
+            self._mark_behind_history(link)
         self._changed.set()
+
+    # --- progress and the store's history ---------------------------------------------
+
+    async def report_progress(self) -> None:
+        """Tell the store the lowest position among the workers the pipeline feeds, so
+        that it truncates what they (and the peer DCs) passed; learn in turn where its
+        history starts. A worker that is down or out of sync holds nothing back: it
+        comes back through a snapshot if the history it needs is gone."""
+        while True:
+            fed = [
+                w.position
+                for w in self.workers.values()
+                if w.healthy and not w.out_of_sync and not w.needs_snapshot
+            ]
+            request = store_pb2.ReportProgressRequest()
+            if fed:
+                request.workers_min_position = min(fed)
+            try:
+                answer = await self.store.ReportProgress(request, timeout=RECOVERY_CHECK_S * 30)
+            except grpc.aio.AioRpcError as error:
+                log.info("progress report to the store failed: %s", error.code().name)
+            else:
+                self.history_from = answer.history_from
+                if any([self._mark_behind_history(w) for w in list(self.workers.values())]):
+                    self._changed.set()
+            await asyncio.sleep(PROGRESS_REPORT_S)
+
+    def _mark_behind_history(self, link: WorkerLink) -> bool:
+        """A worker whose next position the store truncated needs a snapshot (true if
+        it was marked just now)."""
+        if link.needs_snapshot or link.position + 1 >= self.history_from:
+            return False
+        link.needs_snapshot = (
+            f"at position {link.position}, and the txlog holds only positions from "
+            f"{self.history_from} on"
+        )
+        log.warning("worker %s needs a snapshot: %s", link.worker_id, link.needs_snapshot)
+        return True
 
     # --- the pipeline -----------------------------------------------------------------
 

@@ -77,6 +77,7 @@ async def serve(
         loop.create_task(dispatch.watch_heartbeats(), name="heartbeats"),
         loop.create_task(dispatch.run(), name="pipeline"),
         loop.create_task(dispatch.watch_recoveries(), name="recoveries"),
+        loop.create_task(dispatch.report_progress(), name="progress-reports"),
     ]
     if pod_watch is not None:
         pod_watch.start()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +64,12 @@ class Recovery:
 
 def _timestamp(path: Path) -> int:
     return int(path.name[len(LOG_PREFIX) : -len(SUFFIX)])
+
+
+def _backup_stamp(path: Path) -> int | None:
+    """The timestamp of a bak- file we named (None: a file of another name, left alone)."""
+    stamp = path.name[len(BAK_PREFIX) : -len(SUFFIX)]
+    return int(stamp) if stamp.isdigit() else None
 
 
 def fsync_dir(directory: Path) -> None:
@@ -202,6 +208,13 @@ class LogFiles:
                 elif kind == "snapshot_more" and parts_missing:
                     parts_missing -= 1
                     snapshot_end = offset + HEADER.size + len(payload)
+                elif (
+                    first is not None
+                    and kind == "body_stored"
+                    and first.body_stored.carried
+                    and offset == snapshot_end > 0
+                ):
+                    snapshot_end = offset + HEADER.size + len(payload)  # the rotation's too
                 for entry in batch.entries:
                     try:
                         apply(entry)
@@ -229,12 +242,25 @@ class LogFiles:
         work.count(work.FSYNCS)
         self.current_bytes += len(data)
 
-    def rotate(self, snapshot: txlog_pb2.Snapshot, at_unix_ms: int) -> list[str]:
-        """Start a new log file that begins with ``snapshot``; older files become bak-."""
-        frame = b"".join(
-            encode_frame(batch.SerializeToString())
-            for batch in snapshot_batches(snapshot, at_unix_ms, self._snapshot_frame_bytes)
-        )
+    def rotate(
+        self,
+        snapshot: txlog_pb2.Snapshot,
+        at_unix_ms: int,
+        carried: Sequence[txlog_pb2.LogEntry] = (),
+    ) -> list[str]:
+        """Start a new log file that begins with ``snapshot`` and the ``carried`` body
+        entries (in frames of at most the snapshot's frame size); older files become
+        bak-."""
+        batches = snapshot_batches(snapshot, at_unix_ms, self._snapshot_frame_bytes)
+        size = None  # bytes in the last batch of bodies (None: none started)
+        for entry in carried:
+            entry_bytes = entry.ByteSize() + 8  # the field's tag and length, roughly
+            if size is None or (size + entry_bytes > self._snapshot_frame_bytes and size > 0):
+                batches.append(txlog_pb2.LogBatch())
+                size = 0
+            batches[-1].entries.append(entry)
+            size += entry_bytes
+        frame = b"".join(encode_frame(batch.SerializeToString()) for batch in batches)
         old_files = self.log_files()
         path = self._new_path()
         temporary = path.with_suffix(".tmp")
@@ -250,6 +276,23 @@ class LogFiles:
         self.snapshot_bytes = len(frame)
         backups = [self._to_backup(old) for old in old_files]
         return backups
+
+    def delete_backups(self, kept: int) -> list[str]:
+        """Delete all but the newest ``kept`` bak- files; the names deleted. Nothing
+        reads them once retired (recovery starts at the newest snapshot), so disk holds
+        the current file and these, whatever the history."""
+        stamped = [
+            (stamp, path)
+            for path in self.directory.glob(f"{BAK_PREFIX}*{SUFFIX}")
+            if (stamp := _backup_stamp(path)) is not None
+        ]
+        backups = [path for _, path in sorted(stamped)]
+        gone = backups[: max(0, len(backups) - kept)]
+        for path in gone:
+            path.unlink(missing_ok=True)
+        if gone:
+            fsync_dir(self.directory)
+        return [path.name for path in gone]
 
     def close(self) -> None:
         self._close()
