@@ -215,3 +215,26 @@ def test_a_later_transaction_with_a_key_runs_nothing_and_names_the_first(
     ran = [plain.apply(n, f"tx{n}", Transaction(b.statements)) for n, b in enumerate(history, 1)]
     assert ran[1].state_digest == outcomes[1].state_digest, "a key alone changes nothing"
     assert ran[2].state_digest != outcomes[2].state_digest
+
+
+def test_statements_with_rows_apply_and_count_their_rows(open_backend: BackendFactory) -> None:
+    """INSERT ... RETURNING (what ORMs emit) and a SELECT inside a transaction apply like
+    any statement: unread rows once kept SQLite's savepoint from being released and
+    every DC's pipeline restarted for ever (issue 48). Their rows are read and dropped,
+    the count is what they changed, and two replicas agree."""
+    bodies = [
+        _body((SCHEMA, ())),
+        _body((INSERT + " RETURNING id", (1, 10)), ("SELECT * FROM accounts", ())),
+        _body(
+            ("INSERT INTO accounts SELECT id + 1, balance FROM accounts RETURNING *", ()),
+            ("UPDATE accounts SET balance = balance + 1 RETURNING balance", ()),
+        ),
+    ]
+    first, second = open_backend("a"), open_backend("b")
+    outcomes = [first.apply(n, f"tx{n}", body) for n, body in enumerate(bodies, start=1)]
+    assert [o.ok for o in outcomes] == [True] * 3, [o.error for o in outcomes]
+    assert outcomes[2].rows_affected == (1, 2)
+    twins = [second.apply(n, f"tx{n}", body) for n, body in enumerate(bodies, start=1)]
+    assert [o.state_digest for o in twins] == [o.state_digest for o in outcomes]
+    read = first.query(Statement("SELECT id, balance FROM accounts ORDER BY id"), 10)
+    assert read.rows == ((1, 11), (2, 11))

@@ -69,6 +69,8 @@ from txsync.worker.transactions import Statement, Transaction
 
 BUSY_TIMEOUT_S = 10.0
 PROGRESS_EVERY_STEPS = 10_000
+DRAINED_ROWS_PER_FETCH = 256
+"""Rows of a statement's result read (and dropped) at a time while it is applied."""
 """How often the progress handler counts (and may stop) a statement."""
 
 _SCHEMA = """
@@ -353,11 +355,24 @@ class SqliteBackend:
         conn.set_authorizer(guard)
         conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)
         rows: list[int] = []
+        cursor: sqlite3.Cursor | None = None
         try:
             for statement in body.statements:
                 cursor = conn.execute(statement.sql, statement.bound())
+                # A statement with rows (INSERT ... RETURNING, a SELECT) is not finished
+                # until they are read: unread, it kept the savepoint from being released
+                # and every DC's pipeline restarted for ever. Read and dropped a page at
+                # a time (the step budget counts this too); the count is then final.
+                while cursor.fetchmany(DRAINED_ROWS_PER_FETCH):
+                    pass
                 rows.append(max(cursor.rowcount, 0))
-        except (sqlite3.Error, ValueError, OverflowError, MemoryError) as error:
+                cursor.close()
+        except Exception as error:
+            # Every replica runs the same statements on the same data with the same code,
+            # so whatever they raise, they raise alike: a FAILED verdict, never an error
+            # that escapes the apply and restarts the pipeline (issue 48).
+            if cursor is not None:
+                cursor.close()  # a statement cut short mid-rows must not outlive it
             conn.set_progress_handler(None, 0)
             conn.set_authorizer(None)
             if self._stopping.is_set():
@@ -438,7 +453,9 @@ def _first_with_key(conn: sqlite3.Connection, key: str, position: int) -> FirstW
 
 def _content_digest(conn: sqlite3.Connection) -> bytes:
     """SHA-256 over every user table's definition and rows, tables by name and rows in
-    rowid order (primary-key order for tables without rowids)."""
+    rowid order (primary-key order for tables without rowids). A table that cannot be
+    read whole (a generated column whose expression fails on a stored row: issue 48's
+    time bomb) adds its error instead of its rows, alike at every replica."""
     sha = hashlib.sha256()
     tables = conn.execute(
         "SELECT name, sql FROM sqlite_master WHERE type = 'table' "
@@ -449,9 +466,12 @@ def _content_digest(conn: sqlite3.Connection) -> bytes:
         sha.update(f"{name}\n{definition}\n".encode())
         quoted = '"' + str(name).replace('"', '""') + '"'
         try:
-            rows = conn.execute(f"SELECT * FROM {quoted} ORDER BY rowid")
-        except sqlite3.OperationalError:  # WITHOUT ROWID: its primary key orders it
-            rows = conn.execute(f"SELECT * FROM {quoted} ORDER BY 1")
-        for row in rows:
-            sha.update(repr(row).encode())
+            try:
+                rows = conn.execute(f"SELECT * FROM {quoted} ORDER BY rowid")
+            except sqlite3.OperationalError:  # WITHOUT ROWID: its primary key orders it
+                rows = conn.execute(f"SELECT * FROM {quoted} ORDER BY 1")
+            for row in rows:
+                sha.update(repr(row).encode())
+        except sqlite3.Error as error:
+            sha.update(f"unreadable: {type(error).__name__}: {error}\n".encode())
     return sha.digest()
