@@ -5,11 +5,13 @@ leave the bookkeeping and the data as they were, and let the next transaction ap
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from txsync.worker.backend import QueryRefused
 from txsync.worker.outcomes import Outcome
 from txsync.worker.sqlite_backend import SqliteBackend
 from txsync.worker.transactions import Statement, Transaction, transaction
@@ -24,6 +26,7 @@ SETUP = (
     "CREATE TABLE stamped (k, at DEFAULT CURRENT_TIMESTAMP)",
     "CREATE TABLE chance (k, r DEFAULT (random()))",
     "CREATE TABLE timed (k, at DEFAULT (datetime('now')))",
+    "CREATE TABLE blob_timed (k, at DEFAULT (strftime('%H:%M:%f', X'6E6F77')))",
 )
 
 BOOKKEEPING = [
@@ -81,6 +84,14 @@ NONDETERMINISTIC = [
     "INSERT INTO stamped (k) VALUES (1)",  # DEFAULT CURRENT_TIMESTAMP
     "INSERT INTO chance (k) VALUES (1)",  # DEFAULT (random())
     "INSERT INTO timed (k) VALUES (1)",  # DEFAULT (datetime('now'))
+    # 'now' and the zone modifiers as SQLite reads them, not as they are spelled (issue 48)
+    "INSERT INTO t (v) VALUES (strftime('%Y-%m-%d %H:%M:%f', X'6E6F77'))",
+    "INSERT INTO t (v) VALUES (date('no' || 'w' || char(0)))",
+    "INSERT INTO t (v) VALUES (datetime('2024-01-01', X'6C6F63616C74696D65'))",
+    "INSERT INTO t (v) VALUES (datetime(0, 'unixepoch', 'utc' || char(0) || 'x'))",
+    "INSERT INTO blob_timed (k) VALUES (1)",  # DEFAULT (strftime(..., X'6E6F77'))
+    "INSERT INTO t (v) SELECT count(*) FROM sqlite_stmt",
+    "INSERT INTO t (v) SELECT sum(pgsize) FROM dbstat",
 ]
 
 
@@ -195,6 +206,25 @@ def test_deterministic_time_arithmetic_and_counters_are_allowed_and_agree(
         (1,), (1,), ("2024-02-29",), ("2023-11-14 22:13:20.500",), (1704067200,),
         (2451544.5,), (6,),
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("sql", "words"),
+    [
+        ("SELECT fts3_tokenizer('simple')", "fts3_tokenizer() is not allowed"),
+        ("SELECT fts3_tokenizer('x', X'4141414141414141')", "fts3_tokenizer() is not allowed"),
+        ("SELECT load_extension('libevil')", "load_extension() is not allowed"),
+        ("SELECT * FROM _txsync_keys", "bookkeeping"),
+        ("SELECT error FROM main._TXSYNC_OUTCOMES", "bookkeeping"),
+    ],
+)
+def test_reads_reach_no_pointer_and_no_bookkeeping(
+    backend: SqliteBackend, sql: str, words: str
+) -> None:
+    """A read may leak no address nor register one (fts3_tokenizer), and may not see
+    other clients' idempotency keys and errors (issue 48)."""
+    with pytest.raises(QueryRefused, match=re.escape(words)):
+        backend.query(Statement(sql), 10)
 
 
 def test_reads_may_use_any_function(backend: SqliteBackend) -> None:

@@ -64,7 +64,7 @@ from txsync.worker.outcomes import (
     is_content_check,
     next_digest,
 )
-from txsync.worker.sqlite_guard import SqliteGuard, read_only
+from txsync.worker.sqlite_guard import ReadGuard, SqliteGuard
 from txsync.worker.transactions import Statement, Transaction
 
 BUSY_TIMEOUT_S = 10.0
@@ -425,7 +425,8 @@ class SqliteBackend:
             conn.execute("PRAGMA query_only=ON")
             conn.execute("BEGIN")
             position = int(conn.execute("SELECT position FROM _txsync_applied").fetchone()[0])
-            conn.set_authorizer(read_only)
+            guard = ReadGuard()
+            conn.set_authorizer(guard)
             conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
             budget = _Budget(self.steps_max, self._stopping)
             conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)
@@ -436,6 +437,8 @@ class SqliteBackend:
             except sqlite3.DatabaseError as error:
                 if budget.exceeded:
                     raise QueryRefused(budget.refusal("the query")) from None
+                if guard.refusal:
+                    raise QueryRefused(f"refused: {guard.refusal}") from None
                 raise QueryRefused(f"{type(error).__name__}: {error}") from None
             return QueryResult(columns, rows, truncated, position)
         finally:

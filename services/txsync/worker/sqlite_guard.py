@@ -86,6 +86,10 @@ are a format or modifiers)."""
 
 ZONE_MODIFIERS = frozenset({"localtime", "utc"})
 
+PHYSICAL_TABLES = frozenset({"sqlite_stmt", "dbstat", "sqlite_dbpage"})
+"""Virtual tables that show the database's physical state (pages, the connection's
+statements): it differs between replicas that hold the same data."""
+
 _TRANSACTION_ACTIONS = {
     sqlite3.SQLITE_TRANSACTION: "BEGIN, COMMIT and ROLLBACK",
     sqlite3.SQLITE_SAVEPOINT: "SAVEPOINT and RELEASE",
@@ -183,6 +187,11 @@ class SqliteGuard:
                     "must compute the same (pass such values as parameters)"
                 )
             return ""
+        if action in _READS and (first or "").casefold() in PHYSICAL_TABLES:
+            return (
+                f"{first} shows the database's pages and statements, which differ between "
+                "replicas: a transaction cannot read it (every replica must compute the same)"
+            )
         if names_bookkeeping(first, second):
             verb = "read" if action in _READS else "changed"
             return (
@@ -225,18 +234,52 @@ def _clock_dependence(args: tuple[SqlValue, ...], positions: tuple[int, ...]) ->
     for position in positions:
         if position >= len(args):
             return "without a time value (the current time)"
-        value = args[position]
-        if isinstance(value, str) and value.strip().casefold() == "now":
+        if _as_sqlite_reads(args[position]) == "now":
             return "of 'now'"
     first_modifier = max(positions) + 1
     for value in args[first_modifier:]:
-        if isinstance(value, str) and value.strip().casefold() in ZONE_MODIFIERS:
-            return f"with the {value.strip()!r} modifier (the machine's time zone)"
+        if _as_sqlite_reads(value) in ZONE_MODIFIERS:
+            return f"with the {value!r} modifier (the machine's time zone)"
     return ""
 
 
-def read_only(action: int, *_: object) -> int:
-    """The authorizer of reads (``Query``): any read, nothing else. Reads are answered
-    by one worker and never replicated, so they may call any function."""
-    allowed = _READS | {sqlite3.SQLITE_FUNCTION}
-    return sqlite3.SQLITE_OK if action in allowed else sqlite3.SQLITE_DENY
+def _as_sqlite_reads(value: SqlValue) -> str | None:
+    """A time value or modifier as SQLite's date functions read it, folded: a blob as its
+    text (X'6E6F77' is 'now'), a text up to its first NUL ('no'||'w'||char(0) is too),
+    case and surrounding space ignored. None for a number or NULL."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return None
+    return value.split("\0", 1)[0].strip().casefold()
+
+
+READ_REFUSED_FUNCTIONS = frozenset({"fts3_tokenizer", "load_extension"})
+"""Functions no read may call: ``fts3_tokenizer`` answers a native pointer (an address
+leak) and, with two arguments, registers any address as a tokenizer (a crash, or worse,
+inside the worker)."""
+
+
+class ReadGuard:
+    """The authorizer of reads (``Query``): reads of user tables, and any function but
+    ``READ_REFUSED_FUNCTIONS``; nothing of the worker's bookkeeping (other clients'
+    idempotency keys and errors). Reads are answered by one worker and never
+    replicated, so they may call the clock and chance. ``refusal`` says why it last
+    refused."""
+
+    def __init__(self) -> None:
+        self.refusal = ""
+
+    def __call__(self, action: int, first: str | None, second: str | None, *_: object) -> int:
+        if action == sqlite3.SQLITE_FUNCTION:
+            if (second or "").casefold() in READ_REFUSED_FUNCTIONS:
+                self.refusal = f"function {second}() is not allowed in a read"
+                return sqlite3.SQLITE_DENY
+            return sqlite3.SQLITE_OK
+        if action not in _READS:
+            self.refusal = "a read may only read"
+            return sqlite3.SQLITE_DENY
+        if names_bookkeeping(first, second):
+            self.refusal = f"the worker's bookkeeping ({BOOKKEEPING_PREFIX} tables) cannot be read"
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
