@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-verify bench-startup bench-client clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-verify bench-startup bench-client bench-soak clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -104,6 +104,9 @@ bench-client: venv  ## the client library: 48 concurrent callers, batching on an
 
 bench-startup: venv  ## txsync --help, each service exec -> SERVING, dev up -> cluster.json
 	$(BIN)/python -m bench.startup_bench
+
+bench-soak: venv  ## 1M transactions of history, then 10 min steady: RSS, disk, p99, restarts
+	$(BIN)/python -m bench.soak
 
 bench-verify: venv  ## verify-replicas on 3 DCs x 2 workers x 1M rows, local Spark
 	$(BIN)/python -m bench.verify_bench

@@ -1546,11 +1546,13 @@ class TransactionStore:
         # writes and one fsync. Filing cost a file create and fsync each, and a rotation
         # that kept the bodies the workers had not reached yet (a few thousand under a
         # burst) held the lock for seconds: long enough for the peers to exclude the DC.
+        started = time.monotonic()
         budget = self._carry_budget()
         _, early = _split_by_budget(self._unfiled_kept(below_position), budget)
         if not await work.in_thread(self.bodies.file_many, early, self._closing.is_set):
             raise StoreError(grpc.StatusCode.UNAVAILABLE, "the store is shutting down")
         async with self._lock:
+            locked = time.monotonic()
             await self._writer.flush()
             snapshot, dropped = self.state.snapshot(below_position)
             gone = set(dropped)
@@ -1566,6 +1568,7 @@ class TransactionStore:
             backups = await work.in_thread(self.files.rotate, snapshot, _now_ms(), entries)
             self.state.drop_truncated(snapshot, dropped)
             unfiled, self._unfiled = self._unfiled, dict(carried)
+            locked_s = time.monotonic() - locked
         for tx_id, encoded in (*early, *late):
             record = self.state.txs.get(tx_id)
             if record is not None and record.state not in FINAL_STATES:
@@ -1579,9 +1582,14 @@ class TransactionStore:
         self.progress.truncated_total += len(dropped)
         self.progress.last_rotation_ms = _now_ms()
         log.info(
-            "txlog rotated: %d transactions truncated, %d kept, %s (%d old bak- deleted)",
+            "txlog rotated in %.0f ms (lock held %.0f ms): %d transactions truncated, %d "
+            "kept, %d bodies carried, %d filed, %s (%d old bak- deleted)",
+            (time.monotonic() - started) * 1000,
+            locked_s * 1000,
             len(dropped),
             len(self.state.txs),
+            len(carried),
+            len(early) + len(late),
             backups,
             len(deleted),
         )

@@ -1,0 +1,447 @@
+"""A long history, then a steady load: is every process bounded by what is unfinished?
+
+    make bench-soak        (or: .venv/bin/python -m bench.soak --help)
+
+One 3-DC cluster of real processes (``txsync dev up``'s services, 1 SQLite worker per
+DC, the store's default txlog settings). In one run:
+
+1. **at the small history** (``--small``, 10,000): a steady load of ``--rate``
+   single-row upserts a second on 10,000 keys, spread over the DCs, for ``--probe-s``;
+   then dc1's transaction-store and worker are restarted, each timed exec to SERVING;
+2. **the long history**: batched upserts until ``--history`` (1,000,000) transactions
+   were ordered, with progress;
+3. **at the long history**: the same steady load for ``--steady-s`` (600), then the same
+   restarts.
+
+Every ``--sample-s`` it samples the resident memory (VmRSS) of every process, each DC's
+bytes on disk (txlog and worker database), and the p99 of the submits (submit to
+ACCEPTED) of the last interval; rotations come from the stores' logs (when, how long,
+how long they held the lock, how much they truncated). It prints the comparison at the
+two histories against issue 47's targets, writes the samples as JSON and draws the
+curves (``--out``, default ``docs/soak``). Nothing is asserted: the figures go to
+``docs/benchmarks.md`` by hand, with the date. ``tests/dev_cluster/test_history_bounded.py``
+is the short version that fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+
+from tests.support.dev_up import free_base_port
+from txsync.client import Client
+from txsync.dev_cluster import DevCluster, Service, layout_of
+from txsync.v1 import admin_pb2, admin_pb2_grpc
+
+KEYS = 10_000
+UPSERT = "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)"
+BATCH = 500
+"""Transactions per submit_many while the history is loaded."""
+LOADERS = 12
+"""Threads loading the history, spread over the DCs."""
+STEADY_CLIENTS = 32
+"""Callers of the steady load, each paced to its share of ``--rate`` (a submit waits
+for ACCEPTED, about a round: 6 callers reached only 110 a second)."""
+RESTART_TIMEOUT_S = 600.0
+ROTATED = re.compile(
+    r"^(\S+ \S+) INFO \S+ txlog rotated in (\d+) ms \(lock held (\d+) ms\): (\d+) "
+    r"transactions truncated, (\d+) kept"
+)
+
+
+@dataclass
+class Sample:
+    at_s: float
+    phase: str
+    history: int
+    rss_mib: dict[str, float]
+    """By process name ("dc1 transaction-store", ...)."""
+    disk_mib: dict[str, float]
+    """By DC: its txlog directory and worker databases."""
+    submit_p99_ms: float | None
+    submits: int
+
+
+@dataclass
+class Rotation:
+    dc: str
+    at: str
+    took_ms: int
+    lock_ms: int
+    truncated: int
+    kept: int
+
+
+@dataclass
+class Results:
+    samples: list[Sample] = field(default_factory=list)
+    restarts_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Phase -> service kind -> seconds from exec to SERVING."""
+    rotations: list[Rotation] = field(default_factory=list)
+    loaded_per_s: float = 0.0
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def bytes_under(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+class Soak:
+    def __init__(self, options: argparse.Namespace) -> None:
+        self.options = options
+        self.root = Path(tempfile.mkdtemp(prefix="soak-"))
+        self.layout = layout_of(self.root, 3, free_base_port(3), witness=False, workers=1)
+        self.cluster = DevCluster(self.layout)
+        self.results = Results()
+        self.started = time.monotonic()
+        self.phase = "start"
+        self._latencies: list[float] = []
+        self._lock = threading.Lock()
+        self._sampling = threading.Event()
+        self._supervision = threading.Lock()
+        """Held by the supervisor's look and by a timed restart: the supervisor restarts
+        what exits (a coordinator whose store restarted does, by design), as dev up's."""
+
+    @property
+    def stores(self) -> list[str]:
+        return [dc["store"] for dc in self.layout["dcs"].values()]
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.started:7.1f} s] {text}", flush=True)
+
+    # --- measuring -----------------------------------------------------------------
+
+    def history(self) -> int:
+        with grpc.insecure_channel(self.stores[0]) as channel:
+            status = admin_pb2_grpc.AdminServiceStub(channel).GetStatus(
+                admin_pb2.GetStatusRequest(), timeout=30
+            )
+        return int(status.local.merge_base.synced_len)
+
+    def sample(self) -> Sample:
+        rss = {
+            service.name: rss_mib(service.process.pid)
+            for service in self.cluster.services
+            if service.process is not None and service.process.poll() is None
+        }
+        disk = {
+            dc: bytes_under(Path(entry["data"])) / 2**20 for dc, entry in self.layout["dcs"].items()
+        }
+        with self._lock:
+            latencies, self._latencies = self._latencies, []
+        p99 = statistics.quantiles(latencies, n=100)[98] * 1000 if len(latencies) >= 20 else None
+        return Sample(
+            round(time.monotonic() - self.started, 1), self.phase, self.history(), rss, disk,
+            p99, len(latencies),
+        )  # fmt: skip
+
+    def _supervise_loop(self) -> None:
+        while not self._sampling.wait(0.2):
+            with self._supervision:
+                for event in self.cluster.supervise():
+                    self.say(event)
+
+    def _sample_loop(self) -> None:
+        while not self._sampling.wait(self.options.sample_s):
+            try:
+                sample = self.sample()
+            except grpc.RpcError:
+                continue  # a store restarting
+            self.results.samples.append(sample)
+            store_rss = max(v for k, v in sample.rss_mib.items() if "transaction-store" in k)
+            disk = max(sample.disk_mib.values())
+            self.say(
+                f"{sample.phase}: history {sample.history:,}, store RSS {store_rss:.0f} MiB, "
+                f"disk {disk:.0f} MiB, p99 {sample.submit_p99_ms or 0:.1f} ms"
+            )
+
+    # --- load ------------------------------------------------------------------------
+
+    def load_history(self, until: int) -> None:
+        """Batched upserts from LOADERS threads until ``until`` transactions are ordered."""
+        start_history, started = self.history(), time.monotonic()
+        left = [max(0, until - start_history)]
+        lock = threading.Lock()
+
+        def loader(n: int) -> None:
+            address = self.stores[n % len(self.stores)]
+            with Client(address, timeout=120, idempotent=False, batch_max=BATCH) as client:
+                k = n
+                while True:
+                    with lock:
+                        count = min(BATCH, left[0])
+                        left[0] -= count
+                    if count <= 0:
+                        return
+                    client.submit_many(
+                        [(UPSERT, ((k + i) % KEYS, k + i)) for i in range(count)], wait="accepted"
+                    )
+                    k += count
+
+        threads = [threading.Thread(target=loader, args=(n,)) for n in range(LOADERS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        loaded = self.history() - start_history
+        self.results.loaded_per_s = loaded / (time.monotonic() - started)
+        self.say(f"loaded {loaded:,} in {time.monotonic() - started:.0f} s")
+
+    def steady(self, seconds: float) -> None:
+        """``--rate`` single upserts a second (wait accepted) from STEADY_CLIENTS threads."""
+        stop = time.monotonic() + seconds
+        gap = STEADY_CLIENTS / self.options.rate
+
+        def client_loop(n: int) -> None:
+            address = self.stores[n % len(self.stores)]
+            with Client(address, timeout=60, idempotent=False) as client:
+                next_at, k = time.monotonic(), n
+                while time.monotonic() < stop:
+                    time.sleep(max(0.0, next_at - time.monotonic()))
+                    begun = time.perf_counter()
+                    try:
+                        client.submit(UPSERT, k % KEYS, k, wait="accepted")
+                    except Exception as error:
+                        self.say(f"submit failed: {error}")
+                        next_at += gap
+                        continue
+                    with self._lock:
+                        self._latencies.append(time.perf_counter() - begun)
+                    next_at += gap
+                    k += STEADY_CLIENTS
+
+        threads = [threading.Thread(target=client_loop, args=(n,)) for n in range(STEADY_CLIENTS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def restart(self, kinds: tuple[str, ...] = ("transaction-store", "worker")) -> dict[str, float]:
+        """Restart dc1's services of these kinds one at a time: exec to SERVING each."""
+        took: dict[str, float] = {}
+        for kind in kinds:
+            service = next(
+                s
+                for s in self.cluster.services
+                if s.name.startswith("dc1") and s.name.endswith(kind)
+            )
+            took[kind] = self._restart_one(service)
+            self.say(f"dc1 {kind} restarted to SERVING in {took[kind]:.2f} s")
+        return took
+
+    def _restart_one(self, service: Service) -> float:
+        with self._supervision:
+            service.stop()
+            service.wait_stopped(120)
+            service.close()
+            started = time.monotonic()
+            service.start()
+            deadline = started + RESTART_TIMEOUT_S
+            while not service.check_serving():
+                if time.monotonic() > deadline or not service.running:
+                    raise RuntimeError(f"{service.name} did not serve again:\n{service.log_tail()}")
+                time.sleep(0.02)
+            took = time.monotonic() - started
+            service.serving, service.serving_since = True, time.monotonic()
+        return took
+
+    def rotations(self) -> list[Rotation]:
+        found = []
+        for dc, entry in self.layout["dcs"].items():
+            log = Path(entry["data"]) / "transaction-store.log"
+            for line in log.read_text(errors="replace").splitlines():
+                match = ROTATED.match(line)
+                if match:
+                    at, took, lock, truncated, kept = match.groups()
+                    found.append(Rotation(dc, at, int(took), int(lock), int(truncated), int(kept)))
+        return found
+
+    # --- the run -----------------------------------------------------------------------
+
+    def run(self) -> Results:
+        options = self.options
+        self.cluster.start()
+        sampler = threading.Thread(target=self._sample_loop, daemon=True)
+        threading.Thread(target=self._supervise_loop, daemon=True).start()
+        try:
+            with Client(self.stores[0], timeout=120) as client:
+                client.submit("CREATE TABLE kv (k INTEGER PRIMARY KEY, v INTEGER)", wait="ok")
+            sampler.start()
+            self.phase = "load small"
+            self.load_history(options.small)
+            self.phase = "steady small"
+            self.steady(options.probe_s)
+            self.results.restarts_s["small"] = self.restart()
+            self.phase = "load long"
+            self.load_history(options.history)
+            self.phase = "steady long"
+            self.steady(options.steady_s)
+            self.results.restarts_s["long"] = self.restart()
+        finally:
+            self._sampling.set()
+            self.results.rotations = self.rotations()
+            self.cluster.stop()
+        return self.results
+
+
+def _kind(name: str) -> str:
+    """ "dc1 transaction-store" -> "transaction-store"; "dc1-w1 worker" -> "worker"."""
+    return name.split(" ", 1)[1]
+
+
+def summary(results: Results) -> str:
+    """The comparison of the two steady phases, as a Markdown table, with the rotations."""
+
+    def steady(phase: str) -> list[Sample]:
+        return [s for s in results.samples if s.phase == phase]
+
+    small, long = steady("steady small"), steady("steady long")
+    lines = ["| measure | at the small history | at the long history | ratio (target) |",
+             "| --- | --- | --- | --- |"]  # fmt: skip
+    if not small or not long:
+        return "not enough samples in the steady phases"
+    history = f"{small[-1].history:,} / {long[-1].history:,} transactions"
+    lines.append(f"| history at the end of the phase | {history} | | |")
+    kinds = sorted({_kind(name) for s in (*small, *long) for name in s.rss_mib})
+    for kind in kinds:
+
+        def peak(samples: list[Sample], kind: str = kind) -> float:
+            return max(v for s in samples for n, v in s.rss_mib.items() if _kind(n) == kind)
+
+        a, b = peak(small), peak(long)
+        lines.append(f"| RSS, {kind} (largest) | {a:.0f} MiB | {b:.0f} MiB | {b / a:.2f} (1.2) |")
+    disk_a = max(max(s.disk_mib.values()) for s in small)
+    disk_b = max(max(s.disk_mib.values()) for s in long)
+    lines.append(
+        f"| disk per DC (largest) | {disk_a:.0f} MiB | {disk_b:.0f} MiB | {disk_b / disk_a:.2f} |"
+    )
+    p99_a = statistics.median(s.submit_p99_ms for s in small if s.submit_p99_ms is not None)
+    p99_b = statistics.median(s.submit_p99_ms for s in long if s.submit_p99_ms is not None)
+    counts = f"{len(small)}/{len(long)}"
+    lines.append(f"| submit p99 (median of {counts} samples) | {p99_a:.1f} ms | {p99_b:.1f} ms | |")
+    for kind, before in results.restarts_s.get("small", {}).items():
+        after = results.restarts_s.get("long", {}).get(kind)
+        if after is not None:
+            ratio = f"{after / before:.2f} (2)"
+            lines.append(
+                f"| restart to SERVING, {kind} | {before:.2f} s | {after:.2f} s | {ratio} |"
+            )
+    rotations = results.rotations
+    if rotations:
+        took = sorted(r.took_ms for r in rotations)
+        lock = sorted(r.lock_ms for r in rotations)
+        lines += [
+            "",
+            f"{len(rotations)} rotations; took median {statistics.median(took):.0f} ms, "
+            f"longest {took[-1]} ms; lock held median {statistics.median(lock):.0f} ms, "
+            f"longest {lock[-1]} ms; {sum(r.truncated for r in rotations):,} transactions "
+            f"truncated; kept at most {max(r.kept for r in rotations):,}.",
+        ]
+    lines.append(f"\nHistory loaded at {results.loaded_per_s:,.0f} tx/s.")
+    return "\n".join(lines)
+
+
+def draw(results: Results, out: Path) -> Path:
+    from matplotlib.figure import Figure  # noqa: PLC0415 - only when drawing
+
+    figure = Figure(figsize=(10, 9), layout="constrained")
+    rss, disk, p99 = figure.subplots(3, 1, sharex=True)
+    at = [s.at_s for s in results.samples]
+    for name in sorted({n for s in results.samples for n in s.rss_mib}):
+        rss.plot(at, [s.rss_mib.get(name, float("nan")) for s in results.samples], label=name)
+    rss.set_ylabel("RSS (MiB)")
+    rss.legend(fontsize=6, ncol=3)
+    for dc in sorted({d for s in results.samples for d in s.disk_mib}):
+        disk.plot(at, [s.disk_mib.get(dc, float("nan")) for s in results.samples], label=dc)
+    disk.set_ylabel("disk per DC (MiB)")
+    disk.legend(fontsize=7)
+    p99.plot(
+        at,
+        [s.submit_p99_ms if s.submit_p99_ms is not None else float("nan") for s in results.samples],
+    )
+    p99.set_ylabel("submit p99 (ms)")
+    p99.set_xlabel("seconds")
+    history = p99.twinx()
+    history.plot(at, [s.history for s in results.samples], color="grey", linestyle=":")
+    history.set_ylabel("history (transactions)")
+    for axes in (rss, disk, p99):
+        for phase_start in _phase_starts(results):
+            axes.axvline(phase_start[0], color="lightgrey", linewidth=0.8)
+    path = out.with_suffix(".png")
+    figure.savefig(path, dpi=90)
+    return path
+
+
+def _phase_starts(results: Results) -> list[tuple[float, str]]:
+    starts: list[tuple[float, str]] = []
+    for sample in results.samples:
+        if not starts or starts[-1][1] != sample.phase:
+            starts.append((sample.at_s, sample.phase))
+    return starts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--history", type=int, default=1_000_000, help="the long history (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--small", type=int, default=10_000, help="the small history (default 10,000)"
+    )
+    parser.add_argument(
+        "--steady-s",
+        type=float,
+        default=600.0,
+        help="steady load at the long history (default 600 s)",
+    )
+    parser.add_argument(
+        "--probe-s",
+        type=float,
+        default=120.0,
+        help="steady load at the small history (default 120 s)",
+    )
+    parser.add_argument(
+        "--rate", type=float, default=250.0, help="steady submits a second (default 250)"
+    )
+    parser.add_argument(
+        "--sample-s", type=float, default=10.0, help="seconds between samples (default 10)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/soak"),
+        help="where the JSON and PNG go (default docs/soak)",
+    )
+    options = parser.parse_args()
+    if not 0 < options.small < options.history:
+        parser.error("--small must be positive and below --history")
+    soak = Soak(options)
+    results = soak.run()
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.with_suffix(".json").write_text(json.dumps(asdict(results), indent=1))
+    print(summary(results))
+    print(f"curves: {draw(results, options.out)}; samples: {options.out.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()
