@@ -74,6 +74,9 @@ class TxRecord:
     """1-based position in the synced queue; 0 while not synced."""
     membership: bool = False
     """The body is a membership entry (known once the body is)."""
+    saved: txlog_pb2.SnapshotTx | None = None
+    """This record as a snapshot holds it, once it is OK or FAILED (nothing changes it
+    then): built by ``prepare_snapshot`` before a rotation takes the store's lock."""
 
     @property
     def state(self) -> TxState | None:
@@ -202,6 +205,7 @@ class StoreState:
         elif kind == "body_stored":
             stored = entry.body_stored
             record = self._record(stored.tx_id)
+            record.saved = None  # a carried or repeated body may still set these fields
             record.membership = stored.membership
             record.traceparent = record.traceparent or stored.traceparent
             if not record.body_held:
@@ -482,34 +486,54 @@ class StoreState:
             snapshot.vote.CopyFrom(self.vote)
         snapshot.synced_offset = self.synced_offset + cut
         snapshot.truncated_last_tx_id = dropped[-1] if dropped else self.truncated_last_tx_id
+        kept: list[txlog_pb2.SnapshotTx] = []
         for record in self.txs.values():
             if record.tx_id in gone:
                 continue
-            saved = snapshot.txs.add(
-                tx_id=record.tx_id,
-                has_meta=record.meta is not None,
-                idempotency_key=record.idempotency_key,
-                body_digest=record.body_digest,
-                body_bytes=record.body_bytes,
-                body_held=record.body_held,
-                traceparent=record.traceparent,
-                local=record.local,
-                seq=record.seq,
-                membership=record.membership,
-            )
+            saved = record.saved or self._saved(record)
             stamped = self.unsettled.get(record.tx_id)
             if stamped is not None:
                 saved.stamp_local_seq = stamped[1]
-            if record.meta is not None:
-                saved.meta.CopyFrom(meta_to_proto(record.meta))
-            if record.outcome is not None:
-                saved.outcome.CopyFrom(record.outcome)
-            for step in record.history:
-                transition = saved.history.add(
-                    state=step.state.value, service=step.service, node_id=self.node_id
-                )
-                transition.at.FromMilliseconds(step.at_unix_ms)
+            kept.append(saved)
+        snapshot.txs.extend(kept)
         return snapshot, dropped
+
+    @staticmethod
+    def finished_unsaved(records: Iterable[TxRecord]) -> list[TxRecord]:
+        """The records ``prepare_snapshot`` would build (OK or FAILED, not built yet)."""
+        return [r for r in records if r.saved is None and r.state in FINAL_STATES]
+
+    def prepare_snapshot(self, finished: list[TxRecord]) -> None:
+        """Build the snapshot form of these finished records (``finished_unsaved``),
+        which nothing changes any more: safe in a thread while the store goes on, so
+        that the rotation's ``snapshot`` under the lock builds only the unfinished ones.
+        Building 12,000 took 1 s, all of it under the lock (issue 47's stall)."""
+        for record in finished:
+            record.saved = self._saved(record)
+
+    def _saved(self, record: TxRecord) -> txlog_pb2.SnapshotTx:
+        saved = txlog_pb2.SnapshotTx(
+            tx_id=record.tx_id,
+            has_meta=record.meta is not None,
+            idempotency_key=record.idempotency_key,
+            body_digest=record.body_digest,
+            body_bytes=record.body_bytes,
+            body_held=record.body_held,
+            traceparent=record.traceparent,
+            local=record.local,
+            seq=record.seq,
+            membership=record.membership,
+        )
+        if record.meta is not None:
+            saved.meta.CopyFrom(meta_to_proto(record.meta))
+        if record.outcome is not None:
+            saved.outcome.CopyFrom(record.outcome)
+        for step in record.history:
+            transition = saved.history.add(
+                state=step.state.value, service=step.service, node_id=self.node_id
+            )
+            transition.at.FromMilliseconds(step.at_unix_ms)
+        return saved
 
     def drop_truncated(self, snapshot: txlog_pb2.Snapshot, dropped: list[str]) -> None:
         """What applying ``snapshot`` (made by ``snapshot`` just now, nothing applied

@@ -1551,6 +1551,8 @@ class TransactionStore:
         _, early = _split_by_budget(self._unfiled_kept(below_position), budget)
         if not await work.in_thread(self.bodies.file_many, early, self._closing.is_set):
             raise StoreError(grpc.StatusCode.UNAVAILABLE, "the store is shutting down")
+        finished = StoreState.finished_unsaved(self.state.txs.values())
+        await work.in_thread(self.state.prepare_snapshot, finished)
         async with self._lock:
             locked = time.monotonic()
             await self._writer.flush()
