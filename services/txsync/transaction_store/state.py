@@ -75,8 +75,14 @@ class TxRecord:
     membership: bool = False
     """The body is a membership entry (known once the body is)."""
     saved: txlog_pb2.SnapshotTx | None = None
-    """This record as a snapshot holds it, once it is OK or FAILED (nothing changes it
-    then): built by ``prepare_snapshot`` before a rotation takes the store's lock."""
+    """This record as a snapshot holds it, built by ``prepare_snapshot`` before a
+    rotation takes the store's lock; None once anything in it changed (``touch``)."""
+    version: int = 0
+    """Bumped by every change (``touch``): a form built from an older version is stale."""
+
+    def touch(self) -> None:
+        self.version += 1
+        self.saved = None
 
     @property
     def state(self) -> TxState | None:
@@ -205,7 +211,7 @@ class StoreState:
         elif kind == "body_stored":
             stored = entry.body_stored
             record = self._record(stored.tx_id)
-            record.saved = None  # a carried or repeated body may still set these fields
+            record.touch()
             record.membership = stored.membership
             record.traceparent = record.traceparent or stored.traceparent
             if not record.body_held:
@@ -270,6 +276,7 @@ class StoreState:
         self, submitted: txlog_pb2.TxSubmitted, at: int, moved: list[Moved]
     ) -> None:
         record = self._record(submitted.tx_id)
+        record.touch()
         record.local = True
         record.membership = submitted.membership
         record.idempotency_key = submitted.idempotency_key
@@ -311,12 +318,14 @@ class StoreState:
         for tx_id in void:
             del unsettled[tx_id]
             record = self.txs[tx_id]
+            record.touch()
             record.meta = None
             self.incoming.pop(tx_id, None)
             self.pending_local[tx_id] = None
 
     def _apply_meta(self, meta: TxMeta) -> TxRecord:
         record = self._record(meta.tx_id)
+        record.touch()
         record.meta = meta
         self.pending_local.pop(meta.tx_id, None)
         self.unsettled.pop(meta.tx_id, None)  # stamped anew
@@ -334,6 +343,7 @@ class StoreState:
         if record is None:
             return
         if record.body_held:
+            record.touch()
             record.meta = None
             return
         del self.txs[tx_id]
@@ -349,6 +359,7 @@ class StoreState:
     def _apply_synced(self, metas: list[TxMeta], at: int, moved: list[Moved]) -> None:
         for meta in metas:
             record = self._record(meta.tx_id)
+            record.touch()
             record.meta = meta
             self.synced.append(meta)
             record.position = self.synced_len
@@ -371,6 +382,7 @@ class StoreState:
             # A repeated transition (retries are safe), or one an earlier entry implied
             # (logs written before transitions were implied).
             return
+        record.touch()
         record.history.append(step)
         moved.append(Moved(record, len(record.history) - 1))
         if outcome is not None:
@@ -493,23 +505,36 @@ class StoreState:
             saved = record.saved or self._saved(record)
             stamped = self.unsettled.get(record.tx_id)
             if stamped is not None:
+                saved = _copy(saved)  # the stamp is not the record's: settled apart
                 saved.stamp_local_seq = stamped[1]
             kept.append(saved)
         snapshot.txs.extend(kept)
         return snapshot, dropped
 
-    @staticmethod
-    def finished_unsaved(records: Iterable[TxRecord]) -> list[TxRecord]:
-        """The records ``prepare_snapshot`` would build (OK or FAILED, not built yet)."""
-        return [r for r in records if r.saved is None and r.state in FINAL_STATES]
+    def unsaved_kept(self, truncate_below: int) -> list[tuple[TxRecord, int]]:
+        """The records a snapshot below ``truncate_below`` would keep whose snapshot
+        form is not built, with their versions now (for ``prepare_snapshot``)."""
+        return [
+            (record, record.version)
+            for record in self.txs.values()
+            if record.saved is None and not 0 < record.position < truncate_below
+        ]
 
-    def prepare_snapshot(self, finished: list[TxRecord]) -> None:
-        """Build the snapshot form of these finished records (``finished_unsaved``),
-        which nothing changes any more: safe in a thread while the store goes on, so
-        that the rotation's ``snapshot`` under the lock builds only the unfinished ones.
-        Building 12,000 took 1 s, all of it under the lock (issue 47's stall)."""
-        for record in finished:
-            record.saved = self._saved(record)
+    def prepare_snapshot(
+        self, records: list[tuple[TxRecord, int]]
+    ) -> list[tuple[TxRecord, int, txlog_pb2.SnapshotTx]]:
+        """Build the snapshot form of these records (``unsaved_kept``), in a thread while
+        the store goes on, so that ``snapshot`` under the lock builds only what changed
+        meanwhile. A record may change while it is read here: ``keep_prepared``, on the
+        loop, keeps only forms built from the version it still has. Building 12,000
+        took 1 s, all of it under the lock (issue 47's stall)."""
+        return [(record, version, self._saved(record)) for record, version in records]
+
+    @staticmethod
+    def keep_prepared(built: list[tuple[TxRecord, int, txlog_pb2.SnapshotTx]]) -> None:
+        for record, version, saved in built:
+            if record.version == version:
+                record.saved = saved
 
     def _saved(self, record: TxRecord) -> txlog_pb2.SnapshotTx:
         saved = txlog_pb2.SnapshotTx(
@@ -557,6 +582,12 @@ class StoreState:
                 self.open_body_bytes -= record.body_bytes  # an operator's truncate may cut these
         if len(self._seq_order) > 2 * len(self.txs) + 1024:
             self._compact_seq_order()
+
+
+def _copy(saved: txlog_pb2.SnapshotTx) -> txlog_pb2.SnapshotTx:
+    copy = txlog_pb2.SnapshotTx()
+    copy.CopyFrom(saved)
+    return copy
 
 
 def _seq_of(record: TxRecord) -> int:
