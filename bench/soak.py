@@ -18,7 +18,7 @@ bytes on disk (txlog and worker database), and the p99 of the submits (submit to
 ACCEPTED) of the last interval; rotations come from the stores' logs (when, how long,
 how long they held the lock, how much they truncated). It prints the comparison at the
 two histories against issue 47's targets, writes the samples as JSON and draws the
-curves (``--out``, default ``docs/soak``). Nothing is asserted: the figures go to
+curves (``--out``, default ``docs/benchmarks/soak``). Nothing is asserted: the figures go to
 ``docs/benchmarks.md`` by hand, with the date. ``tests/dev_cluster/test_history_bounded.py``
 is the short version that fails.
 """
@@ -421,40 +421,24 @@ def _phase_starts(results: Results) -> list[tuple[float, str]]:
     return starts
 
 
+OPTIONS: tuple[tuple[str, type, object, str], ...] = (
+    ("--history", int, 1_000_000, "the long history, in transactions"),
+    ("--small", int, 10_000, "the small history, in transactions"),
+    ("--steady-s", float, 600.0, "seconds of steady load at the long history"),
+    ("--probe-s", float, 120.0, "seconds of steady load at the small history"),
+    ("--rate", float, 250.0, "steady submits a second"),
+    ("--sample-s", float, 10.0, "seconds between samples"),
+    ("--out", Path, Path("docs/benchmarks/soak"), "where the JSON and the PNG go"),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--history", type=int, default=1_000_000, help="the long history (default 1,000,000)"
-    )
-    parser.add_argument(
-        "--small", type=int, default=10_000, help="the small history (default 10,000)"
-    )
-    parser.add_argument(
-        "--steady-s",
-        type=float,
-        default=600.0,
-        help="steady load at the long history (default 600 s)",
-    )
-    parser.add_argument(
-        "--probe-s",
-        type=float,
-        default=120.0,
-        help="steady load at the small history (default 120 s)",
-    )
-    parser.add_argument(
-        "--rate", type=float, default=250.0, help="steady submits a second (default 250)"
-    )
-    parser.add_argument(
-        "--sample-s", type=float, default=10.0, help="seconds between samples (default 10)"
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("docs/soak"),
-        help="where the JSON and PNG go (default docs/soak)",
-    )
+    for flag, kind, default, meaning in OPTIONS:
+        help_text = f"{meaning} (default %(default)s)"
+        parser.add_argument(flag, type=kind, default=default, help=help_text)
     options = parser.parse_args()
     if not 0 < options.small < options.history:
         parser.error("--small must be positive and below --history")
