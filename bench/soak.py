@@ -32,6 +32,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -217,11 +218,7 @@ class Soak:
                     )
                     k += count
 
-        threads = [threading.Thread(target=loader, args=(n,)) for n in range(LOADERS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        _in_threads(loader, LOADERS)
         loaded = self.history() - start_history
         self.results.loaded_per_s = loaded / (time.monotonic() - started)
         self.say(f"loaded {loaded:,} in {time.monotonic() - started:.0f} s")
@@ -249,11 +246,7 @@ class Soak:
                     next_at += gap
                     k += STEADY_CLIENTS
 
-        threads = [threading.Thread(target=client_loop, args=(n,)) for n in range(STEADY_CLIENTS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        _in_threads(client_loop, STEADY_CLIENTS)
 
     def restart(self, kinds: tuple[str, ...] = ("transaction-store", "worker")) -> dict[str, float]:
         """Restart dc1's services of these kinds one at a time: exec to SERVING each."""
@@ -323,6 +316,15 @@ class Soak:
             self.results.rotations = self.rotations()
             self.cluster.stop()
         return self.results
+
+
+def _in_threads(work: Callable[[int], None], count: int) -> None:
+    """``work(0)`` .. ``work(count - 1)``, each in a thread of its own, until all end."""
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def _kind(name: str) -> str:
