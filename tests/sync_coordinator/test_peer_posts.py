@@ -95,5 +95,18 @@ def test_a_pushed_body_that_fails_its_digest_is_refused_and_the_others_are_store
             assert served == [encoded]
             with pytest.raises(grpc.RpcError):
                 peer.GetBody(peer_pb2.GetBodyRequest(sender="dc2", tx_id=bad), timeout=30)
+            many = peer.GetBodies(
+                peer_pb2.GetBodiesRequest(sender="dc2", tx_ids=[bad, good]), timeout=30
+            )
+            assert [(b.tx_id, b.body) for b in many.bodies] == [(good, encoded)]
+            assert not many.unread
+            for tx_ids in ([], [good] * 257):
+                with pytest.raises(grpc.RpcError) as refused:
+                    peer.GetBodies(peer_pb2.GetBodiesRequest(sender="dc2", tx_ids=tx_ids))
+                assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert "1..256" in (refused.value.details() or "")
+            with pytest.raises(grpc.RpcError) as stranger:
+                peer.GetBodies(peer_pb2.GetBodiesRequest(sender="dc9", tx_ids=[good]))
+            assert stranger.value.code() is grpc.StatusCode.PERMISSION_DENIED
     finally:
         cluster.stop()

@@ -1257,6 +1257,11 @@ class ProtocolNode:
 
     # --- bodies --------------------------------------------------------------------------
 
+    def wants_body(self, tx_id: TxId) -> bool:
+        """Whether this node still lacks the body and fetches it (a shell drops a queued
+        fetch of a body that arrived meanwhile)."""
+        return tx_id in self._fetches
+
     def _want_body(self, tx_id: TxId, holders: Sequence[NodeId]) -> None:
         wanted = [h for h in dict.fromkeys(holders) if h != self._id]
         fetch = self._fetches.get(tx_id)

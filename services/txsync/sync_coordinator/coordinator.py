@@ -36,7 +36,6 @@ from txsync.codec import ballot_from_proto, ballot_to_proto, proposal_from_proto
 from txsync.protocol import (
     IMPLIED_STATES,
     Ballot,
-    BodyAcquired,
     ConfigChange,
     ConfigChangeSynced,
     DurableState,
@@ -58,8 +57,9 @@ from txsync.protocol import (
     Tick,
     Timing,
 )
-from txsync.rpc import ServiceError, new_channel
+from txsync.rpc import new_channel
 from txsync.settings import PROGRESS_REPORT_S
+from txsync.sync_coordinator.bodies import BodyFetches
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
 from txsync.sync_coordinator.post_deltas import KnownPosts
@@ -76,11 +76,7 @@ from txsync.sync_coordinator.wire import (
     view_message_to_proto,
 )
 from txsync.telemetry import Metrics, attached
-from txsync.transaction_store.validation import (
-    BODIES_PER_CALL_MAX,
-    check_peer_body,
-    check_traceparent,
-)
+from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import (
     common_pb2,
     peer_pb2,
@@ -107,8 +103,6 @@ held the cluster at 65 tx/s."""
 ARRIVED_BODY_BYTES_MAX = 64 * 1024 * 1024
 """Pushed bodies taken and not yet durable (queued for the loop, or in a write); a
 peer's stream waits beyond it. Each is held in memory until its write is durable."""
-FETCHES_IN_FLIGHT_MAX = 64
-"""Body fetches running at once; the core retries one not started (with backoff)."""
 LOCAL_BODIES_MAX = 65_536
 """Local submits' bodies held until the core asks for their push; the oldest is dropped
 beyond it (then read back from the store)."""
@@ -519,8 +513,13 @@ class Coordinator:
         self._arrived_bytes = 0
         """Bytes of pushed bodies taken and not durable yet (ARRIVED_BODY_BYTES_MAX)."""
         self._arrived_room = asyncio.Condition()
-        self._fetching: set[str] = set()
-        """Bodies being fetched now (``_fetch_body``)."""
+        self.fetches = BodyFetches(
+            config.node_id,
+            stub_of=self._peer_stub,
+            wanted=self._body_wanted,
+            take=self.take_bodies,
+            timeout_s=config.rpc_timeout_s,
+        )
         self.known_posts = KnownPosts()
         """Peers' recent posts, which their next posts may name as references."""
         self._persists: _StepStream | None = None
@@ -968,8 +967,14 @@ class Coordinator:
                     if link := self._link(to):
                         link.send(view_message_to_proto(view_message))
         for body in ready.bodies:
-            if isinstance(body, FetchBody):  # pushes went out first (_push_local_bodies)
-                self._in_background(self._fetch_body(body.tx_id, body.source))
+            # pushes went out first (_push_local_bodies); a fetch of a body being stored
+            # now would fetch it twice
+            if (
+                isinstance(body, FetchBody)
+                and body.tx_id not in self.bodies_arriving
+                and self.fetches.ask(body.tx_id, body.source)
+            ):
+                self._in_background(self.fetches.drain(body.source))
 
     async def _serve_from_log(self, to: str, from_len: int, count_max: int) -> None:
         try:
@@ -1008,6 +1013,8 @@ class Coordinator:
                 except grpc.aio.AioRpcError as error:
                     log.warning("cannot push %d bodies: %s", len(batch), error.details())
                     continue
+                for tx_id in held.unread:  # past the answer's 3 MiB: the next batch
+                    self._pushes[tx_id] = batch[tx_id]
                 self._send_pushes([
                     (peer_pb2.PushBodyRequest(tx_id=body.tx_id, body=body.body,
                                               digest=body.digest, traceparent=body.traceparent),
@@ -1015,50 +1022,12 @@ class Coordinator:
                     for body in held.bodies
                 ])  # fmt: skip
 
-    async def _fetch_body(self, tx_id: str, source: str) -> None:
-        """Fetch a body (the core retries with backoff if this fails). Not while a push of
-        it is being stored: under load the core's fetch delay often ends just then, and
-        checking the store first cost a call per transaction (1.44 ReadBody per batched
-        transaction, measured, against 0.03 fetches from a peer). Nor while a fetch of it
-        runs, nor beyond FETCHES_IN_FLIGHT_MAX: a loaded peer answers slowly, the core's
-        retries come due meanwhile, and each started another fetch of the same body."""
-        fetching = self._fetching
-        if (
-            tx_id in self.bodies_arriving
-            or tx_id in fetching
-            or len(fetching) >= FETCHES_IN_FLIGHT_MAX
-        ):
-            return  # acquired once stored; if that fails, the core's retry fetches it
-        fetching.add(tx_id)
-        try:
-            await self._fetch_body_now(tx_id, source)
-        finally:
-            fetching.discard(tx_id)
+    def _peer_stub(self, node_id: str) -> peer_pb2_grpc.PeerServiceAsyncStub | None:
+        link = self._link(node_id)
+        return None if link is None else link.stub
 
-    async def _fetch_body_now(self, tx_id: str, source: str) -> None:
-        try:
-            await self.store.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id))
-        except grpc.aio.AioRpcError:
-            pass
-        else:
-            await self.events.put(BodyAcquired(tx_id))  # already held here
-            return
-        link = self._link(source)
-        if link is None:
-            return
-        try:
-            got = await link.stub.GetBody(
-                peer_pb2.GetBodyRequest(sender=self.config.node_id, tx_id=tx_id),
-                timeout=self.config.rpc_timeout_s,
-            )
-            arrived = checked_body(tx_id, got.body, got.digest, got.traceparent)
-        except grpc.aio.AioRpcError as error:
-            log.debug("fetching %s from %s: %s", tx_id, source, error.code().name)
-            return
-        except ServiceError as error:
-            log.warning("body %s fetched from %s refused: %s", tx_id, source, error.message)
-            return
-        await self.take_bodies([arrived])
+    def _body_wanted(self, tx_id: str) -> bool:
+        return self.node is not None and self.node.wants_body(tx_id)
 
     async def take_bodies(self, bodies: Sequence[ArrivedBody]) -> None:
         """Bodies from peers, checked (``checked_body``): the loop writes each with the
@@ -1176,10 +1145,3 @@ class Coordinator:
         while not node.has_room_for_local(self._locals_queued):
             self._room_for_locals.clear()
             await self._room_for_locals.wait()
-
-
-def checked_body(tx_id: str, encoded: bytes, digest: bytes, traceparent: str) -> ArrivedBody:
-    """A body from a peer, checked as the store checks it (``ServiceError`` if it fails):
-    the store fails a whole step that carries a body it refuses."""
-    check_peer_body(tx_id, encoded, digest)
-    return ArrivedBody(tx_id, encoded, digest, check_traceparent(traceparent))

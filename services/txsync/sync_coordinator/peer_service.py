@@ -25,7 +25,8 @@ from txsync.protocol import (
     ViewQuery,
 )
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
-from txsync.sync_coordinator.coordinator import Coordinator, checked_body
+from txsync.sync_coordinator.bodies import checked_body
+from txsync.sync_coordinator.coordinator import PUSH_BATCH_BYTES_MAX, Coordinator
 from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
 from txsync.sync_coordinator.wire import (
@@ -259,6 +260,32 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         return peer_pb2.GetBodyResponse(
             body=body.body, digest=body.digest, traceparent=body.traceparent
         )
+
+    @answers_errors
+    async def GetBodies(
+        self, request: peer_pb2.GetBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peer_pb2.GetBodiesResponse:
+        self._check_peer(request.sender, context)
+        if not 1 <= len(request.tx_ids) <= BODIES_PER_CALL_MAX:
+            raise _invalid(
+                WireError(f"tx_ids: {len(request.tx_ids)} is outside 1..{BODIES_PER_CALL_MAX}")
+            )
+        try:
+            held = await self._coordinator.store.ReadBodies(
+                store_pb2.ReadBodiesRequest(tx_ids=request.tx_ids, bytes_max=PUSH_BATCH_BYTES_MAX)
+            )
+        except grpc.aio.AioRpcError as error:
+            raise ServiceError(error.code(), error.details() or "store refused") from None
+        return peer_pb2.GetBodiesResponse(
+            bodies=[
+                peer_pb2.PushBodyRequest(
+                    tx_id=body.tx_id, body=body.body, digest=body.digest,
+                    traceparent=body.traceparent,
+                )
+                for body in held.bodies
+            ],
+            unread=held.unread,
+        )  # fmt: skip
 
     @answers_errors
     async def SendViewMessage(

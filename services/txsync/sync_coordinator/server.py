@@ -36,6 +36,7 @@ from txsync.rpc import (
 from txsync.settings import COORDINATOR_SETTINGS, add_arguments
 from txsync.sync_coordinator.admin import NOT_HERE as ADMIN_NOT_HERE
 from txsync.sync_coordinator.admin import CoordinatorAdmin
+from txsync.sync_coordinator.bodies import FETCH_QUEUE_MAX
 from txsync.sync_coordinator.coordinator import SERVICE, Coordinator, CoordinatorConfig, TlsFiles
 from txsync.sync_coordinator.peer_service import PeerServicer
 from txsync.sync_coordinator.wire import WireError, check_node_id
@@ -89,6 +90,11 @@ def _coordinator_gauges(coordinator: Coordinator) -> list[Gauge]:
             lambda: None if coordinator.node is None else coordinator.lag(),
         ),
         Gauge(
+            "txsync.body.fetches.queued",
+            f"bodies queued to be fetched from peers (at most {FETCH_QUEUE_MAX})",
+            lambda: coordinator.fetches.queued,
+        ),
+        Gauge(
             "txsync.divergence.alarms",
             "other DCs whose outcome digests differ from ours (0 while all agree)",
             lambda: coordinator.outcomes.alarm_count,
@@ -110,6 +116,13 @@ async def serve(
 ) -> int:
     coordinator = Coordinator(config, telemetry.metrics)
     telemetry.metrics.gauges(_coordinator_gauges(coordinator))
+    fetches = coordinator.fetches
+    telemetry.metrics.observed_counter(
+        "txsync.bodies.fetched", "bodies fetched from peers", lambda: fetches.fetched
+    )
+    telemetry.metrics.observed_counter(
+        "txsync.body.fetch.calls", "calls made to fetch bodies from peers", lambda: fetches.calls
+    )
     interceptors = guarded_serving(telemetry, metrics_listen, access_file)
     if interceptors is None:
         return 2

@@ -34,6 +34,7 @@ from txsync.transaction_store.store import (
 from txsync.transaction_store.validation import (
     BATCH_SUBMITS_MAX,
     BODY_BYTES_MAX,
+    READ_BODIES_BYTES_DEFAULT,
     STREAM_SUBMITS_MAX,
     StoreError,
     check_idempotency_key,
@@ -494,8 +495,11 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     async def ReadBodies(
         self, request: store_pb2.ReadBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> store_pb2.ReadBodiesResponse:
-        held = await self._store.read_bodies(list(request.tx_ids))
+        held, unread = await self._store.read_bodies(
+            list(request.tx_ids), request.bytes_max or READ_BODIES_BYTES_DEFAULT
+        )
         return store_pb2.ReadBodiesResponse(
+            unread=unread,
             bodies=[
                 store_pb2.HeldBody(
                     tx_id=tx_id,
@@ -504,14 +508,14 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                     traceparent=record.traceparent,
                 )
                 for tx_id, body, record in held
-            ]
+            ],
         )
 
     @answers_errors
     async def ReadBody(
         self, request: store_pb2.ReadBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> store_pb2.ReadBodyResponse:
-        held = await self._store.read_bodies([request.tx_id])
+        held, _ = await self._store.read_bodies([request.tx_id])
         if not held:
             raise StoreError(grpc.StatusCode.NOT_FOUND, f"no body of {request.tx_id} held here")
         _, body, record = held[0]

@@ -48,6 +48,7 @@ from txsync.transaction_store.validation import (
     BODIES_PER_CALL_MAX,
     FORGOTTEN_METAS_MAX,
     PERSIST_METAS_MAX,
+    READ_BODIES_BYTES_DEFAULT,
     READ_SYNCED_MAX,
     STATE_CHANGES_MAX,
     StoreError,
@@ -1246,23 +1247,40 @@ class TransactionStore:
             planned.stored.append(tx_id)
         return planned
 
-    async def read_bodies(self, tx_ids: Sequence[str]) -> list[tuple[str, bytes, TxRecord]]:
-        """The bodies held of ``tx_ids`` (encoded, as stored), with their records; others
-        left out. Held means recorded in the txlog, not merely a file: a coordinator told
-        of a file alone would mark the body acquired before the store could enqueue it."""
+    async def read_bodies(
+        self, tx_ids: Sequence[str], bytes_max: int = READ_BODIES_BYTES_DEFAULT
+    ) -> tuple[list[tuple[str, bytes, TxRecord]], list[str]]:
+        """The bodies held of ``tx_ids`` (encoded, as stored), with their records, together
+        at most ``bytes_max`` but the first; and the held ones left out for that budget
+        (read them by another call). Ids not held are in neither list. Held means
+        recorded in the txlog, not merely a file: a coordinator told of a file alone would
+        mark the body acquired before the store could enqueue it."""
         if len(tx_ids) > BODIES_PER_CALL_MAX:
             raise invalid(f"tx_ids: {len(tx_ids)} is over {BODIES_PER_CALL_MAX}")
         for tx_id in tx_ids:
             check_tx_id(tx_id)
-        cached = [self._body_in_memory(tx_id) for tx_id in tx_ids]
+        txs = self.state.txs
+        chosen: list[str] = []
+        unread: list[str] = []
+        size = 0
+        for tx_id in tx_ids:
+            record = txs.get(tx_id)
+            if record is None or not record.body_held:
+                continue
+            if chosen and size + record.body_bytes > bytes_max:
+                unread.append(tx_id)  # the budget is checked before a file is read
+                continue
+            chosen.append(tx_id)
+            size += record.body_bytes
+        cached = [self._body_in_memory(tx_id) for tx_id in chosen]
         if any(body is None for body in cached):
-            cached = await work.in_thread(self._read_missing, tx_ids, cached)
+            cached = await work.in_thread(self._read_missing, chosen, cached)
         held: list[tuple[str, bytes, TxRecord]] = []
-        for tx_id, body in zip(tx_ids, cached, strict=True):
-            record = self.state.txs.get(tx_id)
+        for tx_id, body in zip(chosen, cached, strict=True):
+            record = txs.get(tx_id)  # a rotation may have truncated it meanwhile
             if body is not None and record is not None and record.body_held:
                 held.append((tx_id, body, record))
-        return held
+        return held, unread
 
     def _read_missing(
         self, tx_ids: Sequence[str], cached: list[bytes | None]
@@ -1336,7 +1354,7 @@ class TransactionStore:
 
     async def _local_submit(self, tx_id: str, stamp: int, local_seq: int) -> LocalSubmit:
         record = self.state.txs[tx_id]
-        held = await self.read_bodies([tx_id])
+        held, _ = await self.read_bodies([tx_id])
         body = held[0][1] if held else b""
         return LocalSubmit(tx_id, body, record.body_digest, record.traceparent, stamp, local_seq)
 

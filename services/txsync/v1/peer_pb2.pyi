@@ -549,6 +549,69 @@ class GetBodyResponse(_message.Message):
 Global___GetBodyResponse: _TypeAlias = GetBodyResponse  # noqa: Y015
 
 @_typing.final
+class GetBodiesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_FIELD_NUMBER: _builtins.int
+    TX_IDS_FIELD_NUMBER: _builtins.int
+    sender: _builtins.str
+    @_builtins.property
+    def tx_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """1 to 256 ids."""
+
+    def __init__(
+        self,
+        *,
+        sender: _builtins.str = ...,
+        tx_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "sender", b"sender", "tx_ids", b"tx_ids"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBodiesRequest: _TypeAlias = GetBodiesRequest  # noqa: Y015
+
+@_typing.final
+class GetBodiesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BODIES_FIELD_NUMBER: _builtins.int
+    UNREAD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def bodies(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___PushBodyRequest]:
+        """The bodies held of those asked, together at most 3 MiB but the first (a body is at
+        most 4 MiB). Each element's `sender` is empty.
+        """
+
+    @_builtins.property
+    def unread(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Held, but left out for the 3 MiB: ask again. Ids asked and in neither list are
+        not held here.
+        """
+
+    def __init__(
+        self,
+        *,
+        bodies: _abc.Iterable[Global___PushBodyRequest] | None = ...,
+        unread: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "bodies", b"bodies", "unread", b"unread"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBodiesResponse: _TypeAlias = GetBodiesResponse  # noqa: Y015
+
+@_typing.final
 class Member(_message.Message):
     """Configuration of one node (used by membership changes)."""
 

@@ -724,6 +724,12 @@ class ReadBodiesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TX_IDS_FIELD_NUMBER: _builtins.int
+    BYTES_MAX_FIELD_NUMBER: _builtins.int
+    bytes_max: _builtins.int
+    """The answer's bodies together at most this many bytes (0: 3 MiB); the first held
+    body is answered whatever its size. Held bodies left out for it are named in
+    `unread`, in the order asked.
+    """
     @_builtins.property
     def tx_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """At most 256."""
@@ -732,10 +738,13 @@ class ReadBodiesRequest(_message.Message):
         self,
         *,
         tx_ids: _abc.Iterable[_builtins.str] | None = ...,
+        bytes_max: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tx_ids", b"tx_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "bytes_max", b"bytes_max", "tx_ids", b"tx_ids"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -783,18 +792,26 @@ class ReadBodiesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     BODIES_FIELD_NUMBER: _builtins.int
+    UNREAD_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def bodies(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___HeldBody]: ...
+    @_builtins.property
+    def unread(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Held, but past `bytes_max`: ask again."""
+
     def __init__(
         self,
         *,
         bodies: _abc.Iterable[Global___HeldBody] | None = ...,
+        unread: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bodies", b"bodies"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "bodies", b"bodies", "unread", b"unread"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
