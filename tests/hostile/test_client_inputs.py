@@ -110,6 +110,12 @@ FAILED_WITH = [
         "SELECT x FROM c WHERE x < 0",
     ), "work budget of 20,000,000 SQLite steps (worker --steps-max)"),
     (("INSERT INTO t VALUES (zeroblob(100000000))",), "too big"),
+    # One LIKE of a 3 MB string and an 8,000-character pattern ran 51 s inside a single
+    # SQLite step, where the step budget never looked (issue 48).
+    (("INSERT INTO t VALUES (printf('%.*c', 3156536, 'a') LIKE "
+      "'%' || printf('%.*c', 8000, 'a') || 'b')",), "like() of 8,002 and 3,156,536"),
+    (("INSERT INTO t VALUES (replace(printf('%.*c', 3000000, 'a'), "
+      "printf('%.*c', 20000, 'a') || 'b', ''))",), "replace() of 3,000,000 and 20,001"),
     (("CREATE TRIGGER skipper AFTER UPDATE ON _txsync_applied WHEN NEW.position=21 "
       "BEGIN UPDATE _txsync_applied SET position=position+2; END",), "bookkeeping"),
     (("ALTER TABLE _txsync_outcomes ADD COLUMN z",), "bookkeeping"),
@@ -273,4 +279,11 @@ def test_reads_are_bounded_too(dc: Dc) -> None:
     )
     error = _call(lambda: dc.client.Query(request, timeout=WAIT_S))
     assert "work budget" in (error.details() or ""), error.details()
+    like = client_pb2.QueryRequest(
+        statement=common_pb2.Statement(
+            sql="SELECT printf('%.*c', 3156536, 'a') LIKE '%' || printf('%.*c', 8000, 'a') || 'b'"
+        )
+    )
+    error = _call(lambda: dc.client.Query(like, timeout=WAIT_S))
+    assert "like() of 8,002 and 3,156,536 characters" in (error.details() or ""), error.details()
     dc.healthy_and_applying()

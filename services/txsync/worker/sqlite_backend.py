@@ -19,8 +19,9 @@ replicas. Reads run on their own connections with ``query_only`` and an authoriz
 refuses writes.
 
 Every transaction (and every read) has a budget of ``steps_max`` virtual-machine steps,
-counted through SQLite's progress handler: a statement that never ends, or runs for
-minutes, fails with an error naming the limit, and since the count depends only on the
+counted through SQLite's progress handler, and the work of string functions inside one
+step charged to it (``sqlite_work``): a statement that never ends, or runs for minutes,
+fails with an error naming the limit, and since the count depends only on the
 statements, the data and the SQLite version, every replica reaches the same verdict.
 Strings and blobs are capped at ``value_bytes_max`` (SQLITE_LIMIT_LENGTH) for the same
 reason, and SQLite's memory in the worker process at ``heap_bytes_max``
@@ -65,13 +66,12 @@ from txsync.worker.outcomes import (
     next_digest,
 )
 from txsync.worker.sqlite_guard import ReadGuard, SqliteGuard
+from txsync.worker.sqlite_work import PROGRESS_EVERY_STEPS, CostedFunctions, StepBudget
 from txsync.worker.transactions import Statement, Transaction
 
 BUSY_TIMEOUT_S = 10.0
-PROGRESS_EVERY_STEPS = 10_000
 DRAINED_ROWS_PER_FETCH = 256
 """Rows of a statement's result read (and dropped) at a time while it is applied."""
-"""How often the progress handler counts (and may stop) a statement."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS _txsync_applied (
@@ -109,29 +109,6 @@ class _BatchRolledBack(Exception):
     savepoint), undoing the transactions applied before it in the batch."""
 
 
-class _Budget:
-    """Counts one transaction's (or read's) virtual-machine steps; SQLite stops the
-    statement when ``__call__`` answers non-zero."""
-
-    def __init__(self, steps_max: int, stopping: threading.Event) -> None:
-        self.steps_max, self.stopping = steps_max, stopping
-        self.steps = 0
-
-    def __call__(self) -> int:
-        self.steps += PROGRESS_EVERY_STEPS
-        return int(self.steps > self.steps_max or self.stopping.is_set())
-
-    @property
-    def exceeded(self) -> bool:
-        return self.steps > self.steps_max
-
-    def refusal(self, what: str) -> str:
-        return (
-            f"{what} exceeded the work budget of {self.steps_max:,} SQLite steps "
-            "(worker --steps-max)"
-        )
-
-
 class SqliteBackend:
     name = "sqlite"
 
@@ -150,6 +127,7 @@ class SqliteBackend:
         self.value_bytes_max = value_bytes_max
         self.heap_bytes_max = heap_bytes_max
         self._guard = SqliteGuard()
+        self._costed = CostedFunctions(value_bytes_max)
         self._stopping = threading.Event()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one writer; calls come from worker threads
@@ -168,6 +146,7 @@ class SqliteBackend:
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
         conn.execute(f"PRAGMA hard_heap_limit={int(self.heap_bytes_max)}")
         self._guard.install(conn)
+        self._costed.install(conn)
         return conn
 
     def interrupt(self) -> None:
@@ -349,9 +328,11 @@ class SqliteBackend:
         self, conn: sqlite3.Connection, body: Transaction
     ) -> tuple[bool, tuple[int, ...], str]:
         conn.execute("SAVEPOINT tx")
-        budget = _Budget(self.steps_max, self._stopping)
+        budget = StepBudget(self.steps_max, self._stopping)
         guard = self._guard
         guard.start(conn)
+        costed = self._costed
+        costed.budget, costed.failure = budget, ""
         conn.set_authorizer(guard)
         conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)
         rows: list[int] = []
@@ -375,6 +356,7 @@ class SqliteBackend:
                 cursor.close()  # a statement cut short mid-rows must not outlive it
             conn.set_progress_handler(None, 0)
             conn.set_authorizer(None)
+            costed.budget = None
             if self._stopping.is_set():
                 raise ApplyInterrupted("the worker is stopping") from error
             if conn.in_transaction:
@@ -384,6 +366,8 @@ class SqliteBackend:
                 return False, (), budget.refusal("the transaction")
             if guard.refusal:
                 return False, (), f"refused: {guard.refusal}"
+            if costed.failure:
+                return False, (), costed.failure
             if isinstance(error, MemoryError):
                 return (
                     False,
@@ -396,6 +380,7 @@ class SqliteBackend:
             return False, (), f"{type(error).__name__}: {error}"
         conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
+        costed.budget = None
         conn.execute("RELEASE tx")
         return True, tuple(rows), ""
 
@@ -421,6 +406,7 @@ class SqliteBackend:
         conn = sqlite3.connect(
             f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S
         )
+        costed = CostedFunctions(self.value_bytes_max)
         try:
             conn.execute("PRAGMA query_only=ON")
             conn.execute("BEGIN")
@@ -428,7 +414,8 @@ class SqliteBackend:
             guard = ReadGuard()
             conn.set_authorizer(guard)
             conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
-            budget = _Budget(self.steps_max, self._stopping)
+            costed.install(conn)
+            budget = costed.budget = StepBudget(self.steps_max, self._stopping)
             conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)
             try:
                 cursor = conn.execute(statement.sql, statement.bound())
@@ -439,10 +426,13 @@ class SqliteBackend:
                     raise QueryRefused(budget.refusal("the query")) from None
                 if guard.refusal:
                     raise QueryRefused(f"refused: {guard.refusal}") from None
+                if costed.failure:
+                    raise QueryRefused(costed.failure) from None
                 raise QueryRefused(f"{type(error).__name__}: {error}") from None
             return QueryResult(columns, rows, truncated, position)
         finally:
             conn.close()
+            costed.close()
 
 
 def _first_with_key(conn: sqlite3.Connection, key: str, position: int) -> FirstWithKey | None:
