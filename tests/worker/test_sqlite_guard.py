@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from txsync.worker.backend import QueryRefused
+from txsync.worker.backend import QueryRefused, ToApply
 from txsync.worker.outcomes import Outcome
 from txsync.worker.sqlite_backend import SqliteBackend
 from txsync.worker.transactions import Statement, Transaction, transaction
@@ -246,3 +246,26 @@ def test_memory_past_the_ceiling_fails_naming_the_limit(tmp_path: Path) -> None:
         backend.close()
         with sqlite3.connect(":memory:") as conn:
             conn.execute("PRAGMA hard_heap_limit=0")
+
+
+def test_the_largest_rowid_is_never_committed_batched_or_not(backend: SqliteBackend) -> None:
+    """Once a table holds rowid 2**63-1, SQLite picks random rowids for the next inserts,
+    different at every replica. The transaction that takes it fails, alone (a batch is
+    checked once at its end and, if it took it, applied again one by one), and the
+    inserts after it get the usual next rowid everywhere."""
+    largest = "INSERT INTO t (k, v) VALUES (9223372036854775807, 'last')"
+    outcome = _probe(backend, largest)
+    assert "random rowids" in outcome.error
+    position = backend.applied().position
+    batch = [
+        ToApply(position + 1, "a", _body("INSERT INTO t (v) VALUES ('a')")),
+        ToApply(position + 2, "b", _body("INSERT INTO t (v) VALUES ('b')", largest)),
+        ToApply(position + 3, "c", _body("INSERT INTO t (v) VALUES ('c')")),
+        ToApply(position + 4, "d", _body("UPDATE t SET k = 9223372036854775807 WHERE v = 'c'")),
+    ]
+    outcomes, failure = backend.apply_many(batch)
+    assert failure is None
+    assert [o.ok for o in outcomes] == [True, False, True, False]
+    assert all("random rowids" in o.error for o in outcomes if not o.ok)
+    rows = backend.query(Statement("SELECT k, v FROM t ORDER BY k"), 10).rows
+    assert rows == ((1, "before"), (2, "a"), (3, "c"))

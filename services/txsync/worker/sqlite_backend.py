@@ -106,7 +106,8 @@ _OUTCOMES_BEFORE_KEYS = (
 
 class _BatchRolledBack(Exception):
     """A statement ended the whole database transaction of a batch (not just its own
-    savepoint), undoing the transactions applied before it in the batch."""
+    savepoint), undoing the transactions applied before it in the batch; or the batch
+    took a table's largest rowid (``SqliteGuard.largest_rowid_taken``)."""
 
 
 class SqliteBackend:
@@ -128,6 +129,10 @@ class SqliteBackend:
         self.heap_bytes_max = heap_bytes_max
         self._guard = SqliteGuard()
         self._costed = CostedFunctions(value_bytes_max)
+        self._batching = False
+        """Applying a batch in one database transaction: the largest-rowid check runs once
+        at its end (one lookup per table per batch, not per transaction: 35 us of ~190
+        per transaction, measured), and a batch that fails it is applied one by one."""
         self._stopping = threading.Event()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one writer; calls come from worker threads
@@ -241,6 +246,8 @@ class SqliteBackend:
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
+            self._batching = True
+            self._guard.written.clear()
             try:
                 for item in batch:
                     try:
@@ -254,10 +261,14 @@ class SqliteBackend:
                         failure = error
                         break
                     outcomes.append(outcome)
+                if self._guard.largest_rowid_taken(conn):
+                    raise _BatchRolledBack  # one by one, each checked: the culprit FAILED
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+            finally:
+                self._batching = False
             conn.execute("COMMIT")
             work.count(work.DB_COMMITS)
         return outcomes, failure
@@ -331,6 +342,8 @@ class SqliteBackend:
         budget = StepBudget(self.steps_max, self._stopping)
         guard = self._guard
         guard.start(conn)
+        if not self._batching:
+            guard.written.clear()
         costed = self._costed
         costed.budget, costed.failure = budget, ""
         conn.set_authorizer(guard)
@@ -381,6 +394,11 @@ class SqliteBackend:
         conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
         costed.budget = None
+        problem = guard.largest_rowid_taken(conn) if not self._batching else ""
+        if problem:
+            conn.execute("ROLLBACK TO tx")
+            conn.execute("RELEASE tx")
+            return False, (), f"refused: {problem}"
         conn.execute("RELEASE tx")
         return True, tuple(rows), ""
 

@@ -104,6 +104,8 @@ _TEMPORARY_ACTIONS = {
     sqlite3.SQLITE_CREATE_TEMP_VIEW,
 }
 _READS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
+_ROW_WRITES = {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE}
+LARGEST_ROWID = 2**63 - 1
 
 
 def names_bookkeeping(*names: object) -> bool:
@@ -120,6 +122,9 @@ class SqliteGuard:
     def __init__(self) -> None:
         self.refusal = ""
         """Why the guard last refused something (empty: it has not, since ``start``)."""
+        self.written: set[str] = set()
+        """Tables statements (and their triggers) inserted into or updated since the
+        caller last emptied it (per transaction, or per batch of them)."""
         self._clock = sqlite3.connect(":memory:", check_same_thread=False)
         """A connection without the replacements: SQLite's own date arithmetic."""
 
@@ -146,6 +151,25 @@ class SqliteGuard:
         self.refusal = ""
         self.reset_connection_counters(conn)
 
+    def largest_rowid_taken(self, conn: sqlite3.Connection) -> str:
+        """After a transaction's statements: why it must fail if a table it wrote now
+        holds the largest rowid ("" if none does). SQLite then picks *random* rowids for
+        later inserts into that table (different at every replica), so that state is never
+        committed. One index lookup per table written."""
+        for table in sorted(self.written):
+            quoted = '"' + table.replace('"', '""') + '"'
+            try:
+                (largest,) = conn.execute(f"SELECT max(rowid) FROM main.{quoted}").fetchone()
+            except sqlite3.Error:
+                continue  # WITHOUT ROWID, or no rowid to read: SQLite never picks one
+            if largest == LARGEST_ROWID:
+                return (
+                    f"a row of {table} has rowid {LARGEST_ROWID:,}, the largest: SQLite "
+                    "would then choose random rowids for later inserts, different at every "
+                    "replica (choose smaller ids)"
+                )
+        return ""
+
     @staticmethod
     def reset_connection_counters(conn: sqlite3.Connection) -> None:
         """``last_insert_rowid()`` and ``changes()`` carry over from the connection's last
@@ -165,6 +189,8 @@ class SqliteGuard:
         if reason:
             self.refusal = reason
             return sqlite3.SQLITE_DENY
+        if action in _ROW_WRITES and database == "main" and first:
+            self.written.add(first)
         return sqlite3.SQLITE_OK
 
     @staticmethod
