@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import ParamSpec, TypeVar
 
 FSYNCS = "fsyncs"
@@ -85,3 +87,14 @@ async def in_thread(
     """``asyncio.to_thread``, counted as a thread hop."""
     counts[THREAD_HOPS] += 1
     return await asyncio.to_thread(function, *args, **kwargs)
+
+
+async def in_pool(
+    pool: Executor, function: Callable[Params, Result], *args: Params.args, **kwargs: Params.kwargs
+) -> Result:
+    """``function`` on a thread of ``pool`` (threads kept apart from the default ones),
+    counted as a thread hop."""
+    counts[THREAD_HOPS] += 1
+    return await asyncio.get_running_loop().run_in_executor(
+        pool, functools.partial(function, *args, **kwargs)
+    )

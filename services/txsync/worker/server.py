@@ -149,6 +149,7 @@ async def serve(
     # An apply still running after the grace period (a statement that takes long) is
     # abandoned without a verdict; dispatch sends it again after the restart.
     backend.interrupt()
+    servicer.close()
     backend.close()
     telemetry.close()
     log.info("worker %s stopped cleanly at position %d", worker_id, servicer.applied.position)

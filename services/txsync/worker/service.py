@@ -14,6 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,6 +46,12 @@ QUERY_TIMEOUT_DEFAULT_S = 5.0
 QUERY_TIMEOUT_MAX_S = 60.0
 QUERY_ROWS_DEFAULT = 1_000
 QUERY_ROWS_MAX = 10_000
+READ_THREADS = 2
+"""Threads that run reads (``Query``), apart from the applies' and heartbeats': slow reads
+queue for these and never take the threads that keep the worker applying and healthy."""
+READS_PENDING_MAX = 64
+"""Reads running or waiting for a read thread; one more is refused (RESOURCE_EXHAUSTED)
+rather than queued without end."""
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
 RECENT_TX_IDS_MAX = 65_536
 APPLY_QUEUE_MAX = 1_024
@@ -96,6 +103,12 @@ class WorkerServicer:
         self._exported: Applied | None = None
         self._recent: OrderedDict[str, int] = OrderedDict()
         """Ids applied since start, for reads after a tx id (older ones: the backend)."""
+        self._read_threads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="read")
+        self.reads_pending = 0
+
+    def close(self) -> None:
+        """After the server stopped: reads still running end at the backend's interrupt."""
+        self._read_threads.shutdown(wait=False, cancel_futures=True)
 
     async def Apply(
         self,
@@ -257,16 +270,28 @@ class WorkerServicer:
             raise _invalid(f"max_rows: at most {QUERY_ROWS_MAX}")
         if not request.statement.sql.strip():
             raise _invalid("statement.sql: empty")
-        if request.after_tx_id:
-            await self._wait_applied_tx(request.after_tx_id, timeout_s)
-        else:
-            await self._wait_applied(request.after_position, timeout_s)
+        if self.reads_pending >= READS_PENDING_MAX:
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.reads_pending} reads are pending at worker {self.worker_id} (at most "
+                f"{READS_PENDING_MAX}): retry later",
+            )
+        self.reads_pending += 1
         try:
-            result = await work.in_thread(
-                self.backend.query, statement_from_proto(request.statement), max_rows
+            if request.after_tx_id:
+                await self._wait_applied_tx(request.after_tx_id, timeout_s)
+            else:
+                await self._wait_applied(request.after_position, timeout_s)
+            result = await work.in_pool(
+                self._read_threads,
+                self.backend.query,
+                statement_from_proto(request.statement),
+                max_rows,
             )
         except QueryRefused as error:
             raise _invalid(f"statement refused (reads only): {error}") from None
+        finally:
+            self.reads_pending -= 1
         return worker_pb2.WorkerServiceQueryResponse(
             columns=list(result.columns),
             rows=[
