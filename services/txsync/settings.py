@@ -25,6 +25,7 @@ from txsync.protocol.limits import (
 )
 from txsync.worker.backend import (
     CONTENT_CHECK_EVERY_DEFAULT,
+    GROWTH_BYTES_MAX_DEFAULT,
     HEAP_BYTES_MAX_DEFAULT,
     STATEMENT_TIMEOUT_MS_DEFAULT,
     STEPS_MAX_DEFAULT,
@@ -103,6 +104,13 @@ WORKER_LIMITS: tuple[Setting, ...] = (
         "value_bytes_max", VALUE_BYTES_MAX_DEFAULT,
         "the largest string or blob a statement may make",
         "the largest string or blob a statement may make (`SQLITE_LIMIT_LENGTH`)",
+        unit="bytes",
+    ),
+    Setting(
+        "growth_bytes_max", GROWTH_BYTES_MAX_DEFAULT,
+        "how much one transaction may grow a SQLite database; past it the transaction is "
+        "FAILED, naming this limit",
+        "how much one transaction may grow a SQLite database (`PRAGMA max_page_count`)",
         unit="bytes",
     ),
     Setting(

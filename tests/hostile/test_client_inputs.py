@@ -80,7 +80,10 @@ def dc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dc]:
         root, 1, store_args={"dc1": ("--dispatch", f"127.0.0.1:{dispatch_port}")}
     )
     # The content check every few positions: a case that breaks it shows at once.
-    limits = ("--steps-max", "20000000", "--content-check-every", str(CONTENT_CHECK_EVERY))
+    limits = (
+        "--steps-max", "20000000", "--content-check-every", str(CONTENT_CHECK_EVERY),
+        "--growth-bytes-max", str(8 * 1024 * 1024),
+    )  # fmt: skip
     workers = {name: worker(root / name, name, *limits, port=free_port()) for name in ("w1", "w2")}
     dispatch = None
     try:
@@ -110,6 +113,8 @@ FAILED_WITH = [
         "SELECT x FROM c WHERE x < 0",
     ), "work budget of 20,000,000 SQLite steps (worker --steps-max)"),
     (("INSERT INTO t VALUES (zeroblob(100000000))",), "too big"),
+    (("INSERT INTO t WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c "
+      "WHERE x < 5) SELECT zeroblob(3000000) FROM c",), "worker --growth-bytes-max"),
     # One LIKE of a 3 MB string and an 8,000-character pattern ran 51 s inside a single
     # SQLite step, where the step budget never looked (issue 48).
     (("INSERT INTO t VALUES (printf('%.*c', 3156536, 'a') LIKE "

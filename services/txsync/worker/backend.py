@@ -32,6 +32,9 @@ core here (48M steps/s), room for a transaction that changes ~10M rows. Counted,
 timed, so every replica reaches the same verdict on the same data (docs/workers.md)."""
 VALUE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 """The largest string or blob a statement may make (SQLite's SQLITE_LIMIT_LENGTH)."""
+GROWTH_BYTES_MAX_DEFAULT = 128 * 1024 * 1024
+"""How much one SQLite transaction may grow the database (two values of the largest size):
+without it, 100 rows of 60 MB zeroblobs in one transaction wrote 6 GB at every worker."""
 STATEMENT_TIMEOUT_MS_DEFAULT = 10_000
 """PostgreSQL workers: one statement's time (``statement_timeout``). Timed, not counted:
 on a busy replica a statement may pass it where the testing worker did not, and that

@@ -211,6 +211,7 @@ def _open_backend(options: argparse.Namespace) -> Backend:
             options.data / "worker.sqlite",
             steps_max=options.steps_max,
             value_bytes_max=options.value_bytes_max,
+            growth_bytes_max=options.growth_bytes_max,
             heap_bytes_max=options.heap_bytes_max,
             content_check_every=options.content_check_every,
         )

@@ -42,6 +42,7 @@ from txsync.telemetry import work
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     CONTENT_CHECK_EVERY_DEFAULT,
+    GROWTH_BYTES_MAX_DEFAULT,
     HEAP_BYTES_MAX_DEFAULT,
     KEYS_PRUNE_EVERY,
     OUTCOMES_KEPT,
@@ -70,6 +71,9 @@ from txsync.worker.sqlite_work import PROGRESS_EVERY_STEPS, CostedFunctions, Ste
 from txsync.worker.transactions import Statement, Transaction
 
 BUSY_TIMEOUT_S = 10.0
+WAL_BYTES_KEPT = 64 * 1024 * 1024
+UNLIMITED_PAGES = "PRAGMA max_page_count = 4294967294"
+"""SQLite's own ceiling, for the worker's bookkeeping after a transaction's statements."""
 DRAINED_ROWS_PER_FETCH = 256
 """Rows of a statement's result read (and dropped) at a time while it is applied."""
 
@@ -119,6 +123,7 @@ class SqliteBackend:
         *,
         steps_max: int = STEPS_MAX_DEFAULT,
         value_bytes_max: int = VALUE_BYTES_MAX_DEFAULT,
+        growth_bytes_max: int = GROWTH_BYTES_MAX_DEFAULT,
         heap_bytes_max: int = HEAP_BYTES_MAX_DEFAULT,
         content_check_every: int = CONTENT_CHECK_EVERY_DEFAULT,
     ) -> None:
@@ -126,6 +131,7 @@ class SqliteBackend:
         self.content_check_every = content_check_every
         self.steps_max = steps_max
         self.value_bytes_max = value_bytes_max
+        self.growth_bytes_max = growth_bytes_max
         self.heap_bytes_max = heap_bytes_max
         self._guard = SqliteGuard()
         self._costed = CostedFunctions(value_bytes_max)
@@ -144,12 +150,17 @@ class SqliteBackend:
         )
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        # A checkpoint truncates the WAL back to this: a big transaction (or a rolled-back
+        # one) would otherwise leave the file at its largest for good.
+        conn.execute(f"PRAGMA journal_size_limit={WAL_BYTES_KEPT}")
         conn.executescript(_SCHEMA)
         columns = {row[1] for row in conn.execute("PRAGMA table_info(_txsync_outcomes)")}
         if "duplicate_of" not in columns:
             conn.execute(_OUTCOMES_BEFORE_KEYS)
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
         conn.execute(f"PRAGMA hard_heap_limit={int(self.heap_bytes_max)}")
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+        self._growth_pages = max(1, self.growth_bytes_max // int(page_size))
         self._guard.install(conn)
         self._costed.install(conn)
         return conn
@@ -339,6 +350,10 @@ class SqliteBackend:
         self, conn: sqlite3.Connection, body: Transaction
     ) -> tuple[bool, tuple[int, ...], str]:
         conn.execute("SAVEPOINT tx")
+        # SQLite stops a write that would take the file past max_page_count (SQLITE_FULL):
+        # the transaction's growth is bounded while it runs, not found after the fact.
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        conn.execute(f"PRAGMA max_page_count = {pages + self._growth_pages}")
         budget = StepBudget(self.steps_max, self._stopping)
         guard = self._guard
         guard.start(conn)
@@ -370,6 +385,7 @@ class SqliteBackend:
             conn.set_progress_handler(None, 0)
             conn.set_authorizer(None)
             costed.budget = None
+            conn.execute(UNLIMITED_PAGES)
             if self._stopping.is_set():
                 raise ApplyInterrupted("the worker is stopping") from error
             if conn.in_transaction:
@@ -381,6 +397,16 @@ class SqliteBackend:
                 return False, (), f"refused: {guard.refusal}"
             if costed.failure:
                 return False, (), costed.failure
+            if getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                return (
+                    False,
+                    (),
+                    (
+                        f"the transaction would grow the database by more than "
+                        f"{self.growth_bytes_max:,} bytes (worker --growth-bytes-max), or "
+                        "the worker's disk is full"
+                    ),
+                )
             if isinstance(error, MemoryError):
                 return (
                     False,
@@ -394,6 +420,7 @@ class SqliteBackend:
         conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
         costed.budget = None
+        conn.execute(UNLIMITED_PAGES)
         problem = guard.largest_rowid_taken(conn) if not self._batching else ""
         if problem:
             conn.execute("ROLLBACK TO tx")
