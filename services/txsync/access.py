@@ -40,6 +40,7 @@ from typing import Any
 
 import grpc
 
+from txsync.shares import CALLER
 from txsync.telemetry import Metrics, ServiceTelemetry
 from txsync.tls import is_loopback, is_secure
 
@@ -183,6 +184,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             and not is_loopback(context.peer())
         )
         if caller is not None and caller.role in allowed and not in_clear:
+            CALLER.set(caller.name)  # the handler runs in this task: its limits' shares
             return
         if in_clear:
             code = grpc.StatusCode.UNAUTHENTICATED

@@ -24,7 +24,7 @@ from txsync.protocol.limits import INCOMING_TXS_MOST
 from txsync.settings import FOLLOW_GATHER_MS_MOST
 from txsync.telemetry import work
 from txsync.transaction_store import store as store_module
-from txsync.transaction_store.state import StoreState
+from txsync.transaction_store.state import StoreState, TxRecord
 from txsync.transaction_store.store import (
     LocalSubmit,
     ProtocolStep,
@@ -616,21 +616,34 @@ def test_a_write_whose_caller_hung_up_still_wakes_the_others_waiting(
     _run(tmp_path, scenario)
 
 
-def test_waits_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "WAITS_MAX", 3)
+def test_waits_are_bounded_with_a_share_per_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most WAITS_MAX waits, of which one caller holds three quarters at most: a
+    client that waits on everything cannot refuse the others (issue 48)."""
+    monkeypatch.setattr(store_module, "WAITS_MAX", 4)
 
     async def scenario(store: TransactionStore) -> None:
         tx_id = (await store.submit(_body())).tx_id
-        waits = [asyncio.create_task(store.wait(tx_id, TxState.OK, 30)) for _ in range(3)]
+
+        def wait(caller: str) -> asyncio.Task[list[tuple[TxRecord | None, bool]]]:
+            return asyncio.create_task(store.wait_many([tx_id], TxState.OK, 30, caller))
+
+        waits = [wait("hog") for _ in range(3)]
         await asyncio.sleep(0)  # each is waiting now
-        with pytest.raises(StoreError, match="limit 3") as caught:
-            await store.wait(tx_id, TxState.OK, 30)
+        with pytest.raises(StoreError, match="hog holds 3 waits on transactions") as caught:
+            await store.wait_many([tx_id], TxState.OK, 30, "hog")
         assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
-        for wait in waits:
-            wait.cancel()
+        waits.append(wait("app"))  # the quarter kept for others
+        await asyncio.sleep(0)
+        with pytest.raises(StoreError, match=r"in use here \(at most 4\)"):
+            await store.wait_many([tx_id], TxState.OK, 30, "third")
+        for task in waits:
+            task.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
         record, reached = await store.wait(tx_id, TxState.INCOMING, 1)  # room again
         assert reached and record is not None
+        assert store.waits.used == 0
 
     _run(tmp_path, scenario)
 

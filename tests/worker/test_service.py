@@ -150,12 +150,13 @@ def test_queries_refuse_writes_bad_limits_and_time_out(running_worker: ServicePr
 def test_pending_reads_are_bounded_and_answered_when_their_position_comes(
     running_worker: ServiceProcess,
 ) -> None:
-    """Reads run or wait at most READS_PENDING_MAX at a time; one more is refused at once
-    (RESOURCE_EXHAUSTED), and the ones held are all answered when the position comes."""
+    """Reads run or wait at most READS_PENDING_MAX (64) at a time, and one caller holds at
+    most three quarters of them (48); one more is refused at once (RESOURCE_EXHAUSTED),
+    and the ones held are all answered when the position comes."""
     with grpc.insecure_channel(running_worker.address) as channel:
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
         list(stub.Apply(_requests(1, 3)))
-        held = [stub.Query.future(_count_query(after=10, timeout_s=60)) for _ in range(64)]
+        held = [stub.Query.future(_count_query(after=10, timeout_s=60)) for _ in range(48)]
         refused: list[grpc.RpcError] = []
 
         def one_more_refused() -> bool:
@@ -166,9 +167,9 @@ def test_pending_reads_are_bounded_and_answered_when_their_position_comes(
                 return True
             return False
 
-        wait_until("the 65th pending read is refused", one_more_refused, timeout_s=60)
+        wait_until("the caller's 49th pending read is refused", one_more_refused, timeout_s=60)
         assert refused[-1].code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "at most 64" in (refused[-1].details() or "")
+        assert "holds 48 reads here, the most one caller may" in (refused[-1].details() or "")
         list(stub.Apply(_requests(4, 10)))
         assert {read.result(timeout=60).rows[0].values[0].int_value for read in held} == {9}
         assert stub.Query(_count_query(after=10)).rows[0].values[0].int_value == 9

@@ -16,6 +16,7 @@ import grpc
 from txsync.access import forwarded_credentials
 from txsync.codec import base_to_proto
 from txsync.rpc import ServiceError, abort, answers_errors, check_request
+from txsync.shares import Shares, caller_of
 from txsync.telemetry import work
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices, recompute_lag
 from txsync.transaction_store.service import record_to_get_response
@@ -25,6 +26,9 @@ from txsync.transaction_store.validation import check_tx_id
 from txsync.v1 import admin_pb2, common_pb2
 
 EXPORT_CHUNK_BYTES_MAX = 1024 * 1024
+LOG_EXPORTS_MAX = 2
+"""``ExportLog`` calls at once: each holds the current log file in memory (up to
+``--log-file-bytes-max``, 16 MiB by default) while it streams it."""
 
 NOT_HERE: dict[str, str] = {}
 
@@ -36,6 +40,7 @@ class AdminServicer:
     def __init__(self, store: TransactionStore, dc: DcAdmin | None = None) -> None:
         self._store = store
         self._dc = dc or DcAdmin(DcServices())
+        self.exports = Shares("log exports", LOG_EXPORTS_MAX)
 
     @answers_errors
     async def GetStatus(
@@ -177,10 +182,21 @@ class AdminServicer:
         self, request: admin_pb2.ExportLogRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[admin_pb2.ExportLogResponse]:
         """The current log's frames as they are on disk, in chunks of whole frames."""
+        caller = caller_of(context)
         try:
             check_request(request)
+            self.exports.take(caller)
         except ServiceError as error:
             await abort(context, error)
+        try:
+            async for answer in self._export(request):
+                yield answer
+        finally:
+            self.exports.give_back(caller)
+
+    async def _export(
+        self, request: admin_pb2.ExportLogRequest
+    ) -> AsyncIterator[admin_pb2.ExportLogResponse]:
         data = await work.in_thread(self._store.files.current.read_bytes)
         chunk = bytearray()
         for offset, payload in scan(data).frames:

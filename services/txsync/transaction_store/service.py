@@ -21,6 +21,7 @@ from txsync.codec import WireError, base_to_proto, meta_to_proto, metas_from_pro
 from txsync.ids import tx_id_problem
 from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
+from txsync.shares import Shares, caller_of
 from txsync.telemetry import current_traceparent, work
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.state import TxRecord
@@ -55,6 +56,9 @@ from txsync.v1 import (
 
 STREAM_CHUNK_BYTES_MAX = 16 * 1024 * 1024
 """Bodies a ``SubmitStream`` holds before it hands them to the store."""
+SUBMIT_STREAMS_MAX = 32
+"""``SubmitStream`` calls open at once (each holds up to STREAM_CHUNK_BYTES_MAX: 512 MiB
+at most in all); one caller may hold 24."""
 FOLLOW_BODY_BYTES_MAX = 4 * 1024 * 1024
 """Bodies per FollowEnqueued message: a batch over it is split (a body alone may be
 BODY_BYTES_MAX, which still fits gRPC's MESSAGE_BYTES_MAX)."""
@@ -84,10 +88,13 @@ async def _waited(
     store: TransactionStore,
     responses: Sequence[client_pb2.SubmitResponse],
     wait: tuple[TxState, float],
+    caller: str,
 ) -> None:
     """Fill each response with where its transaction is once it reached the state asked
     for, or the timeout ended (all of them waited on as one)."""
-    answers = await store.wait_many([response.tx_id for response in responses], *wait)
+    answers = await store.wait_many(
+        [response.tx_id for response in responses], *wait, caller=caller
+    )
     for response, (record, reached) in zip(responses, answers, strict=True):
         response.reached = reached
         if record is not None and record.state is not None:
@@ -177,6 +184,9 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
     def __init__(self, store: TransactionStore, dc: DcAdmin | None = None) -> None:
         self._store = store
         self._dc = dc or DcAdmin(DcServices())
+        self.streams = Shares(
+            "submit streams", SUBMIT_STREAMS_MAX, retry_after_ms=store.config.retry_after_ms
+        )
 
     @answers_errors
     async def Submit(
@@ -186,7 +196,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         wait = _wait_args(request)
         response = _submitted(await self._store.submit(body, key, traceparent))
         if wait is not None:
-            await _waited(self._store, [response], wait)
+            await _waited(self._store, [response], wait, caller_of(context))
         return response
 
     @answers_errors
@@ -207,7 +217,10 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
                 waiting.setdefault(wait, []).append(result.accepted)
         # Submits of one batch ask alike as a rule: one wait for them all.
         await asyncio.gather(
-            *(_waited(self._store, responses, wait) for wait, responses in waiting.items())
+            *(
+                _waited(self._store, responses, wait, caller_of(context))
+                for wait, responses in waiting.items()
+            )
         )
         return answer
 
@@ -220,6 +233,21 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         # store once it has that many bytes (or BATCH_SUBMITS_MAX submits), and a body
         # too big to submit is answered at once and not kept. A chunk of 1,000 refused
         # 7.5 MB bodies once grew the store by 2.35 GB (issue 48).
+        caller = caller_of(context)
+        try:
+            self.streams.take(caller)
+        except StoreError as error:
+            await abort(context, error)
+        try:
+            return await self._take_stream(request_iterator, context)
+        finally:
+            self.streams.give_back(caller)
+
+    async def _take_stream(
+        self,
+        request_iterator: AsyncIterator[client_pb2.SubmitStreamRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> client_pb2.SubmitStreamResponse:
         results: list[Submitted | StoreError] = []
         chunk: list[tuple[common_pb2.TxBody, str, str]] = []
         chunk_bytes = count = 0
@@ -271,7 +299,9 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         check_tx_id(request.tx_id)
         wanted = check_state(request.state)
         seconds = check_wait_seconds(request.timeout.ToNanoseconds() / 1e9)
-        record, reached = await self._store.wait(request.tx_id, wanted, seconds)
+        ((record, reached),) = await self._store.wait_many(
+            [request.tx_id], wanted, seconds, caller_of(context)
+        )
         response = client_pb2.WaitResponse(reached=reached)
         if record is None:
             return response  # never heard of here within the timeout: state UNSPECIFIED

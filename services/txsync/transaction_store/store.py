@@ -36,6 +36,7 @@ from txsync.settings import (
     LOG_FILE_BYTES_MAX_DEFAULT,
     OPEN_BODY_BYTES_MAX_DEFAULT,
 )
+from txsync.shares import Shares
 from txsync.telemetry import work
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
@@ -378,8 +379,10 @@ class TransactionStore:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
         """Replaced and set after every durable batch: what the streams wait on."""
-        self._waiting = 0
-        """Calls in ``wait`` now (bounded by WAITS_MAX)."""
+        self.waits = Shares(
+            "waits on transactions", WAITS_MAX, retry_after_ms=self.config.retry_after_ms
+        )
+        """Transactions waited on now, by caller (bounded by WAITS_MAX, and a share each)."""
         self._waiters: dict[str, list[_Waiter]] = {}
         """Waits by transaction: woken only when that transaction's state moves, not by
         every write (with many clients waiting, waking all of them per fsync cost more
@@ -826,20 +829,14 @@ class TransactionStore:
         return answer
 
     async def wait_many(
-        self, tx_ids: Sequence[str], state: TxState, timeout_s: float
+        self, tx_ids: Sequence[str], state: TxState, timeout_s: float, caller: str = ""
     ) -> list[tuple[TxRecord | None, bool]]:
         """``wait`` for each of ``tx_ids`` at once, in the order given: one timer and one
         future for the lot, not a task and a timeout each (a ``SubmitBatch`` of 50 that
-        waits is one call here). Each counts toward ``WAITS_MAX``."""
+        waits is one call here). Each counts toward ``WAITS_MAX``, and toward
+        ``caller``'s share of it (``shares.py``)."""
         for tx_id in tx_ids:
             check_tx_id(tx_id)
-        if self._waiting + len(tx_ids) > WAITS_MAX:
-            raise StoreError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self._waiting} calls wait on transactions here already (limit "
-                f"{WAITS_MAX}); retry later",
-                retry_after_ms=self.config.retry_after_ms,
-            )
         pending = [tx_id for tx_id in tx_ids if not self._has_reached(tx_id, state)]
         if not pending:  # all there already: no waiter, no timer
             return [(self.written_tx(tx_id), True) for tx_id in tx_ids]
@@ -848,8 +845,8 @@ class TransactionStore:
         # A plain timer, not ``asyncio.timeout``: that costs a Timeout object, a
         # reschedule and two running-loop lookups (each a getpid syscall on 3.11) per
         # wait, a few percent of the store's CPU with many clients waiting.
+        self.waits.take(caller, len(tx_ids))
         timer = loop.call_later(timeout_s, waiter.time_out)
-        self._waiting += len(tx_ids)
         self._client_calls += 1
         try:
             while True:
@@ -863,7 +860,7 @@ class TransactionStore:
                     break
                 waiter.woken = loop.create_future()
         finally:
-            self._waiting -= len(tx_ids)
+            self.waits.give_back(caller, len(tx_ids))
             self._client_calls -= 1
             timer.cancel()
             for tx_id in pending:  # timed out or cancelled: maybe still listed

@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.trace import StatusCode
 
 from txsync.rpc import MalformedRequest, ServiceError, abort, answers_errors, check_request
+from txsync.shares import Shares, caller_of
 from txsync.telemetry import context_of, tracer, work
 from txsync.v1 import common_pb2, worker_pb2
 from txsync.worker.backend import (
@@ -50,8 +51,8 @@ READ_THREADS = 2
 """Threads that run reads (``Query``), apart from the applies' and heartbeats': slow reads
 queue for these and never take the threads that keep the worker applying and healthy."""
 READS_PENDING_MAX = 64
-"""Reads running or waiting for a read thread; one more is refused (RESOURCE_EXHAUSTED)
-rather than queued without end."""
+"""Reads running or waiting (for their position or a read thread); one more is refused
+(RESOURCE_EXHAUSTED) rather than queued without end, and one caller may hold 48."""
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
 RECENT_TX_IDS_MAX = 65_536
 APPLY_QUEUE_MAX = 1_024
@@ -104,7 +105,8 @@ class WorkerServicer:
         self._recent: OrderedDict[str, int] = OrderedDict()
         """Ids applied since start, for reads after a tx id (older ones: the backend)."""
         self._read_threads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="read")
-        self.reads_pending = 0
+        self.reads = Shares("reads", READS_PENDING_MAX)
+        """Reads running or waiting for their position, by caller (``shares.py``)."""
 
     def close(self) -> None:
         """After the server stopped: reads still running end at the backend's interrupt."""
@@ -270,13 +272,8 @@ class WorkerServicer:
             raise _invalid(f"max_rows: at most {QUERY_ROWS_MAX}")
         if not request.statement.sql.strip():
             raise _invalid("statement.sql: empty")
-        if self.reads_pending >= READS_PENDING_MAX:
-            raise ServiceError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.reads_pending} reads are pending at worker {self.worker_id} (at most "
-                f"{READS_PENDING_MAX}): retry later",
-            )
-        self.reads_pending += 1
+        caller = caller_of(context)
+        self.reads.take(caller)
         try:
             if request.after_tx_id:
                 await self._wait_applied_tx(request.after_tx_id, timeout_s)
@@ -291,7 +288,7 @@ class WorkerServicer:
         except QueryRefused as error:
             raise _invalid(f"statement refused (reads only): {error}") from None
         finally:
-            self.reads_pending -= 1
+            self.reads.give_back(caller)
         return worker_pb2.WorkerServiceQueryResponse(
             columns=list(result.columns),
             rows=[
