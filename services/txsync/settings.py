@@ -188,6 +188,19 @@ DISPATCH_SETTINGS: tuple[Setting, ...] = (
         "OK up to this much later)",
         unit="ms", least=0, most=FOLLOW_GATHER_MS_MOST,
     ),
+    Setting(
+        "disk_free_alarm_percent", 10,
+        "raise an alarm (ListWorkers, txsync status) while a worker's disk has less than "
+        "this percentage free; 0: never",
+        "alarm while a worker's disk has less than this percentage free",
+        unit="%", least=0, most=100,
+    ),
+    Setting(
+        "database_bytes_alarm", 0,
+        "raise an alarm while a worker's database is larger than this; 0: never",
+        "alarm while a worker's database is larger than this (0: never)",
+        unit="bytes", least=0,
+    ),
 )  # fmt: skip
 
 

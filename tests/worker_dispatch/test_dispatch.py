@@ -240,3 +240,38 @@ def test_a_stuck_testing_worker_loses_its_role_and_comes_back(dc: Dc, tmp_path: 
             and status["w1"].state_digest == status["w2"].state_digest
         ),
     )
+
+
+def test_a_workers_database_and_disk_raise_alarms_past_their_thresholds(tmp_path: Path) -> None:
+    """Each heartbeat carries the worker's database size and its disk; dispatch shows
+    them (ListWorkers) and raises an alarm past --database-bytes-alarm and below
+    --disk-free-alarm-percent (thresholds here that any real worker passes)."""
+    cluster = LocalCluster(tmp_path, 1)
+    one = worker(tmp_path / "w1", "w1", port=free_port())
+    dispatch = None
+    try:
+        one.start()
+        dispatch = worker_dispatch(
+            tmp_path / "dispatch", cluster.dcs[0].store.address, {"w1": one.address},
+            "--disk-free-alarm-percent", "100", "--database-bytes-alarm", "1",
+        )  # fmt: skip
+        dispatch.start()
+
+        def listed() -> admin_pb2.ListWorkersResponse:
+            assert dispatch is not None
+            with grpc.insecure_channel(dispatch.address) as channel:
+                stub = admin_pb2_grpc.AdminServiceStub(channel)
+                return stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5)
+
+        cluster.wait_for("w1's storage is reported", lambda: listed().workers[0].database_bytes > 0)
+        answer = listed()
+        status = answer.workers[0]
+        assert 0 < status.disk_free_bytes <= status.disk_total_bytes
+        alarms = "\n".join(answer.alarms)
+        assert "DISK: worker w1 has" in alarms and "alarm below 100%" in alarms
+        assert "DATABASE SIZE: worker w1's database holds" in alarms
+    finally:
+        if dispatch is not None:
+            dispatch.terminate()
+        one.terminate()
+        cluster.stop()

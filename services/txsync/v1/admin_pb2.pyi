@@ -364,6 +364,9 @@ class WorkerStatus(_message.Message):
     STATE_DIGEST_FIELD_NUMBER: _builtins.int
     RECOVERY_PROGRESS_FIELD_NUMBER: _builtins.int
     LAST_HEARTBEAT_FIELD_NUMBER: _builtins.int
+    DATABASE_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_FREE_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     url: _builtins.str
     testing: _builtins.bool
@@ -373,6 +376,10 @@ class WorkerStatus(_message.Message):
     state_digest: _builtins.bytes
     recovery_progress: _builtins.float
     """0 to 1 while a snapshot is being copied to it."""
+    database_bytes: _builtins.int
+    """From the last heartbeat (HeartbeatResponse)."""
+    disk_free_bytes: _builtins.int
+    disk_total_bytes: _builtins.int
     @_builtins.property
     def last_heartbeat(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -387,10 +394,19 @@ class WorkerStatus(_message.Message):
         state_digest: _builtins.bytes = ...,
         recovery_progress: _builtins.float = ...,
         last_heartbeat: _timestamp_pb2.Timestamp | None = ...,
+        database_bytes: _builtins.int = ...,
+        disk_free_bytes: _builtins.int = ...,
+        disk_total_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_heartbeat", b"last_heartbeat"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "database_bytes",
+        b"database_bytes",
+        "disk_free_bytes",
+        b"disk_free_bytes",
+        "disk_total_bytes",
+        b"disk_total_bytes",
         "healthy",
         b"healthy",
         "last_heartbeat",

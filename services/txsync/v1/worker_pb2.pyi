@@ -278,6 +278,9 @@ class HeartbeatResponse(_message.Message):
     STATE_DIGEST_FIELD_NUMBER: _builtins.int
     BACKEND_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
+    DATABASE_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_FREE_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     position: _builtins.int
     """Last applied synced position and tx id, and the running state digest there."""
@@ -286,6 +289,15 @@ class HeartbeatResponse(_message.Message):
     backend: _builtins.str
     """"sqlite" or "postgresql"."""
     draining: _builtins.bool
+    database_bytes: _builtins.int
+    """The database's size (SQLite: the file and its WAL; PostgreSQL: pg_database_size),
+    measured at most every 10 s.
+    """
+    disk_free_bytes: _builtins.int
+    """The file system holding the worker's data directory (0 when the database lives
+    elsewhere, as a PostgreSQL server does).
+    """
+    disk_total_bytes: _builtins.int
     def __init__(
         self,
         *,
@@ -295,12 +307,21 @@ class HeartbeatResponse(_message.Message):
         state_digest: _builtins.bytes = ...,
         backend: _builtins.str = ...,
         draining: _builtins.bool = ...,
+        database_bytes: _builtins.int = ...,
+        disk_free_bytes: _builtins.int = ...,
+        disk_total_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "backend",
         b"backend",
+        "database_bytes",
+        b"database_bytes",
+        "disk_free_bytes",
+        b"disk_free_bytes",
+        "disk_total_bytes",
+        b"disk_total_bytes",
         "draining",
         b"draining",
         "position",

@@ -63,6 +63,14 @@ class ToApply:
     """False: record it FAILED without running it (the DC's testing worker failed it)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Storage:
+    database_bytes: int
+    disk_free_bytes: int = 0
+    """0 with disk_total_bytes: not known here (a PostgreSQL server's own disk)."""
+    disk_total_bytes: int = 0
+
+
 class Backend(Protocol):
     name: str
 
@@ -88,6 +96,10 @@ class Backend(Protocol):
     def interrupt(self) -> None:
         """Stop whatever runs now, from any thread (the worker is stopping): an apply
         under way raises ApplyInterrupted and commits nothing."""
+        ...
+
+    def storage(self) -> Storage:
+        """How big the database is, and how full its disk (for the size alarms)."""
         ...
 
     def close(self) -> None: ...

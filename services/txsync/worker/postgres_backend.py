@@ -46,6 +46,7 @@ from txsync.worker.backend import (
     FirstWithKey,
     QueryRefused,
     QueryResult,
+    Storage,
     ToApply,
     collect_rows,
     keys_remembered_above,
@@ -241,6 +242,13 @@ class PostgresBackend:
             self._conn = psycopg.connect(self._conninfo, autocommit=True)
             self._set_up(self._conn)
         return self.applied()
+
+    def storage(self) -> Storage:
+        """The database's size; the server's disk is not visible from here."""
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+        assert row is not None
+        return Storage(int(row[0]))
 
     def applied(self) -> Applied:
         """The committed position, on a connection of its own (never waits for an apply)."""

@@ -31,6 +31,7 @@ from txsync.worker.backend import (
     Backend,
     QueryRefused,
     SnapshotBackend,
+    Storage,
     ToApply,
 )
 from txsync.worker.outcomes import Applied, Outcome
@@ -47,6 +48,8 @@ QUERY_TIMEOUT_DEFAULT_S = 5.0
 QUERY_TIMEOUT_MAX_S = 60.0
 QUERY_ROWS_DEFAULT = 1_000
 QUERY_ROWS_MAX = 10_000
+STORAGE_EVERY_S = 10.0
+"""How often a heartbeat measures the database and its disk (PostgreSQL: a query)."""
 READ_THREADS = 2
 """Threads that run reads (``Query``), apart from the applies' and heartbeats': slow reads
 queue for these and never take the threads that keep the worker applying and healthy."""
@@ -105,6 +108,8 @@ class WorkerServicer:
         self._recent: OrderedDict[str, int] = OrderedDict()
         """Ids applied since start, for reads after a tx id (older ones: the backend)."""
         self._read_threads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="read")
+        self._storage: Storage | None = None
+        self._storage_at = 0.0
         self.reads = Shares("reads", READS_PENDING_MAX)
         """Reads running or waiting for their position, by caller (``shares.py``)."""
 
@@ -454,6 +459,11 @@ class WorkerServicer:
             self.applied = applied
             async with self._applied_changed:
                 self._applied_changed.notify_all()
+        now = time.monotonic()
+        if self._storage is None or now - self._storage_at >= STORAGE_EVERY_S:
+            self._storage_at = now
+            self._storage = await work.in_thread(self.backend.storage)
+        storage = self._storage
         return worker_pb2.HeartbeatResponse(
             worker_id=self.worker_id,
             position=applied.position,
@@ -461,6 +471,9 @@ class WorkerServicer:
             state_digest=applied.state_digest,
             backend=self.backend.name,
             draining=self.draining,
+            database_bytes=storage.database_bytes,
+            disk_free_bytes=storage.disk_free_bytes,
+            disk_total_bytes=storage.disk_total_bytes,
         )
 
 

@@ -33,6 +33,7 @@ from a snapshot). ``interrupt`` (SIGTERM) abandons a running apply without a ver
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ from txsync.worker.backend import (
     FirstWithKey,
     QueryRefused,
     QueryResult,
+    Storage,
     ToApply,
     collect_rows,
     keys_remembered_above,
@@ -216,6 +218,15 @@ class SqliteBackend:
         finally:
             conn.close()
         return Applied(int(row[0]), str(row[1]), bytes(row[2]) or GENESIS_DIGEST)
+
+    def storage(self) -> Storage:
+        sizes = [
+            path.stat().st_size
+            for path in (self.path, self.path.with_name(self.path.name + "-wal"))
+            if path.exists()
+        ]
+        disk = shutil.disk_usage(self.path.parent)
+        return Storage(sum(sizes), disk.free, disk.total)
 
     def apply(self, position: int, tx_id: str, body: Transaction, *, run: bool = True) -> Outcome:
         """Apply the transaction at ``position`` (which must be the next one), or return

@@ -46,6 +46,10 @@ class DispatchAdmin:
                 state_digest=link.state_digest,
                 recovery_progress=link.recovery_progress,
             )
+            if link.storage is not None:
+                status.database_bytes = link.storage.database_bytes
+                status.disk_free_bytes = link.storage.disk_free_bytes
+                status.disk_total_bytes = link.storage.disk_total_bytes
             if link.last_heartbeat_s:
                 status.last_heartbeat.FromMilliseconds(
                     int((link.last_heartbeat_s + wall_minus_monotonic) * 1000)

@@ -64,6 +64,8 @@ from txsync.worker_dispatch.health import (
     Health,
     Pipeline,
     RestartLoop,
+    SizeAlarms,
+    Storage,
     choose_testing_worker,
     judge,
     snapshot_needed,
@@ -120,6 +122,8 @@ class WorkerLink:
     batched: bool = True
     """It serves ``ApplyBatches`` (False: a worker of an earlier version, ``Apply``)."""
     recoveries: int = 0
+    storage: Storage | None = None
+    """Its database and disk, from its last heartbeat."""
 
 
 def _stopping() -> bool:
@@ -150,8 +154,10 @@ class Dispatch:
         *,
         stuck_after_s: float = 10.0,
         feed_gather_ms: int = FEED_GATHER_MS_DEFAULT,
+        size_alarms: SizeAlarms | None = None,
         metrics: Metrics | None = None,
     ) -> None:
+        self.size_alarms = size_alarms or SizeAlarms()
         self.stuck_after_s = stuck_after_s
         """A worker with work in flight and no outcome for this long is taken out."""
         self.feed_gather_ms = feed_gather_ms
@@ -261,6 +267,10 @@ class Dispatch:
             link.healthy, link.last_heartbeat_s, link.stuck_at, link.stuck_retry_at,
             link.stuck_backoff_s,
         )  # fmt: skip
+        if answer is not None and answer.database_bytes:
+            link.storage = Storage(
+                answer.database_bytes, answer.disk_free_bytes, answer.disk_total_bytes
+            )
         beat = None if answer is None else Beat(answer.position, answer.draining)
         pipeline = Pipeline(self._in_flight(link), link.progressed_s)
         after, events = judge(before, beat, time.monotonic(), pipeline, self.stuck_after_s)
@@ -407,7 +417,11 @@ class Dispatch:
         """What is wrong with the pipeline as a whole (``ListWorkers``; the DC's status
         turns unhealthy)."""
         alarm = self.restarts.alarm(time.monotonic())
-        return [alarm] if alarm else []
+        alarms = [alarm] if alarm else []
+        for link in self.workers.values():
+            if link.storage is not None:
+                alarms.extend(self.size_alarms.of(link.worker_id, link.storage))
+        return alarms
 
     def _in_flight(self, link: WorkerLink) -> int:
         machine = self._machine

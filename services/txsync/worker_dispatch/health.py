@@ -160,3 +160,43 @@ class RestartLoop:
             f"the pipeline restarted {len(restarts)} times in {span:.0f} s "
             f"(last: {restarts[-1][1]})"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """A worker's database size and disk, from its heartbeat (0: not known)."""
+
+    database_bytes: int
+    disk_free_bytes: int
+    disk_total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SizeAlarms:
+    """When a worker's storage raises an alarm (``--disk-free-alarm-percent``,
+    ``--database-bytes-alarm``): before its disk fills, which stops its applies and takes
+    it out, and while its database outgrows what the operator planned for."""
+
+    disk_free_percent: int = 10
+    database_bytes: int = 0
+    """0: no alarm on the database's size."""
+
+    def of(self, worker_id: str, storage: Storage) -> list[str]:
+        alarms = []
+        total, free = storage.disk_total_bytes, storage.disk_free_bytes
+        if total and free * 100 < total * self.disk_free_percent:
+            alarms.append(
+                f"DISK: worker {worker_id} has {free / GIB:.1f} GiB free of "
+                f"{total / GIB:.1f} GiB ({free * 100 / total:.0f}%, alarm below "
+                f"{self.disk_free_percent}%)"
+            )
+        if self.database_bytes and storage.database_bytes > self.database_bytes:
+            alarms.append(
+                f"DATABASE SIZE: worker {worker_id}'s database holds "
+                f"{storage.database_bytes / GIB:.2f} GiB (alarm above "
+                f"{self.database_bytes / GIB:.2f} GiB)"
+            )
+        return alarms
+
+
+GIB = 1024**3
