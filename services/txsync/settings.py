@@ -122,10 +122,11 @@ WORKER_LIMITS: tuple[Setting, ...] = (
     ),
     Setting(
         "statement_timeout_ms", STATEMENT_TIMEOUT_MS_DEFAULT,
-        "PostgreSQL: one statement's time (statement_timeout); timed, so a busy replica may "
-        "differ and is then recovered from a snapshot",
-        "PostgreSQL: one statement's time (`statement_timeout`); timed, so a busy replica "
-        "may differ and is recovered",
+        "PostgreSQL: the time of one transaction's statements together (statement_timeout "
+        "with what is left); timed, so a busy replica may differ and is then recovered from "
+        "a snapshot",
+        "PostgreSQL: one transaction's statements together (`statement_timeout`); timed, so "
+        "a busy replica may differ and is recovered",
         unit="ms",
     ),
     Setting(

@@ -47,6 +47,21 @@ REFUSED_BY_THE_PARSER = [
     "INSERT INTO t SELECT gen_random_uuid()::text",
     "INSERT INTO t SELECT age('2000-01-01'::timestamp)::text",
     "CREATE TABLE later (at timestamptz DEFAULT now())",
+    # issue 48: sequences behind the scenes, the server's own ids, session state
+    "CREATE TABLE s1 (id serial, v text)",
+    "CREATE TABLE s2 (id int GENERATED ALWAYS AS IDENTITY, v text)",
+    "ALTER TABLE t ADD COLUMN id bigserial",
+    "CREATE SEQUENCE s",
+    "CREATE TABLE o (a oid)",
+    "CREATE TEMP TABLE scratch (a int)",
+    "CREATE UNLOGGED TABLE fast (a int)",
+    "INSERT INTO t SELECT ctid::text FROM t",
+    "INSERT INTO t SELECT xmin::text FROM t",
+    "INSERT INTO t VALUES ('t'::regclass::oid::text)",
+    "INSERT INTO t SELECT pg_current_wal_lsn()::text",
+    "INSERT INTO t SELECT pg_relation_size('t')::text",
+    "INSERT INTO t SELECT lo_from_bytea(0, 'x')::text",
+    "SELECT pg_advisory_lock(1)",
 ]
 REFUSED_BY_PRIVILEGES = [
     "UPDATE _txsync.applied SET position = 99",
@@ -94,15 +109,27 @@ def test_the_bookkeeping_is_out_of_reach_by_privilege(backend: PostgresBackend, 
 
 def test_sequences_are_refused_where_they_would_differ(backend: PostgresBackend) -> None:
     """A sequence advances in a transaction the testing worker failed, but not at the
-    workers that only record the failure: nextval() is refused."""
-    assert backend.apply(3, "tx3", _body("CREATE SEQUENCE s")).ok
+    workers that only record the failure: nextval(), serial and identity columns, and
+    sequences themselves are refused."""
     outcome = _probe(backend, "INSERT INTO t SELECT nextval('s')::text")
     assert "nextval()" in outcome.error
+    outcome = _probe(backend, "CREATE TABLE ids (id serial)")
+    assert "column id serial: its values come from a sequence" in outcome.error
 
 
 def test_a_statement_past_the_time_limit_fails_naming_it(backend: PostgresBackend) -> None:
     outcome = _probe(backend, "SELECT count(*) FROM generate_series(1, 10000000000)")
-    assert "limit of 1,000 ms (worker --statement-timeout-ms)" in outcome.error
+    assert "limit of 1,000 ms (worker --statement-timeout-ms" in outcome.error
+
+
+def test_the_time_limit_covers_the_whole_transaction(backend: PostgresBackend) -> None:
+    """Each statement well within the limit, all of them together far past it: a limit
+    per statement let a transaction of many such statements hold every worker."""
+    many = ["SELECT count(*) FROM generate_series(1, 200000)"] * 500
+    position = backend.applied().position
+    outcome = backend.apply(position + 1, "long", _body(*many))
+    assert not outcome.ok
+    assert "for all its statements together" in outcome.error, outcome.error
 
 
 def test_the_clock_word_as_a_parameter_is_refused(backend: PostgresBackend) -> None:

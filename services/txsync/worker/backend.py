@@ -36,9 +36,10 @@ GROWTH_BYTES_MAX_DEFAULT = 128 * 1024 * 1024
 """How much one SQLite transaction may grow the database (two values of the largest size):
 without it, 100 rows of 60 MB zeroblobs in one transaction wrote 6 GB at every worker."""
 STATEMENT_TIMEOUT_MS_DEFAULT = 10_000
-"""PostgreSQL workers: one statement's time (``statement_timeout``). Timed, not counted:
-on a busy replica a statement may pass it where the testing worker did not, and that
-replica is then out of sync and recovered from a snapshot (docs/workers.md)."""
+"""PostgreSQL workers: one transaction's statements together (``statement_timeout``).
+Timed, not counted: on a busy replica a transaction may pass it where the testing worker
+did not, and that replica is then out of sync and recovered from a snapshot
+(docs/workers.md)."""
 CONTENT_CHECK_EVERY_DEFAULT = 10_000
 """Every this many positions the state digest also covers every user table's rows: a
 replica whose data went apart while its history matched (something nondeterministic that

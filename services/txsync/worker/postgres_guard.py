@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from pglast import ast, parse_sql
+from pglast.enums import ConstrType
 from pglast.parser import ParseError
 from pglast.visitors import Visitor
 
@@ -36,7 +37,7 @@ STATEMENTS = frozenset({
     "SelectStmt", "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt",
     "CreateStmt", "CreateTableAsStmt", "AlterTableStmt", "DropStmt", "TruncateStmt",
     "IndexStmt", "ViewStmt", "RenameStmt", "CommentStmt",
-    "CreateSeqStmt", "AlterSeqStmt", "CreateEnumStmt", "AlterEnumStmt",
+    "CreateEnumStmt", "AlterEnumStmt",
     "CompositeTypeStmt", "CreateDomainStmt", "AlterDomainStmt",
 })  # fmt: skip
 """Statement kinds a transaction may run: reads, writes and the schema of its tables."""
@@ -49,9 +50,15 @@ ROLE_AND_DYNAMIC_SQL = frozenset({
     "pg_sleep", "pg_sleep_for", "pg_sleep_until", "pg_terminate_backend",
     "pg_cancel_backend", "lo_import", "lo_export", "pg_read_file", "pg_read_binary_file",
     "pg_ls_dir", "pg_stat_file",
+    # Session-level locks outlive the transaction (and any lock can wait on another
+    # session's): the worker's connection must come back from a transaction as it went.
+    "pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock",
+    "pg_try_advisory_lock_shared", "pg_advisory_unlock", "pg_advisory_unlock_shared",
+    "pg_advisory_unlock_all", "pg_advisory_xact_lock", "pg_advisory_xact_lock_shared",
+    "pg_try_advisory_xact_lock", "pg_try_advisory_xact_lock_shared",
 })  # fmt: skip
-"""Functions that change the role, run SQL given as a string, sleep, or reach the server's
-files or other sessions: refused in reads too."""
+"""Functions that change the role, run SQL given as a string, sleep, hold locks, or reach
+the server's files or other sessions: refused in reads too."""
 
 NONDETERMINISTIC = frozenset({
     "random", "random_normal", "setseed", "gen_random_uuid", "uuid_generate_v1",
@@ -61,10 +68,37 @@ NONDETERMINISTIC = frozenset({
     "inet_server_port", "txid_current", "txid_current_if_assigned", "pg_current_xact_id",
     "pg_current_xact_id_if_assigned", "version", "current_setting", "pg_postmaster_start_time",
     "pg_conf_load_time", "nextval", "currval", "lastval", "setval",
+    # the server's physical state: WAL positions, file sizes and nodes, snapshots
+    "pg_current_wal_lsn", "pg_current_wal_insert_lsn", "pg_current_wal_flush_lsn",
+    "pg_last_wal_receive_lsn", "pg_last_wal_replay_lsn", "pg_relation_size",
+    "pg_table_size", "pg_indexes_size", "pg_total_relation_size", "pg_database_size",
+    "pg_tablespace_size", "pg_relation_filenode", "pg_relation_filepath",
+    "pg_xact_commit_timestamp", "pg_current_snapshot", "txid_current_snapshot",
+    "pg_snapshot_xmin", "pg_snapshot_xmax", "txid_snapshot_xmin", "txid_snapshot_xmax",
+    "pg_xact_status", "txid_status", "pg_trigger_depth", "pg_my_temp_schema",
+    # large objects: their ids are OIDs, which each server assigns
+    "lo_create", "lo_creat", "lo_from_bytea", "lo_open", "lo_unlink",
+    "lo_put", "lo_get", "loread", "lowrite", "lo_truncate", "lo_lseek", "lo_tell",
 })  # fmt: skip
 """Functions whose answer depends on the clock, chance, the server or the session; and
 sequences, which a transaction the testing worker failed still advances there but not at
 the workers that only record it."""
+
+SERIAL_TYPES = frozenset({
+    "serial", "serial2", "serial4", "serial8", "smallserial", "bigserial",
+})  # fmt: skip
+"""Column types that take their values from a sequence (see NONDETERMINISTIC)."""
+
+SERVER_ID_TYPES = frozenset({
+    "oid", "regclass", "regproc", "regprocedure", "regoper", "regoperator", "regtype",
+    "regnamespace", "regrole", "regcollation", "regconfig", "regdictionary", "xid",
+    "xid8", "cid", "tid", "pg_lsn",
+})  # fmt: skip
+"""Types whose values are the server's own ids (object ids, transaction ids, row and WAL
+positions): each server assigns its own, so a write of one differs between replicas."""
+
+SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
+"""Columns every table has, whose values are where and when the server stored the row."""
 
 CLOCK_WORDS = frozenset({"now", "today", "tomorrow", "yesterday"})
 """Literals that PostgreSQL reads as the current time when cast to a date or time."""
@@ -100,12 +134,64 @@ class _Checker(Visitor):
                 "not allowed in a transaction: every replica must compute the same"
             )
 
+    def visit_ColumnDef(self, ancestors: Any, node: ast.ColumnDef) -> None:  # noqa: N802
+        kind = _type_name(node.typeName)
+        if kind in SERIAL_TYPES:
+            raise Refused(
+                f"column {node.colname} {kind}: its values come from a sequence, which a "
+                "transaction the testing worker failed still advances there but not at the "
+                "other replicas (pass the ids as values)"
+            )
+        if kind in SERVER_ID_TYPES:
+            raise Refused(
+                f"column {node.colname} {kind}: such values are the server's own ids, "
+                "different at every replica"
+            )
+        for constraint in node.constraints or ():
+            if constraint.contype == ConstrType.CONSTR_IDENTITY:
+                raise Refused(
+                    f"column {node.colname} GENERATED AS IDENTITY: its values come from "
+                    "a sequence, which a transaction the testing worker failed still "
+                    "advances there but not at the other replicas (pass the ids as values)"
+                )
+
+    def visit_RangeVar(self, ancestors: Any, node: ast.RangeVar) -> None:  # noqa: N802
+        if node.relpersistence == "t":
+            raise Refused(
+                f"temporary relation {node.relname}: it lives in one worker's session and "
+                "would outlive the transaction there"
+            )
+        if node.relpersistence == "u":
+            raise Refused(f"unlogged table {node.relname}: a crash empties it at one replica only")
+
+    def visit_TypeCast(self, ancestors: Any, node: ast.TypeCast) -> None:  # noqa: N802
+        kind = _type_name(node.typeName)
+        if not self.read and kind in SERVER_ID_TYPES:
+            raise Refused(
+                f"a cast to {kind} is not allowed in a transaction: such values are the "
+                "server's own ids, different at every replica"
+            )
+
+    def visit_ColumnRef(self, ancestors: Any, node: ast.ColumnRef) -> None:  # noqa: N802
+        fields = node.fields or ()
+        last = str(getattr(fields[-1], "sval", "")) if fields else ""
+        if not self.read and last.lower() in SYSTEM_COLUMNS:
+            raise Refused(
+                f"the system column {last} is not allowed in a transaction: it says where "
+                "and when this server stored the row, which differs at every replica"
+            )
+
     def visit_String(self, ancestors: Any, node: ast.String) -> None:  # noqa: N802
         if not self.read and (node.sval or "").strip().lower() in CLOCK_WORDS:
             raise Refused(
                 f"the literal {node.sval!r} is not allowed in a transaction: cast to a date "
                 "or time it is the current time, which differs at every replica"
             )
+
+
+def _type_name(type_name: ast.TypeName | None) -> str:
+    names = (type_name.names or ()) if type_name is not None else ()
+    return str(getattr(names[-1], "sval", "")).lower() if names else ""
 
 
 def check_statement(sql: str, *, read: bool = False) -> None:
@@ -164,4 +250,7 @@ _KIND_NAMES = {
     "CreateRoleStmt": "CREATE ROLE",
     "AlterRoleStmt": "ALTER ROLE",
     "ExplainStmt": "EXPLAIN",
+    "CreateSeqStmt": "CREATE SEQUENCE (nextval() is refused: a transaction the testing "
+    "worker failed still advances a sequence there but not at the other replicas)",
+    "AlterSeqStmt": "ALTER SEQUENCE",
 }
