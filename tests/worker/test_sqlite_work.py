@@ -36,7 +36,7 @@ CALLS = [
 ]  # fmt: skip
 
 
-def _answer(conn: sqlite3.Connection, sql: str, args: tuple[object, ...]) -> object:
+def _answer(conn: sqlite3.Connection, sql: str, args: tuple[object, ...]) -> tuple[str, object]:
     try:
         return ("ok", conn.execute(sql, args).fetchone()[0])
     except sqlite3.Error as error:
