@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -49,12 +50,14 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def measure(workers: int, txs: int, samples: int, root: Path) -> dict[str, float]:
+def measure(
+    workers: int, txs: int, samples: int, root: Path, worker_args: Sequence[str] = ()
+) -> dict[str, float]:
     cluster = LocalCluster(root, 1)
     processes: list[ServiceProcess] = []
     try:
         for n in range(workers):
-            process = worker(root / f"w{n + 1}", f"w{n + 1}", port=free_port())
+            process = worker(root / f"w{n + 1}", f"w{n + 1}", *worker_args, port=free_port())
             process.start()
             processes.append(process)
         dispatch = worker_dispatch(
@@ -148,6 +151,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--txs", type=int, default=4_000, help="transactions per worker count")
     parser.add_argument("--samples", type=int, default=40, help="one-at-a-time latency samples")
+    parser.add_argument(
+        "--worker-args", default="",
+        help="flags for every worker, as one string (A/B a worker setting: "
+        "--worker-args='--touched-digest 0')",
+    )  # fmt: skip
     options = parser.parse_args()
     print(
         f"machine: {platform.platform()}, {os.cpu_count()} cores, Python "
@@ -160,7 +168,9 @@ def main() -> int:
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for count in options.workers:
         with tempfile.TemporaryDirectory(prefix="txsync-apply-") as root:
-            figures = measure(count, options.txs, options.samples, Path(root))
+            figures = measure(
+                count, options.txs, options.samples, Path(root), options.worker_args.split()
+            )
         print(
             f"| {count} | {figures['applied_per_s']:,.0f} | {figures['ok_p50']:.1f} | "
             f"{figures['ok_p99']:.1f} | {figures['all_p50']:.1f} | {figures['all_p99']:.1f} |",

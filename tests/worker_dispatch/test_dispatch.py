@@ -59,7 +59,10 @@ class Dc:
 @pytest.fixture
 def dc(tmp_path: Path) -> Iterator[Dc]:
     cluster = LocalCluster(tmp_path, 1)
-    workers = {name: worker(tmp_path / name, name, port=free_port()) for name in ("w1", "w2")}
+    workers = {
+        name: worker(tmp_path / name, name, "--touched-digest", "1", port=free_port())
+        for name in ("w1", "w2")
+    }
     try:
         for process in workers.values():
             process.start()
@@ -140,6 +143,36 @@ def test_a_worker_edited_behind_its_back_is_caught_and_recovered(dc: Dc, tmp_pat
     with sqlite3.connect(tmp_path / "w2" / "worker.sqlite") as restored:
         rows = sorted(n for (n,) in restored.execute("SELECT n FROM t"))
     assert rows == [0, 1, 2, 13, 14, 99], "the deleted row is back, updated like w1's"
+
+
+def test_a_value_that_differs_is_caught_at_the_transaction_that_touches_it(
+    dc: Dc, tmp_path: Path
+) -> None:
+    """Rows affected alike, so the state digest agrees; the rows the transaction touched
+    do not: w2 is out of sync at that very position (not 10,000 positions later at the
+    content check) and recovered from w1."""
+    ids = [dc.submit("CREATE TABLE t (n INTEGER)")]
+    ids += [dc.submit(f"INSERT INTO t VALUES ({n})") for n in range(5)]
+    dc.wait_all_final(ids)
+    dc.cluster.wait_for("w2 caught up", lambda: dc.workers_status()["w2"].position == len(ids))
+    with sqlite3.connect(tmp_path / "w2" / "worker.sqlite") as behind_its_back:
+        behind_its_back.execute("UPDATE t SET n = 100 WHERE n = 3")
+    update = dc.submit("UPDATE t SET n = n + 1 WHERE n >= 3")  # 2 rows at each
+    dc.wait_all_final([update])
+    dc.cluster.wait_for(
+        "w2 caught, recovered and back in step",
+        lambda: (
+            "RECOVERY: w2 restored" in dc.dispatch.log()
+            and not (status := dc.workers_status())["w2"].out_of_sync
+            and status["w2"].position == len(ids) + 1
+        ),
+    )
+    assert "the rows" in dc.dispatch.log() and "differ from the testing worker's" in (
+        dc.dispatch.log()
+    )
+    with sqlite3.connect(tmp_path / "w2" / "worker.sqlite") as restored:
+        rows = sorted(n for (n,) in restored.execute("SELECT n FROM t"))
+    assert rows == [0, 1, 2, 4, 5], "w2 holds w1's rows again"
 
 
 def test_a_worker_added_under_load_catches_up_to_the_same_digest_and_drains(

@@ -73,6 +73,21 @@ def test_a_follower_with_another_digest_is_out_of_sync_and_gets_no_more_work() -
     assert _said(machine.answer(_answer("w1", 2, b"d2"))) == ["record 2 OK", "send w2 2"]
 
 
+def test_a_follower_whose_touched_rows_differ_is_out_of_sync_at_that_position() -> None:
+    """Same state digest (values are not in it), other rows touched: out of sync at once,
+    not at the next content check. A worker that measured none (an earlier version, or
+    an answer from its record) is not compared."""
+    machine = PipelineMachine[str]("w1", ["w2", "w3"], {"w1": 0, "w2": 0, "w3": 0})
+    machine.entry(_entry(1))
+    machine.answer(Answer("w1", "tx1", True, b"d1", b"rows"))
+    assert _said(machine.answer(Answer("w2", "tx1", True, b"d1", b"other rows"))) == ["out w2"]
+    assert machine.out_of_sync == {
+        "w2": "the rows tx1 touched differ from the testing worker's at position 1"
+    }
+    assert _said(machine.answer(Answer("w3", "tx1", True, b"d1"))) == []
+    assert machine.positions["w3"] == 1
+
+
 def test_finished_entries_go_only_to_workers_behind_them() -> None:
     """After a restart: w1 is at 5, w2 at 3. The store streams from w2's position on."""
     machine = PipelineMachine[str]("w1", ["w2"], {"w1": 5, "w2": 3})

@@ -542,6 +542,7 @@ class Outcome(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     POSITION_FIELD_NUMBER: _builtins.int
     DUPLICATE_OF_FIELD_NUMBER: _builtins.int
+    TOUCHED_DIGEST_FIELD_NUMBER: _builtins.int
     state: Global___TxState.ValueType
     """TX_STATE_OK or TX_STATE_FAILED."""
     state_digest: _builtins.bytes
@@ -556,6 +557,12 @@ class Outcome(_message.Message):
     """Set when the transaction ran nothing: an earlier one in the agreed order had its
     idempotency key. This is that one's id; `state` is its verdict.
     """
+    touched_digest: _builtins.bytes
+    """SHA-256 of the rows the transaction inserted, updated or deleted, as they are after
+    it (SQLite workers, when it ran and was OK; else empty). A DC's workers must agree
+    on it at each position; it is not part of `state_digest`, so workers of an earlier
+    version, which send none, still agree with the others.
+    """
     @_builtins.property
     def rows_affected(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Rows affected per statement (empty when failed)."""
@@ -569,6 +576,7 @@ class Outcome(_message.Message):
         error: _builtins.str = ...,
         position: _builtins.int = ...,
         duplicate_of: _builtins.str = ...,
+        touched_digest: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -585,6 +593,8 @@ class Outcome(_message.Message):
         b"state",
         "state_digest",
         b"state_digest",
+        "touched_digest",
+        b"touched_digest",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

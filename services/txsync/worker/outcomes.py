@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from txsync.worker.transactions import Statement, Transaction
 
@@ -50,6 +50,10 @@ class Outcome:
     duplicate_of: str = ""
     """Set when it ran nothing: the earlier transaction with its idempotency key (whose
     verdict ``ok`` repeats)."""
+    touched_digest: bytes = field(default=b"", compare=False)
+    """SHA-256 of the rows it touched as they are after it (SQLite, when it ran and was
+    OK now; empty when answered from its record): compared between a DC's workers, not
+    part of ``state_digest`` nor of the outcome's equality."""
 
 
 def next_digest(

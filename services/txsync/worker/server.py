@@ -212,6 +212,7 @@ def _open_backend(options: argparse.Namespace) -> Backend:
             steps_max=options.steps_max,
             value_bytes_max=options.value_bytes_max,
             growth_bytes_max=options.growth_bytes_max,
+            touched_digest=bool(options.touched_digest),
             heap_bytes_max=options.heap_bytes_max,
             content_check_every=options.content_check_every,
         )

@@ -493,6 +493,7 @@ def _outcome_to_proto(outcome: Outcome) -> common_pb2.Outcome:
         error=outcome.error,
         position=outcome.position,
         duplicate_of=outcome.duplicate_of,
+        touched_digest=outcome.touched_digest,
     )
 
 

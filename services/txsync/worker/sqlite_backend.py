@@ -69,6 +69,7 @@ from txsync.worker.outcomes import (
     next_digest,
 )
 from txsync.worker.sqlite_guard import ReadGuard, SqliteGuard
+from txsync.worker.sqlite_touched import TouchedRows, make_triggers
 from txsync.worker.sqlite_work import PROGRESS_EVERY_STEPS, CostedFunctions, StepBudget
 from txsync.worker.transactions import Statement, Transaction
 
@@ -126,6 +127,7 @@ class SqliteBackend:
         steps_max: int = STEPS_MAX_DEFAULT,
         value_bytes_max: int = VALUE_BYTES_MAX_DEFAULT,
         growth_bytes_max: int = GROWTH_BYTES_MAX_DEFAULT,
+        touched_digest: bool = False,
         heap_bytes_max: int = HEAP_BYTES_MAX_DEFAULT,
         content_check_every: int = CONTENT_CHECK_EVERY_DEFAULT,
     ) -> None:
@@ -134,9 +136,13 @@ class SqliteBackend:
         self.steps_max = steps_max
         self.value_bytes_max = value_bytes_max
         self.growth_bytes_max = growth_bytes_max
+        self.touched_digest = touched_digest
         self.heap_bytes_max = heap_bytes_max
         self._guard = SqliteGuard()
         self._costed = CostedFunctions(value_bytes_max)
+        self._touched = TouchedRows()
+        self._touched_digest = b""
+        """Of the rows the last transaction run touched (``sqlite_touched``)."""
         self._batching = False
         """Applying a batch in one database transaction: the largest-rowid check runs once
         at its end (one lookup per table per batch, not per transaction: 35 us of ~190
@@ -165,6 +171,9 @@ class SqliteBackend:
         self._growth_pages = max(1, self.growth_bytes_max // int(page_size))
         self._guard.install(conn)
         self._costed.install(conn)
+        self._touched.install(conn)
+        if self.touched_digest:
+            make_triggers(conn)
         return conn
 
     def interrupt(self) -> None:
@@ -355,7 +364,8 @@ class SqliteBackend:
             conn.execute(
                 "DELETE FROM _txsync_keys WHERE position <= ?", (keys_remembered_above(position),)
             )
-        return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of)
+        touched = self._touched_digest if ok and run and first is None else b""
+        return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of, touched)
 
     def _run(
         self, conn: sqlite3.Connection, body: Transaction
@@ -368,6 +378,8 @@ class SqliteBackend:
         budget = StepBudget(self.steps_max, self._stopping)
         guard = self._guard
         guard.start(conn)
+        self._touched.clear()
+        self._touched_digest = b""
         if not self._batching:
             guard.written.clear()
         costed = self._costed
@@ -437,6 +449,10 @@ class SqliteBackend:
             conn.execute("ROLLBACK TO tx")
             conn.execute("RELEASE tx")
             return False, (), f"refused: {problem}"
+        if self.touched_digest:
+            if guard.schema_changed:
+                make_triggers(conn)
+            self._touched_digest = self._touched.digest(conn)
         conn.execute("RELEASE tx")
         return True, tuple(rows), ""
 

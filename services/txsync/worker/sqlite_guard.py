@@ -27,6 +27,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+from txsync.worker.sqlite_touched import TRIGGER_PREFIX
+
 BOOKKEEPING_PREFIX = "_txsync_"
 
 SqlValue = str | bytes | int | float | None
@@ -49,6 +51,10 @@ DETERMINISTIC_FUNCTIONS = frozenset({
     "unlikely", "upper", "zeroblob",
     # full-text search and R*Tree: deterministic over their tables
     "bm25", "highlight", "match", "matchinfo", "offsets", "snippet",
+    # SQLite's own ALTER TABLE RENAME and DROP COLUMN run these over the schema; they are
+    # internal (a statement that names one gets "no such function")
+    "sqlite_rename_column", "sqlite_rename_table", "sqlite_rename_test",
+    "sqlite_rename_quotefix", "sqlite_drop_column",
 })  # fmt: skip
 """Functions a transaction may call: each answers the same at every replica given the
 same arguments and data (``changes`` and ``last_insert_rowid`` because every transaction
@@ -108,6 +114,22 @@ _ROW_WRITES = {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE}
 LARGEST_ROWID = 2**63 - 1
 
 
+_SCHEMA_CHANGES = {sqlite3.SQLITE_CREATE_TABLE, sqlite3.SQLITE_ALTER_TABLE}
+
+
+def _is_touch_trigger_dropped_with_its_table(
+    action: int, first: str | None, second: str | None, dropping: set[str]
+) -> bool:
+    """A touch trigger of the worker's (``sqlite_touched``) goes with its table
+    (``dropping``: tables a statement drops); a user's statement naming it otherwise is
+    refused as bookkeeping."""
+    return (
+        action == sqlite3.SQLITE_DROP_TEMP_TRIGGER
+        and (first or "").startswith(TRIGGER_PREFIX)
+        and second in dropping
+    )
+
+
 def names_bookkeeping(*names: object) -> bool:
     return any(isinstance(n, str) and n.casefold().startswith(BOOKKEEPING_PREFIX) for n in names)
 
@@ -122,6 +144,11 @@ class SqliteGuard:
     def __init__(self) -> None:
         self.refusal = ""
         """Why the guard last refused something (empty: it has not, since ``start``)."""
+        self.schema_changed = False
+        """A statement since ``start`` created or altered a table (the worker's touch
+        triggers are then made again: ``sqlite_touched``)."""
+        self._dropping: set[str] = set()
+        """Tables the transaction's statements drop (their touch triggers go with them)."""
         self.written: set[str] = set()
         """Tables statements (and their triggers) inserted into or updated since the
         caller last emptied it (per transaction, or per batch of them)."""
@@ -149,6 +176,8 @@ class SqliteGuard:
         """Before a transaction's statements: a clean refusal, and the connection's
         counters at the same values at every replica."""
         self.refusal = ""
+        self.schema_changed = False
+        self._dropping = set()
         self.reset_connection_counters(conn)
 
     def largest_rowid_taken(self, conn: sqlite3.Connection) -> str:
@@ -185,10 +214,22 @@ class SqliteGuard:
         database: str | None,
         inner: str | None,
     ) -> int:
+        if inner is not None and inner.startswith(TRIGGER_PREFIX):
+            # The body of a touch trigger of the worker's (``sqlite_touched``): one call of
+            # its function on a rowid. A user cannot make a trigger of that name (it
+            # names the bookkeeping), so nothing else runs under it; answered at once, as
+            # it is asked for every user statement that writes.
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_DROP_TABLE and first:
+            self._dropping.add(first)  # SQLite then asks to drop each of its triggers
+        if _is_touch_trigger_dropped_with_its_table(action, first, second, self._dropping):
+            return sqlite3.SQLITE_OK
         reason = self._reason(action, first, second)
         if reason:
             self.refusal = reason
             return sqlite3.SQLITE_DENY
+        if action in _SCHEMA_CHANGES:
+            self.schema_changed = True
         if action in _ROW_WRITES and database == "main" and first:
             self.written.add(first)
         return sqlite3.SQLITE_OK

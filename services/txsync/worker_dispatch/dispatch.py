@@ -90,6 +90,9 @@ HEARTBEAT_S = 1.0
 RECOVERY_CHECK_S = 1.0
 RECOVERY_TIMEOUT_S = 600.0
 """A whole snapshot copy (export and import) must finish within this."""
+PROGRESS_REPORT_TIMEOUT_S = 30.0
+"""A progress report the store has not answered by then is dropped (the next follows
+PROGRESS_REPORT_S later): a store busy rotating its log answers late, not never."""
 _Queues = dict[str, asyncio.Queue[worker_pb2.ApplyRequest]]
 _Machine = PipelineMachine[worker_pb2.ApplyRequest]
 
@@ -340,7 +343,7 @@ class Dispatch:
             if fed:
                 request.workers_min_position = min(fed)
             try:
-                answer = await self.store.ReportProgress(request, timeout=RECOVERY_CHECK_S * 30)
+                answer = await self.store.ReportProgress(request, timeout=PROGRESS_REPORT_TIMEOUT_S)
             except grpc.aio.AioRpcError as error:
                 log.info("progress report to the store failed: %s", error.code().name)
             else:
@@ -560,6 +563,7 @@ class Dispatch:
                     response.tx_id,
                     outcome.state == common_pb2.TX_STATE_OK,
                     outcome.state_digest,
+                    outcome.touched_digest,
                 )
                 try:
                     outputs = machine.answer(answer)

@@ -15,8 +15,9 @@ Outputs, to be applied in order:
   pipeline; a follower only positions beyond its own.
 - ``Record``: a state for the store: TESTING when an ENQUEUED one goes to the testing
   worker, OK or FAILED when the testing worker decides (``decided_by`` is that answer).
-- ``OutOfSync``: a worker answered with a digest other than the DC's. It gets no more
-  work from this pipeline, which must restart without it.
+- ``OutOfSync``: a worker answered with a digest other than the DC's, or with a digest of
+  the rows the transaction touched other than the testing worker's (when both measured
+  one). It gets no more work from this pipeline, which must restart without it.
 
 The payload (the transaction's body, as the caller holds it) travels with ``Entry`` to
 each ``Send`` untouched, so the machine never looks inside a transaction. No clock, I/O,
@@ -55,6 +56,8 @@ class Answer:
     tx_id: str
     ok: bool
     digest: bytes
+    touched: bytes = b""
+    """The digest of the rows the transaction touched (empty: not measured)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,8 @@ class _InFlight(Generic[P]):
     """The DC's digest there, or empty when this answer decides it (the testing worker)."""
     payload: P
     tx_id: str
+    touched: bytes = b""
+    """The testing worker's digest of the rows it touched (empty: none to compare)."""
 
 
 class PipelineMachine(Generic[P]):
@@ -158,6 +163,13 @@ class PipelineMachine(Generic[P]):
             reason = f"digest differs at position {sent.position} ({answer.tx_id})"
             self.out_of_sync[worker] = reason
             return [OutOfSync(worker, reason)]
+        if sent.touched and answer.touched and answer.touched != sent.touched:
+            reason = (
+                f"the rows {answer.tx_id} touched differ from the testing worker's at "
+                f"position {sent.position}"
+            )
+            self.out_of_sync[worker] = reason
+            return [OutOfSync(worker, reason)]
         self.positions[worker], self.digests[worker] = sent.position, answer.digest
         if sent.expected:
             return []  # the DC had decided this one already
@@ -166,7 +178,9 @@ class PipelineMachine(Generic[P]):
         out: list[Output[P]] = [Record(sent.position, answer.tx_id, state, answer)]
         for follower in self.followers:
             if self.positions[follower] < sent.position and follower not in self.out_of_sync:
-                flight = _InFlight(sent.position, answer.digest, sent.payload, sent.tx_id)
+                flight = _InFlight(
+                    sent.position, answer.digest, sent.payload, sent.tx_id, answer.touched
+                )
                 out.append(self._send(follower, flight, not answer.ok))
         return out
 
