@@ -114,13 +114,19 @@ def test_transactions_reach_ok_everywhere_and_the_testing_role_moves(dc: Dc) -> 
     )
 
 
-def test_a_worker_edited_behind_its_back_is_caught_and_recovered(dc: Dc, tmp_path: Path) -> None:
+def _five_rows_then_behind_w2s_back(dc: Dc, tmp_path: Path, sql: str) -> list[str]:
+    """Rows 0..4 in table t at both workers; then ``sql`` on w2's database alone."""
     ids = [dc.submit("CREATE TABLE t (n INTEGER)")]
     ids += [dc.submit(f"INSERT INTO t VALUES ({n})") for n in range(5)]
     dc.wait_all_final(ids)
     dc.cluster.wait_for("w2 caught up", lambda: dc.workers_status()["w2"].position == len(ids))
     with sqlite3.connect(tmp_path / "w2" / "worker.sqlite") as behind_its_back:
-        behind_its_back.execute("DELETE FROM t WHERE n = 3")
+        behind_its_back.execute(sql)
+    return ids
+
+
+def test_a_worker_edited_behind_its_back_is_caught_and_recovered(dc: Dc, tmp_path: Path) -> None:
+    ids = _five_rows_then_behind_w2s_back(dc, tmp_path, "DELETE FROM t WHERE n = 3")
     update = dc.submit("UPDATE t SET n = n + 10 WHERE n >= 3")  # 2 rows at w1, 1 at w2
     dc.wait_all_final([update])
     # w2 is caught out of sync, recovered from a snapshot of w1 and fed again.
@@ -151,12 +157,7 @@ def test_a_value_that_differs_is_caught_at_the_transaction_that_touches_it(
     """Rows affected alike, so the state digest agrees; the rows the transaction touched
     do not: w2 is out of sync at that very position (not 10,000 positions later at the
     content check) and recovered from w1."""
-    ids = [dc.submit("CREATE TABLE t (n INTEGER)")]
-    ids += [dc.submit(f"INSERT INTO t VALUES ({n})") for n in range(5)]
-    dc.wait_all_final(ids)
-    dc.cluster.wait_for("w2 caught up", lambda: dc.workers_status()["w2"].position == len(ids))
-    with sqlite3.connect(tmp_path / "w2" / "worker.sqlite") as behind_its_back:
-        behind_its_back.execute("UPDATE t SET n = 100 WHERE n = 3")
+    ids = _five_rows_then_behind_w2s_back(dc, tmp_path, "UPDATE t SET n = 100 WHERE n = 3")
     update = dc.submit("UPDATE t SET n = n + 1 WHERE n >= 3")  # 2 rows at each
     dc.wait_all_final([update])
     dc.cluster.wait_for(

@@ -189,14 +189,12 @@ class AdminServicer:
         except ServiceError as error:
             await abort(context, error)
         try:
-            async for answer in self._export(request):
+            async for answer in self._export():
                 yield answer
         finally:
             self.exports.give_back(caller)
 
-    async def _export(
-        self, request: admin_pb2.ExportLogRequest
-    ) -> AsyncIterator[admin_pb2.ExportLogResponse]:
+    async def _export(self) -> AsyncIterator[admin_pb2.ExportLogResponse]:
         data = await work.in_thread(self._store.files.current.read_bytes)
         chunk = bytearray()
         for offset, payload in scan(data).frames:

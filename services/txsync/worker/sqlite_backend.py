@@ -171,8 +171,8 @@ class SqliteBackend:
         self._growth_pages = max(1, self.growth_bytes_max // int(page_size))
         self._guard.install(conn)
         self._costed.install(conn)
-        self._touched.install(conn)
         if self.touched_digest:
+            self._touched.install(conn)
             make_triggers(conn)
         return conn
 
@@ -405,10 +405,7 @@ class SqliteBackend:
             # that escapes the apply and restarts the pipeline (issue 48).
             if cursor is not None:
                 cursor.close()  # a statement cut short mid-rows must not outlive it
-            conn.set_progress_handler(None, 0)
-            conn.set_authorizer(None)
-            costed.budget = None
-            conn.execute(UNLIMITED_PAGES)
+            self._end_user_statements(conn)
             if self._stopping.is_set():
                 raise ApplyInterrupted("the worker is stopping") from error
             if conn.in_transaction:
@@ -440,10 +437,7 @@ class SqliteBackend:
                     ),
                 )
             return False, (), f"{type(error).__name__}: {error}"
-        conn.set_progress_handler(None, 0)
-        conn.set_authorizer(None)
-        costed.budget = None
-        conn.execute(UNLIMITED_PAGES)
+        self._end_user_statements(conn)
         problem = guard.largest_rowid_taken(conn) if not self._batching else ""
         if problem:
             conn.execute("ROLLBACK TO tx")
@@ -455,6 +449,14 @@ class SqliteBackend:
             self._touched_digest = self._touched.digest(conn)
         conn.execute("RELEASE tx")
         return True, tuple(rows), ""
+
+    def _end_user_statements(self, conn: sqlite3.Connection) -> None:
+        """After a transaction's statements, ended or failed: the worker's own statements
+        that follow run without the guard, the budget and the growth limit."""
+        conn.set_progress_handler(None, 0)
+        conn.set_authorizer(None)
+        self._costed.budget = None
+        conn.execute(UNLIMITED_PAGES)
 
     def position_of(self, tx_id: str) -> int | None:
         with self._lock:
