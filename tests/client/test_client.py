@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,27 @@ def test_a_submit_is_answered_at_the_state_asked_for_and_read_back_anywhere(
         assert info.position == applied.outcome.position and info.origin == "dc1"
         assert info.statements[0].params == (None, 2) and info.idempotency_key == applied.key
         assert reader.wait(applied.tx_id, "ok").state is State.OK
+
+
+def test_the_current_time_is_when_the_client_made_the_transaction(cluster_file: Path) -> None:
+    """The library stamps each body with its time (``now_unix_us``): CURRENT_TIMESTAMP
+    and 'now' are accepted, and every DC's workers write that same time."""
+    made = datetime.now(UTC).replace(tzinfo=None)
+    with Client(str(cluster_file), dc="dc1") as writer:
+        table = f"t_{uuid.uuid4().hex[:8]}"
+        done = writer.submit(
+            [Statement(f"CREATE TABLE {table} (k, at DEFAULT CURRENT_TIMESTAMP, ms)"),
+             Statement(f"INSERT INTO {table} (k, ms) VALUES (1, strftime('%f', 'now'))")],
+            wait="ok",
+        )  # fmt: skip
+        seen = set()
+        for dc in ("dc1", "dc2", "dc3"):
+            with Client(str(cluster_file), dc=dc) as reader:
+                seen.add(reader.query(f"SELECT at, ms FROM {table}", after=done).rows)
+    assert len(seen) == 1, seen
+    ((at, _),) = seen.pop()
+    written = datetime.fromisoformat(str(at))
+    assert abs((written - made).total_seconds()) < 3600, (written, made)
 
 
 def test_errors_name_what_happened(cluster_file: Path) -> None:

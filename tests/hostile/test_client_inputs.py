@@ -23,6 +23,7 @@ from txsync.v1 import (
     client_pb2_grpc,
     common_pb2,
 )
+from txsync.worker.transactions import param_from_proto
 
 pytestmark = pytest.mark.under_load  # a busy machine: see tests/conftest.py
 
@@ -43,8 +44,10 @@ class Dc:
     def client(self) -> client_pb2_grpc.ClientServiceStub:
         return client_pb2_grpc.ClientServiceStub(self.channel)
 
-    def submit(self, *sql: str, key: str = "") -> client_pb2.SubmitResponse:
-        body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=s) for s in sql])
+    def submit(self, *sql: str, key: str = "", now_unix_us: int = 0) -> client_pb2.SubmitResponse:
+        body = common_pb2.TxBody(
+            statements=[common_pb2.Statement(sql=s) for s in sql], now_unix_us=now_unix_us
+        )
         request = client_pb2.SubmitRequest(
             body=body, idempotency_key=key, wait_for=OK, wait_timeout=Duration(seconds=WAIT_S)
         )
@@ -203,6 +206,31 @@ def test_nondeterminism_is_refused_at_submit_or_failed(dc: Dc, sql: str) -> None
     else:
         assert answer.state == FAILED and "replica" in answer.outcome.error, answer
     dc.healthy_and_applying()
+
+
+def test_the_current_time_is_the_transactions_own_at_both_workers(dc: Dc) -> None:
+    """Issue 48: the blob 'now' in a DEFAULT once wrote a different time at each worker.
+    With the body's time (``now_unix_us``, as the client library sets it) every clock
+    read answers that time: both workers write the same rows (their touched digests
+    agree, or the follower would be out of sync) and the value is the body's time."""
+    answer = dc.submit(
+        "CREATE TABLE clock (k, at DEFAULT CURRENT_TIMESTAMP, "
+        "ms DEFAULT (strftime('%H:%M:%f', X'6E6F77')))",
+        "INSERT INTO clock (k) VALUES (1)",
+        "INSERT INTO clock VALUES (2, date('no' || 'w' || char(0)), julianday())",
+        now_unix_us=1_700_000_000_123_456,
+    )
+    assert answer.state == OK, answer
+    dc.healthy_and_applying()
+    rows = dc.client.Query(
+        client_pb2.QueryRequest(statement=common_pb2.Statement(sql="SELECT * FROM clock")),
+        timeout=WAIT_S,
+    ).rows
+    assert [tuple(map(param_from_proto, row.values)) for row in rows] == [
+        (1, "2023-11-14 22:13:20", "22:13:20.123"),
+        (2, "2023-11-14", 2460263.4259273494),
+    ]
+    assert dc.submit("DROP TABLE clock").state == OK
 
 
 def _call(call: Callable[[], object]) -> grpc.RpcError:

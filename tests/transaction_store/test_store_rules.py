@@ -1212,6 +1212,38 @@ def test_statements_that_differ_per_worker_are_refused_at_submit(
     _run(tmp_path / "allowed", lambda store: store.submit(_body(sql)), allow_nondeterministic=True)
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE t SET at = CURRENT_TIMESTAMP",
+        "INSERT INTO t VALUES (datetime('now'))",
+        "CREATE TABLE s (k, at DEFAULT CURRENT_DATE)",
+    ],
+)
+def test_a_body_with_its_own_time_may_read_the_clock(tmp_path: Path, sql: str) -> None:
+    """The workers read 'now' and ``CURRENT_*`` as the body's ``now_unix_us``
+    (``sqlite_guard``), so the early check lets them through when it is set; the
+    machine's zone (``localtimestamp``) and chance stay refused."""
+    timed = _body(sql)
+    timed.now_unix_us = 1_700_000_000_000_000
+    assert nondeterminism(sql, has_now=True) is None
+    assert nondeterminism("SELECT localtimestamp", has_now=True) == "localtimestamp"
+    assert nondeterminism("SELECT random()", has_now=True) == "random()"
+    _run(tmp_path, lambda store: store.submit(timed))
+
+
+@pytest.mark.parametrize("now_unix_us", [-62_135_596_800_000_001, 253_402_300_800_000_000])
+def test_a_time_sqlite_cannot_read_is_refused(tmp_path: Path, now_unix_us: int) -> None:
+    body = _body()
+    body.now_unix_us = now_unix_us
+
+    async def scenario(store: TransactionStore) -> None:
+        with pytest.raises(StoreError, match=r"now_unix_us: .* outside 0001-01-01"):
+            await store.submit(body)
+
+    _run(tmp_path, scenario)
+
+
 def _learn_and_sync(store: TransactionStore, meta: TxMeta, *states: TxState) -> ProtocolStep:
     """A coordinator's step that learns ``meta``, appends it to the synced queue and (as
     the core does) reports ``states`` for it."""

@@ -269,3 +269,67 @@ def test_the_largest_rowid_is_never_committed_batched_or_not(backend: SqliteBack
     assert all("random rowids" in o.error for o in outcomes if not o.ok)
     rows = backend.query(Statement("SELECT k, v FROM t ORDER BY k"), 10).rows
     assert rows == ((1, "before"), (2, "a"), (3, "c"))
+
+
+NOW_UNIX_US = 1_700_000_000_123_456
+NOW_TEXT = "2023-11-14 22:13:20.123"
+"""``NOW_UNIX_US`` as SQLite writes a time value: to the millisecond, as its 'now'."""
+CLOCK_READS = (
+    "CURRENT_TIMESTAMP", "current_date", "CURRENT_TIME", "datetime('now')", "date()",
+    "strftime('%Y-%m-%d %H:%M:%f', X'6E6F77')", "time('no' || 'w' || char(0))",
+    "unixepoch()", "strftime('%s')", "julianday('now')", "unixepoch('now', 'subsec')",
+    "datetime('now', '+1 day', 'start of day')",
+)  # fmt: skip
+"""Every way SQL reads the clock, and what each answers at ``NOW_TEXT``."""
+CLOCK_ANSWERS = (
+    "2023-11-14 22:13:20", "2023-11-14", "22:13:20", "datetime(?)", "date(?)",
+    "strftime('%Y-%m-%d %H:%M:%f', ?)", "time(?)", "unixepoch(?)", "strftime('%s', ?)",
+    "julianday(?)", "unixepoch(?, 'subsec')", "datetime(?, '+1 day', 'start of day')",
+)  # fmt: skip
+
+
+def _clock_reads(now_unix_us: int) -> Transaction:
+    return Transaction(
+        (
+            Statement("INSERT INTO stamped (k) VALUES (1)"),  # DEFAULT CURRENT_TIMESTAMP
+            Statement("INSERT INTO blob_timed (k) VALUES (1)"),  # DEFAULT (... X'6E6F77')
+            *(Statement(f"INSERT INTO t (v) VALUES ({sql})") for sql in CLOCK_READS),
+        ),
+        now_unix_us=now_unix_us,
+    )
+
+
+def test_the_current_time_is_the_transactions_own_at_every_replica(tmp_path: Path) -> None:
+    """Issue 48: 'now' in every spelling, and the no-time forms, read the time the body
+    carries (``TxBody.now_unix_us``): two replicas write the same values, those SQLite
+    itself computes at that time, and a body with another time writes other values."""
+    plain = sqlite3.connect(":memory:")
+    expected = [
+        plain.execute(f"SELECT {answer}", (NOW_TEXT,)).fetchone()[0] if "(" in answer else answer
+        for answer in CLOCK_ANSWERS
+    ]
+    tables = "SELECT v FROM t ORDER BY k", "SELECT at FROM stamped", "SELECT at FROM blob_timed"
+    written = []
+    for name in ("a", "b"):
+        replica = SqliteBackend(tmp_path / f"{name}.db")
+        assert replica.apply(1, "tx1", _body(*SETUP)).ok
+        outcome = replica.apply(2, "tx2", _clock_reads(NOW_UNIX_US))
+        assert outcome.ok, outcome.error
+        written.append([replica.query(Statement(sql), 100).rows for sql in tables])
+        later = replica.apply(3, "tx3", _clock_reads(NOW_UNIX_US + 86_400_000_000))
+        assert later.ok, later.error
+        assert replica.query(Statement("SELECT at FROM stamped"), 10).rows == (
+            ("2023-11-14 22:13:20",),
+            ("2023-11-15 22:13:20",),
+        )
+        replica.close()
+    assert written[0] == written[1]
+    values, stamped, blob_timed = written[0]
+    assert [v for (v,) in values] == expected
+    assert stamped == (("2023-11-14 22:13:20",),)
+    assert blob_timed == (("22:13:20.123",),)
+
+
+def test_a_body_without_a_time_cannot_read_the_clock(backend: SqliteBackend) -> None:
+    outcome = _probe(backend, "INSERT INTO stamped (k) VALUES (1)")
+    assert "carries none (TxBody.now_unix_us" in outcome.error

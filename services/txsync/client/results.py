@@ -7,6 +7,7 @@ A value in a statement or a row is ``None``, ``bool``, ``int``, ``float``, ``str
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -153,7 +154,10 @@ def value_of(value: common_pb2.SqlValue) -> SqlValue:
 
 
 def body_of(statements: Sequence[Statement], label: str = "") -> common_pb2.TxBody:
+    """A transaction's body, made now: its time (``now_unix_us``) is what SQL's current
+    time reads at every worker, and stays with the body through retries."""
     return common_pb2.TxBody(
+        now_unix_us=time.time_ns() // 1000,
         statements=[
             common_pb2.Statement(sql=s.sql, params=[value_to_proto(p) for p in s.params])
             for s in statements

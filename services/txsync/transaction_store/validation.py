@@ -90,24 +90,32 @@ _NONDETERMINISTIC_CALLS = re.compile(
     r"clock_timestamp|statement_timestamp|transaction_timestamp|timeofday|changes|"
     r"total_changes|last_insert_rowid)\s*\("
 )
-_NONDETERMINISTIC_WORDS = re.compile(
-    r"\b(current_timestamp|current_date|current_time|localtime|localtimestamp)\b"
-)
+_NONDETERMINISTIC_WORDS = re.compile(r"\b(localtime|localtimestamp)\b")
+_CLOCK_WORDS = re.compile(r"\b(current_timestamp|current_date|current_time)\b")
 _STRING = re.compile(r"'(?:[^']|'')*'")
 
+NOW_UNIX_US_MIN = -62_135_596_800_000_000
+"""0001-01-01T00:00:00Z, the first time SQLite's date functions read as text."""
+NOW_UNIX_US_MAX = 253_402_300_799_999_999
+"""9999-12-31T23:59:59.999999Z, the last."""
 
-def nondeterminism(sql: str) -> str | None:
+
+def nondeterminism(sql: str, *, has_now: bool = False) -> str | None:
     """What in ``sql`` would give each worker its own result (a clock, a random number,
     connection state), or None. Workers must all reach the same state from the same
-    statements; a value like this belongs in a parameter, computed once by the client."""
+    statements; a value like this belongs in a parameter, computed once by the client.
+    A body that carries its time (``has_now``: ``TxBody.now_unix_us``) may read the
+    current time: every SQLite worker reads that time (``sqlite_guard``)."""
     lowered = sql.lower()
-    if "'now'" in lowered:
+    if "'now'" in lowered and not has_now:
         return "'now'"
     code = _STRING.sub("''", lowered)  # names inside string literals are data
     found = _NONDETERMINISTIC_CALLS.search(code)
     if found is not None:
         return f"{found.group(1)}()"
     found = _NONDETERMINISTIC_WORDS.search(code)
+    if found is None and not has_now:
+        found = _CLOCK_WORDS.search(code)
     return None if found is None else found.group(1)
 
 
@@ -142,6 +150,12 @@ def check_body(
         raise invalid(f"body.label: longer than {LABEL_BYTES_MAX} bytes")
     if len(body.idempotency_key.encode()) > IDEMPOTENCY_KEY_BYTES_MAX:
         raise invalid(f"body.idempotency_key: longer than {IDEMPOTENCY_KEY_BYTES_MAX} bytes")
+    if not NOW_UNIX_US_MIN <= body.now_unix_us <= NOW_UNIX_US_MAX:
+        raise invalid(
+            f"body.now_unix_us: {body.now_unix_us} is outside 0001-01-01 .. 9999-12-31 "
+            "(microseconds since 1970-01-01 UTC)"
+        )
+    has_now = body.now_unix_us != 0
     for index, statement in enumerate(body.statements):
         where = f"body.statements[{index}]"
         sql_bytes = len(statement.sql.encode())
@@ -149,7 +163,7 @@ def check_body(
             raise invalid(f"{where}.sql: empty")
         if sql_bytes > SQL_BYTES_MAX:
             raise invalid(f"{where}.sql: {sql_bytes} bytes, more than {SQL_BYTES_MAX}")
-        if not allow_nondeterministic and (found := nondeterminism(statement.sql)):
+        if not allow_nondeterministic and (found := nondeterminism(statement.sql, has_now=has_now)):
             raise invalid(
                 f"{where}.sql: {found} gives every worker its own value, so replicas would "
                 "diverge; pass the value as a parameter (or start the store with "

@@ -486,6 +486,7 @@ class TxBody(_message.Message):
     LABEL_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    NOW_UNIX_US_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """Free-form client label kept with the transaction (at most 256 bytes)."""
     idempotency_key: _builtins.str
@@ -494,6 +495,13 @@ class TxBody(_message.Message):
     order is applied, a later one with the same key is recorded at every DC as its
     duplicate (`Outcome.duplicate_of`) and runs nothing. Keys are remembered for the
     262,144 positions after theirs (docs/client.md, "Idempotency").
+    """
+    now_unix_us: _builtins.int
+    """When the transaction was made, in microseconds since the Unix epoch (UTC), between
+    0001-01-01 and 9999-12-31; set once by the client library. It is the current time
+    of every statement at every worker (CURRENT_TIMESTAMP, date('now'), a column's
+    DEFAULT CURRENT_TIMESTAMP), so every replica computes the same. 0: none given, and
+    a statement that reads the current time fails the transaction.
     """
     @_builtins.property
     def statements(
@@ -512,6 +520,7 @@ class TxBody(_message.Message):
         label: _builtins.str = ...,
         membership: Global___MembershipChange | None = ...,
         idempotency_key: _builtins.str = ...,
+        now_unix_us: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["membership", b"membership"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -522,6 +531,8 @@ class TxBody(_message.Message):
         b"label",
         "membership",
         b"membership",
+        "now_unix_us",
+        b"now_unix_us",
         "statements",
         b"statements",
     ]  # noqa: Y015

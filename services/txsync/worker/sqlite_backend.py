@@ -377,7 +377,7 @@ class SqliteBackend:
         conn.execute(f"PRAGMA max_page_count = {pages + self._growth_pages}")
         budget = StepBudget(self.steps_max, self._stopping)
         guard = self._guard
-        guard.start(conn)
+        guard.start(conn, body.now_unix_us)
         self._touched.clear()
         self._touched_digest = b""
         if not self._batching:
@@ -455,6 +455,7 @@ class SqliteBackend:
         that follow run without the guard, the budget and the growth limit."""
         conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
+        self._guard.end()
         self._costed.budget = None
         conn.execute(UNLIMITED_PAGES)
 

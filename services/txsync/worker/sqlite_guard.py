@@ -14,9 +14,12 @@ rules live where SQLite resolves each statement:
 - **Replacements registered on the connection** cover the routes the authorizer does not
   see (a column's ``DEFAULT (random())`` or ``DEFAULT CURRENT_TIMESTAMP`` is evaluated
   without asking it): the nondeterministic built-ins are overridden by functions that
-  refuse, and the date and time functions by versions that refuse the current time
-  (``'now'`` or no time value) and the machine's time zone (``'localtime'``, ``'utc'``)
-  and otherwise answer exactly as SQLite's own.
+  refuse; the date and time functions by versions that read the current time (``'now'``,
+  no time value, ``CURRENT_TIMESTAMP``, ``CURRENT_DATE``, ``CURRENT_TIME``) as the
+  transaction's own (``TxBody.now_unix_us``, set once by the client that made it, so
+  every replica reads the same), refuse it when the transaction carries none, refuse
+  the machine's time zone (``'localtime'``, ``'utc'``), and otherwise answer exactly as
+  SQLite's own.
 
 SQLite reports a refusal only as "not authorized" or "user-defined function raised
 exception"; the guard keeps its reason (``refusal``) for the transaction's FAILED verdict.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 from txsync.worker.sqlite_touched import TRIGGER_PREFIX
 
@@ -37,7 +41,8 @@ SqlFunction = Callable[..., SqlValue]
 DETERMINISTIC_FUNCTIONS = frozenset({
     "->", "->>", "abs", "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "avg",
     "ceil", "ceiling", "changes", "char", "coalesce", "concat", "concat_ws", "cos", "cosh",
-    "count", "cume_dist", "date", "datetime", "degrees", "dense_rank", "exp", "first_value",
+    "count", "cume_dist", "current_date", "current_time", "current_timestamp", "date",
+    "datetime", "degrees", "dense_rank", "exp", "first_value",
     "floor", "format", "glob", "group_concat", "hex", "ifnull", "iif", "instr", "json",
     "json_array", "json_array_length", "json_extract", "json_group_array",
     "json_group_object", "json_insert", "json_object", "json_patch", "json_quote",
@@ -58,14 +63,12 @@ DETERMINISTIC_FUNCTIONS = frozenset({
 })  # fmt: skip
 """Functions a transaction may call: each answers the same at every replica given the
 same arguments and data (``changes`` and ``last_insert_rowid`` because every transaction
-starts from the same values, see ``SqliteGuard.reset_connection_counters``)."""
+starts from the same values, see ``SqliteGuard.reset_connection_counters``; the
+``current_*`` ones and 'now' answer the transaction's own time)."""
 
 NONDETERMINISTIC_BUILTINS: dict[str, tuple[int, ...]] = {
     "random": (0,),
     "randomblob": (1,),
-    "current_date": (0,),
-    "current_time": (0,),
-    "current_timestamp": (0,),
     "total_changes": (0,),
     "sqlite_version": (0,),
     "sqlite_source_id": (0,),
@@ -89,6 +92,14 @@ TIME_VALUE_ARGUMENTS: dict[str, tuple[int, ...]] = {
 }
 """The date and time functions, and which of their arguments are time values (the rest
 are a format or modifiers)."""
+
+CURRENT_TIME_KEYWORDS: dict[str, slice] = {
+    "current_timestamp": slice(0, 19),
+    "current_date": slice(0, 10),
+    "current_time": slice(11, 19),
+}
+"""SQL's ``CURRENT_*`` keywords (SQLite calls them as functions): which part of the
+transaction's time as text (``YYYY-MM-DD HH:MM:SS.SSS``) each answers."""
 
 ZONE_MODIFIERS = frozenset({"localtime", "utc"})
 
@@ -154,6 +165,9 @@ class SqliteGuard:
         caller last emptied it (per transaction, or per batch of them)."""
         self._clock = sqlite3.connect(":memory:", check_same_thread=False)
         """A connection without the replacements: SQLite's own date arithmetic."""
+        self.now = ""
+        """The running transaction's current time as SQLite writes a time value, to the
+        millisecond as SQLite's own 'now' (empty: none, the clock is refused)."""
 
     def install(self, conn: sqlite3.Connection) -> None:
         """Register the replacements on the worker's writing connection."""
@@ -171,14 +185,23 @@ class SqliteGuard:
             if name in builtins:
                 replacement = self._clock_free(name, positions)
                 conn.create_function(name, -1, replacement, deterministic=True)
+        for name, part in CURRENT_TIME_KEYWORDS.items():
+            conn.create_function(name, 0, self._current(name, part))
 
-    def start(self, conn: sqlite3.Connection) -> None:
-        """Before a transaction's statements: a clean refusal, and the connection's
-        counters at the same values at every replica."""
+    def start(self, conn: sqlite3.Connection, now_unix_us: int = 0) -> None:
+        """Before a transaction's statements: a clean refusal, the transaction's time
+        (``now_unix_us``, 0: none), and the connection's counters at the same values at
+        every replica."""
         self.refusal = ""
         self.schema_changed = False
         self._dropping = set()
+        self.now = time_value(now_unix_us) if now_unix_us else ""
         self.reset_connection_counters(conn)
+
+    def end(self) -> None:
+        """After a transaction's statements: the worker's own reads (the content check)
+        find no current time, alike at every replica."""
+        self.now = ""
 
     def largest_rowid_taken(self, conn: sqlite3.Connection) -> str:
         """After a transaction's statements: why it must fail if a table it wrote now
@@ -282,12 +305,11 @@ class SqliteGuard:
         call = f"SELECT {name}(%s)"
 
         def deterministic(*args: SqlValue) -> SqlValue:
-            problem = _clock_dependence(args, positions)
+            problem = _zone_dependence(args, positions)
+            if not problem:
+                args, problem = self._at_transaction_time(args, positions)
             if problem:
-                self.refusal = (
-                    f"{name}() {problem} is not allowed in a transaction: replicas apply it "
-                    "at different times and places (pass the time as a parameter)"
-                )
+                self.refusal = f"{name}() {problem}"
                 raise GuardRefusal(self.refusal)
             row = self._clock.execute(call % ",".join("?" * len(args)), args).fetchone()
             answer: SqlValue = row[0]
@@ -295,18 +317,65 @@ class SqliteGuard:
 
         return deterministic
 
+    def _at_transaction_time(
+        self, args: tuple[SqlValue, ...], positions: tuple[int, ...]
+    ) -> tuple[tuple[SqlValue, ...], str]:
+        """``args`` with the current time (a missing time value, or 'now' as SQLite
+        reads it) as the transaction's, or why that cannot be."""
+        at = list(args)
+        for position in positions:
+            if position < len(at):
+                now = _as_sqlite_reads(at[position]) == "now"
+            else:  # date() is date('now'), strftime('%s') too; timediff needs both
+                now = position == len(at) and len(positions) == 1
+            if not now:
+                continue
+            if not self.now:
+                return args, _NO_TIME
+            if position < len(at):
+                at[position] = self.now
+            else:
+                at.append(self.now)
+        return tuple(at), ""
 
-def _clock_dependence(args: tuple[SqlValue, ...], positions: tuple[int, ...]) -> str:
-    """Why a date/time call depends on the clock or the zone ("" when it does not)."""
-    for position in positions:
-        if position >= len(args):
-            return "without a time value (the current time)"
-        if _as_sqlite_reads(args[position]) == "now":
-            return "of 'now'"
+    def _current(self, name: str, part: slice) -> SqlFunction:
+        keyword = name.upper()
+
+        def current() -> SqlValue:
+            if not self.now:
+                self.refusal = f"{keyword} {_NO_TIME}"
+                raise GuardRefusal(self.refusal)
+            return self.now[part]
+
+        return current
+
+
+_NO_TIME = (
+    "reads the current time, and this transaction carries none (TxBody.now_unix_us, "
+    "which the client library sets): replicas apply it at different times (pass the "
+    "time as a parameter, or submit through the client library)"
+)
+
+
+def time_value(unix_us: int) -> str:
+    """``unix_us`` (microseconds since 1970 UTC) as SQLite writes a time value, to the
+    millisecond as its own 'now' is: ``YYYY-MM-DD HH:MM:SS.SSS``."""
+    at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=unix_us)
+    return (
+        f"{at.year:04d}-{at.month:02d}-{at.day:02d} "
+        f"{at.hour:02d}:{at.minute:02d}:{at.second:02d}.{at.microsecond // 1000:03d}"
+    )
+
+
+def _zone_dependence(args: tuple[SqlValue, ...], positions: tuple[int, ...]) -> str:
+    """Why a date/time call depends on the machine's time zone ("" when it does not)."""
     first_modifier = max(positions) + 1
     for value in args[first_modifier:]:
         if _as_sqlite_reads(value) in ZONE_MODIFIERS:
-            return f"with the {value!r} modifier (the machine's time zone)"
+            return (
+                f"with the {value!r} modifier is not allowed in a transaction: it reads "
+                "the machine's time zone, and replicas apply it in different places"
+            )
     return ""
 
 

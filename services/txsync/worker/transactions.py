@@ -35,6 +35,8 @@ class Transaction:
     idempotency_key: str = ""
     """The submit's key: the first transaction with a key in the agreed order runs, a
     later one with the same key is recorded as its duplicate (``KeyedApply``)."""
+    now_unix_us: int = 0
+    """The transaction's current time for SQL (``TxBody.now_unix_us``; 0: none)."""
 
 
 def param_from_proto(value: common_pb2.SqlValue) -> SqlParam:
@@ -51,7 +53,9 @@ def statement_from_proto(statement: common_pb2.Statement) -> Statement:
 
 def transaction_from_proto(body: common_pb2.TxBody) -> Transaction:
     return Transaction(
-        tuple(statement_from_proto(s) for s in body.statements), body.idempotency_key
+        tuple(statement_from_proto(s) for s in body.statements),
+        body.idempotency_key,
+        body.now_unix_us,
     )
 
 
@@ -70,6 +74,7 @@ def transaction_to_proto(transaction: Transaction) -> common_pb2.TxBody:
             for s in transaction.statements
         ],
         idempotency_key=transaction.idempotency_key,
+        now_unix_us=transaction.now_unix_us,
     )
 
 
