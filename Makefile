@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-verify bench-startup bench-client bench-soak clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-verify bench-startup bench-client bench-soak clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -98,6 +98,9 @@ bench-breakdown: venv  ## where a transaction's time goes, hop by hop, from a lo
 
 bench-apply: venv  ## one DC applying with 1, 2 and 4 SQLite workers: applied/s and latency
 	$(BIN)/python -m bench.apply_bench
+
+bench-apply-cost: venv  ## CPU per transaction of one SQLite worker's apply, in-process
+	$(BIN)/python -m bench.apply_cost
 
 bench-client: venv  ## the client library: 48 concurrent callers, batching on and off
 	$(BIN)/python -m bench.client_bench

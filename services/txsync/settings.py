@@ -114,11 +114,12 @@ WORKER_LIMITS: tuple[Setting, ...] = (
         unit="bytes",
     ),
     Setting(
-        "touched_digest", 0,
+        "touched_digest", 1,
         "1: SQLite workers hash the rows each transaction touched, so that dispatch finds a "
-        "worker whose data differ at that very transaction (costs 25-35%% of the workers' "
-        "apply throughput, measured); 0: the content check finds it, every "
-        "--content-check-every positions",
+        "worker whose data differ at that very transaction (about 30 us of CPU per "
+        "transaction, measured: make bench-apply-cost); 0: only the content check finds "
+        "it, every --content-check-every positions. The same at every worker of the "
+        "cluster (triggers change how SQLite orders a multi-row INSERT)",
         "SQLite: hash the rows each transaction touched and compare them at once (1), or "
         "leave it to the content check (0)",
         least=0, most=1,

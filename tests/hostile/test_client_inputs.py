@@ -85,7 +85,7 @@ def dc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dc]:
     # The content check every few positions: a case that breaks it shows at once.
     limits = (
         "--steps-max", "20000000", "--content-check-every", str(CONTENT_CHECK_EVERY),
-        "--growth-bytes-max", str(8 * 1024 * 1024), "--touched-digest", "1",
+        "--growth-bytes-max", str(8 * 1024 * 1024),
     )  # fmt: skip
     workers = {name: worker(root / name, name, *limits, port=free_port()) for name in ("w1", "w2")}
     dispatch = None

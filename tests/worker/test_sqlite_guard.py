@@ -202,8 +202,11 @@ def test_deterministic_time_arithmetic_and_counters_are_allowed_and_agree(
     sql = Statement("SELECT v FROM t ORDER BY k")
     rows = first.query(sql, 10).rows
     assert rows == second.query(sql, 10).rows
+    # changes() is 1 and last_insert_rowid() 0 at the start of every transaction; the
+    # second row reads 0 too because the touch triggers (on by default) make SQLite
+    # compute every row of a multi-row VALUES before inserting the first.
     assert rows == (
-        (1,), (1,), ("2024-02-29",), ("2023-11-14 22:13:20.500",), (1704067200,),
+        (1,), (0,), ("2024-02-29",), ("2023-11-14 22:13:20.500",), (1704067200,),
         (2451544.5,), (6,),
     )  # fmt: skip
 
@@ -333,3 +336,30 @@ def test_the_current_time_is_the_transactions_own_at_every_replica(tmp_path: Pat
 def test_a_body_without_a_time_cannot_read_the_clock(backend: SqliteBackend) -> None:
     outcome = _probe(backend, "INSERT INTO stamped (k) VALUES (1)")
     assert "carries none (TxBody.now_unix_us" in outcome.error
+
+
+WORKER_STATEMENTS = [
+    Statement("SELECT position, tx_id, state_digest FROM _txsync_applied"),
+    Statement(
+        "UPDATE _txsync_applied SET position = ?, tx_id = ?, state_digest = ?", (99, "x", b"")
+    ),
+    Statement("DELETE FROM _txsync_outcomes WHERE position <= ?", (10**9,)),
+    Statement("INSERT OR REPLACE INTO _txsync_keys VALUES (?, ?, ?, ?)", ("k", "x", 1, 1)),
+    Statement("PRAGMA page_count"),
+]
+"""The worker's own statements, word for word: SQLite prepared (and cached) them while
+the guard did not judge (it judges a statement when it is prepared)."""
+
+
+@pytest.mark.parametrize("statement", WORKER_STATEMENTS, ids=lambda s: s.sql[:40])
+def test_a_users_statement_is_never_a_cached_statement_of_the_workers(
+    backend: SqliteBackend, statement: Statement
+) -> None:
+    for _ in range(2):  # each of the worker's statements has run, and is cached
+        backend.apply(
+            backend.applied().position + 1, "warm", _body("INSERT INTO t (v) VALUES ('x')")
+        )
+    before = backend.applied()
+    outcome = backend.apply(before.position + 1, "probe", Transaction((statement,)))
+    assert not outcome.ok and outcome.error.startswith("refused: "), outcome.error
+    assert backend.applied().position == before.position + 1

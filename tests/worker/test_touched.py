@@ -67,8 +67,9 @@ def test_a_user_cannot_reach_the_triggers_or_their_function(tmp_path: Path) -> N
         assert not outcome.ok and outcome.error.startswith("refused: "), outcome.error
 
 
-def test_off_by_default_nothing_is_measured(tmp_path: Path) -> None:
-    """``--touched-digest 0`` (the default: it costs 25-35% of apply throughput)."""
-    backend = SqliteBackend(tmp_path / "w.db")
+def test_on_by_default_and_nothing_measured_when_off(tmp_path: Path) -> None:
+    """``--touched-digest`` is 1 by default; with 0 nothing is hashed."""
+    assert SqliteBackend(tmp_path / "default.db").apply(1, "tx1", HISTORY[0]).touched_digest
+    backend = SqliteBackend(tmp_path / "w.db", touched_digest=False)
     outcomes = [backend.apply(n, f"tx{n}", body) for n, body in enumerate(HISTORY[:3], 1)]
     assert all(o.ok and o.touched_digest == b"" for o in outcomes)

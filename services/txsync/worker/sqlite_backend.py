@@ -68,7 +68,7 @@ from txsync.worker.outcomes import (
     is_content_check,
     next_digest,
 )
-from txsync.worker.sqlite_guard import ReadGuard, SqliteGuard
+from txsync.worker.sqlite_guard import ReadGuard, SqliteGuard, user_sql
 from txsync.worker.sqlite_touched import TouchedRows, make_triggers
 from txsync.worker.sqlite_work import PROGRESS_EVERY_STEPS, CostedFunctions, StepBudget
 from txsync.worker.transactions import Statement, Transaction
@@ -127,7 +127,7 @@ class SqliteBackend:
         steps_max: int = STEPS_MAX_DEFAULT,
         value_bytes_max: int = VALUE_BYTES_MAX_DEFAULT,
         growth_bytes_max: int = GROWTH_BYTES_MAX_DEFAULT,
-        touched_digest: bool = False,
+        touched_digest: bool = True,
         heap_bytes_max: int = HEAP_BYTES_MAX_DEFAULT,
         content_check_every: int = CONTENT_CHECK_EVERY_DEFAULT,
     ) -> None:
@@ -278,7 +278,6 @@ class SqliteBackend:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
             self._batching = True
-            self._guard.written.clear()
             try:
                 for item in batch:
                     try:
@@ -380,17 +379,14 @@ class SqliteBackend:
         guard.start(conn, body.now_unix_us)
         self._touched.clear()
         self._touched_digest = b""
-        if not self._batching:
-            guard.written.clear()
         costed = self._costed
         costed.budget, costed.failure = budget, ""
-        conn.set_authorizer(guard)
         conn.set_progress_handler(budget, PROGRESS_EVERY_STEPS)
         rows: list[int] = []
         cursor: sqlite3.Cursor | None = None
         try:
             for statement in body.statements:
-                cursor = conn.execute(statement.sql, statement.bound())
+                cursor = conn.execute(user_sql(statement.sql), statement.bound())
                 # A statement with rows (INSERT ... RETURNING, a SELECT) is not finished
                 # until they are read: unread, it kept the savepoint from being released
                 # and every DC's pipeline restarted for ever. Read and dropped a page at
@@ -454,7 +450,6 @@ class SqliteBackend:
         """After a transaction's statements, ended or failed: the worker's own statements
         that follow run without the guard, the budget and the growth limit."""
         conn.set_progress_handler(None, 0)
-        conn.set_authorizer(None)
         self._guard.end()
         self._costed.budget = None
         conn.execute(UNLIMITED_PAGES)

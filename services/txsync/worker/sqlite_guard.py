@@ -23,6 +23,16 @@ rules live where SQLite resolves each statement:
 
 SQLite reports a refusal only as "not authorized" or "user-defined function raised
 exception"; the guard keeps its reason (``refusal``) for the transaction's FAILED verdict.
+
+The authorizer stays installed for the connection's life and judges only while a
+transaction's statements run (``start`` .. ``end``). Setting an authorizer expires every
+prepared statement, so setting it per transaction made SQLite compile the worker's own
+statements again every transaction: most of the apply's CPU, more with the touch
+triggers (measured in-process, ``bench.apply_cost``). SQLite asks the authorizer when it
+*prepares* a statement, and Python's statement cache reuses prepared statements by their
+text, so user SQL runs with ``USER_SQL_SUFFIX`` appended (``user_sql``): no user text
+can then be a worker statement's, prepared while the guard did not judge. What the guard
+learns at preparation (``written``) is kept across transactions for the same reason.
 """
 
 from __future__ import annotations
@@ -34,6 +44,10 @@ from datetime import UTC, datetime, timedelta
 from txsync.worker.sqlite_touched import TRIGGER_PREFIX
 
 BOOKKEEPING_PREFIX = "_txsync_"
+
+USER_SQL_SUFFIX = "\n/* txsync: a user's statement */"
+"""Appended to every user statement (``user_sql``): its cached preparation is never one
+of the worker's own statements, which the guard did not judge (module docstring)."""
 
 SqlValue = str | bytes | int | float | None
 SqlFunction = Callable[..., SqlValue]
@@ -141,6 +155,12 @@ def _is_touch_trigger_dropped_with_its_table(
     )
 
 
+def user_sql(sql: str) -> str:
+    """A user's statement as the worker runs it (``USER_SQL_SUFFIX``): a comment on a
+    line of its own, after anything the statement ends with (a ``--`` comment)."""
+    return sql + USER_SQL_SUFFIX
+
+
 def names_bookkeeping(*names: object) -> bool:
     return any(isinstance(n, str) and n.casefold().startswith(BOOKKEEPING_PREFIX) for n in names)
 
@@ -161,8 +181,13 @@ class SqliteGuard:
         self._dropping: set[str] = set()
         """Tables the transaction's statements drop (their touch triggers go with them)."""
         self.written: set[str] = set()
-        """Tables statements (and their triggers) inserted into or updated since the
-        caller last emptied it (per transaction, or per batch of them)."""
+        """Tables user statements (and their triggers) insert into or update: noted
+        when SQLite prepares a statement, so kept while the connection lives (a cached
+        statement is not judged again); a table gone or without rowids leaves it at the
+        next ``largest_rowid_taken``."""
+        self.judging = False
+        """A transaction's statements are running (``start`` .. ``end``): the worker's
+        own statements outside run unjudged."""
         self._clock = sqlite3.connect(":memory:", check_same_thread=False)
         """A connection without the replacements: SQLite's own date arithmetic."""
         self.now = ""
@@ -170,7 +195,9 @@ class SqliteGuard:
         millisecond as SQLite's own 'now' (empty: none, the clock is refused)."""
 
     def install(self, conn: sqlite3.Connection) -> None:
-        """Register the replacements on the worker's writing connection."""
+        """Register the authorizer and the replacements on the worker's writing
+        connection, for its life."""
+        conn.set_authorizer(self)
         conn.execute(
             f"CREATE TEMP TABLE IF NOT EXISTS {BOOKKEEPING_PREFIX}counters (id INTEGER PRIMARY KEY)"
         )
@@ -197,10 +224,12 @@ class SqliteGuard:
         self._dropping = set()
         self.now = time_value(now_unix_us) if now_unix_us else ""
         self.reset_connection_counters(conn)
+        self.judging = True
 
     def end(self) -> None:
-        """After a transaction's statements: the worker's own reads (the content check)
-        find no current time, alike at every replica."""
+        """After a transaction's statements: the worker's own run unjudged, and its reads
+        (the content check) find no current time, alike at every replica."""
+        self.judging = False
         self.now = ""
 
     def largest_rowid_taken(self, conn: sqlite3.Connection) -> str:
@@ -213,7 +242,11 @@ class SqliteGuard:
             try:
                 (largest,) = conn.execute(f"SELECT max(rowid) FROM main.{quoted}").fetchone()
             except sqlite3.Error:
-                continue  # WITHOUT ROWID, or no rowid to read: SQLite never picks one
+                # Gone, or WITHOUT ROWID (SQLite never picks one): a table of that name
+                # made later changes the schema, and SQLite prepares (and the guard
+                # judges) every statement again.
+                self.written.discard(table)
+                continue
             if largest == LARGEST_ROWID:
                 return (
                     f"a row of {table} has rowid {LARGEST_ROWID:,}, the largest: SQLite "
@@ -237,6 +270,8 @@ class SqliteGuard:
         database: str | None,
         inner: str | None,
     ) -> int:
+        if not self.judging:
+            return sqlite3.SQLITE_OK  # the worker's own statements
         if inner is not None and inner.startswith(TRIGGER_PREFIX):
             # The body of a touch trigger of the worker's (``sqlite_touched``): one call of
             # its function on a rowid. A user cannot make a trigger of that name (it
