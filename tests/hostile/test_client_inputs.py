@@ -1,112 +1,36 @@
-"""Hostile inputs over the client API against real processes (issue 17): one DC (store,
-coordinator, dispatch, two SQLite workers). Each case must end in a clear error or a
-FAILED verdict naming why, and after it the DC must apply the next transaction, with
-both workers healthy and in sync. The cases are the probes that once stopped or split
-every DC, and the limits of every field."""
+"""Hostile inputs over the client API against real processes (issues 17 and 48): one DC
+with two SQLite workers (``one_dc``). Each case must end in a clear error or a FAILED
+verdict naming why, and after it the DC must apply the next transaction, with both
+workers healthy and in sync. The cases are the probes that once stopped or split every
+DC, and the limits of every field."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from tests.support.cluster import LocalCluster
-from tests.support.processes import ServiceProcess, free_port, worker, worker_dispatch
+from tests.hostile.one_dc import CONTENT_CHECK_EVERY, FAILED, OK, WAIT_S, Dc, one_dc
 from txsync.v1 import (
-    admin_pb2,
-    admin_pb2_grpc,
     client_pb2,
-    client_pb2_grpc,
     common_pb2,
 )
 from txsync.worker.transactions import param_from_proto
 
 pytestmark = pytest.mark.under_load  # a busy machine: see tests/conftest.py
 
-OK, FAILED = common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED
 UNKNOWN = common_pb2.TxState.ValueType(99)
 """A state no version of the protocol defines."""
-WAIT_S = 120
-CONTENT_CHECK_EVERY = 5
-
-
-@dataclass
-class Dc:
-    cluster: LocalCluster
-    dispatch: ServiceProcess
-    channel: grpc.Channel
-
-    @property
-    def client(self) -> client_pb2_grpc.ClientServiceStub:
-        return client_pb2_grpc.ClientServiceStub(self.channel)
-
-    def submit(self, *sql: str, key: str = "", now_unix_us: int = 0) -> client_pb2.SubmitResponse:
-        body = common_pb2.TxBody(
-            statements=[common_pb2.Statement(sql=s) for s in sql], now_unix_us=now_unix_us
-        )
-        request = client_pb2.SubmitRequest(
-            body=body, idempotency_key=key, wait_for=OK, wait_timeout=Duration(seconds=WAIT_S)
-        )
-        return self.client.Submit(request, timeout=WAIT_S + 10)
-
-    def healthy_and_applying(self) -> None:
-        """The next transaction reaches OK and both workers agree on it."""
-        answer = self.submit(f"INSERT INTO t VALUES ('{uuid.uuid4()}')")
-        assert answer.state == OK, answer
-        position = answer.outcome.position
-
-        def agreed() -> bool:
-            with grpc.insecure_channel(self.dispatch.address) as channel:
-                listed = admin_pb2_grpc.AdminServiceStub(channel).ListWorkers(
-                    admin_pb2.ListWorkersRequest(), timeout=10
-                )
-            workers = listed.workers
-            return (
-                not listed.alarms
-                and all(w.healthy and not w.out_of_sync for w in workers)
-                and {(w.position, w.state_digest) for w in workers}
-                == {(position, answer.outcome.state_digest)}
-            )
-
-        self.cluster.wait_for("both workers healthy, in sync, at the next transaction", agreed)
 
 
 @pytest.fixture(scope="module")
 def dc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dc]:
-    root = tmp_path_factory.mktemp("hostile")
-    dispatch_port = free_port()
-    cluster = LocalCluster(
-        root, 1, store_args={"dc1": ("--dispatch", f"127.0.0.1:{dispatch_port}")}
-    )
-    # The content check every few positions: a case that breaks it shows at once.
-    limits = (
-        "--steps-max", "20000000", "--content-check-every", str(CONTENT_CHECK_EVERY),
-        "--growth-bytes-max", str(8 * 1024 * 1024),
-    )  # fmt: skip
-    workers = {name: worker(root / name, name, *limits, port=free_port()) for name in ("w1", "w2")}
-    dispatch = None
-    try:
-        for process in workers.values():
-            process.start()
-        addresses = {name: process.address for name, process in workers.items()}
-        dispatch = worker_dispatch(
-            root / "dispatch", cluster.dcs[0].store.address, addresses, port=dispatch_port
-        )
-        dispatch.start()
-        with grpc.insecure_channel(cluster.dcs[0].store.address) as channel:
-            dc = Dc(cluster, dispatch, channel)
-            assert dc.submit("CREATE TABLE t (v)").state == OK
-            yield dc
-    finally:
-        if dispatch is not None:
-            dispatch.terminate()
-        for process in workers.values():
-            process.terminate()
-        cluster.stop()
+    limits = ("--steps-max", "20000000", "--growth-bytes-max", str(8 * 1024 * 1024))
+    with one_dc(tmp_path_factory.mktemp("hostile"), *limits) as dc:
+        yield dc
 
 
 FAILED_WITH = [

@@ -73,9 +73,13 @@ def check_state(value: int, field: str = "state", *, allow_unspecified: bool = F
         raise invalid(f"{field}: {value} is not a transaction state ({names})") from None
 
 
-def check_idempotency_key(key: str) -> str:
+def check_idempotency_key(key: str, field: str = "idempotency_key") -> str:
+    """At most ``IDEMPOTENCY_KEY_BYTES_MAX`` bytes, and no NUL: PostgreSQL workers keep
+    keys as text, which cannot hold one (such a key once stopped every DC applying)."""
     if len(key.encode()) > IDEMPOTENCY_KEY_BYTES_MAX:
-        raise invalid(f"idempotency_key: longer than {IDEMPOTENCY_KEY_BYTES_MAX} bytes")
+        raise invalid(f"{field}: longer than {IDEMPOTENCY_KEY_BYTES_MAX} bytes")
+    if "\0" in key:
+        raise invalid(f"{field}: contains NUL (U+0000), which PostgreSQL text cannot hold")
     return key
 
 
@@ -148,8 +152,7 @@ def check_body(
         raise invalid(f"body: {len(body.statements)} statements, more than {STATEMENTS_MAX}")
     if len(body.label.encode()) > LABEL_BYTES_MAX:
         raise invalid(f"body.label: longer than {LABEL_BYTES_MAX} bytes")
-    if len(body.idempotency_key.encode()) > IDEMPOTENCY_KEY_BYTES_MAX:
-        raise invalid(f"body.idempotency_key: longer than {IDEMPOTENCY_KEY_BYTES_MAX} bytes")
+    check_idempotency_key(body.idempotency_key, "body.idempotency_key")
     if not NOW_UNIX_US_MIN <= body.now_unix_us <= NOW_UNIX_US_MAX:
         raise invalid(
             f"body.now_unix_us: {body.now_unix_us} is outside 0001-01-01 .. 9999-12-31 "
