@@ -14,6 +14,8 @@ peer's host: clients on one machine share a share.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -74,6 +76,15 @@ class Shares:
             self._held[caller] = held
         else:
             self._held.pop(caller, None)
+
+    @contextmanager
+    def held(self, caller: str, count: int = 1) -> Iterator[None]:
+        """``take`` for the block, given back however it ends."""
+        self.take(caller, count)
+        try:
+            yield
+        finally:
+            self.give_back(caller, count)
 
     def holding(self, caller: str) -> int:
         return self._held.get(caller, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -476,3 +477,34 @@ def test_admin_status_reports_a_torn_tail_and_exports_the_log(tmp_path: Path) ->
         code, details = _code(lambda: admin.ListWorkers(admin_pb2.ListWorkersRequest()))
         assert code is grpc.StatusCode.FAILED_PRECONDITION and "--dispatch" in details
     assert process.terminate() == 0
+
+
+def test_one_caller_cannot_take_every_admin_call_that_waits_on_another_service(
+    tmp_path: Path,
+) -> None:
+    """Admin calls the store passes on (here ListWorkers to a dispatch that never
+    answers, each held up to 2 s) are limited to 32 at once, 24 for one caller: the
+    rest are refused at once, naming the share, and given back when they end."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(128)  # accepts connections, never speaks
+    host, port = silent.getsockname()
+    process = transaction_store(tmp_path, "dc1", "--dispatch", f"{host}:{port}")
+    process.start()
+    try:
+        with grpc.insecure_channel(process.address) as channel:
+            admin = admin_pb2_grpc.AdminServiceStub(channel)
+            calls = [
+                admin.ListWorkers.future(admin_pb2.ListWorkersRequest(), timeout=60)
+                for _ in range(40)
+            ]
+            answers = [_code(call.result) for call in calls]
+            refused = [d for code, d in answers if code is grpc.StatusCode.RESOURCE_EXHAUSTED]
+            assert refused, answers
+            assert all("the most one caller may" in details for details in refused), refused
+            assert len(refused) <= 40 - 24
+            code, details = _code(lambda: admin.ListWorkers(admin_pb2.ListWorkersRequest()))
+            assert code is not grpc.StatusCode.RESOURCE_EXHAUSTED, details  # given back
+    finally:
+        process.terminate()
+        silent.close()

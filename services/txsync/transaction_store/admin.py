@@ -30,6 +30,11 @@ LOG_EXPORTS_MAX = 2
 """``ExportLog`` calls at once: each holds the current log file in memory (up to
 ``--log-file-bytes-max``, 16 MiB by default) while it streams it."""
 
+ONWARD_CALLS_MAX = 32
+"""Admin calls at once that wait on another service (this DC's coordinator or dispatch,
+other DCs): each may wait up to ``dc_admin.TIMEOUT_S`` on a service that does not
+answer, and a cluster status asks every DC. One caller may hold three quarters."""
+
 NOT_HERE: dict[str, str] = {}
 
 
@@ -41,6 +46,7 @@ class AdminServicer:
         self._store = store
         self._dc = dc or DcAdmin(DcServices())
         self.exports = Shares("log exports", LOG_EXPORTS_MAX)
+        self.onward = Shares("admin calls waiting on other services", ONWARD_CALLS_MAX)
 
     @answers_errors
     async def GetStatus(
@@ -60,20 +66,22 @@ class AdminServicer:
             retention=_retention(store),
         )
         credentials = forwarded_credentials(context)
-        local = await self._dc.dc_status(local, credentials)
-        answer = admin_pb2.GetStatusResponse(local=local)
-        if request.cluster:
-            answer.others.extend(await self._dc.others(credentials))
-            recompute_lag([answer.local, *answer.others])
+        with self.onward.held(caller_of(context)):
+            local = await self._dc.dc_status(local, credentials)
+            answer = admin_pb2.GetStatusResponse(local=local)
+            if request.cluster:
+                answer.others.extend(await self._dc.others(credentials))
+                recompute_lag([answer.local, *answer.others])
         return answer
 
     @answers_errors
     async def ListWorkers(
         self, request: admin_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.ListWorkersResponse:
-        answer = await self._dc.call(
-            "dispatch", "ListWorkers", request, forwarded_credentials(context)
-        )
+        with self.onward.held(caller_of(context)):
+            answer = await self._dc.call(
+                "dispatch", "ListWorkers", request, forwarded_credentials(context)
+            )
         assert isinstance(answer, admin_pb2.ListWorkersResponse)
         return answer
 
@@ -81,9 +89,10 @@ class AdminServicer:
     async def ListRounds(
         self, request: admin_pb2.ListRoundsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.ListRoundsResponse:
-        answer = await self._dc.call(
-            "coordinator", "ListRounds", request, forwarded_credentials(context)
-        )
+        with self.onward.held(caller_of(context)):
+            answer = await self._dc.call(
+                "coordinator", "ListRounds", request, forwarded_credentials(context)
+            )
         assert isinstance(answer, admin_pb2.ListRoundsResponse)
         return answer
 
@@ -91,14 +100,18 @@ class AdminServicer:
     async def PauseSync(
         self, request: admin_pb2.PauseSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.PauseSyncResponse:
-        await self._dc.call("coordinator", "PauseSync", request, forwarded_credentials(context))
+        with self.onward.held(caller_of(context)):
+            await self._dc.call("coordinator", "PauseSync", request, forwarded_credentials(context))
         return admin_pb2.PauseSyncResponse()
 
     @answers_errors
     async def ResumeSync(
         self, request: admin_pb2.ResumeSyncRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.ResumeSyncResponse:
-        await self._dc.call("coordinator", "ResumeSync", request, forwarded_credentials(context))
+        with self.onward.held(caller_of(context)):
+            await self._dc.call(
+                "coordinator", "ResumeSync", request, forwarded_credentials(context)
+            )
         return admin_pb2.ResumeSyncResponse()
 
     @answers_errors
@@ -121,7 +134,10 @@ class AdminServicer:
             if local.HasField("outcome"):
                 dc.outcome.CopyFrom(local.outcome)
         if not request.local_only:
-            elsewhere = await self._dc.transaction_elsewhere(tx_id, forwarded_credentials(context))
+            with self.onward.held(caller_of(context)):
+                elsewhere = await self._dc.transaction_elsewhere(
+                    tx_id, forwarded_credentials(context)
+                )
             for other in elsewhere:
                 answer.dcs.extend(other.dcs)
                 if not answer.HasField("meta") and other.HasField("meta"):
