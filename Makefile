@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-verify bench-startup bench-client bench-soak clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-verify bench-startup bench-client bench-soak clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -101,6 +101,9 @@ bench-apply: venv  ## one DC applying with 1, 2 and 4 SQLite workers: applied/s 
 
 bench-apply-cost: venv  ## CPU per transaction of one SQLite worker's apply, in-process
 	$(BIN)/python -m bench.apply_cost
+
+bench-rotation: venv  ## what a txlog rotation costs one store's submits at a steady rate
+	$(BIN)/python -m bench.rotation_stall
 
 bench-client: venv  ## the client library: 48 concurrent callers, batching on and off
 	$(BIN)/python -m bench.client_bench

@@ -54,7 +54,7 @@ STEADY_CLIENTS = 32
 for ACCEPTED, about a round: 6 callers reached only 110 a second)."""
 RESTART_TIMEOUT_S = 600.0
 ROTATED = re.compile(
-    r"^(\S+ \S+) INFO \S+ txlog rotated in (\d+) ms \(lock held (\d+) ms\): (\d+) "
+    r"^(\S+ \S+) INFO \S+ txlog rotated in (\d+) ms \(lock held (\d+) ms[^)]*\): (\d+) "
     r"transactions truncated, (\d+) kept"
 )
 

@@ -127,6 +127,20 @@ def snapshot_batches(
     return batches
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedRotation:
+    """A new log file written under a temporary name (``LogFiles.prepare_rotation``)."""
+
+    path: Path
+    temporary: Path
+    snapshot_bytes: int
+    """The snapshot's frames and the carried bodies at its start."""
+    source: Path
+    source_bytes: int
+    """The current file and its size when the snapshot was taken: appends after it are
+    copied on at the commit."""
+
+
 class LogFiles:
     def __init__(self, directory: Path, snapshot_frame_bytes: int = SNAPSHOT_FRAME_BYTES) -> None:
         self.directory = directory
@@ -160,6 +174,8 @@ class LogFiles:
     def recover(self, apply: Callable[[txlog_pb2.LogEntry], object]) -> Recovery:
         """Replay the log into ``apply`` and open the last file for appending."""
         report = Recovery()
+        for unfinished in self.directory.glob(f"{LOG_PREFIX}*.tmp"):
+            unfinished.unlink()  # a rotation a crash cut before its commit
         files = self.log_files()
         if not files:
             self._open(self._new_path())
@@ -250,7 +266,22 @@ class LogFiles:
     ) -> list[str]:
         """Start a new log file that begins with ``snapshot`` and the ``carried`` body
         entries (in frames of at most the snapshot's frame size); older files become
-        bak-."""
+        bak-. ``prepare_rotation`` and ``commit_rotation`` in one."""
+        covered = (self.current, self.current_bytes)
+        return self.commit_rotation(self.prepare_rotation(snapshot, covered, at_unix_ms, carried))
+
+    def prepare_rotation(
+        self,
+        snapshot: txlog_pb2.Snapshot,
+        covered: tuple[Path, int],
+        at_unix_ms: int,
+        carried: Sequence[txlog_pb2.LogEntry] = (),
+    ) -> PreparedRotation:
+        """The new log file, written and synced under a temporary name, while appends
+        go on to the current one. ``snapshot`` describes the current file up to
+        ``covered`` (its path and size when the snapshot was taken, nothing staged
+        unwritten): ``commit_rotation`` copies on from there. Nothing changes for
+        recovery until the commit: a crash leaves a ``.tmp`` file that no one reads."""
         batches = snapshot_batches(snapshot, at_unix_ms, self._snapshot_frame_bytes)
         size = None  # bytes in the last batch of bodies (None: none started)
         for entry in carried:
@@ -261,7 +292,6 @@ class LogFiles:
             batches[-1].entries.append(entry)
             size += entry_bytes
         frame = b"".join(encode_frame(batch.SerializeToString()) for batch in batches)
-        old_files = self.log_files()
         path = self._new_path()
         temporary = path.with_suffix(".tmp")
         with open(temporary, "wb") as out:
@@ -269,13 +299,38 @@ class LogFiles:
             out.flush()
             os.fsync(out.fileno())
         work.count(work.FSYNCS)
-        os.replace(temporary, path)
+        source, source_bytes = covered
+        return PreparedRotation(path, temporary, len(frame), source, source_bytes)
+
+    def commit_rotation(self, prepared: PreparedRotation) -> list[str]:
+        """Copy what was appended to the current file since ``prepare_rotation`` (whole
+        frames: the writer has flushed) after the new file's snapshot, sync it, and make
+        it the current file; older files become bak-. The caller holds the writer
+        still: the copy is all that was appended meanwhile, not the history."""
+        assert prepared.source == self.current, "a rotation is prepared from the current file"
+        old_files = self.log_files()
+        tail = b""
+        if self.current_bytes > prepared.source_bytes:
+            with open(prepared.source, "rb") as source:
+                source.seek(prepared.source_bytes)
+                tail = source.read(self.current_bytes - prepared.source_bytes)
+        if tail:
+            with open(prepared.temporary, "ab") as out:
+                out.write(tail)
+                out.flush()
+                os.fsync(out.fileno())
+            work.count(work.FSYNCS)
+        os.replace(prepared.temporary, prepared.path)
         fsync_dir(self.directory)
         self._close()
-        self._open(path)
-        self.snapshot_bytes = len(frame)
+        self._open(prepared.path)
+        self.snapshot_bytes = prepared.snapshot_bytes
         backups = [self._to_backup(old) for old in old_files]
         return backups
+
+    def discard_rotation(self, prepared: PreparedRotation) -> None:
+        """A prepared rotation not committed (the store is shutting down)."""
+        prepared.temporary.unlink(missing_ok=True)
 
     def delete_backups(self, kept: int) -> list[str]:
         """Delete all but the newest ``kept`` bak- files; the names deleted. Nothing
