@@ -150,6 +150,7 @@ class SqliteBackend:
         self._stopping = threading.Event()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one writer; calls come from worker threads
+        self._read_costed = threading.local()
         self._conn = self._open()
 
     def _open(self) -> sqlite3.Connection:
@@ -476,7 +477,8 @@ class SqliteBackend:
         conn = sqlite3.connect(
             f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S
         )
-        costed = CostedFunctions(self.value_bytes_max)
+        costed = self._read_functions()
+        costed.failure = ""
         try:
             conn.execute("PRAGMA query_only=ON")
             conn.execute("BEGIN")
@@ -502,7 +504,15 @@ class SqliteBackend:
             return QueryResult(columns, rows, truncated, position)
         finally:
             conn.close()
-            costed.close()
+            costed.budget = None
+
+    def _read_functions(self) -> CostedFunctions:
+        """The read thread's own ``CostedFunctions`` (a thread runs one read at a time):
+        its side connection is made once per thread, not once per read."""
+        costed: CostedFunctions | None = getattr(self._read_costed, "functions", None)
+        if costed is None:
+            costed = self._read_costed.functions = CostedFunctions(self.value_bytes_max)
+        return costed
 
 
 def _first_with_key(conn: sqlite3.Connection, key: str, position: int) -> FirstWithKey | None:
