@@ -47,6 +47,13 @@ class Dc:
         )
         return self.client.Submit(request, timeout=WAIT_S + 10)
 
+    def fails_alone(self, statements: tuple[str, ...], words: str) -> None:
+        """The transaction is FAILED with ``words`` in its error, and the DC goes on."""
+        answer = self.submit(*statements)
+        assert answer.state == FAILED, answer
+        assert words in answer.outcome.error, answer.outcome.error
+        self.healthy_and_applying()
+
     def healthy_and_applying(self) -> None:
         """The next transaction reaches OK and both workers agree on it."""
         answer = self.submit(f"INSERT INTO t VALUES ('{uuid.uuid4()}')")

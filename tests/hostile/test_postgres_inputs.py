@@ -47,10 +47,7 @@ FAILED_WITH = [
 
 @pytest.mark.parametrize(("statements", "words"), FAILED_WITH)
 def test_a_hostile_transaction_fails_alone(dc: Dc, statements: tuple[str, ...], words: str) -> None:
-    answer = dc.submit(*statements)
-    assert answer.state == FAILED, answer
-    assert words in answer.outcome.error, answer.outcome.error
-    dc.healthy_and_applying()
+    dc.fails_alone(statements, words)
 
 
 def test_a_placeholder_psycopg_cannot_fill_is_a_verdict(dc: Dc) -> None:
