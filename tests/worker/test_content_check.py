@@ -82,3 +82,20 @@ def test_replicas_that_agree_have_one_digest_at_the_check(
 ) -> None:
     (first, _), (second, _) = replicas
     assert _apply(first, 1, 4) == _apply(second, 1, 4)
+
+
+def test_the_content_check_is_not_under_the_transactions_time_limit(
+    postgres: PostgresServer,
+) -> None:
+    """Issue 48: the content check and the bookkeeping ran under what was left of the
+    transaction's ``statement_timeout``; a check that took longer (a large table) was
+    cancelled at every retry, and every DC stopped applying there. The limit is the
+    user's statements' only."""
+    conninfo = postgres.new_database()
+    backend = PostgresBackend(conninfo, content_check_every=2, statement_timeout_ms=200)
+    assert backend.apply(1, "tx1", transaction("CREATE TABLE t (v int)")).ok
+    with psycopg.connect(conninfo, autocommit=True) as conn:  # seconds to hash, not 200 ms
+        conn.execute("INSERT INTO t SELECT g FROM generate_series(1, 2000000) g")
+    checked = backend.apply(2, "tx2", transaction("INSERT INTO t VALUES (0)"))
+    assert checked.ok, checked.error
+    assert backend.applied().position == 2

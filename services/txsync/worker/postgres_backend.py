@@ -398,12 +398,16 @@ class PostgresBackend:
     def _back_to_the_worker(conn: psycopg.Connection[tuple[object, ...]]) -> None:
         """Check, at the protocol level, that the user's statements left the worker's
         transaction open and the role as it was set (the guard refuses what could change
-        either; this is the proof), then take the role back for the bookkeeping."""
+        either; this is the proof), then take the role back for the bookkeeping, and
+        lift the time limit: the content check and the bookkeeping once ran under what
+        the user's statements left of it, and a check cancelled at every retry stopped
+        every DC (issue 48)."""
         _still_in_the_transaction(conn)
         row = conn.execute("SELECT current_user").fetchone()
         if row is None or row[0] != USER_ROLE:
             raise RuntimeError(f"a user statement changed the role to {row}")
         conn.execute("RESET ROLE")
+        conn.execute("SET LOCAL statement_timeout = 0")
 
     def position_of(self, tx_id: str) -> int | None:
         with self._lock:
