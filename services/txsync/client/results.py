@@ -7,6 +7,7 @@ A value in a statement or a row is ``None``, ``bool``, ``int``, ``float``, ``str
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -153,11 +154,23 @@ def value_of(value: common_pb2.SqlValue) -> SqlValue:
     return found
 
 
+CLOCK_WORDS = re.compile(
+    r"'now'|6e6f77|current_(?:timestamp|date|time)|"
+    r"\b(?:date|time|datetime|julianday|unixepoch|strftime|timediff)\s*\(",
+    re.IGNORECASE,
+)
+"""SQL that may read the current time (6E6F77 is 'now' as a blob)."""
+
+
 def body_of(statements: Sequence[Statement], label: str = "") -> common_pb2.TxBody:
-    """A transaction's body, made now: its time (``now_unix_us``) is what SQL's current
-    time reads at every worker, and stays with the body through retries."""
+    """A transaction's body. One whose SQL may read the clock (``CLOCK_WORDS``) carries
+    the time it was made (``now_unix_us``): what SQL's current time reads at every
+    worker, kept through the library's retries. Only those: the time is part of the
+    body, so a body made again for a retry under the same idempotency key would differ
+    from the first (ALREADY_EXISTS), as the pipeline's resumed loads make them."""
+    clock = any(CLOCK_WORDS.search(s.sql) for s in statements)
     return common_pb2.TxBody(
-        now_unix_us=time.time_ns() // 1000,
+        now_unix_us=time.time_ns() // 1000 if clock else 0,
         statements=[
             common_pb2.Statement(sql=s.sql, params=[value_to_proto(p) for p in s.params])
             for s in statements

@@ -1575,10 +1575,10 @@ class TransactionStore:
         for _ in range(EARLY_FILING_PASSES):
             kept = [b for b in self._unfiled_kept(below_position) if b[0] not in filed_early]
             carry_now, to_file = _split_by_budget(kept, budget)
-            if len(to_file) <= FILED_UNDER_THE_LOCK_MOST or (
-                last_pass is not None and len(to_file) > last_pass // 2
+            if last_pass is not None and (
+                len(to_file) <= FILED_UNDER_THE_LOCK_MOST or len(to_file) > last_pass // 2
             ):
-                break
+                break  # the first pass always files (a shutdown can stop it there)
             if not await work.in_thread(self.bodies.file_many, to_file, self._closing.is_set):
                 raise StoreError(grpc.StatusCode.UNAVAILABLE, "the store is shutting down")
             early += to_file
@@ -1712,7 +1712,8 @@ class TransactionStore:
 EARLY_FILING_PASSES = 4
 """Passes of a rotation's body filing outside the store's lock (``_rotate_alone``)."""
 FILED_UNDER_THE_LOCK_MOST = 64
-"""Bodies left to file that end the passes early: few enough to file under the lock."""
+"""Bodies left to file after the first pass that end the passes: few enough to file
+under the lock."""
 
 
 class _Carried(NamedTuple):
