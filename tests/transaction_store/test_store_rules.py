@@ -1419,6 +1419,52 @@ def test_truncation_follows_the_whole_set_of_peers_and_keeps_the_newest_history(
     _run(tmp_path, after_restart)
 
 
+def test_history_is_truncated_in_place_between_rotations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the reports let ``TRUNCATION_STEP`` more positions go, the store drops them
+    from memory by an entry in the current file, with no rotation: memory follows what
+    is unfinished and recent, not what the current file covers. Bodies an earlier
+    rotation filed go with them; a restart replays to the same state."""
+    monkeypatch.setattr(store_module, "TRUNCATION_STEP", 3)
+    monkeypatch.setattr(TransactionStore, "_carry_budget", lambda self: 0)  # file them all
+
+    async def scenario(store: TransactionStore) -> tuple[object, ...]:
+        ids = [(await store.submit(_body(), idempotency_key=f"k{n}")).tx_id for n in range(8)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+        await store.truncate(0)  # nothing reported: keeps all, files the first bodies
+        assert all(store.bodies.holds(tx_id) for tx_id in ids)
+        for position, tx_id in enumerate(ids, start=1):
+            await store.advance_states(_finished(tx_id, position), "wd")
+        late = (await store.submit(_body(), idempotency_key="late")).tx_id
+        backups = sorted((tmp_path / "txlog").glob("bak-*.dat"))
+        assert store.report_progress({"dc2": 8}, 2, peers_reported=True) == 3
+        assert store._truncation is None, "2 positions may go, fewer than a step"
+        store.report_progress({}, 8)  # the slowest worker passed 8: 6 may go, 2 kept
+        await until(lambda: store.state.synced_offset == 6, "truncated in place")
+        assert sorted((tmp_path / "txlog").glob("bak-*.dat")) == backups, "no rotation"
+        assert set(store.state.txs) == {*ids[6:], late}
+        assert set(store.state.idempotency) == {"k6", "k7", "late"}
+        assert sorted(store._unfiled) == [late]
+        await until(lambda: not any(store.bodies.holds(t) for t in ids[:6]), "files deleted")
+        assert all(store.bodies.holds(tx_id) for tx_id in ids[6:])
+        assert store.progress.truncated_in_place == store.progress.truncated_total == 6
+        with pytest.raises(StoreError, match="no transaction"):
+            store.get(ids[0])
+        with pytest.raises(StoreError, match="truncated"):
+            store.read_synced(3, 10)
+        return _state_view(store)
+
+    kept = _run(tmp_path, scenario, history_kept=2)
+
+    async def after_restart(store: TransactionStore) -> None:
+        assert _state_view(store) == kept
+        assert len(store._unfiled) == 1
+
+    _run(tmp_path, after_restart)
+
+
 def test_a_rotation_carries_the_bodies_it_keeps_into_the_new_file(tmp_path: Path) -> None:
     """Kept bodies up to half a log file go into the new file after its snapshot (one
     sequential write, no file each), are read from there, and survive a restart and the

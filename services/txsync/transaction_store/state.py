@@ -22,6 +22,12 @@ stamp (the coordinator may have posted that counter without it: the submit goes 
 loads the stamps as they are) settles every stamp still open. docs/protocol.md, "The
 submit's counter, stamped by the store", has the argument.
 
+**Truncation.** History every peer and worker passed goes either at a rotation (the new
+file's snapshot leaves it out) or in place, between rotations, by a ``truncated`` entry
+(``HistoryTruncated``): both drop the same synced entries and records
+(``truncation_cut``, ``_drop``), so memory follows what is unfinished and recent, not how
+much the current file covers (issue 47).
+
 These are exactly the protocol core's own rules (``ProtocolNode``: INCOMING on a new
 meta, ACCEPTED on the synced append, ENQUEUED once synced and acquired), so the states
 and their order are what they were; each implied step carries the entry's time and
@@ -34,7 +40,7 @@ it made, for the spans (``tx_tracing``), the waiters and the pipeline's rows.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from txsync.codec import meta_from_proto, meta_to_proto
@@ -259,6 +265,8 @@ class StoreState:
         elif kind == "forgotten":
             for tx_id in entry.forgotten.tx_ids:
                 self._forget(tx_id)
+        elif kind == "truncated":
+            self._apply_truncated(entry.truncated)
         else:
             raise ValueError(f"log entry of unknown kind {kind!r}")
         return moved
@@ -477,12 +485,36 @@ class StoreState:
 
     # --- snapshots for rotation -----------------------------------------------------------
 
+    def truncation_cut(self, truncate_below: int) -> list[str]:
+        """The ids of the synced entries a truncation below position ``truncate_below``
+        (1-based: entries at positions < it go) drops, oldest first. The merge base
+        stays in memory whatever is allowed."""
+        cut = max(0, min(truncate_below - 1, self.synced_len) - self.synced_offset)
+        cut = min(cut, max(0, len(self.synced) - 1))
+        return [meta.tx_id for meta in self.synced[:cut]]
+
+    def truncated_entry(self, dropped: Sequence[str]) -> txlog_pb2.HistoryTruncated:
+        """The log entry that truncates ``dropped`` (a ``truncation_cut``) in place."""
+        return txlog_pb2.HistoryTruncated(
+            synced_offset=self.synced_offset + len(dropped), last_tx_id=dropped[-1]
+        )
+
+    def _apply_truncated(self, truncated: txlog_pb2.HistoryTruncated) -> None:
+        cut = truncated.synced_offset - self.synced_offset
+        if cut <= 0:
+            return  # a rotation's snapshot, written after it, went as far already
+        if not 0 < cut < len(self.synced) or self.synced[cut - 1].tx_id != truncated.last_tx_id:
+            raise ValueError(
+                f"history truncated below {truncated.synced_offset} "
+                f"({truncated.last_tx_id!r}), which the synced queue does not hold there"
+            )
+        self._drop([meta.tx_id for meta in self.synced[:cut]], truncated.last_tx_id)
+
     def snapshot(self, truncate_below: int) -> tuple[txlog_pb2.Snapshot, list[str]]:
         """A snapshot without the synced history below position ``truncate_below``
-        (1-based: entries at positions < it go), and the ids it leaves out."""
-        cut = max(0, min(truncate_below - 1, self.synced_len) - self.synced_offset)
-        cut = min(cut, max(0, len(self.synced) - 1))  # the merge base stays in memory
-        dropped = [meta.tx_id for meta in self.synced[:cut]]
+        (``truncation_cut``), and the ids it leaves out."""
+        dropped = self.truncation_cut(truncate_below)
+        cut = len(dropped)
         gone = set(dropped)
         snapshot = txlog_pb2.Snapshot(
             counter=self.counter,
@@ -569,9 +601,15 @@ class StoreState:
         batches) with copies nothing updates any more: a feed stalled for good at the
         first rotation under load."""
         assert [m.tx_id for m in self.synced[: len(dropped)]] == dropped, "a stale snapshot"
+        assert snapshot.synced_offset == self.synced_offset + len(dropped), "a stale snapshot"
+        self._drop(dropped, snapshot.truncated_last_tx_id)
+
+    def _drop(self, dropped: Sequence[str], truncated_last_tx_id: str) -> None:
+        """The first ``len(dropped)`` synced entries and their records go; every other
+        record stays the same object (``drop_truncated``)."""
         del self.synced[: len(dropped)]
-        self.synced_offset = snapshot.synced_offset
-        self.truncated_last_tx_id = snapshot.truncated_last_tx_id
+        self.synced_offset += len(dropped)
+        self.truncated_last_tx_id = truncated_last_tx_id
         for tx_id in dropped:
             record = self.txs.pop(tx_id, None)
             if record is None:

@@ -23,7 +23,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x15txsync/v1/txlog.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"0\n\x08LogBatch\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.txsync.v1.LogEntry"\xc7\x04\n\x08LogEntry\x12\x12\n\nat_unix_ms\x18\x01 \x01(\x03\x12+\n\tsubmitted\x18\x02 \x01(\x0b\x32\x16.txsync.v1.TxSubmittedH\x00\x12*\n\nmeta_known\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MetaKnownH\x00\x12,\n\x0b\x62ody_stored\x18\x04 \x01(\x0b\x32\x15.txsync.v1.BodyStoredH\x00\x12+\n\x07\x63ounter\x18\x05 \x01(\x0b\x32\x18.txsync.v1.CounterRaisedH\x00\x12(\n\x05\x65poch\x18\x06 \x01(\x0b\x32\x17.txsync.v1.EpochStartedH\x00\x12+\n\x06synced\x18\x07 \x01(\x0b\x32\x19.txsync.v1.SyncedAppendedH\x00\x12&\n\x05state\x18\x08 \x01(\x0b\x32\x15.txsync.v1.StateMovedH\x00\x12\'\n\x08snapshot\x18\t \x01(\x0b\x32\x13.txsync.v1.SnapshotH\x00\x12)\n\nview_voted\x18\n \x01(\x0b\x32\x13.txsync.v1.ViewVoteH\x00\x12\x32\n\x0eview_installed\x18\x0b \x01(\x0b\x32\x18.txsync.v1.ViewInstalledH\x00\x12\x31\n\tforgotten\x18\x0c \x01(\x0b\x32\x1c.txsync.v1.IncomingForgottenH\x00\x12\x30\n\rsnapshot_more\x18\r \x01(\x0b\x32\x17.txsync.v1.SnapshotMoreH\x00\x42\x07\n\x05\x65ntry";\n\rViewInstalled\x12*\n\tinstalled\x18\x01 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"#\n\x11IncomingForgotten\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t"\xc5\x01\n\x0bTxSubmitted\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x03 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btraceparent\x18\x05 \x01(\t\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12\x12\n\nmembership\x18\x08 \x01(\x08\x12\n\n\x02ts\x18\t \x01(\x04\x12\x11\n\tlocal_seq\x18\n \x01(\x04",\n\tMetaKnown\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta"\x8c\x01\n\nBodyStored\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x02 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x12\n\nmembership\x18\x05 \x01(\x08\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x0f\n\x07\x63\x61rried\x18\x07 \x01(\x08"3\n\rCounterRaised\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\x11\n\tlocal_seq\x18\x02 \x01(\x04"\x1d\n\x0c\x45pochStarted\x12\r\n\x05\x65poch\x18\x01 \x01(\x04"W\n\x0eSyncedAppended\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12 \n\x05metas\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\x90\x01\n\nStateMoved\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07service\x18\x03 \x01(\t\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x1a\n\x12testing_at_unix_ms\x18\x05 \x01(\x03"\xd7\x02\n\x08Snapshot\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nsynced_len\x18\x03 \x01(\x04\x12\x15\n\rsynced_offset\x18\x04 \x01(\x04\x12!\n\x06synced\x18\x05 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12"\n\x03txs\x18\x06 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x1c\n\x14truncated_last_tx_id\x18\x07 \x01(\t\x12&\n\x04view\x18\x08 \x01(\x0b\x32\x18.txsync.v1.ViewInstalled\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote\x12\x11\n\tcontinued\x18\n \x01(\x08\x12\r\n\x05parts\x18\x0b \x01(\r\x12\x11\n\tlocal_seq\x18\x0c \x01(\x04\x12\x1b\n\x13\x63oordinator_counter\x18\r \x01(\x04"j\n\x0cSnapshotMore\x12"\n\x03txs\x18\x01 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x13\n\x0bsynced_from\x18\x02 \x01(\x04\x12!\n\x06synced\x18\x03 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\xce\x02\n\nSnapshotTx\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08has_meta\x18\x03 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x05 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x06 \x01(\x04\x12\x11\n\tbody_held\x18\x07 \x01(\x08\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12&\n\x07history\x18\t \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\n \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\r\n\x05local\x18\x0b \x01(\x08\x12\x0b\n\x03seq\x18\x0c \x01(\x04\x12\x12\n\nmembership\x18\r \x01(\x08\x12\x17\n\x0fstamp_local_seq\x18\x0e \x01(\x04\x62\x06proto3'
+    b'\n\x15txsync/v1/txlog.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"0\n\x08LogBatch\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.txsync.v1.LogEntry"\xf9\x04\n\x08LogEntry\x12\x12\n\nat_unix_ms\x18\x01 \x01(\x03\x12+\n\tsubmitted\x18\x02 \x01(\x0b\x32\x16.txsync.v1.TxSubmittedH\x00\x12*\n\nmeta_known\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MetaKnownH\x00\x12,\n\x0b\x62ody_stored\x18\x04 \x01(\x0b\x32\x15.txsync.v1.BodyStoredH\x00\x12+\n\x07\x63ounter\x18\x05 \x01(\x0b\x32\x18.txsync.v1.CounterRaisedH\x00\x12(\n\x05\x65poch\x18\x06 \x01(\x0b\x32\x17.txsync.v1.EpochStartedH\x00\x12+\n\x06synced\x18\x07 \x01(\x0b\x32\x19.txsync.v1.SyncedAppendedH\x00\x12&\n\x05state\x18\x08 \x01(\x0b\x32\x15.txsync.v1.StateMovedH\x00\x12\'\n\x08snapshot\x18\t \x01(\x0b\x32\x13.txsync.v1.SnapshotH\x00\x12)\n\nview_voted\x18\n \x01(\x0b\x32\x13.txsync.v1.ViewVoteH\x00\x12\x32\n\x0eview_installed\x18\x0b \x01(\x0b\x32\x18.txsync.v1.ViewInstalledH\x00\x12\x31\n\tforgotten\x18\x0c \x01(\x0b\x32\x1c.txsync.v1.IncomingForgottenH\x00\x12\x30\n\rsnapshot_more\x18\r \x01(\x0b\x32\x17.txsync.v1.SnapshotMoreH\x00\x12\x30\n\ttruncated\x18\x0e \x01(\x0b\x32\x1b.txsync.v1.HistoryTruncatedH\x00\x42\x07\n\x05\x65ntry"=\n\x10HistoryTruncated\x12\x15\n\rsynced_offset\x18\x01 \x01(\x04\x12\x12\n\nlast_tx_id\x18\x02 \x01(\t";\n\rViewInstalled\x12*\n\tinstalled\x18\x01 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"#\n\x11IncomingForgotten\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t"\xc5\x01\n\x0bTxSubmitted\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x03 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btraceparent\x18\x05 \x01(\t\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12\x12\n\nmembership\x18\x08 \x01(\x08\x12\n\n\x02ts\x18\t \x01(\x04\x12\x11\n\tlocal_seq\x18\n \x01(\x04",\n\tMetaKnown\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta"\x8c\x01\n\nBodyStored\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x02 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x12\n\nmembership\x18\x05 \x01(\x08\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x0f\n\x07\x63\x61rried\x18\x07 \x01(\x08"3\n\rCounterRaised\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\x11\n\tlocal_seq\x18\x02 \x01(\x04"\x1d\n\x0c\x45pochStarted\x12\r\n\x05\x65poch\x18\x01 \x01(\x04"W\n\x0eSyncedAppended\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12 \n\x05metas\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\x90\x01\n\nStateMoved\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07service\x18\x03 \x01(\t\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x1a\n\x12testing_at_unix_ms\x18\x05 \x01(\x03"\xd7\x02\n\x08Snapshot\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nsynced_len\x18\x03 \x01(\x04\x12\x15\n\rsynced_offset\x18\x04 \x01(\x04\x12!\n\x06synced\x18\x05 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12"\n\x03txs\x18\x06 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x1c\n\x14truncated_last_tx_id\x18\x07 \x01(\t\x12&\n\x04view\x18\x08 \x01(\x0b\x32\x18.txsync.v1.ViewInstalled\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote\x12\x11\n\tcontinued\x18\n \x01(\x08\x12\r\n\x05parts\x18\x0b \x01(\r\x12\x11\n\tlocal_seq\x18\x0c \x01(\x04\x12\x1b\n\x13\x63oordinator_counter\x18\r \x01(\x04"j\n\x0cSnapshotMore\x12"\n\x03txs\x18\x01 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x13\n\x0bsynced_from\x18\x02 \x01(\x04\x12!\n\x06synced\x18\x03 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\xce\x02\n\nSnapshotTx\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08has_meta\x18\x03 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x05 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x06 \x01(\x04\x12\x11\n\tbody_held\x18\x07 \x01(\x08\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12&\n\x07history\x18\t \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\n \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\r\n\x05local\x18\x0b \x01(\x08\x12\x0b\n\x03seq\x18\x0c \x01(\x04\x12\x12\n\nmembership\x18\r \x01(\x08\x12\x17\n\x0fstamp_local_seq\x18\x0e \x01(\x04\x62\x06proto3'
 )
 
 _globals = globals()
@@ -34,29 +34,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_LOGBATCH"]._serialized_start = 60
     _globals["_LOGBATCH"]._serialized_end = 108
     _globals["_LOGENTRY"]._serialized_start = 111
-    _globals["_LOGENTRY"]._serialized_end = 694
-    _globals["_VIEWINSTALLED"]._serialized_start = 696
-    _globals["_VIEWINSTALLED"]._serialized_end = 755
-    _globals["_INCOMINGFORGOTTEN"]._serialized_start = 757
-    _globals["_INCOMINGFORGOTTEN"]._serialized_end = 792
-    _globals["_TXSUBMITTED"]._serialized_start = 795
-    _globals["_TXSUBMITTED"]._serialized_end = 992
-    _globals["_METAKNOWN"]._serialized_start = 994
-    _globals["_METAKNOWN"]._serialized_end = 1038
-    _globals["_BODYSTORED"]._serialized_start = 1041
-    _globals["_BODYSTORED"]._serialized_end = 1181
-    _globals["_COUNTERRAISED"]._serialized_start = 1183
-    _globals["_COUNTERRAISED"]._serialized_end = 1234
-    _globals["_EPOCHSTARTED"]._serialized_start = 1236
-    _globals["_EPOCHSTARTED"]._serialized_end = 1265
-    _globals["_SYNCEDAPPENDED"]._serialized_start = 1267
-    _globals["_SYNCEDAPPENDED"]._serialized_end = 1354
-    _globals["_STATEMOVED"]._serialized_start = 1357
-    _globals["_STATEMOVED"]._serialized_end = 1501
-    _globals["_SNAPSHOT"]._serialized_start = 1504
-    _globals["_SNAPSHOT"]._serialized_end = 1847
-    _globals["_SNAPSHOTMORE"]._serialized_start = 1849
-    _globals["_SNAPSHOTMORE"]._serialized_end = 1955
-    _globals["_SNAPSHOTTX"]._serialized_start = 1958
-    _globals["_SNAPSHOTTX"]._serialized_end = 2292
+    _globals["_LOGENTRY"]._serialized_end = 744
+    _globals["_HISTORYTRUNCATED"]._serialized_start = 746
+    _globals["_HISTORYTRUNCATED"]._serialized_end = 807
+    _globals["_VIEWINSTALLED"]._serialized_start = 809
+    _globals["_VIEWINSTALLED"]._serialized_end = 868
+    _globals["_INCOMINGFORGOTTEN"]._serialized_start = 870
+    _globals["_INCOMINGFORGOTTEN"]._serialized_end = 905
+    _globals["_TXSUBMITTED"]._serialized_start = 908
+    _globals["_TXSUBMITTED"]._serialized_end = 1105
+    _globals["_METAKNOWN"]._serialized_start = 1107
+    _globals["_METAKNOWN"]._serialized_end = 1151
+    _globals["_BODYSTORED"]._serialized_start = 1154
+    _globals["_BODYSTORED"]._serialized_end = 1294
+    _globals["_COUNTERRAISED"]._serialized_start = 1296
+    _globals["_COUNTERRAISED"]._serialized_end = 1347
+    _globals["_EPOCHSTARTED"]._serialized_start = 1349
+    _globals["_EPOCHSTARTED"]._serialized_end = 1378
+    _globals["_SYNCEDAPPENDED"]._serialized_start = 1380
+    _globals["_SYNCEDAPPENDED"]._serialized_end = 1467
+    _globals["_STATEMOVED"]._serialized_start = 1470
+    _globals["_STATEMOVED"]._serialized_end = 1614
+    _globals["_SNAPSHOT"]._serialized_start = 1617
+    _globals["_SNAPSHOT"]._serialized_end = 1960
+    _globals["_SNAPSHOTMORE"]._serialized_start = 1962
+    _globals["_SNAPSHOTMORE"]._serialized_end = 2068
+    _globals["_SNAPSHOTTX"]._serialized_start = 2071
+    _globals["_SNAPSHOTTX"]._serialized_end = 2405
 # @@protoc_insertion_point(module_scope)

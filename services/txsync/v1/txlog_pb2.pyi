@@ -64,6 +64,7 @@ class LogEntry(_message.Message):
     VIEW_INSTALLED_FIELD_NUMBER: _builtins.int
     FORGOTTEN_FIELD_NUMBER: _builtins.int
     SNAPSHOT_MORE_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     at_unix_ms: _builtins.int
     """Wall-clock time of the append, milliseconds since the Unix epoch."""
     @_builtins.property
@@ -94,6 +95,10 @@ class LogEntry(_message.Message):
     def snapshot_more(self) -> Global___SnapshotMore:
         """More of the snapshot the file starts with (a snapshot over one frame's worth)."""
 
+    @_builtins.property
+    def truncated(self) -> Global___HistoryTruncated:
+        """History truncated in place, between rotations (issue 47)."""
+
     def __init__(
         self,
         *,
@@ -110,6 +115,7 @@ class LogEntry(_message.Message):
         view_installed: Global___ViewInstalled | None = ...,
         forgotten: Global___IncomingForgotten | None = ...,
         snapshot_more: Global___SnapshotMore | None = ...,
+        truncated: Global___HistoryTruncated | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "body_stored",
@@ -134,6 +140,8 @@ class LogEntry(_message.Message):
         b"submitted",
         "synced",
         b"synced",
+        "truncated",
+        b"truncated",
         "view_installed",
         b"view_installed",
         "view_voted",
@@ -165,6 +173,8 @@ class LogEntry(_message.Message):
         b"submitted",
         "synced",
         b"synced",
+        "truncated",
+        b"truncated",
         "view_installed",
         b"view_installed",
         "view_voted",
@@ -184,6 +194,7 @@ class LogEntry(_message.Message):
         "view_installed",
         "forgotten",
         "snapshot_more",
+        "truncated",
     ]  # noqa: Y015
     _WhichOneofArgType_entry: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
     def WhichOneof(
@@ -191,6 +202,36 @@ class LogEntry(_message.Message):
     ) -> _WhichOneofReturnType_entry | None: ...
 
 Global___LogEntry: _TypeAlias = LogEntry  # noqa: Y015
+
+@_typing.final
+class HistoryTruncated(_message.Message):
+    """The synced history below `synced_offset` and those transactions are gone, as a
+    rotation's snapshot would leave them out: memory holds what is unfinished and recent,
+    not what the current file covers. `last_tx_id` is the entry at `synced_offset - 1`,
+    a check at replay that the cut falls where it fell when written.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SYNCED_OFFSET_FIELD_NUMBER: _builtins.int
+    LAST_TX_ID_FIELD_NUMBER: _builtins.int
+    synced_offset: _builtins.int
+    last_tx_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        synced_offset: _builtins.int = ...,
+        last_tx_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "last_tx_id", b"last_tx_id", "synced_offset", b"synced_offset"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HistoryTruncated: _TypeAlias = HistoryTruncated  # noqa: Y015
 
 @_typing.final
 class ViewInstalled(_message.Message):
