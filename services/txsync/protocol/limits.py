@@ -43,8 +43,11 @@ class Limits:
     catchup_entries_max: int = 1_024
     """Synced entries sent to a lagger in one message."""
 
-    synced_window_max: int = 100_000
-    """Synced entries the core keeps in memory; older ones are served from the txlog."""
+    synced_window_max: int = 32_768
+    """Synced entries the core keeps in memory; older ones are served from the txlog.
+    Enough for a few rounds of full posts from every member (a post is rebased only
+    from a base inside it); 100,000 made the coordinator's memory grow with the history
+    up to that (18 MB of metas, issue 47)."""
 
     pending_fetches_max: int = 65_536
     """Bodies being fetched at once (bounded by the incoming queue in practice)."""
