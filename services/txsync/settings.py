@@ -38,6 +38,7 @@ INCOMING_TXS_MAX_DEFAULT = 32_768
 OPEN_BODY_BYTES_MAX_DEFAULT = 1 << 30
 LOG_FILE_BYTES_MAX_DEFAULT = 16 << 20
 HISTORY_KEPT_DEFAULT = 2_000
+HISTORY_KEPT_MS_DEFAULT = 10_000
 BACKUPS_KEPT_DEFAULT = 2
 """The store's defaults (``StoreConfig`` takes them from here)."""
 PROGRESS_REPORT_S = 1.0
@@ -174,11 +175,19 @@ STORE_LIMITS: tuple[Setting, ...] = (
     ),
     Setting(
         "history_kept", HISTORY_KEPT_DEFAULT,
-        "a rotation keeps at least this many of the newest synced positions (for tx get, "
+        "truncation keeps at least this many of the newest synced positions (for tx get, "
         "waits and retried submits) although every peer and worker passed them",
-        "finished transactions kept after a rotation (memory: about 3 KB each); older "
-        "ones every peer and worker passed are truncated",
+        "newest finished transactions kept (memory: about 3 KB each); older ones every "
+        "peer and worker passed are truncated, in place as they pass",
         unit="positions", least=0,
+    ),
+    Setting(
+        "history_kept_ms", HISTORY_KEPT_MS_DEFAULT,
+        "truncation also keeps every transaction finished within this many milliseconds, "
+        "so that a client still waiting on one, or reading it, finds it at any load",
+        "finished transactions kept by age (memory: the rate times this); with "
+        "--history-kept, the larger window holds",
+        unit="ms", least=0,
     ),
     Setting(
         "backups_kept", BACKUPS_KEPT_DEFAULT,

@@ -71,6 +71,7 @@ def test_stores_hold_what_is_unfinished_not_the_history(tmp_path: Path) -> None:
             "transaction-store": [
                 "--log-file-bytes-max", str(LOG_FILE_BYTES),
                 "--history-kept", str(HISTORY_KEPT),
+                "--history-kept-ms", "0",
                 "--backups-kept", "1",
             ]
         },

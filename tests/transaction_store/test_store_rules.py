@@ -47,6 +47,7 @@ def _body(sql: str = "INSERT INTO t VALUES (1)") -> common_pb2.TxBody:
 
 def _run(tmp_path: Path, scenario: Callable[[TransactionStore], Awaitable[T]], **config: Any) -> T:
     config.setdefault("history_kept", 0)  # truncation goes as far as progress allows
+    config.setdefault("history_kept_ms", 0)
 
     async def main() -> T:
         store = await TransactionStore.open(StoreConfig(data_dir=tmp_path, node_id="dc1", **config))
@@ -1463,6 +1464,40 @@ def test_history_is_truncated_in_place_between_rotations(
         assert len(store._unfiled) == 1
 
     _run(tmp_path, after_restart)
+
+
+def test_truncation_waits_for_a_verdict_on_disk_and_keeps_recent_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verdict still being written is not finished for truncation (a waiter that the
+    staged OK made reached would find no record to answer with: the soak's client
+    crashed on the state UNSPECIFIED it got), and a transaction finished within
+    ``history_kept_ms`` is kept whatever the peers and workers passed."""
+
+    async def scenario(store: TransactionStore) -> None:
+        ids = [(await store.submit(_body())).tx_id for n in range(3)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+        store.report_progress({"dc2": 3}, 3, peers_reported=True)
+        await store.advance_states(_finished(ids[0], 1), "wd")
+        gate = hold_writes(monkeypatch)
+        advancing = asyncio.create_task(store.advance_states(_finished(ids[1], 2), "wd"))
+        await until(lambda: store.state.txs[ids[1]].state is TxState.OK, "OK staged")
+        held = TruncationHold(2, "unfinished transactions at 1 (2 behind)")
+        assert store.truncation_hold() == held
+        gate.set()
+        await advancing
+        assert store.truncatable_below() == 3
+        await store.advance_states(_finished(ids[2], 3), "wd")
+        store.config = dataclasses.replace(store.config, history_kept_ms=60_000)
+        assert store.truncation_hold() == TruncationHold(0, "")  # all finished just now
+        old = store.state.txs[ids[0]].history[-1]
+        store.state.txs[ids[0]].history[-1] = dataclasses.replace(
+            old, at_unix_ms=old.at_unix_ms - 61_000
+        )
+        assert store.truncation_hold() == TruncationHold(2, "")
+
+    _run(tmp_path, scenario)
 
 
 def test_a_rotation_carries_the_bodies_it_keeps_into_the_new_file(tmp_path: Path) -> None:

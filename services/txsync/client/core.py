@@ -286,7 +286,7 @@ class Core:
                 answer = await self._wait_once(index, tx_id, wanted, min(self.attempt_s, left))
             except Refused:
                 return None
-            if answer.reached:
+            if answer.reached and answer.state:  # a state, whatever a server sends
                 return Reached(tx_id, State(answer.state), _outcome_or_none(answer))
         return None
 

@@ -225,6 +225,7 @@ def run(options: argparse.Namespace) -> int:
         open_body_bytes_max=options.body_bytes_max,
         log_file_bytes_max=options.log_file_bytes_max,
         history_kept=options.history_kept,
+        history_kept_ms=options.history_kept_ms,
         backups_kept=options.backups_kept,
         witness=options.witness,
         allow_nondeterministic=options.allow_nondeterministic,

@@ -302,7 +302,9 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         ((record, reached),) = await self._store.wait_many(
             [request.tx_id], wanted, seconds, caller_of(context)
         )
-        response = client_pb2.WaitResponse(reached=reached)
+        # Reached with no record to show is a state truncated meanwhile: answered as
+        # not known here, never as reached with no state.
+        response = client_pb2.WaitResponse(reached=reached and record is not None)
         if record is None:
             return response  # never heard of here within the timeout: state UNSPECIFIED
         if record.state is not None:

@@ -32,6 +32,7 @@ from txsync.settings import (
     BACKUPS_KEPT_DEFAULT,
     FOLLOW_GATHER_MS_MOST,
     HISTORY_KEPT_DEFAULT,
+    HISTORY_KEPT_MS_DEFAULT,
     INCOMING_TXS_MAX_DEFAULT,
     LOG_FILE_BYTES_MAX_DEFAULT,
     OPEN_BODY_BYTES_MAX_DEFAULT,
@@ -85,9 +86,14 @@ class StoreConfig:
     were appended since its snapshot. It also bounds start-up work: every body carried
     by the live log is checked against its file."""
     history_kept: int = HISTORY_KEPT_DEFAULT
-    """A rotation keeps at least this many of the newest synced positions, passed by
+    """Truncation keeps at least this many of the newest synced positions, passed by
     every peer and worker or not: ``tx get``, waits and retried submits find them. Memory
     holds these and the unfinished transactions, never the whole history."""
+    history_kept_ms: int = HISTORY_KEPT_MS_DEFAULT
+    """And every transaction finished within this many milliseconds: at 1,700 a second,
+    2,000 positions are a second's worth, and a client waiting on a batch's submits one
+    after another found the last ones truncated (a wait for a transaction this DC does
+    not know ends at its timeout)."""
     backups_kept: int = BACKUPS_KEPT_DEFAULT
     """Retired log files (``bak-``) kept after a rotation; older ones are deleted."""
     allow_nondeterministic: bool = False
@@ -1439,14 +1445,18 @@ class TransactionStore:
                 await changed.wait()
 
     def first_unfinished_position(self) -> int:
-        """The first synced position (1-based) not yet OK or FAILED; one past the end if
-        every one is. States only move forward, so the scan resumes where it last
-        stopped: amortised, each position is looked at once."""
+        """The first synced position (1-based) not yet OK or FAILED in the log (a verdict
+        still being written counts as unfinished); one past the end if every one is.
+        States only move forward, so the scan resumes where it last stopped: amortised,
+        each position is looked at once."""
         position = max(self._finished_through, self.state.synced_offset) + 1
+        undurable = self._undurable
         while position <= self.state.synced_len:
             meta = self.state.synced_at(position - 1)
             record = self.state.txs.get(meta.tx_id) if meta is not None else None
-            if record is None or record.state not in FINAL_STATES:
+            if record is None or record.state not in FINAL_STATES or record.tx_id in undurable:
+                # Not finished as the log holds it: truncated, a waiter that memory's
+                # staged OK made reached would find no record to answer with.
                 break
             position += 1
         self._finished_through = position - 1
@@ -1584,9 +1594,27 @@ class TransactionStore:
         kept_from_end = max(0, end - self.config.history_kept)
         if through >= kept_from_end:
             through, holder = kept_from_end, ""
+        if self.config.history_kept_ms:
+            recent = self._finished_before(_now_ms() - self.config.history_kept_ms, through)
+            if recent < through:
+                through, holder = recent, ""
         if holder:
             holder = f"{holder} at {through} ({end - through} behind)"
         return TruncationHold(through + 1 if through else 0, holder)
+
+    def _finished_before(self, cutoff_ms: int, through: int) -> int:
+        """The last position up to ``through`` before the first one that finished after
+        ``cutoff_ms`` (``history_kept_ms``). Only the positions truncation
+        would drop are looked at: the scan stops at the first recent one."""
+        state = self.state
+        position = state.synced_offset + 1
+        while position <= through:
+            meta = state.synced_at(position - 1)
+            record = state.txs.get(meta.tx_id) if meta is not None else None
+            if record is None or not record.history or record.history[-1].at_unix_ms > cutoff_ms:
+                break
+            position += 1
+        return position - 1
 
     async def truncate(self, below_position: int = 0) -> tuple[int, list[str]]:
         """Rotate the log, dropping synced history below ``below_position`` (0: as far as
