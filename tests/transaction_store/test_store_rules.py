@@ -1455,6 +1455,12 @@ def test_history_is_truncated_in_place_between_rotations(
             store.get(ids[0])
         with pytest.raises(StoreError, match="truncated"):
             store.read_synced(3, 10)
+        # A client still waiting on one is answered from its kept verdict, at once.
+        assert await store.wait_many([ids[0]], TxState.ACCEPTED, WAIT_S) == [(None, True)]
+        verdict = store.truncated_verdicts[ids[0]]
+        assert verdict.state is TxState.OK and verdict.outcome == _ok()
+        unknown = str(uuid.uuid4())
+        assert await store.wait_many([unknown], TxState.OK, 0.01) == [(None, False)]
         return _state_view(store)
 
     kept = _run(tmp_path, scenario, history_kept=2)

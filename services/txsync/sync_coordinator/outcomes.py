@@ -24,8 +24,11 @@ from txsync.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
-OUTCOMES_KEPT = 65_536
-"""Positions remembered, ours and the peers' (older ones are forgotten)."""
+OUTCOMES_KEPT = 8_192
+"""Positions remembered, ours and the peers' (older ones are forgotten). A peer further
+behind is compared from where it reaches what is kept: the digests chain, so a
+divergence shows at every later position too. 65,536 made the coordinator's memory
+grow with the history up to there (about 16 MB of outcomes, issue 47)."""
 OUTCOMES_PER_POST = 1_024
 ALARMS_KEPT = 100
 

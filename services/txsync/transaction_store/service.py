@@ -96,11 +96,23 @@ async def _waited(
         [response.tx_id for response in responses], *wait, caller=caller
     )
     for response, (record, reached) in zip(responses, answers, strict=True):
-        response.reached = reached
-        if record is not None and record.state is not None:
-            response.state = common_pb2.TxState.ValueType(record.state.value)
-        if record is not None and record.outcome is not None:
-            response.outcome.CopyFrom(_answered_outcome(store, record.outcome))
+        state, outcome = _where(store, response.tx_id, record)
+        response.reached = reached and state is not None
+        if state is not None:
+            response.state = common_pb2.TxState.ValueType(state.value)
+        if outcome is not None:
+            response.outcome.CopyFrom(_answered_outcome(store, outcome))
+
+
+def _where(
+    store: TransactionStore, tx_id: str, record: TxRecord | None
+) -> tuple[TxState | None, common_pb2.Outcome | None]:
+    """A waited transaction's state and outcome: its record's, or once it is truncated,
+    the verdict the store keeps for a while (``truncated_verdicts``)."""
+    if record is not None:
+        return record.state, record.outcome
+    verdict = store.truncated_verdicts.get(tx_id)
+    return (verdict.state, verdict.outcome) if verdict is not None else (None, None)
 
 
 def _answered_outcome(store: TransactionStore, outcome: common_pb2.Outcome) -> common_pb2.Outcome:
@@ -302,15 +314,13 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         ((record, reached),) = await self._store.wait_many(
             [request.tx_id], wanted, seconds, caller_of(context)
         )
-        # Reached with no record to show is a state truncated meanwhile: answered as
-        # not known here, never as reached with no state.
-        response = client_pb2.WaitResponse(reached=reached and record is not None)
-        if record is None:
-            return response  # never heard of here within the timeout: state UNSPECIFIED
-        if record.state is not None:
-            response.state = common_pb2.TxState.ValueType(record.state.value)
-        if record.outcome is not None:
-            response.outcome.CopyFrom(_answered_outcome(self._store, record.outcome))
+        # Unknown here within the timeout: state UNSPECIFIED, never reached without one.
+        state, outcome = _where(self._store, request.tx_id, record)
+        response = client_pb2.WaitResponse(reached=reached and state is not None)
+        if state is not None:
+            response.state = common_pb2.TxState.ValueType(state.value)
+        if outcome is not None:
+            response.outcome.CopyFrom(_answered_outcome(self._store, outcome))
         return response
 
     @answers_errors

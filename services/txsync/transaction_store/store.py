@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -414,6 +414,10 @@ class TransactionStore:
         self._rotation: asyncio.Task[None] | None = None
         self._truncation: asyncio.Task[None] | None = None
         """A truncation in place in progress (``_truncate_soon``)."""
+        self.truncated_verdicts: OrderedDict[str, Verdict] = OrderedDict()
+        """The verdicts of the newest ``TRUNCATED_VERDICTS_KEPT`` truncated transactions
+        (memory only): a client that waits on one after it was truncated is answered, not
+        left to its timeout (``wait_many``)."""
         self._unfiled: dict[str, bytes] = {}
         """Bodies (encoded) whose only copy on disk is an entry of the current log file,
         read from here. A rotation files those of the transactions it keeps and drops
@@ -906,8 +910,10 @@ class TransactionStore:
         if held is not None:  # that write's _announce_durable wakes the waiter
             return held[1] is not None and _reached(held[1], state)
         record = self.state.tx(tx_id)
-        current = record.state if record is not None else None
-        return current is not None and _reached(current, state)
+        if record is not None:
+            return record.state is not None and _reached(record.state, state)
+        verdict = self.truncated_verdicts.get(tx_id)
+        return verdict is not None and _reached(verdict.state, state)
 
     def list_page(
         self, state: TxState | None, page_size: int, after_seq: int
@@ -1455,8 +1461,8 @@ class TransactionStore:
             meta = self.state.synced_at(position - 1)
             record = self.state.txs.get(meta.tx_id) if meta is not None else None
             if record is None or record.state not in FINAL_STATES or record.tx_id in undurable:
-                # Not finished as the log holds it: truncated, a waiter that memory's
-                # staged OK made reached would find no record to answer with.
+                # A verdict not on disk yet is not finished: truncated now, the waiter
+                # its staged write woke would find no record to answer with.
                 break
             position += 1
         self._finished_through = position - 1
@@ -1549,6 +1555,16 @@ class TransactionStore:
         finally:
             self._truncation = None
 
+    def _remember_verdicts(self, dropped: Sequence[str]) -> None:
+        """Keep the verdicts of transactions about to be truncated (``truncated_verdicts``)."""
+        verdicts, txs = self.truncated_verdicts, self.state.txs
+        for tx_id in dropped:
+            record = txs.get(tx_id)
+            if record is not None and record.state in FINAL_STATES:
+                verdicts[tx_id] = Verdict(record.state, record.outcome)
+        while len(verdicts) > TRUNCATED_VERDICTS_KEPT:
+            verdicts.popitem(last=False)
+
     async def truncate_in_place(self) -> int:
         """Drop the history the reports allow from memory, by a ``truncated`` entry in
         the current file (replayed at start-up), without a rotation: the file's bytes go
@@ -1558,6 +1574,7 @@ class TransactionStore:
                 dropped = self.state.truncation_cut(self.truncatable_below())
                 if not dropped:
                     return 0
+                self._remember_verdicts(dropped)
                 staged = self._stage([self._entry(truncated=self.state.truncated_entry(dropped))])
                 # A body out of the current file's entries was filed by an earlier rotation.
                 with_files = [tx_id for tx_id in dropped if self._unfiled.pop(tx_id, None) is None]
@@ -1705,6 +1722,7 @@ class TransactionStore:
                 or _carried_entries([self._carried_fields(tx_id, encoded)])[tx_id]
                 for tx_id, encoded in carried
             ]
+            self._remember_verdicts(dropped)
             self.state.drop_truncated(snapshot, dropped)
             in_old_file = set(self._unfiled)
             covered = (self.files.current, self.files.current_bytes)
@@ -1794,6 +1812,18 @@ class TransactionStore:
             self._rotating = False
 
 
+class Verdict(NamedTuple):
+    """What a client waiting on a truncated transaction is told."""
+
+    state: TxState
+    outcome: common_pb2.Outcome | None
+
+
+TRUNCATED_VERDICTS_KEPT = 32_768
+"""Truncated transactions whose verdict a wait still finds: about 6 MB, flat (the
+records themselves took about 3 KB each). Tens of seconds at the highest rates, on top
+of ``--history-kept-ms``: a client waiting on a batch's submits one after another took
+longer than that to reach the last ones (the soak's loaders timed out)."""
 TRUNCATION_STEP = 256
 """Positions that may go beyond what is truncated before the store truncates in place:
 one small entry per step (at most one per progress report, each second)."""
