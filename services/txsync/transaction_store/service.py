@@ -112,7 +112,7 @@ def _where(
     if record is not None:
         return record.state, record.outcome
     verdict = store.truncated_verdicts.get(tx_id)
-    return (verdict.state, verdict.outcome) if verdict is not None else (None, None)
+    return (verdict.state, verdict.outcome()) if verdict is not None else (None, None)
 
 
 def _answered_outcome(store: TransactionStore, outcome: common_pb2.Outcome) -> common_pb2.Outcome:
