@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import grpc
@@ -89,6 +90,9 @@ class Results:
     """Phase -> service kind -> seconds from exec to SERVING."""
     rotations: list[Rotation] = field(default_factory=list)
     loaded_per_s: float = 0.0
+    started_unix: float = 0.0
+    """Wall-clock time of ``at_s`` 0: places the rotations (logged in wall-clock time)
+    among the samples."""
 
 
 def rss_mib(pid: int) -> float:
@@ -113,6 +117,7 @@ class Soak:
         self.cluster = DevCluster(self.layout)
         self.results = Results()
         self.started = time.monotonic()
+        self.results.started_unix = time.time()
         self.phase = "start"
         self._latencies: list[float] = []
         self._lock = threading.Lock()
@@ -380,8 +385,37 @@ def summary(results: Results) -> str:
             f"longest {lock[-1]} ms; {sum(r.truncated for r in rotations):,} transactions "
             f"truncated; kept at most {max(r.kept for r in rotations):,}.",
         ]
+    lines.append(rotation_windows(results, long))
     lines.append(f"\nHistory loaded at {results.loaded_per_s:,.0f} tx/s.")
     return "\n".join(lines)
+
+
+def rotation_windows(results: Results, steady: list[Sample]) -> str:
+    """The submit p99 of the steady samples whose interval saw a rotation begin or end,
+    against the median p99 of the others (issue 47's target: within 1.5x)."""
+    if not results.started_unix or len(steady) < 2:
+        return ""
+    interval = steady[1].at_s - steady[0].at_s
+    touched: set[int] = set()
+    for rotation in results.rotations:
+        logged = datetime.strptime(rotation.at, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        ended = logged - results.started_unix  # the line is written when it ends
+        began = ended - rotation.took_ms / 1000
+        for index, sample in enumerate(steady):
+            if sample.at_s - interval < ended and began <= sample.at_s:
+                touched.add(index)
+    with_rotation = [steady[i].submit_p99_ms for i in sorted(touched)]
+    others = [s.submit_p99_ms for i, s in enumerate(steady) if i not in touched]
+    rotated = [p for p in with_rotation if p is not None]
+    quiet = [p for p in others if p is not None]
+    if not rotated or not quiet:
+        return "\nNo steady sample at the long history saw a rotation."
+    baseline = statistics.median(quiet)
+    return (
+        f"\nSubmit p99 at the long history in the {len(rotated)} samples that saw a rotation: "
+        f"{', '.join(f'{p:.0f}' for p in rotated)} ms, against a median of {baseline:.0f} ms "
+        f"in the other {len(quiet)} (worst {max(rotated) / baseline:.2f}x; target 1.5x)."
+    )
 
 
 def draw(results: Results, out: Path) -> Path:

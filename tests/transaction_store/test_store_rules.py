@@ -15,15 +15,19 @@ from unittest.mock import ANY
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
 from tests.support.in_process import WAIT_S, until
 from tests.transaction_store.held_writes import hold_writes
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.protocol.limits import INCOMING_TXS_MOST
+from txsync.rpc import add_service, new_server
 from txsync.settings import FOLLOW_GATHER_MS_MOST
 from txsync.telemetry import work
 from txsync.transaction_store import store as store_module
+from txsync.transaction_store.server import CLIENT_SERVICE
+from txsync.transaction_store.service import ClientServicer
 from txsync.transaction_store.state import StoreState, TxRecord
 from txsync.transaction_store.store import (
     LocalSubmit,
@@ -36,7 +40,7 @@ from txsync.transaction_store.store import (
 )
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest, gzip_body
 from txsync.transaction_store.validation import PERSIST_METAS_MAX, StoreError, nondeterminism
-from txsync.v1 import common_pb2, txlog_pb2
+from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, txlog_pb2
 
 T = TypeVar("T")
 
@@ -1461,6 +1465,12 @@ def test_history_is_truncated_in_place_between_rotations(
         assert verdict.state is TxState.OK and verdict.outcome() == _ok()
         unknown = str(uuid.uuid4())
         assert await store.wait_many([unknown], TxState.OK, 0.01) == [(None, False)]
+        assert await _waited_over_grpc(store, ids[0]) == (True, common_pb2.TX_STATE_OK, 1)
+        assert await _waited_over_grpc(store, unknown) == (
+            False,
+            common_pb2.TX_STATE_UNSPECIFIED,
+            0,
+        )
         return _state_view(store)
 
     kept = _run(tmp_path, scenario, history_kept=2)
@@ -1470,6 +1480,25 @@ def test_history_is_truncated_in_place_between_rotations(
         assert len(store._unfiled) == 1
 
     _run(tmp_path, after_restart)
+
+
+async def _waited_over_grpc(store: TransactionStore, tx_id: str) -> tuple[bool, int, int]:
+    """A client's Wait for OK, through the real service: (reached, state, position)."""
+    server = new_server()
+    add_service(server, ClientServicer(store), CLIENT_SERVICE)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            answer = await client_pb2_grpc.ClientServiceStub(channel).Wait(
+                client_pb2.WaitRequest(
+                    tx_id=tx_id, state=common_pb2.TX_STATE_OK, timeout=Duration(nanos=10_000_000)
+                ),
+                timeout=WAIT_S,
+            )
+    finally:
+        await server.stop(None)
+    return answer.reached, answer.state, answer.outcome.position
 
 
 def test_truncation_waits_for_a_verdict_on_disk_and_keeps_recent_ones(
