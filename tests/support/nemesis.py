@@ -53,6 +53,7 @@ FAULT_EVERY_S = (2.0, 5.0)
 OUTAGE_S = (1.0, 5.0)
 """How long a pause or a cut lasts, drawn uniformly."""
 SETTLE_TIMEOUT_S = 600.0
+HISTORY_KEPT_FOR_THE_CHECK = 10_000_000
 """After the last fault: long, since a loaded machine restarts 15 processes slowly."""
 CLIENT_PAUSE_S = 0.02
 """Between one client's submits: a steady load that leaves the faults room to act."""
@@ -149,7 +150,13 @@ class NemesisRun:
             self.root, 3, free_base_port(3), witness=False, workers=2
         )
         self.emulator = LinkEmulator(seed)
-        self.cluster = DevCluster(self.layout, self.emulator)
+        # The check compares every DC's whole order and reads every acknowledged
+        # transaction back: the stores keep all of it (a run makes a few thousand), where
+        # they would truncate what every peer and worker passed (issue 47).
+        keep_all = ["--history-kept", str(HISTORY_KEPT_FOR_THE_CHECK)]
+        self.cluster = DevCluster(
+            self.layout, self.emulator, extra_args={"transaction-store": keep_all}
+        )
         self.report = Report(seed)
         self.log_lines: list[str] = []
 
