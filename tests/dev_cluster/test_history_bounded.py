@@ -7,7 +7,10 @@ position (``ReportProgress``), and each store's rotations drop what all of them 
 After every wave, every store must hold about the same number of transactions in memory
 however many waves came before, must have truncated more, and keeps at most its
 ``--backups-kept`` retired files; a worker stopped meanwhile comes back from a snapshot,
-since the history it would replay is gone.
+since the history it would replay is gone. A dispatch restarted after truncation finds
+its workers where they were and feeds them on (before the fix, its first progress report
+judged them at position 0 before their heartbeats came, and every worker of the DC
+waited for a snapshot that no worker could give).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ with 6,001 (measured after the fix: 700 to 2,200)."""
 SETTLE_S = 180.0
 STOPPED = "dc2-w2"
 """The worker stopped for wave 2."""
+RESTARTED = "dc1 worker-dispatch"
+"""Restarted before wave 3, when its store has truncated."""
 
 
 def _status(address: str) -> admin_pb2.DcStatus:
@@ -77,6 +82,7 @@ def test_stores_hold_what_is_unfinished_not_the_history(tmp_path: Path) -> None:
         },
     )  # fmt: skip
     stopped = next(s for s in cluster.services if s.name == f"{STOPPED} worker")
+    restarted = next(s for s in cluster.services if s.name == RESTARTED)
     cluster.start()
     held: list[dict[str, int]] = []
     truncated: list[dict[str, int]] = []
@@ -90,6 +96,10 @@ def test_stores_hold_what_is_unfinished_not_the_history(tmp_path: Path) -> None:
                     stopped.wait_stopped(60)
                 elif wave == 3:
                     stopped.start()
+                    restarted.stop()
+                    restarted.wait_stopped(60)
+                    restarted.close()
+                    restarted.start()
                 client.submit_many(
                     [
                         ("INSERT OR REPLACE INTO kv VALUES (?, ?)", (n % 500, wave))
@@ -123,3 +133,6 @@ def test_stores_hold_what_is_unfinished_not_the_history(tmp_path: Path) -> None:
     dispatch_log = (Path(dcs["dc2"]["data"]) / "worker-dispatch.log").read_text()
     assert f"worker {STOPPED} needs a snapshot" in dispatch_log
     assert f"{STOPPED} restored at position" in dispatch_log
+    restarted_log = (Path(dcs["dc1"]["data"]) / "worker-dispatch.log").read_text()
+    assert restarted_log.count("worker-dispatch listening") == 2, "restarted once"
+    assert "needs a snapshot" not in restarted_log, "its workers were where it left them"

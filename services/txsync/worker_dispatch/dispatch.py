@@ -318,11 +318,15 @@ class Dispatch:
             assert answer is not None
             link.position, link.state_digest = answer.position, answer.state_digest
             log.info("worker %s healthy at position %d", link.worker_id, answer.position)
+            # Judged again from the position it reports now: a reason found while it was
+            # away (or before it was heard from) may no longer hold.
             tester = self.workers.get(self.tester or "")
+            far_behind = ""
             if tester is not None and tester is not link and tester.healthy:
-                link.needs_snapshot = (
-                    snapshot_needed(tester.position, link.position) or link.needs_snapshot
-                )
+                far_behind = snapshot_needed(tester.position, link.position)
+            link.needs_snapshot = far_behind
+            if far_behind:
+                log.warning("worker %s needs a snapshot: %s", link.worker_id, far_behind)
             self._mark_behind_history(link)
         self._changed.set()
 
@@ -348,7 +352,11 @@ class Dispatch:
                 log.info("progress report to the store failed: %s", error.code().name)
             else:
                 self.history_from = answer.history_from
-                if any([self._mark_behind_history(w) for w in list(self.workers.values())]):
+                # Only workers heard from: the position of one not yet heard from (at
+                # start, or after it died) is not known, and a worker judged from a stale
+                # 0 would wait for a snapshot it does not need.
+                heard = [w for w in self.workers.values() if w.healthy]
+                if any([self._mark_behind_history(w) for w in heard]):
                     self._changed.set()
             await asyncio.sleep(PROGRESS_REPORT_S)
 
