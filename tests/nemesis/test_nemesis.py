@@ -1,6 +1,7 @@
 """Our own fault injection over real processes (tests/support/nemesis.py): a seeded
-schedule of kills, pauses, cut-off DCs and one whole-cluster crash under load, then the
-checks of PROTOCOL.md section 4 on what the clients were told. ``make nemesis`` runs it
+schedule of kills, pauses, cut-off DCs and one whole-cluster crash under load, while the
+stores truncate and rotate, then the checks of PROTOCOL.md section 4 on what the clients
+were told. ``make nemesis`` runs it
 for ten minutes; CI for ``TXSYNC_NEMESIS_S`` (60 s by default)."""
 
 from __future__ import annotations
@@ -26,3 +27,5 @@ def test_faults_under_load_lose_nothing_and_duplicate_nothing(tmp_path: Path) ->
     assert report.lost == 0 and report.duplicated == 0, report.summary()
     assert report.acknowledged > 0 and report.ordered >= report.acknowledged, report.summary()
     assert report.faults["crash"] == 1 and report.faults["kill"] >= 1, report.summary()
+    # The faults met truncations and rotations: every store dropped history meanwhile.
+    assert report.truncated > 0 and report.rotations >= 3, report.summary()

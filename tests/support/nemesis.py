@@ -11,10 +11,16 @@ schedule drawn from a seed meanwhile:
 - ``cut``: cuts one DC's coordinator off from the others for a few seconds;
 - ``crash``: SIGKILLs every service at once (the whole cluster), once, mid-run.
 
+The stores truncate as in production, only sooner (``TRUNCATING``: a few hundred
+positions kept and small log files), so the faults land in truncations and rotations
+too (issue 47). What a store truncated cannot be read back at the end: ``_OrderWatch``
+reads every DC's synced order as it grows, and the rows of the workers show what ran.
+
 Then everything heals and the run waits (generously) for the cluster to settle, and
 checks: the synced order is the same at every DC; every acknowledged transaction is in
-it exactly once and OK at every DC; no key's row was inserted twice on any worker; every
-worker is healthy at one position with one state digest.
+it exactly once, OK at every DC that still holds it, and its row is on every worker
+exactly once; no key's row was inserted twice on any worker; every worker is healthy at
+one position with one state digest; every store truncated and rotated.
 
 ``TXSYNC_NEMESIS_S`` sets how long faults are injected (CI: 60; ``make nemesis``: 600),
 ``TXSYNC_NEMESIS_SEED`` the schedule; a failure names the seed.
@@ -36,13 +42,17 @@ from typing import Any
 
 import grpc
 
-from tests.support.dev_up import free_base_port, list_workers, synced_ids
+from tests.support.dev_up import free_base_port, list_workers
 from txsync.dev_cluster import DevCluster, Service, layout_of
 from txsync.link_emulator import LinkEmulator
 from txsync.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
     client_pb2,
     client_pb2_grpc,
     common_pb2,
+    store_pb2,
+    store_pb2_grpc,
     worker_pb2,
     worker_pb2_grpc,
 )
@@ -53,8 +63,21 @@ FAULT_EVERY_S = (2.0, 5.0)
 OUTAGE_S = (1.0, 5.0)
 """How long a pause or a cut lasts, drawn uniformly."""
 SETTLE_TIMEOUT_S = 600.0
-HISTORY_KEPT_FOR_THE_CHECK = 10_000_000
 """After the last fault: long, since a loaded machine restarts 15 processes slowly."""
+HISTORY_KEPT = 300
+"""Positions a store keeps past what every peer and worker passed: about 6 s of the
+clients' load, and many more than ``_OrderWatch`` falls behind between two reads."""
+TRUNCATING = [
+    "--history-kept", str(HISTORY_KEPT),
+    "--history-kept-ms", "0",
+    "--log-file-bytes-max", str(256 * 1024),
+]  # fmt: skip
+"""Store flags: truncation after a few hundred positions, and a rotation about every 700
+transactions (the defaults keep 2,000 positions and 10 s, and rotate at 16 MiB, which a
+run of a minute does not reach)."""
+WATCH_EVERY_S = 0.3
+QUERY_ROWS_MAX = 10_000
+"""The most rows one worker Query returns."""
 CLIENT_PAUSE_S = 0.02
 """Between one client's submits: a steady load that leaves the faults room to act."""
 SUBMIT_TIMEOUT_S = 10.0
@@ -95,6 +118,9 @@ class Report:
     lost: int = 0
     duplicated: int = 0
     restarts: int = 0
+    truncated: int = 0
+    """Positions the store that truncated least had dropped when the check passed."""
+    rotations: int = 0
     settled_after_s: float = 0.0
     problems: list[str] = field(default_factory=list)
 
@@ -103,8 +129,9 @@ class Report:
         return (
             f"seed {self.seed}: {self.acknowledged} acknowledged, {self.ordered} ordered; "
             f"faults: {faults}; service restarts {self.restarts}; lost {self.lost}, "
-            f"duplicated {self.duplicated}; settled {self.settled_after_s:.0f} s after "
-            "the last fault"
+            f"duplicated {self.duplicated}; truncated {self.truncated} at every DC, "
+            f"{self.rotations} rotations; settled {self.settled_after_s:.0f} s after the "
+            "last fault"
         )
 
 
@@ -142,6 +169,45 @@ class _Client(threading.Thread):
                 self.stop.wait(CLIENT_PAUSE_S)
 
 
+class _OrderWatch(threading.Thread):
+    """Reads every DC's synced order as it grows, before truncation drops it (a store
+    keeps ``HISTORY_KEPT`` positions past what every peer and worker passed)."""
+
+    def __init__(self, stores: dict[str, str], stop: threading.Event) -> None:
+        super().__init__(name="order-watch", daemon=True)
+        self.stores, self.stop = stores, stop
+        self.orders: dict[str, list[str]] = {dc: [] for dc in stores}
+        """Each DC's synced order as read, from position 1 on."""
+        self.missed: dict[str, str] = {}
+        """DCs that truncated positions before this watch read them: their order is not
+        known whole, which the check reports (a watch too slow, not a lost order)."""
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stop.wait(WATCH_EVERY_S):
+            self.read_all()
+
+    def read_all(self) -> None:
+        with self._lock:
+            for dc, address in self.stores.items():
+                with grpc.insecure_channel(address) as channel:
+                    self._read(dc, store_pb2_grpc.StoreInternalServiceStub(channel))
+
+    def _read(self, dc: str, stub: store_pb2_grpc.StoreInternalServiceStub) -> None:
+        order = self.orders[dc]
+        while dc not in self.missed:
+            request = store_pb2.ReadSyncedRequest(from_len=len(order), count_max=1024)
+            try:
+                page = stub.ReadSynced(request, timeout=10)
+            except grpc.RpcError as error:
+                if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self.missed[dc] = f"{dc} truncated past {len(order)}: {error.details()}"
+                return  # down, restarting, or (OUT_OF_RANGE) replaying: read it later
+            if not page.entries:
+                return
+            order += [meta.tx_id for meta in page.entries]
+
+
 class NemesisRun:
     def __init__(self, seed: int, duration_s: float, root: Path | None = None) -> None:
         self.seed, self.duration_s = seed, duration_s
@@ -150,12 +216,12 @@ class NemesisRun:
             self.root, 3, free_base_port(3), witness=False, workers=2
         )
         self.emulator = LinkEmulator(seed)
-        # The check compares every DC's whole order and reads every acknowledged
-        # transaction back: the stores keep all of it (a run makes a few thousand), where
-        # they would truncate what every peer and worker passed (issue 47).
-        keep_all = ["--history-kept", str(HISTORY_KEPT_FOR_THE_CHECK)]
         self.cluster = DevCluster(
-            self.layout, self.emulator, extra_args={"transaction-store": keep_all}
+            self.layout, self.emulator, extra_args={"transaction-store": TRUNCATING}
+        )
+        self.watch = _OrderWatch(
+            {dc: self.layout["dcs"][dc]["store"] for dc in self.layout["dcs"]},
+            threading.Event(),
         )
         self.report = Report(seed)
         self.log_lines: list[str] = []
@@ -171,6 +237,7 @@ class NemesisRun:
         try:
             self.cluster.start(progress=self._log)
             self._create_table()
+            self.watch.start()
             stop = threading.Event()
             clients = [_Client(dc, self.layout["dcs"][dc]["store"], stop) for dc in self.dcs]
             for client in clients:
@@ -185,8 +252,12 @@ class NemesisRun:
             self.report.acknowledged = len(acknowledged)
             self._settle_and_check(acknowledged)
         finally:
+            self.watch.stop.set()
             self.cluster.stop()
             self.emulator.close()
+        self.report.rotations = sum(
+            _rotations(Path(entry["data"])) for entry in self.layout["dcs"].values()
+        )
         return self.report
 
     def _supervise(self) -> None:
@@ -256,19 +327,27 @@ class NemesisRun:
 
     def _check(self, acknowledged: dict[str, str]) -> list[str]:
         stores = {dc: self.layout["dcs"][dc]["store"] for dc in self.dcs}
-        orders = {dc: synced_ids(address) for dc, address in stores.items()}
+        self.watch.read_all()
+        orders = self.watch.orders
         reference = orders[self.dcs[0]]
-        problems = [f"{dc}'s order differs" for dc, o in orders.items() if o != reference]
+        problems = list(self.watch.missed.values())
+        problems += [f"{dc}'s order differs" for dc, o in orders.items() if o != reference]
         counts = Counter(reference)
         self.report.ordered = len(reference)
         self.report.lost = sum(1 for t in acknowledged.values() if counts[t] == 0)
         twice = sum(1 for n in counts.values() if n > 1)
         if self.report.lost:
             problems.append(f"{self.report.lost} acknowledged transactions not ordered")
+        position = {tx_id: n for n, tx_id in enumerate(reference, start=1)}
+        truncated: list[int] = []
         for dc, address in stores.items():
+            history_from = _status(address).retention.history_from
+            truncated.append(history_from - 1)
             with grpc.insecure_channel(address) as channel:
                 stub = client_pb2_grpc.ClientServiceStub(channel)
                 for tx_id in acknowledged.values():
+                    if position.get(tx_id, 0) < history_from:
+                        continue  # truncated: its row shows whether it ran (below)
                     state = stub.Get(client_pb2.GetRequest(tx_id=tx_id), timeout=30).state
                     if state != common_pb2.TX_STATE_OK:
                         problems.append(f"{tx_id} is {common_pb2.TxState.Name(state)} at {dc}")
@@ -280,6 +359,7 @@ class NemesisRun:
                 (len(reference), workers[0].state_digest)
             }:
                 problems.append(f"{dc}: workers not all at {len(reference)} with one digest")
+        self.report.truncated = min(truncated)
         if problems:
             return problems
         digests = {w.state_digest for a in stores.values() for w in list_workers(a)}
@@ -287,23 +367,49 @@ class NemesisRun:
             problems.append("workers of different DCs hold different digests")
         for dc in self.dcs:
             for worker_id, address in self.layout["dcs"][dc]["workers"].items():
-                most = _most_rows_per_key(address)
+                rows = _rows_per_key(address)
+                most = max(rows.values(), default=0)
                 twice += most > 1
                 if most > 1:
                     problems.append(f"{worker_id}: a key inserted {most} times")
+                missing = [key for key in acknowledged if key not in rows]
+                if missing:
+                    problems.append(f"{worker_id}: no row for {len(missing)} acknowledged keys")
         self.report.duplicated = twice
         return problems
 
 
-def _most_rows_per_key(worker_address: str) -> int:
+def _rows_per_key(worker_address: str) -> dict[str, int]:
+    """How many rows each key has at one worker (a key's transaction ran once: one),
+    read in pages of ``QUERY_ROWS_MAX`` keys."""
+    rows: dict[str, int] = {}
     with grpc.insecure_channel(worker_address) as channel:
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
-        sql = "SELECT coalesce(max(c), 0) FROM (SELECT count(*) AS c FROM t GROUP BY k)"
-        answer = stub.Query(
-            worker_pb2.WorkerServiceQueryRequest(statement=common_pb2.Statement(sql=sql)),
-            timeout=30,
-        )
-    return int(answer.rows[0].values[0].int_value)
+        while True:
+            after = max(rows, default="")
+            sql = "SELECT k, count(*) FROM t WHERE k > ? GROUP BY k ORDER BY k LIMIT ?"
+            params = [
+                common_pb2.SqlValue(text_value=after),
+                common_pb2.SqlValue(int_value=QUERY_ROWS_MAX),
+            ]
+            request = worker_pb2.WorkerServiceQueryRequest(
+                statement=common_pb2.Statement(sql=sql, params=params), max_rows=QUERY_ROWS_MAX
+            )
+            page = stub.Query(request, timeout=30).rows
+            rows.update((row.values[0].text_value, row.values[1].int_value) for row in page)
+            if len(page) < QUERY_ROWS_MAX:
+                return rows
+
+
+def _rotations(data: Path) -> int:
+    log = data / "transaction-store.log"
+    return log.read_text(errors="replace").count(" txlog rotated in ") if log.exists() else 0
+
+
+def _status(address: str) -> admin_pb2.DcStatus:
+    with grpc.insecure_channel(address) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        return stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=30).local
 
 
 def _signal(service: Service, signum: signal.Signals) -> None:
