@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import txsync.client
+from txsync.client import Tls
 from txsync.client.endpoints import Endpoint, EndpointError, resolve
 
 
@@ -34,6 +35,23 @@ def test_addresses_the_environment_and_names(monkeypatch: pytest.MonkeyPatch) ->
     assert resolve("dns:///localhost:7101") == [Endpoint("localhost:7101")]
     with pytest.raises(EndpointError, match=r"cannot resolve 'no-such-host\.invalid'"):
         resolve("no-such-host.invalid:7101")
+
+
+def test_addresses_may_name_their_dcs_and_a_tls_name_may_use_them() -> None:
+    named = resolve("dc1=127.0.0.1:1, dc2=localhost:2", prefer="dc2")
+    assert named == [Endpoint("localhost:2", "dc2"), Endpoint("127.0.0.1:1", "dc1")]
+    assert resolve("dc1=db.example:7101") == [Endpoint("db.example:7101", "dc1")], "no lookup"
+    with pytest.raises(EndpointError, match=r"a DC's name before '='"):
+        resolve("=127.0.0.1:1")
+    per_dc = Tls(b"ca", server_name="{dc}")
+    assert [per_dc.name_for(e) for e in named] == ["dc2", "dc1"]
+    assert Tls(b"ca", server_name="store.{dc}.example").name_for(named[0]) == "store.dc2.example"
+    assert Tls(b"ca", server_name="dc1").name_for(named[0]) == "dc1", "one name for all"
+    assert Tls(b"ca").name_for(named[0]) == "", "the address's host"
+    with pytest.raises(ValueError, match=r"names no DC: give DC=HOST:PORT"):
+        per_dc.name_for(Endpoint("127.0.0.1:1"))
+    with pytest.raises(ValueError, match=r"names no DC"):
+        txsync.client.Client("127.0.0.1:1", tls=per_dc)
 
 
 def test_every_exported_name_is_importable_from_the_package() -> None:

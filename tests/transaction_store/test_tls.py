@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tests.support.processes import ServiceProcess, transaction_store
 from txsync import access
 from txsync.access import AccessInterceptor, AccessPolicy
+from txsync.client import Client, Tls, TxSyncError
 from txsync.rpc import health_status
 from txsync.tls import is_loopback
 from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
@@ -120,6 +121,43 @@ def test_with_a_client_ca_a_certificate_names_the_caller(tmp_path: Path) -> None
         assert "dc1" in cli.stdout, cli.stdout + cli.stderr
     finally:
         store.terminate()
+
+
+def test_a_client_fails_over_to_a_dc_whose_certificate_names_that_dc(tmp_path: Path) -> None:
+    """The chart's certificates name their DC: ``{dc}`` gives each DC its own name, where
+    one name for every DC fails the second DC's handshake (issues 49 and 50)."""
+    certs = _issue(tmp_path / "certs", "dc1", "dc2")
+    stores = {}
+    for dc in ("dc1", "dc2"):
+        stores[dc] = transaction_store(
+            tmp_path / dc, dc,
+            "--tls-cert", str(certs / f"{dc}.pem"), "--tls-key", str(certs / f"{dc}.key"),
+        )  # fmt: skip
+        stores[dc].start()
+    endpoints = ",".join(f"{dc}={store.address}" for dc, store in stores.items())
+    ca = (certs / "ca.pem").read_bytes()
+    try:
+        with Client(endpoints, tls=Tls(ca, server_name="{dc}"), timeout=60) as client:
+            assert client.submit("CREATE TABLE t (a)", wait="incoming").created
+            assert client.current.dc == "dc1"
+            stores["dc1"].terminate()
+            assert client.submit("CREATE TABLE u (a)", wait="incoming").created
+            assert client.current.dc == "dc2", "failed over, and dc2's handshake passed"
+        with (
+            Client(endpoints, tls=Tls(ca, server_name="dc1"), timeout=10) as one_name,
+            pytest.raises(TxSyncError),
+        ):
+            one_name.submit("CREATE TABLE v (a)", wait="incoming")
+        cli = subprocess.run(
+            [sys.executable, "-m", "txsync.cli.main", "status", "--local", "--dc", "dc2",
+             "--endpoints", endpoints, "--tls-ca", str(certs / "ca.pem"),
+             "--tls-server-name", "{dc}"],
+            capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+        assert cli.returncode == 0 and "dc2" in cli.stdout, cli.stdout + cli.stderr
+    finally:
+        for store in stores.values():
+            store.terminate()
 
 
 def test_peers_are_told_apart_from_loopback() -> None:

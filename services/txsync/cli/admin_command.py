@@ -18,6 +18,7 @@ import grpc
 
 from txsync.cli.connect import (
     TIMEOUT_S,
+    Target,
     add_connection_arguments,
     channel,
     describe,
@@ -41,9 +42,9 @@ exit status: 0 done, 1 refused or unreachable, 2 bad arguments, 3 timed out wait
 
 
 def _stub(
-    address: str, options: argparse.Namespace
+    asked: Target, options: argparse.Namespace
 ) -> tuple[grpc.Channel, admin_pb2_grpc.AdminServiceStub]:
-    open_channel = channel(address, options)
+    open_channel = channel(asked.address, options, asked.dc)
     return open_channel, admin_pb2_grpc.AdminServiceStub(open_channel)
 
 
@@ -63,7 +64,7 @@ def run_member(options: argparse.Namespace) -> int:
             set_weight=peer_pb2.Member(node_id=options.node, weight=options.weight)
         )
     wanted_in_view = options.member_command != "remove"
-    open_channel, stub = _stub(asked.address, options)
+    open_channel, stub = _stub(asked, options)
     with open_channel:
         try:
             changed = stub.ChangeMembership(request, timeout=TIMEOUT_S, metadata=metadata(options))
@@ -107,7 +108,7 @@ def _weight_applied(local: admin_pb2.DcStatus, options: argparse.Namespace) -> b
 
 def run_rounds(options: argparse.Namespace) -> int:
     asked = target(options)
-    open_channel, stub = _stub(asked.address, options)
+    open_channel, stub = _stub(asked, options)
     with open_channel:
         try:
             answer = stub.ListRounds(
@@ -147,7 +148,7 @@ def run_rounds(options: argparse.Namespace) -> int:
 
 def run_sync(options: argparse.Namespace) -> int:
     asked = target(options)
-    open_channel, stub = _stub(asked.address, options)
+    open_channel, stub = _stub(asked, options)
     with open_channel:
         try:
             if options.sync_command == "pause":
@@ -166,7 +167,7 @@ def run_sync(options: argparse.Namespace) -> int:
 
 def run_log(options: argparse.Namespace) -> int:
     asked = target(options)
-    open_channel, stub = _stub(asked.address, options)
+    open_channel, stub = _stub(asked, options)
     with open_channel:
         try:
             answer = stub.TruncateLog(

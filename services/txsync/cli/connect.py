@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
-from txsync.client.endpoints import EndpointError, looks_like_addresses, resolve
+from txsync.client.connection import DC_PLACEHOLDER
+from txsync.client.endpoints import EndpointError, resolve
 from txsync.tls import channel_credentials, read_pem
 
 if TYPE_CHECKING:
@@ -45,8 +46,9 @@ def add_connection_arguments(
     group.add_argument(
         "--endpoints",
         default=os.environ.get("TXSYNC_ENDPOINTS", DEFAULT_ENDPOINTS),
-        help="cluster.json of `txsync dev up`, or HOST:PORT[,HOST:PORT...] of DCs' "
-        "transaction-stores (default: $TXSYNC_ENDPOINTS, else data/cluster.json)",
+        help="cluster.json of `txsync dev up`, or [DC=]HOST:PORT[,...] of DCs' "
+        "transaction-stores, DC= naming each (default: $TXSYNC_ENDPOINTS, else "
+        "data/cluster.json)",
     )
     group.add_argument("--dc", help="which DC of the endpoints to ask (default: the first)")
     group.add_argument(
@@ -64,8 +66,10 @@ def add_connection_arguments(
     group.add_argument(
         "--tls-server-name",
         default=os.environ.get("TXSYNC_TLS_SERVER_NAME") or None,
-        help="the name the store's certificate must carry, when not its address's host "
-        "(the chart's certificates name the DC: dc1) (default: $TXSYNC_TLS_SERVER_NAME)",
+        help="the name the store's certificate must carry, when not its address's host; "
+        "{dc} stands for each DC's name (the chart's certificates name their DC: give "
+        "'{dc}' with a cluster file or DC=HOST:PORT endpoints) "
+        "(default: $TXSYNC_TLS_SERVER_NAME)",
     )
     group.add_argument(
         "--tls-cert",
@@ -95,8 +99,8 @@ def all_targets(options: argparse.Namespace) -> list[Target]:
     """Every DC the endpoints name, the ``--dc`` one first (only it, if given)."""
     endpoints: str = options.endpoints
     targets = targets_of(endpoints)
-    if options.dc and looks_like_addresses(endpoints):
-        fail("--dc needs a cluster file as --endpoints (these are addresses)")
+    if options.dc and not any(t.dc for t in targets):
+        fail("--dc needs DCs by name: a cluster file, or DC=HOST:PORT endpoints")
     if options.dc:
         chosen = [t for t in targets if t.dc == options.dc]
         if not chosen:
@@ -140,8 +144,9 @@ def metadata(options: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def channel(address: str, options: argparse.Namespace) -> grpc.Channel:
-    """A channel to a store: TLS when ``--tls-ca`` is given, plaintext otherwise."""
+def channel(address: str, options: argparse.Namespace, dc: str = "") -> grpc.Channel:
+    """A channel to DC ``dc``'s store: TLS when ``--tls-ca`` is given (the name its
+    certificate carries: ``--tls-server-name``, ``{dc}`` filled), plaintext otherwise."""
     ca: Path | None = getattr(options, "tls_ca", None)
     if ca is None:
         return grpc.insecure_channel(address)
@@ -158,8 +163,13 @@ def channel(address: str, options: argparse.Namespace) -> grpc.Channel:
     except OSError as error:
         fail(str(error))
     settings = []
-    if options.tls_server_name:
-        settings.append(("grpc.ssl_target_name_override", options.tls_server_name))
+    name: str = options.tls_server_name or ""
+    if DC_PLACEHOLDER in name:
+        if not dc:
+            fail(f"--tls-server-name {name} needs DCs by name: a cluster file, or DC=HOST:PORT")
+        name = name.replace(DC_PLACEHOLDER, dc)
+    if name:
+        settings.append(("grpc.ssl_target_name_override", name))
     return grpc.secure_channel(address, credentials, options=settings)
 
 

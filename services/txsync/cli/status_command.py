@@ -76,7 +76,7 @@ def dc_report(status: admin_pb2.DcStatus) -> dict[str, Any]:
 
 
 def _get_status(options: argparse.Namespace, asked: Target, cluster: bool) -> list[Any]:
-    with channel(asked.address, options) as open_channel:
+    with channel(asked.address, options, asked.dc) as open_channel:
         stub = admin_pb2_grpc.AdminServiceStub(open_channel)
         answer = stub.GetStatus(
             admin_pb2.GetStatusRequest(cluster=cluster),
@@ -213,7 +213,7 @@ def run_workers(options: argparse.Namespace) -> int:
     alarms = []
     for asked in all_targets(options):
         try:
-            with channel(asked.address, options) as open_channel:
+            with channel(asked.address, options, asked.dc) as open_channel:
                 stub = admin_pb2_grpc.AdminServiceStub(open_channel)
                 answer = stub.ListWorkers(
                     admin_pb2.ListWorkersRequest(), timeout=TIMEOUT_S, metadata=metadata(options)

@@ -62,9 +62,10 @@ def run_get(options: argparse.Namespace) -> int:
         except TxSyncError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
-        address = client.current.address
+        answered = client.current
+    address = answered.address
     try:
-        with channel(address, options) as open_channel:
+        with channel(address, options, answered.dc) as open_channel:
             everywhere = admin_pb2_grpc.AdminServiceStub(open_channel).GetTransaction(
                 admin_pb2.GetTransactionRequest(tx_id=got.tx_id),
                 timeout=TIMEOUT_S * 2,

@@ -71,6 +71,9 @@ class AsyncClient:
         idempotent: bool = True,
     ) -> None:
         self.endpoints: list[Endpoint] = resolve(endpoints, dc)
+        if tls is not None:  # a name template the endpoints cannot fill fails now
+            for endpoint in self.endpoints:
+                tls.name_for(endpoint)
         self._transport = AioTransport(
             self.endpoints, token_metadata(token), tls,
             batching={"batch_max": batch_max, "in_flight_max": in_flight_max,

@@ -69,6 +69,9 @@ class Client:
         idempotent: bool = True,
     ) -> None:
         self.endpoints: builtins.list[Endpoint] = resolve(endpoints, dc)
+        if tls is not None:  # a name template the endpoints cannot fill fails now
+            for endpoint in self.endpoints:
+                tls.name_for(endpoint)
         self._transport = SyncTransport(
             self.endpoints, token_metadata(token), tls,
             batching={"batch_max": batch_max, "in_flight_max": in_flight_max,

@@ -14,6 +14,7 @@ from txsync.client.endpoints import Endpoint
 
 MESSAGE_BYTES_MAX = 8 * 1024 * 1024
 TOKEN_ENV = "TXSYNC_TOKEN"
+DC_PLACEHOLDER = "{dc}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +26,23 @@ class Tls:
     cert: bytes | Path | None = None
     key: bytes | Path | None = None
     server_name: str | None = None
-    """The name the stores' certificates carry, when it is not their address's host (the
-    chart's certificates name the DC: ``dc1``)."""
+    """The name the stores' certificates carry, when it is not their address's host.
+    ``{dc}`` in it stands for each DC's name (from a cluster file or ``DC=HOST:PORT``
+    endpoints): the chart's certificates name their DC, so ``"{dc}"`` reaches dc1 as
+    ``dc1`` and, failing over, dc2 as ``dc2``; one fixed name would fail the second DC's
+    handshake."""
+
+    def name_for(self, endpoint: Endpoint) -> str:
+        """The name ``endpoint``'s certificate must carry ("": its address's host)."""
+        name = self.server_name or endpoint.server_name
+        if DC_PLACEHOLDER not in name:
+            return name
+        if not endpoint.dc:
+            raise ValueError(
+                f"the TLS server name {name!r} has {DC_PLACEHOLDER}, and the endpoint "
+                f"{endpoint.address} names no DC: give DC=HOST:PORT or a cluster file"
+            )
+        return name.replace(DC_PLACEHOLDER, endpoint.dc)
 
     def credentials(self) -> grpc.ChannelCredentials:
         def pem(value: bytes | Path | None) -> bytes | None:
@@ -47,7 +63,7 @@ def channel_options(endpoint: Endpoint, tls: Tls | None) -> list[tuple[str, int 
         ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
         ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
     ]
-    name = tls is not None and (tls.server_name or endpoint.server_name)
+    name = tls.name_for(endpoint) if tls is not None else ""
     if name:
         options.append(("grpc.ssl_target_name_override", name))
     return options

@@ -4,7 +4,8 @@ Every DC's transaction-store is that DC's front door (client and admin API). A c
 told where they are in one of four ways, all resolved by ``resolve``:
 
 * the ``cluster.json`` that ``txsync dev up`` writes (every DC by name);
-* ``HOST:PORT[,HOST:PORT...]``: one store per DC;
+* ``[DC=]HOST:PORT[,[DC=]HOST:PORT...]``: one store per DC, each named if ``DC=`` is
+  given (so that ``prefer`` and a TLS name template, ``Tls.server_name``, can use it);
 * one ``HOST:PORT`` whose name resolves to several addresses (as the chart's headless
   Services publish the DCs): one DC per address, ``dns:///`` in front to insist;
 * nothing: ``$TXSYNC_ENDPOINTS``, else ``data/cluster.json``.
@@ -62,11 +63,19 @@ def resolve(
 
 
 def looks_like_addresses(text: str) -> bool:
-    """``HOST:PORT[,HOST:PORT...]`` (as opposed to a cluster file's path)."""
+    """``[DC=]HOST:PORT[,...]`` (as opposed to a cluster file's path)."""
     return all(
         ":" in part and part.rsplit(":", 1)[1].isdigit() and not part.endswith(".json")
         for part in text.removeprefix(DNS_PREFIX).split(",")
     )
+
+
+def _named_address(part: str) -> Endpoint:
+    """``DC=HOST:PORT`` or ``HOST:PORT``."""
+    dc, equals, address = part.strip().rpartition("=")
+    if equals and not dc.strip():
+        raise EndpointError(f"{part.strip()!r}: a DC's name before '=' (dc1=HOST:PORT)")
+    return Endpoint(address.strip(), dc.strip())
 
 
 def _named(endpoints: str | Sequence[str] | None) -> list[Endpoint]:
@@ -77,9 +86,11 @@ def _named(endpoints: str | Sequence[str] | None) -> list[Endpoint]:
     text = endpoints.strip()
     if not looks_like_addresses(text):
         return _from_cluster_file(Path(text))
-    if text.startswith(DNS_PREFIX) or ("," not in text and not _is_ip(_host(text))):
+    if text.startswith(DNS_PREFIX) or (
+        "," not in text and "=" not in text and not _is_ip(_host(text))
+    ):
         return _from_dns(text.removeprefix(DNS_PREFIX))
-    return [Endpoint(part.strip()) for part in text.split(",") if part.strip()]
+    return [_named_address(part) for part in text.split(",") if part.strip()]
 
 
 def _from_cluster_file(path: Path) -> list[Endpoint]:
