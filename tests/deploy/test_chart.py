@@ -102,9 +102,49 @@ def test_the_master_pod_runs_three_services_wired_to_the_whole_cluster() -> None
     assert "kubectl -n txsync-dc2 scale statefulset txsync-dc2-workers" in text
 
 
+def test_each_container_has_its_own_resources_flags_and_environment() -> None:
+    """Before, the master's one ``resources`` went to each of its three containers (a pod
+    asked three times the request), and no service flag could be set (issue 49)."""
+    flag, env = "--history-kept=5000", {"name": "TXSYNC_EXTRA", "value": "1"}
+    values = merged(
+        example_values("three-dcs", "dc1.yaml"),
+        {
+            "master": {
+                "transactionStore": {"extraArgs": [flag], "extraEnv": [env]},
+                "workerDispatch": {"resources": {"requests": {"cpu": "50m"}}},
+            },
+            "workers": {"extraArgs": ["--steps-max=1000"], "extraEnv": [env]},
+        },
+    )
+    helm_python.Chart.load(CHART).validate_schema(values)
+    objects = render(values, "txsync-dc1", "txsync-dc1")
+    pods = {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"]
+        for o in objects
+        if o["kind"] == "StatefulSet"
+    }
+    master = {c["name"]: c for c in pods["txsync-dc1-master"]}
+    requests = {name: c["resources"]["requests"] for name, c in master.items()}
+    assert requests == {
+        "transaction-store": {"cpu": "250m", "memory": "256Mi"},
+        "sync-coordinator": {"cpu": "250m", "memory": "128Mi"},
+        "worker-dispatch": {"cpu": "50m", "memory": "128Mi"},
+    }
+    store = master["transaction-store"]
+    assert store["args"][-1] == flag and flag not in master["sync-coordinator"]["args"]
+    assert store["env"][-1] == env
+    worker = pods["txsync-dc1-workers"][0]
+    assert worker["args"][-1] == "--steps-max=1000" and worker["env"][-1] == env
+    for manifest in objects:
+        if manifest["kind"] == "StatefulSet":
+            kubernetes_validate.validate(manifest, KUBERNETES_VERSIONS[-1], strict=True)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
+        ({"master": {"resources": {}}}, "resources"),
+        ({"master": {"transactionStore": {"extraArgs": ["history-kept=1"]}}}, "extraArgs"),
         ({"dcs": [{"url": "a:1", "storeUrl": "b:2"}]}, "id"),
         ({"dc": "Not A Dc"}, "dc"),
         ({"workers": {"replicas": -1}}, "replicas"),
