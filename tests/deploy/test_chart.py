@@ -29,6 +29,7 @@ EXAMPLE_RELEASES = [
     ("two-dcs-witness", "dc1.yaml"), ("two-dcs-witness", "dc2.yaml"),
     ("two-dcs-witness", "witness.yaml"),
 ]  # fmt: skip
+COMPONENT = "app.kubernetes.io/component"
 NOT_IN_KUBERNETES = {"ServiceMonitor"}
 """Custom resources (Prometheus operator): no schema in kubernetes-validate."""
 
@@ -61,6 +62,40 @@ def test_every_example_renders_lints_and_validates(example: str, dc_file: str) -
             if manifest["kind"] in NOT_IN_KUBERNETES:
                 continue
             kubernetes_validate.validate(manifest, version, strict=True)
+
+
+@pytest.mark.parametrize(("example", "dc_file"), EXAMPLE_RELEASES)
+def test_every_service_port_reaches_a_port_of_every_pod_it_selects(
+    example: str, dc_file: str
+) -> None:
+    """A Service's port whose pods lack it makes targets that are always down (the one
+    metrics Service selected every pod for every metrics port: 3 of 4 targets down)."""
+    values = _every_option_on(example_values(example, dc_file))
+    objects = render(values, f"txsync-{values['dc']}", f"txsync-{values['dc']}")
+    pods = [
+        (o["spec"]["template"]["metadata"]["labels"], o["spec"]["template"]["spec"]["containers"])
+        for o in objects
+        if o["kind"] == "StatefulSet"
+    ]
+    for service in (o for o in objects if o["kind"] == "Service"):
+        selector = service["spec"]["selector"]
+        selected = [c for labels, c in pods if selector.items() <= labels.items()]
+        assert selected, f"{service['metadata']['name']} selects no pod"
+        for containers in selected:
+            ports = {p.get("name") for c in containers for p in c["ports"]}
+            ports |= {p["containerPort"] for c in containers for p in c["ports"]}
+            for port in service["spec"]["ports"]:
+                target = port.get("targetPort", port["port"])
+                assert target in ports, (service["metadata"]["name"], port, sorted(map(str, ports)))
+    monitor = next(o for o in objects if o["kind"] == "ServiceMonitor")
+    scraped = {e["port"] for e in monitor["spec"]["endpoints"]}
+    named = {
+        p["name"]
+        for o in objects
+        if o["kind"] == "Service" and o["metadata"]["labels"].get(COMPONENT) == "metrics"
+        for p in o["spec"]["ports"]
+    }
+    assert named <= scraped, "every metrics port is scraped"
 
 
 def test_the_master_pod_runs_three_services_wired_to_the_whole_cluster() -> None:
