@@ -118,12 +118,14 @@ def test_the_master_pod_runs_three_services_wired_to_the_whole_cluster() -> None
     assert "--store=127.0.0.1:7006" in containers["worker-dispatch"]["args"]
     for container in containers.values():
         probe = container["readinessProbe"]
-        assert (probe.get("grpc") or probe["tcpSocket"])["port"] in (7001, 7004, 7005)
+        assert probe["grpc"]["port"] in (7004, 7005, 7007), "gRPC health, no TCP fallback"
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    # TLS on the client port: the kubelet's gRPC probe speaks none, so TCP there.
+    # TLS on the client port: the kubelet's gRPC probe speaks none, so it asks a
+    # plaintext port that serves health alone.
     assert containers["transaction-store"]["readinessProbe"] == {
-        "tcpSocket": {"port": 7001}, "periodSeconds": 5,
+        "grpc": {"port": 7007}, "periodSeconds": 5,
     }  # fmt: skip
+    assert "--health-listen=0.0.0.0:7007" in store
     assert "--tls-cert=/etc/txsync/tls/tls.crt" in store
     assert "--peer-tls-ca=/etc/txsync/tls/ca.crt" in store
     env = {e["name"]: e.get("value") for e in containers["worker-dispatch"]["env"]}

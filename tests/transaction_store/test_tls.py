@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tests.support.processes import ServiceProcess, transaction_store
+from tests.support.processes import ServiceProcess, free_port, transaction_store
 from txsync import access
 from txsync.access import AccessInterceptor, AccessPolicy
 from txsync.client import Client, Tls, TxSyncError
@@ -158,6 +158,28 @@ def test_a_client_fails_over_to_a_dc_whose_certificate_names_that_dc(tmp_path: P
     finally:
         for store in stores.values():
             store.terminate()
+
+
+def test_probes_that_speak_no_tls_ask_a_plaintext_port_that_serves_health_alone(
+    tmp_path: Path,
+) -> None:
+    """The kubelet's gRPC probe speaks no TLS: the chart points it at ``--health-listen``
+    (a TCP probe would pass before the log is recovered)."""
+    certs = _issue(tmp_path / "certs", "dc1")
+    health_address = f"127.0.0.1:{free_port()}"
+    store = _tls_store(tmp_path / "store", certs, "--health-listen", health_address)
+    try:
+        with grpc.insecure_channel(health_address) as chan:
+            for service in ("", "txsync.v1.ClientService"):
+                status = health_status(chan, service, timeout_s=10)
+                assert status == health_pb2.HealthCheckResponse.SERVING, service
+            with pytest.raises(grpc.RpcError) as nothing_else:
+                client_pb2_grpc.ClientServiceStub(chan).Get(client_pb2.GetRequest(), timeout=10)
+            assert nothing_else.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        with grpc.insecure_channel(store.address) as chan, pytest.raises(grpc.RpcError):
+            health_status(chan)  # the client port itself speaks only TLS
+    finally:
+        store.terminate()
 
 
 def test_peers_are_told_apart_from_loopback() -> None:

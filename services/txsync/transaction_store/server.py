@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from txsync.access import add_access_argument, guarded_serving
 from txsync.rpc import (
@@ -78,9 +79,13 @@ async def serve(
     internal_listen: str | None = None,
     tls: grpc.ServerCredentials | None = None,
     allow_plaintext_tokens: bool = False,
+    health_listen: str | None = None,
 ) -> int:
     """``internal_listen``: serve ``StoreInternalService`` there only (the pod's loopback,
-    where the DC's coordinator and dispatch run), not on the client port."""
+    where the DC's coordinator and dispatch run), not on the client port.
+    ``health_listen``: serve gRPC health checking alone there, in plaintext: the
+    kubelet's gRPC probe speaks no TLS, and a TCP probe passes as soon as the port is
+    bound, before the log is recovered."""
     try:
         store = await TransactionStore.open(config)
     except LogCorruptionError as error:
@@ -121,6 +126,15 @@ async def serve(
             return 2
         servers.append(internal)
     health_servicer = add_health_and_reflection(server, public)
+    probe_health = None
+    if health_listen is not None:
+        probe = new_server()
+        probe_health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(probe_health, probe)
+        if probe.add_insecure_port(health_listen) == 0:
+            log.critical("cannot listen on %s (--health-listen)", health_listen)
+            return 2
+        servers.append(probe)
     port = server.add_secure_port(listen, tls) if tls else server.add_insecure_port(listen)
     if port == 0:
         log.critical("cannot listen on %s", listen)
@@ -130,6 +144,8 @@ async def serve(
     if internal_health is not None:
         await mark_serving(internal_health, [STORE_SERVICE])
     await mark_serving(health_servicer, public)
+    if probe_health is not None:
+        await mark_serving(probe_health, public)
     address = announce(listen, port, port_file)
     log.info(
         "transaction-store %s listening on %s%s%s",
@@ -142,6 +158,8 @@ async def serve(
     await until_stopped()
     log.info("shutting down: finishing in-flight calls (up to %.0f s)", grace_s)
     await health_servicer.enter_graceful_shutdown()
+    if probe_health is not None:
+        await probe_health.enter_graceful_shutdown()
     for serving in servers:
         await serving.stop(grace_s)
     await dc_admin.close()
@@ -202,6 +220,10 @@ def register(commands: Any) -> None:
     tls.add_argument("--peer-tls-ca", type=Path,
                      help="CA (PEM) that signs the other DCs' stores, asked over TLS for "
                           "cluster-wide status (their node id is the name checked)")  # fmt: skip
+    tls.add_argument("--health-listen", metavar="HOST:PORT",
+                     help="serve gRPC health checking alone here, in plaintext, for probes "
+                          "that speak no TLS (the kubelet's gRPC probe) while --listen "
+                          "does")  # fmt: skip
     tls.add_argument("--allow-plaintext-tokens", action="store_true",
                      help="take bearer tokens over plaintext from other machines too (only "
                           "on a network you trust: anyone on the path can read them)")  # fmt: skip
@@ -269,5 +291,6 @@ def run(options: argparse.Namespace) -> int:
             internal_listen=options.internal_listen,
             tls=tls,
             allow_plaintext_tokens=options.allow_plaintext_tokens,
+            health_listen=options.health_listen,
         )
     )
