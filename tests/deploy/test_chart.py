@@ -28,6 +28,8 @@ EXAMPLE_RELEASES = [
     ("three-dcs", "dc1.yaml"), ("three-dcs", "dc2.yaml"), ("three-dcs", "dc3.yaml"),
     ("two-dcs-witness", "dc1.yaml"), ("two-dcs-witness", "dc2.yaml"),
     ("two-dcs-witness", "witness.yaml"),
+    ("one-cluster-per-dc", "dc1.yaml"), ("one-cluster-per-dc", "dc2.yaml"),
+    ("one-cluster-per-dc", "dc3.yaml"),
 ]  # fmt: skip
 COMPONENT = "app.kubernetes.io/component"
 NOT_IN_KUBERNETES = {"ServiceMonitor"}
@@ -96,6 +98,36 @@ def test_every_service_port_reaches_a_port_of_every_pod_it_selects(
         for p in o["spec"]["ports"]
     }
     assert named <= scraped, "every metrics port is scraped"
+
+
+def test_a_dc_in_a_cluster_of_its_own_exposes_its_ports_to_the_other_dcs() -> None:
+    """One Kubernetes cluster per DC (k8s/one-cluster-per-dc): the peer and client ports
+    behind LoadBalancers at the names the other DCs dial, admitted from their CIDRs;
+    the coordinators dial each other's external addresses."""
+    values = example_values("one-cluster-per-dc", "dc2.yaml")
+    objects = render(values, "txsync-dc2", "txsync-dc2")
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    peer, client = services["txsync-dc2-peer"], services["txsync-dc2"]
+    for service, port in ((peer, "peer"), (client, "client")):
+        assert service["spec"]["type"] == "LoadBalancer"
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == [port]
+        hostname = service["metadata"]["annotations"]["external-dns.alpha.kubernetes.io/hostname"]
+        assert hostname == "dc2.txsync.example.net"
+    master = next(o for o in objects if o["metadata"]["name"] == "txsync-dc2-master"
+                  and o["kind"] == "StatefulSet")  # fmt: skip
+    containers = {c["name"]: c["args"] for c in master["spec"]["template"]["spec"]["containers"]}
+    assert "--peer=dc1=dc1.txsync.example.net:7002" in containers["sync-coordinator"]
+    assert "--peer-store=dc3=dc3.txsync.example.net:7001" in containers["transaction-store"]
+    policy = next(o for o in objects if o["kind"] == "NetworkPolicy"
+                  and o["metadata"]["name"] == "txsync-dc2-master")  # fmt: skip
+    admitted = {
+        port["port"]: [f["ipBlock"]["cidr"] for f in rule["from"] if "ipBlock" in f]
+        for rule in policy["spec"]["ingress"]
+        for port in rule["ports"]
+    }
+    assert admitted[7001] == admitted[7002] == values["networkPolicy"]["peerCIDRs"]
+    one_cluster = render(example_values("three-dcs", "dc2.yaml"), "txsync-dc2", "txsync-dc2")
+    assert not [o for o in one_cluster if o["metadata"]["name"] == "txsync-dc2-peer"]
 
 
 def test_the_master_pod_runs_three_services_wired_to_the_whole_cluster() -> None:
