@@ -304,3 +304,40 @@ def _call_empty(open_channel: grpc.Channel, path: str, method: Any) -> object:
     if method.server_streaming:
         return list(channel.unary_stream(path)(b"", timeout=10))
     return channel.unary_unary(path)(b"", timeout=10)
+
+
+def test_a_dc_that_refuses_the_callers_token_is_listed_not_left_out(tmp_path: Path) -> None:
+    """``tx get`` gathers the transaction from every DC with the caller's token: a DC whose
+    access file does not know it (a release that generated its own) and a DC that is down
+    each show with why, not as if they were not there (issue 49)."""
+    other = tmp_path / "other.toml"
+    digest = hashlib.sha256(b"another-admin").hexdigest()
+    other.write_text(f'[[token]]\nname = "theirs"\nrole = "admin"\nsha256 = "{digest}"\n')
+    dc2 = transaction_store(tmp_path / "dc2", "dc2", "--access-file", str(other))
+    dc2.start()
+    down = f"127.0.0.1:{free_port()}"
+    dc1 = transaction_store(
+        tmp_path / "dc1", "dc1",
+        "--access-file", str(_access_file(tmp_path / "access.toml")),
+        "--peer-store", f"dc2={dc2.address}", "--peer-store", f"dc3={down}",
+    )  # fmt: skip
+    dc1.start()
+    try:
+        with grpc.insecure_channel(dc1.address) as channel:
+            body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="CREATE TABLE t (a)")])
+            tx_id = (
+                client_pb2_grpc.ClientServiceStub(channel)
+                .Submit(client_pb2.SubmitRequest(body=body), metadata=_as("client"), timeout=30)
+                .tx_id
+            )
+            found = admin_pb2_grpc.AdminServiceStub(channel).GetTransaction(
+                admin_pb2.GetTransactionRequest(tx_id=tx_id), metadata=_as("reader"), timeout=30
+            )
+        by_dc = {dc.node_id: dc for dc in found.dcs}
+        assert sorted(by_dc) == ["dc1", "dc2", "dc3"]
+        assert not by_dc["dc1"].unanswered and by_dc["dc1"].state == common_pb2.TX_STATE_INCOMING
+        assert "refused" in by_dc["dc2"].unanswered, by_dc["dc2"]
+        assert "unreachable" in by_dc["dc3"].unanswered, by_dc["dc3"]
+    finally:
+        dc1.terminate()
+        dc2.terminate()

@@ -91,6 +91,9 @@ def run_get(options: argparse.Namespace) -> int:
     for statement in got.statements:
         print(f"  sql: {statement.sql}")
     for dc in everywhere.dcs:
+        if dc.unanswered:
+            print(f"  at {dc.node_id}: no answer ({dc.unanswered})")
+            continue
         print(f"  at {dc.node_id}: {_state(dc.state)}")
         for step in dc.history:
             when = step.at.ToDatetime().isoformat(timespec="milliseconds")

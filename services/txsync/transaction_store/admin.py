@@ -120,8 +120,8 @@ class AdminServicer:
         request: admin_pb2.GetTransactionRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> admin_pb2.GetTransactionResponse:
-        """The transaction at this DC and (unless ``local_only``) at every other DC that
-        answers; NOT_FOUND only if no DC knows it."""
+        """The transaction at this DC and (unless ``local_only``) at every other DC, those
+        that gave no answer listed with why; NOT_FOUND only if no DC knows it."""
         tx_id = check_tx_id(request.tx_id)
         answer = admin_pb2.GetTransactionResponse()
         record = self._store.state.txs.get(tx_id)
@@ -143,8 +143,9 @@ class AdminServicer:
                 if not answer.HasField("meta") and other.HasField("meta"):
                     answer.meta.CopyFrom(other.meta)
                 answer.trace_id = answer.trace_id or other.trace_id
-        if not answer.dcs:
-            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no DC knows {tx_id}")
+        if not any(not dc.unanswered for dc in answer.dcs):
+            who = "this DC does not know" if request.local_only else "no DC knows"
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"{who} {tx_id}")
         return answer
 
     @answers_errors

@@ -220,14 +220,25 @@ class DcAdmin:
     async def transaction_elsewhere(
         self, tx_id: str, credentials: Credentials = ()
     ) -> list[admin_pb2.GetTransactionResponse]:
+        """Each other DC's answer; one that gave none is listed with why (``unanswered``):
+        a DC that refused the caller's token must show, not be left out."""
         request = admin_pb2.GetTransactionRequest(tx_id=tx_id, local_only=True)
+        peers = self.services.peer_stores
         answers = await asyncio.gather(
             *(
                 self._ask(address, "GetTransaction", request, credentials)
-                for address in self.services.peer_stores.values()
+                for address in peers.values()
             )
         )
-        return [a for a in answers if isinstance(a, admin_pb2.GetTransactionResponse)]
+        found: list[admin_pb2.GetTransactionResponse] = []
+        for node_id, answer in zip(peers, answers, strict=True):
+            if isinstance(answer, admin_pb2.GetTransactionResponse):
+                found.append(answer)
+            else:
+                why = answer if isinstance(answer, str) else "not asked"
+                unanswered = admin_pb2.DcTransaction(node_id=node_id, unanswered=why)
+                found.append(admin_pb2.GetTransactionResponse(dcs=[unanswered]))
+        return found
 
     async def _ask(
         self, address: str | None, method: str, request: Message, credentials: Credentials = ()
@@ -245,6 +256,8 @@ class DcAdmin:
                 grpc.StatusCode.PERMISSION_DENIED,
             ):
                 return f"at {address} refused: {error.details()}"
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return f"at {address}: {error.details()}"
             return f"at {address} unreachable: {error.code().name}"
         return answer
 

@@ -26,7 +26,7 @@ from txsync.v1 import peer_pb2 as txsync_dot_v1_dot_peer__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x15txsync/v1/admin.proto\x12\ttxsync.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16txsync/v1/common.proto\x1a\x14txsync/v1/peer.proto"#\n\x10GetStatusRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\x08"\xb7\x01\n\nPeerStatus\x12!\n\x06member\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Member\x12\x11\n\treachable\x18\x02 \x01(\x08\x12\x14\n\x0clast_counter\x18\x03 \x01(\x04\x12-\n\x0flast_merge_base\x18\x04 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12.\n\nlast_heard\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp"\x83\x03\n\x08\x44\x63Status\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x04view\x18\x02 \x01(\x0b\x32\x0f.txsync.v1.View\x12$\n\x05peers\x18\x03 \x03(\x0b\x32\x15.txsync.v1.PeerStatus\x12!\n\x04mode\x18\x04 \x01(\x0e\x32\x13.txsync.v1.SyncMode\x12&\n\x06quorum\x18\x05 \x01(\x0e\x32\x16.txsync.v1.QuorumState\x12(\n\nmerge_base\x18\x06 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x07 \x01(\x04\x12\x14\n\x0cincoming_len\x18\x08 \x01(\x04\x12\x0b\n\x03lag\x18\t \x01(\x04\x12\x17\n\x0fworkers_healthy\x18\n \x01(\r\x12\x15\n\rworkers_total\x18\x0b \x01(\r\x12\x0e\n\x06\x61larms\x18\x0c \x03(\t\x12\x0f\n\x07healthy\x18\r \x01(\x08\x12\'\n\tretention\x18\x0e \x01(\x0b\x32\x14.txsync.v1.Retention"\xab\x01\n\tRetention\x12\x14\n\x0chistory_from\x18\x01 \x01(\x04\x12\x19\n\x11truncatable_below\x18\x02 \x01(\x04\x12\x10\n\x08txs_held\x18\x03 \x01(\x04\x12\x0f\n\x07held_by\x18\x04 \x01(\t\x12\x17\n\x0ftruncated_total\x18\x05 \x01(\x04\x12\x31\n\rlast_rotation\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp"\\\n\x11GetStatusResponse\x12"\n\x05local\x18\x01 \x01(\x0b\x32\x13.txsync.v1.DcStatus\x12#\n\x06others\x18\x02 \x03(\x0b\x32\x13.txsync.v1.DcStatus"\x14\n\x12ListWorkersRequest"\xa7\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07testing\x18\x03 \x01(\x08\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x13\n\x0bout_of_sync\x18\x05 \x01(\x08\x12\x10\n\x08position\x18\x06 \x01(\x04\x12\x14\n\x0cstate_digest\x18\x07 \x01(\x0c\x12\x19\n\x11recovery_progress\x18\x08 \x01(\x01\x12\x32\n\x0elast_heartbeat\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x64\x61tabase_bytes\x18\n \x01(\x04\x12\x17\n\x0f\x64isk_free_bytes\x18\x0b \x01(\x04\x12\x18\n\x10\x64isk_total_bytes\x18\x0c \x01(\x04"O\n\x13ListWorkersResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.txsync.v1.WorkerStatus\x12\x0e\n\x06\x61larms\x18\x02 \x03(\t""\n\x11ListRoundsRequest\x12\r\n\x05limit\x18\x01 \x01(\r"\xe0\x01\n\tRoundInfo\x12\x10\n\x08round_no\x18\x01 \x01(\x04\x12+\n\x07started\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x08\x64uration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nposts_sent\x18\x04 \x01(\r\x12\x16\n\x0eposts_received\x18\x05 \x01(\r\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x06 \x01(\r\x12\r\n\x05\x65mpty\x18\x07 \x01(\x08\x12\x0c\n\x04idle\x18\x08 \x01(\x08\x12\x0f\n\x07outcome\x18\t \x01(\t":\n\x12ListRoundsResponse\x12$\n\x06rounds\x18\x01 \x03(\x0b\x32\x14.txsync.v1.RoundInfo":\n\x15GetTransactionRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x12\n\nlocal_only\x18\x02 \x01(\x08"\xbb\x01\n\rDcTransaction\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12&\n\x07history\x18\x03 \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12)\n\x07workers\x18\x05 \x03(\x0b\x32\x18.txsync.v1.WorkerOutcome"G\n\rWorkerOutcome\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x07outcome\x18\x02 \x01(\x0b\x32\x12.txsync.v1.Outcome"r\n\x16GetTransactionResponse\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12%\n\x03\x64\x63s\x18\x02 \x03(\x0b\x32\x18.txsync.v1.DcTransaction\x12\x10\n\x08trace_id\x18\x03 \x01(\t"\x88\x01\n\x17\x43hangeMembershipRequest\x12 \n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32\x11.txsync.v1.MemberH\x00\x12\x18\n\x0eremove_node_id\x18\x02 \x01(\tH\x00\x12\'\n\nset_weight\x18\x03 \x01(\x0b\x32\x11.txsync.v1.MemberH\x00\x42\x08\n\x06\x63hange")\n\x18\x43hangeMembershipResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t"\x12\n\x10PauseSyncRequest"\x13\n\x11PauseSyncResponse"\x13\n\x11ResumeSyncRequest"\x14\n\x12ResumeSyncResponse",\n\x12TruncateLogRequest\x12\x16\n\x0e\x62\x65low_position\x18\x01 \x01(\x04"=\n\x13TruncateLogResponse\x12\x11\n\ttruncated\x18\x01 \x01(\x04\x12\x13\n\x0b\x62\x61\x63kup_file\x18\x02 \x01(\t")\n\x10\x45xportLogRequest\x12\x15\n\rfrom_position\x18\x01 \x01(\x04"$\n\x11\x45xportLogResponse\x12\x0f\n\x07records\x18\x01 \x01(\x0c*\x7f\n\x0bQuorumState\x12\x1c\n\x18QUORUM_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15QUORUM_STATE_MAJORITY\x10\x01\x12\x19\n\x15QUORUM_STATE_MINORITY\x10\x02\x12\x1c\n\x18QUORUM_STATE_VIEW_CHANGE\x10\x03*c\n\x08SyncMode\x12\x19\n\x15SYNC_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSYNC_MODE_BUSY\x10\x01\x12\x12\n\x0eSYNC_MODE_IDLE\x10\x02\x12\x14\n\x10SYNC_MODE_PAUSED\x10\x03\x32\xce\x05\n\x0c\x41\x64minService\x12\x46\n\tGetStatus\x12\x1b.txsync.v1.GetStatusRequest\x1a\x1c.txsync.v1.GetStatusResponse\x12L\n\x0bListWorkers\x12\x1d.txsync.v1.ListWorkersRequest\x1a\x1e.txsync.v1.ListWorkersResponse\x12I\n\nListRounds\x12\x1c.txsync.v1.ListRoundsRequest\x1a\x1d.txsync.v1.ListRoundsResponse\x12U\n\x0eGetTransaction\x12 .txsync.v1.GetTransactionRequest\x1a!.txsync.v1.GetTransactionResponse\x12[\n\x10\x43hangeMembership\x12".txsync.v1.ChangeMembershipRequest\x1a#.txsync.v1.ChangeMembershipResponse\x12\x46\n\tPauseSync\x12\x1b.txsync.v1.PauseSyncRequest\x1a\x1c.txsync.v1.PauseSyncResponse\x12I\n\nResumeSync\x12\x1c.txsync.v1.ResumeSyncRequest\x1a\x1d.txsync.v1.ResumeSyncResponse\x12L\n\x0bTruncateLog\x12\x1d.txsync.v1.TruncateLogRequest\x1a\x1e.txsync.v1.TruncateLogResponse\x12H\n\tExportLog\x12\x1b.txsync.v1.ExportLogRequest\x1a\x1c.txsync.v1.ExportLogResponse0\x01\x62\x06proto3'
+    b'\n\x15txsync/v1/admin.proto\x12\ttxsync.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16txsync/v1/common.proto\x1a\x14txsync/v1/peer.proto"#\n\x10GetStatusRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\x08"\xb7\x01\n\nPeerStatus\x12!\n\x06member\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Member\x12\x11\n\treachable\x18\x02 \x01(\x08\x12\x14\n\x0clast_counter\x18\x03 \x01(\x04\x12-\n\x0flast_merge_base\x18\x04 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12.\n\nlast_heard\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp"\x83\x03\n\x08\x44\x63Status\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x04view\x18\x02 \x01(\x0b\x32\x0f.txsync.v1.View\x12$\n\x05peers\x18\x03 \x03(\x0b\x32\x15.txsync.v1.PeerStatus\x12!\n\x04mode\x18\x04 \x01(\x0e\x32\x13.txsync.v1.SyncMode\x12&\n\x06quorum\x18\x05 \x01(\x0e\x32\x16.txsync.v1.QuorumState\x12(\n\nmerge_base\x18\x06 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x07 \x01(\x04\x12\x14\n\x0cincoming_len\x18\x08 \x01(\x04\x12\x0b\n\x03lag\x18\t \x01(\x04\x12\x17\n\x0fworkers_healthy\x18\n \x01(\r\x12\x15\n\rworkers_total\x18\x0b \x01(\r\x12\x0e\n\x06\x61larms\x18\x0c \x03(\t\x12\x0f\n\x07healthy\x18\r \x01(\x08\x12\'\n\tretention\x18\x0e \x01(\x0b\x32\x14.txsync.v1.Retention"\xab\x01\n\tRetention\x12\x14\n\x0chistory_from\x18\x01 \x01(\x04\x12\x19\n\x11truncatable_below\x18\x02 \x01(\x04\x12\x10\n\x08txs_held\x18\x03 \x01(\x04\x12\x0f\n\x07held_by\x18\x04 \x01(\t\x12\x17\n\x0ftruncated_total\x18\x05 \x01(\x04\x12\x31\n\rlast_rotation\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp"\\\n\x11GetStatusResponse\x12"\n\x05local\x18\x01 \x01(\x0b\x32\x13.txsync.v1.DcStatus\x12#\n\x06others\x18\x02 \x03(\x0b\x32\x13.txsync.v1.DcStatus"\x14\n\x12ListWorkersRequest"\xa7\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07testing\x18\x03 \x01(\x08\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x13\n\x0bout_of_sync\x18\x05 \x01(\x08\x12\x10\n\x08position\x18\x06 \x01(\x04\x12\x14\n\x0cstate_digest\x18\x07 \x01(\x0c\x12\x19\n\x11recovery_progress\x18\x08 \x01(\x01\x12\x32\n\x0elast_heartbeat\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x64\x61tabase_bytes\x18\n \x01(\x04\x12\x17\n\x0f\x64isk_free_bytes\x18\x0b \x01(\x04\x12\x18\n\x10\x64isk_total_bytes\x18\x0c \x01(\x04"O\n\x13ListWorkersResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.txsync.v1.WorkerStatus\x12\x0e\n\x06\x61larms\x18\x02 \x03(\t""\n\x11ListRoundsRequest\x12\r\n\x05limit\x18\x01 \x01(\r"\xe0\x01\n\tRoundInfo\x12\x10\n\x08round_no\x18\x01 \x01(\x04\x12+\n\x07started\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x08\x64uration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nposts_sent\x18\x04 \x01(\r\x12\x16\n\x0eposts_received\x18\x05 \x01(\r\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x06 \x01(\r\x12\r\n\x05\x65mpty\x18\x07 \x01(\x08\x12\x0c\n\x04idle\x18\x08 \x01(\x08\x12\x0f\n\x07outcome\x18\t \x01(\t":\n\x12ListRoundsResponse\x12$\n\x06rounds\x18\x01 \x03(\x0b\x32\x14.txsync.v1.RoundInfo":\n\x15GetTransactionRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x12\n\nlocal_only\x18\x02 \x01(\x08"\xcf\x01\n\rDcTransaction\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12&\n\x07history\x18\x03 \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12)\n\x07workers\x18\x05 \x03(\x0b\x32\x18.txsync.v1.WorkerOutcome\x12\x12\n\nunanswered\x18\x06 \x01(\t"G\n\rWorkerOutcome\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x07outcome\x18\x02 \x01(\x0b\x32\x12.txsync.v1.Outcome"r\n\x16GetTransactionResponse\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12%\n\x03\x64\x63s\x18\x02 \x03(\x0b\x32\x18.txsync.v1.DcTransaction\x12\x10\n\x08trace_id\x18\x03 \x01(\t"\x88\x01\n\x17\x43hangeMembershipRequest\x12 \n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32\x11.txsync.v1.MemberH\x00\x12\x18\n\x0eremove_node_id\x18\x02 \x01(\tH\x00\x12\'\n\nset_weight\x18\x03 \x01(\x0b\x32\x11.txsync.v1.MemberH\x00\x42\x08\n\x06\x63hange")\n\x18\x43hangeMembershipResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t"\x12\n\x10PauseSyncRequest"\x13\n\x11PauseSyncResponse"\x13\n\x11ResumeSyncRequest"\x14\n\x12ResumeSyncResponse",\n\x12TruncateLogRequest\x12\x16\n\x0e\x62\x65low_position\x18\x01 \x01(\x04"=\n\x13TruncateLogResponse\x12\x11\n\ttruncated\x18\x01 \x01(\x04\x12\x13\n\x0b\x62\x61\x63kup_file\x18\x02 \x01(\t")\n\x10\x45xportLogRequest\x12\x15\n\rfrom_position\x18\x01 \x01(\x04"$\n\x11\x45xportLogResponse\x12\x0f\n\x07records\x18\x01 \x01(\x0c*\x7f\n\x0bQuorumState\x12\x1c\n\x18QUORUM_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15QUORUM_STATE_MAJORITY\x10\x01\x12\x19\n\x15QUORUM_STATE_MINORITY\x10\x02\x12\x1c\n\x18QUORUM_STATE_VIEW_CHANGE\x10\x03*c\n\x08SyncMode\x12\x19\n\x15SYNC_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSYNC_MODE_BUSY\x10\x01\x12\x12\n\x0eSYNC_MODE_IDLE\x10\x02\x12\x14\n\x10SYNC_MODE_PAUSED\x10\x03\x32\xce\x05\n\x0c\x41\x64minService\x12\x46\n\tGetStatus\x12\x1b.txsync.v1.GetStatusRequest\x1a\x1c.txsync.v1.GetStatusResponse\x12L\n\x0bListWorkers\x12\x1d.txsync.v1.ListWorkersRequest\x1a\x1e.txsync.v1.ListWorkersResponse\x12I\n\nListRounds\x12\x1c.txsync.v1.ListRoundsRequest\x1a\x1d.txsync.v1.ListRoundsResponse\x12U\n\x0eGetTransaction\x12 .txsync.v1.GetTransactionRequest\x1a!.txsync.v1.GetTransactionResponse\x12[\n\x10\x43hangeMembership\x12".txsync.v1.ChangeMembershipRequest\x1a#.txsync.v1.ChangeMembershipResponse\x12\x46\n\tPauseSync\x12\x1b.txsync.v1.PauseSyncRequest\x1a\x1c.txsync.v1.PauseSyncResponse\x12I\n\nResumeSync\x12\x1c.txsync.v1.ResumeSyncRequest\x1a\x1d.txsync.v1.ResumeSyncResponse\x12L\n\x0bTruncateLog\x12\x1d.txsync.v1.TruncateLogRequest\x1a\x1e.txsync.v1.TruncateLogResponse\x12H\n\tExportLog\x12\x1b.txsync.v1.ExportLogRequest\x1a\x1c.txsync.v1.ExportLogResponse0\x01\x62\x06proto3'
 )
 
 _globals = globals()
@@ -34,10 +34,10 @@ _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "txsync.v1.admin_pb2", _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
     DESCRIPTOR._loaded_options = None
-    _globals["_QUORUMSTATE"]._serialized_start = 2647
-    _globals["_QUORUMSTATE"]._serialized_end = 2774
-    _globals["_SYNCMODE"]._serialized_start = 2776
-    _globals["_SYNCMODE"]._serialized_end = 2875
+    _globals["_QUORUMSTATE"]._serialized_start = 2667
+    _globals["_QUORUMSTATE"]._serialized_end = 2794
+    _globals["_SYNCMODE"]._serialized_start = 2796
+    _globals["_SYNCMODE"]._serialized_end = 2895
     _globals["_GETSTATUSREQUEST"]._serialized_start = 147
     _globals["_GETSTATUSREQUEST"]._serialized_end = 182
     _globals["_PEERSTATUS"]._serialized_start = 185
@@ -63,31 +63,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_GETTRANSACTIONREQUEST"]._serialized_start = 1752
     _globals["_GETTRANSACTIONREQUEST"]._serialized_end = 1810
     _globals["_DCTRANSACTION"]._serialized_start = 1813
-    _globals["_DCTRANSACTION"]._serialized_end = 2000
-    _globals["_WORKEROUTCOME"]._serialized_start = 2002
-    _globals["_WORKEROUTCOME"]._serialized_end = 2073
-    _globals["_GETTRANSACTIONRESPONSE"]._serialized_start = 2075
-    _globals["_GETTRANSACTIONRESPONSE"]._serialized_end = 2189
-    _globals["_CHANGEMEMBERSHIPREQUEST"]._serialized_start = 2192
-    _globals["_CHANGEMEMBERSHIPREQUEST"]._serialized_end = 2328
-    _globals["_CHANGEMEMBERSHIPRESPONSE"]._serialized_start = 2330
-    _globals["_CHANGEMEMBERSHIPRESPONSE"]._serialized_end = 2371
-    _globals["_PAUSESYNCREQUEST"]._serialized_start = 2373
-    _globals["_PAUSESYNCREQUEST"]._serialized_end = 2391
-    _globals["_PAUSESYNCRESPONSE"]._serialized_start = 2393
-    _globals["_PAUSESYNCRESPONSE"]._serialized_end = 2412
-    _globals["_RESUMESYNCREQUEST"]._serialized_start = 2414
-    _globals["_RESUMESYNCREQUEST"]._serialized_end = 2433
-    _globals["_RESUMESYNCRESPONSE"]._serialized_start = 2435
-    _globals["_RESUMESYNCRESPONSE"]._serialized_end = 2455
-    _globals["_TRUNCATELOGREQUEST"]._serialized_start = 2457
-    _globals["_TRUNCATELOGREQUEST"]._serialized_end = 2501
-    _globals["_TRUNCATELOGRESPONSE"]._serialized_start = 2503
-    _globals["_TRUNCATELOGRESPONSE"]._serialized_end = 2564
-    _globals["_EXPORTLOGREQUEST"]._serialized_start = 2566
-    _globals["_EXPORTLOGREQUEST"]._serialized_end = 2607
-    _globals["_EXPORTLOGRESPONSE"]._serialized_start = 2609
-    _globals["_EXPORTLOGRESPONSE"]._serialized_end = 2645
-    _globals["_ADMINSERVICE"]._serialized_start = 2878
-    _globals["_ADMINSERVICE"]._serialized_end = 3596
+    _globals["_DCTRANSACTION"]._serialized_end = 2020
+    _globals["_WORKEROUTCOME"]._serialized_start = 2022
+    _globals["_WORKEROUTCOME"]._serialized_end = 2093
+    _globals["_GETTRANSACTIONRESPONSE"]._serialized_start = 2095
+    _globals["_GETTRANSACTIONRESPONSE"]._serialized_end = 2209
+    _globals["_CHANGEMEMBERSHIPREQUEST"]._serialized_start = 2212
+    _globals["_CHANGEMEMBERSHIPREQUEST"]._serialized_end = 2348
+    _globals["_CHANGEMEMBERSHIPRESPONSE"]._serialized_start = 2350
+    _globals["_CHANGEMEMBERSHIPRESPONSE"]._serialized_end = 2391
+    _globals["_PAUSESYNCREQUEST"]._serialized_start = 2393
+    _globals["_PAUSESYNCREQUEST"]._serialized_end = 2411
+    _globals["_PAUSESYNCRESPONSE"]._serialized_start = 2413
+    _globals["_PAUSESYNCRESPONSE"]._serialized_end = 2432
+    _globals["_RESUMESYNCREQUEST"]._serialized_start = 2434
+    _globals["_RESUMESYNCREQUEST"]._serialized_end = 2453
+    _globals["_RESUMESYNCRESPONSE"]._serialized_start = 2455
+    _globals["_RESUMESYNCRESPONSE"]._serialized_end = 2475
+    _globals["_TRUNCATELOGREQUEST"]._serialized_start = 2477
+    _globals["_TRUNCATELOGREQUEST"]._serialized_end = 2521
+    _globals["_TRUNCATELOGRESPONSE"]._serialized_start = 2523
+    _globals["_TRUNCATELOGRESPONSE"]._serialized_end = 2584
+    _globals["_EXPORTLOGREQUEST"]._serialized_start = 2586
+    _globals["_EXPORTLOGREQUEST"]._serialized_end = 2627
+    _globals["_EXPORTLOGRESPONSE"]._serialized_start = 2629
+    _globals["_EXPORTLOGRESPONSE"]._serialized_end = 2665
+    _globals["_ADMINSERVICE"]._serialized_start = 2898
+    _globals["_ADMINSERVICE"]._serialized_end = 3616
 # @@protoc_insertion_point(module_scope)

@@ -608,8 +608,13 @@ class DcTransaction(_message.Message):
     HISTORY_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
+    UNANSWERED_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     state: _common_pb2.TxState.ValueType
+    unanswered: _builtins.str
+    """Why this DC gave no answer (it refused the caller, was unreachable, or does not know
+    the transaction); empty when it answered. Such a DC is listed, never left out.
+    """
     @_builtins.property
     def history(
         self,
@@ -628,6 +633,7 @@ class DcTransaction(_message.Message):
         history: _abc.Iterable[_common_pb2.Transition] | None = ...,
         outcome: _common_pb2.Outcome | None = ...,
         workers: _abc.Iterable[Global___WorkerOutcome] | None = ...,
+        unanswered: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -640,6 +646,8 @@ class DcTransaction(_message.Message):
         b"outcome",
         "state",
         b"state",
+        "unanswered",
+        b"unanswered",
         "workers",
         b"workers",
     ]  # noqa: Y015
