@@ -209,6 +209,27 @@ def test_each_container_has_its_own_resources_flags_and_environment() -> None:
             kubernetes_validate.validate(manifest, KUBERNETES_VERSIONS[-1], strict=True)
 
 
+def test_workers_may_apply_to_postgresql_one_database_each() -> None:
+    conninfo = "host=pg.db.svc dbname=$(POD_NAME) user=txsync sslmode=verify-full"
+    values = merged(
+        example_values("three-dcs", "dc1.yaml"),
+        {"workers": {"postgres": {"conninfo": conninfo, "secretName": "pg-credentials"}}},
+    )
+    helm_python.Chart.load(CHART).validate_schema(values)
+    objects = render(values, "txsync-dc1", "txsync-dc1")
+    workers = next(o for o in objects if o["metadata"]["name"] == "txsync-dc1-workers"
+                   and o["kind"] == "StatefulSet")  # fmt: skip
+    worker = workers["spec"]["template"]["spec"]["containers"][0]
+    assert f"--postgres={conninfo}" in worker["args"]
+    assert worker["envFrom"] == [{"secretRef": {"name": "pg-credentials"}}]
+    assert "POD_NAME" in {e["name"] for e in worker["env"]}, "what $(POD_NAME) expands from"
+    kubernetes_validate.validate(workers, KUBERNETES_VERSIONS[-1], strict=True)
+    sqlite = render(example_values("three-dcs", "dc1.yaml"), "txsync-dc1", "txsync-dc1")
+    assert not [a for o in sqlite if o["kind"] == "StatefulSet"
+                for c in o["spec"]["template"]["spec"]["containers"]
+                for a in c["args"] if a.startswith("--postgres")]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
