@@ -234,6 +234,8 @@ def test_workers_may_apply_to_postgresql_one_database_each() -> None:
     ("change", "message"),
     [
         ({"master": {"resources": {}}}, "resources"),
+        ({"workers": {"replica": 3}}, "replica"),  # a typo fails the install, not ignored
+        ({"dashboards": True}, "dashboards"),
         ({"master": {"transactionStore": {"extraArgs": ["history-kept=1"]}}}, "extraArgs"),
         ({"dcs": [{"url": "a:1", "storeUrl": "b:2"}]}, "id"),
         ({"dc": "Not A Dc"}, "dc"),
