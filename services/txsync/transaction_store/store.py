@@ -27,7 +27,6 @@ from typing import NamedTuple
 import grpc
 
 from txsync.codec import base_to_proto, meta_to_proto
-from txsync.freed_memory import release_freed_memory
 from txsync.protocol import IMPLIED_STATES, MergeBase, TxMeta, TxState, is_allowed_transition
 from txsync.settings import (
     BACKUPS_KEPT_DEFAULT,
@@ -419,8 +418,6 @@ class TransactionStore:
         """The verdicts of the newest ``TRUNCATED_VERDICTS_KEPT`` truncated transactions
         (memory only): a client that waits on one after it was truncated is answered, not
         left to its timeout (``wait_many``)."""
-        self._dropped_unreleased = 0
-        """Transactions truncated since freed memory was last released (``_freed``)."""
         self._unfiled: dict[str, bytes] = {}
         """Bodies (encoded) whose only copy on disk is an entry of the current log file,
         read from here. A rotation files those of the transactions it keeps and drops
@@ -1595,17 +1592,7 @@ class TransactionStore:
                 await work.in_thread(self._delete_bodies, with_files)
         self.progress.truncated_total += len(dropped)
         self.progress.truncated_in_place += len(dropped)
-        await self._freed(len(dropped))
         return len(dropped)
-
-    async def _freed(self, dropped: int) -> None:
-        """Once ``RELEASE_AFTER_DROPPED`` transactions were dropped since the last time,
-        hand what the allocator keeps of them back to the system (``freed_memory``), in a
-        thread: the trim walks every arena's free chunks."""
-        self._dropped_unreleased += dropped
-        if self._dropped_unreleased >= RELEASE_AFTER_DROPPED:
-            self._dropped_unreleased = 0
-            await work.in_thread(release_freed_memory)
 
     def truncatable_below(self) -> int:
         """Synced positions below this one may be truncated (0: none)."""
@@ -1780,7 +1767,6 @@ class TransactionStore:
             await work.in_thread(self._delete_bodies, with_files)
         deleted = await work.in_thread(self.files.delete_backups, self.config.backups_kept)
         self.progress.truncated_total += len(dropped)
-        await self._freed(len(dropped))
         self.progress.last_rotation_ms = _now_ms()
         log.info(
             "txlog rotated in %.0f ms (lock held %.0f ms: %.0f for the snapshot, %.0f for "
@@ -1870,11 +1856,6 @@ records themselves took about 3 KB each). Tens of seconds at the highest rates, 
 of ``--history-kept-ms``: a client waiting on a batch's submits one after another took
 longer than that to reach the last ones (the soak's loaders timed out)."""
 TRUNCATION_STEP = 256
-RELEASE_AFTER_DROPPED = 8_192
-"""Truncated transactions (about 25 MB of Python objects and protobuf arenas) after which
-the allocator's free pages are handed back (``_freed``). Under a steady load at the
-history window that is every half a minute at 250 tx/s. A trim of a heap of 150 MB of
-which 1 in 50 chunks stayed in use took 36 ms (in a thread)."""
 """Positions that may go beyond what is truncated before the store truncates in place:
 one small entry per step (at most one per progress report, each second)."""
 EARLY_FILING_PASSES = 4
