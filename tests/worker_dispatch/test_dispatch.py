@@ -309,3 +309,28 @@ def test_a_workers_database_and_disk_raise_alarms_past_their_thresholds(tmp_path
             dispatch.terminate()
         one.terminate()
         cluster.stop()
+
+
+def test_a_store_restart_is_not_a_pipeline_in_a_loop(dc: Dc) -> None:
+    """While its store is down the dispatch retries with a growing pause, and does not
+    count it as a pipeline restarting in a loop: before, 20 retries in 4 s raised the
+    loop alarm, and the DC stayed unhealthy for 60 s after its store was back."""
+    first = dc.submit("CREATE TABLE t (n INTEGER)")
+    dc.wait_all_final([first])
+    node = dc.cluster.dcs[0]
+    node.coordinator.kill()
+    node.store.kill()
+    dc.cluster.wait_for(
+        "the dispatch retried the store 6 times",
+        lambda: dc.dispatch.log().count("store unreachable") >= 6,
+    )
+    node.store.start()
+    node.coordinator.start()
+    later = dc.submit("INSERT INTO t VALUES (1)")
+    dc.wait_all_final([later])
+    assert dc.state(later) == common_pb2.TX_STATE_OK
+    with grpc.insecure_channel(dc.dispatch.address) as channel:
+        answer = admin_pb2_grpc.AdminServiceStub(channel).ListWorkers(
+            admin_pb2.ListWorkersRequest(), timeout=5
+        )
+    assert not answer.alarms, answer.alarms

@@ -93,6 +93,8 @@ RECOVERY_TIMEOUT_S = 600.0
 PROGRESS_REPORT_TIMEOUT_S = 30.0
 """A progress report the store has not answered by then is dropped (the next follows
 PROGRESS_REPORT_S later): a store busy rotating its log answers late, not never."""
+STORE_RETRY_MAX_S = 2.0
+"""The longest pause between two attempts to feed from a store that is unreachable."""
 _Queues = dict[str, asyncio.Queue[worker_pb2.ApplyRequest]]
 _Machine = PipelineMachine[worker_pb2.ApplyRequest]
 
@@ -186,6 +188,8 @@ class Dispatch:
         """Set once every worker was asked once: the testing role is chosen among all."""
         self.states = StateRecords(self.store, on_dropped=self._changed.set)
         self.restarts = RestartLoop()
+        self._store_answered = False
+        """The current pipeline's feed has had an answer from the store (``run``)."""
         self._machine: _Machine | None = None
         """The running pipeline's decisions."""
         self.history_from = 0
@@ -377,8 +381,12 @@ class Dispatch:
     async def run(self) -> None:
         flusher = asyncio.get_running_loop().create_task(self.states.run())
         await self._first_beats.wait()
+        store_retries = 0
         try:
             while True:
+                if self._store_answered:
+                    store_retries = 0
+                self._store_answered = False
                 ready = [
                     w
                     for w in self.workers.values()
@@ -402,6 +410,17 @@ class Dispatch:
                     log.info("pipeline restarts: %s", why)
                     self._restarted(str(why))
                 except grpc.aio.AioRpcError as error:
+                    if error.code() == grpc.StatusCode.UNAVAILABLE and not self._store_answered:
+                        # The store is down or restarting: tried again after a pause
+                        # that grows, and not counted as a pipeline that loops (20 quick
+                        # retries while a store restarted kept the DC unhealthy for 60 s
+                        # after it was back).
+                        pause = min(STORE_RETRY_MAX_S, 0.2 * 2**store_retries)
+                        store_retries += 1
+                        log.warning("store unreachable (%s): feeding again in %.1f s",
+                                    error.details(), pause)  # fmt: skip
+                        await asyncio.sleep(pause)
+                        continue
                     log.warning("pipeline restarts: %s %s", error.code().name, error.details())
                     self._restarted(f"{error.code().name} {error.details()}")
                     await asyncio.sleep(0.2)
@@ -480,6 +499,7 @@ class Dispatch:
             gather_ms=self.feed_gather_ms,
         )
         async for ready in self.store.FollowEnqueued(request):
+            self._store_answered = True
             for tx in ready.txs:
                 apply = worker_pb2.ApplyRequest(
                     position=tx.position,
