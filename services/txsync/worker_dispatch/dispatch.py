@@ -415,7 +415,7 @@ class Dispatch:
                         # that grows, and not counted as a pipeline that loops (20 quick
                         # retries while a store restarted kept the DC unhealthy for 60 s
                         # after it was back).
-                        pause = min(STORE_RETRY_MAX_S, 0.2 * 2**store_retries)
+                        pause = min(STORE_RETRY_MAX_S, 0.2 * 2 ** min(store_retries, 8))
                         store_retries += 1
                         log.warning("store unreachable (%s): feeding again in %.1f s",
                                     error.details(), pause)  # fmt: skip
