@@ -91,6 +91,6 @@ def test_submit_and_dev_up_refuse_bad_input_clearly(tmp_path: Path) -> None:
     missing = txsync("status", "--endpoints", str(tmp_path / "nowhere.json"))
     assert missing.returncode == 2 and "is the cluster up?" in missing.stderr
     result = txsync("submit", "--sql", "SELECT 1", "--endpoints", "127.0.0.1:1", "--dc", "dc1")
-    assert result.returncode == 2 and "--dc needs a cluster file" in result.stderr
+    assert result.returncode == 2 and "--dc needs DCs by name" in result.stderr
     result = txsync("dev", "up", "--dcs", "0", "--data", str(tmp_path))
     assert result.returncode == 2 and "--dcs must be 1..9" in result.stderr
