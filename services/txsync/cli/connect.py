@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
-from txsync.client.connection import DC_PLACEHOLDER
-from txsync.client.endpoints import EndpointError, resolve
+from txsync.client.connection import server_name_for
+from txsync.client.endpoints import Endpoint, EndpointError, resolve
 from txsync.tls import channel_credentials, read_pem
 
 if TYPE_CHECKING:
@@ -163,11 +163,10 @@ def channel(address: str, options: argparse.Namespace, dc: str = "") -> grpc.Cha
     except OSError as error:
         fail(str(error))
     settings = []
-    name: str = options.tls_server_name or ""
-    if DC_PLACEHOLDER in name:
-        if not dc:
-            fail(f"--tls-server-name {name} needs DCs by name: a cluster file, or DC=HOST:PORT")
-        name = name.replace(DC_PLACEHOLDER, dc)
+    try:
+        name = server_name_for(options.tls_server_name or "", Endpoint(address, dc))
+    except ValueError as error:
+        fail(str(error))
     if name:
         settings.append(("grpc.ssl_target_name_override", name))
     return grpc.secure_channel(address, credentials, options=settings)

@@ -17,7 +17,7 @@ import grpc
 from google.protobuf.message import Message
 
 from txsync.client.batching import BATCH_MAX_DEFAULT, IN_FLIGHT_MAX_DEFAULT, ThreadBatcher
-from txsync.client.connection import Tls, channel_options, token_metadata
+from txsync.client.connection import Tls, channel_options, check_names, token_metadata
 from txsync.client.core import (
     ATTEMPT_S_DEFAULT,
     TIMEOUT_S_DEFAULT,
@@ -69,9 +69,7 @@ class Client:
         idempotent: bool = True,
     ) -> None:
         self.endpoints: builtins.list[Endpoint] = resolve(endpoints, dc)
-        if tls is not None:  # a name template the endpoints cannot fill fails now
-            for endpoint in self.endpoints:
-                tls.name_for(endpoint)
+        check_names(tls, self.endpoints)
         self._transport = SyncTransport(
             self.endpoints, token_metadata(token), tls,
             batching={"batch_max": batch_max, "in_flight_max": in_flight_max,

@@ -34,15 +34,7 @@ class Tls:
 
     def name_for(self, endpoint: Endpoint) -> str:
         """The name ``endpoint``'s certificate must carry ("": its address's host)."""
-        name = self.server_name or endpoint.server_name
-        if DC_PLACEHOLDER not in name:
-            return name
-        if not endpoint.dc:
-            raise ValueError(
-                f"the TLS server name {name!r} has {DC_PLACEHOLDER}, and the endpoint "
-                f"{endpoint.address} names no DC: give DC=HOST:PORT or a cluster file"
-            )
-        return name.replace(DC_PLACEHOLDER, endpoint.dc)
+        return server_name_for(self.server_name or endpoint.server_name, endpoint)
 
     def credentials(self) -> grpc.ChannelCredentials:
         def pem(value: bytes | Path | None) -> bytes | None:
@@ -54,6 +46,26 @@ class Tls:
             root_certificates=pem(self.ca), private_key=pem(self.key),
             certificate_chain=pem(self.cert),
         )  # fmt: skip
+
+
+def server_name_for(name: str, endpoint: Endpoint) -> str:
+    """``name`` with ``{dc}`` filled for ``endpoint`` (the client's and the CLI's rule);
+    ValueError if the endpoint names no DC."""
+    if DC_PLACEHOLDER not in name:
+        return name
+    if not endpoint.dc:
+        raise ValueError(
+            f"the TLS server name {name!r} has {DC_PLACEHOLDER}, and the endpoint "
+            f"{endpoint.address} names no DC: give DC=HOST:PORT or a cluster file"
+        )
+    return name.replace(DC_PLACEHOLDER, endpoint.dc)
+
+
+def check_names(tls: Tls | None, endpoints: list[Endpoint]) -> None:
+    """Refuse now a name template the endpoints cannot fill (not at the first call)."""
+    if tls is not None:
+        for endpoint in endpoints:
+            tls.name_for(endpoint)
 
 
 def channel_options(endpoint: Endpoint, tls: Tls | None) -> list[tuple[str, int | str]]:
