@@ -125,15 +125,21 @@ class AccessPolicy:
             raise AccessFileError(f"{path}: names no [[token]] and no [[identity]]")
         return cls(tokens, identities)
 
+    def caller_of_token(self, token: str) -> Caller | None:
+        digest = hashlib.sha256(token.encode()).digest()
+        for known, caller in self._tokens.items():
+            if hmac.compare_digest(known, digest):
+                return caller
+        return None
+
     def caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Caller | None:
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and isinstance(value, str):
                 scheme, _, token = value.partition(" ")
                 if scheme.lower() == "bearer" and token:
-                    digest = hashlib.sha256(token.encode()).digest()
-                    for known, caller in self._tokens.items():
-                        if hmac.compare_digest(known, digest):
-                            return caller
+                    caller = self.caller_of_token(token)
+                    if caller is not None:
+                        return caller
         for name in context.auth_context().get("x509_common_name") or []:
             identified = self._identities.get(name.decode())
             if identified is not None:

@@ -67,6 +67,22 @@ def test_every_example_renders_lints_and_validates(example: str, dc_file: str) -
 
 
 @pytest.mark.parametrize(("example", "dc_file"), EXAMPLE_RELEASES)
+def test_every_example_release_names_the_one_access_secret_of_the_guide(
+    example: str, dc_file: str
+) -> None:
+    """Per-release tokens would make every other DC refuse the caller: each example's
+    releases name the secret `txsync access secret` makes (k8s/README.md), and render
+    none of their own."""
+    values = example_values(example, dc_file)
+    objects = render(values, f"txsync-{values['dc']}", "txsync")
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    sets = [o for o in objects if o["kind"] == "StatefulSet"]
+    for container in (c for s in sets for c in s["spec"]["template"]["spec"]["containers"]):
+        token = next(e for e in container["env"] if e["name"] == "TXSYNC_SERVICE_TOKEN")
+        assert token["valueFrom"]["secretKeyRef"]["name"] == "txsync-access", container["name"]
+
+
+@pytest.mark.parametrize(("example", "dc_file"), EXAMPLE_RELEASES)
 def test_every_service_port_reaches_a_port_of_every_pod_it_selects(
     example: str, dc_file: str
 ) -> None:
@@ -265,6 +281,8 @@ def test_the_schema_refuses_bad_values_naming_the_field(
             'the id "dc1" appears twice',
         ),
         ({"tls": {"enabled": True, "secretName": ""}}, "tls.secretName"),
+        # Per-release tokens across DCs: every other DC would refuse the caller.
+        ({"access": {"secretName": "", "generate": True}}, "txsync access secret"),
     ],
 )
 def test_rules_beyond_the_schema_fail_the_render_clearly(
@@ -305,10 +323,16 @@ def test_with_access_control_every_service_presents_the_service_token() -> None:
         assert token["valueFrom"]["secretKeyRef"] == {"name": "acc", "key": "service-token"}
 
 
+def _one_dc(access: dict[str, Any]) -> dict[str, Any]:
+    values = example_values("three-dcs", "dc1.yaml")
+    return merged(values, {"dcs": values["dcs"][:1], "access": access})
+
+
 def test_access_control_is_on_by_default_with_generated_tokens() -> None:
-    """No secret named: the chart makes one (a service token, an admin token and the
-    access file naming their SHA-256), and every service requires tokens."""
-    objects = render(example_values("three-dcs", "dc1.yaml"), "txsync-dc1", "txsync-dc1")
+    """A single DC with no secret named: the chart makes one (a service token, an admin
+    token and the access file naming their SHA-256), and every service requires tokens.
+    With more DCs it refuses to (test_rules_beyond_the_schema_fail_the_render_clearly)."""
+    objects = render(_one_dc({"secretName": ""}), "txsync-dc1", "txsync-dc1")
     secret = next(o for o in objects if o["kind"] == "Secret")
     assert secret["metadata"]["name"] == "txsync-dc1-access"
     data = secret["stringData"]
@@ -322,7 +346,7 @@ def test_access_control_is_on_by_default_with_generated_tokens() -> None:
         assert "--access-file=/etc/txsync/access/access.toml" in container["args"]
         token = next(e for e in container["env"] if e["name"] == "TXSYNC_SERVICE_TOKEN")
         assert token["valueFrom"]["secretKeyRef"]["name"] == "txsync-dc1-access"
-    off = merged(example_values("three-dcs", "dc1.yaml"), {"access": {"generate": False}})
+    off = _one_dc({"secretName": "", "generate": False})
     open_objects = render(off, "txsync-dc1", "txsync-dc1")
     assert not [o for o in open_objects if o["kind"] == "Secret"]
     assert not any(

@@ -9,6 +9,7 @@ chart gives it; the `helm test` pod's command runs against the DC.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -71,9 +72,16 @@ def test_rendered_pods_start_and_answer_their_probes(
     test_spec = _spec(objects, "Pod", f"{RELEASE}-test-status")
     pods: list[Pod] = []
     tls = _secret(tmp_path)
-    # Access control is on by default: the chart's generated secret, as Kubernetes would
-    # mount it and fill the env from it.
-    access = next(o for o in objects if o["kind"] == "Secret")
+    # Access control is on by default. The example names the one access secret every DC
+    # shares, made as the guide makes it (`txsync access secret`), mounted and filling
+    # the env as Kubernetes would.
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    made = subprocess.run(
+        [sys.executable, "-m", "txsync.cli.main", "access", "secret"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    access = json.loads(made.stdout)
+    assert access["metadata"]["name"] == values["access"]["secretName"]
     tokens = access["stringData"]
     secrets = {access["metadata"]["name"]: tokens}
     (tmp_path / "access").mkdir()

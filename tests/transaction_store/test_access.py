@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import subprocess
 import sys
 import urllib.request
@@ -338,6 +339,48 @@ def test_a_dc_that_refuses_the_callers_token_is_listed_not_left_out(tmp_path: Pa
         assert not by_dc["dc1"].unanswered and by_dc["dc1"].state == common_pb2.TX_STATE_INCOMING
         assert "refused" in by_dc["dc2"].unanswered, by_dc["dc2"]
         assert "unreachable" in by_dc["dc3"].unanswered, by_dc["dc3"]
+    finally:
+        dc1.terminate()
+        dc2.terminate()
+
+
+def test_with_the_shared_secret_one_dc_gathers_from_the_others(tmp_path: Path) -> None:
+    """The counterpart of the refusal above: both DCs given the access file of one
+    ``txsync access secret``, as the chart's multi-DC install requires, and dc1 gathers
+    the transaction from dc2 with the caller's admin token (issue 49)."""
+    made = subprocess.run(
+        [sys.executable, "-m", "txsync.cli.main", "access", "secret"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    tokens = json.loads(made.stdout)["stringData"]
+    shared = tmp_path / "access.toml"
+    shared.write_text(tokens["access.toml"])
+    dc2 = transaction_store(tmp_path / "dc2", "dc2", "--access-file", str(shared))
+    dc2.start()
+    dc1 = transaction_store(
+        tmp_path / "dc1", "dc1", "--access-file", str(shared),
+        "--peer-store", f"dc2={dc2.address}",
+    )  # fmt: skip
+    dc1.start()
+    admin = (("authorization", f"Bearer {tokens['admin-token']}"),)
+    try:
+        with grpc.insecure_channel(dc1.address) as channel:
+            body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="CREATE TABLE t (a)")])
+            tx_id = (
+                client_pb2_grpc.ClientServiceStub(channel)
+                .Submit(client_pb2.SubmitRequest(body=body), metadata=admin, timeout=30)
+                .tx_id
+            )
+            found = admin_pb2_grpc.AdminServiceStub(channel).GetTransaction(
+                admin_pb2.GetTransactionRequest(tx_id=tx_id), metadata=admin, timeout=30
+            )
+        by_dc = {dc.node_id: dc for dc in found.dcs}
+        assert sorted(by_dc) == ["dc1", "dc2"]
+        assert not by_dc["dc1"].unanswered, by_dc["dc1"]
+        # dc2 let the token in and answered for itself: no coordinator runs, so it has not
+        # seen the transaction (what the refusal test's dc2 never got to say).
+        assert "does not know" in by_dc["dc2"].unanswered, by_dc["dc2"]
+        assert "refused" not in by_dc["dc2"].unanswered
     finally:
         dc1.terminate()
         dc2.terminate()

@@ -37,6 +37,9 @@ message naming the problem.
 {{- if not (hasKey $seen .Values.dc) -}}
 {{- fail (printf "dc: %q is not in dcs (%s); list this DC there too" .Values.dc (keys $seen | sortAlpha | join ", ")) -}}
 {{- end -}}
+{{- if and .Values.access.generate (not .Values.access.secretName) (gt (len .Values.dcs) 1) -}}
+{{- fail "access: with more than one DC every release must name the same access secret (a release's generated tokens are refused by the other DCs, so the cluster-wide status and tx get would show them refused). Make it once with `txsync access secret > access.json`, `kubectl apply -f access.json` in every DC's namespace, and set access.secretName=txsync-access (k8s/README.md); access.generate=false turns access control off, for development only" -}}
+{{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.secretName) -}}
 {{- fail "tls.secretName: name the secret with ca.crt, tls.crt and tls.key (or set tls.enabled=false for development)" -}}
 {{- end -}}

@@ -52,6 +52,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rounds": ("txsync.cli.admin_command", "a DC's recent protocol rounds, newest first"),
     "sync": ("txsync.cli.admin_command", "pause or resume a DC's part in the protocol"),
     "log": ("txsync.cli.admin_command", "txlog maintenance"),
+    "access": (
+        "txsync.cli.access_command",
+        "make the access secret every DC shares (tokens and access.toml)",
+    ),
     "pipeline": (
         "txsync.pipeline.command",
         "data pipeline jobs on Spark (export, audit-order, verify-replicas, report, load)",
