@@ -11,6 +11,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
+PREVIOUS_RELEASE := $(shell sed -n 's/^previous-release-commit = "\([0-9a-f]*\)"/\1/p' pyproject.toml)
 
 .PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-verify bench-startup bench-client bench-soak clean
 
@@ -49,11 +50,12 @@ proto: venv  ## regenerate services/txsync/v1 from proto/
 proto-check: venv  ## fail if the committed generated code is stale
 	$(BIN)/python scripts/gen_proto.py --check
 
-lint: venv $(BUF)  ## ruff, ruff format, mypy --strict, buf lint
+lint: venv $(BUF)  ## ruff, ruff format, mypy --strict, buf lint, buf breaking (previous release)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BUF) lint
+	$(BUF) breaking --against ".git#ref=$(PREVIOUS_RELEASE),depth=$$(git rev-list --count HEAD)"
 
 system-packages:  ## Debian packages the tests run (PostgreSQL, Docker, etcd, Galera...), installed if missing
 	scripts/ensure_system_packages.sh

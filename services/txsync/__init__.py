@@ -10,4 +10,4 @@ Packages, one per part of the architecture (see ``docs/architecture.md``):
 * ``txsync.cli`` - the ``txsync`` command.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

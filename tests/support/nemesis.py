@@ -245,6 +245,7 @@ class NemesisRun:
         }
         self.report = Report(seed)
         self.log_lines: list[str] = []
+        self.clients: list[_Client] = []
 
     def _log(self, text: str) -> None:
         self.log_lines.append(f"{time.monotonic():.1f} {text}")
@@ -260,16 +261,16 @@ class NemesisRun:
             for watch in self.watches.values():
                 watch.start()
             stop = threading.Event()
-            clients = [_Client(dc, self.layout["dcs"][dc]["store"], stop) for dc in self.dcs]
-            for client in clients:
+            self.clients = [_Client(dc, self.layout["dcs"][dc]["store"], stop) for dc in self.dcs]
+            for client in self.clients:
                 client.start()
             try:
-                self._inject_faults()
+                self.act()
             finally:
                 stop.set()
-                for client in clients:
+                for client in self.clients:
                     client.join(timeout=SUBMIT_TIMEOUT_S * 3)
-            acknowledged = {k: t for c in clients for k, t in c.acknowledged.items()}
+            acknowledged = {k: t for c in self.clients for k, t in c.acknowledged.items()}
             self.report.acknowledged = len(acknowledged)
             self._settle_and_check(acknowledged)
         finally:
@@ -297,7 +298,9 @@ class NemesisRun:
             )
             assert answer.state == common_pb2.TX_STATE_OK, answer
 
-    def _inject_faults(self) -> None:
+    def act(self) -> None:
+        """What happens while the clients insert: the seed's faults. A run of another
+        kind overrides it (tests/upgrade: DCs switched between releases)."""
         services = {s.name: s for s in self.cluster.services}
         faults = schedule(self.seed, self.duration_s, sorted(services), self.dcs)
         undo: list[tuple[float, str, Any]] = []  # (when, what, argument)
