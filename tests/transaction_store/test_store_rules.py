@@ -1599,3 +1599,38 @@ def test_a_witness_truncates_with_its_peers_alone(tmp_path: Path) -> None:
         assert store.truncation_hold() == TruncationHold(3, "")
 
     _run(tmp_path, scenario, witness=True)
+
+
+def test_bodies_held_stop_at_the_first_synced_body_missing_here(tmp_path: Path) -> None:
+    """What the coordinator posts so that the peers keep the bodies this DC may still
+    fetch (``StoreState.bodies_held_len``): positions up to the first synced transaction
+    whose body is not here, moving on as bodies arrive, and across a restart."""
+    peer_bodies = [_body(f"INSERT INTO t VALUES ({n})").SerializeToString() for n in range(3)]
+    peer_ids = [str(uuid.uuid4()) for _ in peer_bodies]
+
+    async def scenario(store: TransactionStore) -> None:
+        local = (await store.submit(_body())).tx_id
+        await _sync_local(store, local, 1)
+        assert store.state.bodies_held_len() == 1
+        metas = [TxMeta(ts, tx_id, "dc2") for ts, tx_id in enumerate(peer_ids, start=2)]
+        changes = [StateChangeRequest(m.tx_id, s) for m in metas
+                   for s in (TxState.INCOMING, TxState.ACCEPTED)]  # fmt: skip
+        await store.persist_step(
+            ProtocolStep(counter=4, incoming=metas, synced_start=store.state.merge_base,
+                         synced=metas, changes=changes)
+        )  # fmt: skip
+        assert store.state.synced_len == 4 and store.state.bodies_held_len() == 1
+        # The second arrives first: the held prefix waits for the first.
+        await store.store_body(peer_ids[1], peer_bodies[1], body_digest(peer_bodies[1]))
+        assert store.state.bodies_held_len() == 1
+        await store.store_body(peer_ids[0], peer_bodies[0], body_digest(peer_bodies[0]))
+        assert store.state.bodies_held_len() == 3
+
+    _run(tmp_path, scenario)
+
+    async def after_restart(store: TransactionStore) -> None:
+        assert store.state.bodies_held_len() == 3
+        await store.store_body(peer_ids[2], peer_bodies[2], body_digest(peer_bodies[2]))
+        assert store.state.bodies_held_len() == 4
+
+    _run(tmp_path, after_restart)

@@ -242,7 +242,7 @@ class ProtocolNode:
         self._synced_unacquired: dict[TxId, TxMeta] = {}
         for meta in durable.synced_unacquired:
             self._synced_unacquired[meta.tx_id] = meta
-            self._want_body(meta.tx_id, (meta.origin,))
+            self._want_body(meta.tx_id, (meta.origin, *self._configured))
         self._early_bodies: dict[TxId, None] = {}
 
         # Round state. A restarted node is busy and starts a round at its first step.
@@ -782,7 +782,10 @@ class ProtocolNode:
     def _append_synced(self, metas: Sequence[TxMeta], *, holders: Sequence[NodeId]) -> None:
         """Append agreed metas. ``holders`` (besides each origin) may hold the bodies we
         lack: the forerunner for catch-up, the new members for a seal, none for ADD
-        (whose bodies are all held: only acquired metas are posted)."""
+        (whose bodies are all held: only acquired metas are posted). Every other member
+        of the configuration is asked after them: a synced body is held wherever the
+        transaction was applied, and its origin may be down for long or, in a release
+        before the truncation kept bodies a peer lacks, have truncated it."""
         start = self._synced.base
         self._synced.extend(metas)
         self._fx.persist.append(PersistSynced(start, tuple(metas)))
@@ -802,7 +805,7 @@ class ProtocolNode:
                 changes.append(StateChanged(tx_id, TxState.ENQUEUED))
             else:
                 self._synced_unacquired[tx_id] = meta
-                self._want_body(tx_id, (*holders, meta.origin))
+                self._want_body(tx_id, (*holders, meta.origin, *self._configured))
         head = tuple(self._incoming.metas()[: len(metas)])
         if head == tuple(metas):
             self._incoming.pop_prefix(len(metas))
@@ -1263,6 +1266,7 @@ class ProtocolNode:
         return tx_id in self._fetches
 
     def _want_body(self, tx_id: TxId, holders: Sequence[NodeId]) -> None:
+        """Fetch ``tx_id``'s body, asking ``holders`` in turn (the first first)."""
         wanted = [h for h in dict.fromkeys(holders) if h != self._id]
         fetch = self._fetches.get(tx_id)
         if fetch is not None:

@@ -508,6 +508,12 @@ class Coordinator:
         restart (a restarted coordinator takes part again)."""
         self.peer_posts: dict[str, tuple[int, MergeBase]] = {}
         """Counter and merge base of each peer's latest post: how far along it is."""
+        self.peer_bodies_held: dict[str, int] = {}
+        """How far each peer holds every synced body, from its latest post: the store
+        keeps the bodies past it, which that peer may still fetch from this DC."""
+        self.bodies_held_len = 0
+        """How far this DC's store holds every synced body (its latest progress answer),
+        for the posts."""
         self.bodies_arriving: set[str] = set()
         """Bodies a peer pushed that wait for the loop (``take_bodies``)."""
         self._arrived_bytes = 0
@@ -800,13 +806,16 @@ class Coordinator:
             self._retired_links.append(self.links.pop(peer))
         self.weights.update(configuration.weights)
 
-    def post_accepted(self, post: Post, finished: list[Finished], round_traceparent: str) -> None:
+    def post_accepted(
+        self, post: Post, finished: list[Finished], round_traceparent: str, bodies_held_len: int
+    ) -> None:
         """A peer's post passed every check (``PeerServicer.Post``): only now does it
         change what this coordinator knows of that peer. The core hears of it through
         the event queue."""
         self.known_posts.remember(post.sender, post.epoch, post.seq, post.queue)
         self.rounds.peer_round(post.sender, round_traceparent)
         self.peer_posts[post.sender] = (post.counter, post.base)
+        self.peer_bodies_held[post.sender] = bodies_held_len
         for outcome in finished:
             self.outcomes.add_theirs(post.sender, outcome)
 
@@ -848,13 +857,17 @@ class Coordinator:
         )
 
     def peers_progress(self) -> dict[str, int]:
-        """Every peer of the configuration with the synced length of its latest post: 0
-        for one not heard from since this coordinator started, which may need any of the
-        history (it holds truncation back until it posts)."""
+        """Every peer of the configuration with how far its latest post says it has come:
+        its synced length, or less where it still lacks bodies, which it fetches from the
+        others (a peer of an earlier release says 0). 0 for one not heard from since this
+        coordinator started, which may need any of the history: each holds truncation
+        back until it has all of it."""
         assert self.node is not None
         me = self.node.node_id
         return {
-            peer: post[1].synced_len if (post := self.peer_posts.get(peer)) else 0
+            peer: min(post[1].synced_len, self.peer_bodies_held.get(peer, 0))
+            if (post := self.peer_posts.get(peer))
+            else 0
             for peer in self.node.configuration
             if peer != me
         }
@@ -868,7 +881,8 @@ class Coordinator:
                 peer_synced_len=self.peers_progress(), peers_reported=True
             )
             try:
-                await self.store.ReportProgress(request, timeout=PERSIST_TIMEOUT_S)
+                answer = await self.store.ReportProgress(request, timeout=PERSIST_TIMEOUT_S)
+                self.bodies_held_len = answer.bodies_held_len
             except grpc.aio.AioRpcError as error:
                 log.info("progress report to the store failed: %s", error.code().name)
             await asyncio.sleep(PROGRESS_REPORT_S)
@@ -947,6 +961,7 @@ class Coordinator:
                     if link := self._link(to):
                         outgoing = post_to_proto(post, with_queue=False)
                         outgoing.round_traceparent = self.rounds.traceparent
+                        outgoing.bodies_held_len = self.bodies_held_len
                         for finished in self.outcomes.since(link.outcomes_sent):
                             outgoing.outcomes.add(
                                 position=finished.position,

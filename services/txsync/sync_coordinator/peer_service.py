@@ -176,7 +176,9 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         finished = _outcomes_from_proto(request.outcomes)
         # Accepted whole: only now does it change what this node knows (a refused post
         # must leave no trace).
-        self._coordinator.post_accepted(post, finished, request.round_traceparent)
+        self._coordinator.post_accepted(
+            post, finished, request.round_traceparent, request.bodies_held_len
+        )
         await self._coordinator.events.put(PostReceived(post))
         return peer_pb2.PostResponse()
 

@@ -677,5 +677,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             dict(request.peer_synced_len), workers, peers_reported=request.peers_reported
         )
         return store_pb2.ReportProgressResponse(
-            truncatable_below=truncatable, history_from=store.state.synced_offset + 1
+            truncatable_below=truncatable,
+            history_from=store.state.synced_offset + 1,
+            bodies_held_len=store.state.bodies_held_len(),
         )

@@ -155,8 +155,24 @@ class StoreState:
         self.vote: common_pb2.ViewVote | None = None
         """The coordinator's vote in the next view change (kept for it, not interpreted)."""
         self._next_seq = 1
+        self._bodies_held_len = 0
+        """Where ``bodies_held_len`` stopped looking (bodies are never un-held)."""
 
     # --- reads ---------------------------------------------------------------------------
+
+    def bodies_held_len(self) -> int:
+        """Every synced position up to this one has its body here (truncated ones count
+        as held). The coordinator posts it: a peer keeps the bodies past it, which this
+        DC may still fetch from it, instead of truncating them with the rest of the
+        history this DC synced (a DC rolled back in the middle of an upgrade once had
+        527 bodies of synced transactions that every other DC had truncated, and its
+        workers waited for ever). Looks only past where it stopped the last time."""
+        held = max(self._bodies_held_len, self.synced_offset)
+        synced, txs, offset, end = self.synced, self.txs, self.synced_offset, self.synced_len
+        while held < end and txs[synced[held - offset].tx_id].body_held:
+            held += 1
+        self._bodies_held_len = held
+        return held
 
     @property
     def synced_len(self) -> int:

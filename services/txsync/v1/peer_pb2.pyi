@@ -154,6 +154,7 @@ class PostRequest(_message.Message):
     DELTA_SKIP_FIELD_NUMBER: _builtins.int
     DELTA_KEEP_FIELD_NUMBER: _builtins.int
     QUEUE_LEN_FIELD_NUMBER: _builtins.int
+    BODIES_HELD_LEN_FIELD_NUMBER: _builtins.int
     view_no: _builtins.int
     sender: _builtins.str
     epoch: _builtins.int
@@ -172,6 +173,12 @@ class PostRequest(_message.Message):
     delta_keep: _builtins.int
     queue_len: _builtins.int
     """The whole queue's length (at most 4096; checks what a receiver rebuilt)."""
+    bodies_held_len: _builtins.int
+    """Every synced position up to this one has its body at the sender (at most
+    `base.synced_len`): the receiver keeps the bodies past it, which the sender may still
+    fetch, when it truncates its history. A sender of an earlier release sends 0, and
+    holds truncation back while it runs.
+    """
     @_builtins.property
     def base(self) -> _common_pb2.MergeBase: ...
     @_builtins.property
@@ -204,12 +211,15 @@ class PostRequest(_message.Message):
         delta_skip: _builtins.int = ...,
         delta_keep: _builtins.int = ...,
         queue_len: _builtins.int = ...,
+        bodies_held_len: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["base", b"base"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "base",
         b"base",
+        "bodies_held_len",
+        b"bodies_held_len",
         "counter",
         b"counter",
         "delta_from_seq",

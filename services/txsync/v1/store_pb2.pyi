@@ -205,22 +205,33 @@ class ReportProgressResponse(_message.Message):
 
     TRUNCATABLE_BELOW_FIELD_NUMBER: _builtins.int
     HISTORY_FROM_FIELD_NUMBER: _builtins.int
+    BODIES_HELD_LEN_FIELD_NUMBER: _builtins.int
     truncatable_below: _builtins.int
     """Synced entries below this position may be truncated."""
     history_from: _builtins.int
     """The first synced position the store still holds (1 + what was truncated): a worker
     at a lower applied position cannot replay the log and needs a snapshot.
     """
+    bodies_held_len: _builtins.int
+    """Every synced position up to this one has its body here. The coordinator posts it
+    (`PostRequest.bodies_held_len`), so that no peer truncates a body this DC lacks.
+    """
     def __init__(
         self,
         *,
         truncatable_below: _builtins.int = ...,
         history_from: _builtins.int = ...,
+        bodies_held_len: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "history_from", b"history_from", "truncatable_below", b"truncatable_below"
+        "bodies_held_len",
+        b"bodies_held_len",
+        "history_from",
+        b"history_from",
+        "truncatable_below",
+        b"truncatable_below",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
