@@ -107,9 +107,12 @@ def run_pod(
     volumes: dict[str, Path],
     extra_hosts: dict[str, str] | None = None,
     secrets: dict[str, dict[str, str]] | None = None,
+    dns_names: tuple[str, ...] = (),
 ) -> Pod:
     """Start the pod ``spec`` (a pod template's spec). ``volumes`` maps each non-emptyDir
-    volume name to a host directory; ``secrets`` gives the secrets env refers to."""
+    volume name to a host directory; ``secrets`` gives the secrets env refers to;
+    ``dns_names`` are names the other containers of ``network`` find the pod by (what
+    a Service and the cluster's DNS give a pod)."""
     client = docker.from_env()
     security = spec.get("securityContext", {})
     user = f"{security.get('runAsUser', 0)}:{security.get('runAsGroup', 0)}"
@@ -125,6 +128,7 @@ def run_pod(
         name=f"{namespace}-{pod_name}-pause",
         hostname=pod_name,
         network=network,
+        networking_config={network: client.api.create_endpoint_config(aliases=list(dns_names))},
         # Published on loopback only, each on a free host port (the stubs lack None).
         ports=cast(Any, {f"{port}/tcp": ("127.0.0.1", None) for port in ports}),
         extra_hosts=extra_hosts or {},
