@@ -12,11 +12,14 @@ access control on):
 - the certificates are scripts/dev_ca.py's, one per DC naming its id (guide step 2),
   and the access secret is made once by ``txsync access secret`` and given to every DC.
 
-It then checks, from outside (this host, through the forwarders' published ports):
-``txsync status`` through dc1 healthy for all three DCs, a submit at each DC applied at
-every DC, a client that fails over under TLS while dc1 is down, a worker added to dc2
-(what ``kubectl scale`` would start) registered and caught up, and dc1 back and the
-whole cluster healthy again.
+Every DC is installed with the previous release's image (built from its commit,
+tests/support/releases.py) and upgraded to this checkout's one DC at a time, the pods
+replaced on their volumes, each upgraded DC taking a submit while the others still run
+the previous release. It then checks, from outside (this host, through the forwarders'
+published ports): ``txsync status`` through dc1 healthy for all three DCs, a submit at
+each DC applied at every DC, a client that fails over under TLS while dc1 is down, a
+worker added to dc2 (what ``kubectl scale`` would start) registered and caught up, and
+dc1 back and the whole cluster healthy again.
 When the guide changes, this test changes with it.
 """
 
@@ -89,8 +92,12 @@ class DcCluster:
 
     dc: str
     network: Network
-    objects: list[dict[str, Any]]
+    objects: dict[str, list[dict[str, Any]]]
+    """What the chart renders, by image: the previous release's and this checkout's
+    (``helm upgrade --set image.tag=...``)."""
     public_name: str
+    image: str
+    """The image the DC runs now."""
     balancer: Container | None = None
     pods: list[Pod] = field(default_factory=list)
 
@@ -104,7 +111,9 @@ class DcCluster:
 
     def spec(self, name: str) -> dict[str, Any]:
         found = next(
-            o for o in self.objects if o["kind"] == "StatefulSet" and o["metadata"]["name"] == name
+            o
+            for o in self.objects[self.image]
+            if o["kind"] == "StatefulSet" and o["metadata"]["name"] == name
         )
         spec: dict[str, Any] = found["spec"]["template"]["spec"]
         return spec
@@ -126,7 +135,7 @@ def _load_balanced_ports(dc: DcCluster) -> list[int]:
     master = dc.spec(f"{dc.release}-master")
     named = {p["name"]: p["containerPort"] for c in master["containers"] for p in c["ports"]}
     ports = []
-    for service in (o for o in dc.objects if o["kind"] == "Service"):
+    for service in (o for o in dc.objects[dc.image] if o["kind"] == "Service"):
         if service["spec"].get("type") != "LoadBalancer":
             continue
         for port in service["spec"]["ports"]:
@@ -182,7 +191,7 @@ def _wait_for(what: str, check: Any, logs: Any, timeout_s: float = SETTLE_S) -> 
 
 
 def test_the_one_cluster_per_dc_guide_works_as_written(
-    image: str, workspace: tuple[Path, list[DcCluster], Network]
+    image: str, previous_image: str, workspace: tuple[Path, list[DcCluster], Network]
 ) -> None:
     tmp_path, clusters, internet = workspace
     client = docker.from_env()
@@ -201,20 +210,24 @@ def test_the_one_cluster_per_dc_guide_works_as_written(
     (tmp_path / "access" / "access.toml").write_text(tokens["access.toml"])
     secrets = {access["metadata"]["name"]: tokens}
     for dc in DCS:
-        values = merged(
-            example_values("one-cluster-per-dc", f"{dc}.yaml"),
-            # No Jaeger runs here (the guide's step 5): no traces to send.
-            {
-                "image": {"repository": "txsync", "tag": "dev"},
-                "workers": {"replicas": WORKERS},
-                "otel": {"endpoint": ""},
-            },
-        )
-        assert values["access"]["secretName"] == access["metadata"]["name"]
-        objects = render(values, f"txsync-{dc}", NAMESPACE)
+        objects = {}
+        for tag in (previous_image, image):
+            repository, _, version = tag.partition(":")
+            values = merged(
+                example_values("one-cluster-per-dc", f"{dc}.yaml"),
+                # No Jaeger runs here (the guide's step 5): no traces to send.
+                {
+                    "image": {"repository": repository, "tag": version},
+                    "workers": {"replicas": WORKERS},
+                    "otel": {"endpoint": ""},
+                },
+            )
+            assert values["access"]["secretName"] == access["metadata"]["name"]
+            objects[tag] = render(values, f"txsync-{dc}", NAMESPACE)
         public = next(d["storeUrl"] for d in values["dcs"] if d["id"] == dc).rsplit(":", 1)[0]
         network = client.networks.create(f"txsync-guide-{dc}-{uuid.uuid4().hex[:8]}")
-        clusters.append(DcCluster(dc, network, objects, public))
+        # Installed with the previous release, upgraded DC by DC below.
+        clusters.append(DcCluster(dc, network, objects, public, previous_image))
     public_names = {cluster.public_name for cluster in clusters}
 
     # The LoadBalancers first: the other DCs find this one by its public name through them.
@@ -245,20 +258,8 @@ def test_the_one_cluster_per_dc_guide_works_as_written(
     # The master pods, then the workers: each reaches the internet (its egress) where the
     # other DCs' public names lead to their load balancers.
     for cluster in clusters:
-        master_spec = cluster.spec(f"{cluster.release}-master")
-        data = tmp_path / cluster.dc / "master-data"
-        data.mkdir(parents=True)
-        tls_files = _tls_secret(tmp_path / "certs", cluster.dc, tmp_path / cluster.dc / "tls")
-        master = run_pod(
-            master_spec, f"{cluster.release}-master-0", namespace=NAMESPACE,
-            network=cluster.network_name,
-            volumes={"data": data, "tls": tls_files, "access": tmp_path / "access"},
-            secrets=secrets,
-            dns_names=(cluster.service_host(f"{cluster.release}-master", 0),),
-        )  # fmt: skip
-        cluster.pods.append(master)
-        assert master.pause is not None
-        internet.connect(master.pause)
+        _tls_secret(tmp_path / "certs", cluster.dc, tmp_path / cluster.dc / "tls")
+        _start_master(cluster, tmp_path, secrets, internet)
     for cluster in clusters:
         wait_ready(cluster.pods[0], cluster.spec(f"{cluster.release}-master"), timeout_s=SETTLE_S)
         for ordinal in range(WORKERS):
@@ -282,12 +283,32 @@ def test_the_one_cluster_per_dc_guide_works_as_written(
     for dc in DCS:
         assert dc in printed, printed
 
-    # A submit at each DC, applied at every DC.
+    # The upgrade (docs/operations.md, "Upgrades"): one DC at a time, its pods replaced
+    # by this checkout's image on the same volumes, the cluster healthy before the next;
+    # meanwhile the DCs run different releases, and each upgraded DC takes a submit.
     table = _txsync(
         "submit", "--endpoints", first, "--sql", "CREATE TABLE t (dc TEXT PRIMARY KEY)",
         "--wait", "ok", env=outside,
     )  # fmt: skip
     assert table.returncode == 0, table.stdout + table.stderr + logs()
+    for cluster in clusters:
+        for pod in cluster.pods:
+            pod.remove()
+        cluster.pods.clear()
+        cluster.image = image
+        _start_master(cluster, tmp_path, secrets, internet)
+        wait_ready(cluster.pods[0], cluster.spec(f"{cluster.release}-master"), timeout_s=SETTLE_S)
+        for ordinal in range(WORKERS):
+            _start_worker(cluster, ordinal, tmp_path, secrets)
+        _wait_for(f"the cluster healthy with {cluster.dc} upgraded", healthy, logs)
+        upgraded = _txsync(
+            "submit", "--endpoints", f"{cluster.dc}={cluster.balancer_address(7001)}",
+            "--sql", f"INSERT INTO t (dc) VALUES ('{cluster.dc} upgraded')", "--wait", "ok",
+            env=outside,
+        )  # fmt: skip
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr + logs()
+
+    # A submit at each DC, applied at every DC.
     for cluster in clusters:
         submitted = _txsync(
             "submit", "--endpoints", f"{cluster.dc}={cluster.balancer_address(7001)}",
@@ -302,7 +323,8 @@ def test_the_one_cluster_per_dc_guide_works_as_written(
             _wait_for(
                 f"every DC's row at {cluster.dc}",
                 lambda reader=reader: (
-                    [r[0] for r in reader.query("SELECT dc FROM t ORDER BY dc").rows] == list(DCS)
+                    [r[0] for r in reader.query("SELECT dc FROM t ORDER BY dc").rows]
+                    == sorted([*DCS, *(f"{dc} upgraded" for dc in DCS)])
                 ),
                 logs,
             )
@@ -340,13 +362,32 @@ def test_the_one_cluster_per_dc_guide_works_as_written(
     _wait_for("txsync status through dc1 healthy at the end", healthy, logs)
 
 
+def _start_master(
+    cluster: DcCluster, tmp_path: Path, secrets: dict[str, dict[str, str]], internet: Network
+) -> None:
+    """The master pod on the DC's image, on its volume (kept across an upgrade), reaching
+    the internet too (its egress)."""
+    data = tmp_path / cluster.dc / "master-data"
+    data.mkdir(parents=True, exist_ok=True)
+    master = run_pod(
+        cluster.spec(f"{cluster.release}-master"), f"{cluster.release}-master-0",
+        namespace=NAMESPACE, network=cluster.network_name,
+        volumes={"data": data, "tls": tmp_path / cluster.dc / "tls",
+                 "access": tmp_path / "access"},
+        secrets=secrets, dns_names=(cluster.service_host(f"{cluster.release}-master", 0),),
+    )  # fmt: skip
+    cluster.pods.append(master)
+    assert master.pause is not None
+    internet.connect(master.pause)
+
+
 def _start_worker(
     cluster: DcCluster, ordinal: int, tmp_path: Path, secrets: dict[str, dict[str, str]]
 ) -> None:
     statefulset = f"{cluster.release}-workers"
     spec = cluster.spec(statefulset)
     data = tmp_path / cluster.dc / f"worker-{ordinal}"
-    data.mkdir(parents=True)
+    data.mkdir(parents=True, exist_ok=True)
     worker = run_pod(
         spec, f"{statefulset}-{ordinal}", namespace=NAMESPACE, network=cluster.network_name,
         volumes={"data": data, "access": tmp_path / "access"}, secrets=secrets,

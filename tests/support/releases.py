@@ -49,6 +49,26 @@ class Release:
             tar.extractall(into, filter="data")
         return into / "services"
 
+    def image(self, into: Path) -> str:
+        """The release's container image, built offline by its own scripts/build_image.sh
+        from its tree (unpacked under ``into``) with this checkout's Python, and tagged
+        with its commit; this checkout's is ``txsync:dev``."""
+        if self.commit is None:
+            return "txsync:dev"
+        tree = into / "tree"
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", "--format=tar", self.commit],
+            check=True, capture_output=True, timeout=120,
+        ).stdout  # fmt: skip
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(tree, filter="data")
+        tag = f"txsync:{self.commit[:12]}"
+        subprocess.run(
+            [str(tree / "scripts" / "build_image.sh"), tag], check=True, cwd=tree,
+            env={**os.environ, "PYTHON": sys.executable}, timeout=1200,
+        )  # fmt: skip
+        return tag
+
     def command(self, services: Path | None, args: list[str]) -> list[str]:
         """``txsync ARGS`` as this release runs it. ``env`` sets the import path and then
         becomes the service (exec: the same process, so stopping it and the parent watch
