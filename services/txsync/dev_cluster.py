@@ -144,6 +144,15 @@ class Service:
         return "\n".join(f"    | {line}" for line in lines[-LOG_TAIL_LINES:])
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` so that a reader sees the old file or the whole new one: readers
+    wait for cluster.json to exist and then read it, and one read it empty between the
+    file's creation and its write (a fresh-clone CI run of the end-to-end test)."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 class StartFailed(RuntimeError):
     """The cluster did not come up within its start timeout."""
 
@@ -206,7 +215,7 @@ def up(options: argparse.Namespace) -> int:
         layout = saved
         say(f"resuming the cluster in {data}")
     else:
-        layout_file.write_text(json.dumps(layout, indent=2) + "\n")
+        _write_whole(layout_file, json.dumps(layout, indent=2) + "\n")
     stopping: list[str] = []
 
     def request_stop(signum: int, frame: object) -> None:
@@ -220,7 +229,7 @@ def up(options: argparse.Namespace) -> int:
     try:
         cluster.start(options.start_timeout, progress=say, stopping=lambda: bool(stopping))
         if not stopping:
-            state_file.write_text(json.dumps(layout, indent=2) + "\n")
+            _write_whole(state_file, json.dumps(layout, indent=2) + "\n")
             _print_guide(layout["dcs"], state_file, options.wan_delay_ms, say)
         while not stopping:
             for event in cluster.supervise():
