@@ -18,8 +18,9 @@ replaced on their volumes, each upgraded DC taking a submit while the others sti
 the previous release. It then checks, from outside (this host, through the forwarders'
 published ports): ``txsync status`` through dc1 healthy for all three DCs, a submit at
 each DC applied at every DC, a client that fails over under TLS while dc1 is down, a
-worker added to dc2 (what ``kubectl scale`` would start) registered and caught up, and
-dc1 back and the whole cluster healthy again.
+worker added to dc2 (what ``kubectl scale`` would start) registered and caught up, then
+stopped as a deleted pod is (SIGTERM) and drained, and dc1 back and the whole cluster
+healthy again.
 When the guide changes, this test changes with it.
 """
 
@@ -279,6 +280,14 @@ def test_the_one_cluster_per_dc_guide_works_as_written(
         status = _txsync("status", "--endpoints", first, env=outside)
         return status.stdout if status.returncode == 0 else None
 
+    def insert(cluster: DcCluster, value: str) -> None:
+        """``txsync submit`` at the DC, waiting for OK there."""
+        submitted = _txsync(
+            "submit", "--endpoints", f"{cluster.dc}={cluster.balancer_address(7001)}",
+            "--sql", f"INSERT INTO t (dc) VALUES ('{value}')", "--wait", "ok", env=outside,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr + logs()
+
     printed = _wait_for("txsync status through dc1 healthy", healthy, logs)
     for dc in DCS:
         assert dc in printed, printed
@@ -301,21 +310,11 @@ def test_the_one_cluster_per_dc_guide_works_as_written(
         for ordinal in range(WORKERS):
             _start_worker(cluster, ordinal, tmp_path, secrets)
         _wait_for(f"the cluster healthy with {cluster.dc} upgraded", healthy, logs)
-        upgraded = _txsync(
-            "submit", "--endpoints", f"{cluster.dc}={cluster.balancer_address(7001)}",
-            "--sql", f"INSERT INTO t (dc) VALUES ('{cluster.dc} upgraded')", "--wait", "ok",
-            env=outside,
-        )  # fmt: skip
-        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr + logs()
+        insert(cluster, f"{cluster.dc} upgraded")
 
     # A submit at each DC, applied at every DC.
     for cluster in clusters:
-        submitted = _txsync(
-            "submit", "--endpoints", f"{cluster.dc}={cluster.balancer_address(7001)}",
-            "--sql", f"INSERT INTO t (dc) VALUES ('{cluster.dc}')", "--wait", "ok",
-            env=outside,
-        )  # fmt: skip
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr + logs()
+        insert(cluster, cluster.dc)
     tls = Tls(ca=(tmp_path / "certs" / "ca.pem").read_bytes(), server_name="{dc}")
     for cluster in clusters:
         at = f"{cluster.dc}={cluster.balancer_address(7001)}"
@@ -358,6 +357,18 @@ def test_the_one_cluster_per_dc_guide_works_as_written(
         return listed.returncode == 0 and added in listed.stdout  # 0: all healthy, in sync
 
     _wait_for(f"{added} registered and healthy", caught_up, logs)
+    # Scaled back down: Kubernetes stops the deleted pod with SIGTERM, and the worker
+    # drains itself from the dispatch (DrainWorker); dc2 stays healthy without it.
+    worker = dc2.pods.pop()
+    for container in worker.containers:
+        container.stop(timeout=30)
+    worker.remove()
+
+    def drained() -> bool:
+        listed = _txsync("workers", "--endpoints", endpoints, "--dc", "dc2", env=outside)
+        return listed.returncode == 0 and added not in listed.stdout
+
+    _wait_for(f"{added} drained and dc2's workers healthy", drained, logs)
     # dc1 is back in the view and caught up: the whole cluster healthy again.
     _wait_for("txsync status through dc1 healthy at the end", healthy, logs)
 
