@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="txsync-rotation-") as root:
         store = transaction_store(
             Path(root), "dc1", "--log-file-bytes-max", str(options.log_file_bytes_max),
-            "--incoming-max", "10000000",
+            "--incoming-max", "10000000", "--unfinished-max", "10000000",
         )  # fmt: skip
         store.start()
         submits: list[tuple[float, float]] = []  # (wall-clock start, seconds)

@@ -71,6 +71,8 @@ class Sample:
     """By DC: its txlog directory and worker databases."""
     submit_p99_ms: float | None
     submits: int
+    txs_held: dict[str, int] = field(default_factory=dict)
+    """By DC: the transactions its store holds in memory (unfinished, or not truncated)."""
 
 
 @dataclass
@@ -179,8 +181,22 @@ class Soak:
         p99 = statistics.quantiles(latencies, n=100)[98] * 1000 if len(latencies) >= 20 else None
         return Sample(
             round(time.monotonic() - self.started, 1), self.phase, self.history(), rss, disk,
-            p99, len(latencies),
+            p99, len(latencies), self.txs_held(),
         )  # fmt: skip
+
+    def txs_held(self) -> dict[str, int]:
+        """By DC (those answering): the transactions its store holds in memory."""
+        held = {}
+        for dc, entry in self.layout["dcs"].items():
+            try:
+                with grpc.insecure_channel(entry["store"]) as channel:
+                    status = admin_pb2_grpc.AdminServiceStub(channel).GetStatus(
+                        admin_pb2.GetStatusRequest(), timeout=30
+                    )
+            except grpc.RpcError:
+                continue  # restarting
+            held[dc] = int(status.local.retention.txs_held)
+        return held
 
     def _supervise_loop(self) -> None:
         while not self._sampling.wait(0.2):
@@ -197,9 +213,10 @@ class Soak:
             self.results.samples.append(sample)
             store_rss = max(v for k, v in sample.rss_mib.items() if "transaction-store" in k)
             disk = max(sample.disk_mib.values())
+            held = max(sample.txs_held.values(), default=0)
             self.say(
                 f"{sample.phase}: history {sample.history:,}, store RSS {store_rss:.0f} MiB, "
-                f"disk {disk:.0f} MiB, p99 {sample.submit_p99_ms or 0:.1f} ms"
+                f"held {held:,}, disk {disk:.0f} MiB, p99 {sample.submit_p99_ms or 0:.1f} ms"
             )
 
     # --- load ------------------------------------------------------------------------

@@ -73,7 +73,9 @@ def main() -> int:
     options = parser.parse_args()
     client_counts = [int(c) for c in options.clients.split(",")]
     with tempfile.TemporaryDirectory(prefix="txsync-bench-", dir=os.environ.get("TMPDIR")) as tmp:
-        server = transaction_store(Path(tmp), "bench", "--incoming-max", "10000000")
+        server = transaction_store(
+            Path(tmp), "bench", "--incoming-max", "10000000", "--unfinished-max", "10000000"
+        )
         server.start()
         try:
             print(f"machine: {platform.platform()}, {os.cpu_count()} cores, "

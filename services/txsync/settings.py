@@ -35,6 +35,7 @@ from txsync.worker.backend import (
 MIB = 1024 * 1024
 
 INCOMING_TXS_MAX_DEFAULT = 32_768
+UNFINISHED_TXS_MAX_DEFAULT = 8_192
 OPEN_BODY_BYTES_MAX_DEFAULT = 1 << 30
 LOG_FILE_BYTES_MAX_DEFAULT = 16 << 20
 HISTORY_KEPT_DEFAULT = 2_000
@@ -161,6 +162,16 @@ STORE_LIMITS: tuple[Setting, ...] = (
         unit="transactions",
     ),
     Setting(
+        "unfinished_max", UNFINISHED_TXS_MAX_DEFAULT,
+        "refuse submits (RESOURCE_EXHAUSTED, with a retry hint) while this many "
+        "transactions wait to be ordered or are ordered and not yet OK or FAILED here (the "
+        "workers' backlog, which the store holds in memory); clients fail over to another "
+        "DC",
+        "transactions waiting to be ordered or applied here before submits are refused "
+        "(memory: about 3 KB each)",
+        unit="transactions",
+    ),
+    Setting(
         "body_bytes_max", OPEN_BODY_BYTES_MAX_DEFAULT,
         "refuse submits while the bodies of unfinished transactions take this many bytes",
         "bytes of unfinished transactions' bodies before submits are refused",
@@ -183,10 +194,11 @@ STORE_LIMITS: tuple[Setting, ...] = (
     ),
     Setting(
         "history_kept_ms", HISTORY_KEPT_MS_DEFAULT,
-        "truncation also keeps every transaction finished within this many milliseconds, "
-        "so that a client still waiting on one, or reading it, finds it at any load",
-        "finished transactions kept by age (memory: the rate times this); with "
-        "--history-kept, the larger window holds",
+        "truncation also keeps every transaction finished within this many milliseconds "
+        "(at most the newest 4,096 positions), so that a client reading one it just made "
+        "finds it; waits find the verdicts of the 16,384 last truncated",
+        "finished transactions kept by age, at most the newest 4,096 (memory: about 3 KB "
+        "each); with --history-kept, the larger window holds",
         unit="ms", least=0,
     ),
     Setting(

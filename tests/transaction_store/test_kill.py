@@ -155,11 +155,11 @@ def _storms_and_kills(tmp_path: Path, cycles: int, *, after_rotations: bool) -> 
     followed by a restart and ``_verify``; then a clean shutdown. Returns a summary."""
     rng = random.Random(20261122)
     # Nothing orders these transactions, so they all stay INCOMING: lift the backpressure
-    # limit, which is not what this test is about. Rotations are counted by the bak-
+    # limits, which are not what this test is about. Rotations are counted by the bak-
     # files they leave: keep every one.
     process = transaction_store(
         tmp_path, "dc1", "--log-file-bytes-max", "60000", "--incoming-max", "10000000",
-        "--backups-kept", "100000",
+        "--unfinished-max", "10000000", "--backups-kept", "100000",
     )  # fmt: skip
     known: dict[str, str] = {}
     acked_total = 0

@@ -326,6 +326,56 @@ def test_backpressure_refuses_with_a_retry_hint(tmp_path: Path) -> None:
     _run(tmp_path, scenario, incoming_txs_max=3)
 
 
+def test_the_workers_backlog_refuses_submits_until_they_finish_some(tmp_path: Path) -> None:
+    """Ordered transactions not yet OK or FAILED here count with the INCOMING ones
+    against ``unfinished_txs_max``: the store holds them all until its workers pass
+    them. A membership change passes (removing a DC must not wait for these workers)."""
+
+    async def scenario(store: TransactionStore) -> None:
+        ids = [(await store.submit(_body())).tx_id for n in range(2)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+        assert store.state.incoming_state_txs == 0
+        third = await store.submit(_body())
+        with pytest.raises(StoreError) as caught:
+            await store.submit(_body())
+        assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.retry_after_ms == 250
+        assert "3 transactions are waiting to be ordered or applied at dc1" in str(
+            caught.value.message
+        )
+        (membership,) = await store.submit_many([(_body(), "", "")], admin=True)
+        assert not isinstance(membership, StoreError)
+        for position, tx_id in enumerate(ids, start=1):  # 2 INCOMING are left
+            await store.advance_states(_finished(tx_id, position), "wd")
+        fourth = await store.submit(_body())
+        assert fourth.created and third.created
+
+    _run(tmp_path, scenario, unfinished_txs_max=3)
+
+
+def test_the_age_window_keeps_a_bounded_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``history_kept_ms`` keeps what finished within it, but never more than the newest
+    HISTORY_KEPT_BY_AGE_MOST positions (or ``history_kept``, if larger): at a batched
+    load's rate ten seconds were 17,000 transactions held."""
+
+    async def scenario(store: TransactionStore) -> None:
+        ids = [(await store.submit(_body())).tx_id for n in range(6)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+            await store.advance_states(_finished(tx_id, position), "wd")
+        store.report_progress({"dc2": 6}, 6, peers_reported=True)
+        # All six finished within the 60 s: the age window keeps the newest 2 of them.
+        assert store.truncation_hold() == TruncationHold(5, "")
+        store.config = dataclasses.replace(store.config, history_kept=4)
+        assert store.truncation_hold() == TruncationHold(3, "")  # the count keeps more
+
+    monkeypatch.setattr(store_module, "HISTORY_KEPT_BY_AGE_MOST", 2)
+    _run(tmp_path, scenario, history_kept_ms=60_000)
+
+
 def test_body_bytes_backpressure(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> None:
         await store.submit(_body("INSERT INTO t VALUES ('" + "x" * 500 + "')"))

@@ -244,6 +244,7 @@ def run(options: argparse.Namespace) -> int:
         data_dir=options.data,
         node_id=options.node_id,
         incoming_txs_max=options.incoming_max,
+        unfinished_txs_max=options.unfinished_max,
         open_body_bytes_max=options.body_bytes_max,
         log_file_bytes_max=options.log_file_bytes_max,
         history_kept=options.history_kept,

@@ -36,6 +36,7 @@ from txsync.settings import (
     INCOMING_TXS_MAX_DEFAULT,
     LOG_FILE_BYTES_MAX_DEFAULT,
     OPEN_BODY_BYTES_MAX_DEFAULT,
+    UNFINISHED_TXS_MAX_DEFAULT,
 )
 from txsync.shares import Shares
 from txsync.telemetry import work
@@ -77,6 +78,11 @@ class StoreConfig:
     node_id: str
     incoming_txs_max: int = INCOMING_TXS_MAX_DEFAULT
     """Submits are refused (RESOURCE_EXHAUSTED) while this many transactions are INCOMING."""
+    unfinished_txs_max: int = UNFINISHED_TXS_MAX_DEFAULT
+    """...or while this many are INCOMING or ordered and not yet OK or FAILED here: the
+    workers' backlog. The store holds each in memory until every worker passed it, so
+    without this bound a load the workers cannot follow grows the store (and, through
+    the allocator keeping what it once held, its RSS for good: docs/benchmarks.md)."""
     open_body_bytes_max: int = OPEN_BODY_BYTES_MAX_DEFAULT
     """...or while the bodies of unfinished transactions take this many bytes."""
     retry_after_ms: int = 250
@@ -582,8 +588,10 @@ class TransactionStore:
 
     # --- client API ----------------------------------------------------------------------
 
-    def _check_capacity(self, *, staged: int = 0) -> None:
-        """Backpressure; ``staged`` counts submits of this batch not yet applied."""
+    def _check_capacity(self, *, staged: int = 0, admin: bool = False) -> None:
+        """Backpressure; ``staged`` counts submits of this batch not yet applied. A
+        membership change (``admin``) passes the workers' backlog: removing a DC must
+        not wait for this DC's workers."""
         state, config = self.state, self.config
         waiting = state.incoming_state_txs + staged
         if waiting >= config.incoming_txs_max:
@@ -593,6 +601,16 @@ class TransactionStore:
                 f"(limit {config.incoming_txs_max}); retry later",
                 retry_after_ms=config.retry_after_ms,
             )
+        if not admin and not config.witness:
+            unfinished = waiting + self.ordered_unfinished()
+            if unfinished >= config.unfinished_txs_max:
+                raise StoreError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{unfinished} transactions are waiting to be ordered or applied at "
+                    f"{config.node_id} (limit {config.unfinished_txs_max}: its workers are "
+                    "behind); retry later or at another DC",
+                    retry_after_ms=config.retry_after_ms,
+                )
         if state.open_body_bytes >= config.open_body_bytes_max:
             raise StoreError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -692,7 +710,7 @@ class TransactionStore:
                     results.append(Submitted(existing, False, state))
                     continue
                 try:
-                    self._check_capacity(staged=len(entries))
+                    self._check_capacity(staged=len(entries), admin=admin)
                 except StoreError as error:
                     results.append(error)
                     continue
@@ -1475,6 +1493,11 @@ class TransactionStore:
         self._finished_through = position - 1
         return position
 
+    def ordered_unfinished(self) -> int:
+        """Synced positions from the first unfinished one on: ordered and not yet OK or
+        FAILED here (a few finished out of order among them count too)."""
+        return self.state.synced_len + 1 - self.first_unfinished_position()
+
     async def advance_states(self, changes: Sequence[StateChangeRequest], service: str) -> None:
         if len(changes) > STATE_CHANGES_MAX:
             raise invalid(f"at most {STATE_CHANGES_MAX} changes per call")
@@ -1620,6 +1643,10 @@ class TransactionStore:
             through, holder = kept_from_end, ""
         if self.config.history_kept_ms:
             recent = self._finished_before(_now_ms() - self.config.history_kept_ms, through)
+            # The age window is bounded in count too: at a batched load's rate, 10 s
+            # held 17,000 transactions (about 50 MB) that waits no longer need (they
+            # find truncated verdicts).
+            recent = max(recent, end - max(self.config.history_kept, HISTORY_KEPT_BY_AGE_MOST))
             if recent < through:
                 through, holder = recent, ""
         if holder:
@@ -1855,6 +1882,9 @@ TRUNCATED_VERDICTS_KEPT = 16_384
 records themselves took about 3 KB each). Tens of seconds at the highest rates, on top
 of ``--history-kept-ms``: a client waiting on a batch's submits one after another took
 longer than that to reach the last ones (the soak's loaders timed out)."""
+HISTORY_KEPT_BY_AGE_MOST = 4_096
+"""The most newest positions ``--history-kept-ms`` keeps (``--history-kept`` may keep
+more): the age window's memory is the rate times its length, unbounded without this."""
 TRUNCATION_STEP = 256
 """Positions that may go beyond what is truncated before the store truncates in place:
 one small entry per step (at most one per progress report, each second)."""
