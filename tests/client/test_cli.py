@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 from tests.support.dev_up import txsync
+from txsync.cli.submit_command import split_statements
 
 
 def test_submit_twice_with_a_key_find_it_by_the_key_and_list_everything(
@@ -70,3 +71,43 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(cluster_file: Path) ->
     errors = listing.stderr.read().decode()
     assert listing.wait(timeout=60) in (0, 141)
     assert "Traceback" not in errors, errors
+
+
+def test_a_file_of_statements_from_stdin_is_one_transaction_answered_at_accepted(
+    cluster_file: Path,
+) -> None:
+    """``-f -``: the statements of stdin, split where SQLite ends one, go as one
+    transaction; without --wait the command waits for ACCEPTED, as the library does."""
+    table = f"cli_{uuid.uuid4().hex[:8]}"
+    script = (
+        f"CREATE TABLE {table} (k INTEGER PRIMARY KEY, v TEXT);\n"
+        f"INSERT INTO {table} VALUES (1, 'a;b');  -- a ';' in a string\n"
+        f"INSERT INTO {table} VALUES (2, 'c')"
+    )
+    made = subprocess.run(
+        [sys.executable, "-m", "txsync.cli.main", "submit", "-f", "-",
+         "--endpoints", str(cluster_file), "-o", "json"],
+        input=script, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    answer = json.loads(made.stdout)
+    assert answer["reached"] and answer["state"] != "TX_STATE_INCOMING", answer
+    shown = txsync("tx", "get", answer["tx_id"], "--endpoints", str(cluster_file), "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    assert len(json.loads(shown.stdout)["statements"]) == 3
+    read = txsync("query", "--endpoints", str(cluster_file), "--after", answer["tx_id"],
+                  "--sql", f"SELECT v FROM {table} ORDER BY k", "-o", "json")  # fmt: skip
+    assert json.loads(read.stdout)["rows"] == [["a;b"], ["c"]], read.stderr
+    mixed = txsync("submit", "-f", "-", "--param", "1", "--endpoints", str(cluster_file))
+    assert mixed.returncode == 2 and "--param goes with --sql" in mixed.stderr
+
+
+def test_statements_split_where_sqlite_ends_them() -> None:
+    trigger = (
+        "CREATE TRIGGER t_a AFTER INSERT ON t BEGIN UPDATE c SET n = n + 1; "
+        "INSERT INTO log VALUES ('x;y'); END;"
+    )
+    text = f"CREATE TABLE t (a);\n{trigger}\n-- done;\n;\nINSERT INTO t VALUES (1)"
+    assert split_statements(text) == ["CREATE TABLE t (a);", trigger, "INSERT INTO t VALUES (1);"]
+    assert split_statements(" ;\n /* nothing; */ ; -- at all") == []
+    assert split_statements("-- why\nDELETE FROM t") == ["-- why\nDELETE FROM t;"]

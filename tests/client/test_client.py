@@ -4,19 +4,23 @@ that see the caller's writes, errors that name what happened, batching, and fail
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
 from txsync.client import (
     AsyncClient,
+    BatchFailed,
     Client,
     InvalidRequest,
     KeyConflict,
@@ -24,10 +28,14 @@ from txsync.client import (
     State,
     Statement,
     Submitted,
+    Timeout,
     TransactionFailed,
     TxInfo,
     Unavailable,
+    key_for,
 )
+from txsync.client.results import SqlValue
+from txsync.v1 import admin_pb2, admin_pb2_grpc
 
 CALLERS = 48
 WAIT_S = 120.0
@@ -104,8 +112,12 @@ def test_errors_name_what_happened(cluster_file: Path) -> None:
             client.submit(f"INSERT INTO {table} VALUES (random(), 'r')")
         key = f"k-{uuid.uuid4()}"
         client.submit(f"INSERT INTO {table} VALUES (2, 'y')", key=key)
-        with pytest.raises(KeyConflict, match="a retry must send the same body"):
+        with pytest.raises(KeyConflict, match="a retry must send the same body") as conflict:
             client.submit(f"INSERT INTO {table} VALUES (3, 'z')", key=key)
+        assert conflict.value.key == key  # an error about a submit names its key
+        with pytest.raises(InvalidRequest) as generated:
+            client.submit("")
+        assert len(generated.value.key) == 32  # the one the library made for it
         with pytest.raises(NotFound):
             client.get(str(uuid.uuid4()))
         with pytest.raises(TypeError, match="parameter"):
@@ -252,6 +264,48 @@ def test_a_retry_after_a_dc_fails_goes_elsewhere_and_has_one_effect(cluster_file
     _each_dc_records_one_duplicate(cluster_file, retried.tx_id, key)
 
 
+@contextlib.contextmanager
+def _admin(address: str) -> Iterator[admin_pb2_grpc.AdminServiceStub]:
+    with grpc.insecure_channel(address) as channel:
+        yield admin_pb2_grpc.AdminServiceStub(channel)
+
+
+def test_a_read_after_a_failover_is_never_older_than_the_last_write_seen(
+    cluster_file: Path,
+) -> None:
+    """A client writes at dc1, whose store and coordinator then stop answering; its
+    next read fails over to the next DC, whose sync is paused (its workers are behind
+    the write). The read does not answer from before the write there: it waits, and
+    moves on to a DC that applied it. The same read with ``session=False`` at the
+    lagging DC shows what it would have answered."""
+    with Client(str(cluster_file), dc="dc1", attempt_s=1.0, timeout=60) as client:
+        table = _table(client)
+        lagging = client.endpoints[1]
+        with Client(lagging.address) as there:  # the table is there too
+            there.query(f"SELECT count(*) FROM {table}", after_position=client.seen_position)
+        with _admin(lagging.address) as admin:
+            admin.PauseSync(admin_pb2.PauseSyncRequest(), timeout=30)
+            try:
+                written = client.submit(f"INSERT INTO {table} VALUES (1, 'x')", wait="ok")
+                assert written.position and client.seen_position >= written.position
+                with Client(lagging.address) as there:
+                    stale = there.query(f"SELECT count(*) FROM {table}", session=False)
+                assert stale.rows == ((0,),), "the lagging DC had not applied the write"
+                frozen = _pids_of(client.endpoints[0].address)
+                assert len(frozen) == 2, frozen
+                for pid in frozen:
+                    os.kill(pid, signal.SIGSTOP)
+                try:
+                    read = client.query(f"SELECT count(*) FROM {table}")
+                finally:
+                    for pid in frozen:
+                        os.kill(pid, signal.SIGCONT)
+            finally:
+                admin.ResumeSync(admin_pb2.ResumeSyncRequest(), timeout=30)
+        assert read.rows == ((1,),) and read.position >= written.position
+        assert not read.worker.startswith("dc1-")
+
+
 def test_submit_many_leaves_in_one_call_and_keys_can_be_left_out(cluster_file: Path) -> None:
     with Client(str(cluster_file), dc="dc1") as client:
         table = _table(client)
@@ -271,13 +325,56 @@ def test_submit_many_leaves_in_one_call_and_keys_can_be_left_out(cluster_file: P
         assert bare.key == "" and plain.get(bare.tx_id).idempotency_key == ""
 
 
+SLOW = (
+    "INSERT INTO {t} SELECT count(*), '{v}' FROM (WITH RECURSIVE c(x) AS "
+    "(SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n}) SELECT x FROM c)"
+)
+"""A transaction that takes about a second to apply (``n`` 3,000,000)."""
+
+
+def test_a_batch_retried_whole_after_a_failure_in_its_middle_applies_each_once(
+    cluster_file: Path,
+) -> None:
+    """The natural retry of ``submit_many``: ten inserts, the sixth slow to apply, waited
+    for "ok" with too short a timeout. ``BatchFailed`` holds every answer and key; the
+    whole batch sent again with those keys applies each transaction once."""
+    with Client(str(cluster_file), dc="dc2", timeout=120) as client:
+        table = _table(client)
+        batch: list[tuple[str, tuple[SqlValue, ...]]] = [
+            (f"INSERT INTO {table} VALUES (?, ?)", (n, "x")) for n in range(10)
+        ]
+        batch[5] = (SLOW.format(t=table, v="slow", n=3_000_000), ())
+        with pytest.raises(BatchFailed) as failed:
+            client.submit_many(batch, wait="ok", timeout=0.3)
+        error = failed.value
+        assert len(error.results) == 10 and len(set(error.keys)) == 10 and all(error.keys)
+        assert isinstance(error.results[5], Timeout)  # not applied within the 0.3 s
+        for result, key in zip(error.results, error.keys, strict=True):
+            assert result.key == key  # what a retry of each must send again
+        assert error.unkeyed == 0 and "retry with keys=error.keys" in str(error)
+        again = client.submit_many(batch, keys=error.keys, wait="ok")
+        assert [a.key for a in again] == error.keys
+        taken = [n for n, r in enumerate(error.results) if isinstance(r, Submitted)]
+        assert all(not again[n].created or again[n].duplicate for n in taken)
+        counted = client.query(f"SELECT count(*) FROM {table}", after=again[-1]).rows
+        assert counted == ((10,),), "each transaction of the batch applied once"
+
+
+def test_keys_derived_from_the_callers_data_are_stable_and_distinct() -> None:
+    assert key_for("orders", 42) == key_for("orders", 42)
+    assert key_for("ab", "c") != key_for("a", "bc") != key_for("a", "b", "c")
+    assert key_for("42") != key_for(42) != key_for(b"42")
+    assert key_for("queue", "message-1").startswith("k-") and len(key_for("x")) == 34
+    with pytest.raises(ValueError, match="at least one part"):
+        key_for()
+    with pytest.raises(TypeError, match="not float"):
+        key_for(1.5)  # type: ignore[arg-type]
+
+
 def test_submits_not_ordered_in_one_attempt_are_waited_for(cluster_file: Path) -> None:
     """A transaction that takes about a second to apply, waited for "ok" with 0.2 s per
     attempt: the DC answers "not yet", and the client waits on (it does not resend)."""
-    slow = (
-        "INSERT INTO {t} SELECT count(*), '{v}' FROM (WITH RECURSIVE c(x) AS "
-        "(SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n}) SELECT x FROM c)"
-    )
+    slow = SLOW
     with Client(str(cluster_file), dc="dc2", attempt_s=0.2, timeout=120) as client:
         table = _table(client)
         single = client.submit(slow.format(t=table, v="one", n=3_000_000), wait="ok")

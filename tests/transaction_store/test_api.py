@@ -404,6 +404,26 @@ def test_stream_submit_and_wait(client: client_pb2_grpc.ClientServiceStub) -> No
         )
     )
     assert not unknown.reached and unknown.state == common_pb2.TX_STATE_UNSPECIFIED
+    # Several at once, each answered as Wait answers it, in the order asked.
+    ids = [r.accepted.tx_id for r in results[:999]] + [str(uuid.uuid4())]
+    batch = client.WaitBatch(
+        client_pb2.WaitBatchRequest(
+            tx_ids=ids, state=common_pb2.TX_STATE_INCOMING,
+            timeout=duration_pb2.Duration(nanos=100_000_000),
+        )
+    ).results  # fmt: skip
+    assert [w.reached for w in batch] == [True] * 999 + [False]
+    assert batch[0].state == common_pb2.TX_STATE_INCOMING
+    assert batch[-1].state == common_pb2.TX_STATE_UNSPECIFIED
+    for count in (0, 1001):
+        with pytest.raises(grpc.RpcError) as refused:
+            client.WaitBatch(
+                client_pb2.WaitBatchRequest(
+                    tx_ids=ids[:1] * count, state=common_pb2.TX_STATE_INCOMING
+                )
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "tx_ids" in (refused.value.details() or "")
 
 
 def test_health_and_reflection(server: ServiceProcess) -> None:

@@ -77,7 +77,7 @@ def test_the_client_port_over_tls_with_tokens(tmp_path: Path) -> None:
         cli = subprocess.run(
             [sys.executable, "-m", "txsync.cli.main", "submit", "--sql", "CREATE TABLE u (a)",
              "--endpoints", store.address, "--tls-ca", str(certs / "ca.pem"),
-             "--tls-server-name", "dc1", "--token", CLIENT_TOKEN],
+             "--tls-server-name", "dc1", "--token", CLIENT_TOKEN, "--wait", "incoming"],
             capture_output=True, text=True, check=False, timeout=60,
         )  # fmt: skip
         assert cli.returncode == 0, cli.stderr
@@ -123,9 +123,12 @@ def test_with_a_client_ca_a_certificate_names_the_caller(tmp_path: Path) -> None
         store.terminate()
 
 
-def test_a_client_fails_over_to_a_dc_whose_certificate_names_that_dc(tmp_path: Path) -> None:
+def test_a_client_fails_over_to_a_dc_whose_certificate_names_that_dc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The chart's certificates name their DC: ``{dc}`` gives each DC its own name, where
-    one name for every DC fails the second DC's handshake (issues 49 and 50)."""
+    one name for every DC fails the second DC's handshake (issues 49 and 50). A client
+    given no ``tls`` takes it from the variables the CLI reads."""
     certs = _issue(tmp_path / "certs", "dc1", "dc2")
     stores = {}
     for dc in ("dc1", "dc2"):
@@ -148,6 +151,10 @@ def test_a_client_fails_over_to_a_dc_whose_certificate_names_that_dc(tmp_path: P
             pytest.raises(TxSyncError),
         ):
             one_name.submit("CREATE TABLE v (a)", wait="incoming")
+        monkeypatch.setenv("TXSYNC_TLS_CA", str(certs / "ca.pem"))
+        monkeypatch.setenv("TXSYNC_TLS_SERVER_NAME", "{dc}")
+        with Client(endpoints, timeout=60) as from_environment:
+            assert from_environment.submit("CREATE TABLE w (a)", wait="incoming").dc == "dc2"
         cli = subprocess.run(
             [sys.executable, "-m", "txsync.cli.main", "status", "--local", "--dc", "dc2",
              "--endpoints", endpoints, "--tls-ca", str(certs / "ca.pem"),

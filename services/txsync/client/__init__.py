@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from txsync.client.errors import (
         AccessDenied,
         Backpressure,
+        BatchFailed,
         InvalidRequest,
         KeyConflict,
         NotFound,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         TransactionFailed,
         TxSyncError,
         Unavailable,
+        key_for,
     )
     from txsync.client.results import (
         Outcome,
@@ -54,8 +56,8 @@ _HOMES = {
     "txsync.client.core": ("Reached",),
     "txsync.client.endpoints": ("Endpoint", "EndpointError"),
     "txsync.client.errors": (
-        "AccessDenied", "Backpressure", "InvalidRequest", "KeyConflict", "NotFound", "Timeout",
-        "TransactionFailed", "TxSyncError", "Unavailable",
+        "AccessDenied", "Backpressure", "BatchFailed", "InvalidRequest", "KeyConflict",
+        "NotFound", "Timeout", "TransactionFailed", "TxSyncError", "Unavailable", "key_for",
     ),
     "txsync.client.results": (
         "Outcome", "QueryResult", "State", "Statement", "Submitted", "Transition", "TxInfo",
@@ -63,10 +65,10 @@ _HOMES = {
 }  # fmt: skip
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = [
-    "AccessDenied", "AsyncClient", "Backpressure", "Client", "Endpoint", "EndpointError",
-    "InvalidRequest", "KeyConflict", "NotFound", "Outcome", "QueryResult", "Reached", "State",
-    "Statement", "Submitted", "Timeout", "Tls", "TransactionFailed", "Transition", "TxInfo",
-    "TxSyncError", "Unavailable",
+    "AccessDenied", "AsyncClient", "Backpressure", "BatchFailed", "Client", "Endpoint",
+    "EndpointError", "InvalidRequest", "KeyConflict", "NotFound", "Outcome", "QueryResult",
+    "Reached", "State", "Statement", "Submitted", "Timeout", "Tls", "TransactionFailed",
+    "Transition", "TxInfo", "TxSyncError", "Unavailable", "key_for",
 ]  # fmt: skip
 
 

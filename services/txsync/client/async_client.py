@@ -21,6 +21,7 @@ from txsync.client.core import (
     Submittable,
     Wait,
     bodies_of,
+    raising_failed,
     refused_by,
     statements_of,
 )
@@ -45,8 +46,10 @@ class AsyncClient:
     ``endpoints``: a cluster.json, ``HOST:PORT[,...]``, a DNS name, or a list of those
     (default ``$TXSYNC_ENDPOINTS``, else ``data/cluster.json``); ``dc`` picks the DC to
     prefer. ``token`` (default ``$TXSYNC_TOKEN``) is sent as a bearer token; ``tls``
-    turns TLS on. ``timeout`` is every call's default deadline (failovers included);
-    ``attempt_s`` how long one DC is given (``core.ATTEMPT_S_DEFAULT``). Batching:
+    turns TLS on (default: from ``$TXSYNC_TLS_CA`` and its siblings, as the CLI reads
+    them: ``Tls.from_environment``). ``timeout`` is every call's default deadline
+    (failovers included); ``attempt_s`` how long one DC is given
+    (``core.ATTEMPT_S_DEFAULT``). Batching:
     ``batch_max`` submits per call, ``in_flight_max`` calls at once per DC, ``linger_ms``
     of waiting for company (0: none, so a lone caller is never delayed).
 
@@ -71,6 +74,7 @@ class AsyncClient:
         idempotent: bool = True,
     ) -> None:
         self.endpoints: list[Endpoint] = resolve(endpoints, dc)
+        tls = tls if tls is not None else Tls.from_environment()
         check_names(tls, self.endpoints)
         self._transport = AioTransport(
             self.endpoints, token_metadata(token), tls,
@@ -93,6 +97,13 @@ class AsyncClient:
         buys)."""
         batched = sum(b.calls for b in self._transport.batchers.values())
         return batched + self._core.batch_calls
+
+    @property
+    def seen_position(self) -> int:
+        """The furthest place in the agreed order this client has seen in an answer: its
+        reads see at least there (session consistency). Another client, or another
+        process, continues the session with ``query(..., after_position=this)``."""
+        return self._core.seen_position
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -148,10 +159,13 @@ class AsyncClient:
         """Submit each of ``transactions`` (SQL text, (SQL, params), or statements) in one
         ``SubmitBatch`` call per ``batch_max``; ``keys``: one per transaction (default: a
         new one each). Each is answered on its own (one the call did not settle goes on
-        alone, as ``submit`` would); the first error is raised once all are answered, or
-        (``raise_errors=False``) every error is returned in its transaction's place."""
+        alone, as ``submit`` would). Once all are answered, any error raises
+        ``BatchFailed``, which holds every transaction's answer and key, so that the
+        whole batch can be retried with ``keys=error.keys`` without running any twice; or
+        (``raise_errors=False``) every error is returned in its transaction's place,
+        carrying its key."""
         results = await self._core.submit_many(bodies_of(list(transactions)), keys, wait, timeout)
-        return _raising_first(results) if raise_errors else results
+        return raising_failed(results) if raise_errors else results
 
     async def get(
         self, tx_id: str = "", *, key: str = "", body: bool = False, timeout: float | None = None
@@ -196,24 +210,23 @@ class AsyncClient:
         after: str | Submitted | None = None,
         after_position: int = 0,
         max_rows: int = 1_000,
-        timeout: float = 10.0,
+        timeout: float | None = None,
         worker: str = "",
+        session: bool = True,
     ) -> QueryResult:
         """A read-only statement on the DC's most advanced healthy worker (or the one
-        ``worker`` names, healthy or not). ``after`` (a transaction, or its id) reads
-        your writes: the worker waits until it has applied that transaction (up to
-        ``timeout``), wherever it was submitted."""
+        ``worker`` names, healthy or not). It never reads older than what this client
+        has seen (``session``, the default): the worker waits until it has applied the
+        furthest place in the order this client saw in any answer, and its newest submit
+        answered before it was ordered, at whichever DC it runs. ``after`` (a
+        transaction, or its id) and ``after_position`` ask for more: until that
+        transaction, submitted anywhere, is applied. ``session=False`` reads what the
+        worker has now, which may be older. ``timeout`` (default: the client's) bounds
+        the whole read, the worker's wait included."""
         return await self._core.query(
             sql, params, after=after, after_position=after_position, max_rows=max_rows,
-            timeout=timeout, worker=worker,
+            timeout=timeout, worker=worker, session=session,
         )  # fmt: skip
-
-
-def _raising_first(results: builtins.list[Submitted | TxSyncError]) -> builtins.list[Submitted]:
-    for result in results:
-        if isinstance(result, TxSyncError):
-            raise result
-    return [r for r in results if isinstance(r, Submitted)]
 
 
 class AioTransport:

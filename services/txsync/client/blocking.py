@@ -26,6 +26,7 @@ from txsync.client.core import (
     Submittable,
     Wait,
     bodies_of,
+    raising_failed,
     refused_by,
     run,
     statements_of,
@@ -69,6 +70,7 @@ class Client:
         idempotent: bool = True,
     ) -> None:
         self.endpoints: builtins.list[Endpoint] = resolve(endpoints, dc)
+        tls = tls if tls is not None else Tls.from_environment()
         check_names(tls, self.endpoints)
         self._transport = SyncTransport(
             self.endpoints, token_metadata(token), tls,
@@ -90,6 +92,13 @@ class Client:
         """Submit calls made through the batching so far."""
         batched = sum(b.calls for b in self._transport.batchers.values())
         return batched + self._core.batch_calls
+
+    @property
+    def seen_position(self) -> int:
+        """The furthest place in the agreed order this client has seen in an answer: its
+        reads see at least there (session consistency). Another client, or another
+        process, continues the session with ``query(..., after_position=this)``."""
+        return self._core.seen_position
 
     def __enter__(self) -> Client:
         return self
@@ -132,11 +141,7 @@ class Client:
         """As ``AsyncClient.submit_many``."""
         bodies = bodies_of(builtins.list(transactions))
         results = run(self._core.submit_many(bodies, keys, wait, timeout))
-        if raise_errors:
-            for result in results:
-                if isinstance(result, TxSyncError):
-                    raise result
-        return results
+        return raising_failed(results) if raise_errors else results
 
     def get(
         self, tx_id: str = "", *, key: str = "", body: bool = False, timeout: float | None = None
@@ -172,14 +177,15 @@ class Client:
         after: str | Submitted | None = None,
         after_position: int = 0,
         max_rows: int = 1_000,
-        timeout: float = 10.0,
+        timeout: float | None = None,
         worker: str = "",
+        session: bool = True,
     ) -> QueryResult:
         """As ``AsyncClient.query``."""
         return run(
             self._core.query(
                 sql, params, after=after, after_position=after_position, max_rows=max_rows,
-                timeout=timeout, worker=worker,
+                timeout=timeout, worker=worker, session=session,
             )
         )  # fmt: skip
 

@@ -32,6 +32,20 @@ class Tls:
     ``dc1`` and, failing over, dc2 as ``dc2``; one fixed name would fail the second DC's
     handshake."""
 
+    @classmethod
+    def from_environment(cls) -> Tls | None:
+        """TLS as the CLI takes it from the environment: ``$TXSYNC_TLS_CA`` (TLS on when
+        set), ``$TXSYNC_TLS_CERT`` and ``$TXSYNC_TLS_KEY``, ``$TXSYNC_TLS_SERVER_NAME``.
+        None when ``$TXSYNC_TLS_CA`` is not set."""
+        ca = os.environ.get("TXSYNC_TLS_CA")
+        if not ca:
+            return None
+        cert, key = os.environ.get("TXSYNC_TLS_CERT"), os.environ.get("TXSYNC_TLS_KEY")
+        return cls(
+            ca=Path(ca), cert=Path(cert) if cert else None, key=Path(key) if key else None,
+            server_name=os.environ.get("TXSYNC_TLS_SERVER_NAME") or None,
+        )  # fmt: skip
+
     def name_for(self, endpoint: Endpoint) -> str:
         """The name ``endpoint``'s certificate must carry ("": its address's host)."""
         return server_name_for(self.server_name or endpoint.server_name, endpoint)

@@ -38,6 +38,7 @@ from txsync.client.endpoints import Endpoint
 from txsync.client.errors import (
     RETRIED_ELSEWHERE,
     Backpressure,
+    BatchFailed,
     NotFound,
     Timeout,
     TransactionFailed,
@@ -65,6 +66,10 @@ TIMEOUT_S_DEFAULT = 30.0
 """A call's whole deadline, failovers included."""
 TIMEOUT_S_MOST = 600.0
 """What a DC waits for at most in one call."""
+WAIT_BATCH_MOST = 1_000
+"""Transactions per ``WaitBatch`` call (what a store takes)."""
+QUERY_WAIT_S_MOST = 60.0
+"""The longest a DC's worker waits for what a read must see (``QueryRequest.timeout``)."""
 ATTEMPT_S_DEFAULT = 5.0
 """How long a submit waits at one DC before the client asks whether that DC can still
 order anything (and moves on if it cannot), and how long a DC may take to answer beyond
@@ -136,15 +141,43 @@ class Core:
         """Index in ``endpoints`` of the DC in use."""
         self.batch_calls = 0
         """``SubmitBatch`` calls ``submit_many`` made."""
+        self.seen_position = 0
+        """The furthest place in the agreed order this client has seen, in the answers to
+        its submits, waits, gets and reads: its reads ask for at least there (session
+        consistency, docs/client.md), whichever DC answers them."""
+        self.unplaced = ""
+        """The newest submit answered before its place was known (``wait=None``): the
+        next read also waits for it, and forgets it once one did."""
+
+    def saw(self, position: int) -> None:
+        self.seen_position = max(self.seen_position, position)
+
+    def _saw_submitted(self, answer: Submitted) -> Submitted:
+        if answer.position:
+            self.saw(answer.position)
+        else:
+            self.unplaced = answer.tx_id
+        return answer
 
     # -- writing ------------------------------------------------------------------------
 
     async def submit(
         self, body: common_pb2.TxBody, key: str | None, wait: Wait, timeout: float | None
     ) -> Submitted:
-        wanted = None if wait is None else State.named(wait)
+        """One submit, with failover; an error it raises carries the key the submit
+        carried (``TxSyncError.key``), so that the caller can retry it safely."""
         retried = self.idempotent or bool(key)
         key = key or (new_key() if self.idempotent else "")
+        try:
+            return self._saw_submitted(await self._submit(body, key, retried, wait, timeout))
+        except TxSyncError as error:
+            error.key = key
+            raise
+
+    async def _submit(
+        self, body: common_pb2.TxBody, key: str, retried: bool, wait: Wait, timeout: float | None
+    ) -> Submitted:
+        wanted = None if wait is None else State.named(wait)
         deadline = self._deadline(timeout)
         request = client_pb2.SubmitRequest(body=body, idempotency_key=key)
         if wanted is not None:
@@ -227,9 +260,9 @@ class Core:
                 results[n] = self._settled(settled, index, chosen[n], wanted)
                 if results[n] is None and settled.WhichOneof("result") == "accepted":
                     taken[n] = settled.accepted
+        waited = await self._wait_all_while_ordering(index, taken, wanted, deadline)
         for n, accepted in taken.items():
-            assert wanted is not None
-            reached = await self._wait_while_ordering(index, accepted.tx_id, wanted, deadline)
+            reached = waited.get(n)
             if reached is None and (self.idempotent or chosen[n]):
                 continue  # its DC cannot order it now: sent again elsewhere, below
             if reached is None:
@@ -247,15 +280,23 @@ class Core:
                 results[n] = failed
         for n, result in enumerate(results):
             if result is None and (self.idempotent or chosen[n]):
+                # Within the batch's deadline: ``timeout`` is the whole call's.
+                left = max(deadline - time.monotonic(), 0.001)
                 try:
-                    results[n] = await self.submit(bodies[n], chosen[n], wait, timeout)
+                    results[n] = await self.submit(bodies[n], chosen[n], wait, left)
                 except TxSyncError as error:
                     results[n] = error
             elif result is None:  # refused or unanswered, and not to be sent twice
                 results[n] = Unavailable(
                     f"{self.endpoints[index]} did not answer the submit (sent once: no key)"
                 )
-        return [r for r in results if r is not None]
+        answered = [r for r in results if r is not None]
+        for result, key in zip(answered, chosen, strict=True):
+            if isinstance(result, TxSyncError):
+                result.key = key  # what a safe retry of this one sends again
+            else:
+                self._saw_submitted(result)
+        return answered
 
     def _settled(
         self, result: client_pb2.SubmitResult, index: int, key: str, wanted: State | None
@@ -290,6 +331,63 @@ class Core:
                 return Reached(tx_id, State(answer.state), _outcome_or_none(answer))
         return None
 
+    async def _wait_all_while_ordering(
+        self,
+        index: int,
+        taken: dict[int, client_pb2.SubmitResponse],
+        wanted: State | None,
+        deadline: float,
+    ) -> dict[int, Reached]:
+        """``_wait_while_ordering`` for every submit of ``taken`` at once: ``WaitBatch``
+        calls of up to WAIT_BATCH_MOST while DC ``index`` can order. Waiting for them one
+        after another let the last ones be truncated (and their verdicts forgotten)
+        before they were asked about: the soak's loaders then waited to their timeout.
+        Those reached, by their index; a DC without ``WaitBatch`` (an older release) is
+        asked one by one."""
+        reached: dict[int, Reached] = {}
+        pending = dict(taken)
+        while wanted is not None and pending and (left := deadline - time.monotonic()) > 0:
+            if not await self._orders(index, left):
+                break
+            items = list(pending.items())
+            for start in range(0, len(items), WAIT_BATCH_MOST):
+                chunk = items[start : start + WAIT_BATCH_MOST]
+                seconds = max(min(self.attempt_s, deadline - time.monotonic()), 0.001)
+                request = client_pb2.WaitBatchRequest(
+                    tx_ids=[accepted.tx_id for _, accepted in chunk],
+                    state=common_pb2.TxState.ValueType(wanted.value),
+                    timeout=duration(seconds),
+                )
+                try:
+                    answer: client_pb2.WaitBatchResponse = await self.transport.call(
+                        index, "client", "WaitBatch", request, seconds + self.attempt_s
+                    )
+                except Refused as refused:
+                    if refused.code != grpc.StatusCode.UNIMPLEMENTED:
+                        return reached
+                    return reached | await self._wait_each(index, pending, wanted, deadline)
+                for (n, accepted), one in zip(chunk, answer.results, strict=True):
+                    if one.reached and one.state:  # a state, whatever a server sends
+                        reached[n] = Reached(
+                            accepted.tx_id, State(one.state), _outcome_or_none(one)
+                        )
+                        del pending[n]
+        return reached
+
+    async def _wait_each(
+        self,
+        index: int,
+        pending: dict[int, client_pb2.SubmitResponse],
+        wanted: State,
+        deadline: float,
+    ) -> dict[int, Reached]:
+        reached = {}
+        for n, accepted in pending.items():
+            one = await self._wait_while_ordering(index, accepted.tx_id, wanted, deadline)
+            if one is not None:
+                reached[n] = one
+        return reached
+
     async def _orders(self, index: int, left: float) -> bool:
         """Whether DC ``index`` says it is in a view with a majority (or cannot say: a
         caller whose role may not read the status keeps waiting there)."""
@@ -310,6 +408,7 @@ class Core:
         answer: client_pb2.GetResponse = await self.call(
             "Get", request, timeout, others_on_not_found=True
         )
+        self.saw(answer.position)
         return tx_info_of(answer)
 
     async def wait(self, tx_id: str, state: str | State, timeout: float | None) -> Reached:
@@ -329,6 +428,8 @@ class Core:
                     "timeout", tx_id, _name(answer.state),
                 )  # fmt: skip
             outcome = _outcome_or_none(answer)
+            if outcome is not None:
+                self.saw(outcome.position)
             if wanted is State.OK and answer.state == common_pb2.TX_STATE_FAILED:
                 raise TransactionFailed(tx_id, outcome_of(answer.outcome))
             return Reached(outcome.duplicate_of if outcome and outcome.duplicate_of else tx_id,
@@ -368,18 +469,34 @@ class Core:
         after: str | Submitted | None,
         after_position: int,
         max_rows: int,
-        timeout: float,
+        timeout: float | None,
         worker: str,
+        session: bool,
     ) -> QueryResult:
+        """A read at the DC in use (failing over); ``session``: at least where this
+        client has seen the order reach, and after its newest unplaced submit."""
+        timeout = checked_timeout(self.timeout if timeout is None else timeout)
+        after_tx = after.tx_id if isinstance(after, Submitted) else (after or "")
+        waited_unplaced = ""
+        if session:
+            after_position = max(after_position, self.seen_position)
+            if not after_tx and self.unplaced:
+                after_tx = waited_unplaced = self.unplaced
+        # One timeout rule, as for every call: ``timeout`` is the whole read. The worker
+        # at each DC waits up to ``attempt_s`` for what the read must see; one that
+        # does not get there in time hands the read to the next DC, until the deadline.
+        waited_s = min(self.attempt_s, timeout, QUERY_WAIT_S_MOST)
         request = client_pb2.QueryRequest(
             statement=common_pb2.Statement(sql=sql, params=[value_to_proto(p) for p in params]),
-            after_tx_id=after.tx_id if isinstance(after, Submitted) else (after or ""),
-            after_position=after_position, max_rows=max_rows, timeout=duration(timeout),
-            worker_id=worker,
+            after_tx_id=after_tx, after_position=after_position, max_rows=max_rows,
+            timeout=duration(waited_s), worker_id=worker,
         )  # fmt: skip
         answer: client_pb2.QueryResponse = await self.call(
-            "Query", request, timeout + self.attempt_s, attempt_s=timeout + self.attempt_s
+            "Query", request, timeout, attempt_s=waited_s + self.attempt_s
         )
+        if waited_unplaced and self.unplaced == waited_unplaced:
+            self.unplaced = ""  # applied where the read ran: its place is within answer.position
+        self.saw(answer.position)
         return query_result_of(answer)
 
     # -- plumbing -----------------------------------------------------------------------
@@ -538,4 +655,13 @@ def submitted(answer: client_pb2.SubmitResponse, endpoint: Endpoint, key: str) -
         outcome=outcome,
         dc=endpoint.dc or endpoint.address,
         key=key,
+        position=answer.position or (outcome.position if outcome is not None else 0),
     )
+
+
+def raising_failed(results: list[Submitted | TxSyncError]) -> list[Submitted]:
+    """``results`` if every one is a ``Submitted``; else ``BatchFailed`` holding all."""
+    answered = [r for r in results if isinstance(r, Submitted)]
+    if len(answered) < len(results):
+        raise BatchFailed(results)
+    return answered

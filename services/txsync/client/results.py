@@ -90,6 +90,9 @@ class Submitted:
     """The DC that took the submit (its name, or address)."""
     key: str
     """The idempotency key the submit carried (generated unless given)."""
+    position: int = 0
+    """Its place in the agreed order, once the answer knows it (waited for "accepted" or
+    later); 0 otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,10 +66,16 @@ class DcAdmin:
         return self._stubs[address]
 
     async def query(
-        self, request: client_pb2.QueryRequest, after_position: int, credentials: Credentials = ()
+        self,
+        request: client_pb2.QueryRequest,
+        after_position: int,
+        after_tx_id: str,
+        credentials: Credentials = (),
     ) -> client_pb2.QueryResponse:
         """Run a read on the most advanced healthy, in-sync worker of this DC, or on the
-        one ``request.worker_id`` names (whatever its health: an operator checking it)."""
+        one ``request.worker_id`` names (whatever its health: an operator checking it),
+        once it applied ``after_position`` and ``after_tx_id`` (one this store does not
+        know yet)."""
         listed = await self.call(
             "dispatch", "ListWorkers", admin_pb2.ListWorkersRequest(), credentials
         )
@@ -97,7 +103,7 @@ class DcAdmin:
         asked = worker_pb2.WorkerServiceQueryRequest(
             statement=request.statement,
             after_position=after_position,
-            after_tx_id="" if after_position else request.after_tx_id,
+            after_tx_id=after_tx_id,
             max_rows=request.max_rows,
         )
         if request.HasField("timeout"):

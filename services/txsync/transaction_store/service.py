@@ -98,6 +98,10 @@ async def _waited(
     for response, (record, reached) in zip(responses, answers, strict=True):
         state, outcome = _where(store, response.tx_id, record)
         response.reached = reached and state is not None
+        if record is not None and record.position:
+            response.position = record.position
+        elif outcome is not None:
+            response.position = outcome.position
         if state is not None:
             response.state = common_pb2.TxState.ValueType(state.value)
         if outcome is not None:
@@ -113,6 +117,20 @@ def _where(
         return record.state, record.outcome
     verdict = store.truncated_verdicts.get(tx_id)
     return (verdict.state, verdict.outcome()) if verdict is not None else (None, None)
+
+
+def _wait_answer(
+    store: TransactionStore, tx_id: str, record: TxRecord | None, reached: bool
+) -> client_pb2.WaitResponse:
+    """Where a waited transaction is. Unknown here within the timeout: state UNSPECIFIED,
+    never reached without one."""
+    state, outcome = _where(store, tx_id, record)
+    response = client_pb2.WaitResponse(reached=reached and state is not None)
+    if state is not None:
+        response.state = common_pb2.TxState.ValueType(state.value)
+    if outcome is not None:
+        response.outcome.CopyFrom(_answered_outcome(store, outcome))
+    return response
 
 
 def _answered_outcome(store: TransactionStore, outcome: common_pb2.Outcome) -> common_pb2.Outcome:
@@ -314,14 +332,23 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         ((record, reached),) = await self._store.wait_many(
             [request.tx_id], wanted, seconds, caller_of(context)
         )
-        # Unknown here within the timeout: state UNSPECIFIED, never reached without one.
-        state, outcome = _where(self._store, request.tx_id, record)
-        response = client_pb2.WaitResponse(reached=reached and state is not None)
-        if state is not None:
-            response.state = common_pb2.TxState.ValueType(state.value)
-        if outcome is not None:
-            response.outcome.CopyFrom(_answered_outcome(self._store, outcome))
-        return response
+        return _wait_answer(self._store, request.tx_id, record, reached)
+
+    @answers_errors
+    async def WaitBatch(
+        self, request: client_pb2.WaitBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> client_pb2.WaitBatchResponse:
+        if not 1 <= len(request.tx_ids) <= BATCH_SUBMITS_MAX:
+            raise invalid(f"tx_ids: {len(request.tx_ids)} is outside 1..{BATCH_SUBMITS_MAX}")
+        wanted = check_state(request.state)
+        seconds = check_wait_seconds(request.timeout.ToNanoseconds() / 1e9)
+        answers = await self._store.wait_many(request.tx_ids, wanted, seconds, caller_of(context))
+        return client_pb2.WaitBatchResponse(
+            results=[
+                _wait_answer(self._store, tx_id, record, reached)
+                for tx_id, (record, reached) in zip(request.tx_ids, answers, strict=True)
+            ]
+        )
 
     @answers_errors
     async def List(
@@ -343,16 +370,17 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
     ) -> client_pb2.QueryResponse:
         """A read on one of this DC's workers. ``after_tx_id`` becomes the synced position
         when this store knows it (any worker can then wait for it)."""
-        after_position = request.after_position
-        if request.after_tx_id:
-            # Not known here yet (submitted at another DC): the worker waits for the id.
-            record = self._store.state.tx(check_tx_id(request.after_tx_id, "after_tx_id"))
+        after_position, after_tx_id = request.after_position, request.after_tx_id
+        if after_tx_id:
+            # Not known here yet (submitted at another DC): the worker waits for the id
+            # (and for the position as well).
+            record = self._store.state.tx(check_tx_id(after_tx_id, "after_tx_id"))
             if (
                 record is not None
                 and record.state is not None
                 and (record.state >= TxState.ACCEPTED)
             ):
-                after_position = max(after_position, record.position)
+                after_position, after_tx_id = max(after_position, record.position), ""
         if len(request.worker_id) > WORKER_ID_CHARS_MAX:
             raise invalid(f"worker_id: longer than {WORKER_ID_CHARS_MAX} characters")
         if self._dc.services.dispatch is None:
@@ -360,7 +388,9 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this transaction-store has no worker-dispatch (--dispatch) to read through",
             )
-        return await self._dc.query(request, after_position, forwarded_credentials(context))
+        return await self._dc.query(
+            request, after_position, after_tx_id, forwarded_credentials(context)
+        )
 
 
 WORKER_ID_CHARS_MAX = 63

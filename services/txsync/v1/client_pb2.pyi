@@ -82,6 +82,7 @@ class SubmitResponse(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     REACHED_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
     tx_id: _builtins.str
     created: _builtins.bool
     """False when the idempotency key matched an earlier submit."""
@@ -89,6 +90,11 @@ class SubmitResponse(_message.Message):
     reached: _builtins.bool
     """False when `wait_for` was asked and its timeout ended first (`state` says where the
     transaction is); true otherwise.
+    """
+    position: _builtins.int
+    """Its place in the agreed order (1-based) once known to the answer: set when the
+    submit waited for ACCEPTED or later (`wait_for`); 0 otherwise. A client reads at
+    least there afterwards (session consistency, docs/client.md).
     """
     @_builtins.property
     def outcome(self) -> _common_pb2.Outcome:
@@ -102,6 +108,7 @@ class SubmitResponse(_message.Message):
         state: _common_pb2.TxState.ValueType = ...,
         reached: _builtins.bool = ...,
         outcome: _common_pb2.Outcome | None = ...,
+        position: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -110,6 +117,8 @@ class SubmitResponse(_message.Message):
         b"created",
         "outcome",
         b"outcome",
+        "position",
+        b"position",
         "reached",
         b"reached",
         "state",
@@ -390,6 +399,61 @@ class WaitRequest(_message.Message):
 Global___WaitRequest: _TypeAlias = WaitRequest  # noqa: Y015
 
 @_typing.final
+class WaitBatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TX_IDS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    state: _common_pb2.TxState.ValueType
+    @_builtins.property
+    def tx_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """At most 10 minutes; 0 means 30 seconds."""
+
+    def __init__(
+        self,
+        *,
+        tx_ids: _abc.Iterable[_builtins.str] | None = ...,
+        state: _common_pb2.TxState.ValueType = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "state", b"state", "timeout", b"timeout", "tx_ids", b"tx_ids"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitBatchRequest: _TypeAlias = WaitBatchRequest  # noqa: Y015
+
+@_typing.final
+class WaitBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___WaitResponse]:
+        """One per transaction, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___WaitResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitBatchResponse: _TypeAlias = WaitBatchResponse  # noqa: Y015
+
+@_typing.final
 class WaitResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -493,7 +557,7 @@ class QueryRequest(_message.Message):
     after_position: _builtins.int
     """Read-your-writes: wait until a worker has applied this synced position (1-based)..."""
     after_tx_id: _builtins.str
-    """...or this transaction, wherever it was submitted (this DC may not have heard of it
+    """...and this transaction, wherever it was submitted (this DC may not have heard of it
     yet). Both empty: read at once.
     """
     max_rows: _builtins.int

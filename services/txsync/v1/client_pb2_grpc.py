@@ -68,6 +68,12 @@ class ClientServiceStub:
             response_deserializer=txsync_dot_v1_dot_client__pb2.WaitResponse.FromString,
             _registered_method=True,
         )
+        self.WaitBatch = channel.unary_unary(
+            "/txsync.v1.ClientService/WaitBatch",
+            request_serializer=txsync_dot_v1_dot_client__pb2.WaitBatchRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_client__pb2.WaitBatchResponse.FromString,
+            _registered_method=True,
+        )
         self.List = channel.unary_unary(
             "/txsync.v1.ClientService/List",
             request_serializer=txsync_dot_v1_dot_client__pb2.ListRequest.SerializeToString,
@@ -123,6 +129,16 @@ class ClientServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def WaitBatch(self, request, context):
+        """Wait for several transactions (1 to 1000) to reach one state, as one call: answered
+        once every one did or the timeout ended, each as `Wait` answers it, in request order.
+        A batch's submits that were not ordered within their submit's wait are waited for
+        this way (one call, not one after another).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
     def List(self, request, context):
         """Transactions at this DC, optionally in one state, in the order this DC learned of
         them, paged.
@@ -164,6 +180,11 @@ def add_ClientServiceServicer_to_server(servicer, server):
             servicer.Wait,
             request_deserializer=txsync_dot_v1_dot_client__pb2.WaitRequest.FromString,
             response_serializer=txsync_dot_v1_dot_client__pb2.WaitResponse.SerializeToString,
+        ),
+        "WaitBatch": grpc.unary_unary_rpc_method_handler(
+            servicer.WaitBatch,
+            request_deserializer=txsync_dot_v1_dot_client__pb2.WaitBatchRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_client__pb2.WaitBatchResponse.SerializeToString,
         ),
         "List": grpc.unary_unary_rpc_method_handler(
             servicer.List,
@@ -328,6 +349,36 @@ class ClientService:
             "/txsync.v1.ClientService/Wait",
             txsync_dot_v1_dot_client__pb2.WaitRequest.SerializeToString,
             txsync_dot_v1_dot_client__pb2.WaitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def WaitBatch(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/txsync.v1.ClientService/WaitBatch",
+            txsync_dot_v1_dot_client__pb2.WaitBatchRequest.SerializeToString,
+            txsync_dot_v1_dot_client__pb2.WaitBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,14 @@ class ClientServiceStub:
     transaction this DC has not heard of yet (submitted at another DC) is waited for too;
     if it never shows up the answer has reached=false and state UNSPECIFIED.
     """
+    WaitBatch: _grpc.UnaryUnaryMultiCallable[
+        _client_pb2.WaitBatchRequest, _client_pb2.WaitBatchResponse
+    ]
+    """Wait for several transactions (1 to 1000) to reach one state, as one call: answered
+    once every one did or the timeout ended, each as `Wait` answers it, in request order.
+    A batch's submits that were not ordered within their submit's wait are waited for
+    this way (one call, not one after another).
+    """
     List: _grpc.UnaryUnaryMultiCallable[
         _client_pb2.ListRequest, _client_pb2.ListResponse
     ]
@@ -101,6 +109,14 @@ class ClientServiceAsyncStub(ClientServiceStub):
     """Wait until a transaction reaches a state (or passes it) or the timeout ends. A
     transaction this DC has not heard of yet (submitted at another DC) is waited for too;
     if it never shows up the answer has reached=false and state UNSPECIFIED.
+    """
+    WaitBatch: _aio.UnaryUnaryMultiCallable[
+        _client_pb2.WaitBatchRequest, _client_pb2.WaitBatchResponse
+    ]  # type: ignore[assignment]
+    """Wait for several transactions (1 to 1000) to reach one state, as one call: answered
+    once every one did or the timeout ended, each as `Wait` answers it, in request order.
+    A batch's submits that were not ordered within their submit's wait are waited for
+    this way (one call, not one after another).
     """
     List: _aio.UnaryUnaryMultiCallable[
         _client_pb2.ListRequest, _client_pb2.ListResponse
@@ -173,6 +189,20 @@ class ClientServiceServicer(metaclass=_abc_1.ABCMeta):
         """Wait until a transaction reaches a state (or passes it) or the timeout ends. A
         transaction this DC has not heard of yet (submitted at another DC) is waited for too;
         if it never shows up the answer has reached=false and state UNSPECIFIED.
+        """
+
+    @_abc_1.abstractmethod
+    def WaitBatch(
+        self,
+        request: _client_pb2.WaitBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _client_pb2.WaitBatchResponse, _abc.Awaitable[_client_pb2.WaitBatchResponse]
+    ]:
+        """Wait for several transactions (1 to 1000) to reach one state, as one call: answered
+        once every one did or the timeout ended, each as `Wait` answers it, in request order.
+        A batch's submits that were not ordered within their submit's wait are waited for
+        this way (one call, not one after another).
         """
 
     @_abc_1.abstractmethod

@@ -151,7 +151,7 @@ class WorkerServiceQueryRequest(_message.Message):
     max_rows: _builtins.int
     """At most 10000 (default 1000); past it, or past 4 MiB of values, `truncated` is set."""
     after_tx_id: _builtins.str
-    """Or wait until this transaction is applied here (read-your-writes by id; it must be
+    """And wait until this transaction is applied here (read-your-writes by id; it must be
     among the worker's last 4096 or arrive within the timeout).
     """
     @_builtins.property

@@ -280,10 +280,14 @@ class WorkerServicer:
         caller = caller_of(context)
         self.reads.take(caller)
         try:
+            # Both, when both are given: a client's session position and a transaction
+            # of its that this DC had not heard of when the read came.
+            waited_until = time.monotonic() + timeout_s
             if request.after_tx_id:
                 await self._wait_applied_tx(request.after_tx_id, timeout_s)
-            else:
-                await self._wait_applied(request.after_position, timeout_s)
+            await self._wait_applied(
+                request.after_position, max(waited_until - time.monotonic(), 0.001)
+            )
             result = await work.in_pool(
                 self._read_threads,
                 self.backend.query,
