@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support.processes import free_port
+from tests.support.processes import free_port, transaction_store
 from tests.support.waiting import wait_until
 from txsync.client import (
     AsyncClient,
@@ -358,6 +358,25 @@ def test_a_batch_retried_whole_after_a_failure_in_its_middle_applies_each_once(
         assert all(not again[n].created or again[n].duplicate for n in taken)
         counted = client.query(f"SELECT count(*) FROM {table}", after=again[-1]).rows
         assert counted == ((10,),), "each transaction of the batch applied once"
+
+
+def test_submits_refused_for_load_go_again_after_a_pause_key_or_no_key(tmp_path: Path) -> None:
+    """A store over ``--unfinished-max`` (nothing orders here: a lone store) refuses the
+    rest of a batch for load. The DC stored nothing of those, so the client sends them
+    again after a pause, with or without a key, until its deadline; then each is a
+    ``Backpressure`` (not "sent once"), and the store was asked a few times, not
+    hammered."""
+    store = transaction_store(tmp_path / "store", "dc1", "--unfinished-max", "3")
+    store.start()
+    try:
+        with Client(store.address, idempotent=False, timeout=2.0) as client:
+            results = client.submit_many(
+                [f"INSERT INTO t VALUES ({n})" for n in range(5)], wait=None, raise_errors=False
+            )
+            assert [type(r).__name__ for r in results] == ["Submitted"] * 3 + ["Backpressure"] * 2
+            assert 2 <= client.calls <= 6, "sent again after pauses of 0.25 s, doubling"
+    finally:
+        store.terminate()
 
 
 def test_keys_derived_from_the_callers_data_are_stable_and_distinct() -> None:

@@ -332,13 +332,17 @@ def test_the_workers_backlog_refuses_submits_until_they_finish_some(tmp_path: Pa
     them. A membership change passes (removing a DC must not wait for these workers)."""
 
     async def scenario(store: TransactionStore) -> None:
-        ids = [(await store.submit(_body())).tx_id for n in range(2)]
+        ids = [(await store.submit(_body(), "first")).tx_id, (await store.submit(_body())).tx_id]
         for position, tx_id in enumerate(ids, start=1):
             await _sync_local(store, tx_id, position)
         assert store.state.incoming_state_txs == 0
         third = await store.submit(_body())
         with pytest.raises(StoreError) as caught:
             await store.submit(_body())
+        # A retry of a submit taken here is answered whatever the load.
+        (retried,) = await store.submit_many([(_body(), "first", "")])
+        assert not isinstance(retried, StoreError) and retried.tx_id == ids[0]
+        assert not retried.created
         assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert caught.value.retry_after_ms == 250
         assert "3 transactions are waiting to be ordered or applied at dc1" in str(

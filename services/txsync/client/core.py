@@ -76,6 +76,9 @@ order anything (and moves on if it cannot), and how long a DC may take to answer
 what it was asked to wait for before the client takes it for down."""
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MOST_S = 2.0
+LOAD_PAUSE_FIRST_S = 0.25
+"""The first pause before a batch's submits refused for load go again (the stores'
+retry hint), doubling up to BACKOFF_MOST_S."""
 
 Submittable = str | Sequence[Statement] | tuple[str, Sequence[SqlValue]]
 """One transaction for ``submit_many``: SQL text, (SQL, parameters), or statements."""
@@ -244,22 +247,42 @@ class Core:
         results: list[Submitted | TxSyncError | None] = [None] * len(requests)
         # Submits the DC took but did not order in time: waited for, not sent again.
         taken: dict[int, client_pb2.SubmitResponse] = {}
-        for start in range(0, len(requests), self.batch_max):
-            chunk = requests[start : start + self.batch_max]
-            self.batch_calls += 1
-            try:
-                answer: client_pb2.SubmitBatchResponse = await self.transport.call(
-                    index, "client", "SubmitBatch", client_pb2.SubmitBatchRequest(submits=chunk),
-                    seconds + self.attempt_s,
-                )  # fmt: skip
-            except Refused:
-                continue  # each goes on alone below
-            self.current = index
-            for offset, settled in enumerate(answer.results):
-                n = start + offset
-                results[n] = self._settled(settled, index, chosen[n], wanted)
-                if results[n] is None and settled.WhichOneof("result") == "accepted":
-                    taken[n] = settled.accepted
+        to_send, pause = list(range(len(requests))), LOAD_PAUSE_FIRST_S
+        while to_send:
+            # Refused for load: the DC stored nothing of them, so they go again after a
+            # pause, key or no key. Sent again at once, a loaded DC spent its time
+            # refusing them (the 1M soak's dc1 never caught up).
+            held_back: dict[int, Backpressure] = {}
+            for start in range(0, len(to_send), self.batch_max):
+                numbers = to_send[start : start + self.batch_max]
+                self.batch_calls += 1
+                try:
+                    answer: client_pb2.SubmitBatchResponse = await self.transport.call(
+                        index, "client", "SubmitBatch",
+                        client_pb2.SubmitBatchRequest(submits=[requests[n] for n in numbers]),
+                        seconds + self.attempt_s,
+                    )  # fmt: skip
+                except Refused:
+                    continue  # each goes on alone below
+                self.current = index
+                for n, settled in zip(numbers, answer.results, strict=True):
+                    if (refused := _refused_for_load(settled)) is not None:
+                        held_back[n] = refused
+                        continue
+                    results[n] = self._settled(settled, index, chosen[n], wanted)
+                    if results[n] is None and settled.WhichOneof("result") == "accepted":
+                        taken[n] = settled.accepted
+            if held_back and deadline - time.monotonic() > pause:
+                await self._sleep_until(deadline, pause)
+                pause = min(2 * pause, BACKOFF_MOST_S)
+                to_send = sorted(held_back)
+                seconds = min(self.attempt_s, deadline - time.monotonic())
+                for n in to_send:
+                    requests[n].wait_timeout.CopyFrom(duration(max(seconds, 0.001)))
+                continue
+            for n, refused in held_back.items():
+                results[n] = refused
+            break
         waited = await self._wait_all_while_ordering(index, taken, wanted, deadline)
         for n, accepted in taken.items():
             reached = waited.get(n)
@@ -657,6 +680,17 @@ def submitted(answer: client_pb2.SubmitResponse, endpoint: Endpoint, key: str) -
         key=key,
         position=answer.position or (outcome.position if outcome is not None else 0),
     )
+
+
+def _refused_for_load(result: client_pb2.SubmitResult) -> Backpressure | None:
+    """The ``Backpressure`` a batch's answer gives one submit, if the DC refused it for
+    load (it stored nothing of it)."""
+    if result.WhichOneof("result") != "error":
+        return None
+    name, _, details = result.error.partition(": ")
+    if name != grpc.StatusCode.RESOURCE_EXHAUSTED.name:
+        return None
+    return Backpressure(f"{name}: {details}", LOAD_PAUSE_FIRST_S)
 
 
 def raising_failed(results: list[Submitted | TxSyncError]) -> list[Submitted]:

@@ -641,8 +641,17 @@ class TransactionStore:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{self.config.node_id} is a witness (it applies nothing): submit at a DC",
             )
-        prepared: list[tuple[str, bytes] | StoreError] = []
         keys = [key or body.idempotency_key for body, key, _ in submits]
+        if not any(key in self.state.idempotency for key in keys if key):
+            # Over a limit already, and no retry of a submit taken here among them (those
+            # are answered whatever the load): refuse the lot before encoding, checking
+            # and hashing each body. Clients retry refused submits; a refusal must cost
+            # the store less than taking them, or the retries keep it over the limit.
+            try:
+                self._check_capacity(admin=admin)
+            except StoreError as full:
+                return [full] * len(submits)
+        prepared: list[tuple[str, bytes] | StoreError] = []
         for (body, _, _), key in zip(submits, keys, strict=True):
             if key and body.idempotency_key != key:
                 # The key travels with the body, so that every DC can tell a retry made
