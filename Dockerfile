@@ -13,7 +13,7 @@ RUN useradd --uid 10001 --user-group --home-dir /var/lib/txsync --create-home \
 
 COPY wheels /tmp/wheels
 RUN python3 -m venv /opt/txsync \
-    && /opt/txsync/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels txsync \
+    && /opt/txsync/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels 'txsync[server]' \
     && rm -rf /tmp/wheels
 
 ENV PATH=/opt/txsync/bin:$PATH \

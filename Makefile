@@ -23,7 +23,7 @@ venv: $(INSTALLED)  ## create .venv with the project and its dev tools
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[server,dev]'
 	@# Bytecode once, here: where PYTHONDONTWRITEBYTECODE is set, every service start
 	@# would otherwise compile its imports anew.
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true

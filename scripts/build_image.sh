@@ -35,7 +35,7 @@ context="build/image"
 rm -rf "$context"
 mkdir -p "$context/wheels"
 echo "building wheels ..."
-"$python" -m pip wheel --quiet --wheel-dir "$context/wheels" . 2>&1 | grep -v "^WARNING" || true
+"$python" -m pip wheel --quiet --wheel-dir "$context/wheels" '.[server]' 2>&1 | grep -v "^WARNING" || true
 ls "$context"/wheels/txsync-*.whl >/dev/null  # the project's own wheel must be there
 cp Dockerfile "$context/"
 echo "building $tag on $base ..."

@@ -83,13 +83,25 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
         if module in registered:
             continue
         if every or name == command or (command, module) in _SIBLINGS:
-            importlib.import_module(module).register(commands)
+            try:
+                importlib.import_module(module).register(commands)
+            except ModuleNotFoundError as missing:
+                if every or (missing.name or "txsync").startswith("txsync"):
+                    raise
+                extra = EXTRAS.get(name, "server")
+                parser.exit(2, (
+                    f"txsync {name}: needs the {missing.name!r} package, which this install "
+                    f"leaves out; install it with: pip install 'txsync[{extra}]'\n"
+                ))  # fmt: skip
             registered.add(module)
         else:
             commands.add_parser(name, help=summary)
     return parser
 
 
+EXTRAS = {"pipeline": "pipeline"}
+"""The extra a command's packages come with, when not ``server`` (the client commands
+need only the install's own dependencies)."""
 _SIBLINGS = {(name, module) for name, (module, _) in COMMANDS.items()}
 """A module that registers several commands is imported for any of them."""
 
