@@ -288,7 +288,8 @@ def add_arguments(group: argparse._ArgumentGroup, settings: Sequence[Setting]) -
             type=setting.parse,
             default=setting.default,
             metavar=(setting.unit or "n").upper(),
-            help=f"{setting.help} (default {setting.shown_default}{unit})",
+            # argparse formats help with %: a unit of "%" crashed `--help`.
+            help=f"{setting.help} (default {setting.shown_default}{unit})".replace("%", "%%"),
         )
 
 

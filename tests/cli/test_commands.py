@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -18,6 +19,15 @@ def _registered_summaries() -> dict[str, str]:
 def test_the_table_names_every_command_with_the_summary_its_module_registers() -> None:
     registered = _registered_summaries()
     assert registered == {name: summary for name, (_, summary) in COMMANDS.items()}
+
+
+def test_every_command_prints_its_help() -> None:
+    """In-process, each command's full parser formats its help (argparse formats help
+    with %, and a limit in percent once crashed `txsync worker-dispatch --help`)."""
+    parser = build_parser(every=True)
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, subparser in commands.choices.items():
+        assert subparser.format_help().startswith("usage: txsync " + name), name
 
 
 def test_help_and_a_client_command_import_no_service_or_kubernetes_code() -> None:
