@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
+from tests.support.processes import transaction_store
 from txsync.telemetry.logs import JsonFormatter, TextFormatter
 
 
@@ -29,3 +34,36 @@ def test_json_lines_name_the_service_the_dc_and_the_current_trace() -> None:
     assert inside["span_id"] == format(context.span_id, "016x")
     assert inside["message"] == "in a span"
     assert text.endswith(f"trace_id={inside['trace_id']} span_id={inside['span_id']}")
+
+
+def test_json_lines_keep_the_fields_given_with_the_record() -> None:
+    record = _record("peer cut off")
+    record.__dict__.update(peer="dc3", tx_id="0e2c", lag=12, detail=("a", 1))
+    line = json.loads(JsonFormatter("sync-coordinator", "dc1").format(record))
+    assert (line["peer"], line["tx_id"], line["lag"]) == ("dc3", "0e2c", 12)
+    assert line["detail"] == "('a', 1)" and line["dc"] == "dc1"
+    assert "args" not in line and "levelno" not in line  # the record's own fields are not
+
+
+def test_every_service_takes_a_log_level_from_its_flag_or_the_environment(
+    tmp_path: Path,
+) -> None:
+    """Every service has --log-level; a real transaction-store at warning writes no INFO
+    line (it writes several at info); a wrong level in the environment is refused."""
+    for command in ("transaction-store", "sync-coordinator", "worker", "worker-dispatch"):
+        shown = subprocess.run(
+            [sys.executable, "-m", "txsync.cli.main", command, "--help"],
+            capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+        assert "--log-level" in shown.stdout, command
+    quiet = transaction_store(tmp_path / "quiet", "dc1", "--log-level", "warning")
+    quiet.start()
+    quiet.terminate()
+    assert " INFO " not in quiet.log(), quiet.log()
+    wrong = subprocess.run(
+        [sys.executable, "-m", "txsync.cli.main", "transaction-store", "--node-id", "dc1",
+         "--data", str(tmp_path / "wrong")],
+        capture_output=True, text=True, check=False, timeout=60,
+        env={**os.environ, "TXSYNC_LOG_LEVEL": "verbose"},
+    )  # fmt: skip
+    assert wrong.returncode != 0 and "TXSYNC_LOG_LEVEL='verbose'" in wrong.stderr, wrong.stderr

@@ -31,7 +31,7 @@ def _scrape(url: str) -> dict[str, float]:
         if line.startswith("txsync_round"):
             name, value = line.rsplit(" ", 1)
             labels = name.partition("{")[2].rstrip("}").split(",")
-            kept = [label for label in labels if label.startswith("outcome=")]
+            kept = [label for label in labels if label.startswith(("le=", "outcome="))]
             samples[name.partition("{")[0] + "{" + ",".join(kept) + "}"] = float(value)
     return samples
 
@@ -53,3 +53,8 @@ def test_rounds_are_counted_by_outcome_with_the_metas_they_added(
     assert samples['txsync_rounds_total{outcome="complete"}'] == 0
     assert samples["txsync_round_added_total{}"] == 5
     assert samples['txsync_round_duration_seconds_count{outcome="advanced"}'] == 2
+    # Buckets that fit seconds: the rounds of 7 ms fall between 5 and 10 ms, so a
+    # quantile read from the buckets says 5-10 ms (the SDK's default buckets, made for
+    # milliseconds, put every round below 5 s and any quantile near 2.5 s).
+    bucket = 'txsync_round_duration_seconds_bucket{le="%s",outcome="advanced"}'
+    assert samples[bucket % "0.005"] == 0 and samples[bucket % "0.01"] == 2

@@ -20,7 +20,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext
 
 from txsync.protocol import RoundEffect, RoundEnded, RoundOutcome, RoundStarted
-from txsync.telemetry import Metrics, current_traceparent, span_context_of, tracer
+from txsync.telemetry import (
+    SECONDS_BUCKETS,
+    Metrics,
+    current_traceparent,
+    span_context_of,
+    tracer,
+)
 
 ROUNDS_KEPT = 1000
 """Rounds the admin API can list (``ListRounds`` answers at most this many)."""
@@ -59,7 +65,7 @@ class RoundTracker:
                 "txsync.round.added", "metas ADDed by rounds", lambda: self.added
             )
             self._duration = metrics.histogram(
-                "txsync.round.duration", "round duration, POST to MERGE", unit="s"
+                "txsync.round.duration", "round duration, POST to MERGE", "s", SECONDS_BUCKETS
             )
 
     def peer_round(self, sender: str, traceparent: str) -> None:

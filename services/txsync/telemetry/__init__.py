@@ -10,7 +10,7 @@
 """
 
 from txsync.telemetry.logs import LOG_FORMATS, configure_logging
-from txsync.telemetry.metrics import Gauge, Metrics
+from txsync.telemetry.metrics import SECONDS_BUCKETS, Gauge, Metrics
 from txsync.telemetry.process import ServiceTelemetry, add_telemetry_arguments
 from txsync.telemetry.tracing import (
     attached,
@@ -23,6 +23,7 @@ from txsync.telemetry.tracing import (
 
 __all__ = [
     "LOG_FORMATS",
+    "SECONDS_BUCKETS",
     "Gauge",
     "Metrics",
     "ServiceTelemetry",

@@ -14,6 +14,13 @@ from datetime import UTC, datetime
 from opentelemetry import trace
 
 LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVEL_ENV = "TXSYNC_LOG_LEVEL"
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "taskName",
+}  # fmt: skip
+"""What every log record has: anything else was given with ``extra=`` (a transaction
+id, a peer), and a JSON line keeps it as a field."""
 
 
 def _trace_ids() -> tuple[str, str] | None:
@@ -46,6 +53,9 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             **self._static,
         }
+        for name, value in vars(record).items():
+            if name not in _RECORD_FIELDS and name not in entry:
+                entry[name] = value if isinstance(value, str | int | float | bool) else str(value)
         ids = _trace_ids()
         if ids is not None:
             entry["trace_id"], entry["span_id"] = ids
@@ -54,11 +64,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_logging(service: str, node_id: str, log_format: str = "text") -> None:
+def configure_logging(
+    service: str, node_id: str, log_format: str = "text", level: str = "info"
+) -> None:
+    """Log to stderr in ``log_format`` from ``level`` up (``LOG_LEVELS``)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter(service, node_id) if log_format == "json" else TextFormatter()
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+    root.setLevel(level.upper())

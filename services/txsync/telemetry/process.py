@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from txsync.telemetry.logs import LOG_FORMATS, configure_logging
+from txsync.telemetry.logs import LOG_FORMATS, LOG_LEVEL_ENV, LOG_LEVELS, configure_logging
 from txsync.telemetry.metrics import Metrics
 from txsync.telemetry.tracing import start_tracing
 
@@ -28,6 +29,11 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser, *, dc_flag: bool = 
         group.add_argument("--dc", default="", help="the DC this runs in (for telemetry)")
     group.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                        help="text or JSON lines, with trace ids (default text)")  # fmt: skip
+    group.add_argument(
+        "--log-level", type=str.lower, choices=LOG_LEVELS,
+        default=os.environ.get(LOG_LEVEL_ENV, "info").lower(),
+        help=f"log from this level up (default: ${LOG_LEVEL_ENV}, else info)",
+    )  # fmt: skip
 
 
 @dataclass
@@ -40,7 +46,12 @@ class ServiceTelemetry:
     def start(cls, service: str, node_id: str, options: argparse.Namespace) -> ServiceTelemetry:
         """Logging, tracing and metrics for this process. Serving the metrics may fail
         (port taken): ``serve_metrics`` raises OSError then, for the caller to report."""
-        configure_logging(service, node_id, options.log_format)
+        if options.log_level not in LOG_LEVELS:  # from the environment: argparse did not check
+            raise SystemExit(
+                f"error: ${LOG_LEVEL_ENV}={options.log_level!r} is not one of "
+                f"{', '.join(LOG_LEVELS)}"
+            )
+        configure_logging(service, node_id, options.log_format, options.log_level)
         return cls(Metrics(service, node_id), start_tracing(service, node_id))
 
     def serve_metrics(self, listen: str | None) -> None:
