@@ -386,9 +386,11 @@ class Core:
                         index, "client", "WaitBatch", request, seconds + self.attempt_s
                     )
                 except Refused as refused:
-                    if refused.code != grpc.StatusCode.UNIMPLEMENTED:
-                        return reached
-                    return reached | await self._wait_each(index, pending, wanted, deadline)
+                    if refused.code == grpc.StatusCode.UNIMPLEMENTED:
+                        return reached | await self._wait_each(index, pending, wanted, deadline)
+                    # Busy or slow to answer: asked again while the DC says it orders.
+                    await self._sleep_until(deadline, BACKOFF_FIRST_S)
+                    break
                 for (n, accepted), one in zip(chunk, answer.results, strict=True):
                     if one.reached and one.state:  # a state, whatever a server sends
                         reached[n] = Reached(
