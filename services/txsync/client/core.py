@@ -325,10 +325,8 @@ class Core:
         self, result: client_pb2.SubmitResult, index: int, key: str, wanted: State | None
     ) -> Submitted | TxSyncError | None:
         """One submit of a batch, if the batch's answer settles it."""
-        if result.WhichOneof("result") != "accepted":
-            name, _, details = result.error.partition(": ")
-            code = grpc.StatusCode.__members__.get(name, grpc.StatusCode.UNKNOWN)
-            error = from_status(code, details or result.error)
+        if (refusal := _batch_refusal(result)) is not None:
+            code, error = refusal
             elsewhere = code in RETRIED_ELSEWHERE or isinstance(error, Backpressure)
             return None if elsewhere else error
         if wanted is not None and not result.accepted.reached:
@@ -684,15 +682,21 @@ def submitted(answer: client_pb2.SubmitResponse, endpoint: Endpoint, key: str) -
     )
 
 
+def _batch_refusal(result: client_pb2.SubmitResult) -> tuple[grpc.StatusCode, TxSyncError] | None:
+    """The code and error of a submit a batch's answer refused ("NAME: details"), or
+    None if the DC took it."""
+    if result.WhichOneof("result") == "accepted":
+        return None
+    name, _, details = result.error.partition(": ")
+    code = grpc.StatusCode.__members__.get(name, grpc.StatusCode.UNKNOWN)
+    return code, from_status(code, details or result.error, LOAD_PAUSE_FIRST_S)
+
+
 def _refused_for_load(result: client_pb2.SubmitResult) -> Backpressure | None:
     """The ``Backpressure`` a batch's answer gives one submit, if the DC refused it for
     load (it stored nothing of it)."""
-    if result.WhichOneof("result") != "error":
-        return None
-    name, _, details = result.error.partition(": ")
-    if name != grpc.StatusCode.RESOURCE_EXHAUSTED.name:
-        return None
-    return Backpressure(f"{name}: {details}", LOAD_PAUSE_FIRST_S)
+    refusal = _batch_refusal(result)
+    return refusal[1] if refusal is not None and isinstance(refusal[1], Backpressure) else None
 
 
 def raising_failed(results: list[Submitted | TxSyncError]) -> list[Submitted]:
