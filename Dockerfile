@@ -19,6 +19,9 @@ RUN python3 -m venv /opt/txsync \
 ENV PATH=/opt/txsync/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
+# The commit built, for txsync_build_info (last: a new commit rebuilds this layer only).
+ARG TXSYNC_BUILD_COMMIT=unknown
+ENV TXSYNC_BUILD_COMMIT=${TXSYNC_BUILD_COMMIT}
 USER 10001:10001
 WORKDIR /var/lib/txsync
 ENTRYPOINT ["txsync"]

@@ -39,5 +39,7 @@ echo "building wheels ..."
 ls "$context"/wheels/txsync-*.whl >/dev/null  # the project's own wheel must be there
 cp Dockerfile "$context/"
 echo "building $tag on $base ..."
-docker build --quiet --build-arg "BASE_IMAGE=$base" -t "$tag" "$context" >/dev/null
+commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+docker build --quiet --build-arg "BASE_IMAGE=$base" --build-arg "TXSYNC_BUILD_COMMIT=$commit" \
+    -t "$tag" "$context" >/dev/null
 echo "built $tag ($(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}'))"

@@ -6,6 +6,10 @@
   reaches the handler as ``MalformedRequest`` instead of failing inside gRPC (which answers
   UNKNOWN with a Python traceback in the log). Handlers answer it INVALID_ARGUMENT.
 * ``answers_errors``: decorator for unary handlers that turns both into statuses.
+* Every call a served method handles is measured (``grpc_server_handling_seconds`` and
+  ``grpc_server_handled_total`` by type, service, method and status code, the names of
+  the grpc-ecosystem middleware): one wrapper per method, not a gRPC interceptor, whose
+  path through grpc.aio is slow (see ``_tracing_server_interceptors``).
 * Serving helpers every service process shares: ``new_server`` (message limits, a span
   per call), ``new_channel`` (the same for calls out), ``add_health_and_reflection``,
   ``mark_serving``, ``announce`` (port file) and ``until_stopped`` (signals or a failure).
@@ -18,7 +22,16 @@ import functools
 import gc
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+import time
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +43,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from txsync.telemetry import work
+from txsync.telemetry.histograms import SECONDS_BUCKETS, process_histogram
 from txsync.telemetry.tracing import tracing_configured
 
 
@@ -139,14 +153,89 @@ def add_service(
                 else f"{method.name} is not served here"
             )
             implementation = _unimplemented(reason, streaming=method.server_streaming)
+        labels = (CALL_TYPES[kind], service.full_name, method.name)
         handlers[method.name] = make(
-            implementation,
+            _measured_stream(implementation, labels)
+            if method.server_streaming
+            else _measured(implementation, labels),
             request_deserializer=_safe_deserializer(request_class, method.name),
             response_serializer=_counted_serializer(response_class, method.name),
         )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
+
+
+CALL_TYPES = {
+    (False, False): "unary",
+    (True, False): "client_stream",
+    (False, True): "server_stream",
+    (True, True): "bidi_stream",
+}
+"""``grpc_type`` of a method, by (client streaming, server streaming)."""
+
+CALLS_HANDLED = process_histogram(
+    "grpc.server.handling", "gRPC calls this process's servers handled, by status code: "
+    "their time from the handler's start to its answer (a stream's whole life)",
+    "s", SECONDS_BUCKETS, labels=("grpc_type", "grpc_service", "grpc_method", "grpc_code"),
+    counted_as="grpc.server.handled",
+)  # fmt: skip
+
+
+def _status_name(context: grpc.aio.ServicerContext[Any, Any], error: BaseException | None) -> str:
+    """The status a handler answered: what it set or aborted with, else OK when it
+    returned, CANCELLED when the caller went away, UNKNOWN for anything it raised."""
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    if error is None:
+        return "OK"
+    return "CANCELLED" if isinstance(error, asyncio.CancelledError | GeneratorExit) else "UNKNOWN"
+
+
+def _measured(handler: Callable[..., Any], labels: tuple[str, str, str]) -> Callable[..., Any]:
+    """``handler`` (answering one message), its calls timed by status code."""
+    record = CALLS_HANDLED.record
+
+    async def measured(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        started = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            return await handler(request, context)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            record(time.perf_counter() - started, *labels, _status_name(context, error))
+
+    return measured
+
+
+def _measured_stream(
+    handler: Callable[..., Any], labels: tuple[str, str, str]
+) -> Callable[..., Any]:
+    """``handler`` (answering a stream), its calls timed by status code."""
+    record = CALLS_HANDLED.record
+
+    async def measured(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        started = time.perf_counter()
+        error: BaseException | None = None
+        answers: AsyncGenerator[Any] = handler(request, context)
+        try:
+            async for answer in answers:
+                yield answer
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            # Closed by its caller, this wrapper closes the handler's stream now (its
+            # clean-up, e.g. leaving a feed, would otherwise wait for the collector).
+            await answers.aclose()
+            record(time.perf_counter() - started, *labels, _status_name(context, error))
+
+    return measured
 
 
 def _unimplemented(reason: str, *, streaming: bool) -> Callable[..., Any]:

@@ -21,3 +21,20 @@ def sample(text: str, name: str, **labels: str) -> float:
             if found.name == name and labels.items() <= found.labels.items():
                 return float(found.value)
     raise AssertionError(f"no {name} {labels} in:\n{text}")
+
+
+def series_without_dc(text: str, dc: str) -> list[str]:
+    """Every sample whose ``dc`` label is not ``dc``."""
+    return [
+        f"{found.name}{found.labels}"
+        for family in text_string_to_metric_families(text)
+        for found in family.samples
+        if found.labels.get("dc") != dc
+    ]
+
+
+def sample_names(text: str) -> set[str]:
+    """The name of every sample (``x_bucket``, ``x_count``, ``y_total``, ...)."""
+    return {
+        found.name for family in text_string_to_metric_families(text) for found in family.samples
+    }

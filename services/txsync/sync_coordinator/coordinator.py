@@ -61,6 +61,7 @@ from txsync.rpc import new_channel
 from txsync.settings import PROGRESS_REPORT_S
 from txsync.sync_coordinator.bodies import BodyFetches
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
+from txsync.sync_coordinator.lag_clock import LagClock
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
 from txsync.sync_coordinator.post_deltas import KnownPosts
 from txsync.sync_coordinator.rounds import RoundTracker
@@ -508,6 +509,7 @@ class Coordinator:
         restart (a restarted coordinator takes part again)."""
         self.peer_posts: dict[str, tuple[int, MergeBase]] = {}
         """Counter and merge base of each peer's latest post: how far along it is."""
+        self.lag_clock = LagClock()
         self.peer_bodies_held: dict[str, int] = {}
         """How far each peer holds every synced body, from its latest post: the store
         keeps the bodies past it, which that peer may still fetch from this DC."""
@@ -815,6 +817,7 @@ class Coordinator:
         self.known_posts.remember(post.sender, post.epoch, post.seq, post.queue)
         self.rounds.peer_round(post.sender, round_traceparent)
         self.peer_posts[post.sender] = (post.counter, post.base)
+        self.lag_clock.peer_reached(post.base.synced_len, time.monotonic())
         self.peer_bodies_held[post.sender] = bodies_held_len
         for outcome in finished:
             self.outcomes.add_theirs(post.sender, outcome)
@@ -893,6 +896,11 @@ class Coordinator:
         assert self.node is not None
         ours = self.node.merge_base.synced_len
         return max([0, *(base.synced_len - ours for _, base in self.peer_posts.values())])
+
+    def lag_seconds(self) -> float:
+        """How long ago a peer first had a synced position this DC still lacks."""
+        assert self.node is not None
+        return self.lag_clock.seconds_behind(self.node.merge_base.synced_len, time.monotonic())
 
     def is_known_peer(self, node_id: str) -> bool:
         """A node we may take calls from: a peer of the configuration, or one we still

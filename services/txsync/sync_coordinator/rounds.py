@@ -65,8 +65,9 @@ class RoundTracker:
                 "txsync.round.added", "metas ADDed by rounds", lambda: self.added
             )
             self._duration = metrics.histogram(
-                "txsync.round.duration", "round duration, POST to MERGE", "s", SECONDS_BUCKETS
-            )
+                "txsync.round.duration", "round duration, POST to MERGE", "s", SECONDS_BUCKETS,
+                labels=("outcome",),
+            )  # fmt: skip
 
     def peer_round(self, sender: str, traceparent: str) -> None:
         """A peer's post arrived from its round ``traceparent``."""
@@ -106,7 +107,7 @@ class RoundTracker:
         self.ended[ended.outcome.value] += 1
         self.added += ended.added
         if self._duration is not None:
-            self._duration.record(duration_s, {"outcome": ended.outcome.value})
+            self._duration.record(duration_s, ended.outcome.value)
         span = self._span
         if span is not None:
             span.set_attributes(

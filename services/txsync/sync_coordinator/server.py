@@ -90,6 +90,13 @@ def _coordinator_gauges(coordinator: Coordinator) -> list[Gauge]:
             lambda: None if coordinator.node is None else coordinator.lag(),
         ),
         Gauge(
+            "txsync.lag.seconds",
+            "how long ago a peer first had a synced position this DC still lacks (0 when "
+            "none is ahead)",
+            lambda: None if coordinator.node is None else coordinator.lag_seconds(),
+            unit="s",
+        ),
+        Gauge(
             "txsync.body.fetches.queued",
             f"bodies queued to be fetched from peers (at most {FETCH_QUEUE_MAX})",
             lambda: coordinator.fetches.queued,

@@ -9,8 +9,9 @@
 ``ServiceTelemetry.start`` sets all three up the same way in every service process.
 """
 
+from txsync.telemetry.histograms import SECONDS_BUCKETS, PlainHistogram
 from txsync.telemetry.logs import LOG_FORMATS, configure_logging
-from txsync.telemetry.metrics import SECONDS_BUCKETS, Gauge, Metrics
+from txsync.telemetry.metrics import Gauge, Metrics
 from txsync.telemetry.process import ServiceTelemetry, add_telemetry_arguments
 from txsync.telemetry.tracing import (
     attached,
@@ -26,6 +27,7 @@ __all__ = [
     "SECONDS_BUCKETS",
     "Gauge",
     "Metrics",
+    "PlainHistogram",
     "ServiceTelemetry",
     "add_telemetry_arguments",
     "attached",

@@ -45,7 +45,7 @@ SERVICES = (CLIENT_SERVICE, STORE_SERVICE, ADMIN_SERVICE)
 
 
 def _store_gauges(store: TransactionStore) -> list[Gauge]:
-    state = store.state
+    state, config = store.state, store.config
     return [
         Gauge(
             "txsync.store.incoming",
@@ -63,7 +63,20 @@ def _store_gauges(store: TransactionStore) -> list[Gauge]:
             "entries of the synced queue in the txlog",
             lambda: state.merge_base.synced_len,
         ),
-    ]
+        Gauge(
+            "txsync.store.unfinished",
+            "transactions INCOMING here, or ordered and not yet OK or FAILED here (this "
+            "DC's submits are refused at --unfinished-max)",
+            lambda: state.incoming_state_txs + store.ordered_unfinished(),
+        ),
+        # The limits themselves, so that a dashboard or alert divides by them.
+        Gauge("txsync.store.incoming.limit", "--incoming-max",
+              lambda: config.incoming_txs_max),
+        Gauge("txsync.store.unfinished.limit", "--unfinished-max",
+              lambda: config.unfinished_txs_max),
+        Gauge("txsync.store.open_body.limit", "--body-bytes-max",
+              lambda: config.open_body_bytes_max, unit="By"),
+    ]  # fmt: skip
 
 
 async def serve(

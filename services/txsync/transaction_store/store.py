@@ -42,7 +42,11 @@ from txsync.shares import Shares
 from txsync.telemetry import work
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
-from txsync.transaction_store.tx_tracing import trace_history, trace_transitions
+from txsync.transaction_store.tx_tracing import (
+    measure_transitions,
+    trace_history,
+    trace_transitions,
+)
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
 from txsync.transaction_store.txlog.files import LogFiles, Recovery
 from txsync.transaction_store.txlog.framing import encode_frame
@@ -578,6 +582,7 @@ class TransactionStore:
                     waiter.wake()
         self._notify()
         trace_transitions(self.state.node_id, moved, skip=traced_whole)
+        measure_transitions(moved)
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()

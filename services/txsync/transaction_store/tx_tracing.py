@@ -9,14 +9,44 @@ Nothing is emitted at replay (only for changes made durable now), nor for transa
 that came without a trace context. A DC can order a transaction before its body (which
 brings the context) arrives; the spans of the transitions made meanwhile are emitted
 when it does (``trace_history``).
+
+The same transitions of this DC's own submits are timed for metrics
+(``measure_transitions``): from the submit (INCOMING here, durable) to ACCEPTED, and to
+OK or FAILED, what a client waiting for either state sees, less its network.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from txsync.telemetry import context_of, tracer
+from txsync.protocol import TxState
+from txsync.telemetry import SECONDS_BUCKETS, context_of, tracer
+from txsync.telemetry.histograms import process_histogram
 from txsync.transaction_store.state import Moved, StoreState, TxRecord
+
+SUBMIT_TO_STATE = process_histogram(
+    "txsync.submit.duration",
+    "this DC's submits: time from INCOMING (the submit made durable) to each later "
+    "state, by state (accepted, ok, failed)",
+    "s",
+    SECONDS_BUCKETS,
+    labels=("state",),
+)
+_TIMED_STATES = {
+    TxState.ACCEPTED: "accepted", TxState.OK: "ok", TxState.FAILED: "failed",
+}  # fmt: skip
+
+
+def measure_transitions(moved: Iterable[Moved]) -> None:
+    """``SUBMIT_TO_STATE`` for the transitions of local submits just made durable."""
+    for transition in moved:
+        record = transition.record
+        label = _TIMED_STATES.get(transition.step.state)
+        if label is not None and record.local and record.history:
+            first = record.history[0]
+            if first.state is TxState.INCOMING:
+                elapsed_ms = transition.step.at_unix_ms - first.at_unix_ms
+                SUBMIT_TO_STATE.record(max(elapsed_ms, 0) / 1000, label)
 
 
 def trace_transitions(node_id: str, moved: Iterable[Moved], *, skip: Collection[str] = ()) -> None:

@@ -24,7 +24,8 @@ from opentelemetry.trace import StatusCode
 
 from txsync.rpc import MalformedRequest, ServiceError, abort, answers_errors, check_request
 from txsync.shares import Shares, caller_of
-from txsync.telemetry import context_of, tracer, work
+from txsync.telemetry import SECONDS_BUCKETS, context_of, tracer, work
+from txsync.telemetry.histograms import process_histogram
 from txsync.v1 import common_pb2, worker_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
@@ -76,6 +77,17 @@ def _transaction_of(encoded: bytes) -> Transaction:
         raise ServiceError(
             grpc.StatusCode.INVALID_ARGUMENT, f"body: not a valid TxBody ({error})"
         ) from None
+
+
+APPLY_SECONDS = process_histogram(
+    "txsync.worker.apply.duration",
+    "time to apply each batch of transactions to the database, commit included",
+    "s", SECONDS_BUCKETS,
+)  # fmt: skip
+APPLY_BATCH_SIZE = process_histogram(
+    "txsync.worker.apply.batch_size", "transactions per batch applied", "",
+    tuple(float(2**k) for k in range(11)),
+)  # fmt: skip
 
 
 async def _read_into(
@@ -203,6 +215,9 @@ class WorkerServicer:
                     if to_apply
                     else ([], None)
                 )
+                if to_apply:
+                    APPLY_SECONDS.record((time.time_ns() - started_ns) / 1e9)
+                    APPLY_BATCH_SIZE.record(len(to_apply))
                 answers: list[worker_pb2.ApplyResponse] = []
                 for request, outcome in zip(taken, outcomes, strict=False):
                     self._trace_apply(request, outcome, started_ns)

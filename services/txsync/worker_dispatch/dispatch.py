@@ -205,7 +205,7 @@ class Dispatch:
             return min(positions) if positions else None
 
         return [
-            Gauge("txsync.workers.total", "workers known to dispatch", lambda: len(self.workers)),
+            Gauge("txsync.workers.known", "workers known to dispatch", lambda: len(self.workers)),
             Gauge("txsync.workers.healthy", "workers healthy and in sync", healthy),
             Gauge(
                 "txsync.workers.position.min",

@@ -17,6 +17,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from txsync.telemetry import work
+from txsync.telemetry.histograms import BYTES_BUCKETS, DISK_SECONDS_BUCKETS, process_histogram
 from txsync.transaction_store.txlog.framing import (
     FRAME_PAYLOAD_BYTES_MAX,
     HEADER,
@@ -70,6 +71,18 @@ def _backup_stamp(path: Path) -> int | None:
     """The timestamp of a bak- file we named (None: a file of another name, left alone)."""
     stamp = path.name[len(BAK_PREFIX) : -len(SUFFIX)]
     return int(stamp) if stamp.isdigit() else None
+
+
+FSYNC_SECONDS = process_histogram(
+    "txsync.txlog.fsync.duration",
+    "time of each fsync of the current log file after an append (what every write of "
+    "the store waits for; etcd's wal_fsync_duration_seconds)",
+    "s",
+    DISK_SECONDS_BUCKETS,
+)
+FSYNC_BYTES = process_histogram(
+    "txsync.txlog.fsync.size", "bytes appended to the log file per fsync", "By", BYTES_BUCKETS
+)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -254,7 +267,10 @@ class LogFiles:
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
+        started = time.perf_counter()
         os.fsync(self._fd)
+        FSYNC_SECONDS.record(time.perf_counter() - started)
+        FSYNC_BYTES.record(len(data))
         work.count(work.FSYNCS)
         self.current_bytes += len(data)
 
