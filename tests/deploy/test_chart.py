@@ -15,6 +15,13 @@ import pytest
 import yaml
 
 from tests.support.chart import CHART, EXAMPLES, ROOT, example_values, merged, notes, render
+from tests.support.monitoring import (
+    alert_rules,
+    dashboard,
+    expressions,
+    metric_names,
+    monitoring_objects,
+)
 from txsync.command_lines import (
     coordinator_args,
     dispatch_args,
@@ -32,7 +39,7 @@ EXAMPLE_RELEASES = [
     ("one-cluster-per-dc", "dc3.yaml"),
 ]  # fmt: skip
 COMPONENT = "app.kubernetes.io/component"
-NOT_IN_KUBERNETES = {"ServiceMonitor"}
+NOT_IN_KUBERNETES = {"ServiceMonitor", "PrometheusRule"}
 """Custom resources (Prometheus operator): no schema in kubernetes-validate."""
 
 
@@ -42,6 +49,7 @@ def _every_option_on(values: dict[str, Any]) -> dict[str, Any]:
         {
             "networkPolicy": {"enabled": True, "peerCIDRs": ["10.2.0.0/16"]},
             "serviceMonitor": {"enabled": True},
+            "dashboards": {"enabled": True},
             "access": {"secretName": "txsync-access"},
         },
     )
@@ -59,11 +67,43 @@ def test_every_example_renders_lints_and_validates(example: str, dc_file: str) -
     kinds = sorted(o["kind"] for o in objects)
     witness = values["dc"] == "witness"
     assert kinds.count("StatefulSet") == (1 if witness else 2), kinds
+    assert kinds.count("PrometheusRule") == 1 and kinds.count("ServiceMonitor") == 1, kinds
     for version in KUBERNETES_VERSIONS:
         for manifest in objects:
             if manifest["kind"] in NOT_IN_KUBERNETES:
                 continue
             kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_the_dashboard_and_alerts_parse_and_each_alert_has_its_runbook() -> None:
+    """Whether the services export what they query: the dev cluster's end-to-end test,
+    against real processes."""
+    objects = monitoring_objects()
+    for name, expr in expressions(objects).items():
+        try:
+            assert metric_names(expr), f"{name} queries no metric"
+        except ValueError as error:
+            raise AssertionError(f"{name}: {expr!r} does not parse: {error}") from None
+    rows = [p["title"] for p in dashboard(objects)["panels"] if p["type"] == "row"]
+    assert rows == ["Agreement", "Store", "Workers", "WAN", "Resources"]
+    headings = {
+        re.sub(r"[^a-z0-9-]", "", line.lstrip("#").strip().lower().replace(" ", "-"))
+        for line in (ROOT / "docs" / "operations.md").read_text().splitlines()
+        if line.startswith("#")
+    }
+    for rule in alert_rules(objects):
+        anchor = rule["annotations"]["runbook_url"].rpartition("#")[2]
+        assert anchor in headings, f"{rule['alert']}: no section #{anchor} in docs/operations.md"
+        assert rule["labels"]["severity"] in {"warning", "critical"} and rule["labels"]["dc"]
+
+
+def test_without_service_monitors_no_alerts_and_no_dashboard_by_default() -> None:
+    values = example_values("three-dcs", "dc1.yaml")
+    kinds = {o["kind"] for o in render(values, "txsync-dc1", "txsync")}
+    assert not kinds & {"PrometheusRule", "ServiceMonitor"}
+    assert not any(
+        o["metadata"]["name"].endswith("-dashboard") for o in render(values, "txsync-dc1", "txsync")
+    )
 
 
 @pytest.mark.parametrize(("example", "dc_file"), EXAMPLE_RELEASES)

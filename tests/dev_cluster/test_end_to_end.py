@@ -28,7 +28,13 @@ from tests.support.dev_up import (
     txsync,
     up,
 )
-from tests.support.metrics import sample, scrape
+from tests.support.metrics import sample, sample_names, scrape, series_without_dc
+from tests.support.monitoring import (
+    KUBERNETES_METRICS,
+    expressions,
+    metric_names,
+    monitoring_objects,
+)
 from tests.support.otlp_collector import OtlpCollector, ReceivedSpan
 from txsync.v1 import (
     admin_pb2,
@@ -185,6 +191,17 @@ def _check_round_spans_link_to_other_dcs(collector: OtlpCollector) -> None:
 
 
 def _check_metrics(dcs: dict[str, Any]) -> None:
+    exported: set[str] = set()
+    for dc in DCS:
+        addresses = [dcs[dc][kind] for kind in ("metrics", "dispatch_metrics", "store_metrics")]
+        for address in [*addresses, *dcs[dc]["worker_metrics"].values()]:
+            exported |= sample_names(scrape(address))
+    # What the chart's dashboard and alerts query, the services export (the platform's
+    # metrics aside: kubelet's, kube-state-metrics', cert-manager's).
+    queried = monitoring_objects()
+    for name, expr in expressions(queried).items():
+        missing = metric_names(expr) - exported - KUBERNETES_METRICS
+        assert not missing, f"{name} queries {missing}, which no service exports"
     for dc in DCS:
         coordinator = scrape(dcs[dc]["metrics"])
         for name in ("txsync_quorum_majority", "txsync_rounds_total",
@@ -202,6 +219,16 @@ def _check_metrics(dcs: dict[str, Any]) -> None:
         assert "txsync_workers_healthy" in dispatch
         store = scrape(dcs[dc]["store_metrics"])
         assert "txsync_store_incoming" in store and "txsync_store_open_body_bytes" in store
+        for text in (coordinator, dispatch, store):
+            assert not series_without_dc(text, dc)
+        # Every submit of this DC timed to ACCEPTED and to OK, each OK after its ACCEPTED.
+        submitted = SUBMITS_PER_DC + (1 if dc == "dc1" else 0)  # dc1's: the table too
+        timed = "txsync_submit_duration_seconds"
+        assert sample(store, f"{timed}_count", state="accepted") == submitted
+        assert sample(store, f"{timed}_count", state="ok") == submitted
+        assert sample(store, f"{timed}_sum", state="ok") >= sample(
+            store, f"{timed}_sum", state="accepted"
+        )
         # The work counters `make bench-rpcs` divides by transactions (issue 20): every
         # transaction moved to OK at every DC, each move an entry made durable.
         transactions = 1 + 3 * SUBMITS_PER_DC
@@ -212,6 +239,10 @@ def _check_metrics(dcs: dict[str, Any]) -> None:
         for address in dcs[dc]["worker_metrics"].values():
             worker = scrape(address)
             assert sample(worker, "txsync_work_total", kind="db_commits") >= 1
+            assert not series_without_dc(worker, dc)
+            # Every transaction went through a timed batch (a resent one twice).
+            assert sample(worker, "txsync_worker_apply_batch_size_sum") >= transactions
+            assert sample(worker, "txsync_worker_apply_duration_seconds_count") >= 1
             # Each worker applies every transaction, parsing its body to do so.
             assert sample(worker, "txsync_work_total", kind="body_decodes") >= transactions
     # A body is encoded once, by the store it was submitted to: as many encodes over
