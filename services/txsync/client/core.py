@@ -114,6 +114,19 @@ class Transport(Protocol):
     async def sleep(self, seconds: float) -> None: ...
 
 
+def caller_traceparent() -> str:
+    """The W3C traceparent of the caller's current span, when the application traces
+    with OpenTelemetry; "" otherwise (the client does not depend on it)."""
+    try:
+        from opentelemetry import trace  # noqa: PLC0415 - optional, and cached once imported
+    except ImportError:
+        return ""
+    span = trace.get_current_span().get_span_context()
+    if not span.is_valid:
+        return ""
+    return f"00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}"
+
+
 def run(call: Coroutine[Any, Any, _T]) -> _T:
     """``call``'s result, for a ``Core`` coroutine on a blocking transport (it never
     suspends: the module docstring)."""
@@ -182,7 +195,11 @@ class Core:
     ) -> Submitted:
         wanted = None if wait is None else State.named(wait)
         deadline = self._deadline(timeout)
-        request = client_pb2.SubmitRequest(body=body, idempotency_key=key)
+        # The caller's own trace, carried by the submit itself: concurrent submits of
+        # several callers, batched into one call, each stay in their caller's trace.
+        request = client_pb2.SubmitRequest(
+            body=body, idempotency_key=key, traceparent=caller_traceparent()
+        )
         if wanted is not None:
             request.wait_for = common_pb2.TxState.ValueType(wanted.value)
         last: Exception | None = None

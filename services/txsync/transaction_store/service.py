@@ -23,6 +23,7 @@ from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
 from txsync.shares import Shares, caller_of
 from txsync.telemetry import current_traceparent, work
+from txsync.telemetry.tracing import new_trace_linked_to, tracing_configured
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.state import TxRecord
 from txsync.transaction_store.store import (
@@ -150,10 +151,18 @@ def _answered_outcome(store: TransactionStore, outcome: common_pb2.Outcome) -> c
 
 
 def _submit_args(
-    submit: client_pb2.SubmitRequest, traceparent: str
+    submit: client_pb2.SubmitRequest, traceparent: str, *, one_of_many: bool = False
 ) -> tuple[common_pb2.TxBody, str, str]:
+    """``traceparent``: the call's. The submit's own, if it has one, wins; else one of
+    many submits of a call (``one_of_many``) gets a trace of its own, linked to the
+    call's (when tracing is on): Jaeger shows each transaction, not a batch."""
     work.count(work.BODY_DECODES)  # gRPC parsed the body with its request
-    return (submit.body, check_idempotency_key(submit.idempotency_key), traceparent)
+    key = check_idempotency_key(submit.idempotency_key)
+    if submit.traceparent:
+        traceparent = check_traceparent(submit.traceparent)
+    elif one_of_many and traceparent and tracing_configured():
+        traceparent = new_trace_linked_to("txsync.submit", traceparent)
+    return (submit.body, key, traceparent)
 
 
 def _results(results: list[Submitted | StoreError]) -> list[client_pb2.SubmitResult]:
@@ -236,7 +245,8 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         if not 1 <= len(request.submits) <= BATCH_SUBMITS_MAX:
             raise invalid(f"submits: {len(request.submits)} is outside 1..{BATCH_SUBMITS_MAX}")
         traceparent = _traceparent(context)
-        args = [_submit_args(submit, traceparent) for submit in request.submits]
+        many = len(request.submits) > 1
+        args = [_submit_args(s, traceparent, one_of_many=many) for s in request.submits]
         waits = [_wait_args(submit) for submit in request.submits]
         answer = client_pb2.SubmitBatchResponse(
             results=_results(await self._store.submit_many(args))
@@ -300,7 +310,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
                         invalid(f"body: {body_bytes} bytes encoded, more than {BODY_BYTES_MAX}")
                     )
                     continue
-                chunk.append(_submit_args(request.submit, traceparent))
+                chunk.append(_submit_args(request.submit, traceparent, one_of_many=True))
                 chunk_bytes += body_bytes
                 if len(chunk) == BATCH_SUBMITS_MAX:
                     results.extend(await self._store.submit_many(chunk))

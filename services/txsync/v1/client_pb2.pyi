@@ -28,6 +28,7 @@ class SubmitRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     WAIT_FOR_FIELD_NUMBER: _builtins.int
     WAIT_TIMEOUT_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     idempotency_key: _builtins.str
     """Optional (at most 128 bytes): a retried submit with the same key at the same DC
     returns the first submit's transaction id and changes nothing. The key travels with
@@ -39,6 +40,12 @@ class SubmitRequest(_message.Message):
     """Optional: answer once the transaction has reached this state (or a later one) at this
     DC, or `wait_timeout` ended, as Submit then Wait would, in one call. Unset: answer
     once it is durable (INCOMING).
+    """
+    traceparent: _builtins.str
+    """Optional: the W3C traceparent of this submit's own trace, which the transaction
+    joins (its spans at every DC and worker). For the submits of one `SubmitBatch` from
+    different callers: each its own. Unset: the call's trace context; in a batch, each
+    transaction a trace of its own, linked to the call's span.
     """
     @_builtins.property
     def body(self) -> _common_pb2.TxBody: ...
@@ -53,6 +60,7 @@ class SubmitRequest(_message.Message):
         idempotency_key: _builtins.str = ...,
         wait_for: _common_pb2.TxState.ValueType = ...,
         wait_timeout: _duration_pb2.Duration | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "body", b"body", "wait_timeout", b"wait_timeout"
@@ -63,6 +71,8 @@ class SubmitRequest(_message.Message):
         b"body",
         "idempotency_key",
         b"idempotency_key",
+        "traceparent",
+        b"traceparent",
         "wait_for",
         b"wait_for",
         "wait_timeout",
