@@ -45,6 +45,12 @@ from txsync.command_lines import coordinator_args, dispatch_args, store_args, wo
 from txsync.link_emulator import LinkEmulator, LinkSettings
 from txsync.parent_watch import child_environment
 from txsync.rpc import RECONNECT_OPTIONS, health_status
+from txsync.telemetry.trace_file import (
+    TRACE_FILE_NAME,
+    TraceFileCollector,
+    transaction_trace,
+    waterfall,
+)
 
 START_TIMEOUT_DEFAULT_S = 300.0
 """Generous on purpose: 15 processes each import gRPC and OpenTelemetry, and a loaded
@@ -224,6 +230,7 @@ def up(options: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, request_stop)
     emulator = LinkEmulator() if options.wan_delay_ms else None
+    traces = _start_trace_file(data) if options.traces else None
     cluster = DevCluster(layout, emulator, options.wan_delay_ms / 2)
     code = 0
     try:
@@ -231,6 +238,8 @@ def up(options: argparse.Namespace) -> int:
         if not stopping:
             _write_whole(state_file, json.dumps(layout, indent=2) + "\n")
             _print_guide(layout["dcs"], state_file, options.wan_delay_ms, say)
+            if traces is not None:
+                say(f"traces: {traces.path} (txsync dev trace TX_ID --data {options.data})")
         while not stopping:
             for event in cluster.supervise():
                 say(event, error=True)
@@ -244,8 +253,37 @@ def up(options: argparse.Namespace) -> int:
         cluster.stop()
         if emulator is not None:
             emulator.close()
+        if traces is not None:
+            traces.close()  # after the services: they flush their last spans as they stop
         say("stopped.")
     return code
+
+
+def _start_trace_file(data: Path) -> TraceFileCollector:
+    """The local trace collector of ``--traces``, which every service exports to (they
+    inherit the environment)."""
+    collector = TraceFileCollector(data / TRACE_FILE_NAME)
+    collector.start()
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
+    os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "500")  # spans in the file within 1 s
+    return collector
+
+
+def trace(options: argparse.Namespace) -> int:
+    """``txsync dev trace TX_ID``: the transaction's trace from ``--traces``' file."""
+    path = options.data / TRACE_FILE_NAME
+    if not path.exists():
+        print(f"error: no {path}: start the cluster with `txsync dev up --traces`",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    lines = waterfall(transaction_trace(path, options.tx_id))
+    if not lines:
+        print(f"no spans of {options.tx_id} in {path} (yet: services send theirs within a "
+              "second or so)")  # fmt: skip
+        return 1
+    print("    start  duration  span [service dc]")
+    print("\n".join(lines))
+    return 0
 
 
 class _Say:
@@ -528,7 +566,21 @@ def register(commands: Any) -> None:
         help="give up if not every service serves by then (default "
         f"{START_TIMEOUT_DEFAULT_S:.0f}; progress is printed meanwhile)",
     )
+    parser.add_argument(
+        "--traces", action="store_true",
+        help=f"collect the services' traces into DATA/{TRACE_FILE_NAME} (no Jaeger "
+        "needed); `txsync dev trace TX_ID` prints one",
+    )  # fmt: skip
     parser.set_defaults(handler=_checked_up)
+    shown = sub.add_parser(
+        "trace",
+        help="print a transaction's trace from `dev up --traces`",
+        description="A transaction's trace, collected by `txsync dev up --traces`, as a "
+        "waterfall: each span's start after the first, its duration, its service and DC.",
+    )
+    shown.add_argument("tx_id", metavar="TX_ID", help="the transaction's id")
+    shown.add_argument("--data", type=Path, default=Path("data"), help="data directory")
+    shown.set_defaults(handler=trace)
 
 
 def _checked_up(options: argparse.Namespace) -> int:
@@ -546,6 +598,10 @@ def _checked_up(options: argparse.Namespace) -> int:
         return 2
     if options.wan_delay_ms < 0:
         print("error: --wan-delay-ms must not be negative", file=sys.stderr)
+        return 2
+    if options.traces and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        print("error: --traces collects the traces itself; OTEL_EXPORTER_OTLP_ENDPOINT "
+              "sends them elsewhere: choose one", file=sys.stderr)  # fmt: skip
         return 2
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     return up(options)

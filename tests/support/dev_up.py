@@ -63,14 +63,17 @@ def txsync(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def up(
-    data: Path, base: int | None = None, env: Mapping[str, str] | None = None
+    data: Path,
+    base: int | None = None,
+    env: Mapping[str, str] | None = None,
+    options: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
     """`txsync dev up` on ``data``, returned once it has written cluster.json. It dies
     with the test run whatever happens (and its services with it: parent_watch); a test
     stops it with ``down`` in a ``finally``."""
     process = subprocess.Popen(
         [sys.executable, "-m", "txsync.cli.main", "dev", "up", "--data", str(data),
-         "--base-port", str(base or free_base_port())],
+         "--base-port", str(base or free_base_port()), *options],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**child_environment(), **(env or {})},
     )  # fmt: skip

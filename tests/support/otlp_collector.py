@@ -16,10 +16,10 @@ from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from tests.support.processes import free_port
+from txsync.telemetry.trace_file import attributes_of
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ReceivedSpan:
 
     @property
     def attributes(self) -> dict[str, Any]:
-        return _attributes(self.span.attributes)
+        return attributes_of(self.span.attributes)
 
     @property
     def service(self) -> str:
@@ -56,15 +56,6 @@ class ReceivedSpan:
         return str(self.resource.get("txsync.dc", ""))
 
 
-def _value(value: common_pb2.AnyValue) -> Any:
-    kind = value.WhichOneof("value")
-    return None if kind is None else getattr(value, kind)
-
-
-def _attributes(pairs: Any) -> dict[str, Any]:
-    return {pair.key: _value(pair.value) for pair in pairs}
-
-
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, sink: OtlpCollector) -> None:
         self._sink = sink
@@ -73,7 +64,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         received = [
-            ReceivedSpan(_attributes(resource_spans.resource.attributes), span)
+            ReceivedSpan(attributes_of(resource_spans.resource.attributes), span)
             for resource_spans in request.resource_spans
             for scope_spans in resource_spans.scope_spans
             for span in scope_spans.spans

@@ -46,6 +46,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the view's members: weight, address, reachability, progress",
     ),
     "workers": ("txsync.cli.status_command", "every DC's workers: role, health, position, sync"),
+    "top": (
+        "txsync.cli.top_command",
+        "every DC's rounds/s, tx/s, lag and workers, refreshed in place",
+    ),
     "tx": ("txsync.cli.tx_command", "look up transactions (get, list)"),
     "query": ("txsync.cli.query_command", "run a read-only SQL statement on a DC's worker"),
     "member": ("txsync.cli.admin_command", "add or remove a node, or change its weight"),
