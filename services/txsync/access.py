@@ -42,6 +42,7 @@ import grpc
 
 from txsync.shares import CALLER
 from txsync.telemetry import Metrics, ServiceTelemetry
+from txsync.telemetry.logs import event as log_event
 from txsync.tls import is_loopback, is_secure
 
 log = logging.getLogger("txsync.access")
@@ -209,7 +210,10 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             code = grpc.StatusCode.PERMISSION_DENIED
             reason = f"{caller.name} ({caller.role.name.lower()}) may not call {method}: {need}"
             label = "forbidden"
-        log.warning("refused %s from %s: %s", method, context.peer(), reason)
+        log.warning(
+            "refused %s from %s: %s", method, context.peer(), reason,
+            extra=log_event("access.refused", method=method, reason=label),
+        )  # fmt: skip
         if self._refused is not None:
             self._refused.add(1, {"reason": label})
         await context.abort(code, reason)

@@ -28,7 +28,13 @@ from tests.support.dev_up import (
     txsync,
     up,
 )
-from tests.support.metrics import sample, sample_names, scrape, series_without_dc
+from tests.support.metrics import (
+    quantile,
+    sample,
+    sample_names,
+    scrape,
+    series_without_dc,
+)
 from tests.support.monitoring import (
     KUBERNETES_METRICS,
     expressions,
@@ -121,6 +127,16 @@ def _check_the_cluster(dcs: dict[str, Any], collector: OtlpCollector, endpoints:
     assert sorted(r["dc"] for r in reports) == list(DCS)
     assert all(r["healthy"] and r["lag"] == 0 and r["synced"] == end for r in reports), reports
     assert all(r["workers_healthy"] == 2 for r in reports)
+    # The live view, piped: two refreshes one after the other, a line per DC in each.
+    top = txsync("top", "--endpoints", endpoints, "--count", "2", "--interval", "0.5")
+    assert top.returncode == 0, top.stdout + top.stderr
+    frames = top.stdout.split("\n\n")
+    assert len(frames) == 2, top.stdout
+    for frame in frames:
+        lines = {line.split()[0]: line.split() for line in frame.splitlines()[2:]}
+        assert sorted(lines) == list(DCS), frame
+        assert all(columns[-1] == f"{end}-{end}" for columns in lines.values()), frame
+    assert all(float(columns[3]) >= 0 for columns in lines.values())  # tx/s in the second
     read = txsync("query", "--endpoints", endpoints, "--dc", "dc3", "--after", ids["dc1"][-1],
                    "--sql", "SELECT count(*) FROM t", "-o", "json")  # fmt: skip
     assert read.returncode == 0, read.stderr
@@ -217,6 +233,8 @@ def _check_metrics(dcs: dict[str, Any]) -> None:
         ]
         assert finished == [1 + 3 * SUBMITS_PER_DC], dispatch
         assert "txsync_workers_healthy" in dispatch
+        for worker in dcs[dc]["worker_metrics"]:  # every one at the end: none lags
+            assert sample(dispatch, "txsync_worker_lag_seconds", worker=worker) == 0
         store = scrape(dcs[dc]["store_metrics"])
         assert "txsync_store_incoming" in store and "txsync_store_open_body_bytes" in store
         for text in (coordinator, dispatch, store):
@@ -229,6 +247,16 @@ def _check_metrics(dcs: dict[str, Any]) -> None:
         assert sample(store, f"{timed}_sum", state="ok") >= sample(
             store, f"{timed}_sum", state="accepted"
         )
+        # Plausible quantiles: a submit is ordered within rounds, not seconds, on this
+        # loaded machine too (30 s is the client's whole deadline); an fsync takes under
+        # a second; a round is between 1 ms and the 30 s of the largest bucket.
+        accepted_p50 = quantile(store, timed, 0.5, state="accepted")
+        assert 0 < accepted_p50 <= quantile(store, timed, 0.5, state="ok") <= 30
+        assert 0 < quantile(store, "txsync_txlog_fsync_duration_seconds", 0.5) < 1
+        assert 0.001 <= quantile(coordinator, "txsync_round_duration_seconds", 0.5) < 30
+        submits = quantile(store, "grpc_server_handling_seconds", 0.99,
+                           grpc_service="txsync.v1.ClientService", grpc_code="OK")  # fmt: skip
+        assert 0 < submits <= 30
         # The work counters `make bench-rpcs` divides by transactions (issue 20): every
         # transaction moved to OK at every DC, each move an entry made durable.
         transactions = 1 + 3 * SUBMITS_PER_DC

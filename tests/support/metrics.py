@@ -38,3 +38,26 @@ def sample_names(text: str) -> set[str]:
     return {
         found.name for family in text_string_to_metric_families(text) for found in family.samples
     }
+
+
+def quantile(text: str, histogram: str, q: float, **labels: str) -> float:
+    """The ``q`` quantile of ``histogram`` (its ``_bucket`` series with ``labels``, summed
+    over the rest), interpolated within a bucket as Prometheus's ``histogram_quantile``."""
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for found in family.samples:
+            if found.name == f"{histogram}_bucket" and labels.items() <= found.labels.items():
+                bound = float(found.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + float(found.value)
+    if not buckets or buckets[float("inf")] == 0:
+        raise AssertionError(f"no observations of {histogram} {labels}")
+    bounds = sorted(buckets)
+    rank = q * buckets[float("inf")]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        if buckets[bound] >= rank:
+            if bound == float("inf"):
+                return lower  # Prometheus answers the highest finite bound
+            return lower + (bound - lower) * (rank - below) / (buckets[bound] - below)
+        lower, below = bound, buckets[bound]
+    return lower

@@ -9,11 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from tests.support.processes import transaction_store
-from txsync.telemetry.logs import JsonFormatter, TextFormatter
+from txsync.telemetry.logs import EVENTS, JsonFormatter, TextFormatter, event
 
 
 def _record(message: str) -> logging.LogRecord:
@@ -67,3 +68,22 @@ def test_every_service_takes_a_log_level_from_its_flag_or_the_environment(
         env={**os.environ, "TXSYNC_LOG_LEVEL": "verbose"},
     )  # fmt: skip
     assert wrong.returncode != 0 and "TXSYNC_LOG_LEVEL='verbose'" in wrong.stderr, wrong.stderr
+
+
+def test_a_notable_event_has_a_stable_key_documented_and_used() -> None:
+    record = _record("worker w-1 missed heartbeats for 10 s: out")
+    record.__dict__.update(event("worker.dead", worker="w-1"))
+    line = json.loads(JsonFormatter("worker-dispatch", "dc1").format(record))
+    assert (line["event"], line["worker"]) == ("worker.dead", "w-1")
+    assert TextFormatter().format(record).endswith("out event=worker.dead worker=w-1")
+    with pytest.raises(ValueError, match="unknown log event"):
+        event("worker.gone")
+    root = Path(__file__).resolve().parents[2]
+    documented = (root / "docs" / "operations.md").read_text()
+    services = root / "services" / "txsync"
+    logging_code = "\n".join(
+        path.read_text() for path in services.rglob("*.py") if path.name != "logs.py"
+    )
+    for key in EVENTS:
+        assert f"| `{key}` |" in documented, f"{key} is not in docs/operations.md, Logs"
+        assert f'"{key}"' in logging_code, f"no service logs {key}"

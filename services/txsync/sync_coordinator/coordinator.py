@@ -61,7 +61,6 @@ from txsync.rpc import new_channel
 from txsync.settings import PROGRESS_REPORT_S
 from txsync.sync_coordinator.bodies import BodyFetches
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
-from txsync.sync_coordinator.lag_clock import LagClock
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
 from txsync.sync_coordinator.post_deltas import KnownPosts
 from txsync.sync_coordinator.rounds import RoundTracker
@@ -77,6 +76,8 @@ from txsync.sync_coordinator.wire import (
     view_message_to_proto,
 )
 from txsync.telemetry import Metrics, attached
+from txsync.telemetry.lag_clock import LagClock
+from txsync.telemetry.logs import event as log_event
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import (
     common_pb2,
@@ -725,12 +726,16 @@ class Coordinator:
                 node.view_no,
                 ", ".join(node.members),
                 f"; excluded {', '.join(excluded)}" if excluded else "",
+                extra=log_event("view.installed", view=node.view_no, excluded=",".join(excluded)),
             )
         quorum = node.quorum_state()
         if quorum is not self._quorum:
             self._quorum = quorum
             level = logging.WARNING if quorum is QuorumState.MINORITY else logging.INFO
-            log.log(level, "QUORUM %s in view %d", quorum.name, node.view_no)
+            log.log(
+                level, "QUORUM %s in view %d", quorum.name, node.view_no,
+                extra=log_event("quorum.changed", quorum=quorum.name, view=node.view_no),
+            )  # fmt: skip
             for listener in self.quorum_listeners:
                 listener(quorum)
 
@@ -802,9 +807,14 @@ class Coordinator:
             link.start()
             self.links[peer] = link
             self.weights[peer] = dict(configuration.weights)[peer]
-            log.warning("MEMBERSHIP: %s added at %s", peer, address)
+            log.warning(
+                "MEMBERSHIP: %s added at %s", peer, address,
+                extra=log_event("membership.added", peer=peer, address=address),
+            )  # fmt: skip
         for peer in sorted(set(self.links) - wanted):
-            log.warning("MEMBERSHIP: %s removed", peer)
+            log.warning(
+                "MEMBERSHIP: %s removed", peer, extra=log_event("membership.removed", peer=peer)
+            )
             self._retired_links.append(self.links.pop(peer))
         self.weights.update(configuration.weights)
 
@@ -817,7 +827,7 @@ class Coordinator:
         self.known_posts.remember(post.sender, post.epoch, post.seq, post.queue)
         self.rounds.peer_round(post.sender, round_traceparent)
         self.peer_posts[post.sender] = (post.counter, post.base)
-        self.lag_clock.peer_reached(post.base.synced_len, time.monotonic())
+        self.lag_clock.reached(post.base.synced_len, time.monotonic())
         self.peer_bodies_held[post.sender] = bodies_held_len
         for outcome in finished:
             self.outcomes.add_theirs(post.sender, outcome)
@@ -900,7 +910,9 @@ class Coordinator:
     def lag_seconds(self) -> float:
         """How long ago a peer first had a synced position this DC still lacks."""
         assert self.node is not None
-        return self.lag_clock.seconds_behind(self.node.merge_base.synced_len, time.monotonic())
+        ours = self.node.merge_base.synced_len
+        self.lag_clock.forget_up_to(ours)
+        return self.lag_clock.seconds_behind(ours, time.monotonic())
 
     def is_known_peer(self, node_id: str) -> bool:
         """A node we may take calls from: a peer of the configuration, or one we still
@@ -956,7 +968,10 @@ class Coordinator:
 
     def set_paused(self, paused: bool) -> None:
         if paused != self.paused:
-            log.warning("SYNC %s by an operator", "PAUSED" if paused else "RESUMED")
+            log.warning(
+                "SYNC %s by an operator", "PAUSED" if paused else "RESUMED",
+                extra=log_event("sync.paused" if paused else "sync.resumed"),
+            )  # fmt: skip
         self.paused = paused
 
     def _send(self, ready: Ready) -> None:

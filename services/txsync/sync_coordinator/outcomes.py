@@ -21,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from txsync.telemetry import tracer
+from txsync.telemetry.logs import event as log_event
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class OutcomeLedger:
             f"{ours.describe()}, {peer} has {theirs.tx_id} {theirs.describe()}"
         )
         self.alarms.append(alarm)
-        log.error("%s", alarm)
+        log.error("%s", alarm, extra=log_event("divergence", peer=peer, position=ours.position))
         # A span of its own, marked as an error, so that Jaeger shows where it was found
         # (and an event on the call that brought it, if one is traced).
         attributes: dict[str, str | int] = {

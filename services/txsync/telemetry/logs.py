@@ -2,6 +2,11 @@
 
 Both formats add the current trace and span ids when a span is recording, so a log line
 written while a transaction or a round is traced can be found from Jaeger and back.
+
+A notable event (a view installed, a worker out, a rotation, ...) is one line with a
+stable key, ``event=worker.out_of_sync``, and its subjects as fields (``worker``,
+``peer``, ``position``): log pipelines and alerts match the key, never the wording, which
+may change. ``EVENTS`` lists them all; ``docs/operations.md`` ("Logs") documents each.
 """
 
 from __future__ import annotations
@@ -23,6 +28,39 @@ _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))
 id, a peer), and a JSON line keeps it as a field."""
 
 
+EVENTS = {
+    "view.installed": "a new view: its number and members, and who it excludes",
+    "quorum.changed": "this DC gained or lost a weight majority (or a view change began)",
+    "membership.added": "a node joined the configuration (peer, address)",
+    "membership.removed": "a node left the configuration (peer)",
+    "sync.paused": "an operator paused this DC's part in the protocol",
+    "sync.resumed": "an operator resumed it",
+    "divergence": "another DC's outcome differs from this DC's at a position (peer)",
+    "worker.healthy": "a worker is back in the feed (worker, position)",
+    "worker.dead": "a worker missed its heartbeats and is out (worker)",
+    "worker.stuck": "a worker finished nothing for too long with work in flight (worker)",
+    "worker.out_of_sync": "a worker's state digest differs from the testing worker's",
+    "worker.needs_snapshot": "a worker is too far behind to catch up from the txlog",
+    "worker.testing": "a new testing worker was chosen (worker)",
+    "txlog.rotated": "the store started a new log file from a snapshot (truncated, kept)",
+    "txlog.rotation_abandoned": "a rotation was given up (shutdown, or failed)",
+    "txlog.torn_tail": "the store cut a torn tail off its log at start-up",
+    "access.refused": "a call was refused by access control (method, reason)",
+}
+"""Every notable event's stable key and what it means."""
+
+
+def event(key: str, **fields: object) -> dict[str, object]:
+    """``extra=`` for a notable event's log line: its key and its subjects."""
+    if key not in EVENTS:
+        raise ValueError(f"unknown log event {key!r}: add it to EVENTS and the docs")
+    return {"event": key, **fields}
+
+
+def _extras(record: logging.LogRecord) -> dict[str, object]:
+    return {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS}
+
+
 def _trace_ids() -> tuple[str, str] | None:
     context = trace.get_current_span().get_span_context()
     if not context.is_valid:
@@ -36,6 +74,9 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        extras = _extras(record)
+        if extras:
+            line += " " + " ".join(f"{k}={v}" for k, v in extras.items())
         ids = _trace_ids()
         return line if ids is None else f"{line} trace_id={ids[0]} span_id={ids[1]}"
 
@@ -53,8 +94,8 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             **self._static,
         }
-        for name, value in vars(record).items():
-            if name not in _RECORD_FIELDS and name not in entry:
+        for name, value in _extras(record).items():
+            if name not in entry:
                 entry[name] = value if isinstance(value, str | int | float | bool) else str(value)
         ids = _trace_ids()
         if ids is not None:

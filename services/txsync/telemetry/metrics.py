@@ -143,6 +143,24 @@ class Metrics:
 
         self.meter.create_observable_counter(name, callbacks=[callback], description=description)
 
+    def labelled_gauge(
+        self,
+        name: str,
+        description: str,
+        read: Callable[[], Mapping[str, float]],
+        label: str,
+        unit: str = "",
+    ) -> None:
+        """A gauge per ``label`` value (a worker, a peer), read when scraped: ``read``
+        gives each value's reading."""
+
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(v, {label: key}) for key, v in read().items()]
+
+        self.meter.create_observable_gauge(
+            name, callbacks=[callback], description=description, unit=unit
+        )
+
     def gauges(self, gauges: Iterable[Gauge]) -> None:
         for gauge in gauges:
             self.meter.create_observable_gauge(

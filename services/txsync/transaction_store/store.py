@@ -40,6 +40,7 @@ from txsync.settings import (
 )
 from txsync.shares import Shares
 from txsync.telemetry import work
+from txsync.telemetry.logs import event as log_event
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
 from txsync.transaction_store.tx_tracing import (
@@ -446,7 +447,7 @@ class TransactionStore:
         store.recovery = await work.in_thread(store.files.recover, store._replay)
         if store.recovery.torn_tail is not None:
             alarm = f"txlog torn tail at start-up: {store.recovery.torn_tail}"
-            log.warning("%s", alarm)
+            log.warning("%s", alarm, extra=log_event("txlog.torn_tail"))
             store.alarms.append(alarm)
         store._writer.start()
         return store
@@ -1783,7 +1784,10 @@ class TransactionStore:
             # Nothing changed for recovery (a .tmp file is never read): the current
             # file still holds the dropped transactions, and the next rotation, or the
             # first after a restart, truncates them.
-            log.warning("txlog rotation abandoned before its commit")
+            log.warning(
+                "txlog rotation abandoned before its commit",
+                extra=log_event("txlog.rotation_abandoned"),
+            )
             raise
         async with self._lock:
             locked = time.monotonic()
@@ -1823,6 +1827,7 @@ class TransactionStore:
             len(early) + len(late),
             backups,
             len(deleted),
+            extra=log_event("txlog.rotated", truncated=len(dropped), kept=len(self.state.txs)),
         )
         return len(dropped), backups
 
@@ -1853,9 +1858,15 @@ class TransactionStore:
             await self._rotate(self.truncatable_below())
         except Exception:
             if self._closing.is_set():
-                log.info("txlog rotation abandoned: shutting down")
+                log.info(
+                    "txlog rotation abandoned: shutting down",
+                    extra=log_event("txlog.rotation_abandoned"),
+                )
             else:
-                log.exception("txlog rotation failed; the current file keeps growing")
+                log.exception(
+                    "txlog rotation failed; the current file keeps growing",
+                    extra=log_event("txlog.rotation_abandoned"),
+                )
         finally:
             self._rotating = False
 

@@ -49,6 +49,8 @@ from txsync.protocol import TxState
 from txsync.rpc import new_channel
 from txsync.settings import FEED_GATHER_MS_DEFAULT, PROGRESS_REPORT_S
 from txsync.telemetry import Gauge, Metrics
+from txsync.telemetry.lag_clock import LagClock
+from txsync.telemetry.logs import event as log_event
 from txsync.v1 import (
     common_pb2,
     store_pb2,
@@ -183,6 +185,12 @@ class Dispatch:
                 label="outcome",
             )
             metrics.gauges(self._gauges())
+            metrics.labelled_gauge(
+                "txsync.worker.lag",
+                "seconds since the store's feed first had a position this worker has not "
+                "applied yet (0: none), per healthy worker",
+                self._worker_lags, label="worker", unit="s",
+            )  # fmt: skip
         self._changed = asyncio.Event()
         self._first_beats = asyncio.Event()
         """Set once every worker was asked once: the testing role is chosen among all."""
@@ -195,6 +203,8 @@ class Dispatch:
         self.history_from = 0
         """The first synced position the store still holds (0: not known yet); a worker
         behind it cannot replay the log (``report_progress``)."""
+        self.feed_clock = LagClock()
+        """When each position first came from the store's feed (``txsync_worker_lag``)."""
 
     def _gauges(self) -> list[Gauge]:
         def healthy() -> float:
@@ -213,6 +223,13 @@ class Dispatch:
                 lowest_position,
             ),
         ]
+
+    def _worker_lags(self) -> dict[str, float]:
+        now = time.monotonic()
+        healthy = [w for w in self.workers.values() if w.healthy]
+        if healthy:
+            self.feed_clock.forget_up_to(min(w.position for w in healthy))
+        return {w.worker_id: self.feed_clock.seconds_behind(w.position, now) for w in healthy}
 
     def _link(self, worker_id: str, address: str) -> WorkerLink:
         channel = new_channel(address, as_service=True)
@@ -306,7 +323,10 @@ class Dispatch:
             )
             return
         if event is Event.DEAD:
-            log.warning("worker %s missed heartbeats for %.0f s: out", link.worker_id, DEAD_AFTER_S)
+            log.warning(
+                "worker %s missed heartbeats for %.0f s: out", link.worker_id, DEAD_AFTER_S,
+                extra=log_event("worker.dead", worker=link.worker_id),
+            )  # fmt: skip
         elif event is Event.STUCK:
             log.warning(
                 "worker %s is stuck: no outcome for %.0f s with %d in flight: out "
@@ -315,13 +335,17 @@ class Dispatch:
                 link.last_heartbeat_s - link.progressed_s,
                 self._in_flight(link),
                 link.stuck_backoff_s,
+                extra=log_event("worker.stuck", worker=link.worker_id),
             )
         elif event is Event.DRAINING:
             log.info("worker %s is draining: out", link.worker_id)
         elif event is Event.BACK:
             assert answer is not None
             link.position, link.state_digest = answer.position, answer.state_digest
-            log.info("worker %s healthy at position %d", link.worker_id, answer.position)
+            log.info(
+                "worker %s healthy at position %d", link.worker_id, answer.position,
+                extra=log_event("worker.healthy", worker=link.worker_id, position=answer.position),
+            )  # fmt: skip
             # Judged again from the position it reports now: a reason found while it was
             # away (or before it was heard from) may no longer hold.
             tester = self.workers.get(self.tester or "")
@@ -330,7 +354,10 @@ class Dispatch:
                 far_behind = snapshot_needed(tester.position, link.position)
             link.needs_snapshot = far_behind
             if far_behind:
-                log.warning("worker %s needs a snapshot: %s", link.worker_id, far_behind)
+                log.warning(
+                    "worker %s needs a snapshot: %s", link.worker_id, far_behind,
+                    extra=log_event("worker.needs_snapshot", worker=link.worker_id),
+                )  # fmt: skip
             self._mark_behind_history(link)
         self._changed.set()
 
@@ -373,7 +400,10 @@ class Dispatch:
             f"at position {link.position}, and the txlog holds only positions from "
             f"{self.history_from} on"
         )
-        log.warning("worker %s needs a snapshot: %s", link.worker_id, link.needs_snapshot)
+        log.warning(
+            "worker %s needs a snapshot: %s", link.worker_id, link.needs_snapshot,
+            extra=log_event("worker.needs_snapshot", worker=link.worker_id),
+        )  # fmt: skip
         return True
 
     # --- the pipeline -----------------------------------------------------------------
@@ -402,7 +432,10 @@ class Dispatch:
                 chosen = choose_testing_worker([w.worker_id for w in ready], self.tester)
                 tester = next(w for w in ready if w.worker_id == chosen)
                 if self.tester != tester.worker_id:
-                    log.warning("testing worker: %s", tester.worker_id)
+                    log.warning(
+                        "testing worker: %s", tester.worker_id,
+                        extra=log_event("worker.testing", worker=tester.worker_id),
+                    )  # fmt: skip
                 self.tester = tester.worker_id
                 try:
                     await self._pipeline(tester, [w for w in ready if w is not tester])
@@ -511,6 +544,8 @@ class Dispatch:
                     tx.position, tx.meta.tx_id, TxState(tx.state), tx.outcome.state_digest, apply
                 )
                 await self._carry_out(machine.entry(decided), queues, None)
+            if ready.txs:
+                self.feed_clock.reached(ready.txs[-1].position, time.monotonic())
 
     async def _carry_out(
         self,
@@ -548,7 +583,10 @@ class Dispatch:
                         self.finished["ok" if decided_by.ok else "failed"] += 1
                 case OutOfSync(worker=worker_id, reason=reason):
                     self.workers[worker_id].out_of_sync = reason
-                    log.error("OUT OF SYNC: worker %s: %s", worker_id, reason)
+                    log.error(
+                        "OUT OF SYNC: worker %s: %s", worker_id, reason,
+                        extra=log_event("worker.out_of_sync", worker=worker_id),
+                    )  # fmt: skip
                     raise _Restart(f"{worker_id} out of sync")
 
     async def _stream(self, worker: WorkerLink, machine: _Machine, queues: _Queues) -> None:
