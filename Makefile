@@ -13,7 +13,7 @@ BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 PREVIOUS_RELEASE := $(shell sed -n 's/^previous-release-commit = "\([0-9a-f]*\)"/\1/p' pyproject.toml)
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-verify bench-startup bench-client bench-soak clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-verify bench-startup bench-client bench-soak dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -33,7 +33,7 @@ $(BUF):
 	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
 
 run: venv  ## the main job: a local 3-DC cluster of real processes (Ctrl-C stops it)
-	$(BIN)/txsync dev up --data data
+	$(BIN)/txsync dev up --data data $(ARGS)
 
 sim-demo: venv  ## the protocol core on a simulated 3-DC cluster, through every fault mix
 	$(BIN)/txsync sim --nodes 3 --seeds 200
@@ -76,6 +76,10 @@ pipeline-demo: venv  ## every Spark job on a live local cluster; prints where th
 bench: venv  ## TxSync beside etcd and Galera at 0/10/50 ms RTT, then scaling: docs/benchmarks.md
 	scripts/ensure_system_packages.sh
 	$(BIN)/python -m bench.suite
+
+dashboard: venv  ## the chart's Grafana dashboard drawn from Prometheus over a loaded dev cluster
+	scripts/ensure_system_packages.sh
+	$(BIN)/python -m bench.dashboard
 
 bench-rpcs: venv  ## work per transaction by service: gRPC messages, fsyncs, log entries, CPU
 	$(BIN)/python -m bench.rpc_counts
