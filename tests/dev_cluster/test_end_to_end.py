@@ -249,11 +249,11 @@ def _check_metrics(dcs: dict[str, Any]) -> None:
         )
         # Plausible quantiles: a submit is ordered within rounds, not seconds, on this
         # loaded machine too (30 s is the client's whole deadline); an fsync takes under
-        # a second; a round is between 1 ms and the 30 s of the largest bucket.
+        # a second; a round is under the 30 s of the largest bucket.
         accepted_p50 = quantile(store, timed, 0.5, state="accepted")
         assert 0 < accepted_p50 <= quantile(store, timed, 0.5, state="ok") <= 30
         assert 0 < quantile(store, "txsync_txlog_fsync_duration_seconds", 0.5) < 1
-        assert 0.001 <= quantile(coordinator, "txsync_round_duration_seconds", 0.5) < 30
+        assert 0 < quantile(coordinator, "txsync_round_duration_seconds", 0.5) < 30
         submits = quantile(store, "grpc_server_handling_seconds", 0.99,
                            grpc_service="txsync.v1.ClientService", grpc_code="OK")  # fmt: skip
         assert 0 < submits <= 30
