@@ -45,7 +45,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from txsync.telemetry import work
-from txsync.telemetry.histograms import SECONDS_BUCKETS, process_histogram
+from txsync.telemetry.histograms import SECONDS_BUCKETS, PlainHistogram, process_wide
 from txsync.telemetry.tracing import tracing_configured
 
 
@@ -176,12 +176,12 @@ CALL_TYPES = {
 }
 """``grpc_type`` of a method, by (client streaming, server streaming)."""
 
-CALLS_HANDLED = process_histogram(
+CALLS_HANDLED = process_wide(PlainHistogram(
     "grpc.server.handling", "gRPC calls this process's servers handled, by status code: "
     "their time from the handler's start to its answer (a stream's whole life)",
     "s", SECONDS_BUCKETS, labels=("grpc_type", "grpc_service", "grpc_method", "grpc_code"),
     counted_as="grpc.server.handled",
-)  # fmt: skip
+))  # fmt: skip
 
 
 def _status_name(context: grpc.aio.ServicerContext[Any, Any], error: BaseException | None) -> str:

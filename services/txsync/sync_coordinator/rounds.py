@@ -23,6 +23,7 @@ from txsync.protocol import RoundEffect, RoundEnded, RoundOutcome, RoundStarted
 from txsync.telemetry import (
     SECONDS_BUCKETS,
     Metrics,
+    PlainHistogram,
     current_traceparent,
     span_context_of,
     tracer,
@@ -64,9 +65,11 @@ class RoundTracker:
             metrics.observed_counter(
                 "txsync.round.added", "metas ADDed by rounds", lambda: self.added
             )
-            self._duration = metrics.histogram(
-                "txsync.round.duration", "round duration, POST to MERGE", "s", SECONDS_BUCKETS,
-                labels=("outcome",),
+            self._duration = metrics.add_histogram(
+                PlainHistogram(
+                    "txsync.round.duration", "round duration, POST to MERGE", "s",
+                    SECONDS_BUCKETS, labels=("outcome",),
+                )
             )  # fmt: skip
 
     def peer_round(self, sender: str, traceparent: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -105,20 +105,11 @@ class Metrics:
     def counter(self, name: str, description: str, unit: str = "") -> Counter:
         return self.meter.create_counter(name, unit=unit, description=description)
 
-    def histogram(
-        self,
-        name: str,
-        description: str,
-        unit: str,
-        boundaries: Sequence[float],
-        *,
-        labels: Sequence[str] = (),
-    ) -> PlainHistogram:
-        """A histogram with bucket ``boundaries`` that fit what it measures, in ``unit``
-        (the SDK's default, 0, 5, 10, 25 ... 10000, is made for milliseconds: a round of
-        20 ms recorded in seconds fell in its first bucket, so every quantile read about
-        2.5 s), recorded with one value per name in ``labels``."""
-        histogram = PlainHistogram(name, description, unit, boundaries, labels=labels)
+    def add_histogram(self, histogram: PlainHistogram) -> PlainHistogram:
+        """Export ``histogram`` with this object's metrics. Its buckets fit what it
+        measures: the SDK's default (0, 5, 10, 25 ... 10000) is made for milliseconds, and
+        a round of 20 ms recorded in seconds fell in its first bucket, so every quantile
+        read about 2.5 s."""
         self._histograms.own.append(histogram)
         return histogram
 

@@ -21,16 +21,18 @@ from collections.abc import Collection, Iterable
 
 from txsync.protocol import TxState
 from txsync.telemetry import SECONDS_BUCKETS, context_of, tracer
-from txsync.telemetry.histograms import process_histogram
+from txsync.telemetry.histograms import PlainHistogram, process_wide
 from txsync.transaction_store.state import Moved, StoreState, TxRecord
 
-SUBMIT_TO_STATE = process_histogram(
-    "txsync.submit.duration",
-    "this DC's submits: time from INCOMING (the submit made durable) to each later "
-    "state, by state (accepted, ok, failed)",
-    "s",
-    SECONDS_BUCKETS,
-    labels=("state",),
+SUBMIT_TO_STATE = process_wide(
+    PlainHistogram(
+        "txsync.submit.duration",
+        "this DC's submits: time from INCOMING (the submit made durable) to each later "
+        "state, by state (accepted, ok, failed)",
+        "s",
+        SECONDS_BUCKETS,
+        labels=("state",),
+    )
 )
 _TIMED_STATES = {
     TxState.ACCEPTED: "accepted", TxState.OK: "ok", TxState.FAILED: "failed",

@@ -25,7 +25,7 @@ from opentelemetry.trace import StatusCode
 from txsync.rpc import MalformedRequest, ServiceError, abort, answers_errors, check_request
 from txsync.shares import Shares, caller_of
 from txsync.telemetry import SECONDS_BUCKETS, context_of, tracer, work
-from txsync.telemetry.histograms import process_histogram
+from txsync.telemetry.histograms import PlainHistogram, process_wide
 from txsync.v1 import common_pb2, worker_pb2
 from txsync.worker.backend import (
     APPLY_BATCH_MAX,
@@ -79,15 +79,15 @@ def _transaction_of(encoded: bytes) -> Transaction:
         ) from None
 
 
-APPLY_SECONDS = process_histogram(
+APPLY_SECONDS = process_wide(PlainHistogram(
     "txsync.worker.apply.duration",
     "time to apply each batch of transactions to the database, commit included",
     "s", SECONDS_BUCKETS,
-)  # fmt: skip
-APPLY_BATCH_SIZE = process_histogram(
+))  # fmt: skip
+APPLY_BATCH_SIZE = process_wide(PlainHistogram(
     "txsync.worker.apply.batch_size", "transactions per batch applied", "",
     tuple(float(2**k) for k in range(11)),
-)  # fmt: skip
+))  # fmt: skip
 
 
 async def _read_into(

@@ -17,7 +17,12 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from txsync.telemetry import work
-from txsync.telemetry.histograms import BYTES_BUCKETS, DISK_SECONDS_BUCKETS, process_histogram
+from txsync.telemetry.histograms import (
+    BYTES_BUCKETS,
+    DISK_SECONDS_BUCKETS,
+    PlainHistogram,
+    process_wide,
+)
 from txsync.transaction_store.txlog.framing import (
     FRAME_PAYLOAD_BYTES_MAX,
     HEADER,
@@ -73,15 +78,19 @@ def _backup_stamp(path: Path) -> int | None:
     return int(stamp) if stamp.isdigit() else None
 
 
-FSYNC_SECONDS = process_histogram(
-    "txsync.txlog.fsync.duration",
-    "time of each fsync of the current log file after an append (what every write of "
-    "the store waits for; etcd's wal_fsync_duration_seconds)",
-    "s",
-    DISK_SECONDS_BUCKETS,
+FSYNC_SECONDS = process_wide(
+    PlainHistogram(
+        "txsync.txlog.fsync.duration",
+        "time of each fsync of the current log file after an append (what every write of "
+        "the store waits for; etcd's wal_fsync_duration_seconds)",
+        "s",
+        DISK_SECONDS_BUCKETS,
+    )
 )
-FSYNC_BYTES = process_histogram(
-    "txsync.txlog.fsync.size", "bytes appended to the log file per fsync", "By", BYTES_BUCKETS
+FSYNC_BYTES = process_wide(
+    PlainHistogram(
+        "txsync.txlog.fsync.size", "bytes appended to the log file per fsync", "By", BYTES_BUCKETS
+    )
 )
 
 
