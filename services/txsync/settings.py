@@ -27,6 +27,7 @@ from txsync.worker.backend import (
     CONTENT_CHECK_EVERY_DEFAULT,
     GROWTH_BYTES_MAX_DEFAULT,
     HEAP_BYTES_MAX_DEFAULT,
+    KEY_WINDOW_S_MOST,
     STATEMENT_TIMEOUT_MS_DEFAULT,
     STEPS_MAX_DEFAULT,
     VALUE_BYTES_MAX_DEFAULT,
@@ -41,7 +42,10 @@ LOG_FILE_BYTES_MAX_DEFAULT = 16 << 20
 HISTORY_KEPT_DEFAULT = 2_000
 HISTORY_KEPT_MS_DEFAULT = 10_000
 BACKUPS_KEPT_DEFAULT = 2
-"""The store's defaults (``StoreConfig`` takes them from here)."""
+IDEMPOTENCY_WINDOW_S_DEFAULT = 3_600
+"""The store's defaults (``StoreConfig`` takes them from here). The idempotency window
+costs every worker a row per keyed transaction within it (~150 bytes with the client's
+36-character keys, measured): an hour at 500 a second is 1.8M rows, ~270 MB."""
 PROGRESS_REPORT_S = 1.0
 """How often the sync-coordinator (the peers' synced lengths) and worker-dispatch (the
 workers' lowest position) report progress to their store (``ReportProgress``), which
@@ -207,6 +211,17 @@ STORE_LIMITS: tuple[Setting, ...] = (
         "directory; a rotation deletes older ones",
         "retired txlog files (`bak-*.dat`) kept; older ones are deleted at rotation",
         unit="files", least=0,
+    ),
+    Setting(
+        "idempotency_window_s", IDEMPOTENCY_WINDOW_S_DEFAULT,
+        "every worker of every DC remembers the idempotency key of a submit taken here for "
+        "this long after this DC took it, besides the 262,144 positions after it (the "
+        "longer wins): a retry with the key within it, at any DC, runs nothing. Costs each "
+        "worker's database about 150 bytes per keyed transaction within it (every client "
+        "submit has a key); 0: positions only",
+        "how long every worker remembers the keys of submits taken here, besides 262,144 "
+        "positions (each worker's database: ~150 bytes per keyed transaction within it)",
+        unit="s", least=0, most=KEY_WINDOW_S_MOST,
     ),
 )  # fmt: skip
 

@@ -10,7 +10,7 @@ import signal
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
@@ -155,6 +155,24 @@ def test_one_key_at_two_dcs_at_once_has_one_effect(cluster_file: Path) -> None:
         counted = one.query(f"SELECT count(*) FROM {table}", after=first.tx_id)
         assert counted.rows == ((1,),)
         _each_dc_records_one_duplicate(cluster_file, first.tx_id, key)
+
+
+def test_a_keys_time_window_is_the_taking_dcs_and_travels_to_every_dc(
+    cluster_file: Path,
+) -> None:
+    """Every worker remembers a key for the window of the DC that took the submit (the
+    dev cluster's default, an hour), counted from when that DC took it: the window is
+    in the body, so every DC reads the same (issue 50)."""
+    with Client(str(cluster_file), dc="dc1") as one, Client(str(cluster_file), dc="dc3") as three:
+        table = _table(one)
+        sent = one.submit(f"INSERT INTO {table} VALUES (?, ?)", 7, "kept", wait="ok")
+        here = one.get(sent.tx_id, body=True)
+        taken = next(t.at for t in here.history if t.state is State.INCOMING)
+        assert here.key_remembered_until == taken + timedelta(hours=1)
+        three.wait(sent.tx_id, "ok")
+        there = three.get(sent.tx_id, body=True)
+        assert there.key_remembered_until == here.key_remembered_until
+        assert one.get(sent.tx_id).key_remembered_until is None, "shown with the body only"
 
 
 def _each_dc_records_one_duplicate(cluster_file: Path, first_id: str, key: str) -> None:

@@ -50,6 +50,7 @@ def test_dev_up_runs_a_cluster_that_takes_submits_and_resumes(tmp_path: Path) ->
         status = txsync("status", "--endpoints", cluster)
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("MAJORITY") == 3 and status.stdout.count(" yes") == 3
+        assert status.stdout.count("1h or 262,144") == 3, "each DC's idempotency window"
         workers = txsync("workers", "--endpoints", cluster, "-o", "json")
         assert workers.returncode == 0, workers.stderr
         listed = json.loads(workers.stdout)

@@ -434,6 +434,35 @@ def test_an_idempotency_key_with_another_body_is_refused(tmp_path: Path) -> None
     _run(tmp_path, scenario)
 
 
+def test_a_keyed_body_carries_this_dcs_key_window_and_time(tmp_path: Path) -> None:
+    """Every worker remembers a key for the window the store that took it wrote into its
+    body, after the time it took it (issue 50), whatever the client sent. A retry here,
+    later, is still the same body: it is compared with the first's time."""
+
+    async def scenario(store: TransactionStore) -> None:
+        asked_for_more = _body()
+        asked_for_more.key_window_ms = 10**12
+        asked_for_more.key_taken_unix_ms = 1
+        before_ms = time.time_ns() // 1_000_000
+        first = await store.submit(asked_for_more, "k")
+        body = await store.read_body(first.tx_id)
+        assert body is not None and body.key_window_ms == 90_000
+        assert before_ms <= body.key_taken_unix_ms <= time.time_ns() // 1_000_000
+        record = store.state.txs[first.tx_id]
+        assert record.history[0].at_unix_ms == body.key_taken_unix_ms
+        while time.time_ns() // 1_000_000 <= body.key_taken_unix_ms:
+            await asyncio.sleep(0.001)  # a later call, with another time of its own
+        again = await store.submit(_body(), "k")
+        assert again.tx_id == first.tx_id and not again.created
+        with pytest.raises(StoreError, match="whose body differs"):
+            await store.submit(_body("INSERT INTO t VALUES (2)"), "k")
+        unkeyed = await store.submit(_body("INSERT INTO t VALUES (3)"))
+        read = await store.read_body(unkeyed.tx_id)
+        assert read is not None and (read.key_window_ms, read.key_taken_unix_ms) == (0, 0)
+
+    _run(tmp_path, scenario, idempotency_window_ms=90_000)
+
+
 def test_a_watch_that_does_not_read_is_dropped_not_buffered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,6 +3,8 @@ digests, reads."""
 
 from __future__ import annotations
 
+import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -215,6 +217,87 @@ def test_a_later_transaction_with_a_key_runs_nothing_and_names_the_first(
     ran = [plain.apply(n, f"tx{n}", Transaction(b.statements)) for n, b in enumerate(history, 1)]
     assert ran[1].state_digest == outcomes[1].state_digest, "a key alone changes nothing"
     assert ran[2].state_digest != outcomes[2].state_digest
+
+
+def test_a_key_is_remembered_for_its_time_window_when_that_is_longer(
+    open_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key is remembered for ``KEYS_REMEMBERED`` positions or until the order's clock
+    (the latest key time applied) passes the time its store took it plus its window,
+    whichever is longer (issue 50): a queue redelivering after many positions but
+    within the window applies nothing twice. The clock never goes back, a key without a
+    window goes by positions only, and pruning at every other position changes no
+    verdict."""
+    tester, follower = open_backend("t"), open_backend("f")
+    monkeypatch.setattr(backend_module, "KEYS_REMEMBERED", 2)
+    monkeypatch.setattr(sys.modules[type(tester).__module__], "KEYS_PRUNE_EVERY", 2)
+    start_ms = 1_800_000_000_000
+
+    def at(seconds: int, key: str = "", window_s: int = 0) -> Transaction:
+        """A deposit with ``key``, taken by a store at ``seconds`` (a key's time)."""
+        deposit = Statement("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+        return Transaction((deposit,), key, 0, window_s * 1000, start_ms + seconds * 1000)
+
+    order = [
+        ("schema", Transaction((Statement(SCHEMA), Statement(INSERT, (1, 0))))),
+        ("a", at(0, "a", window_s=60)),
+        ("", at(10)),
+        ("", at(20)),
+        ("a again", at(30, "a", window_s=60)),  # 3 positions on, within 60 s: a duplicate
+        ("", at(61, "c", window_s=60)),  # the clock passes a's window...
+        ("", at(1, "d", window_s=60)),  # ...and an older time does not take it back
+        ("a late", at(0, "a", window_s=60)),  # past both: runs, and holds the key now
+        ("a at once", at(0, "a", window_s=60)),  # by positions: a duplicate of "a late"
+        ("b", at(62, "b")),  # no window: positions only
+        ("", at(63)),
+        ("", at(64)),
+        ("b again", at(62, "b")),
+    ]
+    outcomes = [tester.apply(n, f"tx{n}", body) for n, (_, body) in enumerate(order, start=1)]
+    duplicates = {label: o.duplicate_of for (label, _), o in zip(order, outcomes, strict=True)}
+    assert duplicates["a again"] == "tx2"
+    assert duplicates["a late"] == "" and duplicates["a at once"] == "tx8"
+    assert duplicates["b again"] == ""
+    read = tester.query(Statement("SELECT balance FROM accounts WHERE id = 1"), 20)
+    assert read.rows == ((len(order) - 1 - 2,),), "every deposit but the two duplicates"
+    twins = [
+        follower.apply(n, f"tx{n}", body, run=outcome.ok)
+        for (n, (_, body)), outcome in zip(enumerate(order, start=1), outcomes, strict=True)
+    ]
+    assert [(o.duplicate_of, o.state_digest) for o in twins] == [
+        (o.duplicate_of, o.state_digest) for o in outcomes
+    ]
+
+
+_SQLITE_BOOKKEEPING_BEFORE_KEY_WINDOWS = """
+CREATE TABLE _txsync_applied (id INTEGER PRIMARY KEY CHECK (id = 1), position INTEGER NOT NULL,
+    tx_id TEXT NOT NULL, state_digest BLOB NOT NULL);
+INSERT INTO _txsync_applied VALUES (1, 1, 'tx1', zeroblob(32));
+CREATE TABLE _txsync_outcomes (position INTEGER PRIMARY KEY, tx_id TEXT NOT NULL,
+    ok INTEGER NOT NULL, rows_affected TEXT NOT NULL, state_digest BLOB NOT NULL,
+    error TEXT NOT NULL, duplicate_of TEXT NOT NULL DEFAULT '');
+CREATE TABLE _txsync_keys (key TEXT PRIMARY KEY, tx_id TEXT NOT NULL,
+    position INTEGER NOT NULL, ok INTEGER NOT NULL);
+INSERT INTO _txsync_keys VALUES ('k', 'tx1', 1, 1);
+"""
+
+
+def test_a_sqlite_database_of_the_version_before_key_windows_opens_and_keeps_its_keys(
+    tmp_path: Path,
+) -> None:
+    """A worker upgraded in place finds bookkeeping without the order's clock and the
+    keys' windows: the columns are added (0: positions only, as before), the keys it
+    recorded still make duplicates, and it opens again as it is."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_SQLITE_BOOKKEEPING_BEFORE_KEY_WINDOWS)
+    upgraded = SqliteBackend(path)
+    retry = upgraded.apply(2, "tx2", Transaction((Statement("SELECT 1"),), "k", 0, 1000, 5))
+    assert retry.duplicate_of == "tx1" and retry.ok
+    upgraded.close()
+    again = SqliteBackend(path)
+    assert again.applied().position == 2
+    again.close()
 
 
 def test_statements_with_rows_apply_and_count_their_rows(open_backend: BackendFactory) -> None:

@@ -29,6 +29,7 @@ from txsync.cli.connect import (
     target,
 )
 from txsync.v1 import admin_pb2, admin_pb2_grpc
+from txsync.worker.backend import KEYS_REMEMBERED
 
 WORKERS_SCALE_MAX = 64
 
@@ -72,7 +73,22 @@ def dc_report(status: admin_pb2.DcStatus) -> dict[str, Any]:
             "held_by": status.retention.held_by,
             "truncated_total": status.retention.truncated_total,
         },
+        "idempotency": {
+            "window_s": status.retention.idempotency_window.ToMilliseconds() / 1000,
+            "positions": KEYS_REMEMBERED,
+        },
     }
+
+
+def _keys_kept(idempotency: dict[str, float]) -> str:
+    """How long a DC's keys are remembered, as the table shows it: ``1h or 262,144``."""
+    seconds = int(idempotency["window_s"])
+    shown = next(
+        (f"{seconds // size}{unit}" for size, unit in ((86_400, "d"), (3_600, "h"), (60, "m"))
+         if seconds and seconds % size == 0),
+        f"{seconds}s",
+    )  # fmt: skip
+    return f"{shown} or {int(idempotency['positions']):,}"
 
 
 def _get_status(options: argparse.Namespace, asked: Target, cluster: bool) -> list[Any]:
@@ -102,13 +118,14 @@ def run_status(options: argparse.Namespace) -> int:
         print(json.dumps(reports, indent=2))
     else:
         rows = [("DC", "QUORUM", "MODE", "VIEW", "MEMBERS", "SYNCED", "LAG", "INCOMING",
-                 "WORKERS", "HISTORY", "HEALTHY")]  # fmt: skip
+                 "WORKERS", "HISTORY", "KEYS KEPT", "HEALTHY")]  # fmt: skip
         for r in reports:
             rows.append((
                 r["dc"], r["quorum"], r["mode"], str(r["view"]), ",".join(r["members"]),
                 str(r["synced"]), str(r["lag"]), str(r["incoming"]),
                 f"{r['workers_healthy']}/{r['workers_total']}",
-                f"{r['retention']['history_from']}-", "yes" if r["healthy"] else "no",
+                f"{r['retention']['history_from']}-", _keys_kept(r["idempotency"]),
+                "yes" if r["healthy"] else "no",
             ))  # fmt: skip
         print_table(rows)
         for r in reports:

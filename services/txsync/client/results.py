@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 
 from txsync.v1 import client_pb2, common_pb2
@@ -118,6 +118,11 @@ class TxInfo:
     history: tuple[Transition, ...]
     outcome: Outcome | None
     traceparent: str
+    key_remembered_until: datetime | None = None
+    """With ``body=True`` and a key: every worker remembers the key (a retry with it,
+    at any DC, runs nothing) until at least this time, and for 262,144 positions
+    besides, whichever is longer (the ``--idempotency-window-s`` of the DC that took
+    it); None: by positions only, or the body was not asked for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +213,17 @@ def tx_info_of(answer: client_pb2.GetResponse) -> TxInfo:
         ),
         outcome=outcome_of(answer.outcome) if answer.HasField("outcome") else None,
         traceparent=answer.traceparent,
+        key_remembered_until=_key_remembered_until(answer.body),
     )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _key_remembered_until(body: common_pb2.TxBody) -> datetime | None:
+    if not (body.key_taken_unix_ms and body.key_window_ms):
+        return None
+    return _EPOCH + timedelta(milliseconds=body.key_taken_unix_ms + body.key_window_ms)
 
 
 def query_result_of(answer: client_pb2.QueryResponse) -> QueryResult:

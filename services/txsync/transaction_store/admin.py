@@ -235,6 +235,7 @@ def _retention(store: TransactionStore) -> admin_pb2.Retention:
     )
     if progress.last_rotation_ms:
         retention.last_rotation.FromMilliseconds(progress.last_rotation_ms)
+    retention.idempotency_window.FromMilliseconds(store.config.idempotency_window_ms)
     return retention
 
 

@@ -33,6 +33,7 @@ from txsync.settings import (
     FOLLOW_GATHER_MS_MOST,
     HISTORY_KEPT_DEFAULT,
     HISTORY_KEPT_MS_DEFAULT,
+    IDEMPOTENCY_WINDOW_S_DEFAULT,
     INCOMING_TXS_MAX_DEFAULT,
     LOG_FILE_BYTES_MAX_DEFAULT,
     OPEN_BODY_BYTES_MAX_DEFAULT,
@@ -77,6 +78,17 @@ def _wall_clock_us() -> int:
     return time.time_ns() // 1_000
 
 
+def _retry_digest(body: common_pb2.TxBody, first: TxRecord, digest: bytes) -> bytes:
+    """The digest of ``body`` as a retry of ``first`` (the submit taken here with its
+    key): with the first's time (``key_taken_unix_ms``, its INCOMING step's), not this
+    call's, which is all that may differ between the two as the store wrote them."""
+    taken_ms = next((s.at_unix_ms for s in first.history if s.state is TxState.INCOMING), 0)
+    if not taken_ms or not body.key_taken_unix_ms or taken_ms == body.key_taken_unix_ms:
+        return digest
+    body.key_taken_unix_ms = taken_ms
+    return body_digest(body.SerializeToString())
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoreConfig:
     data_dir: Path
@@ -107,6 +119,11 @@ class StoreConfig:
     not know ends at its timeout)."""
     backups_kept: int = BACKUPS_KEPT_DEFAULT
     """Retired log files (``bak-``) kept after a rotation; older ones are deleted."""
+    idempotency_window_ms: int = IDEMPOTENCY_WINDOW_S_DEFAULT * 1000
+    """Written into every keyed body taken here (``TxBody.key_window_ms``): how long
+    after the transaction's time every worker remembers its key, besides the positions
+    (``worker.backend.KEYS_REMEMBERED``). In the body, not in each worker's settings, so
+    that every worker of every DC draws the line at the same transaction."""
     allow_nondeterministic: bool = False
     """Accept statements whose result depends on the worker (random(), 'now', ...)."""
     witness: bool = False
@@ -589,8 +606,8 @@ class TransactionStore:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def _entry(self, **kwargs: object) -> txlog_pb2.LogEntry:
-        return txlog_pb2.LogEntry(at_unix_ms=_now_ms(), **kwargs)  # type: ignore[arg-type]
+    def _entry(self, at_unix_ms: int = 0, **kwargs: object) -> txlog_pb2.LogEntry:
+        return txlog_pb2.LogEntry(at_unix_ms=at_unix_ms or _now_ms(), **kwargs)  # type: ignore[arg-type]
 
     # --- client API ----------------------------------------------------------------------
 
@@ -658,6 +675,7 @@ class TransactionStore:
             except StoreError as full:
                 return [full] * len(submits)
         prepared: list[tuple[str, bytes] | StoreError] = []
+        taken_ms = _now_ms()  # each keyed body's and its INCOMING step's (a retry's check)
         for (body, _, _), key in zip(submits, keys, strict=True):
             if key and body.idempotency_key != key:
                 # The key travels with the body, so that every DC can tell a retry made
@@ -669,6 +687,10 @@ class TransactionStore:
                     ))  # fmt: skip
                     continue
                 body.idempotency_key = key
+            # This DC's window and clock, whatever the client sent; a retry here is
+            # compared as if given the first's (``_retry_digest``).
+            body.key_window_ms = self.config.idempotency_window_ms if key else 0
+            body.key_taken_unix_ms = taken_ms if key else 0
             encoded = body.SerializeToString()
             work.count(work.BODY_ENCODES)
             try:
@@ -695,7 +717,7 @@ class TransactionStore:
             local_seq = self.state.local_seq
             batch_keys: dict[str, str] = {}
             batch_digests: dict[str, bytes] = {}
-            for (_, _, traceparent), key, item in zip(submits, keys, prepared, strict=True):
+            for (body, _, traceparent), key, item in zip(submits, keys, prepared, strict=True):
                 if isinstance(item, StoreError):
                     results.append(item)
                     continue
@@ -707,6 +729,8 @@ class TransactionStore:
                 if existing is not None:
                     record = self.state.txs.get(existing)
                     first_digest = record.body_digest if record else batch_digests.get(key)
+                    if record is not None and first_digest != digest:
+                        digest = _retry_digest(body, record, digest)
                     if first_digest and first_digest != digest:
                         results.append(StoreError(
                             grpc.StatusCode.ALREADY_EXISTS,
@@ -733,6 +757,7 @@ class TransactionStore:
                 local_seq += 1
                 entries.append(
                     self._entry(
+                        at_unix_ms=taken_ms,
                         submitted=txlog_pb2.TxSubmitted(
                             tx_id=tx_id,
                             idempotency_key=key,
@@ -744,7 +769,7 @@ class TransactionStore:
                             membership=admin,
                             ts=stamp,
                             local_seq=local_seq,
-                        )
+                        ),
                     )
                 )
                 self._unfiled[tx_id] = encoded

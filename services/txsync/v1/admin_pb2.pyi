@@ -263,6 +263,7 @@ class Retention(_message.Message):
     HELD_BY_FIELD_NUMBER: _builtins.int
     TRUNCATED_TOTAL_FIELD_NUMBER: _builtins.int
     LAST_ROTATION_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_WINDOW_FIELD_NUMBER: _builtins.int
     history_from: _builtins.int
     """The first synced position still held (1 + what was truncated)."""
     truncatable_below: _builtins.int
@@ -277,6 +278,12 @@ class Retention(_message.Message):
     """Transactions truncated since the store started, and when the last rotation ended."""
     @_builtins.property
     def last_rotation(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def idempotency_window(self) -> _duration_pb2.Duration:
+        """How long an idempotency key of a submit taken here is remembered at least, besides
+        the 262,144 positions (`--idempotency-window-s`; docs/client.md, "Idempotency").
+        """
+
     def __init__(
         self,
         *,
@@ -286,14 +293,19 @@ class Retention(_message.Message):
         held_by: _builtins.str = ...,
         truncated_total: _builtins.int = ...,
         last_rotation: _timestamp_pb2.Timestamp | None = ...,
+        idempotency_window: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["last_rotation", b"last_rotation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "idempotency_window", b"idempotency_window", "last_rotation", b"last_rotation"
+    ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "held_by",
         b"held_by",
         "history_from",
         b"history_from",
+        "idempotency_window",
+        b"idempotency_window",
         "last_rotation",
         b"last_rotation",
         "truncatable_below",

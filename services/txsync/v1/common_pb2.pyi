@@ -487,6 +487,8 @@ class TxBody(_message.Message):
     MEMBERSHIP_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     NOW_UNIX_US_FIELD_NUMBER: _builtins.int
+    KEY_WINDOW_MS_FIELD_NUMBER: _builtins.int
+    KEY_TAKEN_UNIX_MS_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """Free-form client label kept with the transaction (at most 256 bytes)."""
     idempotency_key: _builtins.str
@@ -494,7 +496,8 @@ class TxBody(_message.Message):
     it so that it travels with the body: the first transaction with a key in the agreed
     order is applied, a later one with the same key is recorded at every DC as its
     duplicate (`Outcome.duplicate_of`) and runs nothing. Keys are remembered for the
-    262,144 positions after theirs (docs/client.md, "Idempotency").
+    262,144 positions after theirs, or for `key_window_ms` after `key_taken_unix_ms`,
+    whichever is longer (docs/client.md, "How long keys are remembered").
     """
     now_unix_us: _builtins.int
     """When the transaction was made, in microseconds since the Unix epoch (UTC), between
@@ -503,6 +506,14 @@ class TxBody(_message.Message):
     DEFAULT CURRENT_TIMESTAMP), so every replica computes the same. 0: none given, and
     a statement that reads the current time fails the transaction.
     """
+    key_window_ms: _builtins.int
+    """How long after `key_taken_unix_ms` the key is remembered at least, by the agreed
+    order's clock (the latest `key_taken_unix_ms` ordered so far), and when the store
+    that took the submit took it (its clock, milliseconds since the Unix epoch). Both
+    set by that store with a key (`--idempotency-window-s`), whatever the client sent,
+    else 0: the 262,144 positions only. A retry at that store is given the first's.
+    """
+    key_taken_unix_ms: _builtins.int
     @_builtins.property
     def statements(
         self,
@@ -521,12 +532,18 @@ class TxBody(_message.Message):
         membership: Global___MembershipChange | None = ...,
         idempotency_key: _builtins.str = ...,
         now_unix_us: _builtins.int = ...,
+        key_window_ms: _builtins.int = ...,
+        key_taken_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["membership", b"membership"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "idempotency_key",
         b"idempotency_key",
+        "key_taken_unix_ms",
+        b"key_taken_unix_ms",
+        "key_window_ms",
+        b"key_window_ms",
         "label",
         b"label",
         "membership",

@@ -16,12 +16,14 @@ OUTCOMES_KEPT = 4_096
 KEYS_REMEMBERED = 262_144
 """Positions for which a transaction's idempotency key is remembered after its own: a
 keyed transaction within this many positions of an earlier one with the same key is its
-duplicate and runs nothing; past it, it runs. Counted in positions, not time, so every
-worker of every DC draws the line at the same transaction (docs/client.md). At most
-about 60 MB of keys per database (a key is at most 128 bytes)."""
+duplicate and runs nothing. At most about 60 MB of keys per database (a key is at most
+128 bytes). A key is also remembered by time (``KeyWindow``); the longer wins."""
+KEY_WINDOW_S_MOST = 7 * 86_400
+"""The longest time window a body may ask for its key (``TxBody.key_window_ms``; the
+store's ``--idempotency-window-s`` is held to it, and a longer one read is cut to it)."""
 KEYS_PRUNE_EVERY = 4_096
-"""Keys past ``KEYS_REMEMBERED`` are deleted at every position divisible by this (the
-lookup checks the distance itself, so pruning late changes no verdict)."""
+"""Keys past both windows are deleted at every position divisible by this (the lookup
+checks both windows itself, so pruning late changes no verdict)."""
 RESULT_BYTES_MAX = 4 * 1024 * 1024
 """A query's rows are cut (``truncated``) past this many bytes of values."""
 APPLY_BATCH_MAX = 64
@@ -162,10 +164,43 @@ class FirstWithKey:
         return "" if self.ok else f"not run: a duplicate of {self.tx_id}, which failed"
 
 
-def keys_remembered_above(position: int) -> int:
-    """A key recorded at a position above this one still makes duplicates at
-    ``position``."""
-    return position - KEYS_REMEMBERED - 1
+@dataclass(frozen=True, slots=True)
+class KeyWindow:
+    """Which recorded keys still make duplicates at one position of the agreed order.
+
+    A key is remembered for ``KEYS_REMEMBERED`` positions after its transaction's, and
+    until the order's clock passes the time the store took it plus its window
+    (``TxBody.key_taken_unix_ms`` + ``key_window_ms``, recorded as ``kept_until_ms``),
+    whichever is longer. The order's clock is the latest ``key_taken_unix_ms`` applied
+    so far (a retry made elsewhere carries its own, so it moves the clock to its time).
+    Every input comes from the agreed order, so every worker of every DC draws the line
+    at the same transaction; and the clock never goes back, so a key past both windows
+    stays past them (pruning it late changes no verdict). The times are the stores'
+    clocks: the window assumes DCs whose clocks agree within seconds (NTP), and a DC
+    whose clock ran ahead would end other keys' windows early, never the positions."""
+
+    above_position: int
+    """A key recorded at a position above this is remembered..."""
+    clock_ms: int
+    """...and so is one kept until this time or later (at least 1: a key kept by
+    positions only, recorded as 0, is never kept by time)."""
+
+    @classmethod
+    def at(cls, position: int, clock_ms: int) -> KeyWindow:
+        return cls(position - KEYS_REMEMBERED - 1, max(clock_ms, 1))
+
+
+def order_clock_after(clock_ms: int, transaction: Transaction) -> int:
+    """The order's clock once ``transaction`` is applied (its key's time, if later)."""
+    return max(clock_ms, transaction.key_taken_unix_ms)
+
+
+def key_kept_until_ms(transaction: Transaction) -> int:
+    """Until when (the order's clock) the key of ``transaction`` is remembered by time;
+    0: by positions only (no time, or no window)."""
+    if transaction.key_taken_unix_ms <= 0 or transaction.key_window_ms <= 0:
+        return 0
+    return transaction.key_taken_unix_ms + min(transaction.key_window_ms, KEY_WINDOW_S_MOST * 1000)
 
 
 def collect_rows(

@@ -37,6 +37,11 @@ class Transaction:
     later one with the same key is recorded as its duplicate (``KeyedApply``)."""
     now_unix_us: int = 0
     """The transaction's current time for SQL (``TxBody.now_unix_us``; 0: none)."""
+    key_window_ms: int = 0
+    """How long after ``key_taken_unix_ms`` its key is remembered, besides the positions
+    (``TxBody.key_window_ms``, set by the store that took it; 0: positions only)..."""
+    key_taken_unix_ms: int = 0
+    """...and when that store took it (``backend.KeyWindow``)."""
 
 
 def param_from_proto(value: common_pb2.SqlValue) -> SqlParam:
@@ -56,6 +61,8 @@ def transaction_from_proto(body: common_pb2.TxBody) -> Transaction:
         tuple(statement_from_proto(s) for s in body.statements),
         body.idempotency_key,
         body.now_unix_us,
+        body.key_window_ms,
+        body.key_taken_unix_ms,
     )
 
 
@@ -75,6 +82,8 @@ def transaction_to_proto(transaction: Transaction) -> common_pb2.TxBody:
         ],
         idempotency_key=transaction.idempotency_key,
         now_unix_us=transaction.now_unix_us,
+        key_window_ms=transaction.key_window_ms,
+        key_taken_unix_ms=transaction.key_taken_unix_ms,
     )
 
 
