@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -395,6 +396,43 @@ def test_submits_refused_for_load_go_again_after_a_pause_key_or_no_key(tmp_path:
             assert 2 <= client.calls <= 6, "sent again after pauses of 0.25 s, doubling"
     finally:
         store.terminate()
+
+
+def test_a_client_follows_a_dc_that_moved_to_another_address(tmp_path: Path) -> None:
+    """A long-lived client outlives a DC that comes back elsewhere (a rescheduled pod's
+    new address): after a round in which no DC answered, it reads its cluster file (or
+    looks its DNS name up) again and goes on with what it finds."""
+    cluster_file = tmp_path / "cluster.json"
+
+    def publish(address: str) -> None:
+        cluster_file.write_text(json.dumps({"dcs": {"dc1": {"store": address}}}))
+
+    first, second, third = (transaction_store(tmp_path / n, "dc1") for n in ("a", "b", "c"))
+    first.start()
+    publish(first.address)
+    try:
+        with Client(str(cluster_file), timeout=60) as client:
+            assert client.submit("INSERT INTO t VALUES (1)", wait=None).created
+            first.terminate()
+            second.start()
+            publish(second.address)
+            moved = client.submit("INSERT INTO t VALUES (2)", wait=None)
+            assert moved.created and client.current.address == second.address
+            assert client.get(moved.tx_id).tx_id == moved.tx_id
+
+        async def the_async_client_too() -> None:
+            async with AsyncClient(str(cluster_file), timeout=60) as client:
+                await client.submit("INSERT INTO t VALUES (3)", wait=None)
+                second.terminate()
+                third.start()
+                publish(third.address)
+                await client.submit("INSERT INTO t VALUES (4)", wait=None)
+                assert client.current.address == third.address
+
+        asyncio.run(the_async_client_too())
+    finally:
+        for store in (first, second, third):
+            store.terminate()
 
 
 def test_keys_derived_from_the_callers_data_are_stable_and_distinct() -> None:

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any, Literal, overload
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, Literal, TypeVar, overload
 
 import grpc
 from google.protobuf.message import Message
 
 from txsync.client.batching import BATCH_MAX_DEFAULT, IN_FLIGHT_MAX_DEFAULT, SubmitBatcher
-from txsync.client.connection import Tls, channel_options, check_names, token_metadata
+from txsync.client.connection import (
+    Tls,
+    channel_options,
+    check_names,
+    located,
+    token_metadata,
+)
 from txsync.client.core import (
     ATTEMPT_S_DEFAULT,
     TIMEOUT_S_DEFAULT,
@@ -37,6 +43,8 @@ from txsync.client.results import (
     body_of,
 )
 from txsync.v1 import admin_pb2_grpc, client_pb2, client_pb2_grpc
+
+_T = TypeVar("_T")
 
 
 class AsyncClient:
@@ -84,6 +92,7 @@ class AsyncClient:
         self._core = Core(
             self.endpoints, self._transport, timeout=timeout, attempt_s=attempt_s,
             idempotent=idempotent, batch_max=batch_max,
+            locate=lambda: located(endpoints, dc, tls),
         )  # fmt: skip
 
     @property
@@ -299,6 +308,12 @@ class AioTransport:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    async def blocking(self, work: Callable[[], _T]) -> _T:
+        return await asyncio.to_thread(work)
+
+    async def reconnect(self) -> None:
+        await self.close()
 
     async def close(self) -> None:
         channels, self.channels = builtins.list(self.channels.values()), {}

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Literal, overload
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, TypeVar, overload
 
 import grpc
 from google.protobuf.message import Message
 
 from txsync.client.batching import BATCH_MAX_DEFAULT, IN_FLIGHT_MAX_DEFAULT, ThreadBatcher
-from txsync.client.connection import Tls, channel_options, check_names, token_metadata
+from txsync.client.connection import (
+    Tls,
+    channel_options,
+    check_names,
+    located,
+    token_metadata,
+)
 from txsync.client.core import (
     ATTEMPT_S_DEFAULT,
     TIMEOUT_S_DEFAULT,
@@ -43,6 +49,8 @@ from txsync.client.results import (
     body_of,
 )
 from txsync.v1 import admin_pb2_grpc, client_pb2, client_pb2_grpc
+
+_T = TypeVar("_T")
 
 
 class Client:
@@ -80,6 +88,7 @@ class Client:
         self._core = Core(
             self.endpoints, self._transport, timeout=timeout, attempt_s=attempt_s,
             idempotent=idempotent, batch_max=batch_max,
+            locate=lambda: located(endpoints, dc, tls),
         )  # fmt: skip
 
     @property
@@ -246,7 +255,7 @@ class SyncTransport:
         if stub is None:
             channel = self.channels.get(index)
             if channel is None:
-                endpoint = self.endpoints[index]
+                endpoint = self.endpoints[index % len(self.endpoints)]
                 options = channel_options(endpoint, self.tls)
                 channel = self.channels.setdefault(index, (
                     grpc.insecure_channel(endpoint.address, options=options)
@@ -270,6 +279,12 @@ class SyncTransport:
 
     async def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    async def blocking(self, work: Callable[[], _T]) -> _T:
+        return work()
+
+    async def reconnect(self) -> None:
+        self.close()
 
     def close(self) -> None:
         channels, self.channels = builtins.list(self.channels.values()), {}

@@ -5,12 +5,13 @@ layer: every CLI command pays for what it imports.)"""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from txsync.client.endpoints import Endpoint
+from txsync.client.endpoints import Endpoint, resolve
 
 MESSAGE_BYTES_MAX = 8 * 1024 * 1024
 TOKEN_ENV = "TXSYNC_TOKEN"
@@ -80,6 +81,16 @@ def check_names(tls: Tls | None, endpoints: list[Endpoint]) -> None:
     if tls is not None:
         for endpoint in endpoints:
             tls.name_for(endpoint)
+
+
+def located(
+    endpoints: str | Sequence[str] | None, prefer: str | None, tls: Tls | None
+) -> list[Endpoint]:
+    """``resolve`` again, as a client does after a round in which no DC answered (its
+    cluster file read again, its DNS name looked up again), with every TLS name."""
+    found = resolve(endpoints, prefer)
+    check_names(tls, found)
+    return found
 
 
 def channel_options(endpoint: Endpoint, tls: Tls | None) -> list[tuple[str, int | str]]:

@@ -12,7 +12,9 @@ answer (UNAVAILABLE, a deadline, a restart), refuses in a way another DC may not
 (FAILED_PRECONDITION, ...), or holds a submit ``attempt_s`` without ordering it while
 reporting that it is cut off from a majority, the call goes to the next DC, the same
 submit with the same idempotency key, with a growing pause after each round of all DCs,
-until the call's ``timeout``. The client then stays with the DC that answered.
+until the call's ``timeout``. The client then stays with the DC that answered. After a
+round in which none answered, the endpoints are found again (``Core.locate``), so that a
+DC that moved to another address is followed.
 
 Idempotency. Every submit carries a key (a random one unless given). A retry at the same
 DC is answered from the first submit; one at another DC is ordered too but runs nothing:
@@ -25,7 +27,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -113,6 +115,14 @@ class Transport(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
+    async def blocking(self, work: Callable[[], _T]) -> _T:
+        """``work()`` (a DNS lookup, a file read) without holding up other calls."""
+        ...
+
+    async def reconnect(self) -> None:
+        """Close every channel: the endpoints changed (``Core.locate``)."""
+        ...
+
 
 def caller_traceparent() -> str:
     """The W3C traceparent of the caller's current span, when the application traces
@@ -149,10 +159,17 @@ class Core:
         attempt_s: float,
         idempotent: bool,
         batch_max: int,
+        locate: Callable[[], list[Endpoint]] | None = None,
     ) -> None:
         self.endpoints, self.transport = endpoints, transport
         self.timeout, self.attempt_s = checked_timeout(timeout), attempt_s
         self.idempotent, self.batch_max = idempotent, batch_max
+        self.locate = locate
+        """Finds the DCs again from what the client was given (a cluster file read
+        again, a DNS name looked up again), after a round in which none answered: a
+        long-lived client follows a DC whose address changed (a rescheduled pod)."""
+        self.relocations = 0
+        """Times ``locate`` found other endpoints than those in use."""
         self.current = 0
         """Index in ``endpoints`` of the DC in use."""
         self.batch_calls = 0
@@ -204,7 +221,7 @@ class Core:
             request.wait_for = common_pb2.TxState.ValueType(wanted.value)
         last: Exception | None = None
         async for index in self._failover_order(deadline):
-            endpoint = self.endpoints[index]
+            endpoint = self._endpoint(index)
             if wanted is not None:
                 attempt = min(self.attempt_s, deadline - time.monotonic())
                 request.wait_timeout.CopyFrom(duration(max(attempt, 0.001)))
@@ -307,7 +324,7 @@ class Core:
                 continue  # its DC cannot order it now: sent again elsewhere, below
             if reached is None:
                 results[n] = Timeout(
-                    f"{self.endpoints[index]} did not order transaction {accepted.tx_id} in time",
+                    f"{self._endpoint(index)} did not order transaction {accepted.tx_id} in time",
                     accepted.tx_id, State(accepted.state).name,
                 )  # fmt: skip
                 continue
@@ -315,7 +332,7 @@ class Core:
             if reached.outcome is not None:
                 accepted.outcome.CopyFrom(reached.outcome)
             try:
-                results[n] = submitted(accepted, self.endpoints[index], chosen[n])
+                results[n] = submitted(accepted, self._endpoint(index), chosen[n])
             except TransactionFailed as failed:
                 results[n] = failed
         for n, result in enumerate(results):
@@ -328,7 +345,7 @@ class Core:
                     results[n] = error
             elif result is None:  # refused or unanswered, and not to be sent twice
                 results[n] = Unavailable(
-                    f"{self.endpoints[index]} did not answer the submit (sent once: no key)"
+                    f"{self._endpoint(index)} did not answer the submit (sent once: no key)"
                 )
         answered = [r for r in results if r is not None]
         for result, key in zip(answered, chosen, strict=True):
@@ -349,7 +366,7 @@ class Core:
         if wanted is not None and not result.accepted.reached:
             return None  # not ordered in time: it waits on alone, as submit would
         try:
-            return submitted(result.accepted, self.endpoints[index], key)
+            return submitted(result.accepted, self._endpoint(index), key)
         except TransactionFailed as failed:
             return failed
 
@@ -595,7 +612,30 @@ class Core:
                 yield (start + step) % count
             pause = min(BACKOFF_FIRST_S * 2**rounds, BACKOFF_MOST_S) * random.uniform(0.5, 1)
             rounds += 1
+            if await self._locate_again():
+                count, start = len(self.endpoints), self.current
             await self._sleep_until(deadline, pause)
+
+    def _endpoint(self, index: int) -> Endpoint:
+        """DC ``index`` of those in use. Modulo their number: another task's call may
+        have found the DCs again (``_locate_again``) since ``index`` was chosen."""
+        return self.endpoints[index % len(self.endpoints)]
+
+    async def _locate_again(self) -> bool:
+        """True if ``locate`` found other endpoints, now in use (the preferred first)."""
+        if self.locate is None:
+            return False
+        try:
+            found = await self.transport.blocking(self.locate)
+        except ValueError:  # EndpointError, a TLS name it cannot make: keep those known
+            return False
+        if not found or found == self.endpoints:
+            return False
+        await self.transport.reconnect()
+        self.endpoints[:] = found  # the list the client and its transport share
+        self.current = 0
+        self.relocations += 1
+        return True
 
     async def _sleep_until(self, deadline: float, seconds: float) -> None:
         left = min(seconds, deadline - time.monotonic())
