@@ -3,13 +3,18 @@ digests, reads."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import sqlite3
 import sys
+import uuid
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from tests.worker.conftest import BackendFactory
+from txsync.dbapi import adapt
 from txsync.worker import backend as backend_module
 from txsync.worker.backend import ApplyOrderError, QueryRefused, ToApply
 from txsync.worker.outcomes import GENESIS_DIGEST, Outcome
@@ -298,6 +303,36 @@ def test_a_sqlite_database_of_the_version_before_key_windows_opens_and_keeps_its
     again = SqliteBackend(path)
     assert again.applied().position == 2
     again.close()
+
+
+def test_values_the_dbapi_adapts_go_into_typed_columns_of_either_database(
+    open_backend: BackendFactory,
+) -> None:
+    """``txsync.dbapi`` sends datetime, date, time, Decimal, UUID and JSON as text (issue
+    50): PostgreSQL casts that text into timestamp, date, time, numeric, uuid and jsonb
+    columns, SQLite keeps it by its affinity, and both read back the same values."""
+    moment = dt.datetime(2026, 11, 27, 10, 30, 5, 123456)
+    key = uuid.UUID("6f1c9a52-1d1e-4f0e-9a53-3b2c8c1f7e21")
+    values = (moment, moment.date(), moment.time(), Decimal("12.50"), key, {"tags": ["a"], "n": 1})
+    backend = open_backend("typed")
+    schema = Transaction((Statement(
+        "CREATE TABLE typed (at TIMESTAMP, day DATE, clock TIME, price NUMERIC(10, 2), "
+        "id UUID, doc JSONB)"
+    ),))  # fmt: skip
+    insert = Transaction((Statement(
+        "INSERT INTO typed VALUES (?, ?, ?, ?, ?, ?)", tuple(adapt(v) for v in values)
+    ),))  # fmt: skip
+    assert backend.apply(1, "tx1", schema).ok
+    inserted = backend.apply(2, "tx2", insert)
+    assert inserted.ok and inserted.rows_affected == (1,), inserted.error
+    read = backend.query(Statement(
+        "SELECT CAST(at AS TEXT), CAST(day AS TEXT), CAST(clock AS TEXT), CAST(price AS TEXT), "
+        "CAST(id AS TEXT), CAST(doc AS TEXT) FROM typed"
+    ), 1)  # fmt: skip
+    ((at, day, clock, price, id_, doc),) = read.rows
+    assert (dt.datetime.fromisoformat(str(at)), dt.date.fromisoformat(str(day)),
+            dt.time.fromisoformat(str(clock)), Decimal(str(price)), uuid.UUID(str(id_)),
+            json.loads(str(doc))) == values  # fmt: skip
 
 
 def test_statements_with_rows_apply_and_count_their_rows(open_backend: BackendFactory) -> None:
