@@ -275,33 +275,45 @@ def test_a_key_is_remembered_for_its_time_window_when_that_is_longer(
 
 
 _SQLITE_BOOKKEEPING_BEFORE_KEY_WINDOWS = """
-CREATE TABLE _txsync_applied (id INTEGER PRIMARY KEY CHECK (id = 1), position INTEGER NOT NULL,
-    tx_id TEXT NOT NULL, state_digest BLOB NOT NULL);
-INSERT INTO _txsync_applied VALUES (1, 1, 'tx1', zeroblob(32));
-CREATE TABLE _txsync_outcomes (position INTEGER PRIMARY KEY, tx_id TEXT NOT NULL,
-    ok INTEGER NOT NULL, rows_affected TEXT NOT NULL, state_digest BLOB NOT NULL,
-    error TEXT NOT NULL, duplicate_of TEXT NOT NULL DEFAULT '');
-CREATE TABLE _txsync_keys (key TEXT PRIMARY KEY, tx_id TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS _txsync_applied (id INTEGER PRIMARY KEY CHECK (id = 1),
+    position INTEGER NOT NULL, tx_id TEXT NOT NULL, state_digest BLOB NOT NULL);
+INSERT OR IGNORE INTO _txsync_applied VALUES (1, 0, '', zeroblob(32));
+CREATE TABLE IF NOT EXISTS _txsync_outcomes (position INTEGER PRIMARY KEY,
+    tx_id TEXT NOT NULL, ok INTEGER NOT NULL, rows_affected TEXT NOT NULL,
+    state_digest BLOB NOT NULL, error TEXT NOT NULL, duplicate_of TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS _txsync_keys (key TEXT PRIMARY KEY, tx_id TEXT NOT NULL,
     position INTEGER NOT NULL, ok INTEGER NOT NULL);
-INSERT INTO _txsync_keys VALUES ('k', 'tx1', 1, 1);
+CREATE INDEX IF NOT EXISTS _txsync_keys_position ON _txsync_keys (position);
 """
+"""What the previous release runs at every opening of its database (its ``_SCHEMA``)."""
 
 
-def test_a_sqlite_database_of_the_version_before_key_windows_opens_and_keeps_its_keys(
+def test_the_previous_release_and_this_one_open_each_others_sqlite_bookkeeping(
     tmp_path: Path,
 ) -> None:
-    """A worker upgraded in place finds bookkeeping without the order's clock and the
-    keys' windows: the columns are added (0: positions only, as before), the keys it
-    recorded still make duplicates, and it opens again as it is."""
-    path = tmp_path / "old.db"
-    with sqlite3.connect(path) as conn:
+    """Upgrades DC by DC roll back too (tests/upgrade): the previous release opens a
+    database this one wrote (its schema script and its 4-column key rows still fit:
+    key windows live in a table of their own), and this one opens the previous one's
+    and keeps its keys."""
+    path = tmp_path / "worker.db"
+    with sqlite3.connect(path) as conn:  # made by the previous release
         conn.executescript(_SQLITE_BOOKKEEPING_BEFORE_KEY_WINDOWS)
+        conn.execute("UPDATE _txsync_applied SET position = 1, tx_id = 'tx1'")
+        conn.execute("INSERT OR REPLACE INTO _txsync_keys VALUES ('k', 'tx1', 1, 1)")
     upgraded = SqliteBackend(path)
-    retry = upgraded.apply(2, "tx2", Transaction((Statement("SELECT 1"),), "k", 0, 1000, 5))
+    retry = upgraded.apply(2, "tx2", Transaction((Statement("SELECT 1"),), "k", 0, 60_000, 5))
     assert retry.duplicate_of == "tx1" and retry.ok
+    windowed = Transaction((Statement("SELECT 2"),), "w", 0, 60_000, 1_800_000_000_000)
+    assert upgraded.apply(3, "tx3", windowed).duplicate_of == ""
     upgraded.close()
+    with sqlite3.connect(path) as conn:  # rolled back: the previous release opens it
+        conn.executescript(_SQLITE_BOOKKEEPING_BEFORE_KEY_WINDOWS)
+        conn.execute("INSERT OR REPLACE INTO _txsync_keys VALUES ('w', 'tx4', 4, 1)")
+        conn.execute("UPDATE _txsync_applied SET position = 4, tx_id = 'tx4'")
     again = SqliteBackend(path)
-    assert again.applied().position == 2
+    assert again.applied().position == 4
+    later = again.apply(5, "tx5", windowed)
+    assert later.duplicate_of == "tx4", "the key's holder is the previous release's row"
     again.close()
 
 

@@ -41,6 +41,7 @@ BOOKKEEPING = [
     "UPDATE `_TxSync_Applied` SET position = 99",
     "DELETE FROM _txsync_outcomes",
     "DELETE FROM _txsync_keys",
+    "UPDATE _txsync_key_windows SET kept_until_ms = 0",
     "INSERT INTO _txsync_outcomes VALUES (99, 'x', 1, '', x'00', '')",
     "DROP TABLE _txsync_outcomes",
     "INSERT INTO t (v) SELECT error FROM _txsync_outcomes",  # differs between replicas
@@ -122,8 +123,9 @@ def _probe(backend: SqliteBackend, sql: str) -> Outcome:
         10,
     ).rows
     assert sorted(tables) == [
-        ("_txsync_applied",), ("_txsync_keys",), ("_txsync_keys_position",),
-        ("_txsync_outcomes",), ("sqlite_autoindex__txsync_keys_1",),
+        ("_txsync_applied",), ("_txsync_key_windows",), ("_txsync_key_windows_taken",),
+        ("_txsync_keys",), ("_txsync_keys_position",), ("_txsync_outcomes",),
+        ("sqlite_autoindex__txsync_key_windows_1",), ("sqlite_autoindex__txsync_keys_1",),
     ]  # fmt: skip
     following = backend.apply(after.position + 1, "next", _body("DELETE FROM t WHERE v = 'x'"))
     assert following.ok, following.error

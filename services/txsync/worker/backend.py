@@ -171,8 +171,9 @@ class KeyWindow:
     A key is remembered for ``KEYS_REMEMBERED`` positions after its transaction's, and
     until the order's clock passes the time the store took it plus its window
     (``TxBody.key_taken_unix_ms`` + ``key_window_ms``, recorded as ``kept_until_ms``),
-    whichever is longer. The order's clock is the latest ``key_taken_unix_ms`` applied
-    so far (a retry made elsewhere carries its own, so it moves the clock to its time).
+    whichever is longer. The order's clock is the latest ``key_taken_unix_ms`` of a key
+    with a window applied so far (a retry made elsewhere carries its own, so it moves
+    the clock to its time; ``worker.keys``).
     Every input comes from the agreed order, so every worker of every DC draws the line
     at the same transaction; and the clock never goes back, so a key past both windows
     stays past them (pruning it late changes no verdict). The times are the stores'
@@ -188,11 +189,6 @@ class KeyWindow:
     @classmethod
     def at(cls, position: int, clock_ms: int) -> KeyWindow:
         return cls(position - KEYS_REMEMBERED - 1, max(clock_ms, 1))
-
-
-def order_clock_after(clock_ms: int, transaction: Transaction) -> int:
-    """The order's clock once ``transaction`` is applied (its key's time, if later)."""
-    return max(clock_ms, transaction.key_taken_unix_ms)
 
 
 def key_kept_until_ms(transaction: Transaction) -> int:

@@ -44,17 +44,14 @@ from txsync.worker.backend import (
     ApplyInterrupted,
     ApplyOrderError,
     BatchApplied,
-    FirstWithKey,
-    KeyWindow,
     QueryRefused,
     QueryResult,
     Storage,
     ToApply,
     collect_rows,
-    key_kept_until_ms,
-    order_clock_after,
     recorded_outcome,
 )
+from txsync.worker.keys import KeyBook, windows_table_sql
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
     Applied,
@@ -108,11 +105,7 @@ _SETUP = (
         position BIGINT NOT NULL,
         ok BOOLEAN NOT NULL)""",
     f"CREATE INDEX IF NOT EXISTS keys_position ON {BOOKKEEPING_SCHEMA}.keys (position)",
-    # Made before keys had a time window (backend.KeyWindow): 0, positions only.
-    f"""ALTER TABLE {BOOKKEEPING_SCHEMA}.applied
-        ADD COLUMN IF NOT EXISTS clock_ms BIGINT NOT NULL DEFAULT 0""",
-    f"""ALTER TABLE {BOOKKEEPING_SCHEMA}.keys
-        ADD COLUMN IF NOT EXISTS kept_until_ms BIGINT NOT NULL DEFAULT 0""",
+    *windows_table_sql(f"{BOOKKEEPING_SCHEMA}.key_windows", bigint="BIGINT"),
     f"""DO $$ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{USER_ROLE}') THEN
             CREATE ROLE {USER_ROLE} NOLOGIN;
@@ -139,7 +132,9 @@ READ_PAGE_ROWS = 256
 """Rows a read's server-side cursor fetches at a time (``query``)."""
 _APPLIED = f"{BOOKKEEPING_SCHEMA}.applied"
 _OUTCOMES = f"{BOOKKEEPING_SCHEMA}.outcomes"
-_KEYS = f"{BOOKKEEPING_SCHEMA}.keys"
+_KEY_BOOK = KeyBook.for_tables(
+    f"{BOOKKEEPING_SCHEMA}.keys", f"{BOOKKEEPING_SCHEMA}.key_windows", "%s"
+)
 _LITERAL_OR_PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
 
 
@@ -292,12 +287,10 @@ class PostgresBackend:
         position, tx_id, body, run = item.position, item.tx_id, item.body, item.run
         conn = self._conn
         row = conn.execute(
-            f"SELECT position, tx_id, state_digest, clock_ms FROM {_APPLIED} FOR UPDATE"
+            f"SELECT position, tx_id, state_digest FROM {_APPLIED} FOR UPDATE"
         ).fetchone()
         assert row is not None
         last, digest = int(row[0]), bytes(row[2])
-        clock_ms = order_clock_after(int(row[3]), body)
-        keys_window = KeyWindow.at(position, clock_ms)
         if position <= last:
             return self._recorded(position, tx_id)
         if position != last + 1:
@@ -307,7 +300,9 @@ class PostgresBackend:
         key = body.idempotency_key
         if "\0" in key:  # the store refuses it; PostgreSQL text cannot hold it
             key, run, error = "", False, "refused: the idempotency key contains NUL"
-        first = self._first_with_key(key, keys_window) if key else None
+        pruning = position % KEYS_PRUNE_EVERY == 0
+        window = _KEY_BOOK.window_at(conn.execute, position, body) if key or pruning else None
+        first = _KEY_BOOK.holder(conn.execute, key, window) if key and window else None
         if first is not None:
             ok, error = first.ok, first.error()
         elif run:
@@ -321,8 +316,8 @@ class PostgresBackend:
             duplicate_of=duplicate_of,
         )  # fmt: skip
         conn.execute(
-            f"UPDATE {_APPLIED} SET position = %s, tx_id = %s, state_digest = %s, clock_ms = %s",
-            (position, tx_id, digest, clock_ms),
+            f"UPDATE {_APPLIED} SET position = %s, tx_id = %s, state_digest = %s",
+            (position, tx_id, digest),
         )
         conn.execute(
             f"INSERT INTO {_OUTCOMES} VALUES (%s, %s, %s, %s, %s, %s, %s)",
@@ -330,28 +325,10 @@ class PostgresBackend:
         )
         conn.execute(f"DELETE FROM {_OUTCOMES} WHERE position <= %s", (position - OUTCOMES_KEPT,))
         if key and first is None:  # an expired holder of the key is replaced
-            conn.execute(
-                f"INSERT INTO {_KEYS} (key, tx_id, position, ok, kept_until_ms) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (key) DO UPDATE "
-                "SET tx_id = EXCLUDED.tx_id, position = EXCLUDED.position, ok = EXCLUDED.ok, "
-                "kept_until_ms = EXCLUDED.kept_until_ms",
-                (key, tx_id, position, ok, key_kept_until_ms(body)),
-            )
-        if position % KEYS_PRUNE_EVERY == 0:
-            conn.execute(
-                f"DELETE FROM {_KEYS} WHERE position <= %s AND kept_until_ms < %s",
-                (keys_window.above_position, keys_window.clock_ms),
-            )
+            _KEY_BOOK.record(conn.execute, tx_id, position, ok, body)
+        if pruning and window is not None:
+            _KEY_BOOK.prune(conn.execute, window)
         return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of)
-
-    def _first_with_key(self, key: str, window: KeyWindow) -> FirstWithKey | None:
-        """The transaction that holds ``key`` within ``window``, if one does."""
-        row = self._conn.execute(
-            f"SELECT tx_id, ok FROM {_KEYS} WHERE key = %s AND "
-            "(position > %s OR kept_until_ms >= %s)",
-            (key, window.above_position, window.clock_ms),
-        ).fetchone()
-        return None if row is None else FirstWithKey(str(row[0]), bool(row[1]))
 
     def _run(
         self, conn: psycopg.Connection[tuple[object, ...]], body: Transaction

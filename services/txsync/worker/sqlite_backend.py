@@ -52,17 +52,14 @@ from txsync.worker.backend import (
     ApplyInterrupted,
     ApplyOrderError,
     BatchApplied,
-    FirstWithKey,
-    KeyWindow,
     QueryRefused,
     QueryResult,
     Storage,
     ToApply,
     collect_rows,
-    key_kept_until_ms,
-    order_clock_after,
     recorded_outcome,
 )
+from txsync.worker.keys import KeyBook, windows_table_sql
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
     Applied,
@@ -108,14 +105,12 @@ CREATE TABLE IF NOT EXISTS _txsync_keys (
 );
 CREATE INDEX IF NOT EXISTS _txsync_keys_position ON _txsync_keys (position);
 """
-_ADDED_COLUMNS = (
-    ("_txsync_outcomes", "duplicate_of", "TEXT NOT NULL DEFAULT ''"),
-    ("_txsync_applied", "clock_ms", "INTEGER NOT NULL DEFAULT 0"),
-    ("_txsync_keys", "kept_until_ms", "INTEGER NOT NULL DEFAULT 0"),
+_OUTCOMES_BEFORE_KEYS = (
+    "ALTER TABLE _txsync_outcomes ADD COLUMN duplicate_of TEXT NOT NULL DEFAULT ''"
 )
-"""Columns a database made by an earlier version lacks (added in place at opening):
-the outcome's ``duplicate_of`` (before keys travelled), the order's clock and a key's
-time window (``backend.KeyWindow``; 0 in old rows: positions only, as they were)."""
+"""A database made before keys travelled lacks the outcome's ``duplicate_of``."""
+_KEY_WINDOWS = windows_table_sql("_txsync_key_windows", bigint="INTEGER")
+_KEYS = KeyBook.for_tables("_txsync_keys", "_txsync_key_windows", "?")
 
 
 class _BatchRolledBack(Exception):
@@ -170,9 +165,11 @@ class SqliteBackend:
         # one) would otherwise leave the file at its largest for good.
         conn.execute(f"PRAGMA journal_size_limit={WAL_BYTES_KEPT}")
         conn.executescript(_SCHEMA)
-        for table, column, declaration in _ADDED_COLUMNS:
-            if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(_txsync_outcomes)")}
+        if "duplicate_of" not in columns:
+            conn.execute(_OUTCOMES_BEFORE_KEYS)
+        for statement in _KEY_WINDOWS:
+            conn.execute(statement)
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_bytes_max)
         conn.execute(f"PRAGMA hard_heap_limit={int(self.heap_bytes_max)}")
         (page_size,) = conn.execute("PRAGMA page_size").fetchone()
@@ -322,8 +319,8 @@ class SqliteBackend:
         alone: bool = True,
     ) -> Outcome | None:
         """``alone``: nothing else in this database transaction yet (a batch's first)."""
-        last, _, digest, clock_ms = conn.execute(
-            "SELECT position, tx_id, state_digest, clock_ms FROM _txsync_applied"
+        last, _, digest = conn.execute(
+            "SELECT position, tx_id, state_digest FROM _txsync_applied"
         ).fetchone()
         if position <= last:
             return None
@@ -332,9 +329,9 @@ class SqliteBackend:
         ok, error = False, "not run: the DC's testing worker failed it"
         rows: tuple[int, ...] = ()
         key = body.idempotency_key
-        clock_ms = order_clock_after(clock_ms, body)
-        keys_window = KeyWindow.at(position, clock_ms)
-        first = _first_with_key(conn, key, keys_window) if key else None
+        pruning = position % KEYS_PRUNE_EVERY == 0
+        window = _KEYS.window_at(conn.execute, position, body) if key or pruning else None
+        first = _KEYS.holder(conn.execute, key, window) if key and window else None
         if first is not None:
             ok, error = first.ok, first.error()
         elif run:
@@ -354,8 +351,8 @@ class SqliteBackend:
             duplicate_of=duplicate_of,
         )  # fmt: skip
         conn.execute(
-            "UPDATE _txsync_applied SET position = ?, tx_id = ?, state_digest = ?, clock_ms = ?",
-            (position, tx_id, digest, clock_ms),
+            "UPDATE _txsync_applied SET position = ?, tx_id = ?, state_digest = ?",
+            (position, tx_id, digest),
         )
         conn.execute(
             "INSERT INTO _txsync_outcomes VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -365,16 +362,9 @@ class SqliteBackend:
             "DELETE FROM _txsync_outcomes WHERE position <= ?", (position - OUTCOMES_KEPT,)
         )
         if key and first is None:  # an expired holder of the key is replaced
-            conn.execute(
-                "INSERT OR REPLACE INTO _txsync_keys (key, tx_id, position, ok, kept_until_ms)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (key, tx_id, position, int(ok), key_kept_until_ms(body)),
-            )
-        if position % KEYS_PRUNE_EVERY == 0:
-            conn.execute(
-                "DELETE FROM _txsync_keys WHERE position <= ? AND kept_until_ms < ?",
-                (keys_window.above_position, keys_window.clock_ms),
-            )
+            _KEYS.record(conn.execute, tx_id, position, ok, body)
+        if pruning and window is not None:
+            _KEYS.prune(conn.execute, window)
         touched = self._touched_digest if ok and run and first is None else b""
         return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of, touched)
 
@@ -524,15 +514,6 @@ class SqliteBackend:
         if costed is None:
             costed = self._read_costed.functions = CostedFunctions(self.value_bytes_max)
         return costed
-
-
-def _first_with_key(conn: sqlite3.Connection, key: str, window: KeyWindow) -> FirstWithKey | None:
-    """The transaction that holds ``key`` within ``window``, if one does."""
-    row = conn.execute(
-        "SELECT tx_id, ok FROM _txsync_keys WHERE key = ? AND (position > ? OR kept_until_ms >= ?)",
-        (key, window.above_position, window.clock_ms),
-    ).fetchone()
-    return None if row is None else FirstWithKey(str(row[0]), bool(row[1]))
 
 
 def _content_digest(conn: sqlite3.Connection) -> bytes:
