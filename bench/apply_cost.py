@@ -10,7 +10,10 @@ on both; every run is printed, then the median per setting.
 
 It measures what the cluster benchmark (``bench.apply_bench``) cannot separate: the
 work of the guard, the touched digest (``--touched-digest``) and the bookkeeping per
-transaction, without the noise of eleven other processes.
+transaction, without the noise of eleven other processes. Every client submit carries
+an idempotency key (the library makes one), so the keyed settings are what a cluster
+runs: a key remembered by positions only (``--idempotency-window-s 0``), and one with
+the default window of an hour (a row in ``_txsync_key_windows`` as well).
 """
 
 from __future__ import annotations
@@ -28,26 +31,41 @@ from txsync.worker.sqlite_backend import SqliteBackend
 from txsync.worker.transactions import Statement, Transaction, transaction
 
 KEYS = 1_000
-SETTINGS = {"touched digest off": False, "touched digest on": True}
+WINDOW_MS = 3_600_000
+"""The store's default ``--idempotency-window-s``, as the body carries it."""
+SETTINGS = {
+    "touched digest off": (False, None),
+    "touched digest on": (True, None),
+    "keyed, positions": (True, 0),
+    "keyed, 1 h window": (True, WINDOW_MS),
+}
+"""Setting -> (touched digest, key window in ms: None for no key)."""
 
 
-def cpu_us_per_transaction(directory: Path, *, touched: bool, txs: int, batch: int) -> float:
+def cpu_us_per_transaction(
+    directory: Path, *, touched: bool, window_ms: int | None, txs: int, batch: int
+) -> float:
     backend = SqliteBackend(directory / "worker.db", touched_digest=touched)
     try:
         backend.apply(1, "setup", transaction("CREATE TABLE kv (k INTEGER PRIMARY KEY, v TEXT)"))
         position = 2
+        taken_ms = int(time.time() * 1000)
         started = time.process_time()
         for _ in range(0, txs, batch):
             items = [
                 ToApply(
                     position + n,
                     f"tx{position + n}",
-                    Transaction((
-                        Statement(
+                    Transaction(
+                        (Statement(
                             "INSERT OR REPLACE INTO kv VALUES (?, ?)",
                             ((position + n) % KEYS, "v" * 50),
-                        ),
-                    )),
+                        ),),
+                        "" if window_ms is None else f"key-{position + n:032x}",
+                        0,
+                        window_ms or 0,
+                        taken_ms + position + n,
+                    ),
                 )
                 for n in range(batch)
             ]  # fmt: skip
@@ -71,12 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
     with tempfile.TemporaryDirectory(prefix="txsync-apply-cost-") as root:
         for round_no in range(options.rounds):
-            for name, touched in SETTINGS.items():
-                directory = Path(root) / f"{round_no}-{touched}"
+            for number, (name, (touched, window_ms)) in enumerate(SETTINGS.items()):
+                directory = Path(root) / f"{round_no}-{number}"
                 directory.mkdir()
                 cost = cpu_us_per_transaction(
-                    directory, touched=touched, txs=options.txs, batch=options.batch
-                )
+                    directory, touched=touched, window_ms=window_ms, txs=options.txs,
+                    batch=options.batch,
+                )  # fmt: skip
                 runs[name].append(cost)
                 print(f"round {round_no + 1}: {name:<20} {cost:7.1f} us CPU per transaction")
     print()

@@ -125,7 +125,7 @@ def _probe(backend: SqliteBackend, sql: str) -> Outcome:
     assert sorted(tables) == [
         ("_txsync_applied",), ("_txsync_key_windows",), ("_txsync_key_windows_taken",),
         ("_txsync_keys",), ("_txsync_keys_position",), ("_txsync_outcomes",),
-        ("sqlite_autoindex__txsync_key_windows_1",), ("sqlite_autoindex__txsync_keys_1",),
+        ("sqlite_autoindex__txsync_keys_1",),
     ]  # fmt: skip
     following = backend.apply(after.position + 1, "next", _body("DELETE FROM t WHERE v = 'x'"))
     assert following.ok, following.error

@@ -51,7 +51,7 @@ from txsync.worker.backend import (
     collect_rows,
     recorded_outcome,
 )
-from txsync.worker.keys import KeyBook, windows_table_sql
+from txsync.worker.keys import KeyBatch, KeyBook, windows_table_sql
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
     Applied,
@@ -266,21 +266,31 @@ class PostgresBackend:
     def apply(self, position: int, tx_id: str, body: Transaction, *, run: bool = True) -> Outcome:
         with self._lock, self._conn.transaction():
             work.count(work.DB_COMMITS)
-            return self._apply_in_transaction(ToApply(position, tx_id, body, run))
+            keys = self._key_batch()
+            outcome = self._apply_in_transaction(keys, ToApply(position, tx_id, body, run))
+            keys.flush()
+            return outcome
 
     def apply_many(self, batch: Sequence[ToApply]) -> BatchApplied:
         assert 0 < len(batch) <= APPLY_BATCH_MAX
         outcomes: list[Outcome] = []
         with self._lock, self._conn.transaction():
             work.count(work.DB_COMMITS)
+            keys = self._key_batch()
             for item in batch:
                 try:
-                    outcomes.append(self._apply_in_transaction(item))
+                    outcomes.append(self._apply_in_transaction(keys, item))
                 except ApplyOrderError as error:  # raised before it wrote anything
+                    keys.flush()  # the outcomes before it commit
                     return outcomes, error
+            keys.flush()
         return outcomes, None
 
-    def _apply_in_transaction(self, item: ToApply) -> Outcome:
+    def _key_batch(self) -> KeyBatch:
+        conn = self._conn
+        return _KEY_BOOK.batch(conn.execute, lambda sql, rows: conn.cursor().executemany(sql, rows))
+
+    def _apply_in_transaction(self, keys: KeyBatch, item: ToApply) -> Outcome:
         """Under the lock, inside a database transaction: a user statement's error stays
         inside its own savepoint (``_run``), so a batch's transactions never undo each
         other."""
@@ -300,9 +310,7 @@ class PostgresBackend:
         key = body.idempotency_key
         if "\0" in key:  # the store refuses it; PostgreSQL text cannot hold it
             key, run, error = "", False, "refused: the idempotency key contains NUL"
-        pruning = position % KEYS_PRUNE_EVERY == 0
-        window = _KEY_BOOK.window_at(conn.execute, position, body) if key or pruning else None
-        first = _KEY_BOOK.holder(conn.execute, key, window) if key and window else None
+        first = keys.holder(position, body) if key else None
         if first is not None:
             ok, error = first.ok, first.error()
         elif run:
@@ -325,9 +333,9 @@ class PostgresBackend:
         )
         conn.execute(f"DELETE FROM {_OUTCOMES} WHERE position <= %s", (position - OUTCOMES_KEPT,))
         if key and first is None:  # an expired holder of the key is replaced
-            _KEY_BOOK.record(conn.execute, tx_id, position, ok, body)
-        if pruning and window is not None:
-            _KEY_BOOK.prune(conn.execute, window)
+            keys.record(tx_id, position, ok, body)
+        if position % KEYS_PRUNE_EVERY == 0:
+            keys.prune(position, body)
         return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of)
 
     def _run(

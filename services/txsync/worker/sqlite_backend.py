@@ -59,7 +59,7 @@ from txsync.worker.backend import (
     collect_rows,
     recorded_outcome,
 )
-from txsync.worker.keys import KeyBook, windows_table_sql
+from txsync.worker.keys import KeyBatch, KeyBook, windows_table_sql
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
     Applied,
@@ -109,7 +109,7 @@ _OUTCOMES_BEFORE_KEYS = (
     "ALTER TABLE _txsync_outcomes ADD COLUMN duplicate_of TEXT NOT NULL DEFAULT ''"
 )
 """A database made before keys travelled lacks the outcome's ``duplicate_of``."""
-_KEY_WINDOWS = windows_table_sql("_txsync_key_windows", bigint="INTEGER")
+_KEY_WINDOWS = windows_table_sql("_txsync_key_windows", bigint="INTEGER", options="WITHOUT ROWID")
 _KEYS = KeyBook.for_tables("_txsync_keys", "_txsync_key_windows", "?")
 
 
@@ -249,8 +249,10 @@ class SqliteBackend:
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
+            keys = _KEYS.batch(conn.execute, conn.executemany)
             try:
-                outcome = self._apply_in_transaction(conn, position, tx_id, body, run)
+                outcome = self._apply_in_transaction(conn, position, tx_id, body, run, keys=keys)
+                keys.flush()
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -283,11 +285,12 @@ class SqliteBackend:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
             self._batching = True
+            keys = _KEYS.batch(conn.execute, conn.executemany)
             try:
                 for item in batch:
                     try:
                         outcome = self._apply_in_transaction(
-                            conn, item.position, item.tx_id, item.body, item.run,
+                            conn, item.position, item.tx_id, item.body, item.run, keys=keys,
                             alone=not outcomes,
                         )  # fmt: skip
                         if outcome is None:  # applied earlier: answered from its record
@@ -298,6 +301,7 @@ class SqliteBackend:
                     outcomes.append(outcome)
                 if self._guard.largest_rowid_taken(conn):
                     raise _BatchRolledBack  # one by one, each checked: the culprit FAILED
+                keys.flush()
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -316,6 +320,7 @@ class SqliteBackend:
         body: Transaction,
         run: bool,
         *,
+        keys: KeyBatch,
         alone: bool = True,
     ) -> Outcome | None:
         """``alone``: nothing else in this database transaction yet (a batch's first)."""
@@ -329,9 +334,7 @@ class SqliteBackend:
         ok, error = False, "not run: the DC's testing worker failed it"
         rows: tuple[int, ...] = ()
         key = body.idempotency_key
-        pruning = position % KEYS_PRUNE_EVERY == 0
-        window = _KEYS.window_at(conn.execute, position, body) if key or pruning else None
-        first = _KEYS.holder(conn.execute, key, window) if key and window else None
+        first = keys.holder(position, body) if key else None
         if first is not None:
             ok, error = first.ok, first.error()
         elif run:
@@ -362,9 +365,9 @@ class SqliteBackend:
             "DELETE FROM _txsync_outcomes WHERE position <= ?", (position - OUTCOMES_KEPT,)
         )
         if key and first is None:  # an expired holder of the key is replaced
-            _KEYS.record(conn.execute, tx_id, position, ok, body)
-        if pruning and window is not None:
-            _KEYS.prune(conn.execute, window)
+            keys.record(tx_id, position, ok, body)
+        if position % KEYS_PRUNE_EVERY == 0:
+            keys.prune(position, body)
         touched = self._touched_digest if ok and run and first is None else b""
         return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of, touched)
 
