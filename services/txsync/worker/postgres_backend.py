@@ -39,7 +39,6 @@ from txsync.worker.backend import (
     APPLY_BATCH_MAX,
     CONTENT_CHECK_EVERY_DEFAULT,
     KEYS_PRUNE_EVERY,
-    OUTCOMES_KEPT,
     STATEMENT_TIMEOUT_MS_DEFAULT,
     ApplyInterrupted,
     ApplyOrderError,
@@ -52,6 +51,7 @@ from txsync.worker.backend import (
     recorded_outcome,
 )
 from txsync.worker.keys import KeyBatch, KeyBook, windows_table_sql
+from txsync.worker.ledger import Ledger, LedgerSql
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
     Applied,
@@ -132,6 +132,7 @@ READ_PAGE_ROWS = 256
 """Rows a read's server-side cursor fetches at a time (``query``)."""
 _APPLIED = f"{BOOKKEEPING_SCHEMA}.applied"
 _OUTCOMES = f"{BOOKKEEPING_SCHEMA}.outcomes"
+_LEDGER = LedgerSql.for_tables(_APPLIED, _OUTCOMES, "%s", lock="FOR UPDATE")
 _KEY_BOOK = KeyBook.for_tables(
     f"{BOOKKEEPING_SCHEMA}.keys", f"{BOOKKEEPING_SCHEMA}.key_windows", "%s"
 )
@@ -266,9 +267,10 @@ class PostgresBackend:
     def apply(self, position: int, tx_id: str, body: Transaction, *, run: bool = True) -> Outcome:
         with self._lock, self._conn.transaction():
             work.count(work.DB_COMMITS)
-            keys = self._key_batch()
-            outcome = self._apply_in_transaction(keys, ToApply(position, tx_id, body, run))
+            keys, ledger = self._bookkeeping()
+            outcome = self._apply_in_transaction(keys, ledger, ToApply(position, tx_id, body, run))
             keys.flush()
+            ledger.write()
             return outcome
 
     def apply_many(self, batch: Sequence[ToApply]) -> BatchApplied:
@@ -276,33 +278,39 @@ class PostgresBackend:
         outcomes: list[Outcome] = []
         with self._lock, self._conn.transaction():
             work.count(work.DB_COMMITS)
-            keys = self._key_batch()
+            keys, ledger = self._bookkeeping()
+            failure: ApplyOrderError | None = None
             for item in batch:
                 try:
-                    outcomes.append(self._apply_in_transaction(keys, item))
+                    outcomes.append(self._apply_in_transaction(keys, ledger, item))
                 except ApplyOrderError as error:  # raised before it wrote anything
-                    keys.flush()  # the outcomes before it commit
-                    return outcomes, error
+                    failure = error  # the outcomes before it commit
+                    break
             keys.flush()
-        return outcomes, None
+            ledger.write()
+        return outcomes, failure
 
-    def _key_batch(self) -> KeyBatch:
+    def _bookkeeping(self) -> tuple[KeyBatch, Ledger]:
+        """The keys' and the ledger's part of the database transaction just begun."""
         conn = self._conn
-        return _KEY_BOOK.batch(conn.execute, lambda sql, rows: conn.cursor().executemany(sql, rows))
 
-    def _apply_in_transaction(self, keys: KeyBatch, item: ToApply) -> Outcome:
+        def execute_many(sql: str, rows: list[tuple[object, ...]]) -> None:
+            conn.cursor().executemany(sql, rows)
+
+        return (
+            _KEY_BOOK.batch(conn.execute, execute_many),
+            Ledger(_LEDGER, conn.execute, execute_many),
+        )
+
+    def _apply_in_transaction(self, keys: KeyBatch, ledger: Ledger, item: ToApply) -> Outcome:
         """Under the lock, inside a database transaction: a user statement's error stays
         inside its own savepoint (``_run``), so a batch's transactions never undo each
         other."""
         position, tx_id, body, run = item.position, item.tx_id, item.body, item.run
         conn = self._conn
-        row = conn.execute(
-            f"SELECT position, tx_id, state_digest FROM {_APPLIED} FOR UPDATE"
-        ).fetchone()
-        assert row is not None
-        last, digest = int(row[0]), bytes(row[2])
+        last, digest = ledger.position, ledger.digest
         if position <= last:
-            return self._recorded(position, tx_id)
+            return ledger.outcomes.get(position) or self._recorded(position, tx_id)
         if position != last + 1:
             raise ApplyOrderError(f"position {position} after {last}: a gap")
         ok, error = False, "not run: the DC's testing worker failed it"
@@ -323,20 +331,13 @@ class PostgresBackend:
             digest, position, tx_id, body, ok=ok, rows_affected=rows, content=content,
             duplicate_of=duplicate_of,
         )  # fmt: skip
-        conn.execute(
-            f"UPDATE {_APPLIED} SET position = %s, tx_id = %s, state_digest = %s",
-            (position, tx_id, digest),
-        )
-        conn.execute(
-            f"INSERT INTO {_OUTCOMES} VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (position, tx_id, ok, ",".join(map(str, rows)), digest, error, duplicate_of),
-        )
-        conn.execute(f"DELETE FROM {_OUTCOMES} WHERE position <= %s", (position - OUTCOMES_KEPT,))
         if key and first is None:  # an expired holder of the key is replaced
             keys.record(tx_id, position, ok, body)
         if position % KEYS_PRUNE_EVERY == 0:
             keys.prune(position, body)
-        return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of)
+        outcome = Outcome(position, tx_id, ok, rows, digest, error, duplicate_of)
+        ledger.add(outcome)
+        return outcome
 
     def _run(
         self, conn: psycopg.Connection[tuple[object, ...]], body: Transaction

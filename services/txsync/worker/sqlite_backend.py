@@ -46,7 +46,6 @@ from txsync.worker.backend import (
     GROWTH_BYTES_MAX_DEFAULT,
     HEAP_BYTES_MAX_DEFAULT,
     KEYS_PRUNE_EVERY,
-    OUTCOMES_KEPT,
     STEPS_MAX_DEFAULT,
     VALUE_BYTES_MAX_DEFAULT,
     ApplyInterrupted,
@@ -60,6 +59,7 @@ from txsync.worker.backend import (
     recorded_outcome,
 )
 from txsync.worker.keys import KeyBatch, KeyBook, windows_table_sql
+from txsync.worker.ledger import Ledger, LedgerSql
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
     Applied,
@@ -111,6 +111,7 @@ _OUTCOMES_BEFORE_KEYS = (
 """A database made before keys travelled lacks the outcome's ``duplicate_of``."""
 _KEY_WINDOWS = windows_table_sql("_txsync_key_windows", bigint="INTEGER", options="WITHOUT ROWID")
 _KEYS = KeyBook.for_tables("_txsync_keys", "_txsync_key_windows", "?")
+_LEDGER = LedgerSql.for_tables("_txsync_applied", "_txsync_outcomes", "?")
 
 
 class _BatchRolledBack(Exception):
@@ -249,10 +250,13 @@ class SqliteBackend:
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
-            keys = _KEYS.batch(conn.execute, conn.executemany)
+            keys, ledger = self._bookkeeping(conn)
             try:
-                outcome = self._apply_in_transaction(conn, position, tx_id, body, run, keys=keys)
+                outcome = self._apply_in_transaction(
+                    conn, position, tx_id, body, run, keys=keys, ledger=ledger
+                )
                 keys.flush()
+                ledger.write()
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -285,16 +289,18 @@ class SqliteBackend:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
             self._batching = True
-            keys = _KEYS.batch(conn.execute, conn.executemany)
+            keys, ledger = self._bookkeeping(conn)
             try:
                 for item in batch:
                     try:
                         outcome = self._apply_in_transaction(
                             conn, item.position, item.tx_id, item.body, item.run, keys=keys,
-                            alone=not outcomes,
+                            ledger=ledger, alone=not outcomes,
                         )  # fmt: skip
                         if outcome is None:  # applied earlier: answered from its record
-                            outcome = self._recorded(item.position, item.tx_id)
+                            outcome = ledger.outcomes.get(item.position) or self._recorded(
+                                item.position, item.tx_id
+                            )
                     except ApplyOrderError as error:
                         failure = error
                         break
@@ -302,6 +308,7 @@ class SqliteBackend:
                 if self._guard.largest_rowid_taken(conn):
                     raise _BatchRolledBack  # one by one, each checked: the culprit FAILED
                 keys.flush()
+                ledger.write()
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -312,6 +319,14 @@ class SqliteBackend:
             work.count(work.DB_COMMITS)
         return outcomes, failure
 
+    @staticmethod
+    def _bookkeeping(conn: sqlite3.Connection) -> tuple[KeyBatch, Ledger]:
+        """The keys' and the ledger's part of the database transaction just begun."""
+        return (
+            _KEYS.batch(conn.execute, conn.executemany),
+            Ledger(_LEDGER, conn.execute, conn.executemany),
+        )
+
     def _apply_in_transaction(
         self,
         conn: sqlite3.Connection,
@@ -321,12 +336,11 @@ class SqliteBackend:
         run: bool,
         *,
         keys: KeyBatch,
+        ledger: Ledger,
         alone: bool = True,
     ) -> Outcome | None:
         """``alone``: nothing else in this database transaction yet (a batch's first)."""
-        last, _, digest = conn.execute(
-            "SELECT position, tx_id, state_digest FROM _txsync_applied"
-        ).fetchone()
+        last, digest = ledger.position, ledger.digest
         if position <= last:
             return None
         if position != last + 1:
@@ -350,26 +364,17 @@ class SqliteBackend:
         )
         duplicate_of = first.tx_id if first is not None else ""
         digest = next_digest(
-            bytes(digest), position, tx_id, body, ok=ok, rows_affected=rows, content=content,
+            digest, position, tx_id, body, ok=ok, rows_affected=rows, content=content,
             duplicate_of=duplicate_of,
         )  # fmt: skip
-        conn.execute(
-            "UPDATE _txsync_applied SET position = ?, tx_id = ?, state_digest = ?",
-            (position, tx_id, digest),
-        )
-        conn.execute(
-            "INSERT INTO _txsync_outcomes VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (position, tx_id, int(ok), ",".join(map(str, rows)), digest, error, duplicate_of),
-        )
-        conn.execute(
-            "DELETE FROM _txsync_outcomes WHERE position <= ?", (position - OUTCOMES_KEPT,)
-        )
         if key and first is None:  # an expired holder of the key is replaced
             keys.record(tx_id, position, ok, body)
         if position % KEYS_PRUNE_EVERY == 0:
             keys.prune(position, body)
         touched = self._touched_digest if ok and run and first is None else b""
-        return Outcome(position, tx_id, ok, rows, digest, error, duplicate_of, touched)
+        outcome = Outcome(position, tx_id, ok, rows, digest, error, duplicate_of, touched)
+        ledger.add(outcome)
+        return outcome
 
     def _run(
         self, conn: sqlite3.Connection, body: Transaction
