@@ -3,11 +3,14 @@ copy of one DC's log forged to hold another transaction at one position."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pyspark
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - Spark's usual name
@@ -120,3 +123,43 @@ def test_audit_names_the_first_disagreement_exactly(
     assert f"DISAGREE at position 17: dc1 has {real}, dc2 has {fake}, dc3 has {real}" in (
         result.stdout
     )
+
+
+SUBMIT_TIMEOUT_S = 600
+"""A spark-submit run, executors' JVMs included: generous for a loaded machine."""
+
+
+def test_spark_submit_runs_a_job_on_its_master_with_executors_of_their_own(
+    dev_cluster: DevRun,
+) -> None:
+    """As data engineers ship jobs (issue 54): ``spark-submit --master ... <this file>
+    JOB``. The session takes spark-submit's master (a master set in code would win and
+    run the job in the driver alone): here ``local-cluster``, two executors in JVMs and
+    Python workers of their own. A ``--master`` given to the job still wins."""
+    spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    application = subprocess.run(
+        [sys.executable, "-m", "txsync.pipeline.command", "--path"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+                   "PYSPARK_DRIVER_PYTHON": sys.executable}  # fmt: skip
+
+    def submit(*job: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(spark_submit), "--master", "local-cluster[2,1,1024]", application,
+             "audit-order", "--data", str(dev_cluster.data), *job],
+            capture_output=True, text=True, check=False, timeout=SUBMIT_TIMEOUT_S,
+            env=environment,
+        )  # fmt: skip
+
+    # spark-submit passes the driver's stdout and stderr on as its stdout.
+    on_the_cluster = submit("-o", "json")
+    assert on_the_cluster.returncode == 0, on_the_cluster.stderr[-3000:]
+    report = json.loads(on_the_cluster.stdout)  # nothing else in it
+    assert report["agrees"] and report["lengths"] == dict.fromkeys(DCS, TXS)
+    said = submit()
+    assert said.returncode == 0, said.stderr[-3000:]
+    assert "(Spark master: local-cluster[2,1,1024])" in said.stdout, said.stdout
+    overridden = submit("--master", "local[1]")
+    assert overridden.returncode == 0, overridden.stderr[-3000:]
+    assert "(Spark master: local[1])" in overridden.stdout, overridden.stdout

@@ -1,7 +1,9 @@
 """``txsync pipeline <job>``: the data pipeline's jobs from the command line.
 
-The same jobs run under ``spark-submit`` on a cluster (``--master`` there, or
-``spark-submit ... -m txsync.pipeline.command``); ``local[*]`` uses this machine.
+The same jobs run under ``spark-submit`` on a cluster, this file being the application
+(Spark's usual form for Python): ``spark-submit --master spark://HOST:7077
+$(python -m txsync.pipeline.command --path) export ...``; the session then runs on
+spark-submit's master (``pipeline.session``). ``local[*]`` uses this machine.
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ def _replica(text: str) -> tuple[str, str]:
     return name, location
 
 
+def _session(options: argparse.Namespace) -> Any:
+    """The job's SparkSession (``pipeline.session``), its master said on stderr unless
+    the answer is JSON (spark-submit sends the driver's stderr to its stdout)."""
+    from txsync.pipeline.session import spark_session  # noqa: PLC0415 - pyspark is optional
+
+    spark = spark_session(options.master)
+    if getattr(options, "output", "text") != "json":
+        print(f"(Spark master: {spark.sparkContext.master})", file=sys.stderr)
+    return spark
+
+
 def _log_sources(options: argparse.Namespace) -> list[Any]:
     """Where each DC's log is read: data directories (``--dc``, ``--data``) and running
     DCs' stores (``--endpoints``); exits with a message when none is given."""
@@ -82,11 +95,10 @@ def _log_sources(options: argparse.Namespace) -> list[Any]:
 
 def run_export(options: argparse.Namespace) -> int:
     from txsync.pipeline.export import export  # noqa: PLC0415 - pyspark is optional
-    from txsync.pipeline.session import spark_session  # noqa: PLC0415
 
     sources = _log_sources(options)
     started = time.monotonic()
-    spark = spark_session(options.master)
+    spark = _session(options)
     counts = export(spark, sources, options.out)
     print(
         f"exported {', '.join(f'{n} {name}' for name, n in counts.items())} rows of "
@@ -100,11 +112,10 @@ def run_export(options: argparse.Namespace) -> int:
 def run_audit(options: argparse.Namespace) -> int:
     from txsync.pipeline.audit import audit_order  # noqa: PLC0415
     from txsync.pipeline.export import read_logs  # noqa: PLC0415
-    from txsync.pipeline.session import spark_session  # noqa: PLC0415
 
     if options.parquet is None:
         sources = _log_sources(options)
-    spark = spark_session(options.master)
+    spark = _session(options)
     if options.parquet is not None:
         synced = spark.read.parquet(str(options.parquet / "synced"))
     else:
@@ -141,11 +152,10 @@ def run_audit(options: argparse.Namespace) -> int:
 def run_report(options: argparse.Namespace) -> int:
     from txsync.pipeline.export import read_logs  # noqa: PLC0415 - pyspark is optional
     from txsync.pipeline.report import write_report  # noqa: PLC0415
-    from txsync.pipeline.session import spark_session  # noqa: PLC0415
 
     if options.parquet is None:
         log_sources = _log_sources(options)
-    spark = spark_session(options.master)
+    spark = _session(options)
     if options.parquet is not None:
         transitions = spark.read.parquet(str(options.parquet / "transitions"))
         rounds_path = options.parquet / "rounds"
@@ -165,13 +175,12 @@ def run_report(options: argparse.Namespace) -> int:
 
 def run_load(options: argparse.Namespace) -> int:
     from txsync.pipeline.load import LoadPlan, load  # noqa: PLC0415 - pyspark is optional
-    from txsync.pipeline.session import spark_session  # noqa: PLC0415
 
     endpoints = tuple(e.strip() for e in options.endpoints.split(",") if e.strip())
     if not endpoints:
         print("error: give --endpoints HOST:PORT[,HOST:PORT...] (DCs' stores)", file=sys.stderr)
         return 2
-    spark = spark_session(options.master)
+    spark = _session(options)
     paths = [str(path) for path in options.input]
     if options.format == "csv":
         frame = spark.read.option("header", True).option("inferSchema", True).csv(paths)
@@ -208,7 +217,6 @@ def run_verify(options: argparse.Namespace) -> int:
         replicas_of_cluster,
         verify_replicas,
     )
-    from txsync.pipeline.session import spark_session  # noqa: PLC0415
 
     replicas: dict[str, Path | str] = dict(options.replica)
     if options.data is not None:
@@ -226,7 +234,7 @@ def run_verify(options: argparse.Namespace) -> int:
         print(f"error: no database file for {', '.join(unreadable)}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    report = verify_replicas(spark_session(options.master), replicas)
+    report = verify_replicas(_session(options), replicas)
     shown = report.differences.orderBy("replica", "table", "kind", "key").limit(options.show)
     listed = [row.asDict() for row in shown.collect()]
     if options.out is not None:
@@ -283,8 +291,11 @@ def register(commands: Any) -> None:
                 help="running DCs read through their admin API instead: cluster.json or "
                      "stores' HOST:PORT,... (the only source of rounds)",
             )  # fmt: skip
-        parser.add_argument("--master", default="local[*]",
-                            help="Spark master (default local[*]: this machine)")  # fmt: skip
+        parser.add_argument(
+            "--master",
+            help="Spark master (default: spark-submit's --master when it runs the job, else "
+                 "local[*], this machine's cores); given here, it wins over spark-submit's",
+        )  # fmt: skip
         if name == "load":
             parser.add_argument("--input", type=Path, nargs="+", required=True,
                                 help="CSV (with a header) or Parquet files or folders")  # fmt: skip
@@ -323,7 +334,11 @@ def register(commands: Any) -> None:
 
 
 def main() -> int:
-    """For ``spark-submit``: the same arguments as ``txsync pipeline``."""
+    """For ``spark-submit``: the same arguments as ``txsync pipeline``; ``--path`` alone
+    prints this file's path (the application spark-submit takes)."""
+    if sys.argv[1:] == ["--path"]:
+        print(Path(__file__).resolve())
+        return 0
     parser = argparse.ArgumentParser(prog="txsync pipeline")
     register(parser.add_subparsers(dest="command", required=True))
     options = parser.parse_args(["pipeline", *sys.argv[1:]])
