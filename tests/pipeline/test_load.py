@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from tests.support.cluster import LocalCluster
-from txsync.pipeline.load import LoadPlan, load
+from txsync.pipeline.load import LoadPlan, default_key_prefix, load
 
 pytestmark = pytest.mark.spark
 ROWS = 100_000
@@ -54,3 +54,27 @@ def test_a_hundred_thousand_rows_load_once_and_resume(spark: SparkSession, tmp_p
         assert all(len(cluster.synced(dc)) == transactions for dc in cluster.dcs)
     finally:
         cluster.stop()
+
+
+def test_the_default_key_prefix_is_short_and_follows_the_inputs(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 54: keys once joined every input path, so three long paths passed the
+    128-byte key limit and every row was refused, and a daily file rewritten at the
+    same path reused its keys and loaded nothing. Now: a digest of the files' names,
+    sizes and times; a path or its ``file://`` URI, the same; a rewrite, another."""
+    folder = tmp_path / ("a-rather-long-folder-name-for-an-export-" * 3)
+    folder.mkdir()
+    files = [folder / f"part-{n}-of-a-daily-export-with-a-long-name.csv" for n in range(3)]
+    for n, path in enumerate(files):
+        path.write_text(f"id\n{n}\n")
+
+    def prefix(*inputs: str) -> str:
+        return default_key_prefix(spark, spark.read.option("header", True).csv(list(inputs)))
+
+    first = prefix(*map(str, files))
+    assert first.startswith("load-") and len(first) == len("load-") + 16
+    assert prefix(*(path.as_uri() for path in files)) == first
+    assert prefix(*map(str, reversed(files))) == first, "the order given does not matter"
+    files[1].write_text("id\n10\n11\n")  # rewritten at the same path
+    assert prefix(*map(str, files)) != first

@@ -174,7 +174,11 @@ def run_report(options: argparse.Namespace) -> int:
 
 
 def run_load(options: argparse.Namespace) -> int:
-    from txsync.pipeline.load import LoadPlan, load  # noqa: PLC0415 - pyspark is optional
+    from txsync.pipeline.load import (  # noqa: PLC0415 - pyspark is optional
+        LoadPlan,
+        default_key_prefix,
+        load,
+    )
 
     endpoints = tuple(e.strip() for e in options.endpoints.split(",") if e.strip())
     if not endpoints:
@@ -190,7 +194,7 @@ def run_load(options: argparse.Namespace) -> int:
         sql=options.sql,
         columns=tuple(c.strip() for c in options.columns.split(",")),
         endpoints=endpoints,
-        key_prefix=options.key_prefix or "load:" + ",".join(sorted(paths)),
+        key_prefix=options.key_prefix or default_key_prefix(spark, frame),
         rows_per_transaction=options.rows_per_transaction,
         batch=options.batch,
         token=options.token,
@@ -309,8 +313,10 @@ def register(commands: Any) -> None:
             parser.add_argument("--batch", type=int, default=100,
                                 help="transactions per SubmitBatch (default 100)")  # fmt: skip
             parser.add_argument("--key-prefix", default="",
-                                help="idempotency keys' prefix (default: from the input "
-                                     "paths): the same prefix resumes a load")  # fmt: skip
+                                help="idempotency keys' prefix (default: load- and a "
+                                     "digest of the input files' names, sizes and times, "
+                                     "so a rerun of the same files resumes and a file "
+                                     "rewritten at the same path loads anew)")  # fmt: skip
         if name in ("export", "audit-order", "report", "load"):
             parser.add_argument("--token", default="", help="bearer token, if required")
         if name in ("export", "report"):

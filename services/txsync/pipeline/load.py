@@ -3,7 +3,8 @@ client library (``txsync.client``) from the executors.
 
 Each row fills the ``?`` of a SQL template from the columns named (in that order);
 ``rows_per_transaction`` consecutive rows go into one transaction (one statement each, at
-most 1000). Every transaction gets an idempotency key made of ``key_prefix`` and the
+most 1000). Every transaction gets an idempotency key made of ``key_prefix`` (by
+default from the input files' names, sizes and times: ``default_key_prefix``) and the
 index of its first row (``zipWithIndex``: stable for the same input files), so running
 the same load again, after a failure half-way, applies only what is missing: the rest
 are answered from their keys by the store that took them, or, sent to another DC, are
@@ -21,6 +22,7 @@ reasons).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +36,28 @@ Counts = tuple[int, int, int, int, str]
 SUBMIT_TIMEOUT_S = 600.0
 """A transaction's whole deadline, back-pressure and failovers included."""
 STATEMENTS_MAX = 1000
+
+
+KEY_PREFIX_HEX = 16
+"""Hex digits of the inputs' digest in a default key prefix (``default_key_prefix``)."""
+
+
+def default_key_prefix(spark: SparkSession, frame: DataFrame) -> str:
+    """``load-`` and 16 hex digits of SHA-256 over every input file's URI, size and
+    modification time, through Hadoop's file systems (``file://``, ``s3a://``,
+    ``hdfs://`` alike): the same unchanged input resumes, and a file rewritten at the
+    same path (a daily export) is a new load. Keys stay short, however many and long
+    the paths: ``load-1f0c...:ROW``."""
+    context = spark.sparkContext
+    jvm, hadoop = context._jvm, context._jsc.hadoopConfiguration()
+    assert jvm is not None, "a classic (not Connect) session"
+    described = []
+    for uri in sorted(frame.inputFiles()):
+        path = jvm.org.apache.hadoop.fs.Path(uri)
+        status = path.getFileSystem(hadoop).getFileStatus(path)
+        described.append(f"{uri}\0{status.getLen()}\0{status.getModificationTime()}")
+    digest = hashlib.sha256("\n".join(described).encode()).hexdigest()
+    return f"load-{digest[:KEY_PREFIX_HEX]}"
 
 
 @dataclass(frozen=True)
