@@ -25,7 +25,7 @@ from txsync.client.endpoints import Endpoint, EndpointError, resolve
 from txsync.tls import channel_credentials, read_pem
 
 if TYPE_CHECKING:
-    from txsync.client import Client
+    from txsync.client import Client, Tls
 
 DEFAULT_ENDPOINTS = "data/cluster.json"
 TIMEOUT_S = 5.0
@@ -56,6 +56,13 @@ def add_connection_arguments(
         default=os.environ.get("TXSYNC_TOKEN", ""),
         help="bearer token, when the cluster requires one (default: $TXSYNC_TOKEN)",
     )
+    add_tls_arguments(group)
+    parser.add_argument("-o", "--output", choices=outputs, default=outputs[0])
+
+
+def add_tls_arguments(group: argparse._ActionsContainer) -> None:
+    """``--tls-ca``, ``--tls-server-name``, ``--tls-cert``, ``--tls-key`` (defaults from
+    the ``TXSYNC_TLS_*`` variables), as every command that reaches a store takes them."""
     group.add_argument(
         "--tls-ca",
         type=Path,
@@ -83,7 +90,27 @@ def add_connection_arguments(
         default=os.environ.get("TXSYNC_TLS_KEY") or None,
         help="its private key (default: $TXSYNC_TLS_KEY)",
     )
-    parser.add_argument("-o", "--output", choices=outputs, default=outputs[0])
+
+
+def tls_of(options: argparse.Namespace) -> Tls | None:
+    """The client library's ``Tls`` from the TLS options (the files read now, so that the
+    PEM travels as bytes: to a Spark executor, say); None without ``--tls-ca``."""
+    from txsync.client import Tls  # noqa: PLC0415 - only the commands that connect
+
+    ca: Path | None = getattr(options, "tls_ca", None)
+    if ca is None:
+        return None
+    if (options.tls_cert is None) != (options.tls_key is None):
+        fail("give both --tls-cert and --tls-key, or neither")
+    try:
+        return Tls(
+            read_pem(ca, "CA"),
+            read_pem(options.tls_cert, "certificate") if options.tls_cert else None,
+            read_pem(options.tls_key, "key") if options.tls_key else None,
+            options.tls_server_name,
+        )
+    except OSError as error:
+        fail(str(error))
 
 
 def targets_of(endpoints: str) -> list[Target]:
@@ -116,23 +143,10 @@ def target(options: argparse.Namespace) -> Target:
 def client_of(options: argparse.Namespace, **settings: Any) -> Client:
     """The client library on the connection options: every DC the endpoints name, the
     ``--dc`` one first (the others are where it fails over to)."""
-    from txsync.client import Client, Tls  # noqa: PLC0415 - only the commands that submit or read
+    from txsync.client import Client  # noqa: PLC0415 - only the commands that submit or read
 
     all_targets(options)  # the same checks and messages as the other commands
-    ca: Path | None = getattr(options, "tls_ca", None)
-    tls = None
-    if ca is not None:
-        if (options.tls_cert is None) != (options.tls_key is None):
-            fail("give both --tls-cert and --tls-key, or neither")
-        try:
-            tls = Tls(
-                read_pem(ca, "CA"),
-                read_pem(options.tls_cert, "certificate") if options.tls_cert else None,
-                read_pem(options.tls_key, "key") if options.tls_key else None,
-                options.tls_server_name,
-            )
-        except OSError as error:
-            fail(str(error))
+    tls = tls_of(options)
     try:
         return Client(options.endpoints, dc=options.dc, token=options.token, tls=tls, **settings)
     except (EndpointError, ValueError) as error:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -75,13 +76,14 @@ def _session(options: argparse.Namespace) -> Any:
 def _log_sources(options: argparse.Namespace) -> list[Any]:
     """Where each DC's log is read: data directories (``--dc``, ``--data``) and running
     DCs' stores (``--endpoints``); exits with a message when none is given."""
-    from txsync.cli.connect import targets_of  # noqa: PLC0415
+    from txsync.cli.connect import targets_of, tls_of  # noqa: PLC0415
     from txsync.pipeline.export import LogSource  # noqa: PLC0415 - pyspark is optional
 
     sources = [LogSource(dc, directory=str(path)) for dc, path in _dcs(options).items()]
     if options.endpoints:
+        tls = tls_of(options)
         sources += [
-            LogSource(store=target.address, token=options.token)
+            LogSource(target.dc, store=target.address, token=options.token, tls=tls)
             for target in targets_of(options.endpoints)
         ]
     if not sources:
@@ -174,6 +176,7 @@ def run_report(options: argparse.Namespace) -> int:
 
 
 def run_load(options: argparse.Namespace) -> int:
+    from txsync.cli.connect import tls_of  # noqa: PLC0415
     from txsync.pipeline.load import (  # noqa: PLC0415 - pyspark is optional
         LoadPlan,
         default_key_prefix,
@@ -198,6 +201,7 @@ def run_load(options: argparse.Namespace) -> int:
         rows_per_transaction=options.rows_per_transaction,
         batch=options.batch,
         token=options.token,
+        tls=tls_of(options),
     )
     started = time.monotonic()
     try:
@@ -268,6 +272,8 @@ def run_verify(options: argparse.Namespace) -> int:
 
 
 def register(commands: Any) -> None:
+    from txsync.cli.connect import add_tls_arguments  # noqa: PLC0415 - grpc, when used
+
     pipeline = commands.add_parser(
         "pipeline",
         help="data pipeline jobs on Spark (export, audit-order, verify-replicas, report, load)",
@@ -318,7 +324,15 @@ def register(commands: Any) -> None:
                                      "so a rerun of the same files resumes and a file "
                                      "rewritten at the same path loads anew)")  # fmt: skip
         if name in ("export", "audit-order", "report", "load"):
-            parser.add_argument("--token", default="", help="bearer token, if required")
+            connection = parser.add_argument_group(
+                "connection (to stores: load, and --endpoints; read on the driver, sent "
+                "to the executors)"
+            )
+            connection.add_argument(
+                "--token", default=os.environ.get("TXSYNC_TOKEN", ""),
+                help="bearer token, when the cluster requires one (default: $TXSYNC_TOKEN)",
+            )  # fmt: skip
+            add_tls_arguments(connection)
         if name in ("export", "report"):
             parser.add_argument("--out", type=Path, required=True, help="output directory")
             if name == "report":

@@ -25,6 +25,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from txsync.client.connection import Tls
 from txsync.pipeline.admin_rows import rows_of_store
 from txsync.pipeline.txlog_rows import Row, rows_of_dc
 
@@ -72,19 +73,22 @@ PARTITIONS = {
 @dataclass(frozen=True)
 class LogSource:
     """Where one DC's log is read: its data ``directory``, or else its transaction-store
-    at ``store`` (HOST:PORT; the DC then names itself)."""
+    at ``store`` (HOST:PORT; the DC then names itself; ``dc``, when known, fills a TLS
+    name template), with a bearer ``token`` and ``tls`` (PEM bytes, which travel to the
+    executor with the source) when the cluster asks for them."""
 
     dc: str = ""
     directory: str = ""
     store: str = ""
     token: str = ""
+    tls: Tls | None = None
 
 
 def _parse(source: LogSource) -> Iterator[tuple[str, Row]]:
     if source.directory:
         yield from rows_of_dc(source.dc, Path(source.directory))
     else:
-        yield from rows_of_store(source.store, source.token)
+        yield from rows_of_store(source.store, source.token, source.tls, source.dc)
 
 
 def read_txlogs(spark: SparkSession, dcs: dict[str, Path]) -> dict[str, DataFrame]:

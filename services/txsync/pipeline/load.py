@@ -29,7 +29,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from txsync.client import Client, Statement, Submitted
+from txsync.client import Client, Statement, Submitted, Tls
 from txsync.client.results import SqlValue
 
 Counts = tuple[int, int, int, int, str]
@@ -69,6 +69,9 @@ class LoadPlan:
     rows_per_transaction: int = 1
     batch: int = 100
     token: str = ""
+    tls: Tls | None = None
+    """TLS to the stores, its PEM as bytes: the plan travels to the executors, which
+    need not hold the driver's files (None: as ``Client`` finds it there)."""
 
 
 @dataclass
@@ -86,7 +89,9 @@ def _submit_slice(plan: LoadPlan, rows: Iterable[tuple[int, Any]]) -> Iterator[C
     counts = [0, 0, 0, 0]
     errors: list[str] = []
     clients = [
-        Client(endpoints, dc=endpoint, token=plan.token, timeout=SUBMIT_TIMEOUT_S,
+        # Preferred by address: an endpoint may name its DC (dc1=HOST:PORT) for TLS.
+        Client(endpoints, dc=endpoint.rpartition("=")[2], token=plan.token, tls=plan.tls,
+               timeout=SUBMIT_TIMEOUT_S,
                batch_max=max(1, min(plan.batch, 1_000)))
         for endpoint in endpoints
     ]  # fmt: skip
