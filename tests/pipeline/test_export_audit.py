@@ -206,3 +206,29 @@ def test_a_job_runs_on_a_standalone_master_and_worker(dev_cluster: DevRun, tmp_p
 def _listening(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_jobs_take_uris_as_spark_does(dev_cluster: DevRun, tmp_path: Path) -> None:
+    """Issue 54: outputs and inputs went through ``pathlib``, which turns
+    ``s3a://bucket/key`` into ``s3a:/bucket/key``. A path-shaped URI on the local file
+    system, through Hadoop's ``file://`` scheme, goes the way an object store's would."""
+    lake = (tmp_path / "lake").as_uri()
+    assert lake.startswith("file:///")
+    dcs = [f"--dc={dc}={dev_cluster.data / dc}" for dc in DCS]
+
+    def job(*arguments: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "txsync.cli.main", "pipeline", *arguments,
+             "--master", "local[2]"],
+            capture_output=True, text=True, check=False, timeout=SUBMIT_TIMEOUT_S,
+        )  # fmt: skip
+
+    exported = job("export", *dcs, "--out", lake)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert (tmp_path / "lake" / "synced" / "_SUCCESS").is_file(), "written where the URI says"
+    audited = job("audit-order", "--parquet", lake, "-o", "json")
+    assert audited.returncode == 0, audited.stderr[-3000:]
+    assert json.loads(audited.stdout)["lengths"] == dict.fromkeys(DCS, TXS)
+    reported = job("report", "--parquet", lake, "--out", str(tmp_path / "report"))
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    assert (tmp_path / "report" / "index.html").is_file()

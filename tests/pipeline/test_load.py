@@ -48,7 +48,7 @@ def test_a_hundred_thousand_rows_load_once_and_resume(spark: SparkSession, tmp_p
         )
         again = subprocess.run(
             [sys.executable, "-m", "txsync.cli.main", "pipeline", "load", "--master", "local[2]",
-             "--input", str(csv), "--columns", "id,owner,balance",
+             "--input", csv.as_uri(), "--columns", "id,owner,balance",  # a URI, as Spark's
              "--sql", plan.sql, "--rows-per-transaction", str(ROWS_PER_TRANSACTION),
              "--key-prefix", "test-load",
              "--endpoints", ",".join(reversed(plan.endpoints))],  # any order

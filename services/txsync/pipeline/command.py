@@ -32,6 +32,13 @@ exit status: 0 done (and, for audit-order, every DC agrees), 1 the DCs disagree,
 """
 
 
+LOCATION = "a path or a URI (file://, s3a://, hdfs://...), as Spark reads and writes them"
+LOCAL = (
+    "; a local path, read by each executor at that same path (shared storage, or "
+    "--endpoints to read running DCs instead)"
+)
+
+
 def _dcs(options: argparse.Namespace) -> dict[str, Path]:
     """The DCs' data directories that ``--dc`` and ``--data`` name."""
     dcs = dict(options.dc)
@@ -114,12 +121,13 @@ def run_export(options: argparse.Namespace) -> int:
 def run_audit(options: argparse.Namespace) -> int:
     from txsync.pipeline.audit import audit_order  # noqa: PLC0415
     from txsync.pipeline.export import read_logs  # noqa: PLC0415
+    from txsync.pipeline.uris import joined  # noqa: PLC0415
 
     if options.parquet is None:
         sources = _log_sources(options)
     spark = _session(options)
     if options.parquet is not None:
-        synced = spark.read.parquet(str(options.parquet / "synced"))
+        synced = spark.read.parquet(joined(options.parquet, "synced"))
     else:
         synced = read_logs(spark, sources)["synced"]
     audit = audit_order(synced)
@@ -152,16 +160,22 @@ def run_audit(options: argparse.Namespace) -> int:
 
 
 def run_report(options: argparse.Namespace) -> int:
-    from txsync.pipeline.export import read_logs  # noqa: PLC0415 - pyspark is optional
+    from txsync.pipeline.export import SCHEMAS, read_logs  # noqa: PLC0415 - pyspark is optional
     from txsync.pipeline.report import write_report  # noqa: PLC0415
+    from txsync.pipeline.uris import exists, joined  # noqa: PLC0415
 
     if options.parquet is None:
         log_sources = _log_sources(options)
     spark = _session(options)
     if options.parquet is not None:
-        transitions = spark.read.parquet(str(options.parquet / "transitions"))
-        rounds_path = options.parquet / "rounds"
-        rounds = spark.read.parquet(str(rounds_path)) if rounds_path.is_dir() else None
+        transitions = spark.read.parquet(joined(options.parquet, "transitions"))
+        rounds_at = joined(options.parquet, "rounds")
+        # Its schema given: an export of txlog files holds an empty rounds/ (no files).
+        rounds = (
+            spark.read.schema(SCHEMAS["rounds"]).parquet(rounds_at)
+            if exists(spark, rounds_at)
+            else None
+        )
         sources = f"export {options.parquet}"
     else:
         datasets = read_logs(spark, log_sources)
@@ -188,7 +202,7 @@ def run_load(options: argparse.Namespace) -> int:
         print("error: give --endpoints HOST:PORT[,HOST:PORT...] (DCs' stores)", file=sys.stderr)
         return 2
     spark = _session(options)
-    paths = [str(path) for path in options.input]
+    paths = list(options.input)
     if options.format == "csv":
         frame = spark.read.option("header", True).option("inferSchema", True).csv(paths)
     else:
@@ -246,7 +260,7 @@ def run_verify(options: argparse.Namespace) -> int:
     shown = report.differences.orderBy("replica", "table", "kind", "key").limit(options.show)
     listed = [row.asDict() for row in shown.collect()]
     if options.out is not None:
-        report.differences.write.mode("overwrite").json(str(options.out))
+        report.differences.write.mode("overwrite").json(options.out)
     elapsed = time.monotonic() - started
     if options.output == "json":
         print(json.dumps({
@@ -291,10 +305,13 @@ def register(commands: Any) -> None:
             name, help=summary, description=summary[0].upper() + summary[1:] + ".",
             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         )  # fmt: skip
-        parser.add_argument("--dc", type=_dc, action="append", default=[],
-                            metavar="DC=DIR", help="a DC's data directory (repeat)")  # fmt: skip
-        parser.add_argument("--data", type=Path,
-                            help="a `txsync dev up` data directory (every DC in it)")  # fmt: skip
+        parser.add_argument(
+            "--dc", type=_dc, action="append", default=[], metavar="DC=DIR",
+            help=f"a DC's data directory (repeat){LOCAL}",
+        )  # fmt: skip
+        parser.add_argument(
+            "--data", type=Path, help=f"a `txsync dev up` data directory (every DC in it){LOCAL}"
+        )
         if name in ("export", "audit-order", "report"):
             parser.add_argument(
                 "--endpoints", default="",
@@ -307,8 +324,9 @@ def register(commands: Any) -> None:
                  "local[*], this machine's cores); given here, it wins over spark-submit's",
         )  # fmt: skip
         if name == "load":
-            parser.add_argument("--input", type=Path, nargs="+", required=True,
-                                help="CSV (with a header) or Parquet files or folders")  # fmt: skip
+            parser.add_argument("--input", nargs="+", required=True,
+                                help="CSV (with a header) or Parquet files or folders: "
+                                     f"{LOCATION}")  # fmt: skip
             parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
             parser.add_argument("--sql", required=True, help="a statement with ? per column")
             parser.add_argument("--columns", required=True, help="the columns, in ? order")
@@ -333,10 +351,15 @@ def register(commands: Any) -> None:
                 help="bearer token, when the cluster requires one (default: $TXSYNC_TOKEN)",
             )  # fmt: skip
             add_tls_arguments(connection)
-        if name in ("export", "report"):
-            parser.add_argument("--out", type=Path, required=True, help="output directory")
-            if name == "report":
-                parser.add_argument("--parquet", type=Path, help="read an export instead")
+        if name == "export":
+            parser.add_argument("--out", required=True,
+                                help=f"where the Parquet datasets go: {LOCATION}")  # fmt: skip
+        elif name == "report":
+            parser.add_argument(
+                "--out", type=Path, required=True,
+                help="the report's directory (local: the driver writes it)",
+            )  # fmt: skip
+            parser.add_argument("--parquet", help=f"read an export instead: {LOCATION}")
         elif name == "verify-replicas":
             parser.add_argument(
                 "--replica", type=_replica, action="append", default=[],
@@ -344,11 +367,11 @@ def register(commands: Any) -> None:
                 help="a worker's SQLite file or PostgreSQL URI (postgresql://...); repeat; "
                      "the first (by name) is the reference",
             )  # fmt: skip
-            parser.add_argument("--out", type=Path, help="write every difference (JSON lines)")
+            parser.add_argument("--out", help=f"write every difference (JSON lines): {LOCATION}")
             parser.add_argument("--show", type=int, default=50, help="differences to print")
             parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
         else:
-            parser.add_argument("--parquet", type=Path, help="read an export instead of txlogs")
+            parser.add_argument("--parquet", help=f"read an export instead of txlogs: {LOCATION}")
             parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
         parser.set_defaults(handler=handler)
 

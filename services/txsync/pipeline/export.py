@@ -28,6 +28,7 @@ from pyspark.sql.types import (
 from txsync.client.connection import Tls
 from txsync.pipeline.admin_rows import rows_of_store
 from txsync.pipeline.txlog_rows import Row, rows_of_dc
+from txsync.pipeline.uris import joined
 
 SCHEMAS = {
     "synced": StructType([
@@ -122,10 +123,11 @@ def _untagged(row: tuple[str, Row]) -> Row:
     return row[1]
 
 
-def export(spark: SparkSession, sources: list[LogSource], out: Path) -> dict[str, int]:
-    """Write the datasets under ``out``; returns the rows written per dataset."""
+def export(spark: SparkSession, sources: list[LogSource], out: str | Path) -> dict[str, int]:
+    """Write the datasets under ``out`` (a path or a URI: ``pipeline.uris``); returns
+    the rows written per dataset."""
     counts = {}
     for name, frame in read_logs(spark, sources).items():
-        frame.write.mode("overwrite").partitionBy(*PARTITIONS[name]).parquet(str(out / name))
+        frame.write.mode("overwrite").partitionBy(*PARTITIONS[name]).parquet(joined(out, name))
         counts[name] = frame.count()
     return counts
