@@ -92,7 +92,7 @@ class TxSyncDialect(SQLiteDialect):
 
     def set_isolation_level(self, dbapi_connection: Any, level: IsolationLevel | None) -> None:
         if level not in (None, "SERIALIZABLE", "AUTOCOMMIT"):
-            raise NotImplementedError(f"txsync transactions are serializable, not {level}")
+            raise exc.ArgumentError(f"txsync transactions are serializable, not {level}")
 
     def do_ping(self, dbapi_connection: Any) -> bool:
         return True  # the client fails over by itself; no connection to go stale

@@ -15,7 +15,6 @@ from txsync.client.batching import BATCH_MAX_DEFAULT, IN_FLIGHT_MAX_DEFAULT, Sub
 from txsync.client.connection import (
     Tls,
     channel_options,
-    check_names,
     located,
     token_metadata,
 )
@@ -31,7 +30,7 @@ from txsync.client.core import (
     refused_by,
     statements_of,
 )
-from txsync.client.endpoints import Endpoint, resolve
+from txsync.client.endpoints import Endpoint
 from txsync.client.errors import TxSyncError
 from txsync.client.results import (
     QueryResult,
@@ -81,9 +80,8 @@ class AsyncClient:
         linger_ms: float = 0.0,
         idempotent: bool = True,
     ) -> None:
-        self.endpoints: list[Endpoint] = resolve(endpoints, dc)
         tls = tls if tls is not None else Tls.from_environment()
-        check_names(tls, self.endpoints)
+        self.endpoints: list[Endpoint] = located(endpoints, dc, tls)
         self._transport = AioTransport(
             self.endpoints, token_metadata(token), tls,
             batching={"batch_max": batch_max, "in_flight_max": in_flight_max,

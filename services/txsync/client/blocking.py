@@ -20,7 +20,6 @@ from txsync.client.batching import BATCH_MAX_DEFAULT, IN_FLIGHT_MAX_DEFAULT, Thr
 from txsync.client.connection import (
     Tls,
     channel_options,
-    check_names,
     located,
     token_metadata,
 )
@@ -37,7 +36,7 @@ from txsync.client.core import (
     run,
     statements_of,
 )
-from txsync.client.endpoints import Endpoint, resolve
+from txsync.client.endpoints import Endpoint
 from txsync.client.errors import TxSyncError
 from txsync.client.results import (
     QueryResult,
@@ -77,9 +76,8 @@ class Client:
         in_flight_max: int = IN_FLIGHT_MAX_DEFAULT,
         idempotent: bool = True,
     ) -> None:
-        self.endpoints: builtins.list[Endpoint] = resolve(endpoints, dc)
         tls = tls if tls is not None else Tls.from_environment()
-        check_names(tls, self.endpoints)
+        self.endpoints: builtins.list[Endpoint] = located(endpoints, dc, tls)
         self._transport = SyncTransport(
             self.endpoints, token_metadata(token), tls,
             batching={"batch_max": batch_max, "in_flight_max": in_flight_max,

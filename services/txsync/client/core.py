@@ -168,8 +168,6 @@ class Core:
         """Finds the DCs again from what the client was given (a cluster file read
         again, a DNS name looked up again), after a round in which none answered: a
         long-lived client follows a DC whose address changed (a rescheduled pod)."""
-        self.relocations = 0
-        """Times ``locate`` found other endpoints than those in use."""
         self.current = 0
         """Index in ``endpoints`` of the DC in use."""
         self.batch_calls = 0
@@ -634,7 +632,6 @@ class Core:
         await self.transport.reconnect()
         self.endpoints[:] = found  # the list the client and its transport share
         self.current = 0
-        self.relocations += 1
         return True
 
     async def _sleep_until(self, deadline: float, seconds: float) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from txsync.worker.backend import OUTCOMES_KEPT
-from txsync.worker.keys import Execute, ExecuteMany
+from txsync.worker.keys import Execute, ExecuteMany, KeyBook
 from txsync.worker.outcomes import Outcome
 
 
@@ -39,12 +39,16 @@ class LedgerSql:
 
 
 class Ledger:
-    """The applied row as of the last transaction of this database transaction, and the
+    """The applied row as of the last transaction of this database transaction, the
     outcomes it added (``outcomes``, by position: a re-delivered one is answered from
-    here before it is written)."""
+    here before it is written), and its idempotency keys (``keys``): all of its
+    bookkeeping, written by one ``write``."""
 
-    def __init__(self, sql: LedgerSql, execute: Execute, execute_many: ExecuteMany) -> None:
+    def __init__(
+        self, sql: LedgerSql, keys: KeyBook, execute: Execute, execute_many: ExecuteMany
+    ) -> None:
         self._sql, self._execute, self._execute_many = sql, execute, execute_many
+        self.keys = keys.batch(execute, execute_many)
         row = execute(sql.read_sql, ()).fetchone()
         assert row is not None, "the applied row is made at set-up"
         self.position, self.tx_id, self.digest = int(row[0]), str(row[1]), bytes(row[2])
@@ -57,6 +61,7 @@ class Ledger:
 
     def write(self) -> None:
         """Before the database transaction commits."""
+        self.keys.flush()
         if not self.outcomes:
             return
         self._execute(self._sql.update_sql, (self.position, self.tx_id, self.digest))

@@ -50,7 +50,7 @@ from txsync.worker.backend import (
     collect_rows,
     recorded_outcome,
 )
-from txsync.worker.keys import KeyBatch, KeyBook, windows_table_sql
+from txsync.worker.keys import KeyBook, windows_table_sql
 from txsync.worker.ledger import Ledger, LedgerSql
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
@@ -267,9 +267,8 @@ class PostgresBackend:
     def apply(self, position: int, tx_id: str, body: Transaction, *, run: bool = True) -> Outcome:
         with self._lock, self._conn.transaction():
             work.count(work.DB_COMMITS)
-            keys, ledger = self._bookkeeping()
-            outcome = self._apply_in_transaction(keys, ledger, ToApply(position, tx_id, body, run))
-            keys.flush()
+            ledger = self._ledger()
+            outcome = self._apply_in_transaction(ledger, ToApply(position, tx_id, body, run))
             ledger.write()
             return outcome
 
@@ -278,31 +277,27 @@ class PostgresBackend:
         outcomes: list[Outcome] = []
         with self._lock, self._conn.transaction():
             work.count(work.DB_COMMITS)
-            keys, ledger = self._bookkeeping()
+            ledger = self._ledger()
             failure: ApplyOrderError | None = None
             for item in batch:
                 try:
-                    outcomes.append(self._apply_in_transaction(keys, ledger, item))
+                    outcomes.append(self._apply_in_transaction(ledger, item))
                 except ApplyOrderError as error:  # raised before it wrote anything
                     failure = error  # the outcomes before it commit
                     break
-            keys.flush()
             ledger.write()
         return outcomes, failure
 
-    def _bookkeeping(self) -> tuple[KeyBatch, Ledger]:
-        """The keys' and the ledger's part of the database transaction just begun."""
+    def _ledger(self) -> Ledger:
+        """The bookkeeping of the database transaction just begun."""
         conn = self._conn
 
         def execute_many(sql: str, rows: list[tuple[object, ...]]) -> None:
             conn.cursor().executemany(sql, rows)
 
-        return (
-            _KEY_BOOK.batch(conn.execute, execute_many),
-            Ledger(_LEDGER, conn.execute, execute_many),
-        )
+        return Ledger(_LEDGER, _KEY_BOOK, conn.execute, execute_many)
 
-    def _apply_in_transaction(self, keys: KeyBatch, ledger: Ledger, item: ToApply) -> Outcome:
+    def _apply_in_transaction(self, ledger: Ledger, item: ToApply) -> Outcome:
         """Under the lock, inside a database transaction: a user statement's error stays
         inside its own savepoint (``_run``), so a batch's transactions never undo each
         other."""
@@ -318,6 +313,7 @@ class PostgresBackend:
         key = body.idempotency_key
         if "\0" in key:  # the store refuses it; PostgreSQL text cannot hold it
             key, run, error = "", False, "refused: the idempotency key contains NUL"
+        keys = ledger.keys
         first = keys.holder(position, body) if key else None
         if first is not None:
             ok, error = first.ok, first.error()

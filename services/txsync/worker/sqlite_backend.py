@@ -58,7 +58,7 @@ from txsync.worker.backend import (
     collect_rows,
     recorded_outcome,
 )
-from txsync.worker.keys import KeyBatch, KeyBook, windows_table_sql
+from txsync.worker.keys import KeyBook, windows_table_sql
 from txsync.worker.ledger import Ledger, LedgerSql
 from txsync.worker.outcomes import (
     GENESIS_DIGEST,
@@ -250,12 +250,11 @@ class SqliteBackend:
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
-            keys, ledger = self._bookkeeping(conn)
+            ledger = Ledger(_LEDGER, _KEYS, conn.execute, conn.executemany)
             try:
                 outcome = self._apply_in_transaction(
-                    conn, position, tx_id, body, run, keys=keys, ledger=ledger
+                    conn, position, tx_id, body, run, ledger=ledger
                 )
-                keys.flush()
                 ledger.write()
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -289,12 +288,12 @@ class SqliteBackend:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
             self._batching = True
-            keys, ledger = self._bookkeeping(conn)
+            ledger = Ledger(_LEDGER, _KEYS, conn.execute, conn.executemany)
             try:
                 for item in batch:
                     try:
                         outcome = self._apply_in_transaction(
-                            conn, item.position, item.tx_id, item.body, item.run, keys=keys,
+                            conn, item.position, item.tx_id, item.body, item.run,
                             ledger=ledger, alone=not outcomes,
                         )  # fmt: skip
                         if outcome is None:  # applied earlier: answered from its record
@@ -307,7 +306,6 @@ class SqliteBackend:
                     outcomes.append(outcome)
                 if self._guard.largest_rowid_taken(conn):
                     raise _BatchRolledBack  # one by one, each checked: the culprit FAILED
-                keys.flush()
                 ledger.write()
             except BaseException:
                 if conn.in_transaction:
@@ -319,14 +317,6 @@ class SqliteBackend:
             work.count(work.DB_COMMITS)
         return outcomes, failure
 
-    @staticmethod
-    def _bookkeeping(conn: sqlite3.Connection) -> tuple[KeyBatch, Ledger]:
-        """The keys' and the ledger's part of the database transaction just begun."""
-        return (
-            _KEYS.batch(conn.execute, conn.executemany),
-            Ledger(_LEDGER, conn.execute, conn.executemany),
-        )
-
     def _apply_in_transaction(
         self,
         conn: sqlite3.Connection,
@@ -335,7 +325,6 @@ class SqliteBackend:
         body: Transaction,
         run: bool,
         *,
-        keys: KeyBatch,
         ledger: Ledger,
         alone: bool = True,
     ) -> Outcome | None:
@@ -348,6 +337,7 @@ class SqliteBackend:
         ok, error = False, "not run: the DC's testing worker failed it"
         rows: tuple[int, ...] = ()
         key = body.idempotency_key
+        keys = ledger.keys
         first = keys.holder(position, body) if key else None
         if first is not None:
             ok, error = first.ok, first.error()
