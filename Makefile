@@ -13,7 +13,7 @@ BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 PREVIOUS_RELEASE := $(shell sed -n 's/^previous-release-commit = "\([0-9a-f]*\)"/\1/p' pyproject.toml)
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-verify bench-startup bench-client bench-soak dashboard clean
+.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image spark-image pipeline-archive pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-verify bench-startup bench-client bench-soak dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -69,6 +69,12 @@ test-quick: venv system-packages  ## the tests without the slow ones and without
 
 image: venv  ## the container image txsync:dev, built offline (debootstrap base, host wheels)
 	scripts/build_image.sh txsync:dev
+
+spark-image: venv  ## the pipeline's Spark image txsync-spark:dev (k8s/spark), built offline
+	DOCKERFILE=k8s/spark/Dockerfile EXTRAS=server,pipeline scripts/build_image.sh txsync-spark:dev
+
+pipeline-archive: venv  ## build/txsync-pipeline-env.tar.gz: Spark executors' Python (--archives ...#env)
+	$(BIN)/python scripts/pipeline_archive.py $(ARGS)
 
 pipeline-demo: venv  ## every Spark job on a live local cluster; prints where the report is
 	scripts/pipeline_demo.sh

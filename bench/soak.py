@@ -8,10 +8,18 @@ DC, the store's default txlog settings). In one run:
 1. **at the small history** (``--small``, 10,000): a steady load of ``--rate``
    single-row upserts a second on 10,000 keys, spread over the DCs, for ``--probe-s``;
    then dc1's transaction-store and worker are restarted, each timed exec to SERVING;
-2. **the long history**: batched upserts until ``--history`` (1,000,000) transactions
+2. **the middle history**: batched upserts until ``--middle`` (100,000) transactions
+   were ordered, then the same steady load and restarts (``--middle 0`` leaves it out);
+3. **the long history**: batched upserts until ``--history`` (1,000,000) transactions
    were ordered, with progress;
-3. **at the long history**: the same steady load for ``--steady-s`` (600), then the same
+4. **at the long history**: the same steady load for ``--steady-s`` (600), then the same
    restarts.
+
+Why a middle history: the batched load's peak sets a high-water mark that the process's
+allocator keeps (pymalloc returns an arena only when every object in it is gone; see
+``docs/benchmarks.md``), and the small history is measured before any such load. The
+middle history is measured after one, so middle -> long isolates what the history itself
+adds: the figure the short test's "fails if memory grows with history" is about.
 
 Every ``--sample-s`` it samples the resident memory (VmRSS) of every process, each DC's
 bytes on disk (txlog and worker database), and the p99 of the submits (submit to
@@ -340,6 +348,13 @@ class Soak:
             self.phase = "steady small"
             self.steady(options.probe_s)
             self.results.restarts_s["small"] = self.restart()
+            if options.middle:
+                self.wait_whole()
+                self.phase = "load middle"
+                self.load_history(options.middle)
+                self.phase = "steady middle"
+                self.steady(options.probe_s)
+                self.results.restarts_s["middle"] = self.restart()
             self.wait_whole()
             self.phase = "load long"
             self.load_history(options.history)
@@ -368,42 +383,56 @@ def _kind(name: str) -> str:
 
 
 def summary(results: Results) -> str:
-    """The comparison of the two steady phases, as a Markdown table, with the rotations."""
-
-    def steady(phase: str) -> list[Sample]:
-        return [s for s in results.samples if s.phase == phase]
-
-    small, long = steady("steady small"), steady("steady long")
-    lines = ["| measure | at the small history | at the long history | ratio (target) |",
-             "| --- | --- | --- | --- |"]  # fmt: skip
-    if not small or not long:
+    """The comparison of the steady phases, as a Markdown table, with the rotations: each
+    measure at each history, long against small (issue 47's target) and, when a middle
+    history was measured, long against middle (both after a batched load's peak)."""
+    phases = [
+        (name, samples)
+        for name in ("small", "middle", "long")
+        if (samples := [s for s in results.samples if s.phase == f"steady {name}"])
+    ]
+    names = [name for name, _ in phases]
+    if "small" not in names or "long" not in names:
         return "not enough samples in the steady phases"
-    history = f"{small[-1].history:,} / {long[-1].history:,} transactions"
-    lines.append(f"| history at the end of the phase | {history} | | |")
-    kinds = sorted({_kind(name) for s in (*small, *long) for name in s.rss_mib})
-    for kind in kinds:
+    by_phase = dict(phases)
+    ratios = ["long/small (target)"] + (["long/middle"] if "middle" in by_phase else [])
+    lines = [
+        "| measure | " + " | ".join(f"at the {n} history" for n in names) + " | "
+        + " | ".join(ratios) + " |",
+        "| --- " * (1 + len(names) + len(ratios)) + "|",
+    ]  # fmt: skip
 
-        def peak(samples: list[Sample], kind: str = kind) -> float:
-            return max(v for s in samples for n, v in s.rss_mib.items() if _kind(n) == kind)
+    def row(measure: str, values: dict[str, float], unit: str, target: str = "") -> str:
+        cells = [f"{values[n]:.0f} {unit}" if unit != "s" else f"{values[n]:.2f} s" for n in names]
+        cells.append(f"{values['long'] / values['small']:.2f}{target}")
+        if "middle" in by_phase:
+            cells.append(f"{values['long'] / values['middle']:.2f}")
+        return f"| {measure} | " + " | ".join(cells) + " |"
 
-        a, b = peak(small), peak(long)
-        lines.append(f"| RSS, {kind} (largest) | {a:.0f} MiB | {b:.0f} MiB | {b / a:.2f} (1.2) |")
-    disk_a = max(max(s.disk_mib.values()) for s in small)
-    disk_b = max(max(s.disk_mib.values()) for s in long)
     lines.append(
-        f"| disk per DC (largest) | {disk_a:.0f} MiB | {disk_b:.0f} MiB | {disk_b / disk_a:.2f} |"
-    )
-    p99_a = statistics.median(s.submit_p99_ms for s in small if s.submit_p99_ms is not None)
-    p99_b = statistics.median(s.submit_p99_ms for s in long if s.submit_p99_ms is not None)
-    counts = f"{len(small)}/{len(long)}"
-    lines.append(f"| submit p99 (median of {counts} samples) | {p99_a:.1f} ms | {p99_b:.1f} ms | |")
-    for kind, before in results.restarts_s.get("small", {}).items():
-        after = results.restarts_s.get("long", {}).get(kind)
-        if after is not None:
-            ratio = f"{after / before:.2f} (2)"
-            lines.append(
-                f"| restart to SERVING, {kind} | {before:.2f} s | {after:.2f} s | {ratio} |"
-            )
+        "| history at the end of the phase | "
+        + " | ".join(f"{by_phase[n][-1].history:,}" for n in names)
+        + " |" + " |" * len(ratios)
+    )  # fmt: skip
+    kinds = sorted({_kind(name) for _, samples in phases for s in samples for name in s.rss_mib})
+    for kind in kinds:
+        peaks = {
+            n: max(v for s in samples for k, v in s.rss_mib.items() if _kind(k) == kind)
+            for n, samples in phases
+        }
+        lines.append(row(f"RSS, {kind} (largest)", peaks, "MiB", " (1.2)"))
+    disks = {n: max(max(s.disk_mib.values()) for s in samples) for n, samples in phases}
+    lines.append(row("disk per DC (largest)", disks, "MiB"))
+    p99s = {
+        n: statistics.median(s.submit_p99_ms for s in samples if s.submit_p99_ms is not None)
+        for n, samples in phases
+    }
+    lines.append(row("submit p99 (median of the samples)", p99s, "ms"))
+    restarts = results.restarts_s
+    for kind in restarts.get("small", {}):
+        seconds = {n: restarts[n][kind] for n in names if kind in restarts.get(n, {})}
+        if len(seconds) == len(names):
+            lines.append(row(f"restart to SERVING, {kind}", seconds, "s", " (2)"))
     rotations = results.rotations
     if rotations:
         took = sorted(r.took_ms for r in rotations)
@@ -415,7 +444,7 @@ def summary(results: Results) -> str:
             f"longest {lock[-1]} ms; {sum(r.truncated for r in rotations):,} transactions "
             f"truncated; kept at most {max(r.kept for r in rotations):,}.",
         ]
-    lines.append(rotation_windows(results, long))
+    lines.append(rotation_windows(results, by_phase["long"]))
     lines.append(
         f"\nHistory loaded at {results.loaded_per_s:,.0f} tx/s; "
         f"{results.load_errors} batches failed and were loaded again."
@@ -493,6 +522,7 @@ def _phase_starts(results: Results) -> list[tuple[float, str]]:
 OPTIONS: tuple[tuple[str, type, object, str], ...] = (
     ("--history", int, 1_000_000, "the long history, in transactions"),
     ("--small", int, 10_000, "the small history, in transactions"),
+    ("--middle", int, 100_000, "the middle history, in transactions (0: none)"),
     ("--steady-s", float, 600.0, "seconds of steady load at the long history"),
     ("--probe-s", float, 120.0, "seconds of steady load at the small history"),
     ("--rate", float, 250.0, "steady submits a second"),
@@ -511,6 +541,8 @@ def main() -> None:
     options = parser.parse_args()
     if not 0 < options.small < options.history:
         parser.error("--small must be positive and below --history")
+    if options.middle and not options.small < options.middle < options.history:
+        parser.error("--middle must lie between --small and --history (or be 0)")
     soak = Soak(options)
     results = soak.run()
     options.out.parent.mkdir(parents=True, exist_ok=True)

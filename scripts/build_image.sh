@@ -6,12 +6,16 @@
 #      imported into Docker (once per machine: about a minute);
 #   3. `docker build` of ./Dockerfile on those.
 # Usage: scripts/build_image.sh [TAG]   (default txsync:dev; BASE_IMAGE=python:3.11-slim
-# uses the public image where registries are reachable)
+# uses the public image where registries are reachable). DOCKERFILE and EXTRAS build
+# another image the same way: the pipeline's Spark image is
+#   DOCKERFILE=k8s/spark/Dockerfile EXTRAS=server,pipeline scripts/build_image.sh txsync-spark:dev
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tag="${1:-txsync:dev}"
 base="${BASE_IMAGE:-txsync-base:bookworm}"
 python="${PYTHON:-.venv/bin/python}"
+dockerfile="${DOCKERFILE:-Dockerfile}"
+extras="${EXTRAS:-server}"
 
 scripts/ensure_docker.sh
 
@@ -31,13 +35,16 @@ if [ "$base" = "txsync-base:bookworm" ] && ! docker image inspect "$base" >/dev/
     tar -C "$rootfs" -c . | docker import - "$base" >/dev/null
 fi
 
-context="build/image"
+context="build/image-${tag//[:\/]/-}"  # one per image: two builds may run at once
 rm -rf "$context"
 mkdir -p "$context/wheels"
-echo "building wheels ..."
-"$python" -m pip wheel --quiet --wheel-dir "$context/wheels" '.[server]' 2>&1 | grep -v "^WARNING" || true
+echo "building wheels (txsync[$extras]) ..."
+"$python" -m pip wheel --quiet --wheel-dir "$context/wheels" ".[$extras]" 2>&1 | grep -v "^WARNING" || true
 ls "$context"/wheels/txsync-*.whl >/dev/null  # the project's own wheel must be there
-cp Dockerfile "$context/"
+if [ "$(dirname "$dockerfile")" != "." ]; then
+    cp -r "$(dirname "$dockerfile")"/. "$context/"  # what lies beside it (an entrypoint)
+fi
+cp "$dockerfile" "$context/Dockerfile"
 echo "building $tag on $base ..."
 commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
 docker build --quiet --build-arg "BASE_IMAGE=$base" --build-arg "TXSYNC_BUILD_COMMIT=$commit" \

@@ -14,9 +14,12 @@ import pytest
 from pyspark.sql import SparkSession
 
 from tests.support.dev_up import down, list_workers, statement, submit_and_wait, synced_ids, up
+from tests.support.postgres import PostgresServer
 from txsync.pipeline.export import LogSource, export
 from txsync.pipeline.session import spark_session
 from txsync.v1 import common_pb2
+from txsync.worker.postgres_backend import PostgresBackend
+from txsync.worker.transactions import transaction_from_proto
 
 DCS = ("dc1", "dc2", "dc3")
 ROWS_PER_DC = 20
@@ -87,3 +90,19 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -
         bodies.update(zip(ids[dc], inserts[dc], strict=True))
     assert len(order) == TXS and set(order) == set(bodies)
     return DevRun(data, order, bodies, admin_export)
+
+
+@pytest.fixture(scope="session")
+def postgres_replica(dev_cluster: DevRun, postgres: PostgresServer) -> str:
+    """A PostgreSQL worker database holding the cluster's order: the worker's own
+    PostgreSQL backend applied every transaction at its synced position."""
+    conninfo = postgres.new_database()
+    backend = PostgresBackend(conninfo)
+    try:
+        for position, tx_id in enumerate(dev_cluster.order, start=1):
+            assert backend.apply(
+                position, tx_id, transaction_from_proto(dev_cluster.bodies[tx_id])
+            ).ok
+    finally:
+        backend.close()
+    return PostgresServer.uri(conninfo)

@@ -4,22 +4,17 @@ copy of one DC's log forged to hold another transaction at one position."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import pyspark
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - Spark's usual name
 from pyspark.testing import assertDataFrameEqual
 
 from tests.pipeline.conftest import DCS, TXS, DevRun
-from tests.support.processes import free_port
-from tests.support.waiting import wait_until
 from txsync.pipeline.audit import audit_order
 from txsync.pipeline.export import LogSource, export, read_txlogs
 from txsync.pipeline.txlog_rows import txlog_files
@@ -128,84 +123,8 @@ def test_audit_names_the_first_disagreement_exactly(
     )
 
 
-SUBMIT_TIMEOUT_S = 600
-"""A spark-submit run, executors' JVMs included: generous for a loaded machine."""
-SPARK_BIN = Path(pyspark.__file__).parent / "bin"
-SPARK_ENVIRONMENT = {**os.environ, "PYSPARK_PYTHON": sys.executable,
-                     "PYSPARK_DRIVER_PYTHON": sys.executable}  # fmt: skip
-
-
-def _spark_submit(master: str, *job: str) -> subprocess.CompletedProcess[str]:
-    """``spark-submit --master MASTER <the pipeline's application file> JOB...``"""
-    application = subprocess.run(
-        [sys.executable, "-m", "txsync.pipeline.command", "--path"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.strip()  # fmt: skip
-    return subprocess.run(
-        [str(SPARK_BIN / "spark-submit"), "--master", master, application, *job],
-        capture_output=True, text=True, check=False, timeout=SUBMIT_TIMEOUT_S,
-        env=SPARK_ENVIRONMENT,
-    )  # fmt: skip
-
-
-def test_spark_submit_runs_a_job_on_its_master_with_executors_of_their_own(
-    dev_cluster: DevRun,
-) -> None:
-    """As data engineers ship jobs (issue 54): ``spark-submit --master ... <this file>
-    JOB``. The session takes spark-submit's master (a master set in code would win and
-    run the job in the driver alone): here ``local-cluster``, two executors in JVMs and
-    Python workers of their own. A ``--master`` given to the job still wins."""
-    master = "local-cluster[2,1,1024]"
-    audit = ("audit-order", "--data", str(dev_cluster.data))
-    # spark-submit passes the driver's stdout and stderr on as its stdout.
-    on_the_cluster = _spark_submit(master, *audit, "-o", "json")
-    assert on_the_cluster.returncode == 0, on_the_cluster.stderr[-3000:]
-    report = json.loads(on_the_cluster.stdout)  # nothing else in it
-    assert report["agrees"] and report["lengths"] == dict.fromkeys(DCS, TXS)
-    said = _spark_submit(master, *audit)
-    assert said.returncode == 0, said.stderr[-3000:]
-    assert f"(Spark master: {master})" in said.stdout, said.stdout
-    overridden = _spark_submit(master, *audit, "--master", "local[1]")
-    assert overridden.returncode == 0, overridden.stderr[-3000:]
-    assert "(Spark master: local[1])" in overridden.stdout, overridden.stdout
-
-
-def test_a_job_runs_on_a_standalone_master_and_worker(dev_cluster: DevRun, tmp_path: Path) -> None:
-    """A standalone Spark cluster, as a data team runs one: a master and a worker, each
-    its own JVM (pip's pyspark lacks sbin/start-master.sh, so they are started as that
-    script starts them, through bin/spark-class), and the job submitted to it."""
-    port, worker_port = free_port(), free_port()
-    url = f"spark://127.0.0.1:{port}"
-    logs = [(tmp_path / f"{name}.log").open("w") for name in ("master", "worker")]
-    daemons = [subprocess.Popen(
-        [str(SPARK_BIN / "spark-class"), "org.apache.spark.deploy.master.Master",
-         "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port())],
-        stdout=logs[0], stderr=subprocess.STDOUT, env=SPARK_ENVIRONMENT,
-    )]  # fmt: skip
-    try:
-        wait_until("the master listens", lambda: _listening(port), SUBMIT_TIMEOUT_S)
-        daemons.append(subprocess.Popen(
-            [str(SPARK_BIN / "spark-class"), "org.apache.spark.deploy.worker.Worker", url,
-             "--host", "127.0.0.1", "--port", str(worker_port), "--cores", "2",
-             "--memory", "1g", "--webui-port", str(free_port()),
-             "--work-dir", str(tmp_path / "work")],
-            stdout=logs[1], stderr=subprocess.STDOUT, env=SPARK_ENVIRONMENT,
-        ))  # fmt: skip
-        ran = _spark_submit(url, "audit-order", "--data", str(dev_cluster.data))
-        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-        assert f"(Spark master: {url})" in ran.stdout, ran.stdout[-3000:]
-        assert "every DC agrees" in ran.stdout, ran.stdout[-3000:]
-    finally:
-        for daemon in reversed(daemons):
-            daemon.terminate()
-            daemon.wait(timeout=60)
-        for log in logs:
-            log.close()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+JOB_TIMEOUT_S = 600
+"""A job in a process of its own: generous for a loaded machine."""
 
 
 def test_jobs_take_uris_as_spark_does(dev_cluster: DevRun, tmp_path: Path) -> None:
@@ -220,7 +139,7 @@ def test_jobs_take_uris_as_spark_does(dev_cluster: DevRun, tmp_path: Path) -> No
         return subprocess.run(
             [sys.executable, "-m", "txsync.cli.main", "pipeline", *arguments,
              "--master", "local[2]"],
-            capture_output=True, text=True, check=False, timeout=SUBMIT_TIMEOUT_S,
+            capture_output=True, text=True, check=False, timeout=JOB_TIMEOUT_S,
         )  # fmt: skip
 
     exported = job("export", *dcs, "--out", lake)

@@ -71,22 +71,6 @@ def test_every_altered_row_is_named_by_key(
     }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def postgres_replica(dev_cluster: DevRun, postgres: PostgresServer) -> str:
-    """A PostgreSQL worker database holding the cluster's order: the worker's own
-    PostgreSQL backend applied every transaction at its synced position."""
-    conninfo = postgres.new_database()
-    backend = PostgresBackend(conninfo)
-    try:
-        for position, tx_id in enumerate(dev_cluster.order, start=1):
-            assert backend.apply(
-                position, tx_id, transaction_from_proto(dev_cluster.bodies[tx_id])
-            ).ok
-    finally:
-        backend.close()
-    return PostgresServer.uri(conninfo)
-
-
 def test_sqlite_and_postgresql_replicas_of_one_cluster_compare_equal(
     spark: SparkSession, databases: dict[str, Path], postgres_replica: str
 ) -> None:

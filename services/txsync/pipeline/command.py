@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -382,11 +383,17 @@ def main() -> int:
     if sys.argv[1:] == ["--path"]:
         print(Path(__file__).resolve())
         return 0
-    parser = argparse.ArgumentParser(prog="txsync pipeline")
-    register(parser.add_subparsers(dest="command", required=True))
-    options = parser.parse_args(["pipeline", *sys.argv[1:]])
+    options = parse_arguments(sys.argv[1:])
     handler: Any = options.handler
     return int(handler(options))
+
+
+def parse_arguments(arguments: Sequence[str]) -> argparse.Namespace:
+    """A job's arguments (``audit-order --data ...``) as ``txsync pipeline`` parses them;
+    exits with argparse's message if they are wrong."""
+    parser = argparse.ArgumentParser(prog="txsync pipeline")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["pipeline", *arguments])
 
 
 if __name__ == "__main__":
