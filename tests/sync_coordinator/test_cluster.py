@@ -12,6 +12,7 @@ import pytest
 from google.protobuf import duration_pb2
 
 from tests.support.cluster import LocalCluster, submit_at
+from tests.support.peer_stream import post
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, peer_pb2, peer_pb2_grpc
 
 
@@ -91,7 +92,7 @@ def test_a_post_naming_a_post_the_receiver_lacks_is_answered_whole_needed(
         sender="dc2", epoch=10**9, seq=2, counter=1, delta_from_seq=1, queue_len=0
     )
     with grpc.insecure_channel(cluster3.dcs[0].coordinator.address) as channel:
-        answer = peer_pb2_grpc.PeerServiceStub(channel).Post(change, timeout=5)
+        answer = post(peer_pb2_grpc.PeerServiceStub(channel), change)
     assert answer.whole_needed
 
 

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from tests.support.cluster import LocalCluster, submit_at
+from tests.support.peer_stream import post
 from txsync.protocol import GENESIS_TX_ID
 from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 
@@ -53,7 +54,7 @@ def _post(sender: str) -> peer_pb2.PostRequest:
 def _call_as(
     cluster: LocalCluster, ca: Path, cert: Path | None, key: Path | None, sender: str
 ) -> tuple[grpc.StatusCode, str]:
-    """Call dc1's Post as ``sender`` with these credentials; the refusal's code and text."""
+    """Post to dc1 as ``sender`` with these credentials; the refusal's code and text."""
     credentials = grpc.ssl_channel_credentials(
         root_certificates=ca.read_bytes(),
         private_key=key.read_bytes() if key else None,
@@ -65,7 +66,7 @@ def _call_as(
         grpc.secure_channel(address, credentials, options=options) as channel,
         pytest.raises(grpc.RpcError) as caught,
     ):
-        peer_pb2_grpc.PeerServiceStub(channel).Post(_post(sender), timeout=5)
+        post(peer_pb2_grpc.PeerServiceStub(channel), _post(sender), timeout=5)
     error: grpc.Call = caught.value  # type: ignore[assignment]  # every RpcError is a Call
     return error.code(), error.details() or ""
 

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from tests.support.cluster import LocalCluster
+from tests.support.peer_stream import exchange, post
 from txsync.protocol import GENESIS_TX_ID
 from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 
@@ -41,13 +42,13 @@ def test_a_refused_post_is_not_remembered(tmp_path: Path) -> None:
                 position=1, tx_id=meta.tx_id, state=common_pb2.TX_STATE_INCOMING
             )
             with pytest.raises(grpc.RpcError) as refused:
-                peer.Post(_post(5, queue=[meta], queue_len=1, outcomes=[bad_outcome]), timeout=30)
+                post(peer, _post(5, queue=[meta], queue_len=1, outcomes=[bad_outcome]))
             error: grpc.Call = refused.value  # type: ignore[assignment]  # an RpcError is a Call
             assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
             assert "outcomes[0].state" in (error.details() or "")
             # A delta on the refused post: the receiver must not hold it.
             delta = _post(6, delta_from_seq=5, delta_skip=0, delta_keep=1, queue_len=1)
-            assert peer.Post(delta, timeout=30).whole_needed
+            assert post(peer, delta).whole_needed
     finally:
         cluster.stop()
 
@@ -56,8 +57,9 @@ def test_a_pushed_body_that_fails_its_digest_is_refused_and_the_others_are_store
     tmp_path: Path,
 ) -> None:
     """The coordinator checks a peer's bodies itself (the store would fail the whole step
-    that carried a bad one): the bad one is refused by name, the good one is stored with
-    the coordinator's next step and served to peers from then on."""
+    that carried a bad one): the bad one is refused by name (in its log; the push is
+    one-way), the good one is stored with the coordinator's next step and served to
+    peers from then on."""
     cluster = LocalCluster(tmp_path, 2)
     try:
         with grpc.insecure_channel(cluster.dcs[0].coordinator.address) as channel:
@@ -66,20 +68,23 @@ def test_a_pushed_body_that_fails_its_digest_is_refused_and_the_others_are_store
                 statements=[common_pb2.Statement(sql="INSERT INTO t VALUES (1)")]
             ).SerializeToString()
             good, bad = str(uuid.uuid4()), str(uuid.uuid4())
-            answer = peer.PushBodies(
-                peer_pb2.PushBodiesRequest(
-                    sender="dc2",
-                    bodies=[
-                        peer_pb2.PushBodyRequest(tx_id=bad, body=encoded, digest=bytes(32)),
-                        peer_pb2.PushBodyRequest(
-                            tx_id=good, body=encoded, digest=hashlib.sha256(encoded).digest()
-                        ),
-                    ],
-                ),
-                timeout=30,
+            pushed = peer_pb2.PushBodiesRequest(
+                sender="dc2",
+                bodies=[
+                    peer_pb2.PushBodyRequest(tx_id=bad, body=encoded, digest=bytes(32)),
+                    peer_pb2.PushBodyRequest(
+                        tx_id=good, body=encoded, digest=hashlib.sha256(encoded).digest()
+                    ),
+                ],
             )
-            assert list(answer.refused) == [bad]
-            assert "fails its digest" in answer.refused[bad]
+            # One-way on the stream: no answer, and the stream is not ended for it.
+            assert exchange(peer, peer_pb2.ExchangeRequest(bodies=pushed)) == []
+            coordinator = cluster.dcs[0].coordinator
+            cluster.wait_for(
+                "the bad body is refused by name",
+                lambda: f"body {bad} from dc2 refused" in coordinator.log(),
+            )
+            assert "fails its digest" in coordinator.log()
             served: list[bytes] = []
 
             def good_body_served() -> bool:
@@ -90,7 +95,7 @@ def test_a_pushed_body_that_fails_its_digest_is_refused_and_the_others_are_store
                 served.append(answer.body)
                 return True
 
-            # Stored with the coordinator's next step, soon after the answer.
+            # Stored with the coordinator's next step, soon after it arrived.
             cluster.wait_for("the good body is stored and served", good_body_served)
             assert served == [encoded]
             with pytest.raises(grpc.RpcError):

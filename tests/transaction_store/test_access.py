@@ -128,8 +128,11 @@ def test_tokens_and_roles_guard_the_client_and_admin_apis(
             def advance(role: str | None) -> grpc.StatusCode:
                 # A transaction that never ran, made to show OK: only a service may.
                 change = store_pb2.StateChange(tx_id="x", state=common_pb2.TX_STATE_OK)
-                request = store_pb2.AdvanceStatesRequest(changes=[change], service="x")
-                return _code(lambda: internal.AdvanceStates(request, metadata=_as(role)))
+                batch = store_pb2.AdvanceStatesRequest(changes=[change], service="x")
+                requests = [store_pb2.AdvanceStatesStreamRequest(batch=batch)]
+                return _code(
+                    lambda: list(internal.AdvanceStatesStream(iter(requests), metadata=_as(role)))
+                )
 
             def read_bodies(role: str | None) -> grpc.StatusCode:
                 request = store_pb2.ReadBodiesRequest(tx_ids=[str(uuid.uuid4())])

@@ -60,6 +60,23 @@ def internal(server: ServiceProcess) -> Iterator[store_pb2_grpc.StoreInternalSer
         yield store_pb2_grpc.StoreInternalServiceStub(channel)
 
 
+def _persist(
+    internal: store_pb2_grpc.StoreInternalServiceStub, step: store_pb2.PersistStepRequest
+) -> store_pb2.PersistStepsResponse:
+    """One protocol step on PersistSteps, as the coordinator sends it: answered once
+    durable (or refused with the stream's status)."""
+    (answer,) = internal.PersistSteps(iter([store_pb2.PersistStepsRequest(step=step)]), timeout=30)
+    return answer
+
+
+def _advance(
+    internal: store_pb2_grpc.StoreInternalServiceStub, batch: store_pb2.AdvanceStatesRequest
+) -> None:
+    """One batch of state changes on AdvanceStatesStream, as worker-dispatch sends it."""
+    request = store_pb2.AdvanceStatesStreamRequest(batch=batch)
+    list(internal.AdvanceStatesStream(iter([request]), timeout=30))
+
+
 def _code(call: object) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as caught:
         call()  # type: ignore[operator]
@@ -122,25 +139,26 @@ def test_bad_internal_input_gets_a_clear_status(
     tx_id = client.Submit(client_pb2.SubmitRequest(body=_body())).tx_id
     encoded = _body().SerializeToString()
     cases = [
-        (lambda: internal.StoreBody(store_pb2.StoreBodyRequest(
-            tx_id=str(uuid.uuid4()), body=encoded, digest=b"bad")), grpc.StatusCode.DATA_LOSS),
+        (lambda: _persist(internal, store_pb2.PersistStepRequest(bodies=[
+            store_pb2.StoreBodyRequest(tx_id=str(uuid.uuid4()), body=encoded, digest=b"bad")])),
+         grpc.StatusCode.DATA_LOSS),
         (lambda: internal.ReadBody(store_pb2.ReadBodyRequest(tx_id=str(uuid.uuid4()))),
          grpc.StatusCode.NOT_FOUND),
         (lambda: internal.ReadSynced(store_pb2.ReadSyncedRequest(from_len=10**6, count_max=5)),
          grpc.StatusCode.OUT_OF_RANGE),
         (lambda: internal.ReadSynced(store_pb2.ReadSyncedRequest(count_max=5000)),
          grpc.StatusCode.INVALID_ARGUMENT),
-        (lambda: internal.PersistStep(store_pb2.PersistStepRequest(
+        (lambda: _persist(internal, store_pb2.PersistStepRequest(
             synced_start=common_pb2.MergeBase(synced_len=7, last_tx_id=tx_id),
             synced=[common_pb2.TxMeta(ts=1, tx_id=tx_id, origin="dc1")])),
          grpc.StatusCode.FAILED_PRECONDITION),
-        (lambda: internal.PersistStep(store_pb2.PersistStepRequest(
+        (lambda: _persist(internal, store_pb2.PersistStepRequest(
             incoming=[common_pb2.TxMeta(ts=0, tx_id=tx_id, origin="dc1")])),
          grpc.StatusCode.INVALID_ARGUMENT),
-        (lambda: internal.AdvanceStates(store_pb2.AdvanceStatesRequest(changes=[
+        (lambda: _advance(internal, store_pb2.AdvanceStatesRequest(changes=[
             store_pb2.StateChange(tx_id=tx_id, state=common_pb2.TX_STATE_OK)])),
          grpc.StatusCode.FAILED_PRECONDITION),
-        (lambda: internal.AdvanceStates(store_pb2.AdvanceStatesRequest(changes=[
+        (lambda: _advance(internal, store_pb2.AdvanceStatesRequest(changes=[
             store_pb2.StateChange(tx_id=tx_id, state=common_pb2.TX_STATE_ACCEPTED)])),
          grpc.StatusCode.INVALID_ARGUMENT),
     ]  # fmt: skip
@@ -157,10 +175,8 @@ def test_bodies_travel_between_dcs_with_their_digest(
 ) -> None:
     tx_id = str(uuid.uuid4())
     encoded = _body(7).SerializeToString()
-    stored = internal.StoreBody(
-        store_pb2.StoreBodyRequest(tx_id=tx_id, body=encoded, digest=body_digest(encoded))
-    )
-    assert stored.stored
+    pushed = store_pb2.StoreBodyRequest(tx_id=tx_id, body=encoded, digest=body_digest(encoded))
+    _persist(internal, store_pb2.PersistStepRequest(bodies=[pushed]))
     read = internal.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id))
     assert read.body == encoded and read.digest == body_digest(encoded)
 
@@ -173,7 +189,7 @@ def test_a_body_file_without_its_record_is_not_held(
     order a transaction the store cannot enqueue (a coordinator died of this under
     load once, when files were written before their records)."""
     tx_id = str(uuid.uuid4())
-    internal.PersistStep(store_pb2.PersistStepRequest(
+    _persist(internal, store_pb2.PersistStepRequest(
         incoming=[common_pb2.TxMeta(ts=1000, tx_id=tx_id, origin="dc2")]))  # fmt: skip
     BodyStore(server.workdir / "txlog" / "transactions").write(tx_id, _body(3).SerializeToString())
     code, _ = _code(lambda: internal.ReadBody(store_pb2.ReadBodyRequest(tx_id=tx_id)))
@@ -188,7 +204,7 @@ def test_pipelined_steps_apply_in_order_and_a_refused_one_ends_the_stream(
     """PersistSteps: the coordinator sends steps without waiting for each to be durable.
     They are checked in the order sent (the second extends what the first staged), each is
     answered once durable, and the first refused one ends the stream: nothing after it."""
-    base = internal.PersistStep(store_pb2.PersistStepRequest()).merge_base
+    base = _persist(internal, store_pb2.PersistStepRequest()).merge_base
     first, second = (str(uuid.uuid4()) for _ in range(2))
     meta = common_pb2.TxMeta(ts=2 * 10**6, tx_id=first, origin="dc2")
     later = common_pb2.TxMeta(ts=2 * 10**6 + 1, tx_id=second, origin="dc2")
@@ -215,22 +231,27 @@ def test_pipelined_steps_apply_in_order_and_a_refused_one_ends_the_stream(
     assert code is grpc.StatusCode.NOT_FOUND  # the step after the refused one never ran
 
 
-def test_bodies_are_stored_and_read_many_at_once_each_on_its_own(
+def test_pushed_bodies_are_stored_with_a_step_and_read_many_at_once(
     internal: store_pb2_grpc.StoreInternalServiceStub,
 ) -> None:
+    """Bodies peers pushed ride in the protocol step that acquires them: stored with its
+    fsync, one held already skipped; a forged one fails the whole step, which stores
+    none of its bodies (the coordinator checks each body before it steps it)."""
     good = [(str(uuid.uuid4()), _body(n).SerializeToString()) for n in range(3)]
-    forged = str(uuid.uuid4())
-    request = store_pb2.StoreBodiesRequest(
-        bodies=[
-            *(store_pb2.StoreBodyRequest(tx_id=t, body=e, digest=body_digest(e)) for t, e in good),
-            store_pb2.StoreBodyRequest(tx_id=forged, body=good[0][1], digest=b"bad"),
-        ]
-    )
-    answer = internal.StoreBodies(request)
-    assert sorted(answer.stored) == sorted(t for t, _ in good)
-    assert list(answer.refused) == [forged] and "digest" in answer.refused[forged]
-    again = internal.StoreBodies(request)  # held already: neither stored nor refused anew
-    assert not again.stored and list(again.refused) == [forged]
+
+    def pushed(tx_id: str, encoded: bytes, digest: bytes) -> store_pb2.StoreBodyRequest:
+        return store_pb2.StoreBodyRequest(tx_id=tx_id, body=encoded, digest=digest)
+
+    held = [pushed(t, e, body_digest(e)) for t, e in good]
+    _persist(internal, store_pb2.PersistStepRequest(bodies=held))
+    _persist(internal, store_pb2.PersistStepRequest(bodies=held))  # held: skipped
+    forged, fresh = str(uuid.uuid4()), str(uuid.uuid4())
+    code, details = _code(lambda: _persist(internal, store_pb2.PersistStepRequest(bodies=[
+        pushed(fresh, good[0][1], body_digest(good[0][1])),
+        pushed(forged, good[0][1], b"bad")])))  # fmt: skip
+    assert code is grpc.StatusCode.DATA_LOSS and "digest" in details
+    read = internal.ReadBodies(store_pb2.ReadBodiesRequest(tx_ids=[fresh, forged]))
+    assert not read.bodies, "a refused step stores nothing"
 
     unknown = str(uuid.uuid4())
     read = internal.ReadBodies(store_pb2.ReadBodiesRequest(tx_ids=[*(t for t, _ in good), unknown]))
@@ -326,9 +347,9 @@ def test_a_submit_waits_for_the_state_asked_in_the_same_call(
             break
         waiting.join(0.05)
     assert len(new) == 1 and not answers  # durable, and still waiting
-    base = internal.PersistStep(store_pb2.PersistStepRequest()).merge_base
+    base = _persist(internal, store_pb2.PersistStepRequest()).merge_base
     meta = common_pb2.TxMeta(ts=10**6, tx_id=new[0], origin="dc1")
-    internal.PersistStep(store_pb2.PersistStepRequest(
+    _persist(internal, store_pb2.PersistStepRequest(
         incoming=[meta], synced_start=base, synced=[meta],
         state_changes=[store_pb2.StateChange(tx_id=new[0],
                                              state=common_pb2.TX_STATE_ACCEPTED)]))  # fmt: skip

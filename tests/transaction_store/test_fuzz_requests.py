@@ -1,4 +1,5 @@
-"""Every unary request decoder of the real server, fed random and mutated bytes.
+"""Every request decoder of the real server (unary calls, and the internal streams'
+messages), fed random and mutated bytes.
 
 Bytes go over the wire raw, so they meet the server's real decoding path. A handler that
 raised an unexpected exception would answer UNKNOWN; a hang would hit the deadline. Both
@@ -34,30 +35,36 @@ VALID: dict[str, Message] = {
         tx_id=TX, state=common_pb2.TX_STATE_OK, timeout=duration_pb2.Duration(nanos=1000)
     ),
     "/txsync.v1.ClientService/List": client_pb2.ListRequest(page_size=3, page_token="c2VxOjI="),
-    "/txsync.v1.StoreInternalService/PersistStep": store_pb2.PersistStepRequest(
-        counter=5,
-        incoming=[META],
-        synced_start=common_pb2.MergeBase(),
-        synced=[META],
-        state_changes=[store_pb2.StateChange(tx_id=TX, state=common_pb2.TX_STATE_INCOMING)],
-    ),
-    "/txsync.v1.StoreInternalService/StoreBody": store_pb2.StoreBodyRequest(
-        tx_id=TX, body=BODY.SerializeToString(), digest=b"d" * 32
+    "/txsync.v1.StoreInternalService/PersistSteps": store_pb2.PersistStepsRequest(
+        step=store_pb2.PersistStepRequest(
+            counter=5,
+            incoming=[META],
+            synced_start=common_pb2.MergeBase(),
+            synced=[META],
+            state_changes=[store_pb2.StateChange(tx_id=TX, state=common_pb2.TX_STATE_INCOMING)],
+            bodies=[
+                store_pb2.StoreBodyRequest(tx_id=TX, body=BODY.SerializeToString(), digest=b"d")
+            ],
+        )
     ),
     "/txsync.v1.StoreInternalService/ReadBody": store_pb2.ReadBodyRequest(tx_id=TX),
-    "/txsync.v1.StoreInternalService/StoreBodies": store_pb2.StoreBodiesRequest(
-        bodies=[store_pb2.StoreBodyRequest(tx_id=TX, body=BODY.SerializeToString(), digest=b"d")]
-    ),
     "/txsync.v1.StoreInternalService/ReadBodies": store_pb2.ReadBodiesRequest(tx_ids=[TX]),
     "/txsync.v1.StoreInternalService/ReadSynced": store_pb2.ReadSyncedRequest(count_max=3),
-    "/txsync.v1.StoreInternalService/AdvanceStates": store_pb2.AdvanceStatesRequest(
-        changes=[store_pb2.StateChange(tx_id=TX, state=common_pb2.TX_STATE_TESTING)]
+    "/txsync.v1.StoreInternalService/AdvanceStatesStream": store_pb2.AdvanceStatesStreamRequest(
+        batch=store_pb2.AdvanceStatesRequest(
+            changes=[store_pb2.StateChange(tx_id=TX, state=common_pb2.TX_STATE_TESTING)]
+        )
     ),
     "/txsync.v1.StoreInternalService/ReportProgress": store_pb2.ReportProgressRequest(
         peer_synced_len={"dc2": 1}, workers_min_position=1
     ),
 }
 METHODS = sorted(VALID)
+STREAMS = {
+    "/txsync.v1.StoreInternalService/PersistSteps",
+    "/txsync.v1.StoreInternalService/AdvanceStatesStream",
+}
+"""Bidirectional streams: the bytes go as the stream's one message."""
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +80,13 @@ def channel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[grpc.Channel]:
 
 
 def _call(channel: grpc.Channel, method: str, data: bytes) -> None:
-    raw: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
     try:
-        raw(data, timeout=5)
+        if method in STREAMS:
+            stream: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(method)
+            list(stream(iter([data]), timeout=5))
+        else:
+            raw: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
+            raw(data, timeout=5)
     except grpc.RpcError as error:
         code = error.code()
         assert code is not grpc.StatusCode.UNKNOWN, (method, data, error)

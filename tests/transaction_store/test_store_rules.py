@@ -391,18 +391,28 @@ def test_body_bytes_backpressure(tmp_path: Path) -> None:
     _run(tmp_path, scenario, open_body_bytes_max=400)
 
 
+async def _push_body(
+    store: TransactionStore, tx_id: str, encoded: bytes, digest: bytes, traceparent: str = ""
+) -> bool:
+    """A body a peer pushed, as the coordinator hands it over: in a protocol step (of
+    its own here). True if the step stored it, False if it was held already."""
+    staged = await store.stage_step(ProtocolStep(bodies=[(tx_id, encoded, digest, traceparent)]))
+    await store.finish_step(staged)
+    return any(entry.WhichOneof("entry") == "body_stored" for entry in staged.entries)
+
+
 def test_body_exchange_checks_digests(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> None:
         tx_id = str(uuid.uuid4())
         encoded = _body().SerializeToString()
         with pytest.raises(StoreError) as caught:
-            await store.store_body(tx_id, encoded, b"\x00" * 32)
+            await _push_body(store, tx_id, encoded, b"\x00" * 32)
         assert caught.value.code is grpc.StatusCode.DATA_LOSS
         assert not store.bodies.holds(tx_id)
-        assert await store.store_body(tx_id, encoded, body_digest(encoded))
-        assert not await store.store_body(tx_id, encoded, body_digest(encoded))
+        assert await _push_body(store, tx_id, encoded, body_digest(encoded))
+        assert not await _push_body(store, tx_id, encoded, body_digest(encoded))
         with pytest.raises(StoreError, match="not an encoded TxBody"):
-            await store.store_body(str(uuid.uuid4()), b"\xff\xff\xff", b"")
+            await _push_body(store, str(uuid.uuid4()), b"\xff\xff\xff", b"")
 
     _run(tmp_path, scenario)
 
@@ -1089,7 +1099,7 @@ def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: 
         assert store.state.vote == vote and store.state.view_no == 0
         # A peer's push stored this body just before the core, not yet told, forgot it.
         body = _body("INSERT INTO t VALUES (2)").SerializeToString()
-        await store.store_body(pushed_first.tx_id, body, hashlib.sha256(body).digest())
+        await _push_body(store, pushed_first.tx_id, body, hashlib.sha256(body).digest())
         for refused in (local, str(uuid.uuid4())):
             with pytest.raises(StoreError) as caught:
                 await store.persist_step(
@@ -1363,7 +1373,7 @@ def test_a_synced_body_is_enqueued_by_its_own_record_with_no_coordinator_step(
         await asyncio.sleep(0)
         assert not waiting.done()
         encoded = _body().SerializeToString()
-        assert await store.store_body(tx_id, encoded, body_digest(encoded))
+        assert await _push_body(store, tx_id, encoded, body_digest(encoded))
         [(position, record)] = await asyncio.wait_for(waiting, 60)
         assert (position, record.tx_id, record.state) == (1, tx_id, TxState.ENQUEUED)
         await follow.aclose()
@@ -1433,7 +1443,7 @@ def test_implied_states_cost_no_entries_and_old_logs_replay_the_same(tmp_path: P
     encoded = _body().SerializeToString()
 
     async def scenario(store: TransactionStore) -> list[txlog_pb2.LogEntry]:
-        assert await store.store_body(tx_id, encoded, body_digest(encoded))
+        assert await _push_body(store, tx_id, encoded, body_digest(encoded))
         staged = await store.stage_step(
             _learn_and_sync(store, meta, TxState.INCOMING, TxState.ACCEPTED, TxState.ENQUEUED)
         )
@@ -1704,16 +1714,16 @@ def test_bodies_held_stop_at_the_first_synced_body_missing_here(tmp_path: Path) 
         )  # fmt: skip
         assert store.state.synced_len == 4 and store.state.bodies_held_len() == 1
         # The second arrives first: the held prefix waits for the first.
-        await store.store_body(peer_ids[1], peer_bodies[1], body_digest(peer_bodies[1]))
+        await _push_body(store, peer_ids[1], peer_bodies[1], body_digest(peer_bodies[1]))
         assert store.state.bodies_held_len() == 1
-        await store.store_body(peer_ids[0], peer_bodies[0], body_digest(peer_bodies[0]))
+        await _push_body(store, peer_ids[0], peer_bodies[0], body_digest(peer_bodies[0]))
         assert store.state.bodies_held_len() == 3
 
     _run(tmp_path, scenario)
 
     async def after_restart(store: TransactionStore) -> None:
         assert store.state.bodies_held_len() == 3
-        await store.store_body(peer_ids[2], peer_bodies[2], body_digest(peer_bodies[2]))
+        await _push_body(store, peer_ids[2], peer_bodies[2], body_digest(peer_bodies[2]))
         assert store.state.bodies_held_len() == 4
 
     _run(tmp_path, after_restart)

@@ -1,5 +1,5 @@
 """worker-dispatch's ports, in one process: its store port (FollowEnqueued and
-AdvanceStates) and its worker port (an Apply stream per worker, heartbeats) against a
+AdvanceStatesStream) and its worker port (an Apply stream per worker, heartbeats) against a
 real store and two real SQLite workers served over gRPC on loopback. The decisions behind
 them are pure (test_pipeline.py, test_health.py); these show the adapters carry them."""
 

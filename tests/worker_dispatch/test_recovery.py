@@ -114,15 +114,14 @@ def test_outcomes_a_crash_left_unrecorded_are_reported_after_a_restart(dc: Dc) -
                 break
         follow.cancel()
         # What the crashed dispatch had recorded: TESTING, and no outcome.
-        store.AdvanceStates(
-            store_pb2.AdvanceStatesRequest(
-                changes=[
-                    store_pb2.StateChange(tx_id=t, state=common_pb2.TX_STATE_TESTING) for t in ids
-                ],
-                service="worker-dispatch",
-            ),
-            timeout=30,
+        batch = store_pb2.AdvanceStatesRequest(
+            changes=[
+                store_pb2.StateChange(tx_id=t, state=common_pb2.TX_STATE_TESTING) for t in ids
+            ],
+            service="worker-dispatch",
         )
+        request = store_pb2.AdvanceStatesStreamRequest(batch=batch)
+        list(store.AdvanceStatesStream(iter([request]), timeout=30))
     assert [e.meta.tx_id for e in entries] == ids
     digests = set()
     for name, process in dc.workers.items():

@@ -173,7 +173,7 @@ class CoordinatorConfig:
 
 
 PUSH_BATCH_BYTES_MAX = 3 * 1024 * 1024
-"""Bodies in one PushBodies call, together: under gRPC's 4 MiB message limit."""
+"""Bodies in one PushBodies message, together: under gRPC's 4 MiB message limit."""
 
 
 def _now_ms() -> int:
@@ -821,7 +821,7 @@ class Coordinator:
     def post_accepted(
         self, post: Post, finished: list[Finished], round_traceparent: str, bodies_held_len: int
     ) -> None:
-        """A peer's post passed every check (``PeerServicer.Post``): only now does it
+        """A peer's post passed every check (``PeerServicer.Exchange``): only now does it
         change what this coordinator knows of that peer. The core hears of it through
         the event queue."""
         self.known_posts.remember(post.sender, post.epoch, post.seq, post.queue)

@@ -2,7 +2,7 @@
 
 The coordinator steps the core once per event but persists once per batch of events:
 everything durable the batch produced goes to the transaction-store in one
-``PersistStep`` (one fsync), and only then is anything sent. Merging keeps the core's
+step on ``PersistSteps`` (one fsync), and only then is anything sent. Merging keeps the core's
 order: counters take the highest, metas and state changes keep their order, and synced
 appends (always contiguous) become one append from the first start.
 

@@ -120,12 +120,11 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         requests: AsyncIterator[peer_pb2.ExchangeRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[peer_pb2.ExchangeResponse]:
-        """A peer's stream: each message taken as its unary call would take it, in the
-        order sent (so a body pushed ahead of a post is held when the post is taken;
-        ``bodies_ahead`` are taken before their message's own kind). A post this node
-        cannot rebuild is answered ``whole_needed`` at once; the others are acknowledged
-        together (``POSTS_PER_ACK``). A refused message ends the stream with its
-        status."""
+        """A peer's stream: each message taken in the order sent (so a body pushed ahead
+        of a post is held when the post is taken; ``bodies_ahead`` are taken before their
+        message's own kind). A post this node cannot rebuild is answered
+        ``whole_needed`` at once; the others are acknowledged together
+        (``POSTS_PER_ACK``). A refused message ends the stream with its status."""
         unacknowledged = POSTS_PER_ACK  # the stream's first post is answered
         try:
             async for request in requests:
@@ -135,12 +134,12 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
                 kind = request.WhichOneof("message")
                 if kind == "post":
                     post = request.post
-                    answer = await self._take_post(post, context)
+                    whole_needed = await self._take_post(post, context)
                     unacknowledged += 1
-                    if answer.whole_needed or unacknowledged >= POSTS_PER_ACK:
+                    if whole_needed or unacknowledged >= POSTS_PER_ACK:
                         unacknowledged = 0
                         yield peer_pb2.ExchangeResponse(
-                            epoch=post.epoch, seq=post.seq, whole_needed=answer.whole_needed
+                            epoch=post.epoch, seq=post.seq, whole_needed=whole_needed
                         )
                 elif kind == "bodies":
                     await self._take_bodies(request.bodies, context)
@@ -155,21 +154,17 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         except ServiceError as error:
             await abort(context, error)
 
-    @answers_errors
-    async def Post(
-        self, request: peer_pb2.PostRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> peer_pb2.PostResponse:
-        return await self._take_post(request, context)
-
     async def _take_post(
         self, request: peer_pb2.PostRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> peer_pb2.PostResponse:
+    ) -> bool:
+        """Take a post; True if it named a post this node no longer holds (nothing of it
+        was taken: the sender posts the whole queue again)."""
         known = self._coordinator.known_posts
         try:
             post = post_from_proto(request, self._limits, known)
         except UnknownReference:
             self._check_peer(request.sender, context)
-            return peer_pb2.PostResponse(whole_needed=True)
+            return True
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(post.sender, context)
@@ -180,16 +175,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             post, finished, request.round_traceparent, request.bodies_held_len
         )
         await self._coordinator.events.put(PostReceived(post))
-        return peer_pb2.PostResponse()
-
-    @answers_errors
-    async def SendSyncedEntries(
-        self,
-        request: peer_pb2.SendSyncedEntriesRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> peer_pb2.SendSyncedEntriesResponse:
-        await self._take_synced_entries(request, context)
-        return peer_pb2.SendSyncedEntriesResponse()
+        return False
 
     async def _take_synced_entries(
         self,
@@ -203,13 +189,6 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         self._check_peer(entries.sender, context)
         await self._coordinator.events.put(SyncedEntriesReceived(entries))
 
-    @answers_errors
-    async def PushBody(
-        self, request: peer_pb2.PushBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> peer_pb2.PushBodyResponse:
-        await self._take_body(request, context)
-        return peer_pb2.PushBodyResponse()
-
     async def _take_body(
         self, request: peer_pb2.PushBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
@@ -221,15 +200,12 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         arrived = checked_body(request.tx_id, request.body, request.digest, request.traceparent)
         await self._coordinator.take_bodies([arrived])
 
-    @answers_errors
-    async def PushBodies(
-        self, request: peer_pb2.PushBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> peer_pb2.PushBodiesResponse:
-        return await self._take_bodies(request, context)
-
     async def _take_bodies(
         self, request: peer_pb2.PushBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> peer_pb2.PushBodiesResponse:
+    ) -> None:
+        """Each body checked on its own: a bad one is logged and left out (the post
+        that names it finds it unacquired, and it is fetched by GetBody), the others
+        taken."""
         try:
             check_node_id(request.sender, "sender")
             if len(request.bodies) > BODIES_PER_CALL_MAX:
@@ -238,15 +214,12 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             raise _invalid(error) from None
         self._check_peer(request.sender, context)
         arrived: list[ArrivedBody] = []
-        refused: dict[str, str] = {}
         for body in request.bodies:
             try:
                 arrived.append(checked_body(body.tx_id, body.body, body.digest, body.traceparent))
             except ServiceError as error:
-                refused[body.tx_id] = error.message
                 log.warning("body %s from %s refused: %s", body.tx_id, request.sender, error)
         await self._coordinator.take_bodies(arrived)
-        return peer_pb2.PushBodiesResponse(refused=refused)
 
     @answers_errors
     async def GetBody(
@@ -288,15 +261,6 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             ],
             unread=held.unread,
         )  # fmt: skip
-
-    @answers_errors
-    async def SendViewMessage(
-        self,
-        request: peer_pb2.SendViewMessageRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> peer_pb2.SendViewMessageResponse:
-        await self._take_view_message(request, context)
-        return peer_pb2.SendViewMessageResponse()
 
     async def _take_view_message(
         self,

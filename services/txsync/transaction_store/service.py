@@ -478,13 +478,6 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             response.vote.CopyFrom(loaded.vote)
         return response
 
-    @answers_errors
-    async def PersistStep(
-        self, request: store_pb2.PersistStepRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> store_pb2.PersistStepResponse:
-        base = await self._store.finish_step(await self._stage_step(request))
-        return store_pb2.PersistStepResponse(merge_base=base_to_proto(base))
-
     async def PersistSteps(
         self,
         request_iterator: AsyncIterator[store_pb2.PersistStepsRequest],
@@ -549,28 +542,6 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                     for b in request.bodies
                 ],
             )
-        )
-
-    @answers_errors
-    async def StoreBody(
-        self, request: store_pb2.StoreBodyRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> store_pb2.StoreBodyResponse:
-        traceparent = check_traceparent(request.traceparent)
-        stored = await self._store.store_body(
-            request.tx_id, request.body, request.digest, traceparent
-        )
-        return store_pb2.StoreBodyResponse(stored=stored)
-
-    @answers_errors
-    async def StoreBodies(
-        self, request: store_pb2.StoreBodiesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> store_pb2.StoreBodiesResponse:
-        bodies = [
-            (b.tx_id, b.body, b.digest, check_traceparent(b.traceparent)) for b in request.bodies
-        ]
-        stored, refused = await self._store.store_bodies(bodies)
-        return store_pb2.StoreBodiesResponse(
-            stored=stored, refused={tx_id: error.message for tx_id, error in refused.items()}
         )
 
     @answers_errors
@@ -655,20 +626,13 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         except StoreError as error:
             await abort(context, error)
 
-    @answers_errors
-    async def AdvanceStates(
-        self, request: store_pb2.AdvanceStatesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> store_pb2.AdvanceStatesResponse:
-        await self._advance_states(request)
-        return store_pb2.AdvanceStatesResponse()
-
     async def AdvanceStatesStream(
         self,
         request_iterator: AsyncIterator[store_pb2.AdvanceStatesStreamRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[store_pb2.AdvanceStatesStreamResponse]:
-        """``AdvanceStates``, one request at a time in arrival order; the first refused
-        request ends the stream with its status."""
+        """Each request's state changes applied in arrival order, each answered once
+        durable; the first refused request ends the stream with its status."""
         try:
             async for request in request_iterator:
                 check_request(request)

@@ -304,7 +304,6 @@ class _BodyEntries:
     """What storing some peers' bodies writes (``_body_entries``)."""
 
     entries: list[txlog_pb2.LogEntry] = field(default_factory=list)
-    stored: list[str] = field(default_factory=list)
     traced: list[str] = field(default_factory=list)
     ids: set[str] = field(default_factory=set)
 
@@ -1264,43 +1263,6 @@ class TransactionStore:
                 f"tx {tx_id} cannot be {state.name}: {problem}",
             )
 
-    async def store_body(
-        self, tx_id: str, encoded: bytes, digest: bytes, traceparent: str = ""
-    ) -> bool:
-        """Store a body received from a peer; False if it was held already."""
-        stored, refused = await self.store_bodies([(tx_id, encoded, digest, traceparent)])
-        if tx_id in refused:
-            raise refused[tx_id]
-        return tx_id in stored
-
-    async def store_bodies(
-        self, bodies: Sequence[tuple[str, bytes, bytes, str]]
-    ) -> tuple[list[str], dict[str, StoreError]]:
-        """Store bodies received from peers, ``(tx_id, encoded, digest, traceparent)``
-        each, with one fsync: the ids stored now, and each refused one with its error (a
-        body held already is neither)."""
-        if len(bodies) > BODIES_PER_CALL_MAX:
-            raise invalid(f"bodies: {len(bodies)} is over {BODIES_PER_CALL_MAX}")
-        refused: dict[str, StoreError] = {}
-        checked: list[_CheckedBody] = []
-        for peer_body in bodies:
-            try:
-                checked.append(_CheckedBody(peer_body, check_peer_body(*peer_body[:3])))
-            except StoreError as error:
-                refused[peer_body[0]] = error
-        if all(self._body_held(checked_body.sent[0]) for checked_body in checked):
-            return [], refused
-        async with self._lock:
-            planned = self._body_entries(checked)
-            staged = None
-            if planned.entries:
-                staged = self._stage(planned.entries, traced_whole=planned.traced)
-        if staged is not None:
-            await self._durable(staged)
-        for tx_id in planned.traced:
-            trace_history(self.state, tx_id)
-        return planned.stored, refused
-
     @staticmethod
     def _checked_bodies(bodies: Sequence[PeerBody]) -> list[_CheckedBody]:
         """A step's bodies, each checked (the first that fails its checks fails all)."""
@@ -1327,7 +1289,6 @@ class TransactionStore:
                 membership=body.HasField("membership"), traceparent=traceparent,
             )))  # fmt: skip
             self._unfiled[tx_id] = encoded
-            planned.stored.append(tx_id)
         return planned
 
     async def read_bodies(

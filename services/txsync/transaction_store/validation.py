@@ -43,7 +43,7 @@ WAIT_SECONDS_MAX = 600.0
 WAIT_SECONDS_DEFAULT = 30.0
 READ_SYNCED_MAX = 1_024
 BODIES_PER_CALL_MAX = 256
-"""Bodies in one StoreBodies, ReadBodies or PushBodies call."""
+"""Bodies in one ReadBodies call, one protocol step or one PushBodies message."""
 READ_BODIES_BYTES_DEFAULT = 3 * 1024 * 1024
 """A ReadBodies answer's bodies by default (with a 4 MiB body alone, under gRPC's 8 MiB)."""
 

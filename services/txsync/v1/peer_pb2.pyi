@@ -288,28 +288,6 @@ class OutcomeDigest(_message.Message):
 Global___OutcomeDigest: _TypeAlias = OutcomeDigest  # noqa: Y015
 
 @_typing.final
-class PostResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    WHOLE_NEEDED_FIELD_NUMBER: _builtins.int
-    whole_needed: _builtins.bool
-    """The post named a post (`delta_from_seq`) this node no longer holds: nothing was
-    taken; post again with the whole queue.
-    """
-    def __init__(
-        self,
-        *,
-        whole_needed: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["whole_needed", b"whole_needed"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PostResponse: _TypeAlias = PostResponse  # noqa: Y015
-
-@_typing.final
 class SendSyncedEntriesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -353,21 +331,6 @@ class SendSyncedEntriesRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SendSyncedEntriesRequest: _TypeAlias = SendSyncedEntriesRequest  # noqa: Y015
-
-@_typing.final
-class SendSyncedEntriesResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    def __init__(
-        self,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___SendSyncedEntriesResponse: _TypeAlias = SendSyncedEntriesResponse  # noqa: Y015
 
 @_typing.final
 class PushBodyRequest(_message.Message):
@@ -417,21 +380,6 @@ class PushBodyRequest(_message.Message):
 Global___PushBodyRequest: _TypeAlias = PushBodyRequest  # noqa: Y015
 
 @_typing.final
-class PushBodyResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    def __init__(
-        self,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PushBodyResponse: _TypeAlias = PushBodyResponse  # noqa: Y015
-
-@_typing.final
 class PushBodiesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -442,7 +390,7 @@ class PushBodiesRequest(_message.Message):
     def bodies(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___PushBodyRequest]:
-        """At most 256 bodies, together at most 3 MiB (a larger body travels alone by PushBody).
+        """At most 256 bodies, together at most 3 MiB (a larger body travels alone, as `body`).
         Each element's own `sender` is ignored.
         """
 
@@ -461,50 +409,6 @@ class PushBodiesRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PushBodiesRequest: _TypeAlias = PushBodiesRequest  # noqa: Y015
-
-@_typing.final
-class PushBodiesResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    @_typing.final
-    class RefusedEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.str
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: _builtins.str = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal[
-            "key", b"key", "value", b"value"
-        ]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    REFUSED_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Ids of the bodies refused (bad digest, malformed), each with its reason."""
-
-    def __init__(
-        self,
-        *,
-        refused: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PushBodiesResponse: _TypeAlias = PushBodiesResponse  # noqa: Y015
 
 @_typing.final
 class GetBodyRequest(_message.Message):
@@ -761,21 +665,6 @@ class SendViewMessageRequest(_message.Message):
     ) -> _WhichOneofReturnType_message | None: ...
 
 Global___SendViewMessageRequest: _TypeAlias = SendViewMessageRequest  # noqa: Y015
-
-@_typing.final
-class SendViewMessageResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    def __init__(
-        self,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___SendViewMessageResponse: _TypeAlias = SendViewMessageResponse  # noqa: Y015
 
 @_typing.final
 class ViewPromise(_message.Message):

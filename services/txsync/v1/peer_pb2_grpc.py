@@ -30,7 +30,11 @@ if _version_not_supported:
 
 
 class PeerServiceStub:
-    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5)."""
+    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5). Posts, catch-up
+    entries, pushed bodies and view messages travel on one `Exchange` stream per directed
+    pair of DCs (their messages are named `...Request` after the unary calls that once
+    carried them, which had no caller left and were removed).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -38,30 +42,6 @@ class PeerServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Post = channel.unary_unary(
-            "/txsync.v1.PeerService/Post",
-            request_serializer=txsync_dot_v1_dot_peer__pb2.PostRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_peer__pb2.PostResponse.FromString,
-            _registered_method=True,
-        )
-        self.SendSyncedEntries = channel.unary_unary(
-            "/txsync.v1.PeerService/SendSyncedEntries",
-            request_serializer=txsync_dot_v1_dot_peer__pb2.SendSyncedEntriesRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_peer__pb2.SendSyncedEntriesResponse.FromString,
-            _registered_method=True,
-        )
-        self.PushBody = channel.unary_unary(
-            "/txsync.v1.PeerService/PushBody",
-            request_serializer=txsync_dot_v1_dot_peer__pb2.PushBodyRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_peer__pb2.PushBodyResponse.FromString,
-            _registered_method=True,
-        )
-        self.PushBodies = channel.unary_unary(
-            "/txsync.v1.PeerService/PushBodies",
-            request_serializer=txsync_dot_v1_dot_peer__pb2.PushBodiesRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_peer__pb2.PushBodiesResponse.FromString,
-            _registered_method=True,
-        )
         self.GetBody = channel.unary_unary(
             "/txsync.v1.PeerService/GetBody",
             request_serializer=txsync_dot_v1_dot_peer__pb2.GetBodyRequest.SerializeToString,
@@ -74,12 +54,6 @@ class PeerServiceStub:
             response_deserializer=txsync_dot_v1_dot_peer__pb2.GetBodiesResponse.FromString,
             _registered_method=True,
         )
-        self.SendViewMessage = channel.unary_unary(
-            "/txsync.v1.PeerService/SendViewMessage",
-            request_serializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageResponse.FromString,
-            _registered_method=True,
-        )
         self.Exchange = channel.stream_stream(
             "/txsync.v1.PeerService/Exchange",
             request_serializer=txsync_dot_v1_dot_peer__pb2.ExchangeRequest.SerializeToString,
@@ -89,34 +63,11 @@ class PeerServiceStub:
 
 
 class PeerServiceServicer:
-    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5)."""
-
-    def Post(self, request, context):
-        """A round's POST. Fire-and-forget: the answer carries nothing the protocol needs."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
-    def SendSyncedEntries(self, request, context):
-        """Catch-up of a lagger: synced entries that extend the lagger's merge base."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
-    def PushBody(self, request, context):
-        """The origin pushes a new body to every view member as soon as it is durable."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
-    def PushBodies(self, request, context):
-        """Several bodies at once (what coordinators send: the bodies that became durable while
-        the previous push was on its way). Each is stored or refused on its own; the answer
-        names the refused ones, and the receiver fetches those later by GetBody.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
+    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5). Posts, catch-up
+    entries, pushed bodies and view messages travel on one `Exchange` stream per directed
+    pair of DCs (their messages are named `...Request` after the unary calls that once
+    carried them, which had no caller left and were removed).
+    """
 
     def GetBody(self, request, context):
         """Any node serves a body it holds by id (NOT_FOUND otherwise)."""
@@ -132,23 +83,19 @@ class PeerServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
-    def SendViewMessage(self, request, context):
-        """One message of a view change (prepare, promise, accept, accepted, install, refusal or
-        query), one-way like a post.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
     def Exchange(self, request_iterator, context):
-        """What coordinators send each other: one long-lived stream per directed pair of DCs
-        carrying every message above but GetBody and GetBodies, handled in the order sent
-        (a body pushed ahead of the post that names it is held when the post is taken). The answers
+        """What coordinators send each other: one long-lived stream per directed pair of DCs,
+        handled in the order sent (a body pushed ahead of the post that names it is held
+        when the post is taken): a round's POST (one-way: the protocol needs no answer);
+        synced entries for a lagger's catch-up; bodies the origin pushes to every view
+        member as soon as they are durable (several at once, each taken or refused on its
+        own: a refused one is fetched later by GetBody); one message of a view change
+        (prepare, promise, accept, accepted, install, refusal or query). The answers
         acknowledge posts, in order: one answers a post and every post before it on the
         stream (the receiver answers every 16th post, the stream's first, and at once any
-        post it could not rebuild); everything else is one-way. A message the
-        receiver refuses (not a configured peer, malformed) ends the stream with its status;
-        the sender opens a new one.
+        post it could not rebuild); everything else is one-way. A message the receiver
+        refuses (not a configured peer, malformed) ends the stream with its status; the
+        sender opens a new one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
@@ -157,26 +104,6 @@ class PeerServiceServicer:
 
 def add_PeerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-        "Post": grpc.unary_unary_rpc_method_handler(
-            servicer.Post,
-            request_deserializer=txsync_dot_v1_dot_peer__pb2.PostRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_peer__pb2.PostResponse.SerializeToString,
-        ),
-        "SendSyncedEntries": grpc.unary_unary_rpc_method_handler(
-            servicer.SendSyncedEntries,
-            request_deserializer=txsync_dot_v1_dot_peer__pb2.SendSyncedEntriesRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_peer__pb2.SendSyncedEntriesResponse.SerializeToString,
-        ),
-        "PushBody": grpc.unary_unary_rpc_method_handler(
-            servicer.PushBody,
-            request_deserializer=txsync_dot_v1_dot_peer__pb2.PushBodyRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_peer__pb2.PushBodyResponse.SerializeToString,
-        ),
-        "PushBodies": grpc.unary_unary_rpc_method_handler(
-            servicer.PushBodies,
-            request_deserializer=txsync_dot_v1_dot_peer__pb2.PushBodiesRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_peer__pb2.PushBodiesResponse.SerializeToString,
-        ),
         "GetBody": grpc.unary_unary_rpc_method_handler(
             servicer.GetBody,
             request_deserializer=txsync_dot_v1_dot_peer__pb2.GetBodyRequest.FromString,
@@ -186,11 +113,6 @@ def add_PeerServiceServicer_to_server(servicer, server):
             servicer.GetBodies,
             request_deserializer=txsync_dot_v1_dot_peer__pb2.GetBodiesRequest.FromString,
             response_serializer=txsync_dot_v1_dot_peer__pb2.GetBodiesResponse.SerializeToString,
-        ),
-        "SendViewMessage": grpc.unary_unary_rpc_method_handler(
-            servicer.SendViewMessage,
-            request_deserializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_peer__pb2.SendViewMessageResponse.SerializeToString,
         ),
         "Exchange": grpc.stream_stream_rpc_method_handler(
             servicer.Exchange,
@@ -207,127 +129,11 @@ def add_PeerServiceServicer_to_server(servicer, server):
 
 # This class is part of an EXPERIMENTAL API.
 class PeerService:
-    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5)."""
-
-    @staticmethod
-    def Post(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.PeerService/Post",
-            txsync_dot_v1_dot_peer__pb2.PostRequest.SerializeToString,
-            txsync_dot_v1_dot_peer__pb2.PostResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
-    def SendSyncedEntries(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.PeerService/SendSyncedEntries",
-            txsync_dot_v1_dot_peer__pb2.SendSyncedEntriesRequest.SerializeToString,
-            txsync_dot_v1_dot_peer__pb2.SendSyncedEntriesResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
-    def PushBody(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.PeerService/PushBody",
-            txsync_dot_v1_dot_peer__pb2.PushBodyRequest.SerializeToString,
-            txsync_dot_v1_dot_peer__pb2.PushBodyResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
-    def PushBodies(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.PeerService/PushBodies",
-            txsync_dot_v1_dot_peer__pb2.PushBodiesRequest.SerializeToString,
-            txsync_dot_v1_dot_peer__pb2.PushBodiesResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
+    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5). Posts, catch-up
+    entries, pushed bodies and view messages travel on one `Exchange` stream per directed
+    pair of DCs (their messages are named `...Request` after the unary calls that once
+    carried them, which had no caller left and were removed).
+    """
 
     @staticmethod
     def GetBody(
@@ -378,36 +184,6 @@ class PeerService:
             "/txsync.v1.PeerService/GetBodies",
             txsync_dot_v1_dot_peer__pb2.GetBodiesRequest.SerializeToString,
             txsync_dot_v1_dot_peer__pb2.GetBodiesResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
-    def SendViewMessage(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.PeerService/SendViewMessage",
-            txsync_dot_v1_dot_peer__pb2.SendViewMessageRequest.SerializeToString,
-            txsync_dot_v1_dot_peer__pb2.SendViewMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,29 +30,16 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class PeerServiceStub:
-    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5)."""
+    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5). Posts, catch-up
+    entries, pushed bodies and view messages travel on one `Exchange` stream per directed
+    pair of DCs (their messages are named `...Request` after the unary calls that once
+    carried them, which had no caller left and were removed).
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> PeerServiceAsyncStub: ...
-    Post: _grpc.UnaryUnaryMultiCallable[_peer_pb2.PostRequest, _peer_pb2.PostResponse]
-    """A round's POST. Fire-and-forget: the answer carries nothing the protocol needs."""
-    SendSyncedEntries: _grpc.UnaryUnaryMultiCallable[
-        _peer_pb2.SendSyncedEntriesRequest, _peer_pb2.SendSyncedEntriesResponse
-    ]
-    """Catch-up of a lagger: synced entries that extend the lagger's merge base."""
-    PushBody: _grpc.UnaryUnaryMultiCallable[
-        _peer_pb2.PushBodyRequest, _peer_pb2.PushBodyResponse
-    ]
-    """The origin pushes a new body to every view member as soon as it is durable."""
-    PushBodies: _grpc.UnaryUnaryMultiCallable[
-        _peer_pb2.PushBodiesRequest, _peer_pb2.PushBodiesResponse
-    ]
-    """Several bodies at once (what coordinators send: the bodies that became durable while
-    the previous push was on its way). Each is stored or refused on its own; the answer
-    names the refused ones, and the receiver fetches those later by GetBody.
-    """
     GetBody: _grpc.UnaryUnaryMultiCallable[
         _peer_pb2.GetBodyRequest, _peer_pb2.GetBodyResponse
     ]
@@ -63,47 +50,32 @@ class PeerServiceStub:
     """Several bodies by id (what coordinators fetch with: a DC back from a partition
     lacks thousands, and one call per body caught up at ~30 bodies/s).
     """
-    SendViewMessage: _grpc.UnaryUnaryMultiCallable[
-        _peer_pb2.SendViewMessageRequest, _peer_pb2.SendViewMessageResponse
-    ]
-    """One message of a view change (prepare, promise, accept, accepted, install, refusal or
-    query), one-way like a post.
-    """
     Exchange: _grpc.StreamStreamMultiCallable[
         _peer_pb2.ExchangeRequest, _peer_pb2.ExchangeResponse
     ]
-    """What coordinators send each other: one long-lived stream per directed pair of DCs
-    carrying every message above but GetBody and GetBodies, handled in the order sent
-    (a body pushed ahead of the post that names it is held when the post is taken). The answers
+    """What coordinators send each other: one long-lived stream per directed pair of DCs,
+    handled in the order sent (a body pushed ahead of the post that names it is held
+    when the post is taken): a round's POST (one-way: the protocol needs no answer);
+    synced entries for a lagger's catch-up; bodies the origin pushes to every view
+    member as soon as they are durable (several at once, each taken or refused on its
+    own: a refused one is fetched later by GetBody); one message of a view change
+    (prepare, promise, accept, accepted, install, refusal or query). The answers
     acknowledge posts, in order: one answers a post and every post before it on the
     stream (the receiver answers every 16th post, the stream's first, and at once any
-    post it could not rebuild); everything else is one-way. A message the
-    receiver refuses (not a configured peer, malformed) ends the stream with its status;
-    the sender opens a new one.
+    post it could not rebuild); everything else is one-way. A message the receiver
+    refuses (not a configured peer, malformed) ends the stream with its status; the
+    sender opens a new one.
     """
 
 @_typing.type_check_only
 class PeerServiceAsyncStub(PeerServiceStub):
-    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5)."""
+    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5). Posts, catch-up
+    entries, pushed bodies and view messages travel on one `Exchange` stream per directed
+    pair of DCs (their messages are named `...Request` after the unary calls that once
+    carried them, which had no caller left and were removed).
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    Post: _aio.UnaryUnaryMultiCallable[_peer_pb2.PostRequest, _peer_pb2.PostResponse]  # type: ignore[assignment]
-    """A round's POST. Fire-and-forget: the answer carries nothing the protocol needs."""
-    SendSyncedEntries: _aio.UnaryUnaryMultiCallable[
-        _peer_pb2.SendSyncedEntriesRequest, _peer_pb2.SendSyncedEntriesResponse
-    ]  # type: ignore[assignment]
-    """Catch-up of a lagger: synced entries that extend the lagger's merge base."""
-    PushBody: _aio.UnaryUnaryMultiCallable[
-        _peer_pb2.PushBodyRequest, _peer_pb2.PushBodyResponse
-    ]  # type: ignore[assignment]
-    """The origin pushes a new body to every view member as soon as it is durable."""
-    PushBodies: _aio.UnaryUnaryMultiCallable[
-        _peer_pb2.PushBodiesRequest, _peer_pb2.PushBodiesResponse
-    ]  # type: ignore[assignment]
-    """Several bodies at once (what coordinators send: the bodies that became durable while
-    the previous push was on its way). Each is stored or refused on its own; the answer
-    names the refused ones, and the receiver fetches those later by GetBody.
-    """
     GetBody: _aio.UnaryUnaryMultiCallable[
         _peer_pb2.GetBodyRequest, _peer_pb2.GetBodyResponse
     ]  # type: ignore[assignment]
@@ -114,69 +86,29 @@ class PeerServiceAsyncStub(PeerServiceStub):
     """Several bodies by id (what coordinators fetch with: a DC back from a partition
     lacks thousands, and one call per body caught up at ~30 bodies/s).
     """
-    SendViewMessage: _aio.UnaryUnaryMultiCallable[
-        _peer_pb2.SendViewMessageRequest, _peer_pb2.SendViewMessageResponse
-    ]  # type: ignore[assignment]
-    """One message of a view change (prepare, promise, accept, accepted, install, refusal or
-    query), one-way like a post.
-    """
     Exchange: _aio.StreamStreamMultiCallable[
         _peer_pb2.ExchangeRequest, _peer_pb2.ExchangeResponse
     ]  # type: ignore[assignment]
-    """What coordinators send each other: one long-lived stream per directed pair of DCs
-    carrying every message above but GetBody and GetBodies, handled in the order sent
-    (a body pushed ahead of the post that names it is held when the post is taken). The answers
+    """What coordinators send each other: one long-lived stream per directed pair of DCs,
+    handled in the order sent (a body pushed ahead of the post that names it is held
+    when the post is taken): a round's POST (one-way: the protocol needs no answer);
+    synced entries for a lagger's catch-up; bodies the origin pushes to every view
+    member as soon as they are durable (several at once, each taken or refused on its
+    own: a refused one is fetched later by GetBody); one message of a view change
+    (prepare, promise, accept, accepted, install, refusal or query). The answers
     acknowledge posts, in order: one answers a post and every post before it on the
     stream (the receiver answers every 16th post, the stream's first, and at once any
-    post it could not rebuild); everything else is one-way. A message the
-    receiver refuses (not a configured peer, malformed) ends the stream with its status;
-    the sender opens a new one.
+    post it could not rebuild); everything else is one-way. A message the receiver
+    refuses (not a configured peer, malformed) ends the stream with its status; the
+    sender opens a new one.
     """
 
 class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
-    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5)."""
-
-    @_abc_1.abstractmethod
-    def Post(
-        self,
-        request: _peer_pb2.PostRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_peer_pb2.PostResponse, _abc.Awaitable[_peer_pb2.PostResponse]]:
-        """A round's POST. Fire-and-forget: the answer carries nothing the protocol needs."""
-
-    @_abc_1.abstractmethod
-    def SendSyncedEntries(
-        self,
-        request: _peer_pb2.SendSyncedEntriesRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _peer_pb2.SendSyncedEntriesResponse,
-        _abc.Awaitable[_peer_pb2.SendSyncedEntriesResponse],
-    ]:
-        """Catch-up of a lagger: synced entries that extend the lagger's merge base."""
-
-    @_abc_1.abstractmethod
-    def PushBody(
-        self,
-        request: _peer_pb2.PushBodyRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _peer_pb2.PushBodyResponse, _abc.Awaitable[_peer_pb2.PushBodyResponse]
-    ]:
-        """The origin pushes a new body to every view member as soon as it is durable."""
-
-    @_abc_1.abstractmethod
-    def PushBodies(
-        self,
-        request: _peer_pb2.PushBodiesRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _peer_pb2.PushBodiesResponse, _abc.Awaitable[_peer_pb2.PushBodiesResponse]
-    ]:
-        """Several bodies at once (what coordinators send: the bodies that became durable while
-        the previous push was on its way). Each is stored or refused on its own; the answer
-        names the refused ones, and the receiver fetches those later by GetBody.
-        """
+    """The TxLog sync protocol on the wire (PROTOCOL.md §2, §3, §5). Posts, catch-up
+    entries, pushed bodies and view messages travel on one `Exchange` stream per directed
+    pair of DCs (their messages are named `...Request` after the unary calls that once
+    carried them, which had no caller left and were removed).
+    """
 
     @_abc_1.abstractmethod
     def GetBody(
@@ -201,19 +133,6 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
-    def SendViewMessage(
-        self,
-        request: _peer_pb2.SendViewMessageRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _peer_pb2.SendViewMessageResponse,
-        _abc.Awaitable[_peer_pb2.SendViewMessageResponse],
-    ]:
-        """One message of a view change (prepare, promise, accept, accepted, install, refusal or
-        query), one-way like a post.
-        """
-
-    @_abc_1.abstractmethod
     def Exchange(
         self,
         request_iterator: _MaybeAsyncIterator[_peer_pb2.ExchangeRequest],
@@ -222,14 +141,18 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
         _abc.Iterator[_peer_pb2.ExchangeResponse],
         _abc.AsyncIterator[_peer_pb2.ExchangeResponse],
     ]:
-        """What coordinators send each other: one long-lived stream per directed pair of DCs
-        carrying every message above but GetBody and GetBodies, handled in the order sent
-        (a body pushed ahead of the post that names it is held when the post is taken). The answers
+        """What coordinators send each other: one long-lived stream per directed pair of DCs,
+        handled in the order sent (a body pushed ahead of the post that names it is held
+        when the post is taken): a round's POST (one-way: the protocol needs no answer);
+        synced entries for a lagger's catch-up; bodies the origin pushes to every view
+        member as soon as they are durable (several at once, each taken or refused on its
+        own: a refused one is fetched later by GetBody); one message of a view change
+        (prepare, promise, accept, accepted, install, refusal or query). The answers
         acknowledge posts, in order: one answers a post and every post before it on the
         stream (the receiver answers every 16th post, the stream's first, and at once any
-        post it could not rebuild); everything else is one-way. A message the
-        receiver refuses (not a configured peer, malformed) ends the stream with its status;
-        the sender opens a new one.
+        post it could not rebuild); everything else is one-way. A message the receiver
+        refuses (not a configured peer, malformed) ends the stream with its status; the
+        sender opens a new one.
         """
 
 def add_PeerServiceServicer_to_server(

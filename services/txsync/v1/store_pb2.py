@@ -23,7 +23,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x15txsync/v1/store.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\x1a\n\x18WatchLocalSubmitsRequest"J\n\x19WatchLocalSubmitsResponse\x12\'\n\x07submits\x18\x05 \x03(\x0b\x32\x16.txsync.v1.LocalSubmitJ\x04\x08\x01\x10\x05"n\n\x0bLocalSubmit\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12\n\n\x02ts\x18\x05 \x01(\x04\x12\x11\n\tlocal_seq\x18\x06 \x01(\x04"\xef\x01\n\x15ReportProgressRequest\x12L\n\x0fpeer_synced_len\x18\x01 \x03(\x0b\x32\x33.txsync.v1.ReportProgressRequest.PeerSyncedLenEntry\x12!\n\x14workers_min_position\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0epeers_reported\x18\x03 \x01(\x08\x1a\x34\n\x12PeerSyncedLenEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x17\n\x15_workers_min_position"b\n\x16ReportProgressResponse\x12\x19\n\x11truncatable_below\x18\x01 \x01(\x04\x12\x14\n\x0chistory_from\x18\x02 \x01(\x04\x12\x17\n\x0f\x62odies_held_len\x18\x03 \x01(\x04"\x1a\n\x18LoadProtocolStateRequest"\xc2\x02\n\x19LoadProtocolStateResponse\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12(\n\nmerge_base\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12&\n\x0bsynced_tail\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08incoming\x18\x05 \x03(\x0b\x32\x18.txsync.v1.IncomingEntry\x12,\n\x11synced_unacquired\x18\x06 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12%\n\x04view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"B\n\rIncomingEntry\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08\x61\x63quired\x18\x02 \x01(\x08"x\n\x0bStateChange\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x03 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x12\n\nat_unix_ms\x18\x04 \x01(\x03"\x80\x03\n\x12PersistStepRequest\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12#\n\x08incoming\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0csynced_start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12!\n\x06synced\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12-\n\rstate_changes\x18\x05 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x11\n\tforgotten\x18\x07 \x03(\t\x12/\n\x0einstalled_view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote\x12+\n\x06\x62odies\x18\n \x03(\x0b\x32\x1b.txsync.v1.StoreBodyRequest\x12\x11\n\tlocal_seq\x18\x0b \x01(\x04"?\n\x13PersistStepResponse\x12(\n\nmerge_base\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase"B\n\x13PersistStepsRequest\x12+\n\x04step\x18\x01 \x01(\x0b\x32\x1d.txsync.v1.PersistStepRequest"@\n\x14PersistStepsResponse\x12(\n\nmerge_base\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase"T\n\x10StoreBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"#\n\x11StoreBodyResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08"A\n\x12StoreBodiesRequest\x12+\n\x06\x62odies\x18\x01 \x03(\x0b\x32\x1b.txsync.v1.StoreBodyRequest"\x93\x01\n\x13StoreBodiesResponse\x12\x0e\n\x06stored\x18\x01 \x03(\t\x12<\n\x07refused\x18\x02 \x03(\x0b\x32+.txsync.v1.StoreBodiesResponse.RefusedEntry\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"6\n\x11ReadBodiesRequest\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t\x12\x11\n\tbytes_max\x18\x02 \x01(\r"L\n\x08HeldBody\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"I\n\x12ReadBodiesResponse\x12#\n\x06\x62odies\x18\x01 \x03(\x0b\x32\x13.txsync.v1.HeldBody\x12\x0e\n\x06unread\x18\x02 \x03(\t" \n\x0fReadBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t"E\n\x10ReadBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x03 \x01(\t"8\n\x11ReadSyncedRequest\x12\x10\n\x08\x66rom_len\x18\x01 \x01(\x04\x12\x11\n\tcount_max\x18\x02 \x01(\r"]\n\x12ReadSyncedResponse\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\xa8\x01\n\x15\x46ollowEnqueuedRequest\x12\x15\n\rfrom_position\x18\x01 \x01(\x04\x12\x17\n\x0fmembership_only\x18\x02 \x01(\x08\x12\x15\n\rfinished_only\x18\x03 \x01(\x08\x12\x1d\n\x15\x66rom_first_unfinished\x18\x04 \x01(\x08\x12\x11\n\tgather_ms\x18\x05 \x01(\r\x12\x16\n\x0eskip_truncated\x18\x06 \x01(\x08"<\n\x16\x46ollowEnqueuedResponse\x12"\n\x03txs\x18\x01 \x03(\x0b\x32\x15.txsync.v1.EnqueuedTx"\xaa\x01\n\nEnqueuedTx\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12!\n\x05state\x18\x05 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x06 \x01(\x0b\x32\x12.txsync.v1.Outcome"P\n\x14\x41\x64vanceStatesRequest\x12\'\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x02 \x01(\t"\x17\n\x15\x41\x64vanceStatesResponse"L\n\x1a\x41\x64vanceStatesStreamRequest\x12.\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1f.txsync.v1.AdvanceStatesRequest"\x1d\n\x1b\x41\x64vanceStatesStreamResponse2\xda\x08\n\x14StoreInternalService\x12^\n\x11LoadProtocolState\x12#.txsync.v1.LoadProtocolStateRequest\x1a$.txsync.v1.LoadProtocolStateResponse\x12L\n\x0bPersistStep\x12\x1d.txsync.v1.PersistStepRequest\x1a\x1e.txsync.v1.PersistStepResponse\x12S\n\x0cPersistSteps\x12\x1e.txsync.v1.PersistStepsRequest\x1a\x1f.txsync.v1.PersistStepsResponse(\x01\x30\x01\x12\x46\n\tStoreBody\x12\x1b.txsync.v1.StoreBodyRequest\x1a\x1c.txsync.v1.StoreBodyResponse\x12\x43\n\x08ReadBody\x12\x1a.txsync.v1.ReadBodyRequest\x1a\x1b.txsync.v1.ReadBodyResponse\x12L\n\x0bStoreBodies\x12\x1d.txsync.v1.StoreBodiesRequest\x1a\x1e.txsync.v1.StoreBodiesResponse\x12I\n\nReadBodies\x12\x1c.txsync.v1.ReadBodiesRequest\x1a\x1d.txsync.v1.ReadBodiesResponse\x12I\n\nReadSynced\x12\x1c.txsync.v1.ReadSyncedRequest\x1a\x1d.txsync.v1.ReadSyncedResponse\x12W\n\x0e\x46ollowEnqueued\x12 .txsync.v1.FollowEnqueuedRequest\x1a!.txsync.v1.FollowEnqueuedResponse0\x01\x12R\n\rAdvanceStates\x12\x1f.txsync.v1.AdvanceStatesRequest\x1a .txsync.v1.AdvanceStatesResponse\x12h\n\x13\x41\x64vanceStatesStream\x12%.txsync.v1.AdvanceStatesStreamRequest\x1a&.txsync.v1.AdvanceStatesStreamResponse(\x01\x30\x01\x12`\n\x11WatchLocalSubmits\x12#.txsync.v1.WatchLocalSubmitsRequest\x1a$.txsync.v1.WatchLocalSubmitsResponse0\x01\x12U\n\x0eReportProgress\x12 .txsync.v1.ReportProgressRequest\x1a!.txsync.v1.ReportProgressResponseb\x06proto3'
+    b'\n\x15txsync/v1/store.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\x1a\n\x18WatchLocalSubmitsRequest"J\n\x19WatchLocalSubmitsResponse\x12\'\n\x07submits\x18\x05 \x03(\x0b\x32\x16.txsync.v1.LocalSubmitJ\x04\x08\x01\x10\x05"n\n\x0bLocalSubmit\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12\n\n\x02ts\x18\x05 \x01(\x04\x12\x11\n\tlocal_seq\x18\x06 \x01(\x04"\xef\x01\n\x15ReportProgressRequest\x12L\n\x0fpeer_synced_len\x18\x01 \x03(\x0b\x32\x33.txsync.v1.ReportProgressRequest.PeerSyncedLenEntry\x12!\n\x14workers_min_position\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0epeers_reported\x18\x03 \x01(\x08\x1a\x34\n\x12PeerSyncedLenEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x17\n\x15_workers_min_position"b\n\x16ReportProgressResponse\x12\x19\n\x11truncatable_below\x18\x01 \x01(\x04\x12\x14\n\x0chistory_from\x18\x02 \x01(\x04\x12\x17\n\x0f\x62odies_held_len\x18\x03 \x01(\x04"\x1a\n\x18LoadProtocolStateRequest"\xc2\x02\n\x19LoadProtocolStateResponse\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12(\n\nmerge_base\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12&\n\x0bsynced_tail\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08incoming\x18\x05 \x03(\x0b\x32\x18.txsync.v1.IncomingEntry\x12,\n\x11synced_unacquired\x18\x06 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12%\n\x04view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote"B\n\rIncomingEntry\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08\x61\x63quired\x18\x02 \x01(\x08"x\n\x0bStateChange\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x03 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x12\n\nat_unix_ms\x18\x04 \x01(\x03"\x80\x03\n\x12PersistStepRequest\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12#\n\x08incoming\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0csynced_start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12!\n\x06synced\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12-\n\rstate_changes\x18\x05 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x11\n\tforgotten\x18\x07 \x03(\t\x12/\n\x0einstalled_view\x18\x08 \x01(\x0b\x32\x17.txsync.v1.ViewProposal\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote\x12+\n\x06\x62odies\x18\n \x03(\x0b\x32\x1b.txsync.v1.StoreBodyRequest\x12\x11\n\tlocal_seq\x18\x0b \x01(\x04"B\n\x13PersistStepsRequest\x12+\n\x04step\x18\x01 \x01(\x0b\x32\x1d.txsync.v1.PersistStepRequest"@\n\x14PersistStepsResponse\x12(\n\nmerge_base\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase"T\n\x10StoreBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"6\n\x11ReadBodiesRequest\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t\x12\x11\n\tbytes_max\x18\x02 \x01(\r"L\n\x08HeldBody\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t"I\n\x12ReadBodiesResponse\x12#\n\x06\x62odies\x18\x01 \x03(\x0b\x32\x13.txsync.v1.HeldBody\x12\x0e\n\x06unread\x18\x02 \x03(\t" \n\x0fReadBodyRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t"E\n\x10ReadBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x03 \x01(\t"8\n\x11ReadSyncedRequest\x12\x10\n\x08\x66rom_len\x18\x01 \x01(\x04\x12\x11\n\tcount_max\x18\x02 \x01(\r"]\n\x12ReadSyncedResponse\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\xa8\x01\n\x15\x46ollowEnqueuedRequest\x12\x15\n\rfrom_position\x18\x01 \x01(\x04\x12\x17\n\x0fmembership_only\x18\x02 \x01(\x08\x12\x15\n\rfinished_only\x18\x03 \x01(\x08\x12\x1d\n\x15\x66rom_first_unfinished\x18\x04 \x01(\x08\x12\x11\n\tgather_ms\x18\x05 \x01(\r\x12\x16\n\x0eskip_truncated\x18\x06 \x01(\x08"<\n\x16\x46ollowEnqueuedResponse\x12"\n\x03txs\x18\x01 \x03(\x0b\x32\x15.txsync.v1.EnqueuedTx"\xaa\x01\n\nEnqueuedTx\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12!\n\x05state\x18\x05 \x01(\x0e\x32\x12.txsync.v1.TxState\x12#\n\x07outcome\x18\x06 \x01(\x0b\x32\x12.txsync.v1.Outcome"P\n\x14\x41\x64vanceStatesRequest\x12\'\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x16.txsync.v1.StateChange\x12\x0f\n\x07service\x18\x02 \x01(\t"L\n\x1a\x41\x64vanceStatesStreamRequest\x12.\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1f.txsync.v1.AdvanceStatesRequest"\x1d\n\x1b\x41\x64vanceStatesStreamResponse2\xa2\x06\n\x14StoreInternalService\x12^\n\x11LoadProtocolState\x12#.txsync.v1.LoadProtocolStateRequest\x1a$.txsync.v1.LoadProtocolStateResponse\x12S\n\x0cPersistSteps\x12\x1e.txsync.v1.PersistStepsRequest\x1a\x1f.txsync.v1.PersistStepsResponse(\x01\x30\x01\x12\x43\n\x08ReadBody\x12\x1a.txsync.v1.ReadBodyRequest\x1a\x1b.txsync.v1.ReadBodyResponse\x12I\n\nReadBodies\x12\x1c.txsync.v1.ReadBodiesRequest\x1a\x1d.txsync.v1.ReadBodiesResponse\x12I\n\nReadSynced\x12\x1c.txsync.v1.ReadSyncedRequest\x1a\x1d.txsync.v1.ReadSyncedResponse\x12W\n\x0e\x46ollowEnqueued\x12 .txsync.v1.FollowEnqueuedRequest\x1a!.txsync.v1.FollowEnqueuedResponse0\x01\x12h\n\x13\x41\x64vanceStatesStream\x12%.txsync.v1.AdvanceStatesStreamRequest\x1a&.txsync.v1.AdvanceStatesStreamResponse(\x01\x30\x01\x12`\n\x11WatchLocalSubmits\x12#.txsync.v1.WatchLocalSubmitsRequest\x1a$.txsync.v1.WatchLocalSubmitsResponse0\x01\x12U\n\x0eReportProgress\x12 .txsync.v1.ReportProgressRequest\x1a!.txsync.v1.ReportProgressResponseb\x06proto3'
 )
 
 _globals = globals()
@@ -33,8 +33,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
     DESCRIPTOR._loaded_options = None
     _globals["_REPORTPROGRESSREQUEST_PEERSYNCEDLENENTRY"]._loaded_options = None
     _globals["_REPORTPROGRESSREQUEST_PEERSYNCEDLENENTRY"]._serialized_options = b"8\001"
-    _globals["_STOREBODIESRESPONSE_REFUSEDENTRY"]._loaded_options = None
-    _globals["_STOREBODIESRESPONSE_REFUSEDENTRY"]._serialized_options = b"8\001"
     _globals["_WATCHLOCALSUBMITSREQUEST"]._serialized_start = 60
     _globals["_WATCHLOCALSUBMITSREQUEST"]._serialized_end = 86
     _globals["_WATCHLOCALSUBMITSRESPONSE"]._serialized_start = 88
@@ -57,50 +55,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_STATECHANGE"]._serialized_end = 1159
     _globals["_PERSISTSTEPREQUEST"]._serialized_start = 1162
     _globals["_PERSISTSTEPREQUEST"]._serialized_end = 1546
-    _globals["_PERSISTSTEPRESPONSE"]._serialized_start = 1548
-    _globals["_PERSISTSTEPRESPONSE"]._serialized_end = 1611
-    _globals["_PERSISTSTEPSREQUEST"]._serialized_start = 1613
-    _globals["_PERSISTSTEPSREQUEST"]._serialized_end = 1679
-    _globals["_PERSISTSTEPSRESPONSE"]._serialized_start = 1681
-    _globals["_PERSISTSTEPSRESPONSE"]._serialized_end = 1745
-    _globals["_STOREBODYREQUEST"]._serialized_start = 1747
-    _globals["_STOREBODYREQUEST"]._serialized_end = 1831
-    _globals["_STOREBODYRESPONSE"]._serialized_start = 1833
-    _globals["_STOREBODYRESPONSE"]._serialized_end = 1868
-    _globals["_STOREBODIESREQUEST"]._serialized_start = 1870
-    _globals["_STOREBODIESREQUEST"]._serialized_end = 1935
-    _globals["_STOREBODIESRESPONSE"]._serialized_start = 1938
-    _globals["_STOREBODIESRESPONSE"]._serialized_end = 2085
-    _globals["_STOREBODIESRESPONSE_REFUSEDENTRY"]._serialized_start = 2039
-    _globals["_STOREBODIESRESPONSE_REFUSEDENTRY"]._serialized_end = 2085
-    _globals["_READBODIESREQUEST"]._serialized_start = 2087
-    _globals["_READBODIESREQUEST"]._serialized_end = 2141
-    _globals["_HELDBODY"]._serialized_start = 2143
-    _globals["_HELDBODY"]._serialized_end = 2219
-    _globals["_READBODIESRESPONSE"]._serialized_start = 2221
-    _globals["_READBODIESRESPONSE"]._serialized_end = 2294
-    _globals["_READBODYREQUEST"]._serialized_start = 2296
-    _globals["_READBODYREQUEST"]._serialized_end = 2328
-    _globals["_READBODYRESPONSE"]._serialized_start = 2330
-    _globals["_READBODYRESPONSE"]._serialized_end = 2399
-    _globals["_READSYNCEDREQUEST"]._serialized_start = 2401
-    _globals["_READSYNCEDREQUEST"]._serialized_end = 2457
-    _globals["_READSYNCEDRESPONSE"]._serialized_start = 2459
-    _globals["_READSYNCEDRESPONSE"]._serialized_end = 2552
-    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_start = 2555
-    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_end = 2723
-    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_start = 2725
-    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_end = 2785
-    _globals["_ENQUEUEDTX"]._serialized_start = 2788
-    _globals["_ENQUEUEDTX"]._serialized_end = 2958
-    _globals["_ADVANCESTATESREQUEST"]._serialized_start = 2960
-    _globals["_ADVANCESTATESREQUEST"]._serialized_end = 3040
-    _globals["_ADVANCESTATESRESPONSE"]._serialized_start = 3042
-    _globals["_ADVANCESTATESRESPONSE"]._serialized_end = 3065
-    _globals["_ADVANCESTATESSTREAMREQUEST"]._serialized_start = 3067
-    _globals["_ADVANCESTATESSTREAMREQUEST"]._serialized_end = 3143
-    _globals["_ADVANCESTATESSTREAMRESPONSE"]._serialized_start = 3145
-    _globals["_ADVANCESTATESSTREAMRESPONSE"]._serialized_end = 3174
-    _globals["_STOREINTERNALSERVICE"]._serialized_start = 3177
-    _globals["_STOREINTERNALSERVICE"]._serialized_end = 4291
+    _globals["_PERSISTSTEPSREQUEST"]._serialized_start = 1548
+    _globals["_PERSISTSTEPSREQUEST"]._serialized_end = 1614
+    _globals["_PERSISTSTEPSRESPONSE"]._serialized_start = 1616
+    _globals["_PERSISTSTEPSRESPONSE"]._serialized_end = 1680
+    _globals["_STOREBODYREQUEST"]._serialized_start = 1682
+    _globals["_STOREBODYREQUEST"]._serialized_end = 1766
+    _globals["_READBODIESREQUEST"]._serialized_start = 1768
+    _globals["_READBODIESREQUEST"]._serialized_end = 1822
+    _globals["_HELDBODY"]._serialized_start = 1824
+    _globals["_HELDBODY"]._serialized_end = 1900
+    _globals["_READBODIESRESPONSE"]._serialized_start = 1902
+    _globals["_READBODIESRESPONSE"]._serialized_end = 1975
+    _globals["_READBODYREQUEST"]._serialized_start = 1977
+    _globals["_READBODYREQUEST"]._serialized_end = 2009
+    _globals["_READBODYRESPONSE"]._serialized_start = 2011
+    _globals["_READBODYRESPONSE"]._serialized_end = 2080
+    _globals["_READSYNCEDREQUEST"]._serialized_start = 2082
+    _globals["_READSYNCEDREQUEST"]._serialized_end = 2138
+    _globals["_READSYNCEDRESPONSE"]._serialized_start = 2140
+    _globals["_READSYNCEDRESPONSE"]._serialized_end = 2233
+    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_start = 2236
+    _globals["_FOLLOWENQUEUEDREQUEST"]._serialized_end = 2404
+    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_start = 2406
+    _globals["_FOLLOWENQUEUEDRESPONSE"]._serialized_end = 2466
+    _globals["_ENQUEUEDTX"]._serialized_start = 2469
+    _globals["_ENQUEUEDTX"]._serialized_end = 2639
+    _globals["_ADVANCESTATESREQUEST"]._serialized_start = 2641
+    _globals["_ADVANCESTATESREQUEST"]._serialized_end = 2721
+    _globals["_ADVANCESTATESSTREAMREQUEST"]._serialized_start = 2723
+    _globals["_ADVANCESTATESSTREAMREQUEST"]._serialized_end = 2799
+    _globals["_ADVANCESTATESSTREAMRESPONSE"]._serialized_start = 2801
+    _globals["_ADVANCESTATESSTREAMRESPONSE"]._serialized_end = 2830
+    _globals["_STOREINTERNALSERVICE"]._serialized_start = 2833
+    _globals["_STOREINTERNALSERVICE"]._serialized_end = 3635
 # @@protoc_insertion_point(module_scope)

@@ -470,8 +470,8 @@ class PersistStepRequest(_message.Message):
     def bodies(
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___StoreBodyRequest]:
-        """Bodies pushed by peers that this step acquires (at most 256, checked as
-        StoreBodies checks them; one held already is skipped): written ahead of the step's
+        """Bodies pushed by peers that this step acquires (at most 256, each checked against
+        its digest; one held already is skipped): written ahead of the step's
         other entries, with the same fsync. A body that fails its checks fails the step.
         """
 
@@ -529,35 +529,13 @@ class PersistStepRequest(_message.Message):
 Global___PersistStepRequest: _TypeAlias = PersistStepRequest  # noqa: Y015
 
 @_typing.final
-class PersistStepResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    MERGE_BASE_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def merge_base(self) -> _common_pb2.MergeBase:
-        """The merge base once this step is applied."""
-
-    def __init__(
-        self,
-        *,
-        merge_base: _common_pb2.MergeBase | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["merge_base", b"merge_base"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["merge_base", b"merge_base"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PersistStepResponse: _TypeAlias = PersistStepResponse  # noqa: Y015
-
-@_typing.final
 class PersistStepsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STEP_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def step(self) -> Global___PersistStepRequest:
-        """One step, as PersistStep takes it."""
+        """One step."""
 
     def __init__(
         self,
@@ -633,102 +611,6 @@ class StoreBodyRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StoreBodyRequest: _TypeAlias = StoreBodyRequest  # noqa: Y015
-
-@_typing.final
-class StoreBodyResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    STORED_FIELD_NUMBER: _builtins.int
-    stored: _builtins.bool
-    """False when the body was already held."""
-    def __init__(
-        self,
-        *,
-        stored: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["stored", b"stored"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___StoreBodyResponse: _TypeAlias = StoreBodyResponse  # noqa: Y015
-
-@_typing.final
-class StoreBodiesRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    BODIES_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def bodies(
-        self,
-    ) -> _containers.RepeatedCompositeFieldContainer[Global___StoreBodyRequest]:
-        """At most 256."""
-
-    def __init__(
-        self,
-        *,
-        bodies: _abc.Iterable[Global___StoreBodyRequest] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bodies", b"bodies"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___StoreBodiesRequest: _TypeAlias = StoreBodiesRequest  # noqa: Y015
-
-@_typing.final
-class StoreBodiesResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    @_typing.final
-    class RefusedEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.str
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: _builtins.str = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal[
-            "key", b"key", "value", b"value"
-        ]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    STORED_FIELD_NUMBER: _builtins.int
-    REFUSED_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def stored(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Ids of the bodies stored now (not those already held)."""
-
-    @_builtins.property
-    def refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Ids of the bodies refused, each with its reason (a bad digest, a malformed body)."""
-
-    def __init__(
-        self,
-        *,
-        stored: _abc.Iterable[_builtins.str] | None = ...,
-        refused: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "refused", b"refused", "stored", b"stored"
-    ]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___StoreBodiesResponse: _TypeAlias = StoreBodiesResponse  # noqa: Y015
 
 @_typing.final
 class ReadBodiesRequest(_message.Message):
@@ -1112,28 +994,13 @@ class AdvanceStatesRequest(_message.Message):
 Global___AdvanceStatesRequest: _TypeAlias = AdvanceStatesRequest  # noqa: Y015
 
 @_typing.final
-class AdvanceStatesResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    def __init__(
-        self,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___AdvanceStatesResponse: _TypeAlias = AdvanceStatesResponse  # noqa: Y015
-
-@_typing.final
 class AdvanceStatesStreamRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def batch(self) -> Global___AdvanceStatesRequest:
-        """One batch, as AdvanceStates takes it."""
+        """One batch."""
 
     def __init__(
         self,

@@ -44,34 +44,16 @@ class StoreInternalServiceStub:
             response_deserializer=txsync_dot_v1_dot_store__pb2.LoadProtocolStateResponse.FromString,
             _registered_method=True,
         )
-        self.PersistStep = channel.unary_unary(
-            "/txsync.v1.StoreInternalService/PersistStep",
-            request_serializer=txsync_dot_v1_dot_store__pb2.PersistStepRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepResponse.FromString,
-            _registered_method=True,
-        )
         self.PersistSteps = channel.stream_stream(
             "/txsync.v1.StoreInternalService/PersistSteps",
             request_serializer=txsync_dot_v1_dot_store__pb2.PersistStepsRequest.SerializeToString,
             response_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepsResponse.FromString,
             _registered_method=True,
         )
-        self.StoreBody = channel.unary_unary(
-            "/txsync.v1.StoreInternalService/StoreBody",
-            request_serializer=txsync_dot_v1_dot_store__pb2.StoreBodyRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_store__pb2.StoreBodyResponse.FromString,
-            _registered_method=True,
-        )
         self.ReadBody = channel.unary_unary(
             "/txsync.v1.StoreInternalService/ReadBody",
             request_serializer=txsync_dot_v1_dot_store__pb2.ReadBodyRequest.SerializeToString,
             response_deserializer=txsync_dot_v1_dot_store__pb2.ReadBodyResponse.FromString,
-            _registered_method=True,
-        )
-        self.StoreBodies = channel.unary_unary(
-            "/txsync.v1.StoreInternalService/StoreBodies",
-            request_serializer=txsync_dot_v1_dot_store__pb2.StoreBodiesRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_store__pb2.StoreBodiesResponse.FromString,
             _registered_method=True,
         )
         self.ReadBodies = channel.unary_unary(
@@ -90,12 +72,6 @@ class StoreInternalServiceStub:
             "/txsync.v1.StoreInternalService/FollowEnqueued",
             request_serializer=txsync_dot_v1_dot_store__pb2.FollowEnqueuedRequest.SerializeToString,
             response_deserializer=txsync_dot_v1_dot_store__pb2.FollowEnqueuedResponse.FromString,
-            _registered_method=True,
-        )
-        self.AdvanceStates = channel.unary_unary(
-            "/txsync.v1.StoreInternalService/AdvanceStates",
-            request_serializer=txsync_dot_v1_dot_store__pb2.AdvanceStatesRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_store__pb2.AdvanceStatesResponse.FromString,
             _registered_method=True,
         )
         self.AdvanceStatesStream = channel.stream_stream(
@@ -129,39 +105,22 @@ class StoreInternalServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
-    def PersistStep(self, request, context):
-        """Persist one step's durable effects atomically: counter, new incoming metas, synced
-        appends and state transitions. A synced append must extend the current merge base
-        (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
     def PersistSteps(self, request_iterator, context):
-        """The same, pipelined: the steps of one stream are checked and applied in the order
-        sent, and each is answered, in that order, once it is durable, so the coordinator
-        goes on stepping while earlier steps reach the disk (several may share one fsync).
-        A refused step ends the stream with its status; nothing sent after it is applied.
+        """Persist protocol steps, pipelined: each step's durable effects atomically (counter,
+        new incoming metas, synced appends, state transitions, the bodies peers pushed that
+        it acquires). A synced append must extend the current merge base
+        (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS). The
+        steps of one stream are checked and applied in the order sent, and each is
+        answered, in that order, once it is durable, so the coordinator goes on stepping
+        while earlier steps reach the disk (several may share one fsync). A refused step
+        ends the stream with its status; nothing sent after it is applied.
         """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
-    def StoreBody(self, request, context):
-        """Store a body received from a peer after checking its digest (DATA_LOSS on mismatch)."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
     def ReadBody(self, request, context):
         """Read a body (for a peer's GetBody or a worker). NOT_FOUND if not held."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
-    def StoreBodies(self, request, context):
-        """Store several bodies with one fsync; each is stored or refused on its own."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
@@ -184,19 +143,12 @@ class StoreInternalServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
-    def AdvanceStates(self, request, context):
-        """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
-        A backward or skipped transition is refused with FAILED_PRECONDITION.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details("Method not implemented!")
-        raise NotImplementedError("Method not implemented!")
-
     def AdvanceStatesStream(self, request_iterator, context):
-        """The same on one stream (what worker-dispatch uses): each request is applied in order
-        and answered once durable; a refused request ends the stream with its status, and
-        nothing sent after it is applied. A stream message costs both ends about half what a
-        unary call does (`make bench-messages`).
+        """Move transactions forward (TESTING, OK, FAILED) with their outcomes, on one stream
+        (worker-dispatch's): each request is applied in order and answered once durable. A
+        backward or skipped transition is refused with FAILED_PRECONDITION, which ends the
+        stream; nothing sent after it is applied. A stream message costs both ends about
+        half what a unary call does (`make bench-messages`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
@@ -228,30 +180,15 @@ def add_StoreInternalServiceServicer_to_server(servicer, server):
             request_deserializer=txsync_dot_v1_dot_store__pb2.LoadProtocolStateRequest.FromString,
             response_serializer=txsync_dot_v1_dot_store__pb2.LoadProtocolStateResponse.SerializeToString,
         ),
-        "PersistStep": grpc.unary_unary_rpc_method_handler(
-            servicer.PersistStep,
-            request_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_store__pb2.PersistStepResponse.SerializeToString,
-        ),
         "PersistSteps": grpc.stream_stream_rpc_method_handler(
             servicer.PersistSteps,
             request_deserializer=txsync_dot_v1_dot_store__pb2.PersistStepsRequest.FromString,
             response_serializer=txsync_dot_v1_dot_store__pb2.PersistStepsResponse.SerializeToString,
         ),
-        "StoreBody": grpc.unary_unary_rpc_method_handler(
-            servicer.StoreBody,
-            request_deserializer=txsync_dot_v1_dot_store__pb2.StoreBodyRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_store__pb2.StoreBodyResponse.SerializeToString,
-        ),
         "ReadBody": grpc.unary_unary_rpc_method_handler(
             servicer.ReadBody,
             request_deserializer=txsync_dot_v1_dot_store__pb2.ReadBodyRequest.FromString,
             response_serializer=txsync_dot_v1_dot_store__pb2.ReadBodyResponse.SerializeToString,
-        ),
-        "StoreBodies": grpc.unary_unary_rpc_method_handler(
-            servicer.StoreBodies,
-            request_deserializer=txsync_dot_v1_dot_store__pb2.StoreBodiesRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_store__pb2.StoreBodiesResponse.SerializeToString,
         ),
         "ReadBodies": grpc.unary_unary_rpc_method_handler(
             servicer.ReadBodies,
@@ -267,11 +204,6 @@ def add_StoreInternalServiceServicer_to_server(servicer, server):
             servicer.FollowEnqueued,
             request_deserializer=txsync_dot_v1_dot_store__pb2.FollowEnqueuedRequest.FromString,
             response_serializer=txsync_dot_v1_dot_store__pb2.FollowEnqueuedResponse.SerializeToString,
-        ),
-        "AdvanceStates": grpc.unary_unary_rpc_method_handler(
-            servicer.AdvanceStates,
-            request_deserializer=txsync_dot_v1_dot_store__pb2.AdvanceStatesRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_store__pb2.AdvanceStatesResponse.SerializeToString,
         ),
         "AdvanceStatesStream": grpc.stream_stream_rpc_method_handler(
             servicer.AdvanceStatesStream,
@@ -333,36 +265,6 @@ class StoreInternalService:
         )
 
     @staticmethod
-    def PersistStep(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.StoreInternalService/PersistStep",
-            txsync_dot_v1_dot_store__pb2.PersistStepRequest.SerializeToString,
-            txsync_dot_v1_dot_store__pb2.PersistStepResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
     def PersistSteps(
         request_iterator,
         target,
@@ -393,36 +295,6 @@ class StoreInternalService:
         )
 
     @staticmethod
-    def StoreBody(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.StoreInternalService/StoreBody",
-            txsync_dot_v1_dot_store__pb2.StoreBodyRequest.SerializeToString,
-            txsync_dot_v1_dot_store__pb2.StoreBodyResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
     def ReadBody(
         request,
         target,
@@ -441,36 +313,6 @@ class StoreInternalService:
             "/txsync.v1.StoreInternalService/ReadBody",
             txsync_dot_v1_dot_store__pb2.ReadBodyRequest.SerializeToString,
             txsync_dot_v1_dot_store__pb2.ReadBodyResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
-    def StoreBodies(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.StoreInternalService/StoreBodies",
-            txsync_dot_v1_dot_store__pb2.StoreBodiesRequest.SerializeToString,
-            txsync_dot_v1_dot_store__pb2.StoreBodiesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -561,36 +403,6 @@ class StoreInternalService:
             "/txsync.v1.StoreInternalService/FollowEnqueued",
             txsync_dot_v1_dot_store__pb2.FollowEnqueuedRequest.SerializeToString,
             txsync_dot_v1_dot_store__pb2.FollowEnqueuedResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True,
-        )
-
-    @staticmethod
-    def AdvanceStates(
-        request,
-        target,
-        options=(),
-        channel_credentials=None,
-        call_credentials=None,
-        insecure=False,
-        compression=None,
-        wait_for_ready=None,
-        timeout=None,
-        metadata=None,
-    ):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            "/txsync.v1.StoreInternalService/AdvanceStates",
-            txsync_dot_v1_dot_store__pb2.AdvanceStatesRequest.SerializeToString,
-            txsync_dot_v1_dot_store__pb2.AdvanceStatesResponse.FromString,
             options,
             channel_credentials,
             insecure,

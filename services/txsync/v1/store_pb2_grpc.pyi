@@ -42,33 +42,22 @@ class StoreInternalServiceStub:
     """The protocol state the coordinator restarts from: counter, epoch (raised by this
     call), synced length and tail, incoming metas with their acquired flags.
     """
-    PersistStep: _grpc.UnaryUnaryMultiCallable[
-        _store_pb2.PersistStepRequest, _store_pb2.PersistStepResponse
-    ]
-    """Persist one step's durable effects atomically: counter, new incoming metas, synced
-    appends and state transitions. A synced append must extend the current merge base
-    (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS).
-    """
     PersistSteps: _grpc.StreamStreamMultiCallable[
         _store_pb2.PersistStepsRequest, _store_pb2.PersistStepsResponse
     ]
-    """The same, pipelined: the steps of one stream are checked and applied in the order
-    sent, and each is answered, in that order, once it is durable, so the coordinator
-    goes on stepping while earlier steps reach the disk (several may share one fsync).
-    A refused step ends the stream with its status; nothing sent after it is applied.
+    """Persist protocol steps, pipelined: each step's durable effects atomically (counter,
+    new incoming metas, synced appends, state transitions, the bodies peers pushed that
+    it acquires). A synced append must extend the current merge base
+    (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS). The
+    steps of one stream are checked and applied in the order sent, and each is
+    answered, in that order, once it is durable, so the coordinator goes on stepping
+    while earlier steps reach the disk (several may share one fsync). A refused step
+    ends the stream with its status; nothing sent after it is applied.
     """
-    StoreBody: _grpc.UnaryUnaryMultiCallable[
-        _store_pb2.StoreBodyRequest, _store_pb2.StoreBodyResponse
-    ]
-    """Store a body received from a peer after checking its digest (DATA_LOSS on mismatch)."""
     ReadBody: _grpc.UnaryUnaryMultiCallable[
         _store_pb2.ReadBodyRequest, _store_pb2.ReadBodyResponse
     ]
     """Read a body (for a peer's GetBody or a worker). NOT_FOUND if not held."""
-    StoreBodies: _grpc.UnaryUnaryMultiCallable[
-        _store_pb2.StoreBodiesRequest, _store_pb2.StoreBodiesResponse
-    ]
-    """Store several bodies with one fsync; each is stored or refused on its own."""
     ReadBodies: _grpc.UnaryUnaryMultiCallable[
         _store_pb2.ReadBodiesRequest, _store_pb2.ReadBodiesResponse
     ]
@@ -81,19 +70,14 @@ class StoreInternalServiceStub:
         _store_pb2.FollowEnqueuedRequest, _store_pb2.FollowEnqueuedResponse
     ]
     """Stream ENQUEUED transactions in synced order from a position (worker-dispatch)."""
-    AdvanceStates: _grpc.UnaryUnaryMultiCallable[
-        _store_pb2.AdvanceStatesRequest, _store_pb2.AdvanceStatesResponse
-    ]
-    """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
-    A backward or skipped transition is refused with FAILED_PRECONDITION.
-    """
     AdvanceStatesStream: _grpc.StreamStreamMultiCallable[
         _store_pb2.AdvanceStatesStreamRequest, _store_pb2.AdvanceStatesStreamResponse
     ]
-    """The same on one stream (what worker-dispatch uses): each request is applied in order
-    and answered once durable; a refused request ends the stream with its status, and
-    nothing sent after it is applied. A stream message costs both ends about half what a
-    unary call does (`make bench-messages`).
+    """Move transactions forward (TESTING, OK, FAILED) with their outcomes, on one stream
+    (worker-dispatch's): each request is applied in order and answered once durable. A
+    backward or skipped transition is refused with FAILED_PRECONDITION, which ends the
+    stream; nothing sent after it is applied. A stream message costs both ends about
+    half what a unary call does (`make bench-messages`).
     """
     WatchLocalSubmits: _grpc.UnaryStreamMultiCallable[
         _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
@@ -121,33 +105,22 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
     """The protocol state the coordinator restarts from: counter, epoch (raised by this
     call), synced length and tail, incoming metas with their acquired flags.
     """
-    PersistStep: _aio.UnaryUnaryMultiCallable[
-        _store_pb2.PersistStepRequest, _store_pb2.PersistStepResponse
-    ]  # type: ignore[assignment]
-    """Persist one step's durable effects atomically: counter, new incoming metas, synced
-    appends and state transitions. A synced append must extend the current merge base
-    (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS).
-    """
     PersistSteps: _aio.StreamStreamMultiCallable[
         _store_pb2.PersistStepsRequest, _store_pb2.PersistStepsResponse
     ]  # type: ignore[assignment]
-    """The same, pipelined: the steps of one stream are checked and applied in the order
-    sent, and each is answered, in that order, once it is durable, so the coordinator
-    goes on stepping while earlier steps reach the disk (several may share one fsync).
-    A refused step ends the stream with its status; nothing sent after it is applied.
+    """Persist protocol steps, pipelined: each step's durable effects atomically (counter,
+    new incoming metas, synced appends, state transitions, the bodies peers pushed that
+    it acquires). A synced append must extend the current merge base
+    (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS). The
+    steps of one stream are checked and applied in the order sent, and each is
+    answered, in that order, once it is durable, so the coordinator goes on stepping
+    while earlier steps reach the disk (several may share one fsync). A refused step
+    ends the stream with its status; nothing sent after it is applied.
     """
-    StoreBody: _aio.UnaryUnaryMultiCallable[
-        _store_pb2.StoreBodyRequest, _store_pb2.StoreBodyResponse
-    ]  # type: ignore[assignment]
-    """Store a body received from a peer after checking its digest (DATA_LOSS on mismatch)."""
     ReadBody: _aio.UnaryUnaryMultiCallable[
         _store_pb2.ReadBodyRequest, _store_pb2.ReadBodyResponse
     ]  # type: ignore[assignment]
     """Read a body (for a peer's GetBody or a worker). NOT_FOUND if not held."""
-    StoreBodies: _aio.UnaryUnaryMultiCallable[
-        _store_pb2.StoreBodiesRequest, _store_pb2.StoreBodiesResponse
-    ]  # type: ignore[assignment]
-    """Store several bodies with one fsync; each is stored or refused on its own."""
     ReadBodies: _aio.UnaryUnaryMultiCallable[
         _store_pb2.ReadBodiesRequest, _store_pb2.ReadBodiesResponse
     ]  # type: ignore[assignment]
@@ -160,19 +133,14 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
         _store_pb2.FollowEnqueuedRequest, _store_pb2.FollowEnqueuedResponse
     ]  # type: ignore[assignment]
     """Stream ENQUEUED transactions in synced order from a position (worker-dispatch)."""
-    AdvanceStates: _aio.UnaryUnaryMultiCallable[
-        _store_pb2.AdvanceStatesRequest, _store_pb2.AdvanceStatesResponse
-    ]  # type: ignore[assignment]
-    """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
-    A backward or skipped transition is refused with FAILED_PRECONDITION.
-    """
     AdvanceStatesStream: _aio.StreamStreamMultiCallable[
         _store_pb2.AdvanceStatesStreamRequest, _store_pb2.AdvanceStatesStreamResponse
     ]  # type: ignore[assignment]
-    """The same on one stream (what worker-dispatch uses): each request is applied in order
-    and answered once durable; a refused request ends the stream with its status, and
-    nothing sent after it is applied. A stream message costs both ends about half what a
-    unary call does (`make bench-messages`).
+    """Move transactions forward (TESTING, OK, FAILED) with their outcomes, on one stream
+    (worker-dispatch's): each request is applied in order and answered once durable. A
+    backward or skipped transition is refused with FAILED_PRECONDITION, which ends the
+    stream; nothing sent after it is applied. A stream message costs both ends about
+    half what a unary call does (`make bench-messages`).
     """
     WatchLocalSubmits: _aio.UnaryStreamMultiCallable[
         _store_pb2.WatchLocalSubmitsRequest, _store_pb2.WatchLocalSubmitsResponse
@@ -206,19 +174,6 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
-    def PersistStep(
-        self,
-        request: _store_pb2.PersistStepRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _store_pb2.PersistStepResponse, _abc.Awaitable[_store_pb2.PersistStepResponse]
-    ]:
-        """Persist one step's durable effects atomically: counter, new incoming metas, synced
-        appends and state transitions. A synced append must extend the current merge base
-        (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS).
-        """
-
-    @_abc_1.abstractmethod
     def PersistSteps(
         self,
         request_iterator: _MaybeAsyncIterator[_store_pb2.PersistStepsRequest],
@@ -227,21 +182,15 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         _abc.Iterator[_store_pb2.PersistStepsResponse],
         _abc.AsyncIterator[_store_pb2.PersistStepsResponse],
     ]:
-        """The same, pipelined: the steps of one stream are checked and applied in the order
-        sent, and each is answered, in that order, once it is durable, so the coordinator
-        goes on stepping while earlier steps reach the disk (several may share one fsync).
-        A refused step ends the stream with its status; nothing sent after it is applied.
+        """Persist protocol steps, pipelined: each step's durable effects atomically (counter,
+        new incoming metas, synced appends, state transitions, the bodies peers pushed that
+        it acquires). A synced append must extend the current merge base
+        (FAILED_PRECONDITION otherwise); a duplicate append is refused (ALREADY_EXISTS). The
+        steps of one stream are checked and applied in the order sent, and each is
+        answered, in that order, once it is durable, so the coordinator goes on stepping
+        while earlier steps reach the disk (several may share one fsync). A refused step
+        ends the stream with its status; nothing sent after it is applied.
         """
-
-    @_abc_1.abstractmethod
-    def StoreBody(
-        self,
-        request: _store_pb2.StoreBodyRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _store_pb2.StoreBodyResponse, _abc.Awaitable[_store_pb2.StoreBodyResponse]
-    ]:
-        """Store a body received from a peer after checking its digest (DATA_LOSS on mismatch)."""
 
     @_abc_1.abstractmethod
     def ReadBody(
@@ -252,16 +201,6 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         _store_pb2.ReadBodyResponse, _abc.Awaitable[_store_pb2.ReadBodyResponse]
     ]:
         """Read a body (for a peer's GetBody or a worker). NOT_FOUND if not held."""
-
-    @_abc_1.abstractmethod
-    def StoreBodies(
-        self,
-        request: _store_pb2.StoreBodiesRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _store_pb2.StoreBodiesResponse, _abc.Awaitable[_store_pb2.StoreBodiesResponse]
-    ]:
-        """Store several bodies with one fsync; each is stored or refused on its own."""
 
     @_abc_1.abstractmethod
     def ReadBodies(
@@ -295,19 +234,6 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         """Stream ENQUEUED transactions in synced order from a position (worker-dispatch)."""
 
     @_abc_1.abstractmethod
-    def AdvanceStates(
-        self,
-        request: _store_pb2.AdvanceStatesRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[
-        _store_pb2.AdvanceStatesResponse,
-        _abc.Awaitable[_store_pb2.AdvanceStatesResponse],
-    ]:
-        """Move transactions forward (TESTING, OK, FAILED) with their outcomes.
-        A backward or skipped transition is refused with FAILED_PRECONDITION.
-        """
-
-    @_abc_1.abstractmethod
     def AdvanceStatesStream(
         self,
         request_iterator: _MaybeAsyncIterator[_store_pb2.AdvanceStatesStreamRequest],
@@ -316,10 +242,11 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         _abc.Iterator[_store_pb2.AdvanceStatesStreamResponse],
         _abc.AsyncIterator[_store_pb2.AdvanceStatesStreamResponse],
     ]:
-        """The same on one stream (what worker-dispatch uses): each request is applied in order
-        and answered once durable; a refused request ends the stream with its status, and
-        nothing sent after it is applied. A stream message costs both ends about half what a
-        unary call does (`make bench-messages`).
+        """Move transactions forward (TESTING, OK, FAILED) with their outcomes, on one stream
+        (worker-dispatch's): each request is applied in order and answered once durable. A
+        backward or skipped transition is refused with FAILED_PRECONDITION, which ends the
+        stream; nothing sent after it is applied. A stream message costs both ends about
+        half what a unary call does (`make bench-messages`).
         """
 
     @_abc_1.abstractmethod
