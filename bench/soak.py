@@ -342,25 +342,17 @@ class Soak:
             with Client(self.stores[0], timeout=120) as client:
                 client.submit("CREATE TABLE kv (k INTEGER PRIMARY KEY, v INTEGER)", wait="ok")
             sampler.start()
-            self.wait_whole()
-            self.phase = "load small"
-            self.load_history(options.small)
-            self.phase = "steady small"
-            self.steady(options.probe_s)
-            self.results.restarts_s["small"] = self.restart()
+            histories = [("small", options.small, options.probe_s)]
             if options.middle:
-                self.wait_whole()
-                self.phase = "load middle"
-                self.load_history(options.middle)
-                self.phase = "steady middle"
-                self.steady(options.probe_s)
-                self.results.restarts_s["middle"] = self.restart()
-            self.wait_whole()
-            self.phase = "load long"
-            self.load_history(options.history)
-            self.phase = "steady long"
-            self.steady(options.steady_s)
-            self.results.restarts_s["long"] = self.restart()
+                histories.append(("middle", options.middle, options.probe_s))
+            histories.append(("long", options.history, options.steady_s))
+            for name, history, seconds in histories:
+                self.wait_whole()  # each phase starts on a whole cluster
+                self.phase = f"load {name}"
+                self.load_history(history)
+                self.phase = f"steady {name}"
+                self.steady(seconds)
+                self.results.restarts_s[name] = self.restart()
         finally:
             self._sampling.set()
             self.results.rotations = self.rotations()
