@@ -13,7 +13,7 @@ BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 PREVIOUS_RELEASE := $(shell sed -n 's/^previous-release-commit = "\([0-9a-f]*\)"/\1/p' pyproject.toml)
 
-.PHONY: help venv system-packages run sim-demo test test-quick lint proto proto-check sim nemesis image spark-image pipeline-archive pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-verify bench-startup bench-client bench-soak dashboard clean
+.PHONY: help venv system-packages run sim-demo test test-quick test-pipeline-oldest lint proto proto-check sim nemesis image spark-image pipeline-archive pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-verify bench-startup bench-client bench-soak dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -63,6 +63,24 @@ system-packages:  ## Debian packages the tests run (PostgreSQL, Docker, etcd, Ga
 
 test: lint proto-check system-packages  ## everything CI checks
 	$(BIN)/python -m pytest
+	$(MAKE) test-pipeline-oldest
+
+# The pipeline supports PySpark 3.5 and 4.x: its tests run on the newest in .venv (with
+# everything else) and again here on the oldest. numpy and pyarrow below 2 and 20 only
+# for pyspark.testing, whose 3.5 still calls numpy 1's API (the jobs do not import it).
+OLDEST := .venv-pyspark-oldest
+OLDEST_PACKAGES := 'pyspark>=3.5,<3.6' 'numpy<2' 'pyarrow<20' 'pandas>=2.2,<3' \
+	'matplotlib>=3.8' 'pytest>=9' 'pytest-timeout>=2.4' 'hypothesis>=6.150' 'cryptography>=46'
+
+$(OLDEST)/.installed: pyproject.toml Makefile
+	@test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST)/bin/python -m pip install --quiet -e '.[server]' $(OLDEST_PACKAGES)
+	@touch $@
+
+test-pipeline-oldest: $(OLDEST)/.installed system-packages  ## the pipeline's tests on the oldest PySpark supported (3.5)
+	$(OLDEST)/bin/python -c 'import pyspark; print("pipeline tests on PySpark", pyspark.__version__)'
+	$(OLDEST)/bin/python -m pytest tests/pipeline --ignore=tests/pipeline/test_spark_clusters.py
 
 test-quick: venv system-packages  ## the tests without the slow ones and without Docker
 	$(BIN)/python -m pytest -m "not slow and not docker"
@@ -130,4 +148,4 @@ bench-verify: venv  ## verify-replicas on 3 DCs x 2 workers x 1M rows, local Spa
 	$(BIN)/python -m bench.verify_bench
 
 clean:  ## remove the environments and caches
-	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis
