@@ -16,8 +16,9 @@ from pyspark.testing import assertDataFrameEqual
 
 from tests.pipeline.conftest import DCS, TXS, DevRun
 from txsync.pipeline.audit import audit_order
-from txsync.pipeline.export import LogSource, export, read_txlogs
+from txsync.pipeline.export import PARTITIONS, LogSource, export, read_txlogs
 from txsync.pipeline.txlog_rows import txlog_files
+from txsync.pipeline.uris import joined
 from txsync.transaction_store.txlog.framing import encode_frame, scan
 from txsync.v1 import txlog_pb2
 
@@ -151,3 +152,20 @@ def test_jobs_take_uris_as_spark_does(dev_cluster: DevRun, tmp_path: Path) -> No
     reported = job("report", "--parquet", lake, "--out", str(tmp_path / "report"))
     assert reported.returncode == 0, reported.stderr[-3000:]
     assert (tmp_path / "report" / "index.html").is_file()
+
+
+def test_an_s3a_uri_reaches_spark_whole(spark: SparkSession, dev_cluster: DevRun) -> None:
+    """Issue 54: an object store's URI survives into Spark unchanged (``pathlib`` made
+    ``s3a://bucket/key`` into ``s3a:/bucket/key``, bucket lost). No S3 runs here, and
+    this Spark has no S3 file system: each location ``export`` hands to Spark keeps its
+    scheme, bucket and key as Hadoop's own ``Path`` parses them, and Spark, given them,
+    looks for the S3A file system (and stops there)."""
+    lake = "s3a://txsync-bucket/lake"
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    for name in PARTITIONS:
+        uri = jvm.org.apache.hadoop.fs.Path(joined(lake, name)).toUri()
+        parts = (uri.getScheme(), uri.getAuthority(), uri.getPath())
+        assert parts == ("s3a", "txsync-bucket", f"/lake/{name}")
+    with pytest.raises(Exception, match="S3AFileSystem"):
+        export(spark, [LogSource(dc=DCS[0], directory=str(dev_cluster.data / DCS[0]))], lake)
