@@ -8,6 +8,7 @@ log, report corruption). Service-specific messages build on it (``sync_coordinat
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable
 
 from txsync.ids import is_genesis, tx_id_problem
@@ -71,20 +72,64 @@ def meta_from_proto(message: common_pb2.TxMeta, field: str = "meta") -> TxMeta:
     return TxMeta(
         ts=check_number(message.ts, f"{field}.ts"),
         tx_id=check_tx_id(message.tx_id, f"{field}.tx_id"),
-        origin=check_node_id(message.origin, f"{field}.origin"),
+        # Node ids are few: a store holding thousands of metas keeps one string per node.
+        origin=sys.intern(check_node_id(message.origin, f"{field}.origin")),
     )
 
 
-def metas_from_proto(messages: Iterable[common_pb2.TxMeta], field: str) -> tuple[TxMeta, ...]:
+class MetaInterner:
+    """Hands out one ``TxMeta`` object for a meta decoded again and again.
+
+    A coordinator decodes each meta many times: in every post of every peer that holds
+    it (each DC posts the others' metas too, and re-posts as it learns), in catch-up
+    entries and promises. The posts it keeps as delta references (``KnownPosts``) and
+    the core's queues then held 6-7 copies of each meta per coordinator, about 1.3 KB a
+    transaction, which set the process's high-water mark under a batched load (issue 47,
+    ``docs/benchmarks.md``). Bounded: two generations of ``kept // 2`` metas, the older
+    dropped whole when the newer fills (a meta seen again moves to the newer one), so a
+    lookup and an eviction are O(1). A meta not found is decoded as before."""
+
+    def __init__(self, kept: int = 16_384) -> None:
+        assert kept >= 2
+        self._generation_max = kept // 2
+        self._newer: dict[str, TxMeta] = {}
+        self._older: dict[str, TxMeta] = {}
+
+    def __len__(self) -> int:
+        return len(self._newer) + len(self._older)
+
+    def meta(self, ts: int, tx_id: str, origin: str) -> TxMeta:
+        """The meta ``(ts, tx_id, origin)``: the one handed out before if it is held."""
+        known = self._newer.get(tx_id)
+        if known is None:
+            known = self._older.get(tx_id)
+        if known is not None and known.ts == ts and known.origin == origin:
+            meta = known
+        else:
+            # Node ids are few: one string per node, not one per meta.
+            meta = TxMeta(ts, tx_id, sys.intern(origin))
+        if self._newer.get(tx_id) is not meta:
+            if len(self._newer) >= self._generation_max:
+                self._older, self._newer = self._newer, {}
+            self._newer[tx_id] = meta
+        return meta
+
+
+def metas_from_proto(
+    messages: Iterable[common_pb2.TxMeta], field: str, interner: MetaInterner | None = None
+) -> tuple[TxMeta, ...]:
     """Every meta checked as ``meta_from_proto`` checks it; the field's name (with the
-    index) is only spelled out for a meta that fails, not built for each one."""
+    index) is only spelled out for a meta that fails, not built for each one. With an
+    ``interner``, a meta it holds is its object, not a new one."""
+    make = TxMeta if interner is None else interner.meta
     metas: list[TxMeta] = []
     for message in messages:
         ts, tx_id, origin = message.ts, message.tx_id, message.origin
         if ts <= COUNTER_MAX and _is_tx_id(tx_id) and _NODE_ID.fullmatch(origin):
-            metas.append(TxMeta(ts, tx_id, origin))
+            metas.append(make(ts, tx_id, origin))
         else:
-            metas.append(meta_from_proto(message, f"{field}[{len(metas)}]"))
+            checked = meta_from_proto(message, f"{field}[{len(metas)}]")
+            metas.append(make(checked.ts, checked.tx_id, checked.origin))
     return tuple(metas)
 
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from txsync.codec import MetaInterner
 from txsync.protocol import Limits, MergeBase, Post, TxMeta
 from txsync.sync_coordinator.post_deltas import KnownPosts, delta_of
 from txsync.sync_coordinator.wire import (
@@ -129,3 +130,32 @@ def test_known_posts_keep_the_latest_per_peer() -> None:
     assert known.queue_of(SENDER, 1, 2) is None
     assert known.queue_of(SENDER, 1, 5) == (_meta(5),)
     assert known.queue_of("dc3", 1, 5) is None
+
+
+def test_a_meta_decoded_from_two_posts_is_one_object() -> None:
+    """Each DC posts the others' metas too: decoded through the coordinator's interner,
+    a meta held by many posts costs one object, not one per post (issue 47)."""
+    queue = tuple(_meta(n) for n in range(10))
+    interner = MetaInterner()
+    first = post_from_proto(post_to_proto(_post(1, queue)), LIMITS, None, interner)
+    from_another = post_to_proto(Post(1, "dc3", 4, 1, MergeBase.genesis(), 4, queue[5:]))
+    second = post_from_proto(from_another, LIMITS, None, interner)
+    assert first.queue == queue and second.queue == queue[5:]
+    assert all(a is b for a, b in zip(first.queue[5:], second.queue, strict=True))
+    assert len({id(meta.origin) for meta in first.queue}) == 1  # the node id interned
+    without = post_from_proto(from_another, LIMITS)
+    assert without.queue == second.queue and without.queue[0] is not second.queue[0]
+
+
+def test_the_interner_is_bounded_and_never_answers_another_meta() -> None:
+    interner = MetaInterner(kept=8)
+    metas = [interner.meta(m.ts, m.tx_id, m.origin) for m in map(_meta, range(100))]
+    assert len(interner) <= 8
+    again = _meta(99)
+    assert interner.meta(again.ts, again.tx_id, again.origin) is metas[99]  # recent: held
+    old = _meta(0)
+    assert interner.meta(old.ts, old.tx_id, old.origin) is not metas[0]  # evicted: anew
+    # The same id with another stamp (a stamp voided and made anew) is its own meta.
+    restamped = interner.meta(again.ts + 1, again.tx_id, again.origin)
+    assert restamped == TxMeta(again.ts + 1, again.tx_id, again.origin)
+    assert interner.meta(again.ts + 1, again.tx_id, again.origin) is restamped

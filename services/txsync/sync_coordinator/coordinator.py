@@ -32,7 +32,13 @@ from typing import Any
 import grpc
 from opentelemetry import context as otel_context
 
-from txsync.codec import ballot_from_proto, ballot_to_proto, proposal_from_proto, proposal_to_proto
+from txsync.codec import (
+    MetaInterner,
+    ballot_from_proto,
+    ballot_to_proto,
+    proposal_from_proto,
+    proposal_to_proto,
+)
 from txsync.protocol import (
     IMPLIED_STATES,
     Ballot,
@@ -531,6 +537,8 @@ class Coordinator:
         )
         self.known_posts = KnownPosts()
         """Peers' recent posts, which their next posts may name as references."""
+        self.metas = MetaInterner()
+        """One object per meta decoded from the peers (``codec.MetaInterner``)."""
         self._persists: _StepStream | None = None
         """The PersistSteps stream, open while running."""
         self._writes: asyncio.Queue[store_pb2.PersistStepRequest] = asyncio.Queue()

@@ -159,9 +159,9 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
     ) -> bool:
         """Take a post; True if it named a post this node no longer holds (nothing of it
         was taken: the sender posts the whole queue again)."""
-        known = self._coordinator.known_posts
+        known, interner = self._coordinator.known_posts, self._coordinator.metas
         try:
-            post = post_from_proto(request, self._limits, known)
+            post = post_from_proto(request, self._limits, known, interner)
         except UnknownReference:
             self._check_peer(request.sender, context)
             return True
@@ -183,7 +183,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> None:
         try:
-            entries = entries_from_proto(request, self._limits)
+            entries = entries_from_proto(request, self._limits, self._coordinator.metas)
         except WireError as error:
             raise _invalid(error) from None
         self._check_peer(entries.sender, context)

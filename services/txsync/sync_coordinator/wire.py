@@ -12,6 +12,7 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 
 from txsync.codec import (
+    MetaInterner,
     WireError,
     ballot_from_proto,
     ballot_to_proto,
@@ -104,15 +105,19 @@ def set_post_queue(message: peer_pb2.PostRequest, post: Post, reference: Post | 
 
 
 def post_from_proto(
-    message: peer_pb2.PostRequest, limits: Limits, known: KnownPosts | None = None
+    message: peer_pb2.PostRequest,
+    limits: Limits,
+    known: KnownPosts | None = None,
+    interner: MetaInterner | None = None,
 ) -> Post:
     """Decode and check a post; one sent as a change is rebuilt from the post it names,
-    which ``known`` must hold (UnknownReference otherwise)."""
+    which ``known`` must hold (UnknownReference otherwise). Its metas come through
+    ``interner`` when given (one object per meta in the receiving process)."""
     if len(message.queue) > limits.post_txs_max:
         raise WireError(f"queue: {len(message.queue)} metas exceed {limits.post_txs_max}")
     sender = check_node_id(message.sender, "sender")
     epoch = check_number(message.epoch, "epoch")
-    queue = metas_from_proto(message.queue, "queue")
+    queue = metas_from_proto(message.queue, "queue", interner)
     if message.delta_from_seq:
         reference = None if known is None else known.queue_of(sender, epoch, message.delta_from_seq)
         if reference is None:
@@ -149,14 +154,18 @@ def entries_to_proto(entries: SyncedEntries) -> peer_pb2.SendSyncedEntriesReques
     )
 
 
-def entries_from_proto(message: peer_pb2.SendSyncedEntriesRequest, limits: Limits) -> SyncedEntries:
+def entries_from_proto(
+    message: peer_pb2.SendSyncedEntriesRequest,
+    limits: Limits,
+    interner: MetaInterner | None = None,
+) -> SyncedEntries:
     if len(message.entries) > limits.catchup_entries_max:
         raise WireError(f"entries: {len(message.entries)} exceed {limits.catchup_entries_max}")
     entries = SyncedEntries(
         view_no=check_number(message.view_no, "view_no"),
         sender=check_node_id(message.sender, "sender"),
         start=base_from_proto(message.start, "start"),
-        entries=metas_from_proto(message.entries, "entries"),
+        entries=metas_from_proto(message.entries, "entries", interner),
     )
     problem = synced_entries_problem(entries, limits)
     if problem is not None:

@@ -384,7 +384,10 @@ class StoreState:
         for meta in metas:
             record = self._record(meta.tx_id)
             record.touch()
-            record.meta = meta
+            if record.meta == meta:
+                meta = record.meta  # one object (and one id string) per held transaction
+            else:
+                record.meta = meta
             self.synced.append(meta)
             record.position = self.synced_len
             self.incoming.pop(meta.tx_id, None)
