@@ -55,6 +55,10 @@ def say(text: str) -> None:
     print(f"pipeline-archive: {text}", file=sys.stderr, flush=True)
 
 
+VENV_PACK = Path(sys.executable).parent / "venv-pack"
+"""venv-pack, installed beside this script's Python (the dev extra)."""
+
+
 def run(*command: str | Path) -> None:
     subprocess.run([str(part) for part in command], check=True)
 
@@ -76,9 +80,8 @@ def build(out: Path, python: str, work: Path, python_prefix: str | None) -> Path
     run(environment / "bin" / "python", "-m", "compileall", "-q", "-j", "0", environment / "lib")
     out.parent.mkdir(parents=True, exist_ok=True)
     say(f"packing {environment} into {out}")
-    venv_pack = Path(sys.executable).parent / "venv-pack"
     relink = ("--python-prefix", python_prefix) if python_prefix else ()
-    run(venv_pack, "--quiet", "--prefix", environment, "--output", out, "--force", *relink)
+    run(VENV_PACK, "--quiet", "--prefix", environment, "--output", out, "--force", *relink)
     megabytes = out.stat().st_size / 2**20
     say(f"{out} ({megabytes:.0f} MiB) in {time.monotonic() - started:.0f} s; ship it with")
     say(f"  spark-submit --archives {out}#env  and  PYSPARK_PYTHON=./env/bin/python")
@@ -114,6 +117,8 @@ def main() -> None:
     options = parser.parse_args()
     if shutil.which(options.python) is None:
         parser.error(f"no interpreter {options.python!r} on PATH")
+    if not VENV_PACK.exists():
+        parser.error(f"no {VENV_PACK}: install the dev extra (pip install -e '.[dev]')")
     try:
         build(options.out.resolve(), options.python, options.work.resolve(), options.python_prefix)
     except subprocess.CalledProcessError as error:

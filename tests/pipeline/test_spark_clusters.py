@@ -109,6 +109,22 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
+def test_the_archive_script_without_venv_pack_says_what_to_install(tmp_path: Path) -> None:
+    """Run by an interpreter with no venv-pack beside it (a bare directory holding only a
+    link to Python): a usage error naming the missing tool, not a traceback."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to(Path(sys.base_prefix) / "bin" / "python3")
+    ran = subprocess.run(
+        [str(bare / "python3"), str(ROOT / "scripts" / "pipeline_archive.py"),
+         "--out", str(tmp_path / "env.tar.gz"), "--work", str(tmp_path)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert ran.returncode == 2, ran.stderr
+    assert f"no {bare / 'venv-pack'}: install the dev extra" in ran.stderr
+    assert "Traceback" not in ran.stderr and not (tmp_path / "pipeline-env").exists()
+
+
 @pytest.fixture(scope="module")
 def packed_environment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``make pipeline-archive``'s script, run as that target runs it, into a directory of
