@@ -29,6 +29,7 @@ from tests.support.processes import (
     worker,
     worker_dispatch,
 )
+from tests.support.store_stream import advance
 from txsync.rpc import SERVICE_TOKEN_ENV, health_status
 from txsync.v1 import (
     admin_pb2,
@@ -125,21 +126,18 @@ def test_tokens_and_roles_guard_the_client_and_admin_apis(
 
             internal = store_pb2_grpc.StoreInternalServiceStub(channel)
 
-            def advance(role: str | None) -> grpc.StatusCode:
+            def record_ok(role: str | None) -> grpc.StatusCode:
                 # A transaction that never ran, made to show OK: only a service may.
                 change = store_pb2.StateChange(tx_id="x", state=common_pb2.TX_STATE_OK)
                 batch = store_pb2.AdvanceStatesRequest(changes=[change], service="x")
-                requests = [store_pb2.AdvanceStatesStreamRequest(batch=batch)]
-                return _code(
-                    lambda: list(internal.AdvanceStatesStream(iter(requests), metadata=_as(role)))
-                )
+                return _code(lambda: advance(internal, batch, metadata=_as(role)))
 
             def read_bodies(role: str | None) -> grpc.StatusCode:
                 request = store_pb2.ReadBodiesRequest(tx_ids=[str(uuid.uuid4())])
                 return _code(lambda: internal.ReadBodies(request, metadata=_as(role)))
 
-            assert advance(None) is grpc.StatusCode.UNAUTHENTICATED
-            assert advance("admin") is grpc.StatusCode.PERMISSION_DENIED
+            assert record_ok(None) is grpc.StatusCode.UNAUTHENTICATED
+            assert record_ok("admin") is grpc.StatusCode.PERMISSION_DENIED
             assert read_bodies("client") is grpc.StatusCode.PERMISSION_DENIED
             assert read_bodies("service") is grpc.StatusCode.OK
 

@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.support.clients import list_tx_ids
 from tests.support.processes import ServiceProcess, health_status, transaction_store
+from tests.support.store_stream import advance
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
 from txsync.transaction_store.txlog.framing import scan
 from txsync.v1 import (
@@ -67,14 +68,6 @@ def _persist(
     durable (or refused with the stream's status)."""
     (answer,) = internal.PersistSteps(iter([store_pb2.PersistStepsRequest(step=step)]), timeout=30)
     return answer
-
-
-def _advance(
-    internal: store_pb2_grpc.StoreInternalServiceStub, batch: store_pb2.AdvanceStatesRequest
-) -> None:
-    """One batch of state changes on AdvanceStatesStream, as worker-dispatch sends it."""
-    request = store_pb2.AdvanceStatesStreamRequest(batch=batch)
-    list(internal.AdvanceStatesStream(iter([request]), timeout=30))
 
 
 def _code(call: object) -> tuple[grpc.StatusCode, str]:
@@ -155,10 +148,10 @@ def test_bad_internal_input_gets_a_clear_status(
         (lambda: _persist(internal, store_pb2.PersistStepRequest(
             incoming=[common_pb2.TxMeta(ts=0, tx_id=tx_id, origin="dc1")])),
          grpc.StatusCode.INVALID_ARGUMENT),
-        (lambda: _advance(internal, store_pb2.AdvanceStatesRequest(changes=[
+        (lambda: advance(internal, store_pb2.AdvanceStatesRequest(changes=[
             store_pb2.StateChange(tx_id=tx_id, state=common_pb2.TX_STATE_OK)])),
          grpc.StatusCode.FAILED_PRECONDITION),
-        (lambda: _advance(internal, store_pb2.AdvanceStatesRequest(changes=[
+        (lambda: advance(internal, store_pb2.AdvanceStatesRequest(changes=[
             store_pb2.StateChange(tx_id=tx_id, state=common_pb2.TX_STATE_ACCEPTED)])),
          grpc.StatusCode.INVALID_ARGUMENT),
     ]  # fmt: skip

@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.cluster import LocalCluster
 from tests.support.processes import ServiceProcess, free_port, worker, worker_dispatch
+from tests.support.store_stream import advance
 from txsync.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -120,8 +121,7 @@ def test_outcomes_a_crash_left_unrecorded_are_reported_after_a_restart(dc: Dc) -
             ],
             service="worker-dispatch",
         )
-        request = store_pb2.AdvanceStatesStreamRequest(batch=batch)
-        list(store.AdvanceStatesStream(iter([request]), timeout=30))
+        advance(store, batch)
     assert [e.meta.tx_id for e in entries] == ids
     digests = set()
     for name, process in dc.workers.items():
