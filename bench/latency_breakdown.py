@@ -33,7 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench.load import txsync_client, value_of
-from bench.suite import Timing, measure, probe
+from bench.suite import Point, Timing, measure, probe
 from bench.systems import KEYS, TXSYNC_UPSERT, TxSyncSystem
 from txsync.client import Client
 from txsync.pipeline.txlog_rows import entries_of_dc
@@ -163,7 +163,7 @@ def main() -> int:
             accepted_all = probe(system, 40)["accepted_all_p50_ms"]
             print(f"one at a time: ACCEPTED at every DC p50 {accepted_all:.1f} ms")
         else:
-            run = measure(system, nodes, options.clients, 1, rtt_ms=options.rtt,
+            run = measure(system, nodes, Point(options.clients), rtt_ms=options.rtt,
                           timing=Timing(options.duration, 1.5))  # fmt: skip
             print(f"{options.clients} client(s) per DC: {run.committed_per_s:.0f} tx/s, "
                   f"p50 {run.p50_ms:.1f} ms, p99 {run.p99_ms:.1f} ms")  # fmt: skip

@@ -7,8 +7,11 @@ What "committed" means per system, as each one's client sees it:
 
 * TxSync: the client library's ``submit(..., wait="accepted")`` to the client's DC:
   answered once that DC has it ACCEPTED (ordered: in the agreed order, which no DC can
-  change); one ``Submit`` call each. Batched: ``submit_many`` of ``batch`` transactions,
-  one ``SubmitBatch`` call, answered once all are ACCEPTED.
+  change); one ``Submit`` call each. With ``wait="ok"``: answered once the client's own
+  DC applied it (its workers ran it), as the peers apply before they answer. Batched:
+  ``submit_many`` of ``batch`` transactions, one ``SubmitBatch`` call, answered once all
+  are ACCEPTED; or (``rows_per_tx``) one transaction of ``batch`` upserts, the peers'
+  batch shape.
 * etcd: ``KV/Put`` answered (committed by a Raft majority). Batched: one ``KV/Txn`` of
   ``batch`` puts.
 * Galera: ``INSERT ... ON DUPLICATE KEY UPDATE`` with autocommit answered (certified by
@@ -16,7 +19,12 @@ What "committed" means per system, as each one's client sees it:
   Batched: one such statement of ``batch`` rows, one transaction.
 
 Batched against batched is the like-for-like comparison of throughput (issue 20): each
-system commits ``batch`` writes per call, in its own way.
+system commits ``batch`` writes per call, in its own way; the suite reports rows and
+transactions a second apart (issue 52), since TxSync's batch is ``batch`` transactions
+and the peers' is one.
+
+Each node's process also measures its own CPU time inside the window (``cpu_s``): what
+the harness's clients cost, reported beside the systems' own CPU.
 
 Latencies are measured inside the window only; every loop stops by itself at its end.
 """
@@ -34,7 +42,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from bench.systems import GALERA_UPSERT, KEYS, TXSYNC_UPSERT, VALUE_BYTES
-from txsync.client import Client
+from txsync.client import Client, Statement
 
 GALERA_DEADLOCK = 1213
 """ER_LOCK_DEADLOCK: how Galera tells a client its transaction lost certification."""
@@ -52,6 +60,13 @@ class Plan:
     and warm up until then."""
     stop_at: float
     batch: int = 1
+    """Rows written per call."""
+    rows_per_tx: int = 1
+    """TxSync only: 1 sends a batch as ``batch`` transactions (``SubmitBatch``); ``batch``
+    sends it as one transaction of ``batch`` statements. etcd's and Galera's batch is
+    always one transaction."""
+    wait: str = "accepted"
+    """TxSync only: what the client waits for at its own DC ("accepted" or "ok")."""
 
 
 @dataclass
@@ -59,9 +74,11 @@ class NodeResult:
     node: str
     latencies_ms: list[float] = field(default_factory=list)
     committed: int = 0
-    """Transactions this node's clients saw committed after the warm-up."""
+    """Rows this node's clients saw committed inside the window."""
     aborts: int = 0
     errors: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0
+    """CPU time of this node's client process inside the window."""
 
 
 def run(plans: list[Plan]) -> list[NodeResult]:
@@ -80,6 +97,10 @@ def _run_node(plan: Plan) -> NodeResult:
     ]
     for thread in threads:
         thread.start()
+    time.sleep(max(0.0, plan.measure_from - time.time()))
+    cpu_from = time.process_time()
+    time.sleep(max(0.0, plan.stop_at - time.time()))
+    result.cpu_s = time.process_time() - cpu_from
     for thread in threads:
         thread.join(timeout=max(0.0, plan.stop_at - time.time()) + 60)
     return result
@@ -178,7 +199,8 @@ def _txsync_client(plan: Plan) -> Client:
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(plan.address)
         if client is None:
-            client = _CLIENTS[plan.address] = txsync_client(plan.address, plan.clients, plan.batch)
+            per_call = plan.batch if plan.rows_per_tx == 1 else 1  # transactions per call
+            client = _CLIENTS[plan.address] = txsync_client(plan.address, plan.clients, per_call)
     return client
 
 
@@ -190,13 +212,22 @@ def txsync_client(address: str, callers: int, batch: int) -> Client:
 
 def _txsync_sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
     client = _txsync_client(plan)
+    wait = "ok" if plan.wait == "ok" else "accepted"
 
     def submit_one() -> tuple[int, int]:
-        client.submit(TXSYNC_UPSERT, rng.randrange(KEYS), value_of(rng), wait="accepted")
+        client.submit(TXSYNC_UPSERT, rng.randrange(KEYS), value_of(rng), wait=wait)
         return 1, 0
 
     def submit_batch() -> tuple[int, int]:
         upserts = [(TXSYNC_UPSERT, (rng.randrange(KEYS), value_of(rng))) for _ in range(plan.batch)]
-        return len(client.submit_many(upserts, wait="accepted")), 0
+        return len(client.submit_many(upserts, wait=wait)), 0
 
-    return submit_batch if plan.batch > 1 else submit_one
+    def submit_statements() -> tuple[int, int]:
+        # Distinct keys, as etcd's Txn needs them: one transaction of ``batch`` rows.
+        keys = rng.sample(range(KEYS), plan.batch)
+        client.submit([Statement(TXSYNC_UPSERT, (key, value_of(rng))) for key in keys], wait=wait)
+        return plan.batch, 0
+
+    if plan.batch == 1:
+        return submit_one
+    return submit_statements if plan.rows_per_tx > 1 else submit_batch

@@ -3,14 +3,21 @@ emulated network; then TxSync's scaling; results to ``docs/benchmarks.md``.
 
     make bench                      (or: .venv/bin/python -m bench.suite --help)
 
-For each round-trip time, each system is started as 3 nodes on loopback with the link
-emulator (half the RTT each way) between every pair of nodes, and loaded by closed-loop
-clients at every node (``bench/load.py``) at several client counts, each point run
-``--reps`` times. Per run: committed transactions per second by the system's own counter
-over the measured window, client latency p50/p99 (per node too), bytes crossing the
-emulated WAN per transaction, CPU time per 1,000 transactions and peak memory per kind of
-server process, Galera's certification conflicts. TxSync also gets a light-load probe
-(submit -> ACCEPTED at every DC and -> OK at every DC), batched submits, workers'
+For each round-trip time, every system is started as 3 nodes on loopback with the link
+emulator (half the RTT each way) between every pair of nodes, all three at once, and
+loaded by closed-loop clients at every node (``bench/load.py``) at several client
+counts. The systems take turns point by point (TxSync, etcd, Galera, then again, ``--reps``
+times), so that the host's drift over the run (20-40% an hour here) falls on all of them
+alike rather than on whichever ran last (issue 52); the idle systems' CPU during each run
+is recorded beside it. Per run: rows and transactions committed per second by the
+system's own counter over the measured window (and rows as the clients saw them), client
+latency p50/p99 (per node too), bytes crossing the emulated WAN per row, CPU time per
+1,000 rows and peak memory per kind of server process, the harness's own CPU (the
+clients' processes; the suite's process with the link emulators), Galera's
+certification conflicts. TxSync also gets a light-load probe (submit -> ACCEPTED at every
+DC and -> OK at every DC), a point answered at OK at the client's own DC (the peers apply
+before they answer), batched submits both as ``SubmitBatch`` (``--batch`` transactions)
+and as the peers' batch shape (one transaction of ``--batch`` upserts), workers'
 applied/s, and the cost of its rounds (bytes and coordinator CPU per round against the
 incoming queue). Then the scaling run: 3 -> 5 DCs, 1 -> 4 workers per DC.
 
@@ -37,6 +44,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,9 +69,20 @@ class Run:
     rtt_ms: float
     clients_per_node: int
     batch: int
+    """Rows per call."""
     nodes: int = 3
     workers: int = 0
+    rows_per_tx: int = 1
+    """Rows in one transaction: ``batch`` for etcd's and Galera's batches and TxSync's
+    batch shaped like theirs, 1 for TxSync's ``SubmitBatch`` (independent transactions)."""
+    wait: str = ""
+    """TxSync: what its clients waited for at their own DC ("accepted" or "ok")."""
     committed_per_s: float = 0.0
+    """Rows committed a second, by the system's own counter."""
+    transactions_per_s: float = 0.0
+    client_rows_per_s: float = 0.0
+    """Rows committed a second as the clients counted them (a check on the system's own
+    counter: they differ by the calls in flight at the window's edges)."""
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     node_p50_ms: dict[str, float] = field(default_factory=dict)
@@ -72,8 +91,13 @@ class Run:
     errors: list[str] = field(default_factory=list)
     wan_bytes_per_tx: float = 0.0
     cpu_ms_per_1k_tx: dict[str, float] = field(default_factory=dict)
-    """CPU seconds... per 1,000 transactions, per kind of process (summed over nodes),
-    in milliseconds of CPU."""
+    """CPU per 1,000 rows committed, per kind of process (summed over nodes), in
+    milliseconds of CPU (a row is a transaction but in etcd's and Galera's batches)."""
+    harness_cpu_ms_per_1k_tx: dict[str, float] = field(default_factory=dict)
+    """The same for the harness: "clients" (their processes) and "suite" (this process:
+    the link emulators of every system and the samplers)."""
+    others_cpu_s_per_s: float = 0.0
+    """CPU the other systems' processes, idle meanwhile, took a second in the window."""
     peak_mib: dict[str, float] = field(default_factory=dict)
     """Peak resident memory of the largest process of each kind."""
     applied_per_s_per_worker: float | None = None
@@ -94,33 +118,72 @@ class Timing:
     warmup_s: float
 
 
+@dataclass(frozen=True)
+class Point:
+    """One shape of load: ``clients`` per node, ``batch`` rows per call."""
+
+    clients: int
+    batch: int = 1
+    rows_per_tx: int = 1
+    """TxSync: 1, a batch of independent transactions; ``batch``, one transaction."""
+    wait: str = "accepted"
+    """TxSync: "accepted" or "ok" at the client's own DC."""
+    txsync_only: bool = False
+
+    def label(self) -> str:
+        return f"{self.clients}/node batch {self.batch}x{self.rows_per_tx} wait {self.wait}"
+
+
+def points_of(clients: list[int], batch: int) -> list[Point]:
+    """Single writes at every client count; TxSync answered at OK at the lightest; then
+    batched against batched at the second count: the peers' one transaction of ``batch``
+    rows, TxSync's ``SubmitBatch`` of ``batch`` transactions and TxSync's one transaction
+    of ``batch`` upserts."""
+    points = [Point(c) for c in clients]
+    points.append(Point(min(clients), wait="ok", txsync_only=True))
+    if batch > 1:  # batched against batched (issue 20)
+        batched = clients[min(1, len(clients) - 1)]
+        points.append(Point(batched, batch))
+        points.append(Point(batched, batch, rows_per_tx=batch, txsync_only=True))
+    return points
+
+
 def measure(
-    system: System, nodes: list[Node], clients: int, batch: int, *, rtt_ms: float, timing: Timing
-) -> Run:
-    """One run: load every node with ``clients`` clients for ``duration_s`` measured."""
-    run = Run(system.name, rtt_ms, clients, batch, nodes=len(nodes))
+    system: System, nodes: list[Node], point: Point, *, rtt_ms: float, timing: Timing,
+    others: tuple[System, ...] = (),
+) -> Run:  # fmt: skip
+    """One run: load every node with ``point.clients`` clients for ``duration_s``
+    measured; ``others`` are the systems idle meanwhile (their CPU is recorded)."""
+    clients, batch = point.clients, point.batch
+    txsync = system if isinstance(system, TxSyncSystem) else None
+    rows_per_tx = batch if system.batch_is_one_commit else point.rows_per_tx
+    run = Run(system.name, rtt_ms, clients, batch, nodes=len(nodes), rows_per_tx=rows_per_tx,
+              wait=point.wait if txsync else "")  # fmt: skip
     run.node_roles = {n.name: n.role for n in nodes if n.role}
     measure_from = time.time() + SPAWN_S + timing.warmup_s
     stop_at = measure_from + timing.duration_s
-    plans = [load.Plan(system.name, n.name, n.address, clients, measure_from, stop_at, batch)
-             for n in nodes]  # fmt: skip
+    plans = [load.Plan(system.name, n.name, n.address, clients, measure_from, stop_at, batch,
+                       point.rows_per_tx, point.wait) for n in nodes]  # fmt: skip
     pids = system.processes()
-    txsync = system if isinstance(system, TxSyncSystem) else None
+    other_pids = [pid for other in others for pid in other.processes().values()]
     with ThreadPoolExecutor(1) as pool:
         loading = pool.submit(load.run, plans)
         time.sleep(max(0.0, measure_from - time.time()))
         began = time.time()
         committed_before = system.committed()
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        others_before = sum(cpu_seconds(pid) for pid in other_pids)
+        suite_before = time.process_time()
         bytes_before = sum(link.bytes_forwarded for link in system.emulator.links.values())
         applied_before = txsync.applied() if txsync else 0
         queue = _sample_queue(txsync, stop_at) if txsync else []
         time.sleep(max(0.0, stop_at - time.time()))
-        committed = system.committed() - committed_before
-        if system.batch_is_one_commit:
-            committed *= batch  # writes, as TxSync counts them
+        transactions = system.committed() - committed_before
+        suite_cpu = time.process_time() - suite_before
+        committed = transactions * rows_per_tx  # rows, as TxSync's SubmitBatch counts them
         ended = time.time()
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        others_cpu = sum(cpu_seconds(pid) for pid in other_pids) - others_before
         wan_bytes = sum(link.bytes_forwarded for link in system.emulator.links.values())
         wan_bytes -= bytes_before
         if txsync:
@@ -134,6 +197,13 @@ def measure(
         results = loading.result()
     latencies = [ms for result in results for ms in result.latencies_ms]
     run.committed_per_s = committed / (ended - began)
+    run.transactions_per_s = transactions / (ended - began)
+    run.client_rows_per_s = sum(r.committed for r in results) / timing.duration_s
+    run.others_cpu_s_per_s = others_cpu / (ended - began)
+    if committed:
+        clients_cpu = sum(r.cpu_s for r in results)
+        run.harness_cpu_ms_per_1k_tx = {"clients": 1e6 * clients_cpu / committed,
+                                        "suite": 1e6 * suite_cpu / committed}  # fmt: skip
     run.p50_ms, run.p99_ms = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
     run.node_p50_ms = {r.node: _percentile(r.latencies_ms, 0.5) for r in results}
     run.aborts = sum(r.aborts for r in results)
@@ -324,30 +394,36 @@ def main() -> int:
     timing = Timing(options.duration, options.warmup)
     coordinator_args = tuple(options.coordinator_args.split())
     for rtt in (float(r) for r in options.rtts.split(",")):
-        for name in options.systems.split(","):
-            system = _make(name, rtt / 2, coordinator_args)
-            _log(f"{name} at {rtt:.0f} ms RTT: starting")
-            try:
-                nodes = system.start()
+        with ExitStack() as stack:
+            running: list[tuple[System, list[Node]]] = []
+            for name in options.systems.split(","):
+                system = _make(name, rtt / 2, coordinator_args)
+                stack.callback(system.stop)
+                _log(f"{name} at {rtt:.0f} ms RTT: starting")
+                running.append((system, system.start()))
+            for system, _ in running:
                 if isinstance(system, TxSyncSystem):
                     _log("  probe: one transaction at a time")
                     results["probes"].append({"rtt_ms": rtt} | probe(system, options.probe_samples))
-                shapes = [(c, 1) for c in clients]
-                if options.batch > 1:  # batched against batched (issue 20)
-                    shapes.append((clients[min(1, len(clients) - 1)], options.batch))
-                for per_node, batch in shapes:
-                    for rep in range(options.reps):
-                        run = measure(system, nodes, per_node, batch, rtt_ms=rtt, timing=timing)
+            for point in points_of(clients, options.batch):
+                for rep in range(options.reps):
+                    for system, nodes in running:  # in turn: drift falls on all alike
+                        if point.txsync_only and not isinstance(system, TxSyncSystem):
+                            continue
+                        others = tuple(other for other, _ in running if other is not system)
+                        run = measure(system, nodes, point, rtt_ms=rtt, timing=timing,
+                                      others=others)  # fmt: skip
                         results["runs"].append(asdict(run))
-                        _log(f"  {per_node} clients/node batch {batch} run {rep + 1}: "
-                             f"{run.committed_per_s:.0f} tx/s, p50 {run.p50_ms:.1f} ms, "
+                        _log(f"  {system.name} {point.label()} run {rep + 1}: "
+                             f"{run.committed_per_s:.0f} rows/s, "
+                             f"{run.transactions_per_s:.0f} tx/s, p50 {run.p50_ms:.1f} ms, "
                              f"p99 {run.p99_ms:.1f} ms, {len(run.errors)} errors")  # fmt: skip
+            for system, _ in running:
                 if isinstance(system, GaleraSystem):
                     results.setdefault("galera_conflicts", {})[str(rtt)] = (
                         system.certification_failures()
                     )
-            finally:
-                system.stop()
+                    results.setdefault("galera_settings", {})[str(rtt)] = system.send_windows()
     if options.scaling_rtt >= 0 and "TxSync" in options.systems:
         per_node = clients[min(1, len(clients) - 1)]
         for dcs, workers in ((3, 1), (4, 1), (5, 1), (3, 2), (3, 4)):
@@ -357,9 +433,8 @@ def main() -> int:
             try:
                 nodes = system.start()
                 for _ in range(options.reps):
-                    run = measure(
-                        system, nodes, per_node, 1, rtt_ms=options.scaling_rtt, timing=timing
-                    )
+                    run = measure(system, nodes, Point(per_node), rtt_ms=options.scaling_rtt,
+                                  timing=timing)  # fmt: skip
                     results["scaling"].append(asdict(run))
                     _log(f"  {run.committed_per_s:.0f} tx/s, p50 {run.p50_ms:.1f} ms, applied "
                          f"{run.applied_per_s_per_worker:.0f}/s per worker")  # fmt: skip

@@ -202,6 +202,12 @@ class GaleraSystem:
             for name in ("wsrep_local_cert_failures", "wsrep_local_bf_aborts")
         )
 
+    def send_windows(self) -> dict[str, str]:
+        """The send windows the first node runs with (issue 52: stated on the page)."""
+        assert self.cluster is not None
+        names = ("evs.send_window", "evs.user_send_window")
+        return self.cluster.provider_options(self.cluster.nodes[0], names)
+
     def processes(self) -> dict[str, int]:
         assert self.cluster is not None
         return {f"mariadbd {name}": pid for name, pid in self.cluster.pids.items()}
