@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 from txsync.codec import meta_from_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta, TxState
+from txsync.transaction_store.txlog.files import SnapshotForm
 from txsync.v1 import common_pb2, txlog_pb2
 
 FINAL_STATES = frozenset({TxState.OK, TxState.FAILED})
@@ -80,9 +81,10 @@ class TxRecord:
     """1-based position in the synced queue; 0 while not synced."""
     membership: bool = False
     """The body is a membership entry (known once the body is)."""
-    saved: txlog_pb2.SnapshotTx | None = None
-    """This record as a snapshot holds it, built by ``prepare_snapshot`` before a
-    rotation takes the store's lock; None once anything in it changed (``touch``)."""
+    saved: bytes | None = None
+    """This record as a snapshot holds it (an encoded ``SnapshotTx``: 0.4 KB, where the
+    message took 2.9 KB), built by ``prepare_snapshot`` before a rotation takes the
+    store's lock; None once anything in it changed (``touch``)."""
     version: int = 0
     """Bumped by every change (``touch``): a form built from an older version is stale."""
 
@@ -529,7 +531,7 @@ class StoreState:
             )
         self._drop([meta.tx_id for meta in self.synced[:cut]], truncated.last_tx_id)
 
-    def snapshot(self, truncate_below: int) -> tuple[txlog_pb2.Snapshot, list[str]]:
+    def snapshot(self, truncate_below: int) -> tuple[SnapshotForm, list[str]]:
         """A snapshot without the synced history below position ``truncate_below``
         (``truncation_cut``), and the ids it leaves out."""
         dropped = self.truncation_cut(truncate_below)
@@ -549,18 +551,18 @@ class StoreState:
             snapshot.vote.CopyFrom(self.vote)
         snapshot.synced_offset = self.synced_offset + cut
         snapshot.truncated_last_tx_id = dropped[-1] if dropped else self.truncated_last_tx_id
-        kept: list[txlog_pb2.SnapshotTx] = []
+        kept: list[bytes] = []
         for record in self.txs.values():
             if record.tx_id in gone:
                 continue
-            saved = record.saved or self._saved(record)
             stamped = self.unsettled.get(record.tx_id)
-            if stamped is not None:
-                saved = _copy(saved)  # the stamp is not the record's: settled apart
-                saved.stamp_local_seq = stamped[1]
-            kept.append(saved)
-        snapshot.txs.extend(kept)
-        return snapshot, dropped
+            if stamped is None:
+                kept.append(record.saved or self._saved(record))
+            else:  # the stamp is not the record's (settled apart): not in its saved form
+                form = self._snapshot_tx(record)
+                form.stamp_local_seq = stamped[1]
+                kept.append(form.SerializeToString())
+        return SnapshotForm(snapshot, kept), dropped
 
     def unsaved_kept(self, truncate_below: int) -> list[tuple[TxRecord, int]]:
         """The records a snapshot below ``truncate_below`` would keep whose snapshot
@@ -573,7 +575,7 @@ class StoreState:
 
     def prepare_snapshot(
         self, records: list[tuple[TxRecord, int]]
-    ) -> list[tuple[TxRecord, int, txlog_pb2.SnapshotTx]]:
+    ) -> list[tuple[TxRecord, int, bytes]]:
         """Build the snapshot form of these records (``unsaved_kept``), in a thread while
         the store goes on, so that ``snapshot`` under the lock builds only what changed
         meanwhile. A record may change while it is read here: ``keep_prepared``, on the
@@ -582,12 +584,15 @@ class StoreState:
         return [(record, version, self._saved(record)) for record, version in records]
 
     @staticmethod
-    def keep_prepared(built: list[tuple[TxRecord, int, txlog_pb2.SnapshotTx]]) -> None:
+    def keep_prepared(built: list[tuple[TxRecord, int, bytes]]) -> None:
         for record, version, saved in built:
             if record.version == version:
                 record.saved = saved
 
-    def _saved(self, record: TxRecord) -> txlog_pb2.SnapshotTx:
+    def _saved(self, record: TxRecord) -> bytes:
+        return self._snapshot_tx(record).SerializeToString()
+
+    def _snapshot_tx(self, record: TxRecord) -> txlog_pb2.SnapshotTx:
         saved = txlog_pb2.SnapshotTx(
             tx_id=record.tx_id,
             has_meta=record.meta is not None,
@@ -611,7 +616,7 @@ class StoreState:
             transition.at.FromMilliseconds(step.at_unix_ms)
         return saved
 
-    def drop_truncated(self, snapshot: txlog_pb2.Snapshot, dropped: list[str]) -> None:
+    def drop_truncated(self, snapshot: SnapshotForm, dropped: list[str]) -> None:
         """What applying ``snapshot`` (made by ``snapshot`` just now, nothing applied
         since) does, in place: the ``dropped`` synced entries and their records go, and
         every other record stays the same object. Rebuilding the state from the snapshot
@@ -620,8 +625,9 @@ class StoreState:
         batches) with copies nothing updates any more: a feed stalled for good at the
         first rotation under load."""
         assert [m.tx_id for m in self.synced[: len(dropped)]] == dropped, "a stale snapshot"
-        assert snapshot.synced_offset == self.synced_offset + len(dropped), "a stale snapshot"
-        self._drop(dropped, snapshot.truncated_last_tx_id)
+        head = snapshot.head
+        assert head.synced_offset == self.synced_offset + len(dropped), "a stale snapshot"
+        self._drop(dropped, head.truncated_last_tx_id)
 
     def _drop(self, dropped: Sequence[str], truncated_last_tx_id: str) -> None:
         """The first ``len(dropped)`` synced entries and their records go; every other
@@ -639,12 +645,6 @@ class StoreState:
                 self.open_body_bytes -= record.body_bytes  # an operator's truncate may cut these
         if len(self._seq_order) > 2 * len(self.txs) + 1024:
             self._compact_seq_order()
-
-
-def _copy(saved: txlog_pb2.SnapshotTx) -> txlog_pb2.SnapshotTx:
-    copy = txlog_pb2.SnapshotTx()
-    copy.CopyFrom(saved)
-    return copy
 
 
 def _seq_of(record: TxRecord) -> int:

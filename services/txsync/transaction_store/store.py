@@ -1914,17 +1914,20 @@ class _Carried(NamedTuple):
     traceparent: str
 
 
-def _carried_entries(bodies: Sequence[_Carried]) -> dict[str, txlog_pb2.LogEntry]:
-    """The ``BodyStored`` entries (``carried``) a rotation writes after its snapshot."""
+def _carried_entries(bodies: Sequence[_Carried]) -> dict[str, bytes]:
+    """The ``BodyStored`` entries (``carried``) a rotation writes after its snapshot,
+    encoded: as messages, thousands of them held while a rotation ran cost about 2 KB
+    each (``txlog.files.SnapshotForm`` has the measure)."""
     at = _now_ms()
-    entries: dict[str, txlog_pb2.LogEntry] = {}
+    entries: dict[str, bytes] = {}
     for body in bodies:
         stored = txlog_pb2.BodyStored(
             tx_id=body.tx_id, body_digest=body.digest, body_bytes=len(body.body),
             body=body.body, membership=body.membership, traceparent=body.traceparent,
             carried=True,
         )  # fmt: skip
-        entries[body.tx_id] = txlog_pb2.LogEntry(at_unix_ms=at, body_stored=stored)
+        entry = txlog_pb2.LogEntry(at_unix_ms=at, body_stored=stored)
+        entries[body.tx_id] = entry.SerializeToString()
     return entries
 
 

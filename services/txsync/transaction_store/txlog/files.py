@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
@@ -103,20 +104,109 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotForm:
+    """A snapshot as a rotation writes it: every field but the kept transactions
+    (``head``, whose ``txs`` is empty), and those as encoded ``SnapshotTx`` messages.
+
+    Why bytes: a ``SnapshotTx`` message of its own took 2.9 KB in memory (its encoding
+    0.4 KB), and a rotation copied each kept one into the snapshot, then into its frame's
+    batch. At a batched load's peak (14,000 kept) one rotation raised a store's RSS by
+    about 35 MiB while it ran and 20 MiB after (the records kept their forms): the
+    high-water mark the soak measured (issue 47, ``docs/benchmarks.md``). The frames are
+    now encoded from the bytes (``snapshot_payloads``)."""
+
+    head: txlog_pb2.Snapshot
+    txs: Sequence[bytes] = ()
+
+    def message(self) -> txlog_pb2.Snapshot:
+        """The whole snapshot as one message (what replaying its frames gives)."""
+        whole = txlog_pb2.Snapshot()
+        whole.CopyFrom(self.head)
+        whole.MergeFromString(_length_delimited(_SNAPSHOT_TXS, self.txs))
+        return whole
+
+
+_SNAPSHOT_TXS = txlog_pb2.Snapshot.DESCRIPTOR.fields_by_name["txs"].number
+_MORE_TXS = txlog_pb2.SnapshotMore.DESCRIPTOR.fields_by_name["txs"].number
+_MORE_SYNCED = txlog_pb2.SnapshotMore.DESCRIPTOR.fields_by_name["synced"].number
+_ENTRY_SNAPSHOT = txlog_pb2.LogEntry.DESCRIPTOR.fields_by_name["snapshot"].number
+_ENTRY_SNAPSHOT_MORE = txlog_pb2.LogEntry.DESCRIPTOR.fields_by_name["snapshot_more"].number
+_BATCH_ENTRIES = txlog_pb2.LogBatch.DESCRIPTOR.fields_by_name["entries"].number
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length_delimited(field_number: int, payloads: Sequence[bytes]) -> bytes:
+    """``payloads`` as the wire form of a repeated message field: parsed into a message,
+    they append to that field (protobuf's encoding, so no message is built per item)."""
+    return b"".join(_length_delimited_pieces(field_number, payloads))
+
+
+def _length_delimited_pieces(field_number: int, payloads: Sequence[bytes]) -> list[bytes]:
+    """``_length_delimited``'s pieces, to be joined once with others."""
+    tag = _varint(field_number << 3 | 2)
+    pieces: list[bytes] = []
+    for payload in payloads:
+        pieces += (tag + _varint(len(payload)), payload)
+    return pieces
+
+
 def snapshot_batches(
-    snapshot: txlog_pb2.Snapshot, at_unix_ms: int, frame_bytes: int = SNAPSHOT_FRAME_BYTES
+    snapshot: SnapshotForm, at_unix_ms: int, frame_bytes: int = SNAPSHOT_FRAME_BYTES
 ) -> list[txlog_pb2.LogBatch]:
-    """The batches (a frame each) that start a new log file with ``snapshot``: one, or if
-    it is larger than ``frame_bytes``, its other fields first (``continued``), then parts
-    (``SnapshotMore``) of at most about ``frame_bytes`` each, with its transactions and
-    then its synced entries, in order."""
-    if snapshot.ByteSize() + 64 <= frame_bytes:  # 64: the batch's and entry's own bytes
-        whole = txlog_pb2.LogBatch()
-        whole.entries.add(at_unix_ms=at_unix_ms).snapshot.CopyFrom(snapshot)
-        return [whole]
-    head = txlog_pb2.LogBatch()
-    first = head.entries.add(at_unix_ms=at_unix_ms).snapshot
-    for descriptor, value in snapshot.ListFields():  # every field, later ones too: not the lists
+    """``snapshot_payloads``, parsed (for tests and tools)."""
+    return [
+        txlog_pb2.LogBatch.FromString(payload)
+        for payload in snapshot_payloads(snapshot, at_unix_ms, frame_bytes)
+    ]
+
+
+def snapshot_payloads(
+    snapshot: SnapshotForm, at_unix_ms: int, frame_bytes: int = SNAPSHOT_FRAME_BYTES
+) -> Iterator[bytes]:
+    """The encoded batches (a frame each) that start a new log file with ``snapshot``:
+    one, or if it is larger than ``frame_bytes``, its other fields first (``continued``),
+    then parts (``SnapshotMore``) of at most about ``frame_bytes`` each, with its
+    transactions and then its synced entries, in order. Encoded from the transactions'
+    bytes, one frame at a time: no message is built per transaction."""
+    head, txs = snapshot.head, snapshot.txs
+    assert not head.txs, "the kept transactions travel encoded, in snapshot.txs"
+    txs_bytes = sum(len(tx) + 8 for tx in txs)  # 8: the field's tag and length, roughly
+    if head.ByteSize() + txs_bytes + 64 <= frame_bytes:  # 64: the batch's and entry's own
+        pieces = [head.SerializeToString(), *_length_delimited_pieces(_SNAPSHOT_TXS, txs)]
+        yield _one_entry_batch(at_unix_ms, _ENTRY_SNAPSHOT, pieces)
+        return
+    # The parts, planned first (the head names how many there are): runs of the
+    # transactions, then of the synced entries, each part at most about frame_bytes.
+    parts: list[_Part] = []
+    size = 0
+
+    def room_for(item_bytes: int, synced_from: int) -> _Part:
+        nonlocal size
+        if not parts or (size + item_bytes > frame_bytes and size > 0):
+            parts.append(_Part(synced_from))
+            size = 0
+        size += item_bytes + 8  # the field's tag and length, roughly
+        return parts[-1]
+
+    for tx in txs:
+        room_for(len(tx), head.synced_offset).txs.append(tx)
+    for index, meta in enumerate(head.synced):
+        part = room_for(meta.ByteSize(), head.synced_offset + index)
+        if not part.synced_count:
+            part.synced_first = index
+        part.synced_count += 1
+    start = txlog_pb2.LogBatch()
+    first = start.entries.add(at_unix_ms=at_unix_ms).snapshot
+    for descriptor, value in head.ListFields():  # every field, later ones too: not the lists
         if descriptor.name in _SNAPSHOT_LISTS:
             continue
         if descriptor.is_repeated:  # a list added later: it is small, or it joins the parts
@@ -126,27 +216,40 @@ def snapshot_batches(
         else:
             setattr(first, descriptor.name, value)
     first.continued = True
-    batches = [head]
-    part: txlog_pb2.SnapshotMore | None = None
-    size = 0
+    first.parts = len(parts)
+    yield start.SerializeToString()
+    for planned in parts:
+        end = planned.synced_first + planned.synced_count
+        synced = [meta.SerializeToString() for meta in head.synced[planned.synced_first : end]]
+        pieces = [
+            txlog_pb2.SnapshotMore(synced_from=planned.synced_from).SerializeToString(),
+            *_length_delimited_pieces(_MORE_TXS, planned.txs),
+            *_length_delimited_pieces(_MORE_SYNCED, synced),
+        ]
+        yield _one_entry_batch(at_unix_ms, _ENTRY_SNAPSHOT_MORE, pieces)
 
-    def room_for(item_bytes: int, synced_from: int) -> txlog_pb2.SnapshotMore:
-        nonlocal part, size
-        if part is None or (size + item_bytes > frame_bytes and size > 0):
-            batch = txlog_pb2.LogBatch()
-            part = batch.entries.add(at_unix_ms=at_unix_ms).snapshot_more
-            part.synced_from = synced_from
-            batches.append(batch)
-            size = 0
-        size += item_bytes + 8  # the field's tag and length, roughly
-        return part
 
-    for saved in snapshot.txs:
-        room_for(saved.ByteSize(), snapshot.synced_offset).txs.append(saved)
-    for index, meta in enumerate(snapshot.synced):
-        room_for(meta.ByteSize(), snapshot.synced_offset + index).synced.append(meta)
-    first.parts = len(batches) - 1
-    return batches
+def _one_entry_batch(at_unix_ms: int, entry_field: int, message: list[bytes]) -> bytes:
+    """An encoded ``LogBatch`` of one ``LogEntry``: ``at_unix_ms``, and the message whose
+    encoding is the concatenation of ``message`` as its field ``entry_field``; joined
+    once (a snapshot is megabytes: every concatenation on the way was a copy)."""
+    message_bytes = sum(map(len, message))
+    entry_head = txlog_pb2.LogEntry(at_unix_ms=at_unix_ms).SerializeToString()
+    entry_head += _varint(entry_field << 3 | 2) + _varint(message_bytes)
+    entry_bytes = len(entry_head) + message_bytes
+    batch_head = _varint(_BATCH_ENTRIES << 3 | 2) + _varint(entry_bytes)
+    return b"".join([batch_head, entry_head, *message])
+
+
+@dataclass(slots=True)
+class _Part:
+    """One ``SnapshotMore`` of a split snapshot, as planned."""
+
+    synced_from: int
+    txs: list[bytes] = field(default_factory=list)
+    synced_first: int = 0
+    """Index in the head's ``synced`` of this part's first synced entry."""
+    synced_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,47 +388,52 @@ class LogFiles:
 
     def rotate(
         self,
-        snapshot: txlog_pb2.Snapshot,
+        snapshot: SnapshotForm,
         at_unix_ms: int,
-        carried: Sequence[txlog_pb2.LogEntry] = (),
+        carried: Sequence[bytes] = (),
     ) -> list[str]:
         """Start a new log file that begins with ``snapshot`` and the ``carried`` body
-        entries (in frames of at most the snapshot's frame size); older files become
-        bak-. ``prepare_rotation`` and ``commit_rotation`` in one."""
+        entries (encoded ``LogEntry`` messages, in frames of at most the snapshot's frame
+        size); older files become bak-. ``prepare_rotation`` and ``commit_rotation`` in
+        one."""
         covered = (self.current, self.current_bytes)
         return self.commit_rotation(self.prepare_rotation(snapshot, covered, at_unix_ms, carried))
 
     def prepare_rotation(
         self,
-        snapshot: txlog_pb2.Snapshot,
+        snapshot: SnapshotForm,
         covered: tuple[Path, int],
         at_unix_ms: int,
-        carried: Sequence[txlog_pb2.LogEntry] = (),
+        carried: Sequence[bytes] = (),
     ) -> PreparedRotation:
         """The new log file, written and synced under a temporary name, while appends
         go on to the current one. ``snapshot`` describes the current file up to
         ``covered`` (its path and size when the snapshot was taken, nothing staged
         unwritten): ``commit_rotation`` copies on from there. Nothing changes for
         recovery until the commit: a crash leaves a ``.tmp`` file that no one reads."""
-        batches = snapshot_batches(snapshot, at_unix_ms, self._snapshot_frame_bytes)
-        size = None  # bytes in the last batch of bodies (None: none started)
+        batches: list[list[bytes]] = []  # the carried entries, in frames
+        size = 0  # bytes in the last batch of bodies
         for entry in carried:
-            entry_bytes = entry.ByteSize() + 8  # the field's tag and length, roughly
-            if size is None or (size + entry_bytes > self._snapshot_frame_bytes and size > 0):
-                batches.append(txlog_pb2.LogBatch())
+            entry_bytes = len(entry) + 8  # the field's tag and length, roughly
+            if not batches or (size + entry_bytes > self._snapshot_frame_bytes and size > 0):
+                batches.append([])
                 size = 0
-            batches[-1].entries.append(entry)
+            batches[-1].append(entry)
             size += entry_bytes
-        frame = b"".join(encode_frame(batch.SerializeToString()) for batch in batches)
         path = self._new_path()
         temporary = path.with_suffix(".tmp")
+        written = 0
         with open(temporary, "wb") as out:
-            out.write(frame)
+            # Frame by frame: the snapshot's payloads are megabytes, held one at a time.
+            payloads = snapshot_payloads(snapshot, at_unix_ms, self._snapshot_frame_bytes)
+            carried_payloads = (_length_delimited(_BATCH_ENTRIES, batch) for batch in batches)
+            for payload in chain(payloads, carried_payloads):
+                written += out.write(encode_frame(payload))
             out.flush()
             os.fsync(out.fileno())
         work.count(work.FSYNCS)
         source, source_bytes = covered
-        return PreparedRotation(path, temporary, len(frame), source, source_bytes)
+        return PreparedRotation(path, temporary, written, source, source_bytes)
 
     def commit_rotation(self, prepared: PreparedRotation) -> list[str]:
         """Copy what was appended to the current file since ``prepare_rotation`` (whole
