@@ -18,6 +18,10 @@ What "committed" means per system, as each one's client sees it:
   the group); a deadlock answer (a certification conflict) is retried and counted.
   Batched: one such statement of ``batch`` rows, one transaction.
 
+Reads (``Plan.read``): one row by key at the client's own node, as each system offers
+it: TxSync's ``query`` (answered by its DC's worker), Galera's local SELECT, etcd's
+linearizable and serializable Range.
+
 Batched against batched is the like-for-like comparison of throughput (issue 20): each
 system commits ``batch`` writes per call, in its own way; the suite reports rows and
 transactions a second apart (issue 52), since TxSync's batch is ``batch`` transactions
@@ -41,7 +45,14 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bench.systems import GALERA_UPSERT, KEYS, TXSYNC_UPSERT, VALUE_BYTES
+from bench.systems import (
+    GALERA_SELECT,
+    GALERA_UPSERT,
+    KEYS,
+    TXSYNC_SELECT,
+    TXSYNC_UPSERT,
+    VALUE_BYTES,
+)
 from txsync.client import Client, Statement
 
 GALERA_DEADLOCK = 1213
@@ -67,6 +78,10 @@ class Plan:
     always one transaction."""
     wait: str = "accepted"
     """TxSync only: what the client waits for at its own DC ("accepted" or "ok")."""
+    read: str = ""
+    """Not "": each call reads one row by key at the client's own node instead of
+    writing: TxSync ``query`` (its DC's worker), Galera a local SELECT, etcd a Range,
+    "linearizable" or "serializable"."""
 
 
 @dataclass
@@ -147,10 +162,18 @@ def _sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
     if plan.system == "TxSync":
         return _txsync_sender(plan, rng)
     if plan.system == "etcd":
-        from bench.peers.etcd import put_stub, txn_stub  # noqa: PLC0415
+        from bench.peers.etcd import put_stub, range_stub, txn_stub  # noqa: PLC0415
 
         channel = grpc.insecure_channel(plan.address)
         put, txn = put_stub(channel), txn_stub(channel)
+        if plan.read:
+            get = range_stub(channel, serializable=plan.read == "serializable")
+
+            def etcd_get() -> tuple[int, int]:
+                get(b"t/%d" % rng.randrange(KEYS))
+                return 1, 0
+
+            return etcd_get
 
         def etcd_put() -> tuple[int, int]:
             put(b"t/%d" % rng.randrange(KEYS), value_of(rng).encode())
@@ -169,6 +192,14 @@ def _sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, int]]:
         host, port = plan.address.rsplit(":", 1)
         connection = pymysql.connect(host=host, port=int(port), user="root", autocommit=True)
         cursor = connection.cursor()
+
+        def galera_select() -> tuple[int, int]:
+            cursor.execute(GALERA_SELECT, (rng.randrange(KEYS),))
+            cursor.fetchall()
+            return 1, 0
+
+        if plan.read:
+            return galera_select
 
         def galera_upsert() -> tuple[int, int]:
             aborts = 0
@@ -228,6 +259,12 @@ def _txsync_sender(plan: Plan, rng: random.Random) -> Callable[[], tuple[int, in
         client.submit([Statement(TXSYNC_UPSERT, (key, value_of(rng))) for key in keys], wait=wait)
         return plan.batch, 0
 
+    def query_one() -> tuple[int, int]:
+        client.query(TXSYNC_SELECT, rng.randrange(KEYS))
+        return 1, 0
+
+    if plan.read:
+        return query_one
     if plan.batch == 1:
         return submit_one
     return submit_statements if plan.rows_per_tx > 1 else submit_batch

@@ -106,6 +106,31 @@ def _main_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _reads_table(results: dict[str, Any]) -> list[str]:
+    """Point reads by key at the client's own node (issue 52): TxSync's ``query``,
+    Galera's local SELECT, etcd's linearizable and serializable Range."""
+    lines = ["| RTT ms | system | read | clients | reads/s | p50 ms | p99 ms | "
+             "CPU ms/read (all nodes) | harness CPU ms/read: clients, suite |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    grouped: dict[tuple[float, int, str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for run in results.get("reads", []):
+        system = run["system"]
+        key = (run["rtt_ms"], SYSTEMS.index(system), system, run["read"], run["clients_per_node"])
+        grouped[key].append(run)
+    for (rtt, _, system, read, clients), runs in sorted(grouped.items()):
+        cpu = [sum(r["cpu_ms_per_1k_tx"].values()) / 1000 for r in runs]
+        harness = [r["harness_cpu_ms_per_1k_tx"] for r in runs if r["harness_cpu_ms_per_1k_tx"]]
+        lines.append(
+            f"| {rtt:.0f} | {system} | {read} | {3 * clients} | "
+            f"{_spread([r['committed_per_s'] for r in runs])} | "
+            f"{_spread([r['p50_ms'] for r in runs], 2)} | "
+            f"{_spread([r['p99_ms'] for r in runs], 2)} | {_spread(cpu, 3)} | "
+            f"{_spread([h['clients'] / 1000 for h in harness], 3)}, "
+            f"{_spread([h['suite'] / 1000 for h in harness], 3)} |"
+        )
+    return lines
+
+
 def _counts_table(results: dict[str, Any]) -> list[str]:
     """Each system's own count of what it committed beside its clients' count, and what
     the idle systems took meanwhile (they run side by side and take turns)."""
@@ -515,6 +540,10 @@ def generated(results: dict[str, Any], plots: Path, doc: Path) -> str:
         *_main_table(results),
         "",
         f"![latency against throughput]({relative}/latency-throughput.png)",
+        "",
+        "### Reads side by side: one row by key at the client's own node",
+        "",
+        *_reads_table(results),
         "",
         "### What each system counted, and what the idle ones took",
         "",

@@ -19,7 +19,9 @@ DC and -> OK at every DC), a point answered at OK at the client's own DC (the pe
 before they answer), batched submits both as ``SubmitBatch`` (``--batch`` transactions)
 and as the peers' batch shape (one transaction of ``--batch`` upserts), workers'
 applied/s, and the cost of its rounds (bytes and coordinator CPU per round against the
-incoming queue). Then the scaling run: 3 -> 5 DCs, 1 -> 4 workers per DC.
+incoming queue). After the writes, reads side by side: one row by key at the client's own
+node (TxSync's ``query``, Galera's local SELECT, etcd's linearizable and serializable
+Range), p50/p99 and CPU per read. Then the scaling run: 3 -> 5 DCs, 1 -> 4 workers per DC.
 
 Results go to ``build/bench/results.json``; ``bench/report.py`` turns them into
 ``docs/benchmarks.md`` and its plots. Nothing here asserts a time: it measures and prints.
@@ -77,6 +79,9 @@ class Run:
     batch shaped like theirs, 1 for TxSync's ``SubmitBatch`` (independent transactions)."""
     wait: str = ""
     """TxSync: what its clients waited for at their own DC ("accepted" or "ok")."""
+    read: str = ""
+    """Not "": a run of point reads (``load.Plan.read``); its rows are reads, counted by
+    the clients."""
     committed_per_s: float = 0.0
     """Rows committed a second, by the system's own counter."""
     transactions_per_s: float = 0.0
@@ -128,10 +133,18 @@ class Point:
     """TxSync: 1, a batch of independent transactions; ``batch``, one transaction."""
     wait: str = "accepted"
     """TxSync: "accepted" or "ok" at the client's own DC."""
-    txsync_only: bool = False
+    only: str = ""
+    """The one system this point is for ("": every system)."""
+    read: str = ""
+    """Not "": point reads by key instead of writes (``load.Plan.read``)."""
 
     def label(self) -> str:
+        if self.read:
+            return f"{self.clients}/node reads ({self.read})"
         return f"{self.clients}/node batch {self.batch}x{self.rows_per_tx} wait {self.wait}"
+
+    def for_system(self, system: System) -> bool:
+        return not self.only or self.only == system.name
 
 
 def points_of(clients: list[int], batch: int) -> list[Point]:
@@ -140,11 +153,24 @@ def points_of(clients: list[int], batch: int) -> list[Point]:
     rows, TxSync's ``SubmitBatch`` of ``batch`` transactions and TxSync's one transaction
     of ``batch`` upserts."""
     points = [Point(c) for c in clients]
-    points.append(Point(min(clients), wait="ok", txsync_only=True))
+    points.append(Point(min(clients), wait="ok", only="TxSync"))
     if batch > 1:  # batched against batched (issue 20)
         batched = clients[min(1, len(clients) - 1)]
         points.append(Point(batched, batch))
-        points.append(Point(batched, batch, rows_per_tx=batch, txsync_only=True))
+        points.append(Point(batched, batch, rows_per_tx=batch, only="TxSync"))
+    return points
+
+
+def read_points_of(clients: list[int]) -> list[Point]:
+    """Point reads by key at the client's own node, at the lightest and the busiest
+    client counts, after the writes (the keys are there): TxSync's ``query``, Galera's
+    local SELECT, etcd's linearizable and serializable Range."""
+    points = []
+    for count in sorted({min(clients), max(clients)}):
+        points += [Point(count, read="own DC", only="TxSync"),
+                   Point(count, read="local", only="Galera"),
+                   Point(count, read="linearizable", only="etcd"),
+                   Point(count, read="serializable", only="etcd")]  # fmt: skip
     return points
 
 
@@ -158,12 +184,13 @@ def measure(
     txsync = system if isinstance(system, TxSyncSystem) else None
     rows_per_tx = batch if system.batch_is_one_commit else point.rows_per_tx
     run = Run(system.name, rtt_ms, clients, batch, nodes=len(nodes), rows_per_tx=rows_per_tx,
-              wait=point.wait if txsync else "")  # fmt: skip
+              wait=point.wait if txsync and not point.read else "",
+              read=point.read)  # fmt: skip
     run.node_roles = {n.name: n.role for n in nodes if n.role}
     measure_from = time.time() + SPAWN_S + timing.warmup_s
     stop_at = measure_from + timing.duration_s
     plans = [load.Plan(system.name, n.name, n.address, clients, measure_from, stop_at, batch,
-                       point.rows_per_tx, point.wait) for n in nodes]  # fmt: skip
+                       point.rows_per_tx, point.wait, point.read) for n in nodes]  # fmt: skip
     pids = system.processes()
     other_pids = [pid for other in others for pid in other.processes().values()]
     with ThreadPoolExecutor(1) as pool:
@@ -196,6 +223,8 @@ def measure(
             run.rounds = _round_costs(txsync, (began, ended), wan_bytes, dc1_coordinator, queue)
         results = loading.result()
     latencies = [ms for result in results for ms in result.latencies_ms]
+    if point.read:  # nothing committed: reads as the clients counted them (per read below)
+        transactions = committed = sum(r.committed for r in results)
     run.committed_per_s = committed / (ended - began)
     run.transactions_per_s = transactions / (ended - began)
     run.client_rows_per_s = sum(r.committed for r in results) / timing.duration_s
@@ -388,7 +417,7 @@ def main() -> int:
     started = time.monotonic()
     fingerprint = services_fingerprint()
     results: dict[str, Any] = {"machine": machine(), "options": vars(options) | {
-        "out": str(options.out)}, "runs": [], "probes": [],
+        "out": str(options.out)}, "runs": [], "reads": [], "probes": [],
         "scaling": []}  # fmt: skip
     clients = [int(c) for c in options.clients.split(",")]
     timing = Timing(options.duration, options.warmup)
@@ -405,15 +434,17 @@ def main() -> int:
                 if isinstance(system, TxSyncSystem):
                     _log("  probe: one transaction at a time")
                     results["probes"].append({"rtt_ms": rtt} | probe(system, options.probe_samples))
-            for point in points_of(clients, options.batch):
+            points = [(p, "runs") for p in points_of(clients, options.batch)]
+            points += [(p, "reads") for p in read_points_of(clients)]
+            for point, kind in points:
                 for rep in range(options.reps):
                     for system, nodes in running:  # in turn: drift falls on all alike
-                        if point.txsync_only and not isinstance(system, TxSyncSystem):
+                        if not point.for_system(system):
                             continue
                         others = tuple(other for other, _ in running if other is not system)
                         run = measure(system, nodes, point, rtt_ms=rtt, timing=timing,
                                       others=others)  # fmt: skip
-                        results["runs"].append(asdict(run))
+                        results[kind].append(asdict(run))
                         _log(f"  {system.name} {point.label()} run {rep + 1}: "
                              f"{run.committed_per_s:.0f} rows/s, "
                              f"{run.transactions_per_s:.0f} tx/s, p50 {run.p50_ms:.1f} ms, "

@@ -155,6 +155,45 @@ def txn_stub(channel: grpc.Channel) -> Callable[[list[tuple[bytes, bytes]]], int
     return txn
 
 
+def range_stub(channel: grpc.Channel, *, serializable: bool) -> Callable[[bytes], int]:
+    """``get(key)``: one ``KV/Range`` of ``key``; how many keys it found. Linearizable
+    (etcd's default: the member confirms with the leader that it is current) or
+    ``serializable`` (the member answers from its own store, possibly stale)."""
+    request_type, response_type = _range_types()
+    call: grpc.UnaryUnaryMultiCallable[Any, Any] = channel.unary_unary(
+        "/etcdserverpb.KV/Range",
+        request_serializer=lambda message: message.SerializeToString(),
+        response_deserializer=response_type.FromString,
+    )
+
+    def get(key: bytes) -> int:
+        return int(call(request_type(key=key, serializable=serializable), timeout=30).count)
+
+    return get
+
+
+def _range_types() -> tuple[type[Any], type[Any]]:
+    """``RangeRequest`` / ``RangeResponse`` with the fields a point read uses (by their
+    numbers in etcd's rpc.proto; the answer's key-values are kept as unknown fields)."""
+    pool, file = _pool_with_put()
+    request = file.message_type.add(name="RangeRequest")
+    request.field.add(name="key", number=1, label=1,
+                      type=descriptor_pb2.FieldDescriptorProto.TYPE_BYTES)  # fmt: skip
+    request.field.add(name="serializable", number=7, label=1,
+                      type=descriptor_pb2.FieldDescriptorProto.TYPE_BOOL)  # fmt: skip
+    response = file.message_type.add(name="RangeResponse")
+    response.field.add(name="header", number=1, label=1,
+                       type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                       type_name=".etcdserverpb.ResponseHeader")  # fmt: skip
+    response.field.add(name="count", number=4, label=1,
+                       type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64)  # fmt: skip
+    pool.Add(file)
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.RangeRequest")),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.RangeResponse")),
+    )
+
+
 def _txn_types() -> tuple[type[Any], type[Any]]:
     """``TxnRequest`` / ``TxnResponse`` with what a transaction of puts uses (fields by
     their numbers in etcd's rpc.proto)."""

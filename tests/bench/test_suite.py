@@ -52,6 +52,13 @@ def test_the_suite_runs_every_system_and_renders_the_page(tmp_path: Path) -> Non
         assert set(run["harness_cpu_ms_per_1k_tx"]) == {"clients", "suite"}, run
         assert all(cpu > 0 for cpu in run["harness_cpu_ms_per_1k_tx"].values()), run
         assert run["others_cpu_s_per_s"] >= 0, run
+    reads = {(r["system"], r["read"], r["clients_per_node"]) for r in results["reads"]}
+    assert reads == {(system, read, clients) for clients in (1, 2) for system, read in (
+        ("TxSync", "own DC"), ("Galera", "local"), ("etcd", "linearizable"),
+        ("etcd", "serializable"))}  # fmt: skip
+    for run in results["reads"]:
+        assert run["committed_per_s"] > 0 and run["p50_ms"] > 0 and not run["errors"], run
+        assert all(cpu > 0 for cpu in run["cpu_ms_per_1k_tx"].values()), run
     # At 10 ms RTT Galera runs with WAN send windows, and says so.
     assert results["galera_settings"]["10.0"] == {
         "evs.send_window": "1024", "evs.user_send_window": "512"
@@ -66,7 +73,8 @@ def test_the_suite_runs_every_system_and_renders_the_page(tmp_path: Path) -> Non
     page = doc.read_text()
     assert page.startswith("# Benchmarks\n\nkept by hand") and page.rstrip().endswith("also kept")
     assert "old" not in page
-    for heading in ("Issue 52's targets", "evs.user_send_window=512",
+    for heading in ("Issue 52's targets", "evs.user_send_window=512", "Reads side by side",
+                    "| serializable |",
                     "What each system counted", "answered at OK (own DC)",
                     "x 1 tx of 10 rows", "x SubmitBatch of 10",
                     "Issue 9's targets", "Issue 19's targets", "Issue 20's targets",

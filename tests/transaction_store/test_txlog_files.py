@@ -246,6 +246,25 @@ def test_a_snapshot_larger_than_a_frame_is_split_and_replays_whole(tmp_path: Pat
     assert _as_compared(results[0]) == _as_compared(results[1])
 
 
+def test_snapshot_frames_encoded_from_bytes_hold_the_snapshot_message(tmp_path: Path) -> None:
+    """The frames are encoded by hand from the kept transactions' bytes (no message per
+    transaction): parsed back, one frame is exactly the snapshot as one message, and
+    split frames hold its transactions and synced entries in order."""
+    _held_state(tmp_path, 400)
+    state, files = _recover(tmp_path)
+    files.close()
+    form, _ = state.snapshot(truncate_below=0)
+    whole = form.message()
+    assert len(whole.txs) == len(form.txs) == len(state.txs) and not form.head.txs
+    (one,) = snapshot_batches(form, at_unix_ms=7)
+    assert one.entries[0].at_unix_ms == 7 and one.entries[0].snapshot == whole
+    split = snapshot_batches(form, at_unix_ms=7, frame_bytes=3000)
+    parts = [batch.entries[0].snapshot_more for batch in split[1:]]
+    assert split[0].entries[0].snapshot.parts == len(parts) > 2
+    assert [tx for part in parts for tx in part.txs] == list(whole.txs)
+    assert [meta for part in parts for meta in part.synced] == list(whole.synced)
+
+
 def test_a_snapshot_missing_a_part_or_out_of_order_refuses_start(tmp_path: Path) -> None:
     """A split snapshot's file is fsynced whole before its rename, so a part missing is
     damage: start-up refuses it rather than start with part of the state."""
