@@ -247,12 +247,12 @@ def _busiest(
     """(median committed/s, median CPU ms per transaction, whole cluster) of the point of
     ``system`` at ``rtt`` that committed most."""
     points = _points(results["runs"])
+    shaped = {None: lambda key: True, True: _batched, False: _single}[batched]
     found = [
         (statistics.median(r["committed_per_s"] for r in runs),
          statistics.median(sum(r["cpu_ms_per_1k_tx"].values()) / 1000 for r in runs))
         for key, runs in points.items()
-        if key[0] == rtt and key[1] == system
-        and (_batched(key) if batched else _single(key) if batched is not None else True)
+        if key[0] == rtt and key[1] == system and shaped(key)
     ]  # fmt: skip
     return max(found, default=(0.0, 0.0))
 
