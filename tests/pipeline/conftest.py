@@ -4,9 +4,12 @@ machines) and one `txsync dev up` run whose txlogs and worker databases the jobs
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +30,20 @@ ROWS = len(DCS) * ROWS_PER_DC
 """Rows of table t in every worker's database."""
 TXS = 1 + ROWS
 """Transactions: the CREATE and one INSERT per row."""
+JOB_TIMEOUT_S = 600
+"""A job in a process of its own: generous for a loaded machine."""
+
+
+def run_pipeline(
+    *arguments: str, master: str = "local[2]", env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``txsync pipeline ARGUMENTS --master MASTER`` in a process of its own, as an
+    operator runs it (``env``: added to this process's environment)."""
+    return subprocess.run(
+        [sys.executable, "-m", "txsync.cli.main", "pipeline", *arguments, "--master", master],
+        capture_output=True, text=True, check=False, timeout=JOB_TIMEOUT_S,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - Spark's usual name
 from pyspark.testing import assertDataFrameEqual
 
-from tests.pipeline.conftest import DCS, TXS, DevRun
+from tests.pipeline.conftest import DCS, TXS, DevRun, run_pipeline
 from txsync.pipeline.audit import audit_order
 from txsync.pipeline.export import PARTITIONS, LogSource, export, read_txlogs
 from txsync.pipeline.txlog_rows import txlog_files
@@ -115,17 +113,11 @@ def test_audit_names_the_first_disagreement_exactly(
     assert audit.first_disagreement.tx_ids == {"dc1": real, "dc2": fake, "dc3": real}
 
     flags = [f"--dc={dc}={path}" for dc, path in dcs.items()]
-    command = [sys.executable, "-m", "txsync.cli.main", "pipeline", "audit-order",
-               "--master", "local[2]", *flags]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=180)
+    result = run_pipeline("audit-order", *flags)
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"DISAGREE at position 17: dc1 has {real}, dc2 has {fake}, dc3 has {real}" in (
         result.stdout
     )
-
-
-JOB_TIMEOUT_S = 600
-"""A job in a process of its own: generous for a loaded machine."""
 
 
 def test_jobs_take_uris_as_spark_does(dev_cluster: DevRun, tmp_path: Path) -> None:
@@ -136,20 +128,13 @@ def test_jobs_take_uris_as_spark_does(dev_cluster: DevRun, tmp_path: Path) -> No
     assert lake.startswith("file:///")
     dcs = [f"--dc={dc}={dev_cluster.data / dc}" for dc in DCS]
 
-    def job(*arguments: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "txsync.cli.main", "pipeline", *arguments,
-             "--master", "local[2]"],
-            capture_output=True, text=True, check=False, timeout=JOB_TIMEOUT_S,
-        )  # fmt: skip
-
-    exported = job("export", *dcs, "--out", lake)
+    exported = run_pipeline("export", *dcs, "--out", lake)
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (tmp_path / "lake" / "synced" / "_SUCCESS").is_file(), "written where the URI says"
-    audited = job("audit-order", "--parquet", lake, "-o", "json")
+    audited = run_pipeline("audit-order", "--parquet", lake, "-o", "json")
     assert audited.returncode == 0, audited.stderr[-3000:]
     assert json.loads(audited.stdout)["lengths"] == dict.fromkeys(DCS, TXS)
-    reported = job("report", "--parquet", lake, "--out", str(tmp_path / "report"))
+    reported = run_pipeline("report", "--parquet", lake, "--out", str(tmp_path / "report"))
     assert reported.returncode == 0, reported.stderr[-3000:]
     assert (tmp_path / "report" / "index.html").is_file()
 

@@ -5,7 +5,6 @@ prefix; `load` and `export --endpoints` over TLS with a token."""
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from tests.pipeline.conftest import run_pipeline
 from tests.support.cluster import LocalCluster
 from tests.support.processes import transaction_store
 from txsync.pipeline.load import LoadPlan, default_key_prefix, load
@@ -46,13 +46,11 @@ def test_a_hundred_thousand_rows_load_once_and_resume(spark: SparkSession, tmp_p
             lambda: all(len(cluster.synced(dc)) == transactions for dc in cluster.dcs),
             timeout_s=120,
         )
-        again = subprocess.run(
-            [sys.executable, "-m", "txsync.cli.main", "pipeline", "load", "--master", "local[2]",
-             "--input", csv.as_uri(), "--columns", "id,owner,balance",  # a URI, as Spark's
-             "--sql", plan.sql, "--rows-per-transaction", str(ROWS_PER_TRANSACTION),
-             "--key-prefix", "test-load",
-             "--endpoints", ",".join(reversed(plan.endpoints))],  # any order
-            capture_output=True, text=True, check=False, timeout=300,
+        again = run_pipeline(
+            "load", "--input", csv.as_uri(), "--columns", "id,owner,balance",  # a URI
+            "--sql", plan.sql, "--rows-per-transaction", str(ROWS_PER_TRANSACTION),
+            "--key-prefix", "test-load",
+            "--endpoints", ",".join(reversed(plan.endpoints)),  # any order
         )  # fmt: skip
         assert again.returncode == 0, again.stderr[-3000:]
         assert f"0 transactions created, {transactions:,} already there" in again.stdout
@@ -117,12 +115,8 @@ def test_load_and_export_reach_stores_over_tls_with_a_token(tmp_path: Path) -> N
         tls = ["--tls-ca", str(certs / "ca.pem"), "--tls-server-name", "{dc}"]
 
         def pipeline(*job: str, token: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [sys.executable, "-m", "txsync.cli.main", "pipeline", *job,
-                 "--master", "local[2]", "--endpoints", endpoints, *tls],
-                capture_output=True, text=True, check=False, timeout=600,
-                env={**os.environ, "TXSYNC_TOKEN": token},
-            )  # fmt: skip
+            return run_pipeline(*job, "--endpoints", endpoints, *tls,
+                                env={"TXSYNC_TOKEN": token})  # fmt: skip
 
         load_job = ("load", "--input", str(csv), "--columns", "id,name",
                     "--sql", "INSERT INTO t (id, name) VALUES (?, ?)")  # fmt: skip

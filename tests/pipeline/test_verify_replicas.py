@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.pipeline.conftest import ROWS, DevRun
+from tests.pipeline.conftest import ROWS, DevRun, run_pipeline
 from tests.support.postgres import PostgresServer
 from txsync.pipeline import replicas as replicas_module
 from txsync.pipeline.replicas import verify_replicas
@@ -58,11 +56,9 @@ def test_every_altered_row_is_named_by_key(
         ("w2", "t", "differs"): 1, ("w2", "t", "missing"): 1, ("w2", "t", "extra"): 1
     }  # fmt: skip
 
-    result = subprocess.run(
-        [sys.executable, "-m", "txsync.cli.main", "pipeline", "verify-replicas",
-         "--master", "local[2]", f"--replica=w1={databases['w1']}", f"--replica=w2={altered}",
-         "-o", "json"],
-        capture_output=True, text=True, check=False, timeout=180,
+    result = run_pipeline(
+        "verify-replicas", f"--replica=w1={databases['w1']}", f"--replica=w2={altered}",
+        "-o", "json",
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-2000:]
     answer = json.loads(result.stdout)
