@@ -53,6 +53,7 @@ def test_calls_fsyncs_and_build_are_measured_with_the_dc_on_every_series(
         follow = store_pb2_grpc.StoreInternalServiceStub(channel).FollowEnqueued(
             store_pb2.FollowEnqueuedRequest(from_position=1)
         )
+        follow.initial_metadata()  # the server has the call: it sees it cancelled
         follow.cancel()
 
     def handled(method: str, code: str) -> float:

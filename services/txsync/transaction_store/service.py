@@ -593,6 +593,9 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         store = self._store
         try:
             check_request(request)
+            # Headers at once, not with the first transactions (which may be hours away):
+            # a follower then knows its stream is open, and so does a test that leaves it.
+            await context.send_initial_metadata(())
             async for ready in store.follow_enqueued(
                 request.from_position,
                 membership_only=request.membership_only,
