@@ -90,18 +90,13 @@ def _main_table(results: dict[str, Any]) -> list[str]:
     ]
     for key, runs in sorted(_points(results["runs"]).items(), key=_order):
         rtt, system = key[0], key[1]
-        cpu = [sum(r["cpu_ms_per_1k_tx"].values()) / 1000 for r in runs]
-        harness = [r.get("harness_cpu_ms_per_1k_tx") or {} for r in runs]
-        clients_cpu = [h["clients"] / 1000 for h in harness if h]
-        suite_cpu = [h["suite"] / 1000 for h in harness if h]
         transactions = [r.get("transactions_per_s", r["committed_per_s"] / key[4]) for r in runs]
         lines.append(
             f"| {rtt:.0f} | {system} | {_label(key)} | "
             f"{_spread([r['committed_per_s'] for r in runs])} | {_spread(transactions)} | "
             f"{_spread([r['p50_ms'] for r in runs], 1)} | "
             f"{_spread([r['p99_ms'] for r in runs], 1)} | "
-            f"{_spread([r['wan_bytes_per_tx'] for r in runs])} | {_spread(cpu, 2)} | "
-            f"{_spread(clients_cpu, 2)}, {_spread(suite_cpu, 2)} |"
+            f"{_spread([r['wan_bytes_per_tx'] for r in runs])} | {_cpu_cells(runs, 2)} |"
         )
     return lines
 
@@ -118,17 +113,24 @@ def _reads_table(results: dict[str, Any]) -> list[str]:
         key = (run["rtt_ms"], SYSTEMS.index(system), system, run["read"], run["clients_per_node"])
         grouped[key].append(run)
     for (rtt, _, system, read, clients), runs in sorted(grouped.items()):
-        cpu = [sum(r["cpu_ms_per_1k_tx"].values()) / 1000 for r in runs]
-        harness = [r["harness_cpu_ms_per_1k_tx"] for r in runs if r["harness_cpu_ms_per_1k_tx"]]
         lines.append(
             f"| {rtt:.0f} | {system} | {read} | {3 * clients} | "
             f"{_spread([r['committed_per_s'] for r in runs])} | "
             f"{_spread([r['p50_ms'] for r in runs], 2)} | "
-            f"{_spread([r['p99_ms'] for r in runs], 2)} | {_spread(cpu, 3)} | "
-            f"{_spread([h['clients'] / 1000 for h in harness], 3)}, "
-            f"{_spread([h['suite'] / 1000 for h in harness], 3)} |"
+            f"{_spread([r['p99_ms'] for r in runs], 2)} | {_cpu_cells(runs, 3)} |"
         )
     return lines
+
+
+def _cpu_cells(runs: list[dict[str, Any]], digits: int) -> str:
+    """The two CPU cells of a row, in ms per row or read: all the system's nodes, then
+    the harness's (its clients, the suite itself). Runs that predate the harness's
+    measure leave it out."""
+    cpu = [sum(r["cpu_ms_per_1k_tx"].values()) / 1000 for r in runs]
+    harness = [h for r in runs if (h := r.get("harness_cpu_ms_per_1k_tx"))]
+    clients = _spread([h["clients"] / 1000 for h in harness], digits)
+    suite = _spread([h["suite"] / 1000 for h in harness], digits)
+    return f"{_spread(cpu, digits)} | {clients}, {suite}"
 
 
 def _counts_table(results: dict[str, Any]) -> list[str]:

@@ -182,16 +182,10 @@ def _range_types() -> tuple[type[Any], type[Any]]:
     request.field.add(name="serializable", number=7, label=1,
                       type=descriptor_pb2.FieldDescriptorProto.TYPE_BOOL)  # fmt: skip
     response = file.message_type.add(name="RangeResponse")
-    response.field.add(name="header", number=1, label=1,
-                       type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
-                       type_name=".etcdserverpb.ResponseHeader")  # fmt: skip
+    _add_header(response)
     response.field.add(name="count", number=4, label=1,
                        type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64)  # fmt: skip
-    pool.Add(file)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.RangeRequest")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.RangeResponse")),
-    )
+    return _message_types(pool, file, "Range")
 
 
 def _txn_types() -> tuple[type[Any], type[Any]]:
@@ -208,27 +202,17 @@ def _txn_types() -> tuple[type[Any], type[Any]]:
                       type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
                       type_name=".etcdserverpb.RequestOp")  # fmt: skip
     response = file.message_type.add(name="TxnResponse")
-    response.field.add(name="header", number=1, label=1,
-                       type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
-                       type_name=".etcdserverpb.ResponseHeader")  # fmt: skip
+    _add_header(response)
     response.field.add(name="succeeded", number=2, label=1,
                        type=descriptor_pb2.FieldDescriptorProto.TYPE_BOOL)  # fmt: skip
-    pool.Add(file)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.TxnRequest")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.TxnResponse")),
-    )
+    return _message_types(pool, file, "Txn")
 
 
 def _put_types() -> tuple[type[Any], type[Any]]:
     """``etcdserverpb.PutRequest`` / ``PutResponse`` with the fields a put uses, by their
     numbers in etcd's rpc.proto (unknown fields of the answer are kept, not needed)."""
     pool, file = _pool_with_put()
-    pool.Add(file)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.PutRequest")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("etcdserverpb.PutResponse")),
-    )
+    return _message_types(pool, file, "Put")
 
 
 def _pool_with_put() -> tuple[descriptor_pool.DescriptorPool, descriptor_pb2.FileDescriptorProto]:
@@ -245,10 +229,27 @@ def _pool_with_put() -> tuple[descriptor_pool.DescriptorPool, descriptor_pb2.Fil
         header.field.add(name=name, number=number, label=1,
                          type=descriptor_pb2.FieldDescriptorProto.TYPE_UINT64)  # fmt: skip
     response = file.message_type.add(name="PutResponse")
+    _add_header(response)
+    return descriptor_pool.DescriptorPool(), file
+
+
+def _add_header(response: descriptor_pb2.DescriptorProto) -> None:
+    """The ``header`` (field 1) every etcd response starts with."""
     response.field.add(name="header", number=1, label=1,
                        type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
                        type_name=".etcdserverpb.ResponseHeader")  # fmt: skip
-    return descriptor_pool.DescriptorPool(), file
+
+
+def _message_types(
+    pool: descriptor_pool.DescriptorPool, file: descriptor_pb2.FileDescriptorProto, call: str
+) -> tuple[type[Any], type[Any]]:
+    """``file`` added to ``pool``; the classes of ``<call>Request`` and ``<call>Response``."""
+    pool.Add(file)
+
+    def message_class(name: str) -> type[Any]:
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"etcdserverpb.{name}"))
+
+    return message_class(f"{call}Request"), message_class(f"{call}Response")
 
 
 def put_stub(channel: grpc.Channel) -> Callable[[bytes, bytes], int]:

@@ -100,18 +100,18 @@ class MetaInterner:
 
     def meta(self, ts: int, tx_id: str, origin: str) -> TxMeta:
         """The meta ``(ts, tx_id, origin)``: the one handed out before if it is held."""
-        known = self._newer.get(tx_id)
-        if known is None:
-            known = self._older.get(tx_id)
-        if known is not None and known.ts == ts and known.origin == origin:
-            meta = known
+        newer = self._newer.get(tx_id)
+        if newer is not None and newer.ts == ts and newer.origin == origin:
+            return newer
+        older = self._older.get(tx_id) if newer is None else None
+        if older is not None and older.ts == ts and older.origin == origin:
+            meta = older  # promoted, so that it outlives the older generation
         else:
             # Node ids are few: one string per node, not one per meta.
             meta = TxMeta(ts, tx_id, sys.intern(origin))
-        if self._newer.get(tx_id) is not meta:
-            if len(self._newer) >= self._generation_max:
-                self._older, self._newer = self._newer, {}
-            self._newer[tx_id] = meta
+        if len(self._newer) >= self._generation_max:
+            self._older, self._newer = self._newer, {}
+        self._newer[tx_id] = meta
         return meta
 
 
