@@ -1,6 +1,8 @@
 """gRPC plumbing shared by every TxSync service.
 
-* ``ServiceError``: a refused request, with its gRPC status and an optional retry hint.
+* ``ServiceError``: a refused request, with its gRPC status and an optional retry hint;
+  a ``Refusal`` (``txsync.refusals``: the rules' own, by kind) is answered with the
+  status ``STATUS_OF_REFUSED`` gives it.
 * ``add_service``: registers a servicer from its proto service descriptor, like the
   generated ``add_*_to_server`` helpers, except that a request whose bytes do not decode
   reaches the handler as ``MalformedRequest`` instead of failing inside gRPC (which answers
@@ -44,6 +46,7 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from txsync.refusals import Refusal, Refused
 from txsync.telemetry import work
 from txsync.telemetry.histograms import SECONDS_BUCKETS, PlainHistogram, process_wide
 from txsync.telemetry.tracing import tracing_configured
@@ -253,7 +256,35 @@ def _unimplemented(reason: str, *, streaming: bool) -> Callable[..., Any]:
     return stream if streaming else unary
 
 
-async def abort(context: grpc.aio.ServicerContext[Any, Any], error: ServiceError) -> None:
+STATUS_OF_REFUSED = {
+    Refused.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    Refused.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Refused.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Refused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Refused.CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
+    Refused.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    Refused.TRUNCATED: grpc.StatusCode.FAILED_PRECONDITION,
+    Refused.PAST_END: grpc.StatusCode.OUT_OF_RANGE,
+    Refused.CORRUPT: grpc.StatusCode.DATA_LOSS,
+}
+"""The gRPC status each kind of ``Refusal`` is answered with."""
+
+REFUSALS = (ServiceError, Refusal)
+"""What a handler answers with a status instead of failing: ``except REFUSALS``."""
+
+
+def service_error(error: ServiceError | Refusal) -> ServiceError:
+    """A refusal as the status it is answered with (a ``ServiceError`` is one already)."""
+    if isinstance(error, ServiceError):
+        return error
+    code = STATUS_OF_REFUSED[error.kind]
+    return ServiceError(code, error.message, retry_after_ms=error.retry_after_ms)
+
+
+async def abort(
+    context: grpc.aio.ServicerContext[Any, Any], refused: ServiceError | Refusal
+) -> None:
+    error = service_error(refused)
     if error.retry_after_ms is not None:
         context.set_trailing_metadata((("retry-after-ms", str(error.retry_after_ms)),))
     await context.abort(error.code, error.message)
@@ -272,7 +303,8 @@ Handler = Callable[[Any, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable
 
 
 def answers_errors(handler: Handler[Request, Response]) -> Handler[Request, Response]:
-    """For unary handlers: a malformed request or a ``ServiceError`` becomes its status."""
+    """For unary handlers: a malformed request, a ``ServiceError`` or a ``Refusal``
+    becomes its status."""
 
     @functools.wraps(handler)
     async def wrapper(
@@ -281,7 +313,7 @@ def answers_errors(handler: Handler[Request, Response]) -> Handler[Request, Resp
         try:
             check_request(request)
             return await handler(self, request, context)
-        except ServiceError as error:
+        except REFUSALS as error:
             await abort(context, error)
             raise AssertionError("context.abort always raises") from None
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from txsync.rpc import ServiceError
+from txsync.refusals import Refusal, Refused
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("txsync_caller", default="")
 """The caller's name, set by the access interceptor before the handler runs."""
@@ -89,9 +89,9 @@ class Shares:
     def holding(self, caller: str) -> int:
         return self._held.get(caller, 0)
 
-    def _refusal(self, reason: str) -> ServiceError:
-        return ServiceError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
+    def _refusal(self, reason: str) -> Refusal:
+        return Refusal(
+            Refused.OVERLOADED,
             f"{reason}; retry later",
             retry_after_ms=self.retry_after_ms,
         )

@@ -22,6 +22,7 @@ from tests.transaction_store.held_writes import hold_writes
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
 from txsync.protocol.limits import INCOMING_TXS_MOST
+from txsync.refusals import Refusal, Refused
 from txsync.rpc import add_service, new_server
 from txsync.settings import FOLLOW_GATHER_MS_MOST
 from txsync.telemetry import work
@@ -39,7 +40,7 @@ from txsync.transaction_store.store import (
     TruncationHold,
 )
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest, gzip_body
-from txsync.transaction_store.validation import PERSIST_METAS_MAX, StoreError, nondeterminism
+from txsync.transaction_store.validation import PERSIST_METAS_MAX, nondeterminism
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, txlog_pb2
 
 T = TypeVar("T")
@@ -210,11 +211,11 @@ def test_skipped_transitions_are_refused(
 ) -> None:
     async def scenario(store: TransactionStore) -> None:
         tx_id = (await store.submit(_body())).tx_id
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             await store.advance_states(
                 [StateChangeRequest(tx_id, state, _ok()) for state in moves], "wd"
             )
-        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert caught.value.kind is Refused.PRECONDITION
         assert f"INCOMING -> {refused.name}" in caught.value.message
         assert store.get(tx_id).state is TxState.INCOMING
 
@@ -235,11 +236,11 @@ def test_backward_transition_is_refused_and_repeat_is_a_no_op(tmp_path: Path) ->
             ProtocolStep(changes=[StateChangeRequest(tx_id, TxState.ENQUEUED)], service="sc")
         )
         await store.advance_states([StateChangeRequest(tx_id, TxState.OK, _ok(tx_id))], "wd")
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             await store.persist_step(
                 ProtocolStep(changes=[StateChangeRequest(tx_id, TxState.TESTING)], service="sc")
             )
-        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert caught.value.kind is Refused.PRECONDITION
         assert "OK -> TESTING" in caught.value.message
         states = [step.state for step in store.get(tx_id).history]
         assert states == [TxState.INCOMING, TxState.ACCEPTED, TxState.ENQUEUED, TxState.TESTING,
@@ -265,9 +266,9 @@ def test_dispatch_repeating_testing_after_the_verdict_is_a_no_op(tmp_path: Path)
         await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd")
         record = store.get(tx_id)
         assert [step.state for step in record.history][-2:] == [TxState.TESTING, TxState.OK]
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             await store.advance_states([StateChangeRequest(tx_id, TxState.FAILED, _ok())], "wd")
-        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert caught.value.kind is Refused.PRECONDITION
         assert "OK -> FAILED" in caught.value.message
 
     _run(tmp_path, scenario)
@@ -279,29 +280,29 @@ def test_bad_protocol_steps_change_nothing(tmp_path: Path) -> None:
         meta = await _sync_local(store, tx_id, 5)
         before = (store.state.counter, store.state.synced_len, store.files.current_bytes)
         other = TxMeta(9, str(uuid.uuid4()), "dc2")
-        cases: list[tuple[dict[str, Any], grpc.StatusCode, str]] = [
-            (dict(counter=3), grpc.StatusCode.FAILED_PRECONDITION, "counters only rise"),
+        cases: list[tuple[dict[str, Any], Refused, str]] = [
+            (dict(counter=3), Refused.PRECONDITION, "counters only rise"),
             (dict(synced_start=MergeBase.genesis(), synced=[other]),
-             grpc.StatusCode.FAILED_PRECONDITION, "does not extend the merge base"),
+             Refused.PRECONDITION, "does not extend the merge base"),
             (dict(synced_start=store.state.merge_base, synced=[meta]),
-             grpc.StatusCode.ALREADY_EXISTS, "already synced"),
+             Refused.CONFLICT, "already synced"),
             (dict(synced_start=store.state.merge_base, synced=[other, other]),
-             grpc.StatusCode.ALREADY_EXISTS, "already synced"),
-            (dict(incoming=[meta]), grpc.StatusCode.ALREADY_EXISTS, "already synced"),
+             Refused.CONFLICT, "already synced"),
+            (dict(incoming=[meta]), Refused.CONFLICT, "already synced"),
             (dict(changes=[StateChangeRequest(other.tx_id, TxState.ACCEPTED)]),
-             grpc.StatusCode.FAILED_PRECONDITION, "cannot be ACCEPTED: its meta is not known"),
+             Refused.PRECONDITION, "cannot be ACCEPTED: its meta is not known"),
             # A valid counter with an invalid change: the whole step is refused.
             (dict(counter=50, changes=[StateChangeRequest(tx_id, TxState.OK, _ok())]),
-             grpc.StatusCode.FAILED_PRECONDITION, "ENQUEUED -> OK"),
+             Refused.PRECONDITION, "ENQUEUED -> OK"),
         ]  # fmt: skip
-        for fields, code, text in cases:
+        for fields, kind, text in cases:
             step: dict[str, Any] = dict(
                 counter=0, incoming=[], synced_start=None, synced=[], changes=[]
             )
             step.update(fields)
-            with pytest.raises(StoreError) as caught:
+            with pytest.raises(Refusal) as caught:
                 await store.persist_step(ProtocolStep(service="sc", **step))
-            assert caught.value.code is code, fields
+            assert caught.value.kind is kind, fields
             assert text in caught.value.message, caught.value.message
         after = (store.state.counter, store.state.synced_len, store.files.current_bytes)
         assert after == before
@@ -312,11 +313,11 @@ def test_bad_protocol_steps_change_nothing(tmp_path: Path) -> None:
 def test_backpressure_refuses_with_a_retry_hint(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> None:
         results = await store.submit_many([(_body(), "", "")] * 5)
-        refused = [r for r in results if isinstance(r, StoreError)]
+        refused = [r for r in results if isinstance(r, Refusal)]
         assert len(refused) == 2
-        assert refused[0].code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused[0].kind is Refused.OVERLOADED
         assert refused[0].retry_after_ms == 250
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             await store.submit(_body())
         assert "waiting to be ordered" in caught.value.message
         await store.truncate(0)  # a rotation files every body held (none truncated)
@@ -337,19 +338,19 @@ def test_the_workers_backlog_refuses_submits_until_they_finish_some(tmp_path: Pa
             await _sync_local(store, tx_id, position)
         assert store.state.incoming_state_txs == 0
         third = await store.submit(_body())
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             await store.submit(_body())
         # A retry of a submit taken here is answered whatever the load.
         (retried,) = await store.submit_many([(_body(), "first", "")])
-        assert not isinstance(retried, StoreError) and retried.tx_id == ids[0]
+        assert not isinstance(retried, Refusal) and retried.tx_id == ids[0]
         assert not retried.created
-        assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.kind is Refused.OVERLOADED
         assert caught.value.retry_after_ms == 250
         assert "3 transactions are waiting to be ordered or applied at dc1" in str(
             caught.value.message
         )
         (membership,) = await store.submit_many([(_body(), "", "")], admin=True)
-        assert not isinstance(membership, StoreError)
+        assert not isinstance(membership, Refusal)
         for position, tx_id in enumerate(ids, start=1):  # 2 INCOMING are left
             await store.advance_states(_finished(tx_id, position), "wd")
         fourth = await store.submit(_body())
@@ -383,9 +384,9 @@ def test_the_age_window_keeps_a_bounded_count(
 def test_body_bytes_backpressure(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> None:
         await store.submit(_body("INSERT INTO t VALUES ('" + "x" * 500 + "')"))
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             await store.submit(_body())
-        assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.kind is Refused.OVERLOADED
         assert "bodies take" in caught.value.message
 
     _run(tmp_path, scenario, open_body_bytes_max=400)
@@ -405,13 +406,13 @@ def test_body_exchange_checks_digests(tmp_path: Path) -> None:
     async def scenario(store: TransactionStore) -> None:
         tx_id = str(uuid.uuid4())
         encoded = _body().SerializeToString()
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             await _push_body(store, tx_id, encoded, b"\x00" * 32)
-        assert caught.value.code is grpc.StatusCode.DATA_LOSS
+        assert caught.value.kind is Refused.CORRUPT
         assert not store.bodies.holds(tx_id)
         assert await _push_body(store, tx_id, encoded, body_digest(encoded))
         assert not await _push_body(store, tx_id, encoded, body_digest(encoded))
-        with pytest.raises(StoreError, match="not an encoded TxBody"):
+        with pytest.raises(Refusal, match="not an encoded TxBody"):
             await _push_body(store, str(uuid.uuid4()), b"\xff\xff\xff", b"")
 
     _run(tmp_path, scenario)
@@ -425,9 +426,9 @@ def test_an_idempotency_key_with_another_body_is_refused(tmp_path: Path) -> None
         first = await store.submit(_body(), "k")
         again = await store.submit(_body(), "k")
         assert again.tx_id == first.tx_id and not again.created
-        with pytest.raises(StoreError, match=f"belongs to tx {first.tx_id}") as caught:
+        with pytest.raises(Refusal, match=f"belongs to tx {first.tx_id}") as caught:
             await store.submit(_body("INSERT INTO t VALUES (2)"), "k")
-        assert caught.value.code is grpc.StatusCode.ALREADY_EXISTS
+        assert caught.value.kind is Refused.CONFLICT
         # Within one batch too: the first of the key counts.
         batch = await store.submit_many(
             [
@@ -436,8 +437,8 @@ def test_an_idempotency_key_with_another_body_is_refused(tmp_path: Path) -> None
                 (_body("SELECT 1"), "b", ""),
             ]
         )
-        assert isinstance(batch[1], StoreError) and batch[1].code is grpc.StatusCode.ALREADY_EXISTS
-        assert not isinstance(batch[0], StoreError) and not isinstance(batch[2], StoreError)
+        assert isinstance(batch[1], Refusal) and batch[1].kind is Refused.CONFLICT
+        assert not isinstance(batch[0], Refusal) and not isinstance(batch[2], Refusal)
         assert batch[2].tx_id == batch[0].tx_id
         assert len(list(store.state.in_seq_order())) == 2
 
@@ -464,7 +465,7 @@ def test_a_keyed_body_carries_this_dcs_key_window_and_time(tmp_path: Path) -> No
             await asyncio.sleep(0.001)  # a later call, with another time of its own
         again = await store.submit(_body(), "k")
         assert again.tx_id == first.tx_id and not again.created
-        with pytest.raises(StoreError, match="whose body differs"):
+        with pytest.raises(Refusal, match="whose body differs"):
             await store.submit(_body("INSERT INTO t VALUES (2)"), "k")
         unkeyed = await store.submit(_body("INSERT INTO t VALUES (3)"))
         read = await store.read_body(unkeyed.tx_id)
@@ -484,9 +485,9 @@ def test_a_watch_that_does_not_read_is_dropped_not_buffered(
         assert [s.tx_id for s in await anext(stalled)] == [first]  # watching from here on
         for n in range(200):  # ~5 kB of bodies per 100: past the bound, unread
             await store.submit(_body(f"INSERT INTO t VALUES ({n}, '{'x' * 30}')"))
-        with pytest.raises(StoreError, match="dropped; watch again") as caught:
+        with pytest.raises(Refusal, match="dropped; watch again") as caught:
             await anext(stalled)
-        assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.kind is Refused.OVERLOADED
         # Watching again hands every pending submit anew: nothing is lost.
         again = store.watch_local_submits()
         handed = [s.tx_id for s in await anext(again)]  # the pending, in one message
@@ -657,10 +658,10 @@ def test_get_and_list_read_what_is_written_not_what_is_staged(
         gate = hold_writes(monkeypatch)
         submitting, tx_id = await _staged_submit(store, "key-1")
         assert store.state.tx(tx_id) is not None  # in memory
-        with pytest.raises(StoreError, match="no transaction") as caught:
+        with pytest.raises(Refusal, match="no transaction") as caught:
             store.get(tx_id)
-        assert caught.value.code is grpc.StatusCode.NOT_FOUND
-        with pytest.raises(StoreError, match="idempotency key"):
+        assert caught.value.kind is Refused.NOT_FOUND
+        with pytest.raises(Refusal, match="idempotency key"):
             store.get_by_key("key-1")
         assert store.list_page(None, 10, 0) == ([], None)
         gate.set()
@@ -729,12 +730,12 @@ def test_waits_are_bounded_with_a_share_per_caller(
 
         waits = [wait("hog") for _ in range(3)]
         await asyncio.sleep(0)  # each is waiting now
-        with pytest.raises(StoreError, match="hog holds 3 waits on transactions") as caught:
+        with pytest.raises(Refusal, match="hog holds 3 waits on transactions") as caught:
             await store.wait_many([tx_id], TxState.OK, 30, "hog")
-        assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.kind is Refused.OVERLOADED
         waits.append(wait("app"))  # the quarter kept for others
         await asyncio.sleep(0)
-        with pytest.raises(StoreError, match=r"in use here \(at most 4\)"):
+        with pytest.raises(Refusal, match=r"in use here \(at most 4\)"):
             await store.wait_many([tx_id], TxState.OK, 30, "third")
         for task in waits:
             task.cancel()
@@ -854,7 +855,7 @@ def test_a_follower_that_gathers_takes_what_finished_meanwhile_in_one_batch(
         await finish(store, ids[3], 4)
         assert await asyncio.wait_for(batches.get(), WAIT_S) == [3, 4]
         gathering.cancel()
-        with pytest.raises(StoreError, match="gather_ms: at most 1000"):
+        with pytest.raises(Refusal, match="gather_ms: at most 1000"):
             await anext(store.follow_enqueued(1, gather_s=1.5))
 
     _run(tmp_path, scenario)
@@ -902,9 +903,9 @@ def test_truncation_needs_every_peer_and_worker_past_it(tmp_path: Path) -> None:
         ids = [(await store.submit(_body())).tx_id for _ in range(4)]
         for ts, tx_id in enumerate(ids, start=1):
             await _sync_local(store, tx_id, ts)
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             await store.truncate(3)
-        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert caught.value.kind is Refused.PRECONDITION
         assert store.report_progress({"dc2": 3, "dc3": 2}, 4) == 0  # none finished
         assert "unfinished transactions at 0" in store.truncation_hold().held_by
         await store.advance_states(_finished(ids[0], 1) + _finished(ids[1], 2), "wd")
@@ -913,10 +914,10 @@ def test_truncation_needs_every_peer_and_worker_past_it(tmp_path: Path) -> None:
         assert store.truncation_hold() == TruncationHold(3, "peer dc3 at 2 (2 behind)")
         dropped, backups = await store.truncate(0)
         assert dropped == 2 and len(backups) == 1
-        with pytest.raises(StoreError):
+        with pytest.raises(Refusal):
             store.get(ids[0])
         assert store.get(ids[2]).position == 3
-        with pytest.raises(StoreError, match="truncated"):
+        with pytest.raises(Refusal, match="truncated"):
             store.read_synced(1, 10)
         start, entries = store.read_synced(2, 10)
         assert start == MergeBase(2, ids[1]) and [m.tx_id for m in entries] == ids[2:]
@@ -1101,14 +1102,14 @@ def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: 
         body = _body("INSERT INTO t VALUES (2)").SerializeToString()
         await _push_body(store, pushed_first.tx_id, body, hashlib.sha256(body).digest())
         for refused in (local, str(uuid.uuid4())):
-            with pytest.raises(StoreError) as caught:
+            with pytest.raises(Refusal) as caught:
                 await store.persist_step(
                     ProtocolStep(
                         service="sc",
                         forgotten=[refused],
                     )
                 )
-            assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+            assert caught.value.kind is Refused.PRECONDITION
         await store.persist_step(
             ProtocolStep(
                 service="sc",
@@ -1116,7 +1117,7 @@ def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: 
                 installed_view=_proposal(1, ["dc1", "dc2"], []),
             )
         )
-        with pytest.raises(StoreError, match="not newer"):
+        with pytest.raises(Refusal, match="not newer"):
             await store.persist_step(
                 ProtocolStep(
                     service="sc",
@@ -1157,13 +1158,13 @@ def test_a_view_install_may_forget_the_largest_incoming_queue_in_one_step(
                 ProtocolStep(counter=chunk[-1].ts, incoming=chunk, service="sc")
             )
         assert len(store.state.incoming) == INCOMING_TXS_MOST
-        with pytest.raises(StoreError, match=f"at most {INCOMING_TXS_MOST} forgotten") as over:
+        with pytest.raises(Refusal, match=f"at most {INCOMING_TXS_MOST} forgotten") as over:
             await store.persist_step(
                 ProtocolStep(
                     service="sc", forgotten=[m.tx_id for m in foreign] + [str(uuid.uuid4())]
                 )
             )
-        assert over.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert over.value.kind is Refused.INVALID
         await store.persist_step(
             ProtocolStep(
                 service="sc",
@@ -1245,16 +1246,16 @@ def test_membership_entries_come_one_at_a_time_and_only_from_the_admin_api(
     change = common_pb2.MembershipChange(node_id="dc4", weight=1, url="127.0.0.1:7401")
 
     async def scenario(store: TransactionStore) -> None:
-        with pytest.raises(StoreError, match="admin API") as refused:
+        with pytest.raises(Refusal, match="admin API") as refused:
             await store.submit(common_pb2.TxBody(membership=change))
-        assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.kind is Refused.INVALID
         first = await store.change_membership(change)
         assert store.get(first.tx_id).membership
-        with pytest.raises(StoreError, match="one change at a time") as waiting:
+        with pytest.raises(Refusal, match="one change at a time") as waiting:
             await store.change_membership(common_pb2.MembershipChange(node_id="dc3"))
-        assert waiting.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert waiting.value.kind is Refused.PRECONDITION
         meta = await _sync_local(store, first.tx_id, 1)
-        with pytest.raises(StoreError, match="one change at a time"):  # synced, not applied
+        with pytest.raises(Refusal, match="one change at a time"):  # synced, not applied
             await store.change_membership(common_pb2.MembershipChange(node_id="dc3"))
         applied = _proposal(1, ["dc1"], [])
         applied.configuration.applied_position = 1
@@ -1274,9 +1275,9 @@ def test_membership_entries_come_one_at_a_time_and_only_from_the_admin_api(
             common_pb2.MembershipChange(node_id="dc5", weight=5_000),
             common_pb2.MembershipChange(node_id="dc5", weight=1, url="no-port"),
         ):
-            with pytest.raises(StoreError) as invalid_change:
+            with pytest.raises(Refusal) as invalid_change:
                 await store.change_membership(bad)
-            assert invalid_change.value.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert invalid_change.value.kind is Refused.INVALID
 
     _run(tmp_path, scenario)
 
@@ -1302,9 +1303,9 @@ def test_statements_that_differ_per_worker_are_refused_at_submit(
         if found is None:
             await store.submit(_body(sql))
             return
-        with pytest.raises(StoreError, match="as a parameter") as refused:
+        with pytest.raises(Refusal, match="as a parameter") as refused:
             await store.submit(_body(sql))
-        assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.kind is Refused.INVALID
 
     _run(tmp_path, scenario)
     _run(tmp_path / "allowed", lambda store: store.submit(_body(sql)), allow_nondeterministic=True)
@@ -1336,7 +1337,7 @@ def test_a_time_sqlite_cannot_read_is_refused(tmp_path: Path, now_unix_us: int) 
     body.now_unix_us = now_unix_us
 
     async def scenario(store: TransactionStore) -> None:
-        with pytest.raises(StoreError, match=r"now_unix_us: .* outside 0001-01-01"):
+        with pytest.raises(Refusal, match=r"now_unix_us: .* outside 0001-01-01"):
             await store.submit(body)
 
     _run(tmp_path, scenario)
@@ -1419,7 +1420,7 @@ def test_a_step_stores_the_peers_bodies_it_acquires_in_its_own_batch(tmp_path: P
 
         other = str(uuid.uuid4())
         before = (store.state.counter, store.files.current_bytes)
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(Refusal) as caught:
             await store.persist_step(
                 ProtocolStep(
                     counter=9,
@@ -1427,7 +1428,7 @@ def test_a_step_stores_the_peers_bodies_it_acquires_in_its_own_batch(tmp_path: P
                     bodies=[(other, encoded, b"\x00" * 32, "")],
                 )
             )
-        assert caught.value.code is grpc.StatusCode.DATA_LOSS
+        assert caught.value.kind is Refused.CORRUPT
         assert (store.state.counter, store.files.current_bytes) == before
         assert other not in store.state.txs
 
@@ -1548,9 +1549,9 @@ def test_history_is_truncated_in_place_between_rotations(
         await until(lambda: not any(store.bodies.holds(t) for t in ids[:6]), "files deleted")
         assert all(store.bodies.holds(tx_id) for tx_id in ids[6:])
         assert store.progress.truncated_in_place == store.progress.truncated_total == 6
-        with pytest.raises(StoreError, match="it was OK, and its history is truncated"):
+        with pytest.raises(Refusal, match="it was OK, and its history is truncated"):
             store.get(ids[0])
-        with pytest.raises(StoreError, match="truncated"):
+        with pytest.raises(Refusal, match="truncated"):
             store.read_synced(3, 10)
         # A client still waiting on one is answered from its kept verdict, at once.
         assert await store.wait_many([ids[0]], TxState.ACCEPTED, WAIT_S) == [(None, True)]

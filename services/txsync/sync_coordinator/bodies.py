@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
-from txsync.rpc import ServiceError
+from txsync.refusals import Refusal
 from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.transaction_store.validation import (
     BODIES_PER_CALL_MAX,
@@ -42,7 +42,7 @@ FETCH_CALLS_PER_PEER = 2
 
 
 def checked_body(tx_id: str, encoded: bytes, digest: bytes, traceparent: str) -> ArrivedBody:
-    """A body from a peer, checked as the store checks it (``ServiceError`` if it fails):
+    """A body from a peer, checked as the store checks it (``Refusal`` if it fails):
     the store fails a whole step that carries a body it refuses."""
     check_peer_body(tx_id, encoded, digest)
     return ArrivedBody(tx_id, encoded, digest, check_traceparent(traceparent))
@@ -176,7 +176,7 @@ class BodyFetches:
     def _checked(held: peer_pb2.PushBodyRequest, source: str) -> ArrivedBody | None:
         try:
             return checked_body(held.tx_id, held.body, held.digest, held.traceparent)
-        except ServiceError as error:
+        except Refusal as error:
             log.warning("body %s fetched from %s refused: %s", held.tx_id, source, error.message)
             return None
 

@@ -24,7 +24,8 @@ from txsync.protocol import (
     ViewMessageReceived,
     ViewQuery,
 )
-from txsync.rpc import ServiceError, abort, answers_errors, check_request
+from txsync.refusals import Refusal
+from txsync.rpc import REFUSALS, ServiceError, abort, answers_errors, check_request
 from txsync.sync_coordinator.bodies import checked_body
 from txsync.sync_coordinator.coordinator import PUSH_BATCH_BYTES_MAX, Coordinator
 from txsync.sync_coordinator.effects import ArrivedBody
@@ -151,7 +152,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
                     await self._take_body(request.body, context)
                 else:
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "an empty message")
-        except ServiceError as error:
+        except REFUSALS as error:
             await abort(context, error)
 
     async def _take_post(
@@ -217,7 +218,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         for body in request.bodies:
             try:
                 arrived.append(checked_body(body.tx_id, body.body, body.digest, body.traceparent))
-            except ServiceError as error:
+            except Refusal as error:
                 log.warning("body %s from %s refused: %s", body.tx_id, request.sender, error)
         await self._coordinator.take_bodies(arrived)
 

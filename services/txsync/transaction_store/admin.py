@@ -15,7 +15,7 @@ import grpc
 
 from txsync.access import forwarded_credentials
 from txsync.codec import base_to_proto
-from txsync.rpc import ServiceError, abort, answers_errors, check_request
+from txsync.rpc import REFUSALS, ServiceError, abort, answers_errors, check_request
 from txsync.shares import Shares, caller_of
 from txsync.telemetry import work
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices, recompute_lag
@@ -203,7 +203,7 @@ class AdminServicer:
         try:
             check_request(request)
             self.exports.take(caller)
-        except ServiceError as error:
+        except REFUSALS as error:
             await abort(context, error)
         try:
             async for answer in self._export():

@@ -1,8 +1,8 @@
 """gRPC servicers of the transaction-store: ``ClientService`` and ``StoreInternalService``.
 
 Thin: decode and check the request, call ``TransactionStore``, encode the answer. A
-``StoreError`` becomes its gRPC status; RESOURCE_EXHAUSTED carries the retry hint in the
-``retry-after-ms`` trailing metadata.
+``Refusal`` of the store's rules becomes its gRPC status (``rpc.STATUS_OF_REFUSED``);
+RESOURCE_EXHAUSTED carries the retry hint in the ``retry-after-ms`` trailing metadata.
 """
 
 from __future__ import annotations
@@ -20,7 +20,16 @@ from txsync.access import forwarded_credentials
 from txsync.codec import WireError, base_to_proto, meta_to_proto, metas_from_proto
 from txsync.ids import tx_id_problem
 from txsync.protocol import MergeBase, TxMeta, TxState
-from txsync.rpc import MalformedRequest, abort, answers_errors, check_request
+from txsync.refusals import Refusal, Refused
+from txsync.rpc import (
+    REFUSALS,
+    MalformedRequest,
+    ServiceError,
+    abort,
+    answers_errors,
+    check_request,
+    service_error,
+)
 from txsync.shares import Shares, caller_of
 from txsync.telemetry import current_traceparent, work
 from txsync.telemetry.tracing import new_trace_linked_to, tracing_configured
@@ -38,7 +47,6 @@ from txsync.transaction_store.validation import (
     BODY_BYTES_MAX,
     READ_BODIES_BYTES_DEFAULT,
     STREAM_SUBMITS_MAX,
-    StoreError,
     check_idempotency_key,
     check_page_size,
     check_state,
@@ -165,11 +173,12 @@ def _submit_args(
     return (submit.body, key, traceparent)
 
 
-def _results(results: list[Submitted | StoreError]) -> list[client_pb2.SubmitResult]:
+def _results(results: list[Submitted | Refusal]) -> list[client_pb2.SubmitResult]:
     out = []
     for result in results:
-        if isinstance(result, StoreError):
-            out.append(client_pb2.SubmitResult(error=f"{result.code.name}: {result.message}"))
+        if isinstance(result, Refusal):
+            error = service_error(result)
+            out.append(client_pb2.SubmitResult(error=f"{error.code.name}: {error.message}"))
         else:
             out.append(client_pb2.SubmitResult(accepted=_submitted(result)))
     return out
@@ -276,7 +285,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         caller = caller_of(context)
         try:
             self.streams.take(caller)
-        except StoreError as error:
+        except REFUSALS as error:
             await abort(context, error)
         try:
             return await self._take_stream(request_iterator, context)
@@ -288,7 +297,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         request_iterator: AsyncIterator[client_pb2.SubmitStreamRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> client_pb2.SubmitStreamResponse:
-        results: list[Submitted | StoreError] = []
+        results: list[Submitted | Refusal] = []
         chunk: list[tuple[common_pb2.TxBody, str, str]] = []
         chunk_bytes = count = 0
         traceparent = _traceparent(context)
@@ -317,7 +326,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
                     chunk, chunk_bytes = [], 0
             if chunk:
                 results.extend(await self._store.submit_many(chunk))
-        except StoreError as error:
+        except REFUSALS as error:
             await abort(context, error)
         return client_pb2.SubmitStreamResponse(results=_results(results))
 
@@ -394,8 +403,8 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         if len(request.worker_id) > WORKER_ID_CHARS_MAX:
             raise invalid(f"worker_id: longer than {WORKER_ID_CHARS_MAX} characters")
         if self._dc.services.dispatch is None:
-            raise StoreError(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise Refusal(
+                Refused.PRECONDITION,
                 "this transaction-store has no worker-dispatch (--dispatch) to read through",
             )
         return await self._dc.query(
@@ -487,7 +496,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         PERSIST_STEPS_AHEAD_MAX ahead of the answers) and answered in that order once
         durable; the first refused step's error ends the stream after the answers of
         every step before it."""
-        staged: asyncio.Queue[StagedStep | StoreError | None] = asyncio.Queue(
+        staged: asyncio.Queue[StagedStep | ServiceError | Refusal | None] = asyncio.Queue(
             PERSIST_STEPS_AHEAD_MAX
         )
 
@@ -496,7 +505,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                 async for request in request_iterator:
                     check_request(request)
                     await staged.put(await self._stage_step(request.step))
-            except StoreError as error:
+            except REFUSALS as error:
                 await staged.put(error)
                 return
             await staged.put(None)
@@ -504,12 +513,12 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         stager = asyncio.get_running_loop().create_task(stage_in_order())
         try:
             while (step := await staged.get()) is not None:
-                if isinstance(step, StoreError):
+                if isinstance(step, REFUSALS):
                     await abort(context, step)
                     return
                 try:
                     base = await self._store.finish_step(step)
-                except StoreError as error:
+                except REFUSALS as error:
                     await abort(context, error)
                     return
                 yield store_pb2.PersistStepsResponse(merge_base=base_to_proto(base))
@@ -570,7 +579,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     ) -> store_pb2.ReadBodyResponse:
         held, _ = await self._store.read_bodies([request.tx_id])
         if not held:
-            raise StoreError(grpc.StatusCode.NOT_FOUND, f"no body of {request.tx_id} held here")
+            raise Refusal(Refused.NOT_FOUND, f"no body of {request.tx_id} held here")
         _, body, record = held[0]
         return store_pb2.ReadBodyResponse(
             body=body, digest=record.body_digest, traceparent=record.traceparent
@@ -626,7 +635,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                     if record.meta is not None:
                         tx.meta.CopyFrom(meta_to_proto(record.meta))
                 yield response
-        except StoreError as error:
+        except REFUSALS as error:
             await abort(context, error)
 
     async def AdvanceStatesStream(
@@ -641,7 +650,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                 check_request(request)
                 await self._advance_states(request.batch)
                 yield store_pb2.AdvanceStatesStreamResponse()
-        except StoreError as error:
+        except REFUSALS as error:
             await abort(context, error)
 
     async def _advance_states(self, request: store_pb2.AdvanceStatesRequest) -> None:
@@ -669,7 +678,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                         local_seq=submit.local_seq,
                     )
                 yield response
-        except StoreError as error:
+        except REFUSALS as error:
             await abort(context, error)
 
     @answers_errors

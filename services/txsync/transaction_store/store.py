@@ -24,10 +24,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-import grpc
-
 from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import IMPLIED_STATES, MergeBase, TxMeta, TxState, is_allowed_transition
+from txsync.refusals import Refusal, Refused
 from txsync.settings import (
     BACKUPS_KEPT_DEFAULT,
     FOLLOW_GATHER_MS_MOST,
@@ -60,7 +59,6 @@ from txsync.transaction_store.validation import (
     READ_BODIES_BYTES_DEFAULT,
     READ_SYNCED_MAX,
     STATE_CHANGES_MAX,
-    StoreError,
     check_body,
     check_membership,
     check_peer_body,
@@ -225,8 +223,8 @@ class _LocalWatch:
             self._handed.clear()
             await self._handed.wait()
         if self.dropped:
-            raise StoreError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise Refusal(
+                Refused.OVERLOADED,
                 f"this watch fell more than {LOCAL_WATCH_BYTES_MAX // 2**20} MiB of bodies "
                 "behind and was dropped; watch again (pending submits are handed anew)",
             )
@@ -516,7 +514,7 @@ class TransactionStore:
         try:
             future = self._writer.submit(encode_frame(batch.SerializeToString()))
         except WriterBrokenError as error:
-            raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+            raise Refusal(Refused.UNAVAILABLE, str(error)) from None
         work.count(work.LOG_BATCHES)
         work.count(work.LOG_ENTRIES, len(entries))
         moved: list[Moved] = []
@@ -564,7 +562,7 @@ class TransactionStore:
             # log's state) take it as the word that the write is durable.
             await asyncio.shield(staged.future)
         except WriterBrokenError as error:
-            raise StoreError(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+            raise Refusal(Refused.UNAVAILABLE, str(error)) from None
         except asyncio.CancelledError:
             # The caller hung up: the write's end still wakes its waiters, now and not
             # at some later write that may never come.
@@ -617,8 +615,8 @@ class TransactionStore:
         state, config = self.state, self.config
         waiting = state.incoming_state_txs + staged
         if waiting >= config.incoming_txs_max:
-            raise StoreError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise Refusal(
+                Refused.OVERLOADED,
                 f"{waiting} transactions are waiting to be ordered "
                 f"(limit {config.incoming_txs_max}); retry later",
                 retry_after_ms=config.retry_after_ms,
@@ -626,16 +624,16 @@ class TransactionStore:
         if not admin and not config.witness:
             unfinished = waiting + self.ordered_unfinished()
             if unfinished >= config.unfinished_txs_max:
-                raise StoreError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                raise Refusal(
+                    Refused.OVERLOADED,
                     f"{unfinished} transactions are waiting to be ordered or applied at "
                     f"{config.node_id} (limit {config.unfinished_txs_max}: its workers are "
                     "behind); retry later or at another DC",
                     retry_after_ms=config.retry_after_ms,
                 )
         if state.open_body_bytes >= config.open_body_bytes_max:
-            raise StoreError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise Refusal(
+                Refused.OVERLOADED,
                 f"unfinished transactions' bodies take {state.open_body_bytes} bytes "
                 f"(limit {config.open_body_bytes_max}); retry later",
                 retry_after_ms=config.retry_after_ms,
@@ -643,7 +641,7 @@ class TransactionStore:
 
     async def submit_many(
         self, submits: Sequence[tuple[common_pb2.TxBody, str, str]], *, admin: bool = False
-    ) -> list[Submitted | StoreError]:
+    ) -> list[Submitted | Refusal]:
         """Submit (body, idempotency key, traceparent) triples; each answered on its own.
         The log entries of every accepted submit carry their bodies and go into one
         batch, so a whole SubmitBatch costs one fsync (their files wait for a rotation:
@@ -657,10 +655,10 @@ class TransactionStore:
 
     async def _submit_many(
         self, submits: Sequence[tuple[common_pb2.TxBody, str, str]], *, admin: bool
-    ) -> list[Submitted | StoreError]:
+    ) -> list[Submitted | Refusal]:
         if self.config.witness and not admin:
-            raise StoreError(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise Refusal(
+                Refused.PRECONDITION,
                 f"{self.config.node_id} is a witness (it applies nothing): submit at a DC",
             )
         keys = [key or body.idempotency_key for body, key, _ in submits]
@@ -671,9 +669,9 @@ class TransactionStore:
             # the store less than taking them, or the retries keep it over the limit.
             try:
                 self._check_capacity(admin=admin)
-            except StoreError as full:
+            except Refusal as full:
                 return [full] * len(submits)
-        prepared: list[tuple[str, bytes] | StoreError] = []
+        prepared: list[tuple[str, bytes] | Refusal] = []
         taken_ms = _now_ms()  # each keyed body's and its INCOMING step's (a retry's check)
         for (body, _, _), key in zip(submits, keys, strict=True):
             if key and body.idempotency_key != key:
@@ -700,11 +698,11 @@ class TransactionStore:
                 )
                 if body.HasField("membership") and not admin:
                     raise invalid("body.membership: membership changes go through the admin API")
-            except StoreError as error:
+            except Refusal as error:
                 prepared.append(error)
                 continue
             prepared.append((str(uuid.uuid4()), encoded))
-        results: list[Submitted | StoreError] = []
+        results: list[Submitted | Refusal] = []
         entries: list[txlog_pb2.LogEntry] = []
         in_flight: dict[int, _Staged] = {}  # writes on their way that this call repeats
         async with self._lock:
@@ -717,7 +715,7 @@ class TransactionStore:
             batch_keys: dict[str, str] = {}
             batch_digests: dict[str, bytes] = {}
             for (body, _, traceparent), key, item in zip(submits, keys, prepared, strict=True):
-                if isinstance(item, StoreError):
+                if isinstance(item, Refusal):
                     results.append(item)
                     continue
                 tx_id, encoded = item
@@ -731,8 +729,8 @@ class TransactionStore:
                     if record is not None and first_digest != digest:
                         digest = _retry_digest(body, record, digest)
                     if first_digest and first_digest != digest:
-                        results.append(StoreError(
-                            grpc.StatusCode.ALREADY_EXISTS,
+                        results.append(Refusal(
+                            Refused.CONFLICT,
                             f"idempotency key {key!r} belongs to tx {existing}, whose body "
                             "differs from this one: a retry must send the same body, and "
                             "a new transaction a new key",
@@ -749,7 +747,7 @@ class TransactionStore:
                     continue
                 try:
                     self._check_capacity(staged=len(entries), admin=admin)
-                except StoreError as error:
+                except Refusal as error:
                     results.append(error)
                     continue
                 stamp += 1
@@ -849,7 +847,7 @@ class TransactionStore:
         self, body: common_pb2.TxBody, idempotency_key: str = "", traceparent: str = ""
     ) -> Submitted:
         (result,) = await self.submit_many([(body, idempotency_key, traceparent)])
-        if isinstance(result, StoreError):
+        if isinstance(result, Refusal):
             raise result
         return result
 
@@ -860,12 +858,12 @@ class TransactionStore:
         if record is None:
             verdict = self.truncated_verdicts.get(tx_id)
             if verdict is not None:
-                raise StoreError(
-                    grpc.StatusCode.NOT_FOUND,
+                raise Refusal(
+                    Refused.NOT_FOUND,
                     f"no transaction {tx_id} at this DC any more: it was {verdict.state.name}, "
                     "and its history is truncated",
                 )
-            raise StoreError(grpc.StatusCode.NOT_FOUND, f"no transaction {tx_id} at this DC")
+            raise Refusal(Refused.NOT_FOUND, f"no transaction {tx_id} at this DC")
         return record
 
     def get_by_key(self, key: str) -> TxRecord:
@@ -873,8 +871,8 @@ class TransactionStore:
         tx_id = self.state.idempotency.get(key)
         record = self.written_tx(tx_id) if tx_id is not None else None
         if record is None:
-            raise StoreError(
-                grpc.StatusCode.NOT_FOUND,
+            raise Refusal(
+                Refused.NOT_FOUND,
                 f"no transaction submitted at this DC with idempotency key {key!r}",
             )
         return record
@@ -1085,8 +1083,8 @@ class TransactionStore:
         entries: list[txlog_pb2.LogEntry] = []
         if counter:
             if counter < state.coordinator_counter:
-                raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise Refusal(
+                    Refused.PRECONDITION,
                     f"counter {counter} is below the stored {state.coordinator_counter}: "
                     "counters only rise",
                 )
@@ -1102,20 +1100,18 @@ class TransactionStore:
             check_tx_id(meta.tx_id, "incoming.tx_id")
             record = state.txs.get(meta.tx_id)
             if record is not None and record.position:
-                raise StoreError(
-                    grpc.StatusCode.ALREADY_EXISTS, f"tx {meta.tx_id} is already synced"
-                )
+                raise Refusal(Refused.CONFLICT, f"tx {meta.tx_id} is already synced")
             restamped = record is not None and record.local and meta.origin == state.node_id
             if record is not None and record.meta not in (None, meta) and not restamped:
-                raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise Refusal(
+                    Refused.PRECONDITION,
                     f"tx {meta.tx_id} is known as {record.meta}, not {meta}",
                 )
             entries.append(self._entry(meta_known=txlog_pb2.MetaKnown(meta=meta_to_proto(meta))))
         if synced:
             if synced_start != state.merge_base:
-                raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise Refusal(
+                    Refused.PRECONDITION,
                     f"synced append at {synced_start} does not extend the merge base "
                     f"{state.merge_base}",
                 )
@@ -1124,9 +1120,7 @@ class TransactionStore:
                 check_tx_id(meta.tx_id, "synced.tx_id")
                 record = state.txs.get(meta.tx_id)
                 if (record is not None and record.position) or meta.tx_id in seen:
-                    raise StoreError(
-                        grpc.StatusCode.ALREADY_EXISTS, f"tx {meta.tx_id} is already synced"
-                    )
+                    raise Refusal(Refused.CONFLICT, f"tx {meta.tx_id} is already synced")
                 seen.add(meta.tx_id)
             entries.append(
                 self._entry(
@@ -1138,8 +1132,8 @@ class TransactionStore:
             )
         if installed_view is not None:
             if installed_view.view.view_no <= state.view_no:
-                raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise Refusal(
+                    Refused.PRECONDITION,
                     f"view {installed_view.view.view_no} is not newer than the installed "
                     f"view {state.view_no}",
                 )
@@ -1169,7 +1163,7 @@ class TransactionStore:
         # A held body is no reason to refuse: a peer's push may have stored it just
         # before the coordinator's core, not yet told, forgot the meta.
         if problem is not None:
-            raise StoreError(grpc.StatusCode.FAILED_PRECONDITION, f"tx {tx_id} {problem}")
+            raise Refusal(Refused.PRECONDITION, f"tx {tx_id} {problem}")
 
     def _plan_changes(
         self,
@@ -1210,8 +1204,8 @@ class TransactionStore:
                 continue
             if not is_allowed_transition(current, change.state):
                 name = current.name if current is not None else "unknown"
-                raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise Refusal(
+                    Refused.PRECONDITION,
                     f"tx {change.tx_id}: {name} -> {change.state.name} is not a forward step "
                     "of INCOMING -> ACCEPTED -> ENQUEUED -> TESTING -> OK | FAILED",
                 )
@@ -1258,8 +1252,8 @@ class TransactionStore:
         elif state is TxState.ENQUEUED and not (record and record.body_held):
             problem = "its body is not held here"
         if problem is not None:
-            raise StoreError(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise Refusal(
+                Refused.PRECONDITION,
                 f"tx {tx_id} cannot be {state.name}: {problem}",
             )
 
@@ -1339,14 +1333,14 @@ class TransactionStore:
             raise invalid(f"count_max: {count_max} is outside 1..{READ_SYNCED_MAX}")
         state = self.state
         if from_len > state.synced_len:
-            raise StoreError(
-                grpc.StatusCode.OUT_OF_RANGE,
+            raise Refusal(
+                Refused.PAST_END,
                 f"from_len {from_len} is past the synced queue's end {state.synced_len}",
             )
         start = state.base_at(from_len)
         if start is None or from_len < state.synced_offset:
-            raise StoreError(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise Refusal(
+                Refused.TRUNCATED,
                 f"synced entries below position {state.synced_offset + 1} were truncated",
             )
         begin = from_len - state.synced_offset
@@ -1360,8 +1354,8 @@ class TransactionStore:
         that holds one already refuses it as a repeat). Then new ones as they become
         durable (``_hand_durable_submits``), not found by rescanning at every write."""
         if len(self._local_watchers) >= LOCAL_WATCHERS_MAX:
-            raise StoreError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise Refusal(
+                Refused.OVERLOADED,
                 f"at most {LOCAL_WATCHERS_MAX} local submit watches at once",
             )
         handed = _LocalWatch()
@@ -1411,14 +1405,14 @@ class TransactionStore:
         applied = self.state.view.configuration.applied_position if self.state.view else 0
         for record in self.state.txs.values():
             if record.membership and record.local and not 0 < record.position <= applied:
-                raise StoreError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise Refusal(
+                    Refused.PRECONDITION,
                     f"membership change {record.tx_id} is not applied yet: one change at a "
                     "time (retry once the view that applies it is installed)",
                 )
         body = common_pb2.TxBody(membership=change)
         (result,) = await self.submit_many([(body, "", "")], admin=True)
-        if isinstance(result, StoreError):
+        if isinstance(result, Refusal):
             raise result
         return result
 
@@ -1459,9 +1453,7 @@ class TransactionStore:
                     position = state_txs.synced_offset + 1
                     continue
                 if meta is None and position <= state_txs.synced_offset:
-                    raise StoreError(
-                        grpc.StatusCode.FAILED_PRECONDITION, f"position {position} was truncated"
-                    )
+                    raise Refusal(Refused.TRUNCATED, f"position {position} was truncated")
                 record = txs.get(meta.tx_id) if meta is not None else None
                 state = record.state if record is not None else None
                 if record is None or state is None or state < wanted:
@@ -1675,8 +1667,8 @@ class TransactionStore:
         if below_position == 0:
             below_position = allowed
         elif below_position > allowed:
-            raise StoreError(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise Refusal(
+                Refused.PRECONDITION,
                 f"cannot truncate below {below_position}: peers and workers have only passed "
                 f"position {max(allowed - 1, 0)}",
             )
@@ -1717,7 +1709,7 @@ class TransactionStore:
             ):
                 break  # the first pass always files (a shutdown can stop it there)
             if not await work.in_thread(self.bodies.file_many, to_file, self._closing.is_set):
-                raise StoreError(grpc.StatusCode.UNAVAILABLE, "the store is shutting down")
+                raise Refusal(Refused.UNAVAILABLE, "the store is shutting down")
             early += to_file
             filed_early.update(tx_id for tx_id, _ in to_file)
             last_pass = len(to_file)

@@ -1,21 +1,20 @@
 """Checks on client and internal requests: each names the field and the limit it broke.
 
 The limits are the ones stated in ``proto/txsync/v1/*.proto``; a request that breaks one
-is answered INVALID_ARGUMENT and changes nothing.
+is refused as ``Refused.INVALID`` (INVALID_ARGUMENT at the gRPC edge) and changes nothing.
 """
 
 from __future__ import annotations
 
 import re
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from txsync.codec import WEIGHT_MAX, WireError, check_node_id, check_url
 from txsync.ids import tx_id_problem
 from txsync.protocol import TxState
 from txsync.protocol.limits import INCOMING_TXS_MOST
-from txsync.rpc import ServiceError
+from txsync.refusals import Refusal, Refused
 from txsync.telemetry import work
 from txsync.transaction_store.txlog.bodies import body_digest
 from txsync.v1 import common_pb2
@@ -48,12 +47,8 @@ READ_BODIES_BYTES_DEFAULT = 3 * 1024 * 1024
 """A ReadBodies answer's bodies by default (with a 4 MiB body alone, under gRPC's 8 MiB)."""
 
 
-StoreError = ServiceError
-"""The store's refusals are the services' common ``ServiceError``."""
-
-
-def invalid(message: str) -> StoreError:
-    return StoreError(grpc.StatusCode.INVALID_ARGUMENT, message)
+def invalid(message: str) -> Refusal:
+    return Refusal(Refused.INVALID, message)
 
 
 def check_tx_id(tx_id: str, field: str = "tx_id") -> str:
@@ -216,5 +211,5 @@ def check_peer_body(tx_id: str, encoded: bytes, digest: bytes) -> common_pb2.TxB
         raise invalid("body: not an encoded TxBody") from None
     check_body(body, len(encoded))
     if body_digest(encoded) != digest:
-        raise StoreError(grpc.StatusCode.DATA_LOSS, f"body of {tx_id} fails its digest")
+        raise Refusal(Refused.CORRUPT, f"body of {tx_id} fails its digest")
     return body
