@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import statistics
 import tempfile
 import threading
@@ -126,7 +127,8 @@ class Soak:
         self.options = options
         self.root = Path(tempfile.mkdtemp(prefix="soak-"))
         self.layout = layout_of(self.root, 3, free_base_port(3), witness=False, workers=1)
-        self.cluster = DevCluster(self.layout)
+        store_args = shlex.split(options.store_args)
+        self.cluster = DevCluster(self.layout, extra_args={"transaction-store": store_args})
         self.results = Results()
         self.started = time.monotonic()
         self.results.started_unix = time.time()
@@ -520,6 +522,12 @@ OPTIONS: tuple[tuple[str, type, object, str], ...] = (
     ("--rate", float, 250.0, "steady submits a second"),
     ("--sample-s", float, 10.0, "seconds between samples"),
     ("--out", Path, Path("docs/benchmarks/soak"), "where the JSON and the PNG go"),
+    (
+        "--store-args",
+        str,
+        "",
+        "extra transaction-store flags, e.g. '--unfinished-max 4096' (tuning experiments)",
+    ),
 )
 
 
