@@ -333,4 +333,6 @@ def test_a_store_restart_is_not_a_pipeline_in_a_loop(dc: Dc) -> None:
         answer = admin_pb2_grpc.AdminServiceStub(channel).ListWorkers(
             admin_pb2.ListWorkersRequest(), timeout=5
         )
-    assert not answer.alarms, answer.alarms
+    # The host's disk is not this test's business (CI's was 93% full, below the 10%
+    # free the DISK alarm wants): every other alarm, the loop's among them, is.
+    assert not [a for a in answer.alarms if not a.startswith("DISK: ")], answer.alarms
