@@ -13,7 +13,7 @@ import enum
 
 
 class Refused(enum.Enum):
-    """Why the store refused: what the caller can do about it differs by kind."""
+    """Why a request was refused: what the caller can do about it differs by kind."""
 
     INVALID = "invalid"
     """The request itself breaks a limit or a format: sending it again cannot help."""
