@@ -238,15 +238,16 @@ DISPATCH_SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "disk_free_alarm_percent", 10,
-        "raise an alarm (ListWorkers, txsync status) while a worker's disk has less than "
-        "this percentage free; 0: never",
-        "alarm while a worker's disk has less than this percentage free",
+        "warn (ListWorkers, txsync status) while a worker's disk has less than this "
+        "percentage free; a warning leaves the DC healthy; 0: never",
+        "warn while a worker's disk has less than this percentage free",
         unit="%", least=0, most=100,
     ),
     Setting(
         "database_bytes_alarm", 0,
-        "raise an alarm while a worker's database is larger than this; 0: never",
-        "alarm while a worker's database is larger than this (0: never)",
+        "warn (ListWorkers, txsync status) while a worker's database is larger than "
+        "this; 0: never",
+        "warn while a worker's database is larger than this (0: never)",
         unit="bytes", least=0,
     ),
 )  # fmt: skip

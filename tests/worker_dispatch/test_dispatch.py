@@ -276,11 +276,18 @@ def test_a_stuck_testing_worker_loses_its_role_and_comes_back(dc: Dc, tmp_path: 
     )
 
 
-def test_a_workers_database_and_disk_raise_alarms_past_their_thresholds(tmp_path: Path) -> None:
+def test_a_workers_database_and_disk_draw_warnings_and_leave_the_dc_healthy(
+    tmp_path: Path,
+) -> None:
     """Each heartbeat carries the worker's database size and its disk; dispatch shows
-    them (ListWorkers) and raises an alarm past --database-bytes-alarm and below
-    --disk-free-alarm-percent (thresholds here that any real worker passes)."""
-    cluster = LocalCluster(tmp_path, 1)
+    them (ListWorkers) and warns past --database-bytes-alarm and below
+    --disk-free-alarm-percent (thresholds here that any real worker passes). A warning is
+    not an alarm: the worker still applies, so the DC's status stays healthy. (CI's disk
+    was once 93% full; when that made every DC unhealthy, half the suite failed.)"""
+    dispatch_port = free_port()
+    cluster = LocalCluster(
+        tmp_path, 1, store_args={"dc1": ("--dispatch", f"127.0.0.1:{dispatch_port}")}
+    )
     one = worker(tmp_path / "w1", "w1", port=free_port())
     dispatch = None
     try:
@@ -288,6 +295,7 @@ def test_a_workers_database_and_disk_raise_alarms_past_their_thresholds(tmp_path
         dispatch = worker_dispatch(
             tmp_path / "dispatch", cluster.dcs[0].store.address, {"w1": one.address},
             "--disk-free-alarm-percent", "100", "--database-bytes-alarm", "1",
+            port=dispatch_port,
         )  # fmt: skip
         dispatch.start()
 
@@ -297,13 +305,23 @@ def test_a_workers_database_and_disk_raise_alarms_past_their_thresholds(tmp_path
                 stub = admin_pb2_grpc.AdminServiceStub(channel)
                 return stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5)
 
+        def dc_status() -> admin_pb2.DcStatus:
+            with grpc.insecure_channel(cluster.dcs[0].store.address) as channel:
+                stub = admin_pb2_grpc.AdminServiceStub(channel)
+                return stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).local
+
         cluster.wait_for("w1's storage is reported", lambda: listed().workers[0].database_bytes > 0)
         answer = listed()
         status = answer.workers[0]
         assert 0 < status.disk_free_bytes <= status.disk_total_bytes
-        alarms = "\n".join(answer.alarms)
-        assert "DISK: worker w1 has" in alarms and "alarm below 100%" in alarms
-        assert "DATABASE SIZE: worker w1's database holds" in alarms
+        warnings = "\n".join(answer.warnings)
+        assert "DISK: worker w1 has" in warnings and "warned below 100%" in warnings
+        assert "DATABASE SIZE: worker w1's database holds" in warnings
+        assert not answer.alarms, answer.alarms
+        cluster.wait_for("the DC healthy, its status warning", lambda: dc_status().healthy)
+        shown = dc_status()
+        assert any(w.startswith("worker-dispatch: DISK: worker w1") for w in shown.warnings)
+        assert not [a for a in shown.alarms if "DISK" in a], shown.alarms
     finally:
         if dispatch is not None:
             dispatch.terminate()
@@ -333,6 +351,4 @@ def test_a_store_restart_is_not_a_pipeline_in_a_loop(dc: Dc) -> None:
         answer = admin_pb2_grpc.AdminServiceStub(channel).ListWorkers(
             admin_pb2.ListWorkersRequest(), timeout=5
         )
-    # The host's disk is not this test's business (CI's was 93% full, below the 10%
-    # free the DISK alarm wants): every other alarm, the loop's among them, is.
-    assert not [a for a in answer.alarms if not a.startswith("DISK: ")], answer.alarms
+    assert not answer.alarms, answer.alarms

@@ -43,7 +43,8 @@ examples:
   txsync workers scale --dc dc2 --replicas 4     # patches txsync-dc2/txsync-dc2-workers
 
 exit status: 0 all healthy, 1 something is not (the output says what), 2 bad arguments
-or no cluster file.
+or no cluster file. A WARNING (a worker's disk filling, a database larger than planned)
+is shown but leaves the exit status 0: the DC still applies.
 """
 
 
@@ -66,6 +67,7 @@ def dc_report(status: admin_pb2.DcStatus) -> dict[str, Any]:
         "workers_healthy": status.workers_healthy,
         "workers_total": status.workers_total,
         "alarms": list(status.alarms),
+        "warnings": list(status.warnings),
         "retention": {
             "history_from": status.retention.history_from,
             "truncatable_below": status.retention.truncatable_below,
@@ -131,6 +133,8 @@ def run_status(options: argparse.Namespace) -> int:
         for r in reports:
             for alarm in r["alarms"]:
                 print(f"{r['dc']}: {alarm}")
+            for warning in r["warnings"]:
+                print(f"{r['dc']}: WARNING {warning}")
             if r["retention"]["held_by"]:
                 # Not an alarm: a peer or worker a little behind holds history all the time.
                 print(f"{r['dc']}: truncation held by {r['retention']['held_by']}")
@@ -227,7 +231,7 @@ def run_workers(options: argparse.Namespace) -> int:
         return run_scale(options)
     listed: dict[str, list[dict[str, Any]]] = {}
     failures = []
-    alarms = []
+    alarms, warnings = [], []
     for asked in all_targets(options):
         try:
             with channel(asked.address, options, asked.dc) as open_channel:
@@ -239,6 +243,7 @@ def run_workers(options: argparse.Namespace) -> int:
             failures.append(f"{asked.dc or asked.address}: {describe(error)}")
             continue
         alarms += [f"{asked.dc or asked.address}: ALARM {alarm}" for alarm in answer.alarms]
+        warnings += [f"{asked.dc or asked.address}: WARNING {w}" for w in answer.warnings]
         listed[asked.dc or asked.address] = [
             {
                 "worker": w.worker_id,
@@ -266,7 +271,7 @@ def run_workers(options: argparse.Namespace) -> int:
         print_table(rows)
         for failure in failures:
             print(f"(not answering: {failure})")
-    for alarm in alarms:
+    for alarm in [*alarms, *warnings]:
         print(alarm, file=sys.stderr)
     fine = all(w["healthy"] and not w["out_of_sync"] for ws in listed.values() for w in ws)
     return 0 if fine and not failures and not alarms else 1

@@ -195,6 +195,7 @@ class DcAdmin:
             if workers.alarms:
                 status.healthy = False
                 status.alarms.extend(f"worker-dispatch: {alarm}" for alarm in workers.alarms)
+            status.warnings.extend(f"worker-dispatch: {warning}" for warning in workers.warnings)
         elif isinstance(workers, str):
             status.alarms.append(f"worker-dispatch {workers}")
             status.healthy = False

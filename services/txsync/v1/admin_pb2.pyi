@@ -166,6 +166,7 @@ class DcStatus(_message.Message):
     ALARMS_FIELD_NUMBER: _builtins.int
     HEALTHY_FIELD_NUMBER: _builtins.int
     RETENTION_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     mode: Global___SyncMode.ValueType
     quorum: Global___QuorumState.ValueType
@@ -192,6 +193,12 @@ class DcStatus(_message.Message):
     def retention(self) -> Global___Retention:
         """What the txlog keeps and what holds its truncation back."""
 
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What will go wrong unless an operator acts (a worker's disk filling, a database
+        larger than planned). Shown, but the DC stays healthy: it still applies.
+        """
+
     def __init__(
         self,
         *,
@@ -209,6 +216,7 @@ class DcStatus(_message.Message):
         alarms: _abc.Iterable[_builtins.str] | None = ...,
         healthy: _builtins.bool = ...,
         retention: Global___Retention | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "merge_base", b"merge_base", "retention", b"retention", "view", b"view"
@@ -239,6 +247,8 @@ class DcStatus(_message.Message):
         b"retention",
         "view",
         b"view",
+        "warnings",
+        b"warnings",
         "workers_healthy",
         b"workers_healthy",
         "workers_total",
@@ -449,6 +459,7 @@ class ListWorkersResponse(_message.Message):
 
     WORKERS_FIELD_NUMBER: _builtins.int
     ALARMS_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def workers(
         self,
@@ -459,16 +470,24 @@ class ListWorkersResponse(_message.Message):
         alarm makes the DC unhealthy.
         """
 
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What will go wrong unless an operator acts: a worker's disk below
+        `--disk-free-alarm-percent` free, a database above `--database-bytes-alarm`. The
+        workers still apply, so a warning leaves the DC healthy.
+        """
+
     def __init__(
         self,
         *,
         workers: _abc.Iterable[Global___WorkerStatus] | None = ...,
         alarms: _abc.Iterable[_builtins.str] | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "alarms", b"alarms", "workers", b"workers"
+        "alarms", b"alarms", "warnings", b"warnings", "workers", b"workers"
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...

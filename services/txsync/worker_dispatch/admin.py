@@ -33,7 +33,9 @@ class DispatchAdmin:
     async def ListWorkers(
         self, request: admin_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> admin_pb2.ListWorkersResponse:
-        response = admin_pb2.ListWorkersResponse(alarms=self._dispatch.alarms())
+        response = admin_pb2.ListWorkersResponse(
+            alarms=self._dispatch.alarms(), warnings=self._dispatch.warnings()
+        )
         wall_minus_monotonic = time.time() - time.monotonic()
         for link in self._dispatch.workers.values():
             status = response.workers.add(

@@ -66,8 +66,8 @@ from txsync.worker_dispatch.health import (
     Health,
     Pipeline,
     RestartLoop,
-    SizeAlarms,
     Storage,
+    StorageWarnings,
     choose_testing_worker,
     judge,
     snapshot_needed,
@@ -161,10 +161,10 @@ class Dispatch:
         *,
         stuck_after_s: float = 10.0,
         feed_gather_ms: int = FEED_GATHER_MS_DEFAULT,
-        size_alarms: SizeAlarms | None = None,
+        storage_warnings: StorageWarnings | None = None,
         metrics: Metrics | None = None,
     ) -> None:
-        self.size_alarms = size_alarms or SizeAlarms()
+        self.storage_warnings = storage_warnings or StorageWarnings()
         self.stuck_after_s = stuck_after_s
         """A worker with work in flight and no outcome for this long is taken out."""
         self.feed_gather_ms = feed_gather_ms
@@ -480,11 +480,17 @@ class Dispatch:
         """What is wrong with the pipeline as a whole (``ListWorkers``; the DC's status
         turns unhealthy)."""
         alarm = self.restarts.alarm(time.monotonic())
-        alarms = [alarm] if alarm else []
-        for link in self.workers.values():
-            if link.storage is not None:
-                alarms.extend(self.size_alarms.of(link.worker_id, link.storage))
-        return alarms
+        return [alarm] if alarm else []
+
+    def warnings(self) -> list[str]:
+        """What will stop a worker unless an operator acts (``ListWorkers``; the DC stays
+        healthy)."""
+        return [
+            warning
+            for link in self.workers.values()
+            if link.storage is not None
+            for warning in self.storage_warnings.of(link.worker_id, link.storage)
+        ]
 
     def _in_flight(self, link: WorkerLink) -> int:
         machine = self._machine

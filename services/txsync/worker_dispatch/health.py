@@ -172,31 +172,33 @@ class Storage:
 
 
 @dataclass(frozen=True, slots=True)
-class SizeAlarms:
-    """When a worker's storage raises an alarm (``--disk-free-alarm-percent``,
+class StorageWarnings:
+    """When a worker's storage draws a warning (``--disk-free-alarm-percent``,
     ``--database-bytes-alarm``): before its disk fills, which stops its applies and takes
-    it out, and while its database outgrows what the operator planned for."""
+    it out, and while its database outgrows what the operator planned for. A warning, not
+    an alarm: the worker still applies, so the DC stays healthy (a laptop's or a CI
+    host's disk is often over 90% full, and a DC that works must not read as down)."""
 
     disk_free_percent: int = 10
     database_bytes: int = 0
-    """0: no alarm on the database's size."""
+    """0: no warning on the database's size."""
 
     def of(self, worker_id: str, storage: Storage) -> list[str]:
-        alarms = []
+        warnings = []
         total, free = storage.disk_total_bytes, storage.disk_free_bytes
         if total and free * 100 < total * self.disk_free_percent:
-            alarms.append(
+            warnings.append(
                 f"DISK: worker {worker_id} has {free / GIB:.1f} GiB free of "
-                f"{total / GIB:.1f} GiB ({free * 100 / total:.0f}%, alarm below "
+                f"{total / GIB:.1f} GiB ({free * 100 / total:.0f}%, warned below "
                 f"{self.disk_free_percent}%)"
             )
         if self.database_bytes and storage.database_bytes > self.database_bytes:
-            alarms.append(
+            warnings.append(
                 f"DATABASE SIZE: worker {worker_id}'s database holds "
-                f"{storage.database_bytes / GIB:.2f} GiB (alarm above "
+                f"{storage.database_bytes / GIB:.2f} GiB (warned above "
                 f"{self.database_bytes / GIB:.2f} GiB)"
             )
-        return alarms
+        return warnings
 
 
 GIB = 1024**3

@@ -29,7 +29,7 @@ from txsync.telemetry import ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import admin_pb2, worker_pb2
 from txsync.worker_dispatch.admin import NOT_HERE, DispatchAdmin
 from txsync.worker_dispatch.dispatch import Dispatch
-from txsync.worker_dispatch.health import SizeAlarms
+from txsync.worker_dispatch.health import StorageWarnings
 from txsync.worker_dispatch.service import DispatchServicer
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ async def serve(
     telemetry: ServiceTelemetry,
     stuck_after_s: float = 10.0,
     feed_gather_ms: int = FEED_GATHER_MS_DEFAULT,
-    size_alarms: SizeAlarms | None = None,
+    storage_warnings: StorageWarnings | None = None,
     metrics_listen: str | None = None,
     access_file: Path | None = None,
     pod_watch: WorkerPodWatch | None = None,
@@ -60,7 +60,7 @@ async def serve(
         workers,
         stuck_after_s=stuck_after_s,
         feed_gather_ms=feed_gather_ms,
-        size_alarms=size_alarms,
+        storage_warnings=storage_warnings,
         metrics=telemetry.metrics,
     )
     interceptors = guarded_serving(telemetry, metrics_listen, access_file)
@@ -206,7 +206,9 @@ def run(options: argparse.Namespace) -> int:
             telemetry=telemetry,
             stuck_after_s=options.stuck_after_s,
             feed_gather_ms=options.feed_gather_ms,
-            size_alarms=SizeAlarms(options.disk_free_alarm_percent, options.database_bytes_alarm),
+            storage_warnings=StorageWarnings(
+                options.disk_free_alarm_percent, options.database_bytes_alarm
+            ),
             metrics_listen=options.metrics_listen,
             access_file=options.access_file,
             pod_watch=pod_watch,
