@@ -26,9 +26,8 @@ from pathlib import Path
 import uvloop
 
 from txsync.protocol import TxMeta, TxState
+from txsync.transaction_store.step_rules import ProtocolStep, StateChangeRequest
 from txsync.transaction_store.store import (
-    ProtocolStep,
-    StateChangeRequest,
     StoreConfig,
     TransactionStore,
 )

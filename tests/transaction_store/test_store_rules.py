@@ -30,10 +30,9 @@ from txsync.transaction_store import store as store_module
 from txsync.transaction_store.server import CLIENT_SERVICE
 from txsync.transaction_store.service import ClientServicer
 from txsync.transaction_store.state import StoreState, TxRecord
+from txsync.transaction_store.step_rules import ProtocolStep, StateChangeRequest
 from txsync.transaction_store.store import (
     LocalSubmit,
-    ProtocolStep,
-    StateChangeRequest,
     StoreConfig,
     Submitted,
     TransactionStore,

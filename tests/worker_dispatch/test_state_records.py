@@ -20,9 +20,8 @@ from tests.support.in_process import WAIT_S, serve_store, until
 from txsync.protocol import TxMeta, TxState
 from txsync.rpc import new_channel
 from txsync.telemetry import work
+from txsync.transaction_store.step_rules import ProtocolStep, StateChangeRequest
 from txsync.transaction_store.store import (
-    ProtocolStep,
-    StateChangeRequest,
     StoreConfig,
     TransactionStore,
 )

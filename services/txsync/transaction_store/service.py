@@ -35,10 +35,9 @@ from txsync.telemetry import current_traceparent, work
 from txsync.telemetry.tracing import new_trace_linked_to, tracing_configured
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.state import TxRecord
+from txsync.transaction_store.step_rules import ProtocolStep, StateChangeRequest
 from txsync.transaction_store.store import (
-    ProtocolStep,
     StagedStep,
-    StateChangeRequest,
     Submitted,
     TransactionStore,
 )

@@ -1,7 +1,8 @@
 """The transaction-store's logic, independent of gRPC plumbing (``service.py``).
 
 Every change follows one path: under the store's lock, validate the request against the
-current state, build log entries, and ``_stage`` them (hand them to the group-commit
+current state, build log entries (a protocol step's and state changes' rules are pure
+functions, ``step_rules``), and ``_stage`` them (hand them to the group-commit
 writer and apply them to memory); then, outside the lock, ``_durable`` waits until they
 are on disk, and only then is the request answered and are waiters woken.
 
@@ -24,8 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from txsync.codec import base_to_proto, meta_to_proto
-from txsync.protocol import IMPLIED_STATES, MergeBase, TxMeta, TxState, is_allowed_transition
+from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.refusals import Refusal, Refused
 from txsync.settings import (
     BACKUPS_KEPT_DEFAULT,
@@ -43,6 +43,13 @@ from txsync.telemetry import work
 from txsync.telemetry.logs import event as log_event
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
+from txsync.transaction_store.step_rules import (
+    PeerBody,
+    ProtocolStep,
+    StateChangeRequest,
+    plan_changes,
+    plan_step,
+)
 from txsync.transaction_store.tx_tracing import (
     measure_transitions,
     trace_history,
@@ -141,15 +148,6 @@ class Submitted:
     tx_id: str
     created: bool
     state: TxState
-
-
-@dataclass(frozen=True, slots=True)
-class StateChangeRequest:
-    tx_id: str
-    state: TxState
-    outcome: common_pb2.Outcome | None = None
-    at_unix_ms: int = 0
-    """When the sender made the change; 0: now. Kept within the record's last step and now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,10 +285,6 @@ class _Staged:
     announced: bool = False
 
 
-PeerBody = tuple[str, bytes, bytes, str]
-"""A body a peer sent: (tx_id, encoded TxBody, the origin's digest, traceparent)."""
-
-
 class _CheckedBody(NamedTuple):
     sent: PeerBody
     body: common_pb2.TxBody
@@ -304,30 +298,6 @@ class _BodyEntries:
     entries: list[txlog_pb2.LogEntry] = field(default_factory=list)
     traced: list[str] = field(default_factory=list)
     ids: set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProtocolStep:
-    """One step of the coordinator's protocol core, as the store makes it durable."""
-
-    counter: int = 0
-    """0 leaves the counter as it is; otherwise it must not be lower than the counter the
-    coordinator wrote last."""
-    local_seq: int = 0
-    """The highest local submit the coordinator had stepped (logged with ``counter``)."""
-    incoming: Sequence[TxMeta] = ()
-    synced_start: MergeBase | None = None
-    """The base the synced entries extend (must be the stored merge base)."""
-    synced: Sequence[TxMeta] = ()
-    changes: Sequence[StateChangeRequest] = ()
-    service: str = "sync-coordinator"
-    """Kept in the transactions' history."""
-    forgotten: Sequence[str] = ()
-    installed_view: common_pb2.ViewProposal | None = None
-    vote: common_pb2.ViewVote | None = None
-    bodies: Sequence[PeerBody] = ()
-    """Peers' bodies the step acquires, written ahead of its other entries (one held
-    already is skipped); one that fails its checks fails the step."""
 
 
 PROTOCOL_STATE_SYNCED_MAX = 100_000
@@ -1050,7 +1020,7 @@ class TransactionStore:
         checked = self._checked_bodies(step.bodies)
         async with self._lock:
             # Checked in full before anything is applied: a refused step leaves no trace.
-            entries = self._plan_step(step)
+            entries = plan_step(self.state, step, _now_ms())
             node_id = self.state.node_id
             renewed = sum(1 for meta in step.incoming if meta.origin == node_id)
             if renewed:  # a local meta comes from the coordinator only stamped anew
@@ -1069,193 +1039,6 @@ class TransactionStore:
         for tx_id in step.traced:
             trace_history(self.state, tx_id)
         return step.merge_base
-
-    def _plan_step(self, step: ProtocolStep) -> list[txlog_pb2.LogEntry]:
-        """Validate a protocol step completely, then return its entries (changes nothing).
-
-        Entry order: counter, forgotten metas, metas, synced append, view, vote, states.
-        (The coordinator never forgets and re-learns a meta within one step.)
-        """
-        counter, incoming, synced = step.counter, step.incoming, step.synced
-        synced_start, forgotten = step.synced_start, step.forgotten
-        installed_view, vote = step.installed_view, step.vote
-        state = self.state
-        entries: list[txlog_pb2.LogEntry] = []
-        if counter:
-            if counter < state.coordinator_counter:
-                raise Refusal(
-                    Refused.PRECONDITION,
-                    f"counter {counter} is below the stored {state.coordinator_counter}: "
-                    "counters only rise",
-                )
-            raised = txlog_pb2.CounterRaised(counter=counter, local_seq=step.local_seq)
-            entries.append(self._entry(counter=raised))
-        if forgotten:
-            for tx_id in forgotten:
-                self._check_forgettable(tx_id)
-            entries.append(
-                self._entry(forgotten=txlog_pb2.IncomingForgotten(tx_ids=list(forgotten)))
-            )
-        for meta in incoming:
-            check_tx_id(meta.tx_id, "incoming.tx_id")
-            record = state.txs.get(meta.tx_id)
-            if record is not None and record.position:
-                raise Refusal(Refused.CONFLICT, f"tx {meta.tx_id} is already synced")
-            restamped = record is not None and record.local and meta.origin == state.node_id
-            if record is not None and record.meta not in (None, meta) and not restamped:
-                raise Refusal(
-                    Refused.PRECONDITION,
-                    f"tx {meta.tx_id} is known as {record.meta}, not {meta}",
-                )
-            entries.append(self._entry(meta_known=txlog_pb2.MetaKnown(meta=meta_to_proto(meta))))
-        if synced:
-            if synced_start != state.merge_base:
-                raise Refusal(
-                    Refused.PRECONDITION,
-                    f"synced append at {synced_start} does not extend the merge base "
-                    f"{state.merge_base}",
-                )
-            seen: set[str] = set()
-            for meta in synced:
-                check_tx_id(meta.tx_id, "synced.tx_id")
-                record = state.txs.get(meta.tx_id)
-                if (record is not None and record.position) or meta.tx_id in seen:
-                    raise Refusal(Refused.CONFLICT, f"tx {meta.tx_id} is already synced")
-                seen.add(meta.tx_id)
-            entries.append(
-                self._entry(
-                    synced=txlog_pb2.SyncedAppended(
-                        start=base_to_proto(state.merge_base),
-                        metas=[meta_to_proto(m) for m in synced],
-                    )
-                )
-            )
-        if installed_view is not None:
-            if installed_view.view.view_no <= state.view_no:
-                raise Refusal(
-                    Refused.PRECONDITION,
-                    f"view {installed_view.view.view_no} is not newer than the installed "
-                    f"view {state.view_no}",
-                )
-            entries.append(
-                self._entry(view_installed=txlog_pb2.ViewInstalled(installed=installed_view))
-            )
-        if vote is not None:
-            entries.append(self._entry(view_voted=vote))
-        synced_ids = {meta.tx_id for meta in synced}
-        entries.extend(
-            self._plan_changes(
-                step.changes, step.service, newly_synced=synced_ids, incoming=incoming
-            )
-        )
-        return entries
-
-    def _check_forgettable(self, tx_id: str) -> None:
-        check_tx_id(tx_id, "forgotten")
-        record = self.state.txs.get(tx_id)
-        problem = None
-        if record is None or record.meta is None:
-            problem = "is not known here"
-        elif record.local:
-            problem = "was submitted here (an origin never forgets its own transactions)"
-        elif record.position:
-            problem = "is synced"
-        # A held body is no reason to refuse: a peer's push may have stored it just
-        # before the coordinator's core, not yet told, forgot the meta.
-        if problem is not None:
-            raise Refusal(Refused.PRECONDITION, f"tx {tx_id} {problem}")
-
-    def _plan_changes(
-        self,
-        changes: Sequence[StateChangeRequest],
-        service: str,
-        *,
-        newly_synced: set[str] | None = None,
-        incoming: Sequence[TxMeta] = (),
-        passed_is_repeat: bool = False,
-    ) -> list[txlog_pb2.LogEntry]:
-        """The entries of ``changes``, each a forward step of the lifecycle.
-
-        ``passed_is_repeat``: a state the transaction has already passed (TESTING once it
-        is OK) is a repeat, a no-op, rather than a step backwards. worker-dispatch needs
-        this: a pipeline that restarts while its earlier states are still on their way
-        here reads those positions as unfinished and records TESTING again, after the
-        verdict it sent before (refusing that refused the whole batch, every retry, and
-        stopped the DC recording outcomes for good). Two different verdicts still are
-        refused."""
-        entries: list[txlog_pb2.LogEntry] = []
-        pending: dict[str, TxState | None] = {}
-        learned: set[str] | None = None  # the step's incoming ids, built if needed
-        for change in changes:
-            check_tx_id(change.tx_id, "changes.tx_id")
-            record = self.state.txs.get(change.tx_id)
-            if change.state in IMPLIED_STATES:
-                # Written by no entry of its own: the meta, synced append or body that
-                # implies it is (``state.py``). Only checked, as it was when written.
-                if learned is None:
-                    learned = {meta.tx_id for meta in incoming}
-                self._check_implied(change, record, learned, newly_synced or set())
-                continue
-            committed = record.state if record is not None else None
-            current = pending.get(change.tx_id, committed)  # earlier in this request first
-            if current is change.state:
-                continue  # repeated: a no-op, so that retries are safe
-            if passed_is_repeat and _passed(current, change.state):
-                continue
-            if not is_allowed_transition(current, change.state):
-                name = current.name if current is not None else "unknown"
-                raise Refusal(
-                    Refused.PRECONDITION,
-                    f"tx {change.tx_id}: {name} -> {change.state.name} is not a forward step "
-                    "of INCOMING -> ACCEPTED -> ENQUEUED -> TESTING -> OK | FAILED",
-                )
-            if change.state in FINAL_STATES and change.outcome is None:
-                raise invalid(f"tx {change.tx_id}: {change.state.name} needs an outcome")
-            moved = txlog_pb2.StateMoved(
-                tx_id=change.tx_id,
-                state=common_pb2.TxState.ValueType(change.state.value),
-                service=service,
-            )
-            if change.outcome is not None:
-                moved.outcome.CopyFrom(change.outcome)
-            entry = self._entry(state=moved)
-            if change.at_unix_ms:
-                # Reported late (TESTING with its outcome): the sender's time, within
-                # what the history and this clock allow.
-                since = record.history[-1].at_unix_ms if record and record.history else 0
-                entry.at_unix_ms = max(since, min(change.at_unix_ms, entry.at_unix_ms))
-            entries.append(entry)
-            pending[change.tx_id] = change.state
-        return entries
-
-    @staticmethod
-    def _check_implied(
-        change: StateChangeRequest,
-        record: TxRecord | None,
-        learned: set[str],
-        newly_synced: set[str],
-    ) -> None:
-        """A coordinator's INCOMING, ACCEPTED or ENQUEUED (sent only by coordinators of
-        the previous version): refused where the fact that implies it is missing."""
-        tx_id, state = change.tx_id, change.state
-        known = (
-            tx_id in learned
-            or tx_id in newly_synced
-            or (record is not None and record.meta is not None)
-        )
-        synced = tx_id in newly_synced or bool(record and record.position)
-        problem = None
-        if not known:
-            problem = "its meta is not known here"
-        elif state is not TxState.INCOMING and not synced:
-            problem = "it is not in the synced queue"
-        elif state is TxState.ENQUEUED and not (record and record.body_held):
-            problem = "its body is not held here"
-        if problem is not None:
-            raise Refusal(
-                Refused.PRECONDITION,
-                f"tx {tx_id} cannot be {state.name}: {problem}",
-            )
 
     @staticmethod
     def _checked_bodies(bodies: Sequence[PeerBody]) -> list[_CheckedBody]:
@@ -1501,7 +1284,7 @@ class TransactionStore:
                     f"only, not {change.state.name}"
                 )
         async with self._lock:
-            entries = self._plan_changes(changes, service, passed_is_repeat=True)
+            entries = plan_changes(self.state, changes, service, _now_ms(), passed_is_repeat=True)
             # TESTING is written with the transaction's outcome, in the outcome's entry
             # (``testing_at_unix_ms``), not on its own: alone it cost a log batch and,
             # at low load, an fsync per transaction per DC; as an entry beside the
@@ -1933,14 +1716,6 @@ def _split_by_budget(
         if taken > budget:
             return bodies[:index], bodies[index:]
     return bodies, []
-
-
-def _passed(current: TxState | None, wanted: TxState) -> bool:
-    """``current`` lies beyond ``wanted`` on the lifecycle (OK and FAILED are two ends,
-    neither beyond the other)."""
-    if current is None or (current in FINAL_STATES and wanted in FINAL_STATES):
-        return False
-    return current > wanted
 
 
 def _as_written(record: TxRecord, written: TxState | None) -> TxRecord | None:

@@ -1,0 +1,110 @@
+"""The store's step rules as pure functions (``step_rules``): given a ``StoreState`` and
+the time they plan entries or refuse, and change nothing; the entries they plan, applied,
+move the state. No store, file or event loop here: what a simulator can run."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from txsync.protocol import TxMeta, TxState
+from txsync.refusals import Refusal, Refused
+from txsync.transaction_store.state import StoreState
+from txsync.transaction_store.step_rules import (
+    ProtocolStep,
+    StateChangeRequest,
+    plan_changes,
+    plan_step,
+)
+from txsync.v1 import common_pb2, txlog_pb2
+
+NOW_MS = 1_700_000_000_000
+
+
+def _synced_peer_tx(state: StoreState, stamp: int = 1) -> str:
+    """A peer's transaction, synced and ENQUEUED here (its body held)."""
+    tx_id = str(uuid.uuid4())
+    meta = TxMeta(stamp, tx_id, "dc2")
+    step = ProtocolStep(incoming=[meta], synced_start=state.merge_base, synced=[meta])
+    for entry in plan_step(state, step, NOW_MS):
+        state.apply(entry)
+    body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="SELECT 1")])
+    encoded = body.SerializeToString()
+    stored = txlog_pb2.BodyStored(tx_id=tx_id, body_bytes=len(encoded), body=encoded)
+    state.apply(txlog_pb2.LogEntry(at_unix_ms=NOW_MS, body_stored=stored))
+    assert state.txs[tx_id].state is TxState.ENQUEUED
+    return tx_id
+
+
+def test_a_step_is_planned_at_the_given_time_and_changes_nothing_until_applied() -> None:
+    state = StoreState("dc1")
+    tx_id = str(uuid.uuid4())
+    meta = TxMeta(3, tx_id, "dc2")
+    step = ProtocolStep(counter=3, incoming=[meta], synced_start=state.merge_base, synced=[meta])
+    entries = plan_step(state, step, NOW_MS)
+    assert [entry.WhichOneof("entry") for entry in entries] == ["counter", "meta_known", "synced"]
+    assert {entry.at_unix_ms for entry in entries} == {NOW_MS}
+    assert tx_id not in state.txs and state.merge_base.synced_len == 0  # planned only
+    for entry in entries:
+        state.apply(entry)
+    assert state.txs[tx_id].position == 1 and state.merge_base.synced_len == 1
+    again = ProtocolStep(synced_start=state.merge_base, synced=[meta])
+    with pytest.raises(Refusal) as synced_twice:
+        plan_step(state, again, NOW_MS)
+    assert synced_twice.value.kind is Refused.CONFLICT
+
+
+def test_a_step_that_breaks_a_rule_is_refused_by_kind() -> None:
+    state = StoreState("dc1")
+    for entry in plan_step(state, ProtocolStep(counter=5), NOW_MS):
+        state.apply(entry)
+    with pytest.raises(Refusal) as lower:
+        plan_step(state, ProtocolStep(counter=4), NOW_MS)
+    assert lower.value.kind is Refused.PRECONDITION and "counters only rise" in str(lower.value)
+    stale = ProtocolStep(synced_start=state.merge_base, synced=[TxMeta(6, str(uuid.uuid4()), "x")])
+    _synced_peer_tx(state, stamp=6)  # the merge base moves on: the step's start is stale
+    with pytest.raises(Refusal) as fork:
+        plan_step(state, stale, NOW_MS)
+    assert fork.value.kind is Refused.PRECONDITION and "does not extend" in str(fork.value)
+    with pytest.raises(Refusal) as unknown:
+        plan_step(state, ProtocolStep(forgotten=[str(uuid.uuid4())]), NOW_MS)
+    assert "is not known here" in str(unknown.value)
+
+
+def test_state_changes_only_step_forward_and_a_repeat_is_a_no_op() -> None:
+    state = StoreState("dc1")
+    tx_id = _synced_peer_tx(state)
+    ok = common_pb2.Outcome(state=common_pb2.TX_STATE_OK, position=1)
+    finished = [
+        StateChangeRequest(tx_id, TxState.TESTING),
+        StateChangeRequest(tx_id, TxState.OK, ok),
+    ]
+    entries = plan_changes(state, finished, "worker-dispatch", NOW_MS)
+    assert [TxState(entry.state.state) for entry in entries] == [TxState.TESTING, TxState.OK]
+    for entry in entries:
+        state.apply(entry)
+    assert plan_changes(state, finished[1:], "worker-dispatch", NOW_MS) == []  # repeated
+    with pytest.raises(Refusal) as backwards:
+        plan_changes(state, finished[:1], "worker-dispatch", NOW_MS)
+    assert backwards.value.kind is Refused.PRECONDITION
+    # The dispatch's restart reports TESTING again after its verdict: a repeat for it.
+    assert plan_changes(state, finished[:1], "wd", NOW_MS, passed_is_repeat=True) == []
+    failed = common_pb2.Outcome(state=common_pb2.TX_STATE_FAILED, position=1)
+    with pytest.raises(Refusal) as other_verdict:
+        plan_changes(
+            state, [StateChangeRequest(tx_id, TxState.FAILED, failed)], "wd", NOW_MS,
+            passed_is_repeat=True,
+        )  # fmt: skip
+    assert "OK -> FAILED is not a forward step" in str(other_verdict.value)
+
+
+def test_a_late_report_keeps_its_time_within_the_history_and_now() -> None:
+    state = StoreState("dc1")
+    tx_id = _synced_peer_tx(state)
+    early = StateChangeRequest(tx_id, TxState.TESTING, at_unix_ms=NOW_MS - 60_000)
+    late = StateChangeRequest(tx_id, TxState.TESTING, at_unix_ms=NOW_MS + 60_000)
+    (kept_back,) = plan_changes(state, [early], "wd", NOW_MS)
+    assert kept_back.at_unix_ms == NOW_MS  # not before the record's last step
+    (clamped,) = plan_changes(state, [late], "wd", NOW_MS + 1_000)
+    assert clamped.at_unix_ms == NOW_MS + 1_000  # not after now
