@@ -13,9 +13,9 @@ import pytest
 from tests.support.in_process import WAIT_S
 from tests.transaction_store.held_writes import hold_writes
 from txsync.protocol import TxMeta
+from txsync.transaction_store.local_submits import LocalSubmit
 from txsync.transaction_store.step_rules import ProtocolStep
 from txsync.transaction_store.store import (
-    LocalSubmit,
     StoreConfig,
     TransactionStore,
 )

@@ -26,13 +26,14 @@ from txsync.refusals import Refusal, Refused
 from txsync.rpc import add_service, new_server
 from txsync.settings import FOLLOW_GATHER_MS_MOST
 from txsync.telemetry import work
+from txsync.transaction_store import local_submits
 from txsync.transaction_store import store as store_module
+from txsync.transaction_store.local_submits import LocalSubmit
 from txsync.transaction_store.server import CLIENT_SERVICE
 from txsync.transaction_store.service import ClientServicer
 from txsync.transaction_store.state import StoreState, TxRecord
 from txsync.transaction_store.step_rules import ProtocolStep, StateChangeRequest
 from txsync.transaction_store.store import (
-    LocalSubmit,
     StoreConfig,
     Submitted,
     TransactionStore,
@@ -476,7 +477,7 @@ def test_a_keyed_body_carries_this_dcs_key_window_and_time(tmp_path: Path) -> No
 def test_a_watch_that_does_not_read_is_dropped_not_buffered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "LOCAL_WATCH_BYTES_MAX", 10_000)
+    monkeypatch.setattr(local_submits, "LOCAL_WATCH_BYTES_MAX", 10_000)
 
     async def scenario(store: TransactionStore) -> None:
         stalled = store.watch_local_submits()
@@ -503,7 +504,7 @@ def test_a_watch_hands_a_group_commits_submits_in_messages_it_bounds(
     """Submits written together go in one message where they fit (the coordinator steps
     them together): at most LOCAL_SUBMITS_PER_MESSAGE and a bound of body bytes
     each, in submit order."""
-    monkeypatch.setattr(store_module, "LOCAL_SUBMITS_PER_MESSAGE", 4)
+    monkeypatch.setattr(local_submits, "LOCAL_SUBMITS_PER_MESSAGE", 4)
 
     async def scenario(store: TransactionStore) -> None:
         watch = store.watch_local_submits()
@@ -517,10 +518,10 @@ def test_a_watch_hands_a_group_commits_submits_in_messages_it_bounds(
         assert [s.tx_id for b in batches for s in b] == submitted
         # Body bytes bound a message too; a body over the bound goes alone.
         size = len(bodies[0].SerializeToString())
-        monkeypatch.setattr(store_module, "LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE", 2 * size)
+        monkeypatch.setattr(local_submits, "LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE", 2 * size)
         await store.submit_many([(b, "", "") for b in bodies[:3]])
         assert [len(await anext(watch)) for _ in range(2)] == [2, 1]
-        monkeypatch.setattr(store_module, "LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE", size - 1)
+        monkeypatch.setattr(local_submits, "LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE", size - 1)
         await store.submit_many([(b, "", "") for b in bodies[3:5]])
         assert [len(await anext(watch)) for _ in range(2)] == [1, 1]
         await watch.aclose()

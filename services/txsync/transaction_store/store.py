@@ -42,6 +42,8 @@ from txsync.shares import Shares
 from txsync.telemetry import work
 from txsync.telemetry.logs import event as log_event
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
+from txsync.transaction_store.local_submits import LocalSubmit, LocalSubmitBatch, LocalWatch
+from txsync.transaction_store.retention import Carried, Verdict, carried_entries, split_by_budget
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
 from txsync.transaction_store.step_rules import (
     PeerBody,
@@ -150,20 +152,6 @@ class Submitted:
     state: TxState
 
 
-@dataclass(frozen=True, slots=True)
-class LocalSubmit:
-    """A durable local submit, with what the coordinator needs to push its body at once."""
-
-    tx_id: str
-    body: bytes
-    """Encoded ``TxBody``; empty if it could not be read (the peers then fetch it)."""
-    digest: bytes
-    traceparent: str
-    ts: int = 0
-    """The stamp the store gave it (0: the coordinator stamps it)."""
-    local_seq: int = 0
-
-
 FOLLOW_BATCH_MAX = 256
 """Positions per batch that ``follow_enqueued`` yields (one stream message each)."""
 FOLLOW_GATHER_BELOW = 32
@@ -183,74 +171,6 @@ quiet, and the txlog's writer writes a lone frame on the event loop's thread
 LIST_SCAN_MAX = 20_000
 """Transactions one ``List`` call looks at (8 ms of the event loop here); a page
 it cannot fill within them ends early, with a token to go on from."""
-LOCAL_WATCH_BYTES_MAX = 64 * 1024 * 1024
-"""Bodies one local submit watch may have waiting unread; past it the watch is dropped
-(its watcher watches again and is handed every pending submit anew), so a stalled or
-hostile watcher cannot grow the store's memory."""
-LOCAL_SUBMITS_PER_MESSAGE = 256
-LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE = 4 * 1024 * 1024
-"""Bodies in one ``WatchLocalSubmits`` message, together (one larger body goes alone: a
-body is at most 4 MiB, a message at most 8 MiB, ``rpc.MESSAGE_BYTES_MAX``)."""
-
-
-class _LocalWatch:
-    """One ``watch_local_submits`` stream's waiting submits, bounded in bytes."""
-
-    def __init__(self) -> None:
-        self._waiting: deque[LocalSubmit] = deque()
-        self._handed = asyncio.Event()
-        self.waiting_bytes = 0
-        self.dropped = False
-
-    def hand(self, submit: LocalSubmit) -> None:
-        if self.dropped:
-            return
-        if self.waiting_bytes + len(submit.body) > LOCAL_WATCH_BYTES_MAX:
-            self.dropped = True
-            self._waiting.clear()
-            self._handed.set()  # wakes the stream, which ends
-            return
-        self.waiting_bytes += len(submit.body)
-        self._waiting.append(submit)
-        self._handed.set()
-
-    async def next_batch(self) -> list[LocalSubmit]:
-        """Every submit waiting, at least one, as many as one message takes: under load,
-        what was staged while the previous message was on its way."""
-        while not self._waiting and not self.dropped:
-            self._handed.clear()
-            await self._handed.wait()
-        if self.dropped:
-            raise Refusal(
-                Refused.OVERLOADED,
-                f"this watch fell more than {LOCAL_WATCH_BYTES_MAX // 2**20} MiB of bodies "
-                "behind and was dropped; watch again (pending submits are handed anew)",
-            )
-        batch = _LocalSubmitBatch()
-        while self._waiting and batch.takes(self._waiting[0]):
-            batch.add(self._waiting.popleft())
-        self.waiting_bytes -= batch.body_bytes
-        return batch.submits
-
-
-class _LocalSubmitBatch:
-    """Local submits for one ``WatchLocalSubmits`` message."""
-
-    def __init__(self) -> None:
-        self.submits: list[LocalSubmit] = []
-        self.body_bytes = 0
-
-    def takes(self, submit: LocalSubmit) -> bool:
-        if not self.submits:
-            return True  # a body over the byte bound goes alone
-        return (
-            len(self.submits) < LOCAL_SUBMITS_PER_MESSAGE
-            and self.body_bytes + len(submit.body) <= LOCAL_SUBMIT_BODY_BYTES_PER_MESSAGE
-        )
-
-    def add(self, submit: LocalSubmit) -> None:
-        self.submits.append(submit)
-        self.body_bytes += len(submit.body)
 
 
 class _Waiter:
@@ -390,7 +310,7 @@ class TransactionStore:
         """Waits by transaction: woken only when that transaction's state moves, not by
         every write (with many clients waiting, waking all of them per fsync cost more
         than the writes)."""
-        self._local_watchers: set[_LocalWatch] = set()
+        self._local_watchers: set[LocalWatch] = set()
         self._unhanded: deque[tuple[_Staged, Sequence[txlog_pb2.LogEntry]]] = deque()
         """Stamped submits staged and not yet handed to the watchers, in log order: handed
         once durable, in that order (``_hand_durable_submits``)."""
@@ -1131,7 +1051,7 @@ class TransactionStore:
 
     async def watch_local_submits(self) -> AsyncGenerator[list[LocalSubmit], None]:
         """Every local submit the protocol may not hold yet, each once, with its body, in
-        batches of what one message takes (``_LocalSubmitBatch``). First those waiting
+        batches of what one message takes (``LocalSubmitBatch``). First those waiting
         when the watch starts: the ones to stamp anew (``pending_local``), then the
         durable stamped ones no counter or epoch has settled, in order (a coordinator
         that holds one already refuses it as a repeat). Then new ones as they become
@@ -1141,7 +1061,7 @@ class TransactionStore:
                 Refused.OVERLOADED,
                 f"at most {LOCAL_WATCHERS_MAX} local submit watches at once",
             )
-        handed = _LocalWatch()
+        handed = LocalWatch()
         self._local_watchers.add(handed)
         try:
             staged = {entry.submitted.tx_id for _, entries in self._unhanded for entry in entries}
@@ -1151,12 +1071,12 @@ class TransactionStore:
                 if tx_id not in staged  # handed as they become durable
             ]
             pending = [*((tx_id, 0, 0) for tx_id in self.state.pending_local), *stamped]
-            batch = _LocalSubmitBatch()
+            batch = LocalSubmitBatch()
             for tx_id, stamp, seq in pending:
                 submit = await self._local_submit(tx_id, stamp, seq)
                 if not batch.takes(submit):
                     yield batch.submits
-                    batch = _LocalSubmitBatch()
+                    batch = LocalSubmitBatch()
                 batch.add(submit)
             if batch.submits:
                 yield batch.submits
@@ -1486,7 +1406,7 @@ class TransactionStore:
         last_pass: int | None = None
         for _ in range(EARLY_FILING_PASSES):
             kept = [b for b in self._unfiled_kept(below_position) if b[0] not in filed_early]
-            carry_now, to_file = _split_by_budget(kept, budget)
+            carry_now, to_file = split_by_budget(kept, budget)
             if last_pass is not None and (
                 len(to_file) <= FILED_UNDER_THE_LOCK_MOST or len(to_file) > last_pass // 2
             ):
@@ -1505,7 +1425,7 @@ class TransactionStore:
         )
         StoreState.keep_prepared(built)
         described = [self._carried_fields(tx_id, encoded) for tx_id, encoded in carry_now]
-        prepared = await work.in_thread(_carried_entries, described)
+        prepared = await work.in_thread(carried_entries, described, _now_ms())
         # The lock is taken twice, briefly: to take the snapshot (the state as the
         # current file holds it up to its end), and, once the new file is written and
         # synced outside it, to copy on what was appended meanwhile and switch files.
@@ -1522,14 +1442,14 @@ class TransactionStore:
                 for tx_id, encoded in self._unfiled.items()
                 if tx_id not in gone and tx_id not in filed
             ]
-            carried, late = _split_by_budget(kept_unfiled, budget)
+            carried, late = split_by_budget(kept_unfiled, budget)
             # Staged since the early filing: few, unless submits outrun the filing (a
             # storm of batches); then filed here, holding the submits back, or the
             # filing outside the lock would never catch up with them.
             await work.in_thread(self.bodies.file_many, late)
             entries = [
                 prepared.get(tx_id)
-                or _carried_entries([self._carried_fields(tx_id, encoded)])[tx_id]
+                or carried_entries([self._carried_fields(tx_id, encoded)], _now_ms())[tx_id]
                 for tx_id, encoded in carried
             ]
             self._remember_verdicts(dropped)
@@ -1598,10 +1518,10 @@ class TransactionStore:
         are not rewritten at every rotation."""
         return self.config.log_file_bytes_max // 2
 
-    def _carried_fields(self, tx_id: str, encoded: bytes) -> _Carried:
+    def _carried_fields(self, tx_id: str, encoded: bytes) -> Carried:
         """What a carried body's entry holds, read on the loop (the record may change)."""
         record = self.state.txs[tx_id]
-        return _Carried(tx_id, encoded, record.body_digest, record.membership, record.traceparent)
+        return Carried(tx_id, encoded, record.body_digest, record.membership, record.traceparent)
 
     def _unfiled_kept(self, below_position: int) -> list[tuple[str, bytes]]:
         """The unfiled bodies a rotation below ``below_position`` would keep, as far as
@@ -1632,37 +1552,6 @@ class TransactionStore:
             self._rotating = False
 
 
-class Verdict(NamedTuple):
-    """What a client waiting on a truncated transaction is told: its outcome's fields,
-    not the outcome itself. A message parsed as part of a request keeps that whole
-    request's memory alive (protobuf's arenas): kept for 32,768 transactions, the
-    outcomes took 1.4 KB each, and the store's RSS grew with the history again."""
-
-    state: TxState
-    position: int
-    rows_affected: tuple[int, ...]
-    error: str
-    duplicate_of: str
-
-    @classmethod
-    def of(cls, state: TxState, outcome: common_pb2.Outcome | None) -> Verdict:
-        if outcome is None:
-            return cls(state, 0, (), "", "")
-        return cls(
-            state, outcome.position, tuple(outcome.rows_affected), outcome.error,
-            outcome.duplicate_of,
-        )  # fmt: skip
-
-    def outcome(self) -> common_pb2.Outcome:
-        return common_pb2.Outcome(
-            state=common_pb2.TxState.ValueType(self.state.value),
-            position=self.position,
-            rows_affected=self.rows_affected,
-            error=self.error,
-            duplicate_of=self.duplicate_of,
-        )
-
-
 TRUNCATED_VERDICTS_KEPT = 16_384
 """Truncated transactions whose verdict a wait still finds: about 4 MB, flat (the
 records themselves took about 3 KB each). Tens of seconds at the highest rates, on top
@@ -1679,43 +1568,6 @@ EARLY_FILING_PASSES = 4
 FILED_UNDER_THE_LOCK_MOST = 64
 """Bodies left to file after the first pass that end the passes: few enough to file
 under the lock."""
-
-
-class _Carried(NamedTuple):
-    tx_id: str
-    body: bytes
-    digest: bytes
-    membership: bool
-    traceparent: str
-
-
-def _carried_entries(bodies: Sequence[_Carried]) -> dict[str, bytes]:
-    """The ``BodyStored`` entries (``carried``) a rotation writes after its snapshot,
-    encoded: as messages, thousands of them held while a rotation ran cost about 2 KB
-    each (``txlog.files.SnapshotForm`` has the measure)."""
-    at = _now_ms()
-    entries: dict[str, bytes] = {}
-    for body in bodies:
-        stored = txlog_pb2.BodyStored(
-            tx_id=body.tx_id, body_digest=body.digest, body_bytes=len(body.body),
-            body=body.body, membership=body.membership, traceparent=body.traceparent,
-            carried=True,
-        )  # fmt: skip
-        entry = txlog_pb2.LogEntry(at_unix_ms=at, body_stored=stored)
-        entries[body.tx_id] = entry.SerializeToString()
-    return entries
-
-
-def _split_by_budget(
-    bodies: list[tuple[str, bytes]], budget: int
-) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
-    """The bodies that fit ``budget`` bytes (in order: the oldest first), and the rest."""
-    taken = 0
-    for index, (_, encoded) in enumerate(bodies):
-        taken += len(encoded)
-        if taken > budget:
-            return bodies[:index], bodies[index:]
-    return bodies, []
 
 
 def _as_written(record: TxRecord, written: TxState | None) -> TxRecord | None:
