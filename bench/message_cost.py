@@ -11,10 +11,12 @@ process over loopback, both on uvloop as the services run (``TXSYNC_EVENT_LOOP``
 request in flight at a time, as at low load. CPU is user + system time of both
 processes over the measured requests (``/proc``), so the native work of gRPC's threads
 counts too. The thread hop (``asyncio.to_thread``: how the store reaches its fsync and a
-worker its database) and the fsynced append (a txlog group commit of one small entry)
-run in the client process alone, as do the body file's rows: a 120-byte body gzipped by
-``gzip.compress`` (zlib's default state) and by the store's ``gzip_body``, and a whole
-body file as the store writes one (``BodyStore.write``: gzip, create, write, rename).
+worker its database) and the synced appends (a txlog group commit of one small entry:
+with ``fsync``, as the writer does, with ``fdatasync``, and with ``fdatasync`` into a
+preallocated file, as etcd's WAL does) run in the client process alone, as do the body
+file's rows: a 120-byte body gzipped by ``gzip.compress`` (zlib's default state) and by
+the store's ``gzip_body``, and a whole body file as the store writes one
+(``BodyStore.write``: gzip, create, write, rename).
 
 The gRPC rows are measured on both of gRPC's transports, side by side in each run:
 the poller-driven one the services run on (``GRPC_EXPERIMENTS``, set by ``txsync``'s
@@ -190,23 +192,8 @@ async def _measure(port: int, server_pid: int, count: int) -> list[Cost]:
         )
     )
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as scratch:
-        descriptor = os.open(Path(scratch) / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        try:
-
-            def append() -> None:
-                os.write(descriptor, payload)
-                os.fdatasync(descriptor)
-
-            costs.append(
-                await _timed(
-                    f"append {PAYLOAD_BYTES} B + fdatasync, in a thread",
-                    lambda: asyncio.to_thread(append),
-                    count,
-                    None,
-                )
-            )
-        finally:
-            os.close(descriptor)
+        for sync_name, sync, preallocated in SYNC_MODES:
+            costs.append(await _appends(Path(scratch), sync_name, sync, preallocated, count))
         bodies = BodyStore(Path(scratch) / "bodies")
 
         async def default_gzip() -> None:
@@ -224,6 +211,49 @@ async def _measure(port: int, server_pid: int, count: int) -> list[Cost]:
         costs.append(await _timed("gzip_body (the store's), same body", store_gzip, count, None))
         costs.append(await _timed("body file (BodyStore.write)", body_file, count, None))
     return costs
+
+
+SYNC_MODES: tuple[tuple[str, Callable[[int], None], bool], ...] = (
+    ("fsync", os.fsync, False),
+    ("fdatasync", os.fdatasync, False),
+    ("fdatasync, preallocated", os.fdatasync, True),
+)
+"""The txlog's writer appends and calls ``fsync`` (the first row); issue 52 asked whether
+``fdatasync`` into a preallocated file, as etcd's WAL does, would pay: the file's size
+then does not change with each append, so the sync has no metadata to write."""
+PREALLOCATED_BYTES = 64 * 1024 * 1024
+
+
+async def _appends(
+    scratch: Path, name: str, sync: Callable[[int], None], preallocated: bool, count: int
+) -> Cost:
+    """One small append and its sync, in a thread, as the writer does it."""
+    path = scratch / f"log-{name.replace(', ', '-')}"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT)
+    payload = b"x" * PAYLOAD_BYTES
+    offset = 0
+    try:
+        if preallocated:
+            os.posix_fallocate(descriptor, 0, PREALLOCATED_BYTES)
+            os.fsync(descriptor)
+
+        def append() -> None:
+            nonlocal offset
+            if offset + len(payload) > PREALLOCATED_BYTES:
+                offset = 0  # a long run wraps within the preallocated bytes
+            os.pwrite(descriptor, payload, offset)
+            offset += len(payload)
+            sync(descriptor)
+
+        return await _timed(
+            f"append {PAYLOAD_BYTES} B + {name}, in a thread",
+            lambda: asyncio.to_thread(append),
+            count,
+            None,
+        )
+    finally:
+        os.close(descriptor)
+        path.unlink()
 
 
 async def _hop() -> None:
