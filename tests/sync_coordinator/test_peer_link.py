@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from txsync.protocol import MergeBase, Post, TxMeta
-from txsync.sync_coordinator import coordinator
-from txsync.sync_coordinator.coordinator import PUSH_BATCH_BYTES_MAX, PeerLink
+from txsync.sync_coordinator import peer_link
+from txsync.sync_coordinator.peer_link import PUSH_BATCH_BYTES_MAX, PeerLink
 from txsync.sync_coordinator.wire import post_to_proto
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import peer_pb2
@@ -98,7 +98,7 @@ def test_pushes_waiting_past_the_byte_bound_drop_the_oldest(
         kept = [p.tx_id for m in messages for p in m.bodies.bodies]
         assert kept == [f"tx-{n}" for n in range(24, 40)]
 
-    monkeypatch.setattr(coordinator, "PEER_BODY_BYTES_MAX", 16 * 1024 * 1024)
+    monkeypatch.setattr(peer_link, "PEER_BODY_BYTES_MAX", 16 * 1024 * 1024)
     asyncio.run(scenario())
 
 

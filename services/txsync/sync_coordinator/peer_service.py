@@ -27,9 +27,10 @@ from txsync.protocol import (
 from txsync.refusals import Refusal
 from txsync.rpc import REFUSALS, ServiceError, abort, answers_errors, check_request
 from txsync.sync_coordinator.bodies import checked_body
-from txsync.sync_coordinator.coordinator import PUSH_BATCH_BYTES_MAX, Coordinator
+from txsync.sync_coordinator.coordinator import Coordinator
 from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
+from txsync.sync_coordinator.peer_link import PUSH_BATCH_BYTES_MAX
 from txsync.sync_coordinator.wire import (
     UnknownReference,
     WireError,
