@@ -95,14 +95,23 @@ def report(counts: Counts, ordered: int) -> list[str]:
     return lines
 
 
+def _with(coordinator_args: str) -> str:
+    return f", coordinators with {coordinator_args}" if coordinator_args else ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rtt", type=float, default=0.0, help="round-trip time, ms")
     parser.add_argument("--clients", type=int, default=16, help="clients per DC")
     parser.add_argument("--batches", default="1,50", help="submits per call, each a run")
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds")
+    parser.add_argument(
+        "--coordinator-args", default="",
+        help="extra flags for every sync-coordinator, one string (an A/B of a setting: "
+        "run once without and once with, e.g. --coordinator-args='--busy-round-gap-ms 5')",
+    )  # fmt: skip
     options = parser.parse_args()
-    system = TxSyncSystem(options.rtt / 2)
+    system = TxSyncSystem(options.rtt / 2, coordinator_args=tuple(options.coordinator_args.split()))
     nodes = system.start()
     try:
         addresses, pids = metrics_addresses(system), system.processes()
@@ -121,7 +130,8 @@ def main() -> int:
             rate = ordered / options.duration
             print(
                 f"{options.clients} clients per DC, {batch} submit(s) per call, "
-                f"{options.rtt:.0f} ms RTT: {ordered} ordered ({rate:.0f}/s)"
+                f"{options.rtt:.0f} ms RTT{_with(options.coordinator_args)}: {ordered} ordered "
+                f"({rate:.0f}/s)"
             )
             spent: Counts = collections.defaultdict(float)
             for key, value in after.items():
