@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("txsync.cli.submit_command", "submit a write transaction to a DC"),
     "status": (
         "txsync.cli.status_command",
-        "every DC's quorum, view, queues, lag, workers and alarms",
+        "every DC's quorum, view, queues, lag, workers, alarms, warnings",
     ),
     "members": (
         "txsync.cli.status_command",

@@ -279,7 +279,7 @@ def run_workers(options: argparse.Namespace) -> int:
 
 def register(commands: Any) -> None:
     for name, handler, summary in (
-        ("status", run_status, "every DC's quorum, view, queues, lag, workers and alarms"),
+        ("status", run_status, "every DC's quorum, view, queues, lag, workers, alarms, warnings"),
         ("members", run_members, "the view's members: weight, address, reachability, progress"),
         ("workers", run_workers, "every DC's workers: role, health, position, sync"),
     ):
