@@ -21,6 +21,8 @@ from txsync.v1 import common_pb2, txlog_pb2
 
 @dataclass(frozen=True, slots=True)
 class StateChangeRequest:
+    """One transaction's next state, as a coordinator's step or the dispatch asks for it."""
+
     tx_id: str
     state: TxState
     outcome: common_pb2.Outcome | None = None
