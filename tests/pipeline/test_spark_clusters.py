@@ -35,8 +35,9 @@ LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 SPARK_WORK = SPARK_BIN.parent / "work"
 """Where ``local-cluster``'s workers keep each application's files, the packed environment
 unpacked per executor among them (450 MB each). Spark never removes them, and no flag
-moves them for ``local-cluster``: a CI run left 5.3 GB there per PySpark version, which
-filled the disk of a CI machine (``spark_work_removed``)."""
+moves them for ``local-cluster``: a CI run left 5.3 GB there (8 applications), more than
+a third of what the whole run wrote, on a CI machine whose disk then filled
+(``spark_work_removed``)."""
 
 
 @pytest.fixture(autouse=True)
