@@ -27,7 +27,6 @@ from txsync.protocol import (
 from txsync.protocol.events import PersistViewVote
 from txsync.protocol.limits import EVENT_METAS_MOST, INCOMING_TXS_MOST
 from txsync.rpc import MESSAGE_BYTES_MAX
-from txsync.sync_coordinator.coordinator import Coordinator
 from txsync.sync_coordinator.effects import BODY_ENTRY_BYTES_MOST, ArrivedBody, MergedPersist
 from txsync.sync_coordinator.shell import (
     FLUSH_BODIES,
@@ -37,6 +36,7 @@ from txsync.sync_coordinator.shell import (
     ShellEvent,
     ShellOutput,
 )
+from txsync.sync_coordinator.store_wire import persist_request
 from txsync.transaction_store.validation import (
     BODIES_PER_CALL_MAX,
     BODY_BYTES_MAX,
@@ -260,7 +260,7 @@ def test_the_largest_write_the_shell_can_make_fits_in_one_grpc_message() -> None
         ],
     )
     install.body_bytes = len(install.bodies)
-    assert Coordinator._persist_request(install).ByteSize() <= install.bytes_bound()
+    assert persist_request(install).ByteSize() <= install.bytes_bound()
 
     install.bodies, install.body_bytes = [], 0
     largest_event = install.bytes_bound()

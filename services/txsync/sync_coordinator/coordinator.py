@@ -34,17 +34,10 @@ import grpc
 
 from txsync.codec import (
     MetaInterner,
-    ballot_from_proto,
-    ballot_to_proto,
-    proposal_from_proto,
-    proposal_to_proto,
 )
 from txsync.protocol import (
-    IMPLIED_STATES,
-    Ballot,
     ConfigChange,
     ConfigChangeSynced,
-    DurableState,
     FetchBody,
     Limits,
     LocalTx,
@@ -66,18 +59,17 @@ from txsync.protocol import (
 from txsync.rpc import new_channel
 from txsync.settings import PROGRESS_REPORT_S
 from txsync.sync_coordinator.bodies import BodyFetches
-from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
+from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished, OutcomeLedger
 from txsync.sync_coordinator.peer_link import PeerLink, TlsFiles
 from txsync.sync_coordinator.post_deltas import KnownPosts
 from txsync.sync_coordinator.rounds import RoundTracker
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput
+from txsync.sync_coordinator.store_wire import durable_from_proto, persist_request
 from txsync.sync_coordinator.wire import (
     base_from_proto,
-    base_to_proto,
     entries_to_proto,
     meta_from_proto,
-    meta_to_proto,
     post_to_proto,
     view_message_to_proto,
 )
@@ -113,8 +105,6 @@ benchmarks.md, Tuning 15)."""
 PERSIST_TIMEOUT_S = 30.0
 """A step not durable after this long means the store is stuck: the coordinator stops
 (to be restarted from durable state) rather than hold every send forever."""
-SERVICE = "sync-coordinator"
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CoordinatorConfig:
@@ -263,26 +253,7 @@ class Coordinator:
                 f"the store at {self.config.store_address} belongs to {state.node_id}, "
                 f"not {self.config.node_id}"
             )
-        durable = DurableState(
-            counter=state.counter,
-            epoch=state.epoch,
-            synced_len=state.merge_base.synced_len,
-            synced_tail=tuple(meta_from_proto(m) for m in state.synced_tail),
-            incoming=tuple((meta_from_proto(e.meta), e.acquired) for e in state.incoming),
-            synced_unacquired=tuple(meta_from_proto(m) for m in state.synced_unacquired),
-            view=proposal_from_proto(state.view, "view") if state.HasField("view") else None,
-            promised=ballot_from_proto(state.vote.promised) if state.HasField("vote") else None,
-            accepted_ballot=(
-                ballot_from_proto(state.vote.accepted_ballot)
-                if state.vote.HasField("accepted_ballot")
-                else None
-            ),
-            accepted=(
-                proposal_from_proto(state.vote.accepted)
-                if state.vote.HasField("accepted_ballot")
-                else None
-            ),
-        )
+        durable = durable_from_proto(state)
         # A joining node is not in the configuration it starts from: it asks the peers
         # for the current view until a membership entry has added it.
         joining = [] if self.config.joining else [self.config.node_id]
@@ -421,7 +392,7 @@ class Coordinator:
                 self.events.put_nowait(Tick(_now_ms()))
         for write in out.writes:
             self._written.append((write.seq, time.monotonic(), write.merged.body_bytes))
-            self._writes.put_nowait(self._persist_request(write.merged))
+            self._writes.put_nowait(persist_request(write.merged))
         for release in out.releases:
             if release.installed:
                 self._sync_links()
@@ -634,43 +605,6 @@ class Coordinator:
         return node_id in self.links or (
             self.node is not None and node_id in self.node.configuration
         )
-
-    @staticmethod
-    def _persist_request(merged: MergedPersist) -> store_pb2.PersistStepRequest:
-        request = store_pb2.PersistStepRequest(
-            counter=merged.counter,
-            incoming=[meta_to_proto(m) for m in merged.incoming],
-            synced=[meta_to_proto(m) for m in merged.synced],
-            # The store makes the core's INCOMING, ACCEPTED and ENQUEUED itself, from the
-            # metas, synced append and bodies it records: those are not sent.
-            state_changes=[
-                store_pb2.StateChange(
-                    tx_id=c.tx_id, state=common_pb2.TxState.ValueType(c.state.value)
-                )
-                for c in merged.changes
-                if c.state not in IMPLIED_STATES
-            ],
-            service=SERVICE,
-            local_seq=merged.local_seq,
-            bodies=[
-                store_pb2.StoreBodyRequest(
-                    tx_id=b.tx_id, body=b.body, digest=b.digest, traceparent=b.traceparent
-                )
-                for b in merged.bodies
-            ],
-        )
-        if merged.synced_start is not None:
-            request.synced_start.CopyFrom(base_to_proto(merged.synced_start))
-        request.forgotten.extend(merged.forgotten)
-        if merged.installed is not None:
-            request.installed_view.CopyFrom(proposal_to_proto(merged.installed))
-        if merged.vote is not None:
-            request.vote.promised.CopyFrom(ballot_to_proto(merged.vote.promised))
-            accepted_ballot: Ballot | None = merged.vote.accepted_ballot
-            if accepted_ballot is not None and merged.vote.accepted is not None:
-                request.vote.accepted_ballot.CopyFrom(ballot_to_proto(accepted_ballot))
-                request.vote.accepted.CopyFrom(proposal_to_proto(merged.vote.accepted))
-        return request
 
     def _link(self, to: str) -> PeerLink | None:
         link = self.links.get(to) or next(

@@ -37,9 +37,10 @@ from txsync.settings import COORDINATOR_SETTINGS, add_arguments
 from txsync.sync_coordinator.admin import NOT_HERE as ADMIN_NOT_HERE
 from txsync.sync_coordinator.admin import CoordinatorAdmin
 from txsync.sync_coordinator.bodies import FETCH_QUEUE_MAX
-from txsync.sync_coordinator.coordinator import SERVICE, Coordinator, CoordinatorConfig
+from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig
 from txsync.sync_coordinator.peer_link import TlsFiles
 from txsync.sync_coordinator.peer_service import PeerServicer
+from txsync.sync_coordinator.store_wire import SERVICE
 from txsync.sync_coordinator.wire import WireError, check_node_id
 from txsync.telemetry import Gauge, ServiceTelemetry, add_telemetry_arguments
 from txsync.v1 import admin_pb2, peer_pb2

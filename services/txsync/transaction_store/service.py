@@ -17,9 +17,8 @@ from typing import Any
 import grpc
 
 from txsync.access import forwarded_credentials
-from txsync.codec import WireError, base_to_proto, meta_to_proto, metas_from_proto
-from txsync.ids import tx_id_problem
-from txsync.protocol import MergeBase, TxMeta, TxState
+from txsync.codec import base_to_proto, meta_to_proto
+from txsync.protocol import TxState
 from txsync.refusals import Refusal, Refused
 from txsync.rpc import (
     REFUSALS,
@@ -35,7 +34,11 @@ from txsync.telemetry import current_traceparent, work
 from txsync.telemetry.tracing import new_trace_linked_to, tracing_configured
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.state import TxRecord
-from txsync.transaction_store.step_rules import ProtocolStep, StateChangeRequest
+from txsync.transaction_store.step_wire import (
+    changes_from_proto,
+    protocol_state_to_proto,
+    step_from_proto,
+)
 from txsync.transaction_store.store import (
     StagedStep,
     Submitted,
@@ -427,38 +430,6 @@ def _traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return ""
 
 
-_STATES = {state.value: state for state in TxState}
-
-
-def _metas(messages: Sequence[common_pb2.TxMeta], field: str) -> list[TxMeta]:
-    for index, message in enumerate(messages):
-        if message.ts == 0:
-            raise invalid(f"{field}[{index}]: a meta needs a positive ts")
-    try:
-        return list(metas_from_proto(messages, field))
-    except WireError as error:
-        raise invalid(str(error)) from None
-
-
-def _changes(messages: Any) -> list[StateChangeRequest]:
-    changes: list[StateChangeRequest] = []
-    for change in messages:
-        tx_id, state = change.tx_id, change.state
-        if tx_id_problem(tx_id, "") is not None or state not in _STATES:
-            index = len(changes)  # name the field only for the one that is refused
-            check_tx_id(tx_id, f"changes[{index}].tx_id")
-            check_state(state, f"changes[{index}].state")
-        changes.append(
-            StateChangeRequest(
-                tx_id=tx_id,
-                state=_STATES[state],
-                outcome=change.outcome if change.HasField("outcome") else None,
-                at_unix_ms=change.at_unix_ms,
-            )
-        )
-    return changes
-
-
 class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     def __init__(self, store: TransactionStore) -> None:
         self._store = store
@@ -470,21 +441,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> store_pb2.LoadProtocolStateResponse:
         loaded = await self._store.load_protocol_state()
-        response = store_pb2.LoadProtocolStateResponse(
-            node_id=self._store.state.node_id,
-            counter=loaded.counter,
-            epoch=loaded.epoch,
-            merge_base=base_to_proto(loaded.merge_base),
-            synced_tail=[meta_to_proto(m) for m in loaded.synced_tail],
-            synced_unacquired=[meta_to_proto(m) for m in loaded.synced_unacquired],
-        )
-        for meta, acquired in loaded.incoming:
-            response.incoming.add(meta=meta_to_proto(meta), acquired=acquired)
-        if loaded.view is not None:
-            response.view.CopyFrom(loaded.view)
-        if loaded.vote is not None:
-            response.vote.CopyFrom(loaded.vote)
-        return response
+        return protocol_state_to_proto(self._store.state.node_id, loaded)
 
     async def PersistSteps(
         self,
@@ -528,29 +485,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
 
     async def _stage_step(self, request: store_pb2.PersistStepRequest) -> StagedStep:
         check_request(request)
-        start = None
-        if request.HasField("synced_start"):
-            start = MergeBase(request.synced_start.synced_len, request.synced_start.last_tx_id)
-        return await self._store.stage_step(
-            ProtocolStep(
-                counter=request.counter,
-                local_seq=request.local_seq,
-                incoming=_metas(request.incoming, "incoming"),
-                synced_start=start,
-                synced=_metas(request.synced, "synced"),
-                changes=_changes(request.state_changes),
-                service=request.service or "sync-coordinator",
-                forgotten=list(request.forgotten),
-                installed_view=(
-                    request.installed_view if request.HasField("installed_view") else None
-                ),
-                vote=request.vote if request.HasField("vote") else None,
-                bodies=[
-                    (b.tx_id, b.body, b.digest, check_traceparent(b.traceparent))
-                    for b in request.bodies
-                ],
-            )
-        )
+        return await self._store.stage_step(step_from_proto(request))
 
     @answers_errors
     async def ReadBodies(
@@ -654,7 +589,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
 
     async def _advance_states(self, request: store_pb2.AdvanceStatesRequest) -> None:
         await self._store.advance_states(
-            _changes(request.changes), request.service or "worker-dispatch"
+            changes_from_proto(request.changes), request.service or "worker-dispatch"
         )
 
     async def WatchLocalSubmits(

@@ -1,21 +1,22 @@
-"""The store's rules for a protocol step and for state changes (issue 53): pure
-functions of the store's state (``StoreState``) and the time, given as ``now_ms``. Each
-validates a request in full and returns the log entries that make it (changing
-nothing), or raises a ``Refusal`` naming the rule broken. No I/O, clock, lock or gRPC
-inside: ``TransactionStore`` calls them under its lock and stages what they return, and
-a simulator can run the same rules.
+"""The store's rules for a protocol step, peers' bodies, local submits' stamps and state
+changes (issue 53): pure functions of the store's state (``StoreState``) and the time,
+given as ``now_ms``. Each validates a request in full and returns the log entries that
+make it (changing nothing), or raises a ``Refusal`` naming the rule broken. No I/O,
+clock, lock or gRPC inside: ``TransactionStore`` calls them under its lock and stages
+what they return, and the simulator's store (``sim/store.py``) runs the same rules on
+the same ``StoreState``, so a write the store would refuse fails a seed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import IMPLIED_STATES, MergeBase, TxMeta, TxState, is_allowed_transition
 from txsync.refusals import Refusal, Refused
 from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord
-from txsync.transaction_store.validation import check_tx_id, invalid
+from txsync.transaction_store.validation import STATE_CHANGES_MAX, check_tx_id, invalid
 from txsync.v1 import common_pb2, txlog_pb2
 
 
@@ -28,6 +29,41 @@ class StateChangeRequest:
     outcome: common_pb2.Outcome | None = None
     at_unix_ms: int = 0
     """When the sender made the change; 0: now. Kept within the record's last step and now."""
+
+
+PROTOCOL_STATE_SYNCED_MAX = 100_000
+"""Synced entries a coordinator loads at start (the newest)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolState:
+    """What a new coordinator incarnation starts from (``load_protocol_state``)."""
+
+    epoch: int
+    counter: int
+    merge_base: MergeBase
+    synced_tail: list[TxMeta]
+    incoming: list[tuple[TxMeta, bool]]
+    """Incoming metas and whether each body is held."""
+    synced_unacquired: list[TxMeta]
+    view: common_pb2.ViewProposal | None
+    vote: common_pb2.ViewVote | None
+
+
+def protocol_state(state: StoreState) -> ProtocolState:
+    """The protocol's durable state as a coordinator loads it (the store reads it right
+    after staging the new epoch's entry)."""
+    txs = state.txs
+    return ProtocolState(
+        epoch=state.epoch,
+        counter=state.counter,
+        merge_base=state.merge_base,
+        synced_tail=state.synced[-PROTOCOL_STATE_SYNCED_MAX:],
+        incoming=[(meta, txs[meta.tx_id].body_held) for meta in state.incoming.values()],
+        synced_unacquired=[m for m in state.synced if not txs[m.tx_id].body_held],
+        view=state.view,
+        vote=state.vote,
+    )
 
 
 PeerBody = tuple[str, bytes, bytes, str]
@@ -140,6 +176,77 @@ def plan_step(state: StoreState, step: ProtocolStep, now_ms: int) -> list[txlog_
     return entries
 
 
+@dataclass(frozen=True, slots=True)
+class StoredBody:
+    """A peer's body to store, checked already (``validation.check_peer_body``)."""
+
+    tx_id: str
+    encoded: bytes
+    digest: bytes
+    traceparent: str
+    membership: bool
+
+
+@dataclass(slots=True)
+class BodyEntries:
+    """What storing some peers' bodies writes (``plan_bodies``)."""
+
+    entries: list[txlog_pb2.LogEntry] = field(default_factory=list)
+    traced: list[str] = field(default_factory=list)
+    """Bodies whose trace context arrives with them."""
+
+
+def plan_bodies(state: StoreState, bodies: Sequence[StoredBody], now_ms: int) -> BodyEntries:
+    """The entries that store the bodies not held yet, each once."""
+    planned = BodyEntries()
+    taken: set[str] = set()
+    for body in bodies:
+        record = state.txs.get(body.tx_id)
+        if (record is not None and record.body_held) or body.tx_id in taken:
+            continue
+        taken.add(body.tx_id)
+        if body.traceparent and not (record and record.traceparent):
+            planned.traced.append(body.tx_id)
+        stored = txlog_pb2.BodyStored(
+            tx_id=body.tx_id,
+            body_digest=body.digest,
+            body_bytes=len(body.encoded),
+            body=body.encoded,
+            membership=body.membership,
+            traceparent=body.traceparent,
+        )
+        planned.entries.append(_entry(now_ms, body_stored=stored))
+    return planned
+
+
+def stamps_at_clock(state: StoreState, submits: int) -> bool:
+    """Whether a call's local submits are stamped at least at the wall clock: when the
+    DC is under load, else one above the staged counter.
+
+    Under load, a stamp one above the staged counter is passed by any peer's post
+    that raised the core's counter between the submit's write and its hand-over, and
+    the core then stamps it anew: a write and an fsync the stamp was meant to save.
+    At the clock only a post naming a stamp made later passes it. Measured at 16
+    single-submit clients per DC (docs/benchmarks.md, Tuning 23 and 25): renewals
+    0.6 -> 0.1 per transaction and 12% fewer ``PersistSteps``; throughput 13% higher
+    in one hour's pairs, within the spread in another's.
+
+    With one client per DC the clock costs latency at 50 ms RTT (p50 +5 ms): an
+    ADD takes metas only up to the lowest counter the members posted, and stamps
+    spread apart by real time leave a quiet DC's counter behind the others'. So
+    the clock is used only while another local submit is on its way to its post
+    (stamped and not yet settled, or waiting for a stamp) or a call brings several:
+    signs of load a lone client never gives. Correctness never depends on it: the
+    core stamps anew whatever it has passed."""
+    return submits > 1 or bool(state.unsettled) or bool(state.pending_local)
+
+
+def stamp_floor(state: StoreState, clock_us: int) -> int:
+    """The stamp a call's first submit goes one above (each next one above the one
+    before): every counter and timestamp staged, and ``clock_us`` (0: no clock)."""
+    return max(state.counter, clock_us - 1)
+
+
 def check_forgettable(state: StoreState, tx_id: str) -> None:
     check_tx_id(tx_id, "forgotten")
     record = state.txs.get(tx_id)
@@ -219,6 +326,63 @@ def plan_changes(
         entries.append(entry)
         pending[change.tx_id] = change.state
     return entries
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictPlan:
+    """The entries of a dispatch's state changes (``plan_verdicts``)."""
+
+    testing: list[txlog_pb2.LogEntry]
+    """TESTING entries, applied in memory only until their outcome's entry carries them."""
+    written: list[txlog_pb2.LogEntry]
+    """The entries to write, in order."""
+    settled: list[str]
+    """Transactions whose unwritten TESTING a written entry now carries."""
+
+
+def plan_verdicts(
+    state: StoreState,
+    changes: Sequence[StateChangeRequest],
+    service: str,
+    now_ms: int,
+    testing_unwritten: Mapping[str, txlog_pb2.LogEntry],
+) -> VerdictPlan:
+    """worker-dispatch's TESTING, OK and FAILED (``plan_changes`` with a passed state a
+    repeat).
+
+    TESTING is written with the transaction's outcome, in the outcome's entry
+    (``testing_at_unix_ms``), not on its own: alone it cost a log batch and, at low
+    load, an fsync per transaction per DC; as an entry beside the outcome, a quarter of
+    the log entries under load. Until then it is in memory only; a restart finds the
+    transaction ENQUEUED, and the dispatch, which starts at the first unfinished
+    position, tests it again (the testing worker answers from its record). The log
+    keeps the whole history, the pipeline's timings included."""
+    if len(changes) > STATE_CHANGES_MAX:
+        raise invalid(f"at most {STATE_CHANGES_MAX} changes per call")
+    for change in changes:
+        if change.state < TxState.TESTING:
+            raise invalid(
+                f"tx {change.tx_id}: dispatch moves transactions to TESTING, OK or FAILED "
+                f"only, not {change.state.name}"
+            )
+    entries = plan_changes(state, changes, service, now_ms, passed_is_repeat=True)
+    plan = VerdictPlan([], [], [])
+    testing_now: dict[str, txlog_pb2.LogEntry] = {}
+    for entry in entries:
+        moving = entry.state
+        if moving.state == TxState.TESTING.value:
+            plan.testing.append(entry)
+            testing_now[moving.tx_id] = entry
+            continue
+        testing = testing_now.pop(moving.tx_id, None) or testing_unwritten.get(moving.tx_id)
+        if testing is not None:
+            plan.settled.append(moving.tx_id)
+        if testing is not None and testing.state.service == moving.service:
+            moving.testing_at_unix_ms = testing.at_unix_ms  # memory has it: a repeat
+        elif testing is not None:
+            plan.written.append(testing)  # its own service: its own entry (a repeat too)
+        plan.written.append(entry)
+    return plan
 
 
 def check_implied(

@@ -46,11 +46,18 @@ from txsync.transaction_store.local_submits import LocalSubmit, LocalSubmitBatch
 from txsync.transaction_store.retention import Carried, Verdict, carried_entries, split_by_budget
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
 from txsync.transaction_store.step_rules import (
+    BodyEntries,
     PeerBody,
+    ProtocolState,
     ProtocolStep,
     StateChangeRequest,
-    plan_changes,
+    StoredBody,
+    plan_bodies,
     plan_step,
+    plan_verdicts,
+    protocol_state,
+    stamp_floor,
+    stamps_at_clock,
 )
 from txsync.transaction_store.tx_tracing import (
     measure_transitions,
@@ -209,34 +216,6 @@ class _CheckedBody(NamedTuple):
     sent: PeerBody
     body: common_pb2.TxBody
     """Parsed, within the limits, matching its digest."""
-
-
-@dataclass(slots=True)
-class _BodyEntries:
-    """What storing some peers' bodies writes (``_body_entries``)."""
-
-    entries: list[txlog_pb2.LogEntry] = field(default_factory=list)
-    traced: list[str] = field(default_factory=list)
-    ids: set[str] = field(default_factory=set)
-
-
-PROTOCOL_STATE_SYNCED_MAX = 100_000
-"""Synced entries a coordinator loads at start (the newest)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProtocolState:
-    """What a new coordinator incarnation starts from (``load_protocol_state``)."""
-
-    epoch: int
-    counter: int
-    merge_base: MergeBase
-    synced_tail: list[TxMeta]
-    incoming: list[tuple[TxMeta, bool]]
-    """Incoming metas and whether each body is held."""
-    synced_unacquired: list[TxMeta]
-    view: common_pb2.ViewProposal | None
-    vote: common_pb2.ViewVote | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,10 +576,8 @@ class TransactionStore:
         in_flight: dict[int, _Staged] = {}  # writes on their way that this call repeats
         async with self._lock:
             # Stamped above every counter and timestamp staged (the state applies what is
-            # staged): the protocol takes the stamp if its counter is still below it. The
-            # first is at least the clock under load (``_stamp_clock_us``); correctness
-            # never depends on it: the core stamps anew whatever it has passed.
-            stamp = max(self.state.counter, self._stamp_clock_us(len(prepared)) - 1)
+            # staged): the protocol takes the stamp if its counter is still below it.
+            stamp = stamp_floor(self.state, self._stamp_clock_us(len(prepared)))
             local_seq = self.state.local_seq
             batch_keys: dict[str, str] = {}
             batch_digests: dict[str, bytes] = {}
@@ -675,25 +652,9 @@ class TransactionStore:
         return results
 
     def _stamp_clock_us(self, submits: int) -> int:
-        """The lowest stamp for this call's first submit besides the counter: the wall
-        clock (microseconds) when the DC is under load, else 0.
-
-        Under load, a stamp one above the staged counter is passed by any peer's post
-        that raised the core's counter between the submit's write and its hand-over, and
-        the core then stamps it anew: a write and an fsync the stamp was meant to save.
-        At the clock only a post naming a stamp made later passes it. Measured at 16
-        single-submit clients per DC (docs/benchmarks.md, Tuning 23 and 25): renewals
-        0.6 -> 0.1 per transaction and 12% fewer ``PersistSteps``; throughput 13% higher
-        in one hour's pairs, within the spread in another's.
-
-        With one client per DC the clock costs latency at 50 ms RTT (p50 +5 ms): an
-        ADD takes metas only up to the lowest counter the members posted, and stamps
-        spread apart by real time leave a quiet DC's counter behind the others'. So
-        the clock is used only while another local submit is on its way to its post
-        (stamped and not yet settled, or waiting for a stamp) or a call brings several:
-        signs of load a lone client never gives."""
-        state = self.state
-        if submits > 1 or state.unsettled or state.pending_local:
+        """The wall clock (microseconds) if this call's submits are stamped at it
+        (``step_rules.stamps_at_clock``: the DC is under load), else 0."""
+        if stamps_at_clock(self.state, submits):
             work.count(work.STAMPS_AT_CLOCK)
             return self.config.stamp_clock_us()
         return 0
@@ -905,23 +866,9 @@ class TransactionStore:
         async with self._lock:
             epoch = self.state.epoch + 1
             staged = self._stage([self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))])
-            loaded = self._protocol_state()
+            loaded = protocol_state(self.state)
         await self._durable(staged)
         return loaded
-
-    def _protocol_state(self) -> ProtocolState:
-        state = self.state
-        txs = state.txs
-        return ProtocolState(
-            epoch=state.epoch,
-            counter=state.counter,
-            merge_base=state.merge_base,
-            synced_tail=state.synced[-PROTOCOL_STATE_SYNCED_MAX:],
-            incoming=[(meta, txs[meta.tx_id].body_held) for meta in state.incoming.values()],
-            synced_unacquired=[m for m in state.synced if not txs[m.tx_id].body_held],
-            view=state.view,
-            vote=state.vote,
-        )
 
     async def persist_step(self, step: ProtocolStep) -> MergeBase:
         """Check one protocol step, apply it and answer once it is durable."""
@@ -967,25 +914,19 @@ class TransactionStore:
             raise invalid(f"bodies: {len(bodies)} is over {BODIES_PER_CALL_MAX}")
         return [_CheckedBody(body, check_peer_body(*body[:3])) for body in bodies]
 
-    def _body_held(self, tx_id: str) -> bool:
-        record = self.state.txs.get(tx_id)
-        return record is not None and record.body_held
-
-    def _body_entries(self, checked: Sequence[_CheckedBody]) -> _BodyEntries:
-        """Under the lock: the entries that store the bodies not held yet (each once)."""
-        planned = _BodyEntries()
-        for (tx_id, encoded, digest, traceparent), body in checked:
-            if self._body_held(tx_id) or tx_id in planned.ids:
-                continue
-            planned.ids.add(tx_id)
-            record = self.state.txs.get(tx_id)
-            if traceparent and not (record and record.traceparent):
-                planned.traced.append(tx_id)  # the context arrives with the body
-            planned.entries.append(self._entry(body_stored=txlog_pb2.BodyStored(
-                tx_id=tx_id, body_digest=digest, body_bytes=len(encoded), body=encoded,
-                membership=body.HasField("membership"), traceparent=traceparent,
-            )))  # fmt: skip
-            self._unfiled[tx_id] = encoded
+    def _body_entries(self, checked: Sequence[_CheckedBody]) -> BodyEntries:
+        """Under the lock: the entries that store the bodies not held yet (each once);
+        their bytes wait in ``_unfiled`` until a rotation files them."""
+        planned = plan_bodies(
+            self.state,
+            [
+                StoredBody(tx_id, encoded, digest, traceparent, body.HasField("membership"))
+                for (tx_id, encoded, digest, traceparent), body in checked
+            ],
+            _now_ms(),
+        )
+        for entry in planned.entries:
+            self._unfiled[entry.body_stored.tx_id] = entry.body_stored.body
         return planned
 
     async def read_bodies(
@@ -1195,39 +1136,15 @@ class TransactionStore:
         return self.state.synced_len + 1 - self.first_unfinished_position()
 
     async def advance_states(self, changes: Sequence[StateChangeRequest], service: str) -> None:
-        if len(changes) > STATE_CHANGES_MAX:
-            raise invalid(f"at most {STATE_CHANGES_MAX} changes per call")
-        for change in changes:
-            if change.state < TxState.TESTING:
-                raise invalid(
-                    f"tx {change.tx_id}: dispatch moves transactions to TESTING, OK or FAILED "
-                    f"only, not {change.state.name}"
-                )
         async with self._lock:
-            entries = plan_changes(self.state, changes, service, _now_ms(), passed_is_repeat=True)
-            # TESTING is written with the transaction's outcome, in the outcome's entry
-            # (``testing_at_unix_ms``), not on its own: alone it cost a log batch and,
-            # at low load, an fsync per transaction per DC; as an entry beside the
-            # outcome, a quarter of the log entries under load. Until then it is in
-            # memory only; a restart finds the transaction ENQUEUED, and the dispatch,
-            # which starts at the first unfinished position, tests it again (the
-            # testing worker answers from its record). The log keeps the whole
-            # history, the pipeline's timings included.
+            plan = plan_verdicts(self.state, changes, service, _now_ms(), self._testing_unwritten)
             moved: list[Moved] = []
-            durable: list[txlog_pb2.LogEntry] = []
-            for entry in entries:
-                moving = entry.state
-                if moving.state == TxState.TESTING.value:
-                    moved += self.state.apply(entry)
-                    self._testing_unwritten[moving.tx_id] = entry
-                    continue
-                testing = self._testing_unwritten.pop(moving.tx_id, None)
-                if testing is not None and testing.state.service == moving.service:
-                    moving.testing_at_unix_ms = testing.at_unix_ms  # memory has it: a repeat
-                elif testing is not None:
-                    durable.append(testing)  # its own service: its own entry (a repeat too)
-                durable.append(entry)
-            staged = self._stage(durable) if durable else None
+            for entry in plan.testing:
+                moved += self.state.apply(entry)
+                self._testing_unwritten[entry.state.tx_id] = entry
+            for tx_id in plan.settled:
+                self._testing_unwritten.pop(tx_id, None)
+            staged = self._stage(plan.written) if plan.written else None
         if moved:
             self._announce(moved)
         for change in changes:

@@ -1,0 +1,95 @@
+"""The store's side of the internal API's protobuf for protocol steps, state changes and
+the protocol's state: requests decoded to the rules' types (``step_rules``), answers
+encoded from them. Pure: the gRPC servicer (``service.py``) and the simulator's store
+(``sim/store.py``) both go through it, so the simulator runs the very conversions the
+services do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from txsync.codec import WireError, base_to_proto, meta_to_proto, metas_from_proto
+from txsync.ids import tx_id_problem
+from txsync.protocol import MergeBase, TxMeta, TxState
+from txsync.transaction_store.step_rules import ProtocolState, ProtocolStep, StateChangeRequest
+from txsync.transaction_store.validation import (
+    check_state,
+    check_traceparent,
+    check_tx_id,
+    invalid,
+)
+from txsync.v1 import common_pb2, store_pb2
+
+_STATES = {state.value: state for state in TxState}
+
+
+def step_from_proto(request: store_pb2.PersistStepRequest) -> ProtocolStep:
+    """A coordinator's step as the rules take it; a malformed field is refused as
+    INVALID_ARGUMENT, naming it."""
+    start = None
+    if request.HasField("synced_start"):
+        start = MergeBase(request.synced_start.synced_len, request.synced_start.last_tx_id)
+    return ProtocolStep(
+        counter=request.counter,
+        local_seq=request.local_seq,
+        incoming=metas_from_request(request.incoming, "incoming"),
+        synced_start=start,
+        synced=metas_from_request(request.synced, "synced"),
+        changes=changes_from_proto(request.state_changes),
+        service=request.service or "sync-coordinator",
+        forgotten=list(request.forgotten),
+        installed_view=request.installed_view if request.HasField("installed_view") else None,
+        vote=request.vote if request.HasField("vote") else None,
+        bodies=[
+            (b.tx_id, b.body, b.digest, check_traceparent(b.traceparent)) for b in request.bodies
+        ],
+    )
+
+
+def metas_from_request(messages: Sequence[common_pb2.TxMeta], field: str) -> list[TxMeta]:
+    for index, message in enumerate(messages):
+        if message.ts == 0:
+            raise invalid(f"{field}[{index}]: a meta needs a positive ts")
+    try:
+        return list(metas_from_proto(messages, field))
+    except WireError as error:
+        raise invalid(str(error)) from None
+
+
+def changes_from_proto(messages: Iterable[store_pb2.StateChange]) -> list[StateChangeRequest]:
+    changes: list[StateChangeRequest] = []
+    for change in messages:
+        tx_id, state = change.tx_id, change.state
+        if tx_id_problem(tx_id, "") is not None or state not in _STATES:
+            index = len(changes)  # name the field only for the one that is refused
+            check_tx_id(tx_id, f"changes[{index}].tx_id")
+            check_state(state, f"changes[{index}].state")
+        changes.append(
+            StateChangeRequest(
+                tx_id=tx_id,
+                state=_STATES[state],
+                outcome=change.outcome if change.HasField("outcome") else None,
+                at_unix_ms=change.at_unix_ms,
+            )
+        )
+    return changes
+
+
+def protocol_state_to_proto(
+    node_id: str, loaded: ProtocolState
+) -> store_pb2.LoadProtocolStateResponse:
+    response = store_pb2.LoadProtocolStateResponse(
+        node_id=node_id,
+        counter=loaded.counter,
+        epoch=loaded.epoch,
+        merge_base=base_to_proto(loaded.merge_base),
+        synced_tail=[meta_to_proto(m) for m in loaded.synced_tail],
+        synced_unacquired=[meta_to_proto(m) for m in loaded.synced_unacquired],
+    )
+    for meta, acquired in loaded.incoming:
+        response.incoming.add(meta=meta_to_proto(meta), acquired=acquired)
+    if loaded.view is not None:
+        response.view.CopyFrom(loaded.view)
+    if loaded.vote is not None:
+        response.vote.CopyFrom(loaded.vote)
+    return response
