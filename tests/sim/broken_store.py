@@ -1,24 +1,40 @@
-"""A deliberately broken simulated store: the simulator must catch it.
-
-The store's replay rule for stamped submits (docs/protocol.md, "The submit's counter,
-stamped by the store") voids a stamp at or below a counter the coordinator wrote before
-it had stepped the submit. This store keeps every stamp, as a store that skipped the
-rule would: after a crash in the wrong moment its node holds a transaction at a
-timestamp below a counter it already posted without it.
+"""Deliberately broken store states: the simulator must catch them. Each is the store's
+own ``StoreState`` with one rule changed, run by the simulated store (``sim/store.py``)
+in place of the real one, as a store with that bug would run.
 """
 
 from __future__ import annotations
 
-from txsync.protocol import NodeId
-from txsync.sim import Simulation
-from txsync.sync_coordinator.effects import MergedPersist
+from txsync.protocol import TxState
+from txsync.transaction_store.state import FINAL_STATES, IMPLIED_BY, Moved, Step, StoreState
+from txsync.v1 import txlog_pb2
 
 
-class KeepsVoidStampsSimulation(Simulation):
-    """Settles every stamp a counter write reaches, and voids none."""
+class KeepsVoidStampsState(StoreState):
+    """The replay rule for stamped submits (docs/protocol.md, "The submit's counter,
+    stamped by the store") left out: a counter written before the coordinator stepped a
+    submit settles the submit's stamp instead of voiding it. After a crash in the wrong
+    moment its node holds a transaction at a timestamp below a counter it already
+    posted without it."""
 
-    def _settle_stamps(self, node: NodeId, merged: MergedPersist) -> None:
-        stamps = self._nodes[node].durable.stamps
-        for tx_id, (stamp, local_seq) in list(stamps.items()):
-            if merged.local_seq >= local_seq or merged.counter >= stamp:
-                del stamps[tx_id]
+    def _settle_stamps(self, counter: int, local_seq: int) -> None:
+        for tx_id, (stamp, seq) in list(self.unsettled.items()):
+            if seq > local_seq and stamp > counter:
+                break
+            del self.unsettled[tx_id]
+
+
+class EnqueuesUnsyncedState(StoreState):
+    """A body stored makes its transaction ENQUEUED whatever its state, so a
+    transaction still INCOMING (not yet in the agreed order) jumps to ENQUEUED: a
+    transition the lifecycle forbids, and a position dispatch could run out of order."""
+
+    def apply(self, entry: txlog_pb2.LogEntry) -> list[Moved]:
+        moved = super().apply(entry)
+        if entry.HasField("body_stored"):
+            record = self.txs[entry.body_stored.tx_id]
+            if record.state is TxState.INCOMING and record.state not in FINAL_STATES:
+                self._apply_state(
+                    record, Step(TxState.ENQUEUED, entry.at_unix_ms, IMPLIED_BY), moved
+                )
+        return moved

@@ -94,8 +94,9 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--unstamped-submits",
         action="store_true",
-        help="the coordinator stamps every local submit and writes it before posting, as "
-        "before the store stamped them (the old regression seeds replay so)",
+        help="the store writes every local submit unstamped, and the coordinator stamps "
+        "it and writes its meta before posting, as before the store stamped them (the old "
+        "regression seeds replay so)",
     )
     parser.add_argument(
         "--keep-going",

@@ -6,11 +6,13 @@ same seed always yields the same run, so any failure replays from its seed alone
 
 Each node runs the coordinator's own ``Shell`` around its core: the shell merges the
 core's durable effects into writes, keeps a few in flight and releases sends only once
-they are durable. The simulated store answers each write after a drawn delay, in order,
-and keeps exactly what was written (a peer's body with the step that acquired it, as
-the coordinator writes it); after a crash the node restarts from that durable state
-alone. A crash may come with writes in flight (the store kept a random prefix of them) or
-between a write's answer and the sends it releases.
+they are durable. Its transaction-store is the store's own state and rules
+(``sim/store.py``): each write is checked and staged as the store does it, answered
+after a drawn delay, in order, and kept as the txlog's frames (a peer's body with the
+step that acquired it, as the coordinator writes it); after a crash the node restarts
+from what the frames replay to, alone. A crash may come with writes in flight (the
+store kept a random prefix of them, and maybe part of the next frame) or between a
+write's answer and the sends it releases.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from txsync.codec import ballot_from_proto, proposal_to_proto
 from txsync.protocol import (
     Ballot,
     BodyAcquired,
     ConfigChange,
     ConfigChangeSynced,
-    DurableState,
     FetchBody,
     Limits,
     LocalTx,
@@ -59,9 +61,12 @@ from txsync.protocol import (
 from txsync.protocol.model import Message
 from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
+from txsync.sim.store import SimStore, Stamped, StateFactory, Verdict, Write
 from txsync.sim.workers import MachineFactory, WorkerEvent, WorkerSide
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
+from txsync.transaction_store.state import Moved, StoreState
+from txsync.v1 import txlog_pb2
 from txsync.worker_dispatch.pipeline import PipelineMachine
 
 NodeFactory = Callable[..., ProtocolNode]
@@ -126,48 +131,15 @@ class SimConfig:
     stamped_submits: bool = True
     """The store stamps each local submit's timestamp as it writes it, and hands it to the
     coordinator once durable, as the services do (docs/protocol.md, "The submit's
-    counter, stamped by the store"); False: the core stamps every one and writes the
-    meta before its first post, as they did before (the regression seeds found then
-    replay so)."""
-
-
-@dataclass(slots=True)
-class _Durable:
-    counter: int = 0
-    epoch: int = 0
-    synced: list[TxMeta] = field(default_factory=list)
-    synced_ids: set[TxId] = field(default_factory=set)
-    incoming: dict[TxId, TxMeta] = field(default_factory=dict)
-    bodies: set[TxId] = field(default_factory=set)
-    view: ViewProposal | None = None
-    promised: Ballot | None = None
-    accepted_ballot: Ballot | None = None
-    accepted: ViewProposal | None = None
-    stamps: dict[TxId, tuple[int, int]] = field(default_factory=dict)
-    """Stamped submits of this incarnation no write has settled yet: (stamp, local_seq)."""
-    restamp: dict[TxId, int] = field(default_factory=dict)
-    """Stamped submits a write voided (a counter at or past the stamp, made before the
-    core had stepped them): handed over unstamped at the next start, by local_seq."""
-
-    def restore(self) -> DurableState:
-        return DurableState(
-            counter=self.counter,
-            epoch=self.epoch,
-            synced_len=len(self.synced),
-            synced_tail=tuple(self.synced[-SIM_LIMITS.synced_window_max :]),
-            incoming=tuple((meta, meta.tx_id in self.bodies) for meta in self.incoming.values()),
-            synced_unacquired=tuple(m for m in self.synced if m.tx_id not in self.bodies),
-            view=self.view,
-            promised=self.promised,
-            accepted_ballot=self.accepted_ballot,
-            accepted=self.accepted,
-        )
+    counter, stamped by the store"); False: it writes and hands over every one
+    unstamped, and the core stamps it and writes the meta before its first post, as
+    the services did before (the regression seeds found then replay so)."""
 
 
 @dataclass(slots=True)
 class _SimNode:
     node_id: NodeId
-    durable: _Durable
+    store: SimStore
     shell: Shell | None
     tick_at: int | None = None
     torn_crash_pending: bool = False
@@ -179,10 +151,6 @@ class _SimNode:
     """Events that arrived while the shell took none (a sealed write waits for a slot)."""
     last_answer_ms: int = 0
     """When the store answers this incarnation's newest write: answers keep their order."""
-    log: deque[_LogItem] = field(default_factory=deque)
-    """What the store staged and has not made durable yet, in log order."""
-    local_seq: int = 0
-    """The store's numbering of local submits."""
     handing: dict[TxId, None] = field(default_factory=dict)
     """Durable stamped submits the core has not stepped yet (on their way, waiting for
     room in the core, or waiting while the shell takes no events)."""
@@ -235,40 +203,21 @@ class _ChangeMembership:
 
 
 @dataclass(frozen=True, slots=True)
-class _WriteDurable:
+class _StoreAnswer:
+    """The store made its oldest staged write durable."""
+
     node: NodeId
     epoch: int
     """The incarnation that handed the write over: an answer to a crashed one is void."""
-    seq: int
-    merged: MergedPersist
-
-
-@dataclass(frozen=True, slots=True)
-class _StampedSubmit:
-    """A local submit the store stamped and staged."""
-
-    tx_id: TxId
-    stamp: int
-    local_seq: int
-
-
-_LogItem = StepWrite | _StampedSubmit
-
-
-@dataclass(frozen=True, slots=True)
-class _SubmitDurable:
-    node: NodeId
-    epoch: int
-    submit: _StampedSubmit
 
 
 @dataclass(frozen=True, slots=True)
 class _HandOver:
-    """The store's watch hands a durable stamped submit to the coordinator."""
+    """The store's watch hands a durable local submit to the coordinator."""
 
     node: NodeId
     epoch: int
-    submit: _StampedSubmit
+    submit: Stamped
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,8 +248,7 @@ _SimEvent = (
     | _Timer
     | _Submit
     | _ChangeMembership
-    | _WriteDurable
-    | _SubmitDurable
+    | _StoreAnswer
     | _HandOver
     | _Crash
     | _Restart
@@ -333,10 +281,12 @@ class Simulation:
         shell_factory: ShellFactory = Shell,
         machine_factory: MachineFactory = PipelineMachine,
         *,
+        state_factory: StateFactory = StoreState,
         check_sends: bool = True,
     ) -> None:
         """``check_sends=False`` leaves out rule 9 (persist before send), to show what a
-        broken shell's sends lead to further on."""
+        broken shell's sends lead to further on; ``state_factory`` builds each store's
+        state (tests/sim: a broken one)."""
         self.config = config
         self._check_sends = check_sends
         self.stats = SimStats()
@@ -362,9 +312,14 @@ class Simulation:
         self._now = 0
         self._heap: list[tuple[int, int, _SimEvent]] = []
         self._seq = 0
-        self._nodes = {node: _SimNode(node, _Durable(), None) for node in self._ids}
+        self._nodes = {
+            node: _SimNode(node, SimStore(node, state_factory), None) for node in self._ids
+        }
         for node in spare:  # it knows the configuration it is not part of yet
-            self._nodes[node].durable.view = ViewProposal.initial(dict.fromkeys(self._initial, 1))
+            initial = ViewProposal.initial(dict.fromkeys(self._initial, 1))
+            installed = txlog_pb2.ViewInstalled(installed=proposal_to_proto(initial))
+            entry = txlog_pb2.LogEntry(view_installed=installed)
+            self._nodes[node].store.write_at_once(entry)
         self._blocked: frozenset[tuple[NodeId, NodeId]] = frozenset()
         self._link_clock: dict[tuple[NodeId, NodeId], int] = {}
         self._faults_on = True
@@ -374,7 +329,8 @@ class Simulation:
             rng=self._rng,
             at=self._at,
             checker=self.checker,
-            synced=lambda node: self._nodes[node].durable.synced,  # read, never copied
+            store=lambda node: self._nodes[node].store,
+            record=self._record_verdict,
             machine_factory=machine_factory,
         )
         faults = config.faults
@@ -434,9 +390,9 @@ class Simulation:
                 return False
             if sim_node.shell is not None and sim_node.shell.pending_synced():
                 return False
-            if sim_node.handing or sim_node.log:  # a submit on its way to the core
+            if sim_node.handing or sim_node.store.unwritten:  # a submit on its way to the core
                 return False
-            if len(sim_node.durable.bodies) < target:
+            if sim_node.store.durable.bodies_held_len() < target:
                 return False
         return self.workers.converged(self._configured())
 
@@ -509,7 +465,7 @@ class Simulation:
             case _DeliverBody(to, sender, tx_id):
                 target = self._nodes[to]
                 # A body we already hold is news only when we fetched it from ourselves.
-                news = tx_id not in target.durable.bodies or sender == to
+                news = not target.store.body_held(tx_id) or sender == to
                 if target.core is not None and self._linked(sender, to) and news:
                     # A peer's body is durable with the write of the step that acquires
                     # it, as the coordinator writes it (``ArrivedBody``).
@@ -517,18 +473,16 @@ class Simulation:
                     self._step(to, BodyAcquired(tx_id) if sender == to else arrived)
             case _FetchRequest(to, sender, tx_id):
                 holder = self._nodes[to]
-                held = tx_id in holder.durable.bodies
+                held = holder.store.body_held(tx_id)
                 if holder.core is not None and self._linked(sender, to) and held:
                     self._send(_DeliverBody(sender, to, tx_id))
-            case _WriteDurable():
-                self._write_durable(event)
-            case _SubmitDurable(node, epoch, submit):
+            case _StoreAnswer(node, epoch):
                 sim_node = self._nodes[node]
-                if epoch == sim_node.durable.epoch and sim_node.core is not None:
-                    self._submit_durable(node, submit)  # else _crash settled it
+                if epoch == sim_node.store.durable.epoch and sim_node.core is not None:
+                    self._answer(node)  # else _crash settled it
             case _HandOver(node, epoch, submit):
                 sim_node = self._nodes[node]
-                if epoch == sim_node.durable.epoch and sim_node.core is not None:
+                if epoch == sim_node.store.durable.epoch and sim_node.core is not None:
                     local = LocalTx(submit.tx_id, submit.stamp, submit.local_seq)
                     sim_node.locals_waiting.append(local)
                     self._feed_locals(node)
@@ -568,67 +522,17 @@ class Simulation:
         self._local_tx(node, tx_id)
 
     def _local_tx(self, node: NodeId, tx_id: TxId) -> None:
-        """A client's submit reaches ``node``: its store holds the body, its core hears.
-        Stamped, the store stamps it above every counter and timestamp it has staged and
-        writes it; the core hears once that is durable."""
+        """A client's submit reaches ``node``: its store stamps it above every counter
+        and timestamp it has staged (at least its clock under load, on odd seeds) and
+        writes it; the client is answered, and the core hears, once that is durable."""
         sim_node = self._nodes[node]
-        durable = sim_node.durable
-        self._received[tx_id] = (node, durable.epoch)
-        if not self.config.stamped_submits:
-            durable.bodies.add(tx_id)
-            self._step(node, LocalTx(tx_id))
-            return
-        sim_node.local_seq += 1
-        stamp = self._staged_high(sim_node) + 1
-        if self._stamp_clock and self._loaded(sim_node):
-            skew_us = self._ids.index(node) * STAMP_CLOCK_SKEW_US % 50_000
-            stamp = max(stamp, self._now * 1_000 + skew_us)
-        submit = _StampedSubmit(tx_id, stamp, sim_node.local_seq)
-        sim_node.log.append(submit)
-        self._at(self._answer_ms(sim_node), _SubmitDurable(node, durable.epoch, submit))
-
-    @staticmethod
-    def _loaded(sim_node: _SimNode) -> bool:
-        """The store's sign of load (``TransactionStore._stamp_clock_us``): another
-        local submit stamped and not yet settled (staged or durable) or waiting for the
-        core's stamp."""
-        durable = sim_node.durable
-        staged = any(isinstance(item, _StampedSubmit) for item in sim_node.log)
-        return staged or bool(durable.stamps) or bool(durable.restamp)
-
-    def _staged_high(self, sim_node: _SimNode) -> int:
-        """The highest counter or timestamp the store holds or has staged for the node."""
-        high = sim_node.durable.counter
-        for item in sim_node.log:
-            if isinstance(item, _StampedSubmit):
-                high = max(high, item.stamp)
-            else:
-                merged = item.merged
-                metas = [*merged.incoming, *merged.synced]
-                high = max(high, merged.counter, *(meta.ts for meta in metas))
-        return high
-
-    def _submit_durable(self, node: NodeId, submit: _StampedSubmit) -> None:
-        sim_node = self._nodes[node]
-        head = sim_node.log.popleft()
-        assert head is submit, "the store answers in log order"
-        self._apply_submit(node, submit)
-        sim_node.handing[submit.tx_id] = None
-        hand_at = max(self._now + self._rng.randint(*self._hand_ms), sim_node.last_hand_ms)
-        sim_node.last_hand_ms = hand_at
-        self._at(hand_at, _HandOver(node, sim_node.durable.epoch, submit))
-
-    def _apply_submit(self, node: NodeId, submit: _StampedSubmit) -> None:
-        """The submit's entry is durable: its body, its meta at the stamp, the counter it
-        raises, INCOMING, and the client's answer."""
-        durable = self._nodes[node].durable
-        tx_id = submit.tx_id
-        durable.bodies.add(tx_id)
-        durable.incoming[tx_id] = TxMeta(submit.stamp, tx_id, node)
-        durable.stamps[tx_id] = (submit.stamp, submit.local_seq)
-        durable.counter = max(durable.counter, submit.stamp)
-        self.checker.on_state(node, tx_id, TxState.INCOMING)
-        self.checker.on_acked(node, tx_id)
+        store = sim_node.store
+        self._received[tx_id] = (node, store.durable.epoch)
+        clock_us = 0
+        if self._stamp_clock:
+            clock_us = self._now * 1_000 + self._ids.index(node) * STAMP_CLOCK_SKEW_US % 50_000
+        store.submit(tx_id, self._now, clock_us, stamped=self.config.stamped_submits)
+        self._at(self._answer_ms(sim_node), _StoreAnswer(node, store.durable.epoch))
 
     def _change_membership(self, attempt: int) -> None:
         """An operator's membership entry at a configured node that is up: add the spare,
@@ -650,25 +554,20 @@ class Simulation:
         self._membership[tx_id] = change
         self._local_tx(rng.choice(up), tx_id)
 
-    def _on_refused(self, event: ShellEvent, out: ShellOutput) -> None:
-        """A client whose submit was refused (no majority, a full queue) tries again."""
-        if isinstance(event, LocalTx) and not event.stamp and out.rejections:
-            # One retry per submit: a crash of this node must not send it a second time
-            # (the same id from two origins is two transactions, not a retry).
-            self._received.pop(event.tx_id, None)
-            if event.tx_id in self._membership:
-                self._at(self._now + 50, _ChangeMembership(1))
-            else:
-                self._at(self._now + 50, _Submit(event.tx_id, 1))
+    def _record_verdict(self, node: NodeId, tx_id: TxId, state: TxState, digest: bytes) -> None:
+        """worker-dispatch records a state at the node's store, in log order."""
+        sim_node = self._nodes[node]
+        if sim_node.store.record_verdict(tx_id, state, digest, self._now):
+            self._at(self._answer_ms(sim_node), _StoreAnswer(node, sim_node.store.durable.epoch))
 
     def _feed_membership(self, node: NodeId) -> None:
         """What the coordinator's follower does: in synced order, without gaps, tell the
         core of each membership entry whose body is held."""
         sim_node = self._nodes[node]
-        durable = sim_node.durable
+        durable = sim_node.store.durable
         while sim_node.core is not None and sim_node.fed_position < len(durable.synced):
             meta = durable.synced[sim_node.fed_position]
-            if meta.tx_id not in durable.bodies:
+            if not sim_node.store.body_held(meta.tx_id):
                 return
             sim_node.fed_position += 1
             change = self._membership.get(meta.tx_id)
@@ -677,25 +576,17 @@ class Simulation:
 
     def _start(self, node: NodeId) -> None:
         sim_node = self._nodes[node]
-        sim_node.durable.epoch += 1
         # The epoch's entry settles every stamp no write voided: the restarted core holds
         # them as restored, and its writes count local submits from here.
-        sim_node.durable.stamps.clear()
-        # What the store does when a coordinator loads its state (load_protocol_state):
-        # a synced transaction whose body is held but which is still ACCEPTED (its
-        # ENQUEUED was in a write lost in a crash) becomes ENQUEUED.
-        for meta in sim_node.durable.synced:
-            stranded = self.checker.state_of(node, meta.tx_id) is TxState.ACCEPTED
-            if stranded and meta.tx_id in sim_node.durable.bodies:
-                self.checker.on_state(node, meta.tx_id, TxState.ENQUEUED)
+        durable = sim_node.store.load_protocol_state(self._now)
         sim_node.open_round = None  # a restarted core counts rounds from 0 again
-        view = sim_node.durable.view
+        view = durable.view
         sim_node.fed_position = view.configuration.applied_position if view is not None else 0
         core = self._factory(
             node,
             self._initial,
             now_ms=self._now,
-            durable=sim_node.durable.restore(),
+            durable=durable,
             limits=SIM_LIMITS,
             timing=SIM_TIMING,
         )
@@ -705,12 +596,12 @@ class Simulation:
             flush_metas=SIM_FLUSH_METAS,
             flush_changes=SIM_FLUSH_CHANGES,
         )
-        self.checker.on_restart(node, sim_node.durable.counter)
+        self.checker.on_restart(node, durable.counter)
         sim_node.tick_at = None
         sim_node.waiting.clear()
         sim_node.last_answer_ms = self._now
         self.workers.dc_started(node, self._now)
-        restamp = sorted(sim_node.durable.restamp, key=sim_node.durable.restamp.__getitem__)
+        restamp = sim_node.store.pending_local()
         sim_node.handing.update(dict.fromkeys(restamp))
         self._step(node, Tick(self._now))
         # As the store's watch hands them over, first; like every hand-over, only while
@@ -731,26 +622,18 @@ class Simulation:
             self._step(node, waiting.popleft())
 
     def _crash(self, node: NodeId) -> None:
-        """The node's process dies. Of the writes it had handed over, the store may have
-        made any prefix durable before it noticed."""
+        """The node's processes die. Of the writes its store had staged, any prefix may
+        be durable, and part of the next frame may be on the disk (a torn tail)."""
         sim_node = self._nodes[node]
-        shell = sim_node.shell
-        assert shell is not None
-        if self.config.stamped_submits:
-            staged = list(sim_node.log)
-            for item in staged[: self._rng.randint(0, len(staged))]:
-                if isinstance(item, _StampedSubmit):
-                    self._apply_submit(node, item)
-                else:
-                    self._apply_durable(node, item.merged)
-            sim_node.log.clear()
-        else:
-            in_flight = shell.writes_in_flight
-            for write in in_flight[: self._rng.randint(0, len(in_flight))]:
-                self._apply_durable(node, write.merged)
+        assert sim_node.shell is not None
+        store = sim_node.store
+        for _ in range(self._rng.randint(0, store.unwritten)):
+            self._made_durable(node)
+        torn_bytes = self._rng.randint(1, 64) if store.unwritten and self._rng.random() < 0.5 else 0
+        store.crash(torn_bytes)
         # A submit the dead incarnation never acknowledged was never written, nor (the
         # shell's rule) told to anyone: its client times out and submits it again.
-        epoch = sim_node.durable.epoch
+        epoch = store.durable.epoch
         lost = [
             tx_id
             for tx_id, received in self._received.items()
@@ -789,7 +672,9 @@ class Simulation:
         except AssertionError as error:
             raise InvariantViolation(0, f"{node}: {error!r} on {type(event).__name__}") from error
         self.stats.rounds += core.round_no - rounds_before
-        self._on_refused(event, out)
+        if isinstance(event, LocalTx) and out.rejections and not core.is_incoming(event.tx_id):
+            # Handed over only once durable, so acknowledged: a refusal loses it.
+            raise InvariantViolation(3, f"{node} refused its acknowledged {event.tx_id}")
         self._take_output(node, out)
         # The checker knows what is durable; the core is ahead by what is being written.
         pending = shell.pending_synced()
@@ -811,11 +696,8 @@ class Simulation:
         """Hand the shell's writes to the store and make the sends it released."""
         sim_node = self._nodes[node]
         for write in out.writes:
-            answer = self._answer_ms(sim_node)
-            if self.config.stamped_submits:
-                sim_node.log.append(write)
-            epoch = sim_node.durable.epoch
-            self._at(answer, _WriteDurable(node, epoch, write.seq, write.merged))
+            sim_node.store.stage_step(write, self._now)
+            self._at(self._answer_ms(sim_node), _StoreAnswer(node, sim_node.store.durable.epoch))
         for release in out.releases:
             for ready in release.readies:
                 self._check_round_reports(sim_node, ready)
@@ -826,29 +708,34 @@ class Simulation:
         sim_node.last_answer_ms = answer
         return answer
 
-    def _write_durable(self, answer: _WriteDurable) -> None:
-        """The store made a write durable: apply it, then tell the shell, which may
-        release sends, hand over the next write and take events again."""
-        node = answer.node
+    def _answer(self, node: NodeId) -> None:
+        """The store made its oldest staged write durable and answers it: a step's to the
+        shell, which may release sends, hand over the next write and take events again;
+        a submit's to the client, and the watch hands the submit to the core."""
         sim_node = self._nodes[node]
         shell = sim_node.shell
-        if shell is None or answer.epoch != sim_node.durable.epoch:
-            return  # the incarnation that wrote it is gone; _crash settled its writes
-        if self.config.stamped_submits:
-            head = sim_node.log.popleft()
-            assert isinstance(head, StepWrite) and head.seq == answer.seq, "answers in order"
-        self._apply_durable(node, answer.merged)
-        out = shell.write_durable(answer.seq)
-        if sim_node.torn_crash_pending:
-            self._crash(node)  # durable, but nothing it released was sent
-            return
-        self._take_output(node, out)
-        if out.step_due:
-            self._arm_timer(sim_node, self._now)  # the coordinator wakes its loop
-        if self._membership:
-            self._feed_membership(node)
-        while sim_node.shell is shell and shell.accepting and sim_node.waiting:
-            self._step(node, sim_node.waiting.popleft())
+        assert shell is not None
+        write = self._made_durable(node)
+        match write:
+            case StepWrite(seq=seq):
+                out = shell.write_durable(seq)
+                if sim_node.torn_crash_pending:
+                    self._crash(node)  # durable, but nothing it released was sent
+                    return
+                self._take_output(node, out)
+                if out.step_due:
+                    self._arm_timer(sim_node, self._now)  # the coordinator wakes its loop
+                if self._membership:
+                    self._feed_membership(node)
+                while sim_node.shell is shell and shell.accepting and sim_node.waiting:
+                    self._step(node, sim_node.waiting.popleft())
+            case Stamped(tx_id=tx_id):
+                sim_node.handing[tx_id] = None
+                hand_at = max(self._now + self._rng.randint(*self._hand_ms), sim_node.last_hand_ms)
+                sim_node.last_hand_ms = hand_at
+                self._at(hand_at, _HandOver(node, sim_node.store.durable.epoch, write))
+            case Verdict() | None:
+                pass
 
     @staticmethod
     def _check_round_reports(sim_node: _SimNode, ready: Ready) -> None:
@@ -870,64 +757,40 @@ class Simulation:
                         )
                     sim_node.open_round = None
 
-    def _apply_durable(self, node: NodeId, merged: MergedPersist) -> None:
-        """What the transaction-store does with one write, in its order: counter,
-        forgotten metas, new metas, synced append, installed view, vote, states."""
-        durable = self._nodes[node].durable
-        durable.bodies.update(arrived.tx_id for arrived in merged.bodies)
-        if merged.counter:
-            self._settle_stamps(node, merged)
-            durable.counter = max(durable.counter, merged.counter)
+    def _made_durable(self, node: NodeId) -> Write | None:
+        """The store writes its oldest staged write; the checker hears what the disk now
+        holds (a step's synced append, forgotten metas and installed view; every
+        transition the store recorded; a submit's answer to its client)."""
+        store = self._nodes[node].store
+        write, moved = store.write_next()
+        if isinstance(write, StepWrite):
+            self._check_step(node, write.merged)
+        self._check_moved(node, moved)
+        if isinstance(write, Stamped):
+            self.checker.on_acked(node, write.tx_id)  # the client's submit is answered
+        self.workers.synced_changed(node, self._now)
+        return write
+
+    def _check_step(self, node: NodeId, merged: MergedPersist) -> None:
         if merged.forgotten:
             self.checker.on_forgotten(node, merged.forgotten)
+            durable = self._nodes[node].store.durable
             for tx_id in merged.forgotten:
-                durable.incoming.pop(tx_id, None)
-        durable.incoming.update((added.tx_id, added) for added in merged.incoming)
-        for added in merged.incoming:  # stamped anew: the stamp is history
-            durable.stamps.pop(added.tx_id, None)
-            durable.restamp.pop(added.tx_id, None)
+                kept = durable.txs.get(tx_id)  # a body arrived: the store keeps the record
+                if kept is not None and kept.state is not None:
+                    self.checker.on_state(node, tx_id, kept.state)
         if merged.synced:
             start = merged.synced_start
             assert start is not None, "a synced append has a start"
             held = all(self._body_held_somewhere(synced.tx_id) for synced in merged.synced)
             self.checker.on_synced(node, start.synced_len, merged.synced, held)
-            durable.synced.extend(merged.synced)
-            durable.synced_ids.update(meta.tx_id for meta in merged.synced)
-            for synced in merged.synced:
-                durable.incoming.pop(synced.tx_id, None)
         if merged.installed is not None:
             self.checker.on_view(node, merged.installed)
             self.stats.views = self.checker.views_installed
-            durable.view = merged.installed
-            durable.promised = durable.accepted_ballot = durable.accepted = None
-        if merged.vote is not None:
-            durable.promised = merged.vote.promised
-            durable.accepted_ballot = merged.vote.accepted_ballot
-            durable.accepted = merged.vote.accepted
-        for change in merged.changes:
-            if self.checker.state_of(node, change.tx_id) is change.state:
-                continue  # the store takes a repeat as a no-op (forgotten, then learned again)
-            self.checker.on_state(node, change.tx_id, change.state)
-            meta = durable.incoming.get(change.tx_id)
-            if change.state is TxState.INCOMING and meta is not None and meta.origin == node:
-                self.checker.on_acked(node, change.tx_id)  # the client's submit is answered
-        self.workers.synced_changed(node, self._now)
 
-    def _settle_stamps(self, node: NodeId, merged: MergedPersist) -> None:
-        """The replay rule for stamps, applied as the store applies a write with a
-        counter: a stamp the core had stepped when the write was made stays for good; one
-        at or below the counter that the core had not stepped is void (the core may have
-        posted that counter without it), and the submit is stamped anew at the next
-        start. (``BrokenStampSimulation`` keeps every stamp, to show the harm.)"""
-        durable = self._nodes[node].durable
-        for tx_id, (stamp, local_seq) in list(durable.stamps.items()):
-            if merged.local_seq >= local_seq:
-                del durable.stamps[tx_id]
-            elif merged.counter >= stamp:
-                del durable.stamps[tx_id]
-                durable.restamp[tx_id] = local_seq
-                if durable.incoming.get(tx_id) == TxMeta(stamp, tx_id, node):
-                    del durable.incoming[tx_id]
+    def _check_moved(self, node: NodeId, moved: list[Moved]) -> None:
+        for transition in moved:
+            self.checker.on_state(node, transition.record.tx_id, transition.step.state)
 
     def _check_durable(self, node: NodeId, message: Message) -> None:
         """Persist before send (the ``Ready`` contract, rule 1): what a message claims
@@ -935,44 +798,41 @@ class Simulation:
         must not make the node take back what its peers heard."""
         if not self._check_sends:
             return
-        durable = self._nodes[node].durable
+        store = self._nodes[node].store
+        durable = store.durable
+        vote = durable.vote
         problem = None
         match message:
             case Post(base=base, queue=queue) | ViewPromise(base=base, queue=queue):
-                if base.synced_len > len(durable.synced):
-                    problem = f"base {base.synced_len} with {len(durable.synced)} synced durably"
-                lost = next(
-                    (
-                        meta.tx_id
-                        for meta in queue
-                        if meta.tx_id not in durable.incoming
-                        and meta.tx_id not in durable.synced_ids
-                    ),
-                    None,
-                )
+                if base.synced_len > durable.synced_len:
+                    problem = f"base {base.synced_len} with {durable.synced_len} synced durably"
+                lost = next((meta.tx_id for meta in queue if not store.known(meta.tx_id)), None)
                 if lost is not None:
                     problem = f"{lost} in its queue, not durable"
+                promised = ballot_from_proto(vote.promised) if vote is not None else None
                 if isinstance(message, ViewPromise) and not self._voted(
-                    durable, durable.promised, message.ballot
+                    durable, promised, message.ballot
                 ):
-                    problem = f"a promise of {message.ballot}, {durable.promised} durably"
+                    problem = f"a promise of {message.ballot}, {promised} durably"
             case SyncedEntries(start=start, entries=entries):
                 end = start.synced_len + len(entries)
-                if end > len(durable.synced):
-                    problem = f"entries up to {end} with {len(durable.synced)} synced durably"
+                if end > durable.synced_len:
+                    problem = f"entries up to {end} with {durable.synced_len} synced durably"
             case ViewAccepted(ballot=ballot):
-                if not self._voted(durable, durable.accepted_ballot, ballot):
-                    problem = f"accepted {ballot}, {durable.accepted_ballot} durably"
+                accepted = None
+                if vote is not None and vote.HasField("accepted_ballot"):
+                    accepted = ballot_from_proto(vote.accepted_ballot)
+                if not self._voted(durable, accepted, ballot):
+                    problem = f"accepted {ballot}, {accepted} durably"
         if problem is not None:
             kind = type(message).__name__
             raise InvariantViolation(9, f"{node} sent a {kind} claiming {problem}")
 
     @staticmethod
-    def _voted(durable: _Durable, vote: Ballot | None, ballot: Ballot) -> bool:
+    def _voted(durable: StoreState, vote: Ballot | None, ballot: Ballot) -> bool:
         """The vote is durable, or the view it was for is installed already (an install
         in the same write voids the vote, and is the stronger fact)."""
-        installed = durable.view.view.view_no if durable.view is not None else 0
-        return (vote is not None and vote >= ballot) or installed >= ballot.view_no
+        return (vote is not None and vote >= ballot) or durable.view_no >= ballot.view_no
 
     def _send_effects(self, node: NodeId, ready: Ready) -> None:
         promised: Post | None = None
@@ -988,7 +848,7 @@ class Simulation:
                     self._check_durable(node, entries)
                     self._send(_Deliver(to, node, entries))
                 case ServeCatchUpFromLog(to, from_len, count_max):
-                    synced = self._nodes[node].durable.synced
+                    synced = self._nodes[node].store.durable.synced
                     start_base = _base_of(synced, from_len)
                     chunk = tuple(synced[from_len : from_len + count_max])
                     core = self._nodes[node].core
@@ -1004,7 +864,7 @@ class Simulation:
                     for peer in peers:
                         self._send(_DeliverBody(peer, node, tx_id))
                 case FetchBody(tx_id, source):
-                    if tx_id in self._nodes[node].durable.bodies:
+                    if self._nodes[node].store.body_held(tx_id):
                         self._at(self._now, _DeliverBody(node, node, tx_id))
                     else:
                         self._send(_FetchRequest(source, node, tx_id))
@@ -1016,7 +876,7 @@ class Simulation:
         self.checker.on_post_sent(node, post.counter, own)
 
     def _body_held_somewhere(self, tx_id: TxId) -> bool:
-        return any(tx_id in sim_node.durable.bodies for sim_node in self._nodes.values())
+        return any(sim_node.store.body_held(tx_id) for sim_node in self._nodes.values())
 
     # --- the network -----------------------------------------------------------------------
 

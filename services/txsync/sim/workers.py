@@ -1,12 +1,15 @@
 """Each simulated DC's worker side: worker-dispatch's own ``PipelineMachine`` over a few
-simulated workers, fed from the DC's durable synced queue (PROTOCOL.md §4.7).
+simulated workers, fed from the DC's store (``sim/store.py``) as ``FollowEnqueued``
+feeds it (PROTOCOL.md §4.7).
 
 A simulated worker applies a transaction by extending a hash chain, as a real one
 extends its state digest; whether a transaction fails is a function of its id, so that
-every replica of it decides the same. Requests and answers take a drawn 1-5 ms. The
-store records what dispatch decides after a drawn 0-6 ms, in order; a dispatch that dies
-(with its DC) loses the records still on their way, which leaves positions TESTING or
-ENQUEUED behind workers that applied them, as a real crash does.
+every replica of it decides the same. Requests and answers take a drawn 1-5 ms. What
+dispatch decides reaches the store after a drawn 0-6 ms, in order, and the store's own
+rules take it (``plan_verdicts``: TESTING in memory until its outcome, a passed state a
+repeat, two different verdicts refused); a dispatch that dies (with its DC) loses the
+records still on their way, and the store what it had not written, which leaves
+positions TESTING or ENQUEUED behind workers that applied them, as a real crash does.
 
 Faults (with ``crash``): workers crash and restart (their history is durable, as a
 database's commit is); dispatch is out of the pipeline while its DC is down. Each change
@@ -27,8 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from txsync.protocol import NodeId, TxId, TxMeta, TxState
+from txsync.protocol import NodeId, TxId, TxState
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
+from txsync.sim.store import SimStore
+from txsync.transaction_store.state import StoreState
 from txsync.worker_dispatch.health import choose_testing_worker
 from txsync.worker_dispatch.pipeline import (
     FINISHED,
@@ -51,6 +56,8 @@ NOTICE_MS = 30
 """How long dispatch takes to notice a worker went or came (its heartbeats)."""
 
 MachineFactory = Callable[..., PipelineMachine[None]]
+RecordAtStore = Callable[[NodeId, TxId, TxState, bytes], None]
+"""Hands a state dispatch decided to the DC's store: (node, tx id, state, DC digest)."""
 
 
 def runs_ok(tx_id: TxId) -> bool:
@@ -148,8 +155,6 @@ class _Dispatch:
 
     node: NodeId
     workers: dict[str, SimWorker]
-    records: dict[TxId, tuple[TxState, bytes]] = field(default_factory=dict)
-    """What the store holds of dispatch's decisions (durable)."""
     up: bool = True
     incarnation: int = 0
     last_record_ms: int = 0
@@ -172,12 +177,15 @@ class WorkerSide:
         rng: random.Random,
         at: Callable[[int, Any], None],
         checker: InvariantChecker,
-        synced: Callable[[NodeId], Sequence[TxMeta]],
+        store: Callable[[NodeId], SimStore],
+        record: RecordAtStore,
         machine_factory: MachineFactory = PipelineMachine,
     ) -> None:
-        """``synced(node)``: the node's durable synced queue; ``at(ms, event)``: schedule
-        one of this module's events (``Simulation`` hands them back to ``handle``)."""
-        self._rng, self._at, self._checker, self._synced = rng, at, checker, synced
+        """``store(node)``: the node's store; ``record``: hands it a decided state;
+        ``at(ms, event)``: schedule one of this module's events (``Simulation`` hands
+        them back to ``handle``)."""
+        self._rng, self._at, self._checker = rng, at, checker
+        self._store, self._record = store, record
         self._factory = machine_factory
         self._now = 0
         self._dcs = {
@@ -273,17 +281,15 @@ class WorkerSide:
         every transaction in it."""
         for node in nodes:
             dc = self._dcs[node]
-            synced = self._synced(node)
+            durable = self._store(node).durable
             for worker in dc.workers.values():
-                if worker.up and worker.position != len(synced):
+                if worker.up and worker.position != durable.synced_len:
                     raise InvariantViolation(
-                        5, f"{worker.worker_id} applied {worker.position} of {len(synced)}"
+                        5, f"{worker.worker_id} applied {worker.position} of {durable.synced_len}"
                     )
-            unfinished = next(
-                (m.tx_id for m in synced if dc.records.get(m.tx_id, (None,))[0] not in FINISHED),
-                None,
-            )
-            if unfinished is not None:
+            position = _first_unfinished(durable)
+            if position <= durable.synced_len:
+                unfinished = durable.synced[position - 1].tx_id
                 raise InvariantViolation(5, f"{node} never finished {unfinished}")
 
     def converged(self, nodes: Sequence[NodeId]) -> bool:
@@ -311,15 +317,7 @@ class WorkerSide:
         positions = {w: dc.workers[w].position for w in ready}
         dc.machine = self._factory(dc.tester, followers, positions)
         # The store streams from the lowest position, or its first unfinished one.
-        synced = self._synced(dc.node)
-        unfinished = next(
-            (
-                p
-                for p, meta in enumerate(synced, 1)
-                if dc.records.get(meta.tx_id, (None,))[0] not in FINISHED
-            ),
-            len(synced) + 1,
-        )
+        unfinished = _first_unfinished(self._store(dc.node).durable)
         dc.next_position = min(dc.machine.start, unfinished)
         self._feed(dc)
 
@@ -327,16 +325,17 @@ class WorkerSide:
         machine = dc.machine
         if machine is None or not dc.up:
             return
-        synced = self._synced(dc.node)
-        while dc.next_position <= len(synced):
+        # FollowEnqueued reads what the store staged (it wakes at each durable write).
+        staged = self._store(dc.node).state
+        while dc.next_position <= staged.synced_len:
             position = dc.next_position
-            tx_id = synced[position - 1].tx_id
-            state = self._checker.state_of(dc.node, tx_id)
-            if state is None or state < TxState.ENQUEUED:
+            tx_id = staged.synced[position - 1].tx_id
+            record = staged.txs[tx_id]
+            if record.state is None or record.state < TxState.ENQUEUED:
                 return  # FollowEnqueued streams a position once it is ENQUEUED, in order
-            recorded, digest = dc.records.get(tx_id, (TxState.ENQUEUED, b""))
+            digest = record.outcome.state_digest if record.outcome is not None else b""
             dc.next_position += 1
-            entry = Entry(position, tx_id, recorded, digest, None)
+            entry = Entry(position, tx_id, record.state, digest, None)
             try:
                 outputs = machine.entry(entry)
             except PipelineError as error:
@@ -362,14 +361,10 @@ class WorkerSide:
                     raise InvariantViolation(7, f"{dc.node}: {worker} out of sync: {reason}")
 
     def _recorded(self, dc: _Dispatch, record: Record) -> None:
-        """The store records what dispatch decided, in order (also a restarted
+        """What dispatch decided reaches the store, in order (also a restarted
         pipeline's: the process and its queue of records live on)."""
-        current = dc.records.get(record.tx_id, (TxState.ENQUEUED, b""))[0]
-        if record.state <= current:
-            return  # a state passed already: the store takes it as a repeat
         digest = record.decided_by.digest if record.decided_by is not None else b""
-        self._checker.on_state(dc.node, record.tx_id, record.state)
-        dc.records[record.tx_id] = (record.state, digest)
+        self._record(dc.node, record.tx_id, record.state, digest)
         if record.state in FINISHED:
             agreed = self._outcomes.setdefault(record.tx_id, record.state)
             if agreed is not record.state:
@@ -390,3 +385,12 @@ class WorkerSide:
 
     def _later(self, span: tuple[int, int]) -> int:
         return self._now + self._rng.randint(*span)
+
+
+def _first_unfinished(durable: StoreState) -> int:
+    """The first synced position whose verdict is not durable (the store's
+    ``first_unfinished_position``: one being written counts as unfinished)."""
+    for position, meta in enumerate(durable.synced, 1):
+        if durable.txs[meta.tx_id].state not in FINISHED:
+            return position
+    return durable.synced_len + 1

@@ -1,0 +1,260 @@
+"""A DC's transaction-store in the simulation: the store's own state machine
+(``StoreState``), its rules (``step_rules``) and the internal API's conversions
+(``step_wire``, ``store_wire``), over a disk that is the txlog's own frames in memory
+(issue 53). No model of the store is left in the simulator: a write the store would
+refuse fails the seed, and a restart replays exactly what the frames on the disk say.
+
+What runs here as it runs in ``TransactionStore``:
+
+- each write is planned against the staged state (``plan_step``, ``plan_bodies``,
+  ``plan_verdicts``, the submit stamp of ``stamp_floor``), applied to it at once, and
+  made durable later, in log order, as one frame (a ``LogBatch``) per write;
+- a crash keeps the frames written so far, and may tear the next one; recovery scans
+  the frames (``framing.scan``), cuts a torn tail and replays the rest into a new
+  ``StoreState``, which must equal the state the durable writes built;
+- a coordinator's start stages the epoch's entry and loads ``protocol_state``, encoded
+  and decoded as the services do;
+- the local submits to hand over at a start are ``pending_local``, in order.
+
+What it leaves out: bodies' bytes (the simulated bodies are empty), idempotency keys,
+backpressure, rotation and truncation (not yet run here: issue 53, item 1, names them).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from txsync.protocol import DurableState, NodeId, TxId, TxState
+from txsync.refusals import Refusal
+from txsync.sim.invariants import InvariantViolation
+from txsync.sync_coordinator.shell import StepWrite
+from txsync.sync_coordinator.store_wire import durable_from_proto, persist_request
+from txsync.transaction_store.state import Moved, StoreState
+from txsync.transaction_store.step_rules import (
+    StateChangeRequest,
+    StoredBody,
+    plan_bodies,
+    plan_step,
+    plan_verdicts,
+    protocol_state,
+    stamp_floor,
+    stamps_at_clock,
+)
+from txsync.transaction_store.step_wire import protocol_state_to_proto, step_from_proto
+from txsync.transaction_store.txlog.framing import encode_frame, scan
+from txsync.v1 import common_pb2, txlog_pb2
+
+StateFactory = Callable[[str], StoreState]
+"""Builds a store's state (tests/sim: a broken one)."""
+
+DISPATCH = "worker-dispatch"
+SUBMITS = "transaction-store"
+
+
+@dataclass(frozen=True, slots=True)
+class Stamped:
+    """A local submit as the store wrote it: its stamp (0: none) and local_seq."""
+
+    tx_id: TxId
+    stamp: int
+    local_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """worker-dispatch's state for a transaction, as the store wrote it."""
+
+    tx_id: TxId
+    state: TxState
+
+
+Write = StepWrite | Stamped | Verdict
+"""A write the store makes durable, which tells the simulation what to do then."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    entries: list[txlog_pb2.LogEntry]
+    write: Write | None
+
+
+class SimStore:
+    """One DC's store: ``state`` is what it plans against (everything staged),
+    ``durable`` what its disk holds."""
+
+    def __init__(self, node_id: NodeId, state_factory: StateFactory = StoreState) -> None:
+        self.node_id = node_id
+        self._state_factory = state_factory
+        self.state = state_factory(node_id)
+        self.durable = state_factory(node_id)
+        self.disk = bytearray()
+        self._unwritten: deque[_Staged] = deque()
+        self._testing_unwritten: dict[str, txlog_pb2.LogEntry] = {}
+
+    # --- writes, staged in order ---------------------------------------------------------
+
+    def stage_step(self, write: StepWrite, now_ms: int) -> None:
+        """A coordinator's write, sent as the coordinator sends it and checked as the
+        servicer and the store check it."""
+        try:
+            step = step_from_proto(persist_request(write.merged))
+            bodies = [
+                StoredBody(tx_id, encoded, digest, traceparent, False)
+                for tx_id, encoded, digest, traceparent in step.bodies
+            ]
+            entries = plan_bodies(self.state, bodies, now_ms).entries
+            entries += plan_step(self.state, step, now_ms)
+        except Refusal as refusal:
+            raise InvariantViolation(
+                0, f"{self.node_id}'s store refused a step: {refusal}"
+            ) from None
+        self._stage(entries, write)
+
+    def submit(self, tx_id: TxId, now_ms: int, clock_us: int, *, stamped: bool) -> Stamped:
+        """A client's submit, stamped as the store stamps it (``clock_us``: the store's
+        wall clock, used under load); ``stamped=False``: written without a stamp, so
+        that the coordinator stamps it (as the services did before)."""
+        stamp = 0
+        if stamped:
+            clock = clock_us if stamps_at_clock(self.state, 1) else 0
+            stamp = stamp_floor(self.state, clock) + 1
+        local_seq = self.state.local_seq + 1
+        submitted = txlog_pb2.TxSubmitted(
+            tx_id=tx_id, service=SUBMITS, ts=stamp, local_seq=local_seq
+        )
+        written = Stamped(tx_id, stamp, local_seq)
+        self._stage([txlog_pb2.LogEntry(at_unix_ms=now_ms, submitted=submitted)], written)
+        return written
+
+    def record_verdict(self, tx_id: TxId, state: TxState, digest: bytes, now_ms: int) -> bool:
+        """worker-dispatch's state for one transaction (its outcome carries the DC's
+        digest at the position, which a restarted pipeline is fed back); False: nothing
+        to write (a repeat, or TESTING, which waits in memory for its outcome)."""
+        outcome = None
+        if state in (TxState.OK, TxState.FAILED):
+            outcome = common_pb2.Outcome(
+                state=common_pb2.TxState.ValueType(state.value), state_digest=digest
+            )
+        change = StateChangeRequest(tx_id, state, outcome)
+        try:
+            plan = plan_verdicts(self.state, [change], DISPATCH, now_ms, self._testing_unwritten)
+        except Refusal as refusal:
+            problem = f"{self.node_id}'s store refused {state.name} of {tx_id}: {refusal}"
+            raise InvariantViolation(7, problem) from None
+        for entry in plan.testing:
+            self.state.apply(entry)
+            self._testing_unwritten[entry.state.tx_id] = entry
+        for settled in plan.settled:
+            self._testing_unwritten.pop(settled, None)
+        if not plan.written:
+            return False
+        self._stage(plan.written, Verdict(tx_id, state))
+        return True
+
+    def _stage(self, entries: list[txlog_pb2.LogEntry], write: Write | None) -> None:
+        for entry in entries:
+            self.state.apply(entry)
+        self._unwritten.append(_Staged(entries, write))
+
+    # --- the disk --------------------------------------------------------------------------
+
+    @property
+    def unwritten(self) -> int:
+        return len(self._unwritten)
+
+    def write_next(self) -> tuple[Write | None, list[Moved]]:
+        """The oldest staged write becomes durable: its frame is appended. The
+        transitions it made, as the durable state records them."""
+        staged = self._unwritten.popleft()
+        if staged.entries:  # a step with nothing to write (the store answers it at once)
+            self.disk += encode_frame(_batch(staged.entries))
+        moved: list[Moved] = []
+        for entry in staged.entries:
+            moved += self.durable.apply(entry)
+        return staged.write, moved
+
+    def crash(self, torn_bytes: int) -> None:
+        """The process dies: what was not written is gone, and ``torn_bytes`` of the
+        next write's frame may have reached the disk. Recovery replays the frames."""
+        if self._unwritten and self._unwritten[0].entries and torn_bytes:
+            frame = encode_frame(_batch(self._unwritten[0].entries))
+            self.disk += frame[: min(torn_bytes, len(frame) - 1)]
+        self._unwritten.clear()
+        self._testing_unwritten.clear()
+        recovered = self._recover()
+        if _fingerprint(recovered) != _fingerprint(self.durable):
+            raise InvariantViolation(
+                0, f"{self.node_id}: the state replayed is not the durable one"
+            )
+        self.durable = recovered
+        self.state = self._recover()
+
+    def _recover(self) -> StoreState:
+        result = scan(bytes(self.disk))
+        if result.corruption is not None:
+            raise InvariantViolation(0, f"{self.node_id}: txlog corrupt: {result.corruption}")
+        del self.disk[result.good_end :]  # a torn tail is cut, as the store cuts it
+        state = self._state_factory(self.node_id)
+        for _, payload in result.frames:
+            for entry in txlog_pb2.LogBatch.FromString(payload).entries:
+                state.apply(entry)
+        return state
+
+    # --- a coordinator's start -------------------------------------------------------------
+
+    def load_protocol_state(self, now_ms: int) -> DurableState:
+        """Stage and write the new epoch's entry (nothing is staged ahead of it: the
+        store restarted with the coordinator), then load the state as the coordinator
+        receives it."""
+        assert not self._unwritten, "a coordinator starts with its store"
+        epoch = txlog_pb2.EpochStarted(epoch=self.state.epoch + 1)
+        self.write_at_once(txlog_pb2.LogEntry(at_unix_ms=now_ms, epoch=epoch))
+        loaded = protocol_state_to_proto(self.node_id, protocol_state(self.state))
+        return durable_from_proto(loaded)
+
+    def write_at_once(self, entry: txlog_pb2.LogEntry) -> None:
+        """Stage an entry and make it durable, with nothing staged ahead of it."""
+        assert not self._unwritten, "written in log order"
+        self._stage([entry], None)
+        self.write_next()
+
+    def pending_local(self) -> list[TxId]:
+        """The local submits the store's watch hands over first, unstamped."""
+        return list(self.state.pending_local)
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def body_held(self, tx_id: TxId) -> bool:
+        record = self.durable.txs.get(tx_id)
+        return record is not None and record.body_held
+
+    def known(self, tx_id: TxId) -> bool:
+        """Its meta is durable here, incoming or synced."""
+        record = self.durable.txs.get(tx_id)
+        return record is not None and record.meta is not None
+
+
+def _fingerprint(state: StoreState) -> tuple[object, ...]:
+    records = sorted(
+        (tx_id, record.state, record.body_held, record.meta, record.local, record.position)
+        for tx_id, record in state.txs.items()
+    )
+    return (
+        state.counter,
+        state.coordinator_counter,
+        state.epoch,
+        state.local_seq,
+        tuple(state.synced),
+        tuple(state.incoming.items()),
+        tuple(state.pending_local),
+        tuple(state.unsettled.items()),
+        state.view,
+        state.vote,
+        tuple(records),
+    )
+
+
+def _batch(entries: list[txlog_pb2.LogEntry]) -> bytes:
+    return txlog_pb2.LogBatch(entries=entries).SerializeToString()
