@@ -14,8 +14,14 @@ from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.step_rules import (
     ProtocolStep,
     StateChangeRequest,
+    StoredBody,
+    plan_bodies,
     plan_changes,
     plan_step,
+    plan_verdicts,
+    protocol_state,
+    stamp_floor,
+    stamps_at_clock,
 )
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -108,3 +114,71 @@ def test_a_late_report_keeps_its_time_within_the_history_and_now() -> None:
     assert kept_back.at_unix_ms == NOW_MS  # not before the record's last step
     (clamped,) = plan_changes(state, [late], "wd", NOW_MS + 1_000)
     assert clamped.at_unix_ms == NOW_MS + 1_000  # not after now
+
+
+def test_testing_waits_in_memory_and_rides_its_outcomes_entry() -> None:
+    state = StoreState("dc1")
+    tx_id = _synced_peer_tx(state)
+    testing = StateChangeRequest(tx_id, TxState.TESTING)
+    first = plan_verdicts(state, [testing], "worker-dispatch", NOW_MS, {})
+    assert first.written == [] and len(first.testing) == 1  # nothing to write yet
+    state.apply(first.testing[0])
+    unwritten = {tx_id: first.testing[0]}
+    ok = common_pb2.Outcome(state=common_pb2.TX_STATE_OK, position=1)
+    verdict = StateChangeRequest(tx_id, TxState.OK, ok)
+    second = plan_verdicts(state, [verdict], "worker-dispatch", NOW_MS + 5, unwritten)
+    assert second.settled == [tx_id] and second.testing == []
+    [entry] = second.written
+    assert entry.state.testing_at_unix_ms == NOW_MS  # one entry: the outcome with TESTING
+    assert unwritten == {tx_id: first.testing[0]}, "the plan changes nothing it is given"
+    state.apply(entry)
+    assert state.txs[tx_id].state is TxState.OK
+    repeat = plan_verdicts(state, [testing], "worker-dispatch", NOW_MS, {})  # a restart's
+    assert repeat.written == [] and repeat.testing == []
+    failed = common_pb2.Outcome(state=common_pb2.TX_STATE_FAILED, position=1)
+    with pytest.raises(Refusal, match="OK -> FAILED"):
+        plan_verdicts(state, [StateChangeRequest(tx_id, TxState.FAILED, failed)], "x", NOW_MS, {})
+    with pytest.raises(Refusal, match="TESTING, OK or FAILED only"):
+        plan_verdicts(state, [StateChangeRequest(tx_id, TxState.ACCEPTED)], "x", NOW_MS, {})
+
+
+def test_a_testing_by_another_service_is_written_as_its_own_entry() -> None:
+    state = StoreState("dc1")
+    tx_id = _synced_peer_tx(state)
+    testing = plan_verdicts(
+        state, [StateChangeRequest(tx_id, TxState.TESTING)], "old-dispatch", NOW_MS, {}
+    ).testing
+    state.apply(testing[0])
+    ok = common_pb2.Outcome(state=common_pb2.TX_STATE_OK, position=1)
+    plan = plan_verdicts(
+        state, [StateChangeRequest(tx_id, TxState.OK, ok)], "worker-dispatch", NOW_MS,
+        {tx_id: testing[0]},
+    )  # fmt: skip
+    assert [e.state.state for e in plan.written] == [TxState.TESTING.value, TxState.OK.value]
+
+
+def test_bodies_are_planned_once_each_and_only_if_not_held() -> None:
+    state = StoreState("dc1")
+    held = _synced_peer_tx(state)
+    new = str(uuid.uuid4())
+    bodies = [
+        StoredBody(held, b"x", b"d", "", False),
+        StoredBody(new, b"abc", b"d", "00-" + "1" * 32 + "-" + "2" * 16 + "-01", False),
+        StoredBody(new, b"abc", b"d", "", False),
+    ]
+    planned = plan_bodies(state, bodies, NOW_MS)
+    assert [e.body_stored.tx_id for e in planned.entries] == [new]
+    assert planned.entries[0].body_stored.body_bytes == 3 and planned.traced == [new]
+
+
+def test_a_submit_is_stamped_above_what_is_staged_and_at_the_clock_under_load() -> None:
+    state = StoreState("dc1")
+    for entry in plan_step(state, ProtocolStep(counter=7), NOW_MS):
+        state.apply(entry)
+    assert not stamps_at_clock(state, 1) and stamps_at_clock(state, 2)
+    assert stamp_floor(state, 0) == 7 and stamp_floor(state, 1_000) == 999
+    submitted = txlog_pb2.TxSubmitted(tx_id=str(uuid.uuid4()), ts=8, local_seq=1)
+    state.apply(txlog_pb2.LogEntry(at_unix_ms=NOW_MS, submitted=submitted))
+    assert stamps_at_clock(state, 1), "a stamp not yet settled is a sign of load"
+    loaded = protocol_state(state)
+    assert loaded.counter == 8 and [(m.ts, held) for m, held in loaded.incoming] == [(8, True)]

@@ -374,7 +374,9 @@ def plan_verdicts(
             plan.testing.append(entry)
             testing_now[moving.tx_id] = entry
             continue
-        testing = testing_now.pop(moving.tx_id, None) or testing_unwritten.get(moving.tx_id)
+        testing = testing_now.pop(moving.tx_id, None)
+        if testing is None:
+            testing = testing_unwritten.get(moving.tx_id)
         if testing is not None:
             plan.settled.append(moving.tx_id)
         if testing is not None and testing.state.service == moving.service:
