@@ -33,7 +33,7 @@ from typing import Any
 from txsync.protocol import NodeId, TxId, TxState
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
 from txsync.sim.store import SimStore
-from txsync.transaction_store.state import StoreState
+from txsync.transaction_store.step_rules import first_unfinished
 from txsync.worker_dispatch.health import choose_testing_worker
 from txsync.worker_dispatch.pipeline import (
     FINISHED,
@@ -287,7 +287,7 @@ class WorkerSide:
                     raise InvariantViolation(
                         5, f"{worker.worker_id} applied {worker.position} of {durable.synced_len}"
                     )
-            position = _first_unfinished(durable)
+            position = first_unfinished(durable, 1, ())
             if position <= durable.synced_len:
                 unfinished = durable.synced[position - 1].tx_id
                 raise InvariantViolation(5, f"{node} never finished {unfinished}")
@@ -316,8 +316,9 @@ class WorkerSide:
         followers = [w for w in ready if w != dc.tester]
         positions = {w: dc.workers[w].position for w in ready}
         dc.machine = self._factory(dc.tester, followers, positions)
-        # The store streams from the lowest position, or its first unfinished one.
-        unfinished = _first_unfinished(self._store(dc.node).durable)
+        # The store streams from the lowest position, or its first unfinished one (in
+        # what is durable: the store counts a verdict still being written unfinished).
+        unfinished = first_unfinished(self._store(dc.node).durable, 1, ())
         dc.next_position = min(dc.machine.start, unfinished)
         self._feed(dc)
 
@@ -385,12 +386,3 @@ class WorkerSide:
 
     def _later(self, span: tuple[int, int]) -> int:
         return self._now + self._rng.randint(*span)
-
-
-def _first_unfinished(durable: StoreState) -> int:
-    """The first synced position whose verdict is not durable (the store's
-    ``first_unfinished_position``: one being written counts as unfinished)."""
-    for position, meta in enumerate(durable.synced, 1):
-        if durable.txs[meta.tx_id].state not in FINISHED:
-            return position
-    return durable.synced_len + 1

@@ -106,6 +106,7 @@ PERSIST_TIMEOUT_S = 30.0
 """A step not durable after this long means the store is stuck: the coordinator stops
 (to be restarted from durable state) rather than hold every send forever."""
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CoordinatorConfig:
     node_id: str

@@ -30,7 +30,7 @@ from txsync.sync_coordinator.bodies import checked_body
 from txsync.sync_coordinator.coordinator import Coordinator
 from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
-from txsync.sync_coordinator.peer_link import PUSH_BATCH_BYTES_MAX
+from txsync.sync_coordinator.peer_queue import PUSH_BATCH_BYTES_MAX
 from txsync.sync_coordinator.wire import (
     UnknownReference,
     WireError,

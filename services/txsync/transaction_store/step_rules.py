@@ -9,7 +9,7 @@ the same ``StoreState``, so a write the store would refuse fails a seed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from txsync.codec import base_to_proto, meta_to_proto
@@ -385,6 +385,21 @@ def plan_verdicts(
             plan.written.append(testing)  # its own service: its own entry (a repeat too)
         plan.written.append(entry)
     return plan
+
+
+def first_unfinished(state: StoreState, from_position: int, undurable: Container[str]) -> int:
+    """The first synced position (1-based) from ``from_position`` on not yet OK or FAILED
+    (one with its verdict in ``undurable``, still being written, counts as unfinished:
+    truncated now, the waiter its staged write woke would find no record to answer
+    with); one past the end if every one is."""
+    position = max(from_position, state.synced_offset + 1)
+    while position <= state.synced_len:
+        meta = state.synced_at(position - 1)
+        record = state.txs.get(meta.tx_id) if meta is not None else None
+        if record is None or record.state not in FINAL_STATES or record.tx_id in undurable:
+            break
+        position += 1
+    return position
 
 
 def check_implied(

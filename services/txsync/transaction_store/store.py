@@ -52,6 +52,7 @@ from txsync.transaction_store.step_rules import (
     ProtocolStep,
     StateChangeRequest,
     StoredBody,
+    first_unfinished,
     plan_bodies,
     plan_step,
     plan_verdicts,
@@ -1113,20 +1114,10 @@ class TransactionStore:
                 await changed.wait()
 
     def first_unfinished_position(self) -> int:
-        """The first synced position (1-based) not yet OK or FAILED in the log (a verdict
-        still being written counts as unfinished); one past the end if every one is.
-        States only move forward, so the scan resumes where it last stopped: amortised,
-        each position is looked at once."""
-        position = max(self._finished_through, self.state.synced_offset) + 1
-        undurable = self._undurable
-        while position <= self.state.synced_len:
-            meta = self.state.synced_at(position - 1)
-            record = self.state.txs.get(meta.tx_id) if meta is not None else None
-            if record is None or record.state not in FINAL_STATES or record.tx_id in undurable:
-                # A verdict not on disk yet is not finished: truncated now, the waiter
-                # its staged write woke would find no record to answer with.
-                break
-            position += 1
+        """The first synced position (1-based) not yet OK or FAILED in the log; one past
+        the end if every one is. States only move forward, so the scan resumes where it
+        last stopped: amortised, each position is looked at once."""
+        position = first_unfinished(self.state, self._finished_through + 1, self._undurable)
         self._finished_through = position - 1
         return position
 
