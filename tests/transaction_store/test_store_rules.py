@@ -694,6 +694,35 @@ def test_get_and_list_read_what_is_written_not_what_is_staged(
     _run(tmp_path, scenario)
 
 
+def test_a_position_is_streamed_to_dispatch_only_once_its_synced_entry_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A synced append still on its way to disk is one a crash may take back, and the
+    agreed order may then put another transaction at that position: a worker fed the
+    staged one would have applied the wrong transaction there. So however the follower
+    is woken meanwhile, it waits for the write."""
+
+    async def scenario(store: TransactionStore) -> None:
+        tx_id = (await store.submit(_body())).tx_id
+        gate = hold_writes(monkeypatch)
+        syncing = asyncio.create_task(_sync_local(store, tx_id, 1))
+        await until(lambda: store.state.synced_len == 1, "the synced append staged, held")
+        assert store.state.txs[tx_id].state is TxState.ENQUEUED  # in memory
+        follower = store.follow_enqueued(1)
+        first = asyncio.create_task(anext(follower))
+        await asyncio.sleep(0.05)
+        store._notify()  # woken by something else, as any other durable write wakes it
+        await asyncio.sleep(0.05)
+        assert not first.done(), "streamed a position a crash may take back"
+        gate.set()
+        [(position, record)] = await asyncio.wait_for(first, WAIT_S)
+        assert (position, record.tx_id) == (1, tx_id)
+        await syncing
+        await follower.aclose()
+
+    _run(tmp_path, scenario)
+
+
 def test_a_write_whose_caller_hung_up_still_wakes_the_others_waiting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,6 +1,6 @@
 """Each simulated DC's worker side: worker-dispatch's own ``PipelineMachine`` over a few
 simulated workers, fed from the DC's store (``sim/store.py``) as ``FollowEnqueued``
-feeds it (PROTOCOL.md §4.7).
+feeds it: a position once its synced entry is durable (PROTOCOL.md §4.7).
 
 A simulated worker applies a transaction by extending a hash chain, as a real one
 extends its state digest; whether a transaction fails is a function of its id, so that
@@ -326,17 +326,21 @@ class WorkerSide:
         machine = dc.machine
         if machine is None or not dc.up:
             return
-        # FollowEnqueued reads what the store staged (it wakes at each durable write).
-        staged = self._store(dc.node).state
-        while dc.next_position <= staged.synced_len:
+        # FollowEnqueued streams a position once the log holds it ENQUEUED, in order (a
+        # synced entry still on its way to disk may be taken back by a crash), with the
+        # record as memory holds it.
+        store = self._store(dc.node)
+        durable = store.durable
+        while dc.next_position <= durable.synced_len:
             position = dc.next_position
-            tx_id = staged.synced[position - 1].tx_id
-            record = staged.txs[tx_id]
-            if record.state is None or record.state < TxState.ENQUEUED:
-                return  # FollowEnqueued streams a position once it is ENQUEUED, in order
+            tx_id = durable.synced[position - 1].tx_id
+            written = durable.txs[tx_id].state
+            if written is None or written < TxState.ENQUEUED:
+                return
+            record = store.state.txs[tx_id]
             digest = record.outcome.state_digest if record.outcome is not None else b""
             dc.next_position += 1
-            entry = Entry(position, tx_id, record.state, digest, None)
+            entry = Entry(position, tx_id, record.state or written, digest, None)
             try:
                 outputs = machine.entry(entry)
             except PipelineError as error:
