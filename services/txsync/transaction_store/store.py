@@ -211,6 +211,8 @@ class _Staged:
     traced_whole: Collection[str] = ()
     """Transactions whose every span is emitted instead (their trace context arrived)."""
     announced: bool = False
+    wakes_followers: bool = False
+    """A follower waits for this write (``_written_state``): its end wakes the streams."""
 
 
 class _CheckedBody(NamedTuple):
@@ -827,7 +829,21 @@ class TransactionStore:
         if record is None:
             return None
         held = self._undurable.get(record.tx_id)
-        return record.state if held is None else held[1]
+        if held is None:
+            return record.state
+        future = held[0].future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            return record.state  # durable; its callback has not run yet
+        if not held[0].wakes_followers:
+            # The write's end wakes the followers itself, whoever announces it (a step
+            # whose stream ended is announced by no one): a follower that found this
+            # position waiting for it must not sleep until some later write.
+            held[0].wakes_followers = True
+            future.add_done_callback(self._wake_followers)
+        return held[1]
+
+    def _wake_followers(self, _: object = None) -> None:
+        self._notify()
 
     def _has_reached(self, tx_id: str, state: TxState) -> bool:
         """Durably (or TESTING, which is never written alone): memory holds staged
