@@ -35,6 +35,7 @@ from txsync.transaction_store.state import Moved, StoreState
 from txsync.transaction_store.step_rules import (
     StateChangeRequest,
     StoredBody,
+    keep_testing,
     plan_bodies,
     plan_step,
     plan_verdicts,
@@ -143,11 +144,7 @@ class SimStore:
         except Refusal as refusal:
             problem = f"{self.node_id}'s store refused {state.name} of {tx_id}: {refusal}"
             raise InvariantViolation(7, problem) from None
-        for entry in plan.testing:
-            self.state.apply(entry)
-            self._testing_unwritten[entry.state.tx_id] = entry
-        for settled in plan.settled:
-            self._testing_unwritten.pop(settled, None)
+        keep_testing(self.state, plan, self._testing_unwritten)
         if not plan.written:
             return False
         self._stage(plan.written, Verdict(tx_id, state))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from txsync.codec import base_to_proto, meta_to_proto
 from txsync.protocol import IMPLIED_STATES, MergeBase, TxMeta, TxState, is_allowed_transition
 from txsync.refusals import Refusal, Refused
-from txsync.transaction_store.state import FINAL_STATES, StoreState, TxRecord
+from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
 from txsync.transaction_store.validation import STATE_CHANGES_MAX, check_tx_id, invalid
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -400,6 +400,20 @@ def first_unfinished(state: StoreState, from_position: int, undurable: Container
             break
         position += 1
     return position
+
+
+def keep_testing(
+    state: StoreState, plan: VerdictPlan, testing_unwritten: dict[str, txlog_pb2.LogEntry]
+) -> list[Moved]:
+    """Apply a plan's TESTING in memory and keep its entries until their outcomes carry
+    them (``testing_unwritten``, the caller's); the transitions made."""
+    moved: list[Moved] = []
+    for entry in plan.testing:
+        moved += state.apply(entry)
+        testing_unwritten[entry.state.tx_id] = entry
+    for tx_id in plan.settled:
+        testing_unwritten.pop(tx_id, None)
+    return moved
 
 
 def check_implied(

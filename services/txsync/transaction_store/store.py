@@ -53,6 +53,7 @@ from txsync.transaction_store.step_rules import (
     StateChangeRequest,
     StoredBody,
     first_unfinished,
+    keep_testing,
     plan_bodies,
     plan_step,
     plan_verdicts,
@@ -831,15 +832,13 @@ class TransactionStore:
         held = self._undurable.get(record.tx_id)
         if held is None:
             return record.state
-        future = held[0].future
-        if future.done() and not future.cancelled() and future.exception() is None:
-            return record.state  # durable; its callback has not run yet
         if not held[0].wakes_followers:
             # The write's end wakes the followers itself, whoever announces it (a step
             # whose stream ended is announced by no one): a follower that found this
-            # position waiting for it must not sleep until some later write.
+            # position waiting for it must not sleep until some later write. Registered
+            # after ``_on_durable``, so the position counts as written when it runs.
             held[0].wakes_followers = True
-            future.add_done_callback(self._wake_followers)
+            held[0].future.add_done_callback(self._wake_followers)
         return held[1]
 
     def _wake_followers(self, _: object = None) -> None:
@@ -1157,12 +1156,7 @@ class TransactionStore:
     async def advance_states(self, changes: Sequence[StateChangeRequest], service: str) -> None:
         async with self._lock:
             plan = plan_verdicts(self.state, changes, service, _now_ms(), self._testing_unwritten)
-            moved: list[Moved] = []
-            for entry in plan.testing:
-                moved += self.state.apply(entry)
-                self._testing_unwritten[entry.state.tx_id] = entry
-            for tx_id in plan.settled:
-                self._testing_unwritten.pop(tx_id, None)
+            moved = keep_testing(self.state, plan, self._testing_unwritten)
             staged = self._stage(plan.written) if plan.written else None
         if moved:
             self._announce(moved)
