@@ -24,6 +24,7 @@ from tests.sim.broken_cores import (
 )
 from tests.sim.broken_dispatch import FinishedToNobodyMachine, FollowersNeverFedMachine
 from tests.sim.broken_feed import NoRoomWaitSimulation
+from tests.sim.broken_links import IgnoresWholeNeededQueue
 from tests.sim.broken_shells import (
     ForgetsArrivedBodiesShell,
     SendsBeforeDurableShell,
@@ -58,7 +59,9 @@ def _regressions() -> list[SimConfig]:
         fields = line.split("#", 1)[0].split()
         if fields:
             mix, nodes, txs, seed = fields
-            configs.append(SimConfig(int(seed), int(nodes), int(txs), FaultMix.parse(mix)))
+            configs.append(
+                SimConfig(int(seed), int(nodes), int(txs), FaultMix.parse(mix), peer_streams=False)
+            )
     return configs
 
 
@@ -203,8 +206,14 @@ def _first_caught(
 ) -> InvariantViolation:
     """The violation a broken simulation (its store or its feed) shows first among
     BUG_SEEDS_MAX five-node seeds of ``mix``; the correct simulation passes that seed."""
+    return _first_failure_of(broken, mix, nodes=5, txs=40)
+
+
+def _first_failure_of(
+    broken: Callable[[SimConfig], Simulation], mix: str, *, nodes: int, txs: int = 20
+) -> InvariantViolation:
     for seed in range(BUG_SEEDS_MAX):
-        config = SimConfig(seed=seed, nodes=5, txs=40, faults=FaultMix.parse(mix))
+        config = SimConfig(seed=seed, nodes=nodes, txs=txs, faults=FaultMix.parse(mix))
         try:
             broken(config).run()
         except InvariantViolation as violation:
@@ -234,9 +243,22 @@ def test_a_store_that_enqueues_unsynced_transactions_is_caught_within_200_seeds(
 def test_a_feed_that_waits_for_no_room_is_caught_within_200_seeds() -> None:
     """Hand-overs stepped whether or not the core has room: a restarted node's core,
     full, refuses a submit whose stamp a counter voided, which its client was told is
-    stored, and the transaction is lost (invariant 3)."""
-    violation = _first_caught(NoRoomWaitSimulation, "delay,crash")
+    stored, and the transaction is lost (invariant 3). With messages reordered (seed 24):
+    on peer links' streams (delay,crash) none of the 200 seeds fills a core at restart."""
+    violation = _first_caught(NoRoomWaitSimulation, "delay,reorder,crash")
     assert violation.invariant == 3 and "acknowledged" in str(violation), violation
+
+
+def test_a_peer_link_that_ignores_whole_needed_is_caught_within_200_seeds() -> None:
+    """A peer link's queue that takes "send that post whole" as an acknowledgement: after
+    the peer restarts (and forgets the posts it kept), the sender's posts name one it
+    does not hold, and that sender's news never reaches it again (seed 26)."""
+    violation = _first_failure_of(
+        functools.partial(Simulation, queue_factory=IgnoresWholeNeededQueue),
+        "delay,partition,crash",
+        nodes=3,
+    )
+    assert violation.invariant in {3, 5}, violation
 
 
 def test_what_sends_before_durable_lead_to_without_rule_9() -> None:

@@ -1,7 +1,8 @@
 """What ``PeerQueue`` sends one peer: body pushes merged into as few messages as the
 peer takes, in order, bounded in bytes; posts encoded as changes to the post sent before
-them; answers acknowledging posts. A pure machine: no stream, task or peer needed (the
-last test reads answers through a ``PeerLink`` that is never started)."""
+them; answers acknowledging posts; a resend not queued twice; and the receiver's
+answers (``StreamAnswers``). Pure machines: no stream, task or peer needed (one test
+reads answers through a ``PeerLink`` that is never started)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ import pytest
 from txsync.protocol import MergeBase, Post, TxMeta
 from txsync.sync_coordinator import peer_queue
 from txsync.sync_coordinator.peer_link import PeerLink
-from txsync.sync_coordinator.peer_queue import PUSH_BATCH_BYTES_MAX, PeerQueue
+from txsync.sync_coordinator.peer_queue import (
+    PEER_QUEUE_MAX,
+    POSTS_PER_ACK,
+    PUSH_BATCH_BYTES_MAX,
+    PeerQueue,
+    StreamAnswers,
+)
 from txsync.sync_coordinator.wire import post_to_proto
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import peer_pb2
@@ -144,3 +151,49 @@ def test_an_answer_acknowledges_every_post_sent_before_it() -> None:
         await link.close()
 
     asyncio.run(scenario())
+
+
+def _prepare(view_no: int) -> peer_pb2.SendViewMessageRequest:
+    request = peer_pb2.SendViewMessageRequest(sender="dc1")
+    request.prepare.view_no = view_no
+    return request
+
+
+def test_a_message_identical_to_one_waiting_is_not_queued_again() -> None:
+    """The core resends view messages on a timer: behind a slow stream the copies filled
+    the queue and the peer read stale ones (the simulator's seed 58)."""
+    queue = PeerQueue()
+    for _ in range(50):
+        queue.send(_prepare(3))
+    queue.send(_prepare(4))
+    queue.send(_prepare(3))  # still waiting: not again
+    sent = [m.view.prepare.view_no for m in _drain(queue)]
+    assert sent == [3, 4]
+    queue.send(_prepare(3))  # sent already: a resend goes again
+    assert [m.view.prepare.view_no for m in _drain(queue)] == [3]
+
+
+def test_beyond_the_bound_the_oldest_message_is_dropped() -> None:
+    queue = PeerQueue()
+    for view_no in range(PEER_QUEUE_MAX + 5):
+        queue.send(_prepare(view_no))
+    sent = [m.view.prepare.view_no for m in _drain(queue)]
+    assert sent == list(range(5, PEER_QUEUE_MAX + 5))
+    queue.send(_prepare(0))  # the dropped one is not held as waiting
+    assert [m.view.prepare.view_no for m in _drain(queue)] == [0]
+
+
+def test_a_receiver_answers_a_streams_first_post_every_nth_and_each_whole_needed() -> None:
+    answers = StreamAnswers()
+    posts = [post_to_proto(_post(seq, seq, seq + 50)) for seq in range(1, 2 * POSTS_PER_ACK + 6)]
+    answered = [
+        (answer.seq, answer.whole_needed)
+        for index, post in enumerate(posts)
+        if (answer := answers.took(post, whole_needed=index == 3)) is not None
+    ]
+    assert answered == [
+        (1, False),
+        (4, True),
+        (4 + POSTS_PER_ACK, False),
+        (4 + 2 * POSTS_PER_ACK, False),
+    ]

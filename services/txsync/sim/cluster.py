@@ -61,9 +61,18 @@ from txsync.protocol import (
 from txsync.protocol.model import Message
 from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
+from txsync.sim.links import (
+    QueueFactory,
+    SimLinks,
+    StreamAnswer,
+    StreamEvent,
+    StreamMessage,
+    StreamReopen,
+)
 from txsync.sim.store import SimStore, Stamped, StateFactory, Verdict, Write
 from txsync.sim.workers import MachineFactory, WorkerEvent, WorkerSide
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
+from txsync.sync_coordinator.peer_queue import PeerQueue
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
 from txsync.transaction_store.state import Moved, StoreState
 from txsync.v1 import txlog_pb2
@@ -128,6 +137,12 @@ class SimConfig:
     fault_window_ms: int = 3_000
     liveness_bound_ms: int = 30_000
     """After healing, every tx must be synced everywhere within this much simulated time."""
+    peer_streams: bool | None = None
+    """Peers' messages go through the coordinator's ``PeerQueue`` on simulated streams
+    (``sim/links.py``); False: the core's messages are delivered one by one, each
+    dropped, duplicated and reordered on its own. None: streams, unless the mix
+    duplicates or reorders (a network worse than streams, which the core must survive
+    too). The regression seeds replay as they were found, one by one."""
     stamped_submits: bool = True
     """The store stamps each local submit's timestamp as it writes it, and hands it to the
     coordinator once durable, as the services do (docs/protocol.md, "The submit's
@@ -245,6 +260,7 @@ class _Heal:
 _NetworkEvent = _Deliver | _DeliverBody | _FetchRequest
 _SimEvent = (
     _NetworkEvent
+    | StreamEvent
     | _Timer
     | _Submit
     | _ChangeMembership
@@ -282,11 +298,12 @@ class Simulation:
         machine_factory: MachineFactory = PipelineMachine,
         *,
         state_factory: StateFactory = StoreState,
+        queue_factory: QueueFactory = PeerQueue,
         check_sends: bool = True,
     ) -> None:
         """``check_sends=False`` leaves out rule 9 (persist before send), to show what a
         broken shell's sends lead to further on; ``state_factory`` builds each store's
-        state (tests/sim: a broken one)."""
+        state, ``queue_factory`` each peer link's queue (tests/sim: broken ones)."""
         self.config = config
         self._check_sends = check_sends
         self.stats = SimStats()
@@ -337,6 +354,27 @@ class Simulation:
         self._drop_p = self._rng.uniform(0.02, 0.2) if faults.drop else 0.0
         self._dup_p = self._rng.uniform(0.02, 0.2) if faults.duplicate else 0.0
         self._delay_ms = (5, 80) if faults.delay else (1, 5)
+        streams = config.peer_streams
+        if streams is None:
+            streams = not (faults.duplicate or faults.reorder)
+        self._links = (
+            SimLinks(
+                self._ids,
+                SIM_LIMITS,
+                rng=self._rng,
+                now=lambda: self._now,
+                at=self._at,
+                arrival=self._arrival_ms,
+                up=lambda node: self._nodes[node].core is not None,
+                linked=self._linked,
+                deliver=self._deliver,
+                body=self._deliver_body,
+                drop_p=self._drop_p,
+                queue_factory=queue_factory,
+            )
+            if streams
+            else None
+        )
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -367,6 +405,9 @@ class Simulation:
                 self.stats.end_ms = at
                 self.stats.synced = self.checker.reference_len
                 self.stats.acked = len(self.checker.acked)
+                if self._links is not None:  # what went on streams counts as sent
+                    self.stats.messages += self._links.messages
+                    self.stats.dropped += self._links.lost
                 return self.stats
         self.checker.check_converged(self._configured(), self._configured())
         self.workers.check_converged(self._configured())
@@ -449,28 +490,20 @@ class Simulation:
             self.workers.handle(event, self._now)
             return
         match event:
+            case StreamMessage() | StreamAnswer() | StreamReopen():
+                assert self._links is not None
+                self._links.handle(event)
             case _Timer(node):
                 sim_node = self._nodes[node]
                 if sim_node.core is not None and sim_node.tick_at == self._now:
                     sim_node.tick_at = None
                     self._step(node, Tick(self._now))
-            case _Deliver(to, _, message):
-                if self._nodes[to].core is not None and self._linked(event.sender, to):
-                    if isinstance(message, SyncedEntries):
-                        self._step(to, SyncedEntriesReceived(message))
-                    elif isinstance(message, Post):
-                        self._step(to, PostReceived(message))
-                    else:
-                        self._step(to, ViewMessageReceived(message))
+            case _Deliver(to, sender, message):
+                if self._nodes[to].core is not None and self._linked(sender, to):
+                    self._deliver(to, sender, message)
             case _DeliverBody(to, sender, tx_id):
-                target = self._nodes[to]
-                # A body we already hold is news only when we fetched it from ourselves.
-                news = not target.store.body_held(tx_id) or sender == to
-                if target.core is not None and self._linked(sender, to) and news:
-                    # A peer's body is durable with the write of the step that acquires
-                    # it, as the coordinator writes it (``ArrivedBody``).
-                    arrived = ArrivedBody(tx_id, b"", b"")
-                    self._step(to, BodyAcquired(tx_id) if sender == to else arrived)
+                if self._nodes[to].core is not None and self._linked(sender, to):
+                    self._deliver_body(to, sender, tx_id)
             case _FetchRequest(to, sender, tx_id):
                 holder = self._nodes[to]
                 held = holder.store.body_held(tx_id)
@@ -512,6 +545,26 @@ class Simulation:
                         sim_node.torn_crash_pending = False
                         if sim_node.core is None:
                             self._start(node)
+                    if self._links is not None:
+                        self._links.faults_on = False
+
+    def _deliver(self, to: NodeId, sender: NodeId, message: Message) -> None:
+        """A peer's message reaches ``to``'s core (which is up)."""
+        if isinstance(message, SyncedEntries):
+            self._step(to, SyncedEntriesReceived(message))
+        elif isinstance(message, Post):
+            self._step(to, PostReceived(message))
+        else:
+            self._step(to, ViewMessageReceived(message))
+
+    def _deliver_body(self, to: NodeId, sender: NodeId, tx_id: TxId) -> None:
+        """A body pushed or fetched reaches ``to`` (which is up). One we already hold is
+        news only when we fetched it from ourselves."""
+        if not self._nodes[to].store.body_held(tx_id) or sender == to:
+            # A peer's body is durable with the write of the step that acquires it, as
+            # the coordinator writes it (``ArrivedBody``).
+            arrived = ArrivedBody(tx_id, b"", b"")
+            self._step(to, BodyAcquired(tx_id) if sender == to else arrived)
 
     def _submit(self, tx_id: TxId, attempt: int) -> None:
         up = [node for node in self._configured() if self._nodes[node].core is not None]
@@ -649,6 +702,8 @@ class Simulation:
         sim_node.handing.clear()
         sim_node.locals_waiting.clear()
         self.workers.dc_crashed(node, self._now)
+        if self._links is not None:
+            self._links.crashed(node)
         self.stats.crashes += 1
         self._at(self._now + self._rng.randint(50, 1_500), _Restart(node))
 
@@ -835,6 +890,13 @@ class Simulation:
         return (vote is not None and vote >= ballot) or durable.view_no >= ballot.view_no
 
     def _send_effects(self, node: NodeId, ready: Ready) -> None:
+        """What the coordinator does with a released ``Ready``: on links, pushes first
+        (so that a body travels ahead of the post naming it), then the messages, then
+        fetches; one by one, the messages first (the order the seeds were found with)."""
+        links = self._links
+        for body in ready.bodies:
+            if isinstance(body, PushBody) and links is not None:
+                links.push(node, body.to, body.tx_id)
         promised: Post | None = None
         for message in ready.messages:
             match message:
@@ -843,10 +905,10 @@ class Simulation:
                     if post is not promised:  # one post goes to each peer
                         promised = post
                         self._check_promise(node, post)
-                    self._send(_Deliver(to, node, post))
+                    self._send_message(node, to, post)
                 case SendSyncedEntries(to, entries):
                     self._check_durable(node, entries)
-                    self._send(_Deliver(to, node, entries))
+                    self._send_message(node, to, entries)
                 case ServeCatchUpFromLog(to, from_len, count_max):
                     synced = self._nodes[node].store.durable.synced
                     start_base = _base_of(synced, from_len)
@@ -854,13 +916,13 @@ class Simulation:
                     core = self._nodes[node].core
                     view_no = core.view_no if core is not None else 0
                     entries = SyncedEntries(view_no, node, start_base, chunk)
-                    self._send(_Deliver(to, node, entries))
+                    self._send_message(node, to, entries)
                 case SendViewMessage(to, view_message):
                     self._check_durable(node, view_message)
-                    self._send(_Deliver(to, node, view_message))
+                    self._send_message(node, to, view_message)
         for body in ready.bodies:
             match body:
-                case PushBody(tx_id, peers):
+                case PushBody(tx_id, peers) if links is None:
                     for peer in peers:
                         self._send(_DeliverBody(peer, node, tx_id))
                 case FetchBody(tx_id, source):
@@ -879,6 +941,16 @@ class Simulation:
         return any(sim_node.store.body_held(tx_id) for sim_node in self._nodes.values())
 
     # --- the network -----------------------------------------------------------------------
+
+    def _send_message(self, sender: NodeId, to: NodeId, message: Message) -> None:
+        """To the peer's link (a stream), or onto the network alone."""
+        links = self._links
+        if links is None:
+            self._send(_Deliver(to, sender, message))
+        elif isinstance(message, Post):
+            links.post(sender, to, message)
+        else:
+            links.send(sender, to, message)
 
     def _linked(self, sender: NodeId, receiver: NodeId) -> bool:
         return (sender, receiver) not in self._blocked

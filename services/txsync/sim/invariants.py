@@ -19,7 +19,7 @@ class InvariantViolation(Exception):
 
 
 INVARIANT_NAMES = {
-    0: "core assertion",
+    0: "a component refused or asserted",
     1: "prefix consistency",
     2: "no duplicates",
     3: "no loss",

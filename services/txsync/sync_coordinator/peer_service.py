@@ -30,7 +30,7 @@ from txsync.sync_coordinator.bodies import checked_body
 from txsync.sync_coordinator.coordinator import Coordinator
 from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
-from txsync.sync_coordinator.peer_queue import PUSH_BATCH_BYTES_MAX
+from txsync.sync_coordinator.peer_queue import PUSH_BATCH_BYTES_MAX, StreamAnswers
 from txsync.sync_coordinator.wire import (
     UnknownReference,
     WireError,
@@ -43,13 +43,6 @@ from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
 from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc, store_pb2
 
 log = logging.getLogger(__name__)
-
-POSTS_PER_ACK = 16
-"""Posts of a stream taken per answer: an answer acknowledges its post and every one
-before it. The sender encodes each post against the one before it on the stream, so it
-needs an answer only to open a new stream from a post the peer surely holds (which the
-peer keeps among its last ``POSTS_KEPT_PER_PEER``); one answer per post was 3.75 of the
-21 gRPC messages per transaction (16 single-submit clients per DC)."""
 
 
 def _certificate_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
@@ -126,8 +119,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         of a post is held when the post is taken; ``bodies_ahead`` are taken before their
         message's own kind). A post this node cannot rebuild is answered
         ``whole_needed`` at once; the others are acknowledged together
-        (``POSTS_PER_ACK``). A refused message ends the stream with its status."""
-        unacknowledged = POSTS_PER_ACK  # the stream's first post is answered
+        (``StreamAnswers``). A refused message ends the stream with its status."""
+        answers = StreamAnswers()
         try:
             async for request in requests:
                 check_request(request)
@@ -137,12 +130,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
                 if kind == "post":
                     post = request.post
                     whole_needed = await self._take_post(post, context)
-                    unacknowledged += 1
-                    if whole_needed or unacknowledged >= POSTS_PER_ACK:
-                        unacknowledged = 0
-                        yield peer_pb2.ExchangeResponse(
-                            epoch=post.epoch, seq=post.seq, whole_needed=whole_needed
-                        )
+                    if (answer := answers.took(post, whole_needed)) is not None:
+                        yield answer
                 elif kind == "bodies":
                     await self._take_bodies(request.bodies, context)
                 elif kind == "synced_entries":
