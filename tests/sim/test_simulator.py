@@ -24,6 +24,7 @@ from tests.sim.broken_cores import (
 )
 from tests.sim.broken_dispatch import FinishedToNobodyMachine, FollowersNeverFedMachine
 from tests.sim.broken_feed import NoRoomWaitSimulation
+from tests.sim.broken_health import never_revives
 from tests.sim.broken_links import IgnoresWholeNeededQueue
 from tests.sim.broken_shells import (
     ForgetsArrivedBodiesShell,
@@ -275,11 +276,14 @@ def test_what_sends_before_durable_lead_to_without_rule_9() -> None:
 def test_what_unwritten_foreign_metas_lead_to_without_rule_9() -> None:
     """The harm of posting merged metas before they are durable: a peer's ADD counted on
     a queue its sender forgets at a crash, and the order forks or loses an acknowledged
-    transaction, with no view change needed (docs/protocol.md, "Durability")."""
+    transaction, with no view change needed (docs/protocol.md, "Durability"); or, first,
+    the sender's store refuses to sync a transaction it never wrote (since the
+    simulated dispatch heartbeats its workers, the first harm found is of this kind)."""
     violation = _first_harm_without_rule_9(
         "delay,drop,duplicate,reorder,crash", node_factory=ForgetsForeignMetasCore
     )
-    assert violation.invariant in {1, 2, 3}, violation
+    refused = violation.invariant == 0 and "store refused a step" in str(violation)
+    assert violation.invariant in {1, 2, 3} or refused, violation
 
 
 def _first_harm_without_rule_9(
@@ -314,6 +318,15 @@ def test_a_broken_dispatch_is_caught_within_200_seeds(machine: MachineFactory, m
     violation = _first_failure(mix, 3, machine_factory=machine).violation or ""
     assert "invariant 5 " in violation or "invariant 7 " in violation, violation
     assert re.search(r"dc\d-w\d", violation), violation  # it names the worker
+
+
+def test_a_health_judge_that_never_revives_a_worker_is_caught_within_200_seeds() -> None:
+    """A worker judged dead while it was down for a while stays out once it is back: it
+    never applies the rest of the queue (invariant 5, naming the worker)."""
+    violation = _first_failure_of(
+        functools.partial(Simulation, health_judge=never_revives), "crash", nodes=3
+    )
+    assert violation.invariant == 5 and re.search(r"dc\d-w\d applied", str(violation)), violation
 
 
 @pytest.mark.slow

@@ -70,12 +70,13 @@ from txsync.sim.links import (
     StreamReopen,
 )
 from txsync.sim.store import SimStore, Stamped, StateFactory, Verdict, Write
-from txsync.sim.workers import MachineFactory, WorkerEvent, WorkerSide
+from txsync.sim.workers import Judge, MachineFactory, WorkerEvent, WorkerSide
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.peer_queue import PeerQueue
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
 from txsync.transaction_store.state import Moved, StoreState
 from txsync.v1 import txlog_pb2
+from txsync.worker_dispatch.health import judge
 from txsync.worker_dispatch.pipeline import PipelineMachine
 
 NodeFactory = Callable[..., ProtocolNode]
@@ -299,11 +300,13 @@ class Simulation:
         *,
         state_factory: StateFactory = StoreState,
         queue_factory: QueueFactory = PeerQueue,
+        health_judge: Judge = judge,
         check_sends: bool = True,
     ) -> None:
         """``check_sends=False`` leaves out rule 9 (persist before send), to show what a
         broken shell's sends lead to further on; ``state_factory`` builds each store's
-        state, ``queue_factory`` each peer link's queue (tests/sim: broken ones)."""
+        state, ``queue_factory`` each peer link's queue, ``health_judge`` judges each
+        DC's workers (tests/sim: broken ones)."""
         self.config = config
         self._check_sends = check_sends
         self.stats = SimStats()
@@ -349,6 +352,7 @@ class Simulation:
             store=lambda node: self._nodes[node].store,
             record=self._record_verdict,
             machine_factory=machine_factory,
+            health_judge=health_judge,
         )
         faults = config.faults
         self._drop_p = self._rng.uniform(0.02, 0.2) if faults.drop else 0.0

@@ -11,15 +11,25 @@ repeat, two different verdicts refused); a dispatch that dies (with its DC) lose
 records still on their way, and the store what it had not written, which leaves
 positions TESTING or ENQUEUED behind workers that applied them, as a real crash does.
 
+Dispatch judges its workers as the service does: it heartbeats each one and runs
+worker-dispatch's own ``health.judge`` on the answer (or the silence), at the simulator's
+pace (every 100 ms, dead after 300 ms without an answer, stuck after 1 s without an
+outcome: the service's seconds divided by ten, as ``SIM_TIMING`` divides the
+protocol's). The pipeline runs over the workers judged healthy, from the positions
+dispatch last heard of; a change of that set restarts it, and so does a stream to a
+worker that has died, 200 ms later, as ``Dispatch.run`` does (with the dead worker in it
+again, until the heartbeats say it is dead).
+
 Faults (with ``crash``): workers crash and restart (their history is durable, as a
-database's commit is); dispatch is out of the pipeline while its DC is down. Each change
-of the workers that are up restarts the pipeline, as heartbeats make it in production:
-from the lowest position among its workers, or the store's first unfinished one.
+database's commit is); dispatch is out of the pipeline while its DC is down, and
+forgets what it judged. A pipeline (re)start feeds from the lowest position among its
+workers, or the store's first unfinished one.
 
 Checks (invariant 7): a worker applies each position once, after the one before; every
 worker of every DC holds the same digest at a position; every DC records the same
-outcome for a transaction; and, once the network heals, every worker that is up has
-applied the whole synced queue and every transaction is finished.
+outcome for a transaction; no worker that is up is judged stuck (the pipeline left it
+waiting); and, once the network heals, every worker that is up has applied the whole
+synced queue and every transaction is finished.
 """
 
 from __future__ import annotations
@@ -34,7 +44,14 @@ from txsync.protocol import NodeId, TxId, TxState
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
 from txsync.sim.store import SimStore
 from txsync.transaction_store.step_rules import first_unfinished
-from txsync.worker_dispatch.health import choose_testing_worker
+from txsync.worker_dispatch.health import (
+    Beat,
+    Event,
+    Health,
+    Pipeline,
+    choose_testing_worker,
+    judge,
+)
 from txsync.worker_dispatch.pipeline import (
     FINISHED,
     Answer,
@@ -52,10 +69,18 @@ LINK_MS = (1, 5)
 """A request or an answer between dispatch and a worker."""
 RECORD_MS = (0, 6)
 """The store recording a state dispatch decided."""
-NOTICE_MS = 30
-"""How long dispatch takes to notice a worker went or came (its heartbeats)."""
+HEARTBEAT_MS = 100
+DEAD_AFTER_MS = 300
+STUCK_AFTER_MS = 1_000
+"""Dispatch's ``HEARTBEAT_S``, ``DEAD_AFTER_S`` and default ``stuck_after_s``, divided
+by ten: a worker down for a while (50-1,500 ms) is judged dead now and then."""
+STREAM_ERROR_PAUSE_MS = 200
+"""After a worker's stream failed, the pipeline restarts this much later
+(``Dispatch.run``)."""
 
 MachineFactory = Callable[..., PipelineMachine[None]]
+Judge = Callable[..., tuple[Health, tuple[Event, ...]]]
+"""``health.judge``, or a broken one (tests/sim)."""
 RecordAtStore = Callable[[NodeId, TxId, TxState, bytes], None]
 """Hands a state dispatch decided to the DC's store: (node, tx id, state, DC digest)."""
 
@@ -144,8 +169,22 @@ class PipelineRestart:
     generation: int
 
 
+@dataclass(frozen=True, slots=True)
+class Heartbeats:
+    """Dispatch asks each of its workers for a heartbeat and judges the answers."""
+
+    node: NodeId
+    incarnation: int
+
+
 WorkerEvent = (
-    WorkerRequest | WorkerAnswer | StateRecorded | WorkerCrash | WorkerRestart | PipelineRestart
+    WorkerRequest
+    | WorkerAnswer
+    | StateRecorded
+    | WorkerCrash
+    | WorkerRestart
+    | PipelineRestart
+    | Heartbeats
 )
 
 
@@ -165,6 +204,15 @@ class _Dispatch:
     tester: str | None = None
     next_position: int = 0
     """The next position to feed the running machine."""
+    health: dict[str, Health] = field(default_factory=dict)
+    """What this incarnation judged of each worker (all out until heard from)."""
+    positions: dict[str, int] = field(default_factory=dict)
+    """Where each worker stood when dispatch last heard (a heartbeat that brought it
+    back, an answer): the pipeline starts from these, as the service's does."""
+    progressed_ms: dict[str, int] = field(default_factory=dict)
+    """When each worker last answered, or when work reached it idle (``Pipeline``)."""
+    beaten: bool = False
+    """This incarnation heard its first heartbeats: the pipeline runs from then on."""
 
 
 class WorkerSide:
@@ -180,6 +228,7 @@ class WorkerSide:
         store: Callable[[NodeId], SimStore],
         record: RecordAtStore,
         machine_factory: MachineFactory = PipelineMachine,
+        health_judge: Judge = judge,
     ) -> None:
         """``store(node)``: the node's store; ``record``: hands it a decided state;
         ``at(ms, event)``: schedule one of this module's events (``Simulation`` hands
@@ -187,6 +236,7 @@ class WorkerSide:
         self._rng, self._at, self._checker = rng, at, checker
         self._store, self._record = store, record
         self._factory = machine_factory
+        self._judge = health_judge
         self._now = 0
         self._dcs = {
             node: _Dispatch(node, {f"{node}-w{i}": SimWorker(f"{node}-w{i}")
@@ -207,13 +257,11 @@ class WorkerSide:
             self._at(self._rng.randrange(window_ms), WorkerCrash(dc, worker))
 
     def heal(self, now: int) -> None:
-        """Faults are over: every worker comes back."""
+        """Faults are over: every worker comes back (dispatch hears of it by itself)."""
         self._now = now
         for dc in self._dcs.values():
             for worker in dc.workers.values():
-                if not worker.up:
-                    worker.up = True
-                    self._restart_soon(dc)
+                worker.up = True
 
     def dc_crashed(self, node: NodeId, now: int) -> None:
         """The DC's processes died: dispatch with the records on their way."""
@@ -225,10 +273,15 @@ class WorkerSide:
         dc.machine = None
 
     def dc_started(self, node: NodeId, now: int) -> None:
+        """Dispatch starts knowing nothing of its workers: it heartbeats them first."""
         self._now = now
         dc = self._dcs[node]
         dc.up = True
-        self._restart_soon(dc)
+        dc.health = {worker: Health() for worker in dc.workers}
+        dc.positions.clear()
+        dc.progressed_ms.clear()
+        dc.beaten = False
+        self._at(now, Heartbeats(node, dc.incarnation))
 
     def synced_changed(self, node: NodeId, now: int) -> None:
         """The node's durable queue or states moved: feed what became ENQUEUED."""
@@ -242,7 +295,10 @@ class WorkerSide:
             case WorkerRequest(generation=generation, incarnation=incarnation, send=send):
                 worker = dc.workers[send.worker]
                 if not worker.up or worker.incarnation != incarnation:
-                    return  # its stream died with it: dispatch hears and restarts
+                    # Its stream died with it: the pipeline fails and starts again.
+                    if generation == dc.generation and dc.machine is not None:
+                        self._restart_soon(dc, STREAM_ERROR_PAUSE_MS)
+                    return
                 ok, digest = worker.apply(send.position, send.tx_id, send.skip)
                 self._check_digest(worker, send.position, digest)
                 answer = Answer(worker.worker_id, send.tx_id, ok, digest)
@@ -257,6 +313,8 @@ class WorkerSide:
                     outputs = dc.machine.answer(answer)
                 except PipelineError as error:
                     raise InvariantViolation(7, f"{dc.node}: {error}") from error
+                dc.positions[answer.worker] = dc.machine.positions[answer.worker]
+                dc.progressed_ms[answer.worker] = self._now
                 self._carry_out(dc, outputs)
             case StateRecorded(incarnation=incarnation, record=record):
                 if incarnation == dc.incarnation:
@@ -266,15 +324,18 @@ class WorkerSide:
                 if worker.up:
                     worker.up = False
                     worker.incarnation += 1
-                    self._restart_soon(dc)
+                    machine = dc.machine
+                    if machine is not None and worker_id in machine.positions:
+                        self._restart_soon(dc, STREAM_ERROR_PAUSE_MS)  # its stream failed
                     self._at(self._later((50, 1_500)), WorkerRestart(dc.node, worker_id))
             case WorkerRestart(worker_id=worker_id):
-                if not dc.workers[worker_id].up:
-                    dc.workers[worker_id].up = True
-                    self._restart_soon(dc)
+                dc.workers[worker_id].up = True  # dispatch hears it at a heartbeat
             case PipelineRestart(generation=generation):
                 if generation == dc.generation and dc.up:
                     self._start_pipeline(dc)
+            case Heartbeats(incarnation=incarnation):
+                if dc.up and incarnation == dc.incarnation:
+                    self._heartbeats(dc)
 
     def check_converged(self, nodes: Sequence[NodeId]) -> None:
         """Every worker that is up applied the whole synced queue, and every DC finished
@@ -301,20 +362,57 @@ class WorkerSide:
 
     # --- dispatch --------------------------------------------------------------------------
 
-    def _restart_soon(self, dc: _Dispatch) -> None:
-        """Dispatch notices the change after a heartbeat and builds the pipeline anew."""
+    def _heartbeats(self, dc: _Dispatch) -> None:
+        """Each worker's heartbeat judged (``health.judge``): a worker that is down
+        does not answer. A change of who is healthy restarts the pipeline; the first
+        heartbeats of an incarnation start it."""
+        now_s = self._now / 1_000
+        changed = False
+        for worker_id, worker in sorted(dc.workers.items()):
+            machine = dc.machine
+            in_flight = 0
+            if machine is not None and worker_id in machine.positions:
+                in_flight = machine.in_flight(worker_id)
+            progressed_s = dc.progressed_ms.get(worker_id, 0) / 1_000
+            beat = Beat(worker.position) if worker.up else None
+            health, events = self._judge(
+                dc.health[worker_id], beat, now_s, Pipeline(in_flight, progressed_s),
+                STUCK_AFTER_MS / 1_000, dead_after_s=DEAD_AFTER_MS / 1_000,
+            )  # fmt: skip
+            dc.health[worker_id] = health
+            if Event.STUCK in events and worker.up:
+                # A simulated worker answers within milliseconds, and a stream to one
+                # that died restarts the pipeline: a second of silence is dispatch's.
+                raise InvariantViolation(
+                    7, f"{worker_id} judged stuck: {in_flight} in flight, no outcome for 1 s"
+                )
+            if Event.BACK in events:
+                dc.positions[worker_id] = worker.position
+            changed |= any(event is not Event.RETRIED for event in events)
+        if not dc.beaten:
+            dc.beaten = True
+            self._start_pipeline(dc)
+        elif changed:
+            self._restart_soon(dc, 0)
+        self._at(self._now + HEARTBEAT_MS, Heartbeats(dc.node, dc.incarnation))
+
+    def _restart_soon(self, dc: _Dispatch, after_ms: int) -> None:
+        """The pipeline stops, and is built anew ``after_ms`` later."""
         dc.generation += 1
         dc.machine = None
-        self._at(self._now + NOTICE_MS, PipelineRestart(dc.node, dc.generation))
+        self._at(self._now + after_ms, PipelineRestart(dc.node, dc.generation))
 
     def _start_pipeline(self, dc: _Dispatch) -> None:
-        ready = [w for w in sorted(dc.workers) if dc.workers[w].up]
+        """Over the workers judged healthy, from where dispatch last heard they were."""
+        ready = [w for w in sorted(dc.workers) if dc.health[w].healthy]
         if not ready:
             dc.tester = None
             return
         dc.tester = choose_testing_worker(ready, dc.tester)
         followers = [w for w in ready if w != dc.tester]
-        positions = {w: dc.workers[w].position for w in ready}
+        positions = {w: dc.positions[w] for w in ready}
+        for worker_id in ready:
+            dc.progressed_ms[worker_id] = self._now
         dc.machine = self._factory(dc.tester, followers, positions)
         # The store streams from the lowest position, or its first unfinished one (in
         # what is durable: the store counts a verdict still being written unfinished).
@@ -354,6 +452,9 @@ class WorkerSide:
             match output:
                 case Send(worker=worker_id):
                     worker = dc.workers[worker_id]
+                    machine = dc.machine
+                    if machine is not None and machine.in_flight(worker_id) == 1:
+                        dc.progressed_ms[worker_id] = self._now  # idle until now
                     worker.requests_clock = max(self._later(LINK_MS), worker.requests_clock)
                     request = WorkerRequest(dc.node, dc.generation, worker.incarnation, output)
                     self._at(worker.requests_clock, request)

@@ -6,8 +6,9 @@ heartbeat said (a ``Beat``, or None when the call failed), the time, and how the
 pipeline stands with that worker (requests in flight, when it last answered one), and
 returns the new ``Health`` with what happened (``Event``s): nothing, out (dead, stuck,
 draining), tried again after being stuck, or back in. No clock, no I/O and no logging:
-``Dispatch._beat`` applies the result, and ``tests/worker_dispatch/test_health.py`` runs
-scripts of beats and times through it.
+``Dispatch._beat`` applies the result, ``tests/worker_dispatch/test_health.py`` runs
+scripts of beats and times through it, and the simulator's dispatch heartbeats its
+workers through it (``sim/workers.py``).
 
 The rules (PROTOCOL.md §4.7, docs/workers.md):
 
@@ -88,10 +89,13 @@ def judge(
     now: float,
     pipeline: Pipeline,
     stuck_after_s: float,
+    *,
+    dead_after_s: float = DEAD_AFTER_S,
 ) -> tuple[Health, tuple[Event, ...]]:
-    """The worker's health after a heartbeat (``beat`` None: the call failed)."""
+    """The worker's health after a heartbeat (``beat`` None: the call failed).
+    ``dead_after_s``: the simulator's clocks run ten times faster (``sim/workers.py``)."""
     if beat is None:
-        if health.healthy and now - health.last_heartbeat_s > DEAD_AFTER_S:
+        if health.healthy and now - health.last_heartbeat_s > dead_after_s:
             return replace(health, healthy=False), (Event.DEAD,)
         return health, ()
     health = replace(health, last_heartbeat_s=now)
