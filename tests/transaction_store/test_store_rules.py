@@ -26,19 +26,15 @@ from txsync.refusals import Refusal, Refused
 from txsync.rpc import add_service, new_server
 from txsync.settings import FOLLOW_GATHER_MS_MOST
 from txsync.telemetry import work
-from txsync.transaction_store import local_submits
+from txsync.transaction_store import local_submits, retention
 from txsync.transaction_store import store as store_module
 from txsync.transaction_store.local_submits import LocalSubmit
+from txsync.transaction_store.retention import TruncationHold
 from txsync.transaction_store.server import CLIENT_SERVICE
 from txsync.transaction_store.service import ClientServicer
 from txsync.transaction_store.state import StoreState, TxRecord
 from txsync.transaction_store.step_rules import ProtocolStep, StateChangeRequest
-from txsync.transaction_store.store import (
-    StoreConfig,
-    Submitted,
-    TransactionStore,
-    TruncationHold,
-)
+from txsync.transaction_store.store import StoreConfig, Submitted, TransactionStore
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest, gzip_body
 from txsync.transaction_store.validation import PERSIST_METAS_MAX, nondeterminism
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, txlog_pb2
@@ -377,7 +373,7 @@ def test_the_age_window_keeps_a_bounded_count(
         store.config = dataclasses.replace(store.config, history_kept=4)
         assert store.truncation_hold() == TruncationHold(3, "")  # the count keeps more
 
-    monkeypatch.setattr(store_module, "HISTORY_KEPT_BY_AGE_MOST", 2)
+    monkeypatch.setattr(retention, "HISTORY_KEPT_BY_AGE_MOST", 2)
     _run(tmp_path, scenario, history_kept_ms=60_000)
 
 

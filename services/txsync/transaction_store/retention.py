@@ -1,15 +1,106 @@
-"""What the store keeps of the history it lets go: a truncated transaction's verdict
-(``Verdict``, for the clients still waiting on it) and a rotation's bodies not yet filed,
-carried into the new log (``Carried``, written as ``BodyStored`` entries after the
-snapshot). Pure: the store's rotation and truncation (``store.py``) use them."""
+"""What the store keeps of its history, and what it lets go: how far truncation may go
+and what holds it (``truncation_hold``, from the progress the coordinator and dispatch
+report), a truncated transaction's verdict (``Verdict``, for the clients still waiting
+on it) and a rotation's bodies not yet filed, carried into the new log (``Carried``,
+written as ``BodyStored`` entries after the snapshot). Pure, with the time given: the
+store's rotation and truncation (``store.py``) use them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from txsync.protocol import TxState
+from txsync.transaction_store.state import StoreState
 from txsync.v1 import common_pb2, txlog_pb2
+
+HISTORY_KEPT_BY_AGE_MOST = 4_096
+"""The most newest positions ``--history-kept-ms`` keeps (``--history-kept`` may keep
+more): the age window's memory is the rate times its length, unbounded without this."""
+
+
+@dataclass(slots=True)
+class Progress:
+    """How far the others have come, as reported (``ReportProgress``); in memory only: a
+    restarted store truncates nothing until the coordinator and the dispatch report
+    again (each does every ``PROGRESS_REPORT_S``)."""
+
+    peer_synced_len: dict[str, int] = field(default_factory=dict)
+    peers_reported: bool = False
+    """The coordinator reported its whole set of peers (possibly none: a DC alone)."""
+    workers_min_position: int | None = None
+    truncated_total: int = 0
+    """Transactions truncated since the store started."""
+    truncated_in_place: int = 0
+    """Of those, truncated between rotations (``truncate_in_place``)."""
+    last_rotation_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TruncationHold:
+    """How far truncation may go now, and what keeps it from going further."""
+
+    below: int
+    """Synced positions below this one may be truncated (0: none)."""
+    held_by: str
+    """What stops it at ``below`` ("" if only ``history_kept`` or the synced end does)."""
+
+
+def truncation_hold(
+    state: StoreState,
+    progress: Progress,
+    *,
+    witness: bool,
+    history_kept: int,
+    history_kept_ms: int,
+    first_unfinished: int,
+    now_ms: int,
+) -> TruncationHold:
+    """Truncation keeps what a peer DC or a worker of this DC has not passed, what is not
+    finished here (its state record would find no transaction: ``first_unfinished``),
+    the newest ``history_kept`` positions, and what finished within ``history_kept_ms``
+    of ``now_ms``. A witness has no workers: only the peers count there."""
+    end = state.synced_len
+    passed: list[tuple[int, str]] = []
+    if not progress.peers_reported and not progress.peer_synced_len:
+        passed.append((0, "the sync-coordinator, which has not reported the peers yet"))
+    passed += [(length, f"peer {peer}") for peer, length in progress.peer_synced_len.items()]
+    if not witness:
+        if progress.workers_min_position is None:
+            passed.append((0, "the worker-dispatch, which has not reported the workers yet"))
+        else:
+            passed.append((progress.workers_min_position, "the slowest worker"))
+        passed.append((first_unfinished - 1, "unfinished transactions"))
+    through, holder = min(passed, key=lambda limit: limit[0], default=(end, ""))
+    kept_from_end = max(0, end - history_kept)
+    if through >= kept_from_end:
+        through, holder = kept_from_end, ""
+    if history_kept_ms:
+        recent = finished_before(state, now_ms - history_kept_ms, through)
+        # The age window is bounded in count too: at a batched load's rate, 10 s held
+        # 17,000 transactions (about 50 MB) that waits no longer need (they find
+        # truncated verdicts).
+        recent = max(recent, end - max(history_kept, HISTORY_KEPT_BY_AGE_MOST))
+        if recent < through:
+            through, holder = recent, ""
+    if holder:
+        holder = f"{holder} at {through} ({end - through} behind)"
+    return TruncationHold(through + 1 if through else 0, holder)
+
+
+def finished_before(state: StoreState, cutoff_ms: int, through: int) -> int:
+    """The last position up to ``through`` before the first one that finished after
+    ``cutoff_ms`` (``history_kept_ms``). Only the positions truncation would drop are
+    looked at: the scan stops at the first recent one."""
+    position = state.synced_offset + 1
+    while position <= through:
+        meta = state.synced_at(position - 1)
+        record = state.txs.get(meta.tx_id) if meta is not None else None
+        if record is None or not record.history or record.history[-1].at_unix_ms > cutoff_ms:
+            break
+        position += 1
+    return position - 1
 
 
 class Verdict(NamedTuple):

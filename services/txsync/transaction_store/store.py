@@ -21,7 +21,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,7 +43,15 @@ from txsync.telemetry import work
 from txsync.telemetry.logs import event as log_event
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.local_submits import LocalSubmit, LocalSubmitBatch, LocalWatch
-from txsync.transaction_store.retention import Carried, Verdict, carried_entries, split_by_budget
+from txsync.transaction_store.retention import (
+    Carried,
+    Progress,
+    TruncationHold,
+    Verdict,
+    carried_entries,
+    split_by_budget,
+    truncation_hold,
+)
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
 from txsync.transaction_store.step_rules import (
     BodyEntries,
@@ -232,33 +240,6 @@ class StagedStep:
     merge_base: MergeBase
     traced: Sequence[str] = ()
     """Transactions whose trace context arrived with a body of this step."""
-
-
-@dataclass(slots=True)
-class Progress:
-    """How far the others have come, as reported (``ReportProgress``); in memory only: a
-    restarted store truncates nothing until the coordinator and the dispatch report
-    again (each does every ``PROGRESS_REPORT_S``)."""
-
-    peer_synced_len: dict[str, int] = field(default_factory=dict)
-    peers_reported: bool = False
-    """The coordinator reported its whole set of peers (possibly none: a DC alone)."""
-    workers_min_position: int | None = None
-    truncated_total: int = 0
-    """Transactions truncated since the store started."""
-    truncated_in_place: int = 0
-    """Of those, truncated between rotations (``truncate_in_place``)."""
-    last_rotation_ms: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TruncationHold:
-    """How far truncation may go now, and what keeps it from going further."""
-
-    below: int
-    """Synced positions below this one may be truncated (0: none)."""
-    held_by: str
-    """What stops it at ``below`` ("" if only ``history_kept`` or the synced end does)."""
 
 
 def _now_ms() -> int:
@@ -1248,50 +1229,17 @@ class TransactionStore:
         return self.truncation_hold().below
 
     def truncation_hold(self) -> TruncationHold:
-        """Truncation keeps what a peer DC or a worker of this DC has not passed, what
-        is not finished here (its state record would find no transaction), and the
-        newest ``history_kept`` positions. A witness has no workers: only the peers
-        count there."""
-        progress, end = self.progress, self.state.synced_len
-        passed: list[tuple[int, str]] = []
-        if not progress.peers_reported and not progress.peer_synced_len:
-            passed.append((0, "the sync-coordinator, which has not reported the peers yet"))
-        passed += [(length, f"peer {peer}") for peer, length in progress.peer_synced_len.items()]
-        if not self.config.witness:
-            if progress.workers_min_position is None:
-                passed.append((0, "the worker-dispatch, which has not reported the workers yet"))
-            else:
-                passed.append((progress.workers_min_position, "the slowest worker"))
-            passed.append((self.first_unfinished_position() - 1, "unfinished transactions"))
-        through, holder = min(passed, key=lambda limit: limit[0], default=(end, ""))
-        kept_from_end = max(0, end - self.config.history_kept)
-        if through >= kept_from_end:
-            through, holder = kept_from_end, ""
-        if self.config.history_kept_ms:
-            recent = self._finished_before(_now_ms() - self.config.history_kept_ms, through)
-            # The age window is bounded in count too: at a batched load's rate, 10 s
-            # held 17,000 transactions (about 50 MB) that waits no longer need (they
-            # find truncated verdicts).
-            recent = max(recent, end - max(self.config.history_kept, HISTORY_KEPT_BY_AGE_MOST))
-            if recent < through:
-                through, holder = recent, ""
-        if holder:
-            holder = f"{holder} at {through} ({end - through} behind)"
-        return TruncationHold(through + 1 if through else 0, holder)
-
-    def _finished_before(self, cutoff_ms: int, through: int) -> int:
-        """The last position up to ``through`` before the first one that finished after
-        ``cutoff_ms`` (``history_kept_ms``). Only the positions truncation
-        would drop are looked at: the scan stops at the first recent one."""
-        state = self.state
-        position = state.synced_offset + 1
-        while position <= through:
-            meta = state.synced_at(position - 1)
-            record = state.txs.get(meta.tx_id) if meta is not None else None
-            if record is None or not record.history or record.history[-1].at_unix_ms > cutoff_ms:
-                break
-            position += 1
-        return position - 1
+        """How far truncation may go now, and what holds it (``retention``)."""
+        config = self.config
+        return truncation_hold(
+            self.state,
+            self.progress,
+            witness=config.witness,
+            history_kept=config.history_kept,
+            history_kept_ms=config.history_kept_ms,
+            first_unfinished=self.first_unfinished_position(),
+            now_ms=_now_ms(),
+        )
 
     async def truncate(self, below_position: int = 0) -> tuple[int, list[str]]:
         """Rotate the log, dropping synced history below ``below_position`` (0: as far as
@@ -1487,9 +1435,6 @@ TRUNCATED_VERDICTS_KEPT = 16_384
 records themselves took about 3 KB each). Tens of seconds at the highest rates, on top
 of ``--history-kept-ms``: a client waiting on a batch's submits one after another took
 longer than that to reach the last ones (the soak's loaders timed out)."""
-HISTORY_KEPT_BY_AGE_MOST = 4_096
-"""The most newest positions ``--history-kept-ms`` keeps (``--history-kept`` may keep
-more): the age window's memory is the rate times its length, unbounded without this."""
 TRUNCATION_STEP = 256
 """Positions that may go beyond what is truncated before the store truncates in place:
 one small entry per step (at most one per progress report, each second)."""
