@@ -1,15 +1,18 @@
 """The store's step rules as pure functions (``step_rules``): given a ``StoreState`` and
 the time they plan entries or refuse, and change nothing; the entries they plan, applied,
-move the state. No store, file or event loop here: what a simulator can run."""
+move the state. How far truncation may go (``retention``) too. No store, file or event
+loop here: what a simulator can run."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 
 import pytest
 
 from txsync.protocol import TxMeta, TxState
 from txsync.refusals import Refusal, Refused
+from txsync.transaction_store.retention import Progress, TruncationHold, truncation_hold
 from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.step_rules import (
     ProtocolStep,
@@ -182,3 +185,34 @@ def test_a_submit_is_stamped_above_what_is_staged_and_at_the_clock_under_load() 
     assert stamps_at_clock(state, 1), "a stamp not yet settled is a sign of load"
     loaded = protocol_state(state)
     assert loaded.counter == 8 and [(m.ts, held) for m, held in loaded.incoming] == [(8, True)]
+
+
+def test_truncation_goes_as_far_as_every_peer_and_worker_passed_and_says_who_holds_it() -> None:
+    """``retention.truncation_hold``: a function of the state, the reported progress and
+    the time, as the simulator can call it."""
+    state = StoreState("dc1")
+    for stamp in range(1, 7):
+        _synced_peer_tx(state, stamp)
+    hold = functools.partial(
+        truncation_hold, state, witness=False, history_kept=0, history_kept_ms=0,
+        first_unfinished=7, now_ms=NOW_MS,
+    )  # fmt: skip
+    assert hold(Progress()) == TruncationHold(
+        0, "the sync-coordinator, which has not reported the peers yet at 0 (6 behind)"
+    )
+    progress = Progress({"dc2": 5, "dc3": 3}, peers_reported=True, workers_min_position=4)
+    assert hold(progress) == TruncationHold(4, "peer dc3 at 3 (3 behind)")
+    progress.peer_synced_len["dc3"] = 6
+    assert hold(progress) == TruncationHold(5, "the slowest worker at 4 (2 behind)")
+    assert hold(progress, first_unfinished=3) == TruncationHold(
+        3, "unfinished transactions at 2 (4 behind)"
+    )
+    # A witness has no workers; the newest history_kept stay whoever passed them.
+    assert hold(progress, witness=True) == TruncationHold(6, "peer dc2 at 5 (1 behind)")
+    assert hold(progress, witness=True, history_kept=3) == TruncationHold(4, "")
+    # What finished within history_kept_ms of now stays (all six finished at NOW_MS).
+    assert hold(progress, witness=True, history_kept_ms=1_000) == TruncationHold(0, "")
+    later = NOW_MS + 2_000
+    assert hold(progress, witness=True, history_kept_ms=1_000, now_ms=later) == TruncationHold(
+        6, "peer dc2 at 5 (1 behind)"
+    )
