@@ -49,7 +49,12 @@ from txsync.sync_coordinator.shell import Shell
 
 REGRESSIONS = Path(__file__).parent / "regression_seeds.txt"
 FULL_MIX = "delay,drop,duplicate,reorder,partition,flap,crash"
-CI_SEEDS_PER_MIX = 500
+CI_SEEDS_PER_MIX = 300
+"""Seeds of each mix in CI (three nodes); five nodes and every fault get
+FIVE_NODE_CI_SEEDS. The acceptance sweep (``make sim``, 2,000 five-node seeds of every
+mix) runs outside CI: 500 seeds per mix took 7.7 of CI's minutes once the simulator ran
+the peer links and the workers' health (issue 53)."""
+FIVE_NODE_CI_SEEDS = 500
 BUG_SEEDS_MAX = 200
 ALL_FAULTS = "delay,drop,duplicate,reorder,partition,flap,crash"
 
@@ -98,7 +103,7 @@ def test_every_fault_mix_quick(mix: str, stamped: bool) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mix", DEFAULT_MIXES)
-def test_sweep_500_seeds_per_mix(mix: str) -> None:
+def test_sweep_of_each_mix(mix: str) -> None:
     summary = run_mix(FaultMix.parse(mix), range(CI_SEEDS_PER_MIX), nodes=3, txs=20, jobs=2)
     assert summary.seeds == CI_SEEDS_PER_MIX
     assert not summary.failures, "\n".join(
@@ -108,9 +113,9 @@ def test_sweep_500_seeds_per_mix(mix: str) -> None:
 
 @pytest.mark.slow
 def test_sweep_500_seeds_five_nodes_every_fault() -> None:
-    summary = run_mix(FaultMix.parse(FULL_MIX), range(CI_SEEDS_PER_MIX), nodes=5, txs=20, jobs=2)
+    summary = run_mix(FaultMix.parse(FULL_MIX), range(FIVE_NODE_CI_SEEDS), nodes=5, txs=20, jobs=2)
     assert not summary.failures, summary.failures[0].violation
-    assert summary.crashes > CI_SEEDS_PER_MIX  # every kind of fault was exercised
+    assert summary.crashes > FIVE_NODE_CI_SEEDS  # every kind of fault was exercised
     assert summary.dropped > 0
 
 
