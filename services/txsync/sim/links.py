@@ -12,7 +12,9 @@ message lost on the way (``drop``), a link cut (``partition``, ``flap``: a messa
 its direction open, an answer the other) or either end crashing. What was on its way is
 lost with it; the sender opens a new stream after a backoff, as ``PeerLink._run`` does,
 and the core re-posts. A crashed sender's queues are gone with its coordinator, and so
-are the posts a crashed receiver had kept to rebuild deltas against.
+are the posts a crashed receiver had kept to rebuild deltas against. (A simplification:
+what a crashed sender had written is lost with it, where TCP may still deliver what left
+before the reset; the one-by-one network, below, delivers such messages.)
 
 Mixes with ``duplicate`` or ``reorder`` hold the core to a worse network than streams
 give, and deliver the core's messages one by one (``Simulation``): this module runs in
