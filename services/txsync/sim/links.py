@@ -229,7 +229,7 @@ class SimLinks:
 
     def _end(self, sender: NodeId, to: NodeId) -> None:
         """The stream failed: what was on it is lost, and a new one is opened after a
-        backoff (at once if this one worked for a while)."""
+        backoff, the shortest if this one answered (``PeerLink`` then retries at once)."""
         link = self._links[sender, to]
         if not link.open:
             return
