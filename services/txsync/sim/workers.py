@@ -132,7 +132,7 @@ class WorkerRequest:
     node: NodeId
     generation: int
     incarnation: int
-    """The worker process the pipeline's stream reached."""
+    """The worker process the pipeline's stream reached (-1: none, it was down)."""
     send: Send[None]
 
 
@@ -213,6 +213,9 @@ class _Dispatch:
     """When each worker last answered, or when work reached it idle (``Pipeline``)."""
     beaten: bool = False
     """This incarnation heard its first heartbeats: the pipeline runs from then on."""
+    broken_streams: set[tuple[int, str]] = field(default_factory=set)
+    """(generation, worker) of the pipeline streams that failed: nothing more sent on
+    one arrives, as on a gRPC stream that ended."""
 
 
 class WorkerSide:
@@ -294,8 +297,13 @@ class WorkerSide:
         match event:
             case WorkerRequest(generation=generation, incarnation=incarnation, send=send):
                 worker = dc.workers[send.worker]
+                stream = (generation, send.worker)
+                if stream in dc.broken_streams:
+                    return
                 if not worker.up or worker.incarnation != incarnation:
-                    # Its stream died with it: the pipeline fails and starts again.
+                    # Its stream died with it (or never reached it): nothing later on
+                    # that stream arrives, and the pipeline fails and starts again.
+                    dc.broken_streams.add(stream)
                     if generation == dc.generation and dc.machine is not None:
                         self._restart_soon(dc, STREAM_ERROR_PAUSE_MS)
                     return
@@ -456,7 +464,9 @@ class WorkerSide:
                     if machine is not None and machine.in_flight(worker_id) == 1:
                         dc.progressed_ms[worker_id] = self._now  # idle until now
                     worker.requests_clock = max(self._later(LINK_MS), worker.requests_clock)
-                    request = WorkerRequest(dc.node, dc.generation, worker.incarnation, output)
+                    # A stream opened to a worker that is down reaches no process.
+                    incarnation = worker.incarnation if worker.up else -1
+                    request = WorkerRequest(dc.node, dc.generation, incarnation, output)
                     self._at(worker.requests_clock, request)
                 case Record():
                     at = max(self._later(RECORD_MS), dc.last_record_ms)
