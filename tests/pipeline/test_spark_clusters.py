@@ -168,8 +168,9 @@ def test_every_job_runs_with_executors_in_the_packed_environment(
     executors' Python at ``./env/bin/python``, on ``local-cluster``. The archive holds no
     PySpark (the cluster's is used) and the executors see nothing of the test's virtual
     environment, so each job below that passes ran its executor code from the archive:
-    one job per kind of dependency an executor imports (the txlog reader for ``export``
-    and ``audit-order``, psycopg for the PostgreSQL replica, grpcio for ``load``); the
+    one job per kind of dependency an executor imports (the txlog reader for ``export``,
+    and ``audit-order`` over what it wrote, psycopg for the PostgreSQL replica, grpcio
+    for ``load``); the
     other jobs import nothing more (``report`` plots in the driver, ``export
     --endpoints`` reads as ``load`` writes) and run on ``local-cluster`` in
     ``test_spark_submit_runs_a_job_on_its_master_with_executors_of_their_own`` or on

@@ -47,8 +47,10 @@ from txsync.v1 import peer_pb2
 QueueFactory = Callable[[], PeerQueue]
 
 STREAM_WINDOWS = (2, 16, 128)
-"""Messages of one stream written and not read yet (drawn per seed): 1 holds the queue
-back at every message, so that newer posts replace older ones and pushes merge."""
+"""Messages of one stream written and not read yet (drawn per seed): 2 holds the queue
+back at nearly every message, so that newer posts replace older ones and pushes merge
+(with 1, the core's timed resends outran links of 5-80 ms, which HTTP/2's window of
+64 KiB never does)."""
 STREAM_RETRY_MS = (5, 200)
 """Backoff before a stream is opened again after one that never answered ended:
 doubling from the least to the most (``PeerLink``'s 50 ms to 2 s, at the simulator's
