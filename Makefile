@@ -61,8 +61,14 @@ system-packages:  ## Debian packages the tests run (PostgreSQL, Docker, etcd, Ga
 	scripts/ensure_system_packages.sh
 	scripts/ensure_docker.sh
 
+# Two pytest-xdist workers: most tests wait on processes they started (one worker kept
+# 0.7 of the 2 cores busy), and the suite must hold on a loaded machine anyway. The
+# Docker and Spark tests share one worker (tests/conftest.py says why). TEST_WORKERS=0
+# runs everything in one process.
+TEST_WORKERS ?= 2
+
 test: lint proto-check system-packages  ## everything CI checks
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 	$(MAKE) test-pipeline-oldest
 
 # The pipeline supports PySpark 3.5 and 4.x: its tests run on the newest in .venv (with

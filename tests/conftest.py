@@ -20,6 +20,34 @@ def postgres() -> Iterator[PostgresServer]:
     server.stop()
 
 
+ONE_WORKER_GROUP = "docker-and-spark"
+"""`make test` runs two pytest-xdist workers (``--dist loadgroup``). The Docker and Spark
+tests all go to one of them: they share what is costly to make twice (the images, each
+built once per run from one debootstrap base; the Spark session and its `dev up` run)
+and what cannot exist twice at once (the containers' names)."""
+PACKAGES_SHARING_A_FIXTURE = ("tests/client/",)
+"""Packages whose tests share a package-scoped fixture (a running cluster): one worker."""
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    """The unit of work a test goes to a worker in: its module, so that module-scoped
+    fixtures are made once and a module's tests keep their order; wider where tests
+    share more."""
+    module = item.nodeid.split("::")[0]
+    if module.startswith("tests/deploy/") or any(
+        item.get_closest_marker(shared) for shared in ("docker", "spark")
+    ):
+        return ONE_WORKER_GROUP
+    return next((p for p in PACKAGES_SHARING_A_FIXTURE if module.startswith(p)), module)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.has_plugin("xdist"):  # the oldest PySpark's venv has none
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+
+
 HOG_PROGRAM = (
     "from txsync.parent_watch import die_with_parent\ndie_with_parent()\nwhile True:\n    pass\n"
 )

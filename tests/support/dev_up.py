@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from tests.support.processes import DEV_UP_BASES, ephemeral_low
+from tests.support.processes import DEV_UP_BASES, ephemeral_low, share_of_this_test_worker
 from txsync.parent_watch import child_environment
 from txsync.v1 import (
     admin_pb2,
@@ -40,7 +40,7 @@ def free_base_port(dcs: int = 3) -> int:
     assert 100 * dcs + max(PORTS_PER_DC) < DEV_UP_BASES.step, "clusters would overlap"
     # Where the ephemeral range starts too low to leave room, any base will have to do.
     low = DEV_UP_BASES.stop <= ephemeral_low()
-    bases = DEV_UP_BASES if low else range(10_000, 60_000, 1000)
+    bases = share_of_this_test_worker(DEV_UP_BASES if low else range(10_000, 60_000, 1000))
     rng = random.Random()
     for _ in range(50):
         base = rng.choice(bases)

@@ -165,13 +165,23 @@ def ephemeral_low() -> int:
     return int(low)
 
 
+def share_of_this_test_worker(candidates: range) -> range:
+    """The part of ``candidates`` this pytest-xdist worker takes (all of them without
+    xdist). `make test` runs two workers at once: a probe sees a port another worker has
+    bound, not one it has just probed and is about to bind, so each takes its own."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(name[2:]) if name.startswith("gw") else 0
+    return candidates[index::count]
+
+
 def free_port() -> int:
     """A loopback port free right now (for services whose address peers need upfront),
     never the same twice in one test run (the kernel may offer a just-closed port again),
     and below the ephemeral range: there, any outgoing connection of any process may take
     it between this probe and the service's bind (a coordinator of a fresh-clone CI run
     once found its port taken so)."""
-    candidates = range(FREE_PORTS_FROM, ephemeral_low())
+    candidates = share_of_this_test_worker(range(FREE_PORTS_FROM, ephemeral_low()))
     rng = random.Random()
     for _ in range(1000):
         port = rng.choice(candidates) if len(candidates) > 1000 else 0
