@@ -259,3 +259,43 @@ def test_membership_entries_add_a_node_then_remove_one(tmp_path: Path) -> None:
         cluster.wait_converged(set(acked), survivors)
     finally:
         cluster.stop()
+
+
+TRUNCATING_WITNESS = ("--witness", "--history-kept", "0", "--history-kept-ms", "0")
+"""A witness store has no workers to hold its truncation back, and this one keeps no
+history beyond what every peer passed."""
+
+
+def test_a_dc_is_not_added_once_the_history_it_would_replay_is_truncated(
+    tmp_path: Path,
+) -> None:
+    """A new DC replays the order from position 1, from its peers' txlogs: added after
+    they truncated that, it would wait for ever and hold every DC's truncation back at
+    position 0. The add is refused, saying why; other membership changes still go."""
+    cluster = LocalCluster(tmp_path, 3, coordinator_args=VIEW_ARGS,
+                           store_args={"dc2": TRUNCATING_WITNESS})  # fmt: skip
+    try:
+        dc1, dc2, dc3 = cluster.dcs
+        acked: list[str] = []
+        submit_at(dc1, 5, acked, threading.Lock())
+        cluster.wait_converged(set(acked))
+
+        def truncated(dc: Dc) -> int:
+            with grpc.insecure_channel(dc.store.address) as channel:
+                admin = admin_pb2_grpc.AdminServiceStub(channel)
+                admin.TruncateLog(admin_pb2.TruncateLogRequest(), timeout=30)
+                status = admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).local
+            return status.retention.history_from - 1
+
+        cluster.wait_for("dc2 truncated the start of its history", lambda: truncated(dc2) > 0)
+        add = peer_pb2.Member(node_id="dc4", url="127.0.0.1:1")
+        with pytest.raises(grpc.RpcError) as refused:
+            _change_membership(dc2, admin_pb2.ChangeMembershipRequest(add=add))
+        error: grpc.Call = refused.value  # type: ignore[assignment]
+        assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "dc4 cannot join: dc2 truncated synced positions 1-" in (error.details() or "")
+        weight = peer_pb2.Member(node_id="dc3", weight=2)
+        acked.append(_change_membership(dc2, admin_pb2.ChangeMembershipRequest(set_weight=weight)))
+        cluster.wait_converged(set(acked), [dc1, dc3])  # dc2 no longer reads from position 1
+    finally:
+        cluster.stop()

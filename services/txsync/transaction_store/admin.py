@@ -185,7 +185,7 @@ class AdminServicer:
             raise ServiceError(
                 grpc.StatusCode.INVALID_ARGUMENT, "give one of add, remove_node_id, set_weight"
             )
-        submitted = await self._store.change_membership(change)
+        submitted = await self._store.change_membership(change, adds=kind == "add")
         return admin_pb2.ChangeMembershipResponse(tx_id=submitted.tx_id)
 
     @answers_errors
