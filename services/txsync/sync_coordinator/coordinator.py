@@ -76,7 +76,7 @@ from txsync.sync_coordinator.wire import (
 from txsync.telemetry import Metrics
 from txsync.telemetry.lag_clock import LagClock
 from txsync.telemetry.logs import event as log_event
-from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
+from txsync.transaction_store.validation import BODIES_PER_CALL_MAX, READ_SYNCED_MAX
 from txsync.v1 import (
     common_pb2,
     peer_pb2,
@@ -666,7 +666,9 @@ class Coordinator:
     async def _serve_from_log(self, to: str, from_len: int, count_max: int) -> None:
         try:
             answer = await self.store.ReadSynced(
-                store_pb2.ReadSyncedRequest(from_len=from_len, count_max=min(count_max, 1024))
+                store_pb2.ReadSyncedRequest(
+                    from_len=from_len, count_max=min(count_max, READ_SYNCED_MAX)
+                )
             )
         except grpc.aio.AioRpcError as error:
             log.warning("cannot serve %s from the txlog at %d: %s", to, from_len, error.details())
