@@ -62,9 +62,9 @@ system-packages:  ## Debian packages the tests run (PostgreSQL, Docker, etcd, Ga
 	scripts/ensure_docker.sh
 
 # Two pytest-xdist workers: most tests wait on processes they started (one worker kept
-# 0.7 of the 2 cores busy), and the suite must hold on a loaded machine anyway. The
-# Docker and Spark tests share one worker (tests/conftest.py says why). TEST_WORKERS=0
-# runs everything in one process.
+# 0.7 of the 2 cores busy), and the suite must hold on a loaded machine anyway. Each
+# module is one unit of work; the Spark tests are one unit, the Docker tests another
+# (tests/conftest.py says why). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 
 test: lint proto-check system-packages  ## everything CI checks
