@@ -844,8 +844,11 @@ class ProtocolNode:
 
     def _serve_lagger(self, post: Post) -> None:
         their = post.base
-        in_memory = their.synced_len >= self._synced.window_start
-        if in_memory and self._synced.base_at(their.synced_len) != their:
+        # In memory only if the entry its base ends with is: a base at the window's very
+        # start ends with the entry before it (``base_at`` is None there, not a fork).
+        ours = self._synced.base_at(their.synced_len)
+        in_memory = their.synced_len >= self._synced.window_start and ours is not None
+        if in_memory and ours != their:
             self._reject(f"post from {post.sender}", f"FORK: lagger base {their} not ours")
             return
         last = self._catchup_sent.get(post.sender)
