@@ -367,7 +367,9 @@ def test_a_batch_retried_whole_after_a_failure_in_its_middle_applies_each_once(
             client.submit_many(batch, wait="ok", timeout=0.3)
         error = failed.value
         assert len(error.results) == 10 and len(set(error.keys)) == 10 and all(error.keys)
-        assert isinstance(error.results[5], Timeout)  # not applied within the 0.3 s
+        # Not applied within the 0.3 s: its wait timed out, or on a busy machine the DC
+        # had not even answered the submit by then. Either way its key is kept.
+        assert isinstance(error.results[5], (Timeout, Unavailable)), error.results[5]
         for result, key in zip(error.results, error.keys, strict=True):
             assert result.key == key  # what a retry of each must send again
         assert error.unkeyed == 0 and "retry with keys=error.keys" in str(error)
