@@ -12,6 +12,7 @@ Commands (tx and node names are short words; ``t1@3/a`` is tx t1 with ts 3 from 
 ``base=2/t5`` is a merge base of length 2 ending in t5, ``base=0`` the genesis):
 
     node a members=a,b,c [now=0] [post_txs_max=N] [catchup_entries_max=N] [window=N]
+         [fetches=N]                                  (pending_fetches_max)
          [counter=N synced=t1@1/a,... incoming=t2@2/b+,t3@3/c-]   (+ acquired, - not)
     local a t1
     post a from=b [seq=1] [epoch=1] [view=0] base=0 counter=3 queue=t1@1/a,t2@2/b
@@ -357,6 +358,7 @@ class ScriptRun:
             post_txs_max=int(kv.get("post_txs_max", "4096")),
             catchup_entries_max=int(kv.get("catchup_entries_max", "1024")),
             synced_window_max=int(kv.get("window", "100000")),
+            pending_fetches_max=int(kv.get("fetches", "65536")),
         )
         synced = _metas(kv.get("synced", ""))
         incoming = tuple(

@@ -50,7 +50,8 @@ class Limits:
     up to that (18 MB of metas, issue 47)."""
 
     pending_fetches_max: int = 65_536
-    """Bodies being fetched at once (bounded by the incoming queue in practice)."""
+    """Bodies being fetched at once; bodies wanted beyond it wait their turn (in the
+    order wanted), so it bounds the fetches in flight, not which bodies are fetched."""
 
     early_bodies_max: int = 4_096
     """Bodies acquired before their meta arrived that the core remembers."""

@@ -234,6 +234,12 @@ class ProtocolNode:
         )
         self._incoming = IncomingQueue()
         self._fetches: dict[TxId, _Fetch] = {}
+        self._fetches_waiting: dict[TxId, tuple[NodeId, ...]] = {}
+        """Bodies wanted while ``pending_fetches_max`` were being fetched, oldest first,
+        with their holders: fetched as room frees. Dropped instead, a synced entry's body
+        was never fetched (no later post names a synced entry), and the DC's workers
+        waited for it for ever (the simulator with a table of 2: seed 0 of `crash`). As
+        many as the unacquired metas held anyway (incoming, ``_synced_unacquired``)."""
         self._next_fetch_ms: int | None = None
         for meta, acquired in durable.incoming:
             self._incoming.insert(meta, acquired=acquired)
@@ -1275,8 +1281,12 @@ class ProtocolNode:
         if fetch is not None:
             fetch.holders.extend(h for h in wanted if h not in fetch.holders)
             return
-        if not wanted or len(self._fetches) >= self._limits.pending_fetches_max:
+        if not wanted:
             return  # retried when a later post names a holder
+        if len(self._fetches) >= self._limits.pending_fetches_max:
+            waiting = self._fetches_waiting.get(tx_id, ())
+            self._fetches_waiting[tx_id] = tuple(dict.fromkeys((*waiting, *wanted)))
+            return
         at = self._now_ms + self._timing.body_fetch_delay_ms
         self._fetches[tx_id] = _Fetch(holders=wanted, next_at_ms=at)
         if self._next_fetch_ms is None or at < self._next_fetch_ms:
@@ -1284,6 +1294,15 @@ class ProtocolNode:
 
     def _drop_fetch(self, tx_id: TxId) -> None:
         self._fetches.pop(tx_id, None)
+        self._fetches_waiting.pop(tx_id, None)
+        waiting = self._fetches_waiting
+        while waiting and len(self._fetches) < self._limits.pending_fetches_max:
+            next_id = next(iter(waiting))
+            holders = waiting.pop(next_id)
+            if next_id in self._synced_unacquired or (
+                next_id in self._incoming and not self._incoming.is_acquired(next_id)
+            ):
+                self._want_body(next_id, holders)
         if not self._fetches:
             self._next_fetch_ms = None
 
