@@ -23,6 +23,7 @@ from txsync.transaction_store.step_rules import (
     plan_step,
     plan_verdicts,
     protocol_state,
+    read_synced,
     stamp_floor,
     stamps_at_clock,
 )
@@ -216,3 +217,27 @@ def test_truncation_goes_as_far_as_every_peer_and_worker_passed_and_says_who_hol
     assert hold(progress, witness=True, history_kept_ms=1_000, now_ms=later) == TruncationHold(
         6, "peer dc2 at 5 (1 behind)"
     )
+
+
+def test_a_lagger_is_served_only_appends_that_are_durable() -> None:
+    """``read_synced`` (what a coordinator serves from the txlog): the state holds staged
+    appends too; the chunk stops at the first one not yet durable, as a post's base
+    does (persist before send)."""
+    state = StoreState("dc1")
+    ids = [_synced_peer_tx(state, stamp) for stamp in range(1, 7)]
+    every = functools.partial(read_synced, state, synced_durably=lambda _: True)
+    start, entries = every(2, 3)
+    assert (start.synced_len, start.last_tx_id) == (2, ids[1])
+    assert [meta.tx_id for meta in entries] == ids[2:5]
+    staged = set(ids[4:])  # positions 5 and 6: written, not yet durable
+    start, entries = read_synced(state, 2, 3, lambda tx_id: tx_id not in staged)
+    assert [meta.tx_id for meta in entries] == ids[2:4]
+    assert read_synced(state, 4, 3, lambda tx_id: tx_id not in staged)[1] == []
+    with pytest.raises(Refusal) as past:
+        every(7, 1)
+    assert past.value.kind is Refused.PAST_END
+    state.apply(txlog_pb2.LogEntry(truncated=state.truncated_entry(state.truncation_cut(4))))
+    with pytest.raises(Refusal) as gone:
+        every(2, 1)
+    assert gone.value.kind is Refused.TRUNCATED and "below position 4" in gone.value.message
+    assert [meta.tx_id for meta in every(3, 2)[1]] == ids[3:5]

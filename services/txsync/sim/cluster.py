@@ -33,7 +33,6 @@ from txsync.protocol import (
     FetchBody,
     Limits,
     LocalTx,
-    MergeBase,
     NodeId,
     Post,
     PostReceived,
@@ -51,7 +50,6 @@ from txsync.protocol import (
     Tick,
     Timing,
     TxId,
-    TxMeta,
     TxState,
     ViewAccepted,
     ViewMessageReceived,
@@ -59,6 +57,7 @@ from txsync.protocol import (
     ViewProposal,
 )
 from txsync.protocol.model import Message
+from txsync.refusals import Refusal
 from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
 from txsync.sim.links import (
@@ -75,6 +74,7 @@ from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.peer_queue import PeerQueue
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
 from txsync.transaction_store.state import Moved, StoreState
+from txsync.transaction_store.step_rules import read_synced
 from txsync.v1 import txlog_pb2
 from txsync.worker_dispatch.health import judge
 from txsync.worker_dispatch.pipeline import PipelineMachine
@@ -100,10 +100,22 @@ SIM_TIMING = Timing(
 """Shorter than the services' defaults so that a schedule covers many rounds quickly."""
 
 SIM_LIMITS = Limits(
-    post_txs_max=64, catchup_entries_max=16, synced_window_max=64, local_admit_txs_max=8
+    post_txs_max=64,
+    catchup_entries_max=4,
+    synced_window_max=8,
+    local_admit_txs_max=8,
+    pending_fetches_max=2,
+    early_bodies_max=2,
 )
 """Small enough that posts are cut, catch-up comes in chunks, old entries leave memory,
-and local submits wait for room in the core (``_feed_locals``)."""
+and local submits wait for room in the core (``_feed_locals``). With the window at 64,
+the 20 transactions of a schedule never left it, and no lagger was ever served from the
+txlog (none in 40 seeds). At 8 (catch-up chunks of 4, as ``Limits`` wants them no
+larger), 36 of the first 100 seeds of `crash` serve one, and the first 20 found a lagger
+posting from the window's very start taken for a fork for ever (``_serve_lagger``; now
+served from the txlog, `tests/protocol/scripts/window.txt`). The fetch table and the early
+bodies were never full either (65,536 and 4,096); with 2, the first seed of `crash` lost
+a body a catch-up wanted beyond the table (`tests/protocol/scripts/fetch_table.txt`)."""
 
 SIM_FLUSH_METAS = 24
 SIM_FLUSH_CHANGES = 48
@@ -914,13 +926,7 @@ class Simulation:
                     self._check_durable(node, entries)
                     self._send_message(node, to, entries)
                 case ServeCatchUpFromLog(to, from_len, count_max):
-                    synced = self._nodes[node].store.durable.synced
-                    start_base = _base_of(synced, from_len)
-                    chunk = tuple(synced[from_len : from_len + count_max])
-                    core = self._nodes[node].core
-                    view_no = core.view_no if core is not None else 0
-                    entries = SyncedEntries(view_no, node, start_base, chunk)
-                    self._send_message(node, to, entries)
+                    self._serve_from_log(node, to, from_len, count_max)
                 case SendViewMessage(to, view_message):
                     self._check_durable(node, view_message)
                     self._send_message(node, to, view_message)
@@ -934,6 +940,21 @@ class Simulation:
                         self._at(self._now, _DeliverBody(node, node, tx_id))
                     else:
                         self._send(_FetchRequest(source, node, tx_id))
+
+    def _serve_from_log(self, node: NodeId, to: NodeId, from_len: int, count_max: int) -> None:
+        """What the coordinator does: the store's ``read_synced`` (its staged state, cut
+        where the appends stop being durable), and nothing when it refuses or has none."""
+        store = self._nodes[node].store
+        try:
+            start, chunk = read_synced(store.state, from_len, count_max, store.synced_durably)
+        except Refusal:
+            return  # the coordinator logs it; the lagger asks again
+        if not chunk:
+            return
+        core = self._nodes[node].core
+        entries = SyncedEntries(core.view_no if core is not None else 0, node, start, tuple(chunk))
+        self._check_durable(node, entries)
+        self._send_message(node, to, entries)
 
     def _check_promise(self, node: NodeId, post: Post) -> None:
         core = self._nodes[node].core
@@ -990,9 +1011,3 @@ class Simulation:
     def _at(self, at: int, event: _SimEvent) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (at, self._seq, event))
-
-
-def _base_of(synced: list[TxMeta], length: int) -> MergeBase:
-    if length == 0:
-        return MergeBase.genesis()
-    return MergeBase(length, synced[length - 1].tx_id)

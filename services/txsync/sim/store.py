@@ -227,6 +227,11 @@ class SimStore:
         record = self.durable.txs.get(tx_id)
         return record is not None and record.body_held
 
+    def synced_durably(self, tx_id: str) -> bool:
+        """Its synced append is on the disk, not only staged."""
+        record = self.durable.txs.get(tx_id)
+        return record is not None and record.position > 0
+
     def known(self, tx_id: TxId) -> bool:
         """Its meta is durable here, incoming or synced."""
         record = self.durable.txs.get(tx_id)

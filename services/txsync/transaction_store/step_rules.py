@@ -9,7 +9,7 @@ the same ``StoreState``, so a write the store would refuse fails a seed.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from txsync.codec import base_to_proto, meta_to_proto
@@ -385,6 +385,34 @@ def plan_verdicts(
             plan.written.append(testing)  # its own service: its own entry (a repeat too)
         plan.written.append(entry)
     return plan
+
+
+def read_synced(
+    state: StoreState, from_len: int, count_max: int, synced_durably: Callable[[str], bool]
+) -> tuple[MergeBase, list[TxMeta]]:
+    """Up to ``count_max`` synced entries from position ``from_len + 1`` on, and the base
+    they start at: what a coordinator serves a lagging peer from the txlog. Only entries
+    whose synced append is durable (``synced_durably``): ``state`` holds staged writes
+    too, and an entry a crash then takes back may be sealed otherwise by a view change,
+    after the peer appended it (persist before send, PROTOCOL.md rule 9)."""
+    if from_len > state.synced_len:
+        raise Refusal(
+            Refused.PAST_END,
+            f"from_len {from_len} is past the synced queue's end {state.synced_len}",
+        )
+    start = state.base_at(from_len)
+    if start is None or from_len < state.synced_offset:
+        raise Refusal(
+            Refused.TRUNCATED,
+            f"synced entries below position {state.synced_offset + 1} were truncated",
+        )
+    begin = from_len - state.synced_offset
+    entries = state.synced[begin : begin + count_max]
+    # Appends become durable in log order: the first one that is not marks the end.
+    written = next(
+        (n for n, meta in enumerate(entries) if not synced_durably(meta.tx_id)), len(entries)
+    )
+    return start, entries[:written]
 
 
 def first_unfinished(state: StoreState, from_position: int, undurable: Container[str]) -> int:

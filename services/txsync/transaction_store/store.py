@@ -66,6 +66,7 @@ from txsync.transaction_store.step_rules import (
     plan_step,
     plan_verdicts,
     protocol_state,
+    read_synced,
     stamp_floor,
     stamps_at_clock,
 )
@@ -984,20 +985,12 @@ class TransactionStore:
     def read_synced(self, from_len: int, count_max: int) -> tuple[MergeBase, list[TxMeta]]:
         if not 1 <= count_max <= READ_SYNCED_MAX:
             raise invalid(f"count_max: {count_max} is outside 1..{READ_SYNCED_MAX}")
-        state = self.state
-        if from_len > state.synced_len:
-            raise Refusal(
-                Refused.PAST_END,
-                f"from_len {from_len} is past the synced queue's end {state.synced_len}",
-            )
-        start = state.base_at(from_len)
-        if start is None or from_len < state.synced_offset:
-            raise Refusal(
-                Refused.TRUNCATED,
-                f"synced entries below position {state.synced_offset + 1} were truncated",
-            )
-        begin = from_len - state.synced_offset
-        return start, state.synced[begin : begin + count_max]
+        return read_synced(self.state, from_len, count_max, self._synced_durably)
+
+    def _synced_durably(self, tx_id: str) -> bool:
+        """The transaction's synced append is in the log (not only staged)."""
+        held = self._undurable.get(tx_id)
+        return held is None or (held[1] is not None and _reached(held[1], TxState.ACCEPTED))
 
     async def watch_local_submits(self) -> AsyncGenerator[list[LocalSubmit], None]:
         """Every local submit the protocol may not hold yet, each once, with its body, in
