@@ -63,7 +63,7 @@ system-packages:  ## Debian packages the tests run (PostgreSQL, Docker, etcd, Ga
 
 # Two pytest-xdist workers: most tests wait on processes they started (one worker kept
 # 0.7 of the 2 cores busy), and the suite must hold on a loaded machine anyway. Each
-# module is one unit of work; the Spark tests are one unit, the Docker tests another
+# module is one unit of work, and the Docker and Spark tests together are one more
 # (tests/conftest.py says why). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 
