@@ -111,7 +111,7 @@ SIM_LIMITS = Limits(
 and local submits wait for room in the core (``_feed_locals``). With the window at 64,
 the 20 transactions of a schedule never left it, and no lagger was ever served from the
 txlog (none in 40 seeds). At 8 (catch-up chunks of 4, as ``Limits`` wants them no
-larger), 36 of the first 100 seeds of `crash` serve one, and the first 20 found a lagger
+larger), 37 of the first 100 seeds of `crash` serve one, and the first 20 found a lagger
 posting from the window's very start taken for a fork for ever (``_serve_lagger``; now
 served from the txlog, `tests/protocol/scripts/window.txt`). The fetch table and the early
 bodies were never full either (65,536 and 4,096); with 2, the first seed of `crash` lost
