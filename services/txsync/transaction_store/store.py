@@ -985,12 +985,13 @@ class TransactionStore:
     def read_synced(self, from_len: int, count_max: int) -> tuple[MergeBase, list[TxMeta]]:
         if not 1 <= count_max <= READ_SYNCED_MAX:
             raise invalid(f"count_max: {count_max} is outside 1..{READ_SYNCED_MAX}")
-        return read_synced(self.state, from_len, count_max, self._synced_durably)
-
-    def _synced_durably(self, tx_id: str) -> bool:
-        """The transaction's synced append is in the log (not only staged)."""
-        held = self._undurable.get(tx_id)
-        return held is None or (held[1] is not None and _reached(held[1], TxState.ACCEPTED))
+        # A synced entry's append is in the log once ACCEPTED is (not only staged).
+        return read_synced(
+            self.state,
+            from_len,
+            count_max,
+            lambda tx_id: self._has_reached(tx_id, TxState.ACCEPTED),
+        )
 
     async def watch_local_submits(self) -> AsyncGenerator[list[LocalSubmit], None]:
         """Every local submit the protocol may not hold yet, each once, with its body, in
