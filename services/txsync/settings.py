@@ -20,6 +20,7 @@ from txsync.protocol.limits import (
     EVENT_METAS_MOST,
     INCOMING_TXS_MOST,
     MAY_BE_ZERO,
+    MEMBERS_MAX,
     Limits,
     Timing,
 )
@@ -254,14 +255,21 @@ DISPATCH_SETTINGS: tuple[Setting, ...] = (
 
 
 def _core(
-    name: str, unit: str, help_text: str, bounds: str = "", most: int | None = None
+    name: str,
+    unit: str,
+    help_text: str,
+    bounds: str = "",
+    *,
+    most: int | None = None,
+    least: int | None = None,
 ) -> Setting:
     """A field of the core's ``Timing`` or ``Limits``, with its default and least value
     (the largest, where there is one, is the core's too: ``protocol.limits``)."""
     default = getattr(Timing(), name, None)
     if default is None:
         default = getattr(Limits(), name)
-    least = 0 if name in MAY_BE_ZERO else 1
+    if least is None:
+        least = 0 if name in MAY_BE_ZERO else 1
     return Setting(name, default, help_text, bounds or help_text, unit=unit, least=least, most=most)
 
 
@@ -285,9 +293,9 @@ COORDINATOR_SETTINGS: tuple[Setting, ...] = (
     _core("promise_wait_ms", "ms", "after a majority promised, wait this long for the others"),
     _core("incoming_txs_max", "metas",
           "metas held in the incoming queue (at most 65,536, what one view change may "
-          "forget); past 32,768 or this, whichever is less, local submits wait in the "
-          "store until there is room",
-          most=INCOMING_TXS_MOST),
+          "forget; the same at every DC); past 4,096 or 1/16 of this of its own, "
+          "whichever is less, local submits wait in the store until there is room",
+          most=INCOMING_TXS_MOST, least=MEMBERS_MAX),
     _core("post_txs_max", "metas", "metas in one post (at most 4,096)", most=EVENT_METAS_MOST),
     _core("catchup_entries_max", "entries",
           "synced entries in one catch-up message (at most 4,096)", most=EVENT_METAS_MOST),

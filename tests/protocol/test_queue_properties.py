@@ -14,13 +14,14 @@ metas = st.builds(TxMeta, ts=st.integers(1, 50), tx_id=tx_names, origin=st.sampl
 
 
 class IncomingQueueMachine(RuleBasedStateMachine):
-    """The queue stays sorted, unique and equal to a dict model under any operations."""
+    """The queue stays sorted, unique and equal to a dict model under any operations, and
+    counts the metas of its own node ("x")."""
 
     added = Bundle("added")
 
     def __init__(self) -> None:
         super().__init__()
-        self.queue = IncomingQueue()
+        self.queue = IncomingQueue("x")
         self.model: dict[str, tuple[TxMeta, bool]] = {}
 
     @rule(target=added, meta=metas, acquired=st.booleans())
@@ -58,6 +59,7 @@ class IncomingQueueMachine(RuleBasedStateMachine):
         expected = sorted(meta for meta, _ in self.model.values())
         assert list(self.queue.metas()) == expected
         assert len(self.queue) == len(self.model)
+        assert self.queue.own_len == sum(1 for m, _ in self.model.values() if m.origin == "x")
         for tx_id, (_, acquired) in self.model.items():
             assert tx_id in self.queue
             assert self.queue.is_acquired(tx_id) == acquired

@@ -24,6 +24,15 @@ class KeepsVoidStampsState(StoreState):
             del self.unsettled[tx_id]
 
 
+class KeepsEveryStampAtEpochState(StoreState):
+    """A new epoch settles every open stamp, as it did before the bound on a core's own
+    metas: a restarted core takes back every stamp its store took, more than its
+    ``local_admit_txs_max``, and with queues full of different metas no ADD passes."""
+
+    def _settle_at_epoch(self) -> None:
+        self.unsettled.clear()
+
+
 class EnqueuesUnsyncedState(StoreState):
     """A body stored makes its transaction ENQUEUED whatever its state, so a
     transaction still INCOMING (not yet in the agreed order) jumps to ENQUEUED: a

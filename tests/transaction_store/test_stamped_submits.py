@@ -114,7 +114,7 @@ def test_a_counter_below_the_stamp_leaves_it_open_and_a_new_epoch_settles_it(
         assert store.state.unsettled == {tx_id: (6, 1)}  # replayed open
         (handed,) = await _first_watched(store)  # the coordinator may not hold it
         assert (handed.ts, handed.local_seq) == (6, 1)
-        await store.load_protocol_state()
+        await store.load_protocol_state(4_096)  # the log had no epoch: all are kept
         assert not store.state.unsettled
         await store.persist_step(ProtocolStep(counter=9, local_seq=0))
         assert store.get(tx_id).meta == TxMeta(6, tx_id, "dc1")
@@ -174,3 +174,44 @@ def test_a_submit_whose_client_hung_up_is_still_handed_over_once_durable(
         await watch.aclose()
 
     _run(tmp_path, scenario)
+
+
+def test_a_new_epoch_keeps_only_the_stamps_the_last_core_had_room_for(tmp_path: Path) -> None:
+    """The last coordinator's core held at most 2 own metas (its epoch says so), and one
+    settled own meta is still incoming: of the open stamps, it can have posted only the
+    first. The others are void, handed over to be stamped anew, before and after a
+    restart and a rotation (whose snapshot keeps the bound for the epoch after)."""
+    tx_ids: list[str] = []
+
+    async def write(store: TransactionStore) -> None:
+        await store.load_protocol_state(2)
+        tx_ids.append(await _submit(store))
+        await store.persist_step(ProtocolStep(counter=1, local_seq=1))  # settles it
+        tx_ids.extend([await _submit(store) for _ in range(3)])
+        assert list(store.state.unsettled) == tx_ids[1:]
+        await store.load_protocol_state(2)
+        await check(store)
+
+    async def check(store: TransactionStore) -> None:
+        settled, kept, *void = tx_ids
+        assert not store.state.unsettled
+        assert store.get(settled).meta == TxMeta(1, settled, "dc1")
+        assert store.get(kept).meta == TxMeta(2, kept, "dc1")
+        assert list(store.state.incoming) == [settled, kept]
+        assert list(store.state.pending_local) == void
+        assert all(store.get(tx_id).meta is None for tx_id in void)
+
+    async def rotate(store: TransactionStore) -> None:
+        await check(store)
+        await store.truncate()
+        assert store.state.epoch_local_admit == 2
+        await store.persist_step(ProtocolStep(counter=9, incoming=[TxMeta(9, tx_ids[2], "dc1")]))
+
+    async def after_rotation(store: TransactionStore) -> None:
+        assert store.state.epoch_local_admit == 2
+        fourth = await _submit(store)
+        await store.load_protocol_state(3)  # the last core held 2 at most, 3 are settled
+        assert store.get(fourth).meta is None and fourth in store.state.pending_local
+        assert store.state.epoch_local_admit == 3
+
+    _run(tmp_path, write, check, rotate, after_rotation)

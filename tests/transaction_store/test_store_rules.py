@@ -21,7 +21,7 @@ from tests.support.in_process import WAIT_S, until
 from tests.transaction_store.held_writes import hold_writes
 from txsync.codec import meta_to_proto
 from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
-from txsync.protocol.limits import INCOMING_TXS_MOST
+from txsync.protocol.limits import INCOMING_TXS_MOST, Limits
 from txsync.refusals import Refusal, Refused
 from txsync.rpc import add_service, new_server
 from txsync.settings import FOLLOW_GATHER_MS_MOST
@@ -40,6 +40,8 @@ from txsync.transaction_store.validation import PERSIST_METAS_MAX, nondeterminis
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, txlog_pb2
 
 T = TypeVar("T")
+
+LOCAL_ADMIT = Limits().local_admit_txs_max
 
 
 def _body(sql: str = "INSERT INTO t VALUES (1)") -> common_pb2.TxBody:
@@ -1415,7 +1417,7 @@ def test_a_synced_body_is_enqueued_by_its_own_record_with_no_coordinator_step(
             (TxState.ACCEPTED, "sync-coordinator"),
             (TxState.ENQUEUED, "sync-coordinator"),
         ]
-        await store.load_protocol_state()
+        await store.load_protocol_state(LOCAL_ADMIT)
         assert store.state.txs[tx_id].state is TxState.ENQUEUED
 
     _run(tmp_path, after_restart)

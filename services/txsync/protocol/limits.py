@@ -32,9 +32,15 @@ class Limits:
     incoming_txs_max: int = 65_536
     """Metas held in the incoming queue; foreign metas past it are learned later."""
 
-    local_admit_txs_max: int = 32_768
-    """A local transaction is refused once the incoming queue holds this many metas, so
-    that foreign metas always find room (backpressure reaches clients, not peers)."""
+    local_admit_txs_max: int = 4_096
+    """A local transaction is refused (a stamped one waits in the store) while the
+    incoming queue holds this many metas of this node. At most ``incoming_txs_max /
+    MEMBERS_MAX``, so that every queue has room for the unsynced metas of every origin:
+    ADD passes a meta only once every member posts it, and a full queue takes no foreign
+    meta, so queues full of different metas stopped every ADD for good (docs/protocol.md,
+    "Bounds"). A restarted core holds no more of its own than this either: its epoch
+    keeps only the stamps that can have been posted (``transaction_store.state``).
+    Not a limit on throughput: one ADD passes at most ``post_txs_max`` metas."""
 
     post_txs_max: int = 4_096
     """Metas in one POST. Cutting a post short is safe for the same reason as cutting it at
@@ -138,8 +144,9 @@ _LIMIT_RULES: tuple[Rule, ...] = (
      f"must not exceed {EVENT_METAS_MOST:,}"),
     ("catchup_entries_max", lambda s: s.catchup_entries_max <= EVENT_METAS_MOST,
      f"must not exceed {EVENT_METAS_MOST:,}"),
-    ("local_admit_txs_max", lambda s: s.local_admit_txs_max <= s.incoming_txs_max,
-     "must not exceed incoming_txs_max"),
+    ("local_admit_txs_max",
+     lambda s: s.local_admit_txs_max * MEMBERS_MAX <= s.incoming_txs_max,
+     f"must not exceed incoming_txs_max / {MEMBERS_MAX} (every queue holds every origin's)"),
     ("synced_window_max", lambda s: s.synced_window_max >= s.catchup_entries_max,
      "must be at least catchup_entries_max"),
 )  # fmt: skip

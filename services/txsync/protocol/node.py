@@ -232,7 +232,7 @@ class ProtocolNode:
             length=durable.synced_len,
             tail=durable.synced_tail,
         )
-        self._incoming = IncomingQueue()
+        self._incoming = IncomingQueue(node_id)
         self._fetches: dict[TxId, _Fetch] = {}
         self._fetches_waiting: dict[TxId, tuple[NodeId, ...]] = {}
         """Bodies wanted while ``pending_fetches_max`` were being fetched, oldest first,
@@ -353,12 +353,22 @@ class ProtocolNode:
     def incoming_len(self) -> int:
         return len(self._incoming)
 
+    @property
+    def own_incoming_len(self) -> int:
+        """Incoming metas of this node's own (``Limits.local_admit_txs_max`` bounds them)."""
+        return self._incoming.own_len
+
     def has_room_for_local(self, queued: int = 0) -> bool:
         """Whether one more local submit may be handed over, ``queued`` being on their way
-        already. Past ``local_admit_txs_max`` incoming metas the core refuses unstamped
-        local submits; stamped ones cannot be refused, so the caller holds every
-        hand-over back until there is room (the coordinator, and the simulator as it)."""
-        return len(self._incoming) + queued < self._limits.local_admit_txs_max
+        already. Past ``local_admit_txs_max`` metas of its own in the incoming queue the
+        core refuses unstamped local submits; stamped ones cannot be refused, so the
+        caller holds every hand-over back until there is room (the coordinator, and the
+        simulator as it).
+
+        Own metas, not all: that bound is what keeps every queue able to take the metas
+        of every origin (``Limits``), which ADD needs; counting foreign metas too, a DC
+        whose queue filled with them took none of its own, for nothing."""
+        return self._incoming.own_len + queued < self._limits.local_admit_txs_max
 
     def is_incoming(self, tx_id: TxId) -> bool:
         return tx_id in self._incoming

@@ -5,20 +5,30 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 
-from txsync.protocol.model import GENESIS_TX_ID, MergeBase, TxId, TxMeta
+from txsync.protocol.model import GENESIS_TX_ID, MergeBase, NodeId, TxId, TxMeta
 
 
 class IncomingQueue:
-    """Known, not yet synced metas sorted by ``(ts, tx_id)``, each flagged acquired or not."""
+    """Known, not yet synced metas sorted by ``(ts, tx_id)``, each flagged acquired or not.
 
-    __slots__ = ("_acquired", "_metas")
+    It counts the metas of ``own`` (the node holding it), which the local admission
+    bounds (``Limits.local_admit_txs_max``)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_acquired", "_metas", "_own", "_own_len")
+
+    def __init__(self, own: NodeId) -> None:
         self._metas: list[TxMeta] = []
         self._acquired: dict[TxId, bool] = {}
+        self._own = own
+        self._own_len = 0
 
     def __len__(self) -> int:
         return len(self._metas)
+
+    @property
+    def own_len(self) -> int:
+        """Metas whose origin is the node holding the queue."""
+        return self._own_len
 
     def __contains__(self, tx_id: object) -> bool:
         return tx_id in self._acquired
@@ -33,6 +43,8 @@ class IncomingQueue:
         assert meta.tx_id not in self._acquired, meta
         bisect.insort(self._metas, meta)
         self._acquired[meta.tx_id] = acquired
+        if meta.origin == self._own:
+            self._own_len += 1
 
     def mark_acquired(self, tx_id: TxId) -> bool:
         """Flag a body as held; true if this changed anything."""
@@ -56,11 +68,17 @@ class IncomingQueue:
             return
         for tx_id in gone:
             del self._acquired[tx_id]
-        self._metas = [meta for meta in self._metas if meta.tx_id not in gone]
+        kept = [meta for meta in self._metas if meta.tx_id not in gone]
+        self._own_len -= sum(
+            1 for meta in self._metas if meta.tx_id in gone and meta.origin == self._own
+        )
+        self._metas = kept
 
     def pop_prefix(self, count: int) -> None:
         for meta in self._metas[:count]:
             del self._acquired[meta.tx_id]
+            if meta.origin == self._own:
+                self._own_len -= 1
         del self._metas[:count]
 
 

@@ -100,15 +100,17 @@ SIM_TIMING = Timing(
 """Shorter than the services' defaults so that a schedule covers many rounds quickly."""
 
 SIM_LIMITS = Limits(
+    incoming_txs_max=32,
     post_txs_max=64,
     catchup_entries_max=4,
     synced_window_max=8,
-    local_admit_txs_max=8,
+    local_admit_txs_max=2,
     pending_fetches_max=2,
     early_bodies_max=2,
 )
 """Small enough that posts are cut, catch-up comes in chunks, old entries leave memory,
-and local submits wait for room in the core (``_feed_locals``). With the window at 64,
+and local submits wait for room in the core (``_feed_locals``: 2 own metas, so that
+queues of 32 hold every origin's, as ``Limits`` requires). With the window at 64,
 the 20 transactions of a schedule never left it, and no lagger was ever served from the
 txlog (none in 40 seeds). At 8 (catch-up chunks of 4, as ``Limits`` wants them no
 larger), 37 of the first 100 seeds of `crash` serve one, and the first 20 found a lagger
@@ -645,9 +647,10 @@ class Simulation:
 
     def _start(self, node: NodeId) -> None:
         sim_node = self._nodes[node]
-        # The epoch's entry settles every stamp no write voided: the restarted core holds
-        # them as restored, and its writes count local submits from here.
-        durable = sim_node.store.load_protocol_state(self._now)
+        # The epoch's entry settles the stamps the last core can have posted and voids the
+        # rest (handed over again, to be stamped anew): the restarted core holds the kept
+        # ones as restored, and its writes count local submits from here.
+        durable = sim_node.store.load_protocol_state(self._now, SIM_LIMITS.local_admit_txs_max)
         sim_node.open_round = None  # a restarted core counts rounds from 0 again
         view = durable.view
         sim_node.fed_position = view.configuration.applied_position if view is not None else 0
@@ -746,6 +749,13 @@ class Simulation:
         if isinstance(event, LocalTx) and out.rejections and not core.is_incoming(event.tx_id):
             # Handed over only once durable, so acknowledged: a refusal loses it.
             raise InvariantViolation(3, f"{node} refused its acknowledged {event.tx_id}")
+        if core.own_incoming_len > SIM_LIMITS.local_admit_txs_max:
+            # What keeps every queue able to take every origin's metas, which ADD needs
+            # (Limits.local_admit_txs_max); a restart once took back 25 where 8 fit.
+            raise InvariantViolation(
+                5, f"{node} holds {core.own_incoming_len} own incoming metas, over "
+                f"local_admit_txs_max {SIM_LIMITS.local_admit_txs_max}",
+            )  # fmt: skip
         self._take_output(node, out)
         # The checker knows what is durable; the core is ahead by what is being written.
         pending = shell.pending_synced()

@@ -201,12 +201,14 @@ class SimStore:
 
     # --- a coordinator's start -------------------------------------------------------------
 
-    def load_protocol_state(self, now_ms: int) -> DurableState:
+    def load_protocol_state(self, now_ms: int, local_admit_txs_max: int) -> DurableState:
         """Stage and write the new epoch's entry (nothing is staged ahead of it: the
         store restarted with the coordinator), then load the state as the coordinator
         receives it."""
         assert not self._unwritten, "a coordinator starts with its store"
-        epoch = txlog_pb2.EpochStarted(epoch=self.state.epoch + 1)
+        epoch = txlog_pb2.EpochStarted(
+            epoch=self.state.epoch + 1, local_admit_txs_max=local_admit_txs_max
+        )
         self.write_at_once(txlog_pb2.LogEntry(at_unix_ms=now_ms, epoch=epoch))
         loaded = protocol_state_to_proto(self.node_id, protocol_state(self.state))
         return durable_from_proto(loaded)

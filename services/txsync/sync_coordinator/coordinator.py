@@ -248,7 +248,11 @@ class Coordinator:
 
     async def start(self) -> None:
         """Load the durable protocol state from the store and start the loop."""
-        state = await self.store.LoadProtocolState(store_pb2.LoadProtocolStateRequest())
+        state = await self.store.LoadProtocolState(
+            store_pb2.LoadProtocolStateRequest(
+                local_admit_txs_max=self.config.limits.local_admit_txs_max
+            )
+        )
         if state.node_id and state.node_id != self.config.node_id:
             raise RuntimeError(
                 f"the store at {self.config.store_address} belongs to {state.node_id}, "

@@ -335,7 +335,9 @@ def protocol_settings(options: argparse.Namespace) -> tuple[Timing, Limits]:
         timing = Timing(**{name: getattr(options, name) for name in Timing.__dataclass_fields__})
         limits = Limits(
             incoming_txs_max=options.incoming_txs_max,
-            local_admit_txs_max=min(Limits().local_admit_txs_max, options.incoming_txs_max),
+            local_admit_txs_max=min(
+                Limits().local_admit_txs_max, options.incoming_txs_max // MEMBERS_MAX
+            ),
             post_txs_max=options.post_txs_max,
             catchup_entries_max=options.catchup_entries_max,
             synced_window_max=options.synced_window_max,

@@ -147,6 +147,9 @@ class StoreState:
         """The highest local_seq a submit was given."""
         self.coordinator_counter = 0
         """The highest counter the coordinator wrote (``counter`` counts stamps too)."""
+        self.epoch_local_admit = 0
+        """The latest epoch's ``local_admit_txs_max`` (0: not known): the most own metas
+        its core holds, which bounds the stamps the next epoch keeps."""
         self.incoming: dict[str, TxMeta] = {}
         self.incoming_state_txs = 0
         """Transactions in state INCOMING (backpressure)."""
@@ -254,7 +257,8 @@ class StoreState:
                 self._settle_stamps(raised.counter, raised.local_seq)
         elif kind == "epoch":
             self.epoch = max(self.epoch, entry.epoch.epoch)
-            self.unsettled.clear()
+            self._settle_at_epoch()
+            self.epoch_local_admit = entry.epoch.local_admit_txs_max
         elif kind == "synced":
             self._apply_synced([meta_from_proto(m) for m in entry.synced.metas], at, moved)
         elif kind == "state":
@@ -343,6 +347,40 @@ class StoreState:
             del unsettled[tx_id]
         for tx_id in void:
             del unsettled[tx_id]
+        self._void_stamps(void)
+
+    def _settle_at_epoch(self) -> None:
+        """A new coordinator: the open stamps it may have posted are settled, the rest are
+        void (stamped anew when handed over).
+
+        The core that ended held at most ``epoch_local_admit`` own metas. Every own meta
+        settled and incoming here was handed over before the open stamps (hand-over
+        follows local_seq) and is not synced durably, so not synced in the core when it
+        handed the open ones over either (its posts go out only after every earlier write
+        is durable, the synced appends among them): so at most ``epoch_local_admit`` less
+        those can have been handed over, and so posted, before the crash. Kept all, a
+        restarted core held every stamp the store had taken (25 own metas where the core
+        takes 8), and queues full of different metas stopped every ADD
+        (docs/protocol.md, "Bounds"). 0: a log from before the bound was written, all kept."""
+        unsettled = self.unsettled
+        if not unsettled:
+            return
+        if not self.epoch_local_admit:
+            unsettled.clear()
+            return
+        settled_own = sum(
+            1
+            for tx_id, meta in self.incoming.items()
+            if meta.origin == self.node_id and tx_id not in unsettled
+        )
+        keep = max(0, self.epoch_local_admit - settled_own)
+        void = list(unsettled)[keep:]
+        unsettled.clear()
+        self._void_stamps(void)
+
+    def _void_stamps(self, tx_ids: Sequence[str]) -> None:
+        """Stamps that can never have been posted: back to ``pending_local``."""
+        for tx_id in tx_ids:
             record = self.txs[tx_id]
             record.touch()
             record.meta = None
@@ -429,6 +467,7 @@ class StoreState:
         fresh.local_seq = snapshot.local_seq
         fresh.coordinator_counter = snapshot.coordinator_counter
         fresh.epoch = snapshot.epoch
+        fresh.epoch_local_admit = snapshot.epoch_local_admit_txs_max
         fresh.synced_offset = (
             snapshot.synced_offset
             if snapshot.continued
@@ -542,6 +581,7 @@ class StoreState:
             local_seq=self.local_seq,
             coordinator_counter=self.coordinator_counter,
             epoch=self.epoch,
+            epoch_local_admit_txs_max=self.epoch_local_admit,
             synced_len=self.synced_len,
             synced=[meta_to_proto(m) for m in self.synced[cut:]],
         )

@@ -863,11 +863,13 @@ class TransactionStore:
 
     # --- internal API: the sync-coordinator -------------------------------------------
 
-    async def load_protocol_state(self) -> ProtocolState:
-        """Raise and persist the epoch (a new incarnation of the coordinator), and return
-        the protocol's state as of that entry: everything in it is durable once the
-        epoch is. (Read after the epoch's write instead, it could hold a submit stamped
-        meanwhile and not yet durable, whose stamp the coordinator would post.)
+    async def load_protocol_state(self, local_admit_txs_max: int) -> ProtocolState:
+        """Raise and persist the epoch (a new incarnation of the coordinator, whose core
+        holds at most ``local_admit_txs_max`` own metas), and return the protocol's state
+        as of that entry: everything in it is durable once the epoch is. (Read after the
+        epoch's write instead, it could hold a submit stamped meanwhile and not yet
+        durable, whose stamp the coordinator would post.) The entry settles the stamps
+        the last incarnation may have posted and voids the rest (``state.py``).
 
         (A synced transaction whose body is recorded is ENQUEUED by that record itself,
         ``state.py``: a coordinator that dies before its core saw the body arrive strands
@@ -875,7 +877,8 @@ class TransactionStore:
         coordinator wrote: the nemesis run once found 14 such positions at one DC.)"""
         async with self._lock:
             epoch = self.state.epoch + 1
-            staged = self._stage([self._entry(epoch=txlog_pb2.EpochStarted(epoch=epoch))])
+            started = txlog_pb2.EpochStarted(epoch=epoch, local_admit_txs_max=local_admit_txs_max)
+            staged = self._stage([self._entry(epoch=started)])
             loaded = protocol_state(self.state)
         await self._durable(staged)
         return loaded

@@ -242,12 +242,19 @@ Global___ReportProgressResponse: _TypeAlias = ReportProgressResponse  # noqa: Y0
 class LoadProtocolStateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    LOCAL_ADMIT_TXS_MAX_FIELD_NUMBER: _builtins.int
+    local_admit_txs_max: _builtins.int
+    """The new coordinator's local_admit_txs_max (txlog's EpochStarted keeps it)."""
     def __init__(
         self,
+        *,
+        local_admit_txs_max: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "local_admit_txs_max", b"local_admit_txs_max"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

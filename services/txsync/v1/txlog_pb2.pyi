@@ -474,15 +474,24 @@ class EpochStarted(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EPOCH_FIELD_NUMBER: _builtins.int
+    LOCAL_ADMIT_TXS_MAX_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
+    local_admit_txs_max: _builtins.int
+    """The new incarnation's local_admit_txs_max: its core never holds more metas of its
+    own (0: not said, in logs from before the field). The next epoch settles the open
+    stamps only up to it, less the own metas settled before (docs/protocol.md, "Bounds").
+    """
     def __init__(
         self,
         *,
         epoch: _builtins.int = ...,
+        local_admit_txs_max: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "epoch", b"epoch", "local_admit_txs_max", b"local_admit_txs_max"
+    ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -586,6 +595,7 @@ class Snapshot(_message.Message):
     PARTS_FIELD_NUMBER: _builtins.int
     LOCAL_SEQ_FIELD_NUMBER: _builtins.int
     COORDINATOR_COUNTER_FIELD_NUMBER: _builtins.int
+    EPOCH_LOCAL_ADMIT_TXS_MAX_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     epoch: _builtins.int
     synced_len: _builtins.int
@@ -610,6 +620,8 @@ class Snapshot(_message.Message):
     coordinator wrote (`counter` also counts the stamps).
     """
     coordinator_counter: _builtins.int
+    epoch_local_admit_txs_max: _builtins.int
+    """The latest epoch's local_admit_txs_max (EpochStarted)."""
     @_builtins.property
     def synced(
         self,
@@ -640,6 +652,7 @@ class Snapshot(_message.Message):
         parts: _builtins.int = ...,
         local_seq: _builtins.int = ...,
         coordinator_counter: _builtins.int = ...,
+        epoch_local_admit_txs_max: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view", "vote", b"vote"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -652,6 +665,8 @@ class Snapshot(_message.Message):
         b"counter",
         "epoch",
         b"epoch",
+        "epoch_local_admit_txs_max",
+        b"epoch_local_admit_txs_max",
         "local_seq",
         b"local_seq",
         "parts",
