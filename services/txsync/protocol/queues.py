@@ -68,10 +68,12 @@ class IncomingQueue:
             return
         for tx_id in gone:
             del self._acquired[tx_id]
-        kept = [meta for meta in self._metas if meta.tx_id not in gone]
-        self._own_len -= sum(
-            1 for meta in self._metas if meta.tx_id in gone and meta.origin == self._own
-        )
+        kept = []
+        for meta in self._metas:
+            if meta.tx_id not in gone:
+                kept.append(meta)
+            elif meta.origin == self._own:
+                self._own_len -= 1
         self._metas = kept
 
     def pop_prefix(self, count: int) -> None:
