@@ -88,36 +88,53 @@ def test_one_way_cut_and_flapping_links_converge(cluster: LocalCluster) -> None:
     assert len(cluster.wait_converged(set(acked))) == 24
 
 
-def test_a_cut_off_dcs_submits_wait_in_its_store_not_in_its_core(tmp_path: Path) -> None:
-    """A stamped submit is acknowledged before its coordinator holds it, so the core
-    cannot refuse it when full: the coordinator takes local submits only while its
-    incoming queue holds fewer of its own than its share (here 128 / MEMBERS_MAX = 8),
-    the store keeps the rest, and after healing all of them are ordered."""
-    room = 8
-    queue = room * MEMBERS_MAX
+ROOM = 8
+"""A coordinator's share of own metas with ``--incoming-txs-max`` 128 (128 / MEMBERS_MAX)."""
+
+
+def _cut_off_dc_fills_its_room(tmp_path: Path, *, restart_coordinator: bool) -> None:
+    """dc1, cut off, is given three times its room; its core holds exactly its room
+    (after a restart of its coordinator too, if asked), and once healed all are ordered."""
     cluster = LocalCluster(
         tmp_path,
         3,
         one_way_delay_ms=1,
-        coordinator_args=("--round-timeout-ms", "300", "--incoming-txs-max", str(queue)),
-    )
+        coordinator_args=(
+            "--round-timeout-ms", "300", "--incoming-txs-max", str(ROOM * MEMBERS_MAX),
+        ),
+    )  # fmt: skip
     try:
         emulator = cluster.emulator
         assert emulator is not None
         cut_off = cluster.dcs[0]
         emulator.partition({cut_off.node_id}, {dc.node_id for dc in cluster.dcs[1:]})
         acked: list[str] = []
-        submit_at(cut_off, 3 * room, acked, threading.Lock())  # all acknowledged, while cut
+        submit_at(cut_off, 3 * ROOM, acked, threading.Lock())  # all acknowledged, while cut
         cluster.wait_for(
             "the cut-off core to fill its room",
-            lambda: cluster.status(cut_off).incoming_len >= room,
+            lambda: cluster.status(cut_off).incoming_len >= ROOM,
         )
-        assert cluster.status(cut_off).incoming_len == room
+        if restart_coordinator:
+            cut_off.coordinator.kill()
+            cut_off.coordinator.start()
+            cluster.wait_for(
+                "the restarted core to take its room back",
+                lambda: cluster.status(cut_off).incoming_len >= ROOM,
+            )
+        assert cluster.status(cut_off).incoming_len == ROOM
         emulator.heal()
         order = cluster.wait_converged(set(acked))
-        assert len(order) == 3 * room
+        assert len(order) == 3 * ROOM
     finally:
         cluster.stop()
+
+
+def test_a_cut_off_dcs_submits_wait_in_its_store_not_in_its_core(tmp_path: Path) -> None:
+    """A stamped submit is acknowledged before its coordinator holds it, so the core
+    cannot refuse it when full: the coordinator takes local submits only while its
+    incoming queue holds fewer of its own than its share (here 128 / MEMBERS_MAX = 8),
+    the store keeps the rest, and after healing all of them are ordered."""
+    _cut_off_dc_fills_its_room(tmp_path, restart_coordinator=False)
 
 
 def test_a_restarted_cut_off_coordinator_takes_back_no_more_than_its_room(
@@ -128,35 +145,4 @@ def test_a_restarted_cut_off_coordinator_takes_back_no_more_than_its_room(
     new core holds 8 again, not 24 (three such cores once held every peer's lowest metas
     out, and no ADD passed); the rest are stamped anew as room frees, and all 24 are
     ordered once the partition heals."""
-    room = 8
-    cluster = LocalCluster(
-        tmp_path,
-        3,
-        one_way_delay_ms=1,
-        coordinator_args=(
-            "--round-timeout-ms", "300", "--incoming-txs-max", str(room * MEMBERS_MAX),
-        ),
-    )  # fmt: skip
-    try:
-        emulator = cluster.emulator
-        assert emulator is not None
-        cut_off = cluster.dcs[0]
-        emulator.partition({cut_off.node_id}, {dc.node_id for dc in cluster.dcs[1:]})
-        acked: list[str] = []
-        submit_at(cut_off, 3 * room, acked, threading.Lock())
-        cluster.wait_for(
-            "the cut-off core to fill its room",
-            lambda: cluster.status(cut_off).incoming_len >= room,
-        )
-        cut_off.coordinator.kill()
-        cut_off.coordinator.start()
-        cluster.wait_for(
-            "the restarted core to take its room back",
-            lambda: cluster.status(cut_off).incoming_len >= room,
-        )
-        assert cluster.status(cut_off).incoming_len == room
-        emulator.heal()
-        order = cluster.wait_converged(set(acked))
-        assert len(order) == 3 * room
-    finally:
-        cluster.stop()
+    _cut_off_dc_fills_its_room(tmp_path, restart_coordinator=True)
