@@ -48,5 +48,10 @@ cp "$dockerfile" "$context/Dockerfile"
 echo "building $tag on $base ..."
 commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
 docker build --quiet --build-arg "BASE_IMAGE=$base" --build-arg "TXSYNC_BUILD_COMMIT=$commit" \
-    -t "$tag" "$context" >/dev/null
+    --label io.txsync.built-by=build_image.sh -t "$tag" "$context" >/dev/null
+# The image this tag named before and the build stages left untagged: every test run
+# rebuilds the images, and a CI machine kept across runs filled its disk with ~4 GB of
+# them per run (until the workers' DISK alarm failed the guide test). Only untagged
+# images this script labelled go (a multi-stage Dockerfile labels its stages the same).
+docker image prune --force --filter label=io.txsync.built-by=build_image.sh >/dev/null
 echo "built $tag ($(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}'))"

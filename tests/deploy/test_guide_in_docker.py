@@ -180,13 +180,22 @@ def _txsync(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
+class NotYet(Exception):
+    """A check's answer that its condition does not hold yet, saying why: the last one is
+    shown if the wait runs out."""
+
+
 def _wait_for(what: str, check: Any, logs: Any, timeout_s: float = SETTLE_S) -> Any:
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
+        try:
+            last = check()
+        except NotYet as not_yet:
+            last = str(not_yet)
+        else:
+            if last:
+                return last
         time.sleep(1.0)
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s; last {last!r}\n{logs()}")
 
@@ -276,9 +285,13 @@ def test_the_one_cluster_per_dc_guide_works_as_written(
     endpoints = ",".join(f"{c.dc}={c.balancer_address(7001)}" for c in clusters)
     first = f"dc1={clusters[0].balancer_address(7001)}"
 
-    def healthy() -> str | None:
+    def healthy() -> str:
         status = _txsync("status", "--endpoints", first, env=outside)
-        return status.stdout if status.returncode == 0 else None
+        if status.returncode != 0:
+            raise NotYet(
+                f"exit {status.returncode}: {status.stdout[-1500:]}{status.stderr[-1500:]}"
+            )
+        return status.stdout
 
     def insert(cluster: DcCluster, value: str) -> None:
         """``txsync submit`` at the DC, waiting for OK there."""
