@@ -1755,3 +1755,33 @@ def test_bodies_held_stop_at_the_first_synced_body_missing_here(tmp_path: Path) 
         assert store.state.bodies_held_len() == 4
 
     _run(tmp_path, after_restart)
+
+
+def test_bodies_held_are_answered_as_the_disk_holds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer truncates up to what this DC says it holds: a body still on its way to
+    the disk is not counted (a crash may lose it, and the peers' copies would be gone)."""
+    encoded = _body("INSERT INTO t VALUES (2)").SerializeToString()
+    peer_id = str(uuid.uuid4())
+
+    async def scenario(store: TransactionStore) -> None:
+        local = (await store.submit(_body())).tx_id
+        await _sync_local(store, local, 1)
+        meta = TxMeta(2, peer_id, "dc2")
+        changes = [StateChangeRequest(peer_id, s) for s in (TxState.INCOMING, TxState.ACCEPTED)]
+        await store.persist_step(
+            ProtocolStep(counter=2, incoming=[meta], synced_start=store.state.merge_base,
+                         synced=[meta], changes=changes)
+        )  # fmt: skip
+        gate = hold_writes(monkeypatch)
+        staged = await store.stage_step(
+            ProtocolStep(bodies=[(peer_id, encoded, body_digest(encoded), "")])
+        )
+        assert store.state.bodies_held_len() == 2  # memory has it
+        assert store.bodies_held_durably_len() == 1  # the disk not yet
+        gate.set()
+        await store.finish_step(staged)
+        assert store.bodies_held_durably_len() == 2
+
+    _run(tmp_path, scenario)

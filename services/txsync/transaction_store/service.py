@@ -631,5 +631,5 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         return store_pb2.ReportProgressResponse(
             truncatable_below=truncatable,
             history_from=store.state.synced_offset + 1,
-            bodies_held_len=store.state.bodies_held_len(),
+            bodies_held_len=store.bodies_held_durably_len(),
         )

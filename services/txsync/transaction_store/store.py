@@ -826,6 +826,22 @@ class TransactionStore:
     def _wake_followers(self, _: object = None) -> None:
         self._notify()
 
+    def bodies_held_durably_len(self) -> int:
+        """``StoreState.bodies_held_len`` as the disk holds it: up to the first synced
+        position whose body, or whose ENQUEUED, is still on its way to the disk. The
+        coordinator posts it, and the peers truncate up to it: answered from memory
+        (which holds staged writes), a peer could delete the last copies of a body this
+        DC then lost in a crash, and its workers would wait for it for ever."""
+        held = self.state.bodies_held_len()
+        txs = self.state.txs
+        for tx_id, (_, written) in self._undurable.items():
+            if written is not None and _reached(written, TxState.ENQUEUED):
+                continue
+            record = txs.get(tx_id)
+            if record is not None and 0 < record.position <= held:
+                held = record.position - 1
+        return held
+
     def _has_reached(self, tx_id: str, state: TxState) -> bool:
         """Durably (or TESTING, which is never written alone): memory holds staged
         states, and a waiter answered from one a crash then takes back was lied to."""
