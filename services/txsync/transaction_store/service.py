@@ -440,8 +440,8 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         request: store_pb2.LoadProtocolStateRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> store_pb2.LoadProtocolStateResponse:
-        if not request.local_admit_txs_max:
-            raise invalid("local_admit_txs_max: required (the core's bound on its own metas)")
+        # 0 from a coordinator of an earlier release: its epoch bounds nothing, and the
+        # next one keeps every open stamp, as that release did (``_settle_at_epoch``).
         loaded = await self._store.load_protocol_state(request.local_admit_txs_max)
         return protocol_state_to_proto(self._store.state.node_id, loaded)
 

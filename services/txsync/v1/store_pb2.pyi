@@ -244,7 +244,9 @@ class LoadProtocolStateRequest(_message.Message):
 
     LOCAL_ADMIT_TXS_MAX_FIELD_NUMBER: _builtins.int
     local_admit_txs_max: _builtins.int
-    """The new coordinator's local_admit_txs_max (txlog's EpochStarted keeps it)."""
+    """The new coordinator's local_admit_txs_max (txlog's EpochStarted keeps it). 0, from
+    an earlier release: not known, so the next epoch keeps every open stamp.
+    """
     def __init__(
         self,
         *,
