@@ -33,6 +33,15 @@ class KeepsEveryStampAtEpochState(StoreState):
         self.unsettled.clear()
 
 
+class TruncatesBeforeAJoinState(StoreState):
+    """A membership entry taken here does not hold truncation back: every DC may
+    truncate the start of the history between the admin API's check and the
+    configuration that adds the node, which then has no DC to replay it from."""
+
+    def pending_local_membership(self) -> str:
+        return ""
+
+
 class EnqueuesUnsyncedState(StoreState):
     """A body stored makes its transaction ENQUEUED whatever its state, so a
     transaction still INCOMING (not yet in the agreed order) jumps to ENQUEUED: a

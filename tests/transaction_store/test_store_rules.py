@@ -1722,6 +1722,50 @@ def test_a_witness_truncates_with_its_peers_alone(tmp_path: Path) -> None:
     _run(tmp_path, scenario, witness=True)
 
 
+def test_a_membership_entry_holds_truncation_back_until_it_is_applied(tmp_path: Path) -> None:
+    """A node the entry adds replays the order from position 1 (``check_can_join``).
+    Until the configuration has it, the peers' reports leave it out: this DC keeps its
+    whole history meanwhile, after a restart too (the simulator: a node added while
+    every DC truncated waited for ever, seed 11 of `membership`)."""
+    change = common_pb2.MembershipChange(node_id="dc4", weight=1, url="127.0.0.1:7401")
+    entry = ""
+
+    async def scenario(store: TransactionStore) -> None:
+        nonlocal entry
+        metas = [TxMeta(ts, str(uuid.uuid4()), "dc2") for ts in (1, 2)]
+        await store.persist_step(
+            ProtocolStep(
+                counter=2, incoming=metas, synced_start=store.state.merge_base, synced=metas,
+                changes=[StateChangeRequest(m.tx_id, TxState.ACCEPTED) for m in metas],
+                service="sync-coordinator",
+            )
+        )  # fmt: skip
+        store.report_progress({"dc2": 2}, None, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(3, "")
+        entry = (await store.change_membership(change, adds=True)).tx_id
+        await held(store)
+
+    async def held(store: TransactionStore) -> None:
+        store.report_progress({"dc2": 2}, None, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(
+            0, f"membership change {entry}, not applied yet at 0 (2 behind)"
+        )
+
+    async def applied(store: TransactionStore) -> None:
+        await held(store)
+        await _sync_local(store, entry, 3)
+        store.report_progress({"dc2": 3}, None, peers_reported=True)
+        assert store.truncation_hold().below == 0  # synced, not applied
+        view = _proposal(1, ["dc1", "dc2", "dc4"], [])
+        view.configuration.applied_position = 3
+        await store.persist_step(ProtocolStep(service="sc", installed_view=view))
+        assert store.truncation_hold() == TruncationHold(4, "")
+        assert not store.state.local_membership
+
+    _run(tmp_path, scenario, witness=True)
+    _run(tmp_path, applied, witness=True)
+
+
 def test_bodies_held_stop_at_the_first_synced_body_missing_here(tmp_path: Path) -> None:
     """What the coordinator posts so that the peers keep the bodies this DC may still
     fetch (``StoreState.bodies_held_len``): positions up to the first synced transaction

@@ -74,7 +74,7 @@ from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.peer_queue import PeerQueue
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
 from txsync.transaction_store.state import Moved, StoreState
-from txsync.transaction_store.step_rules import read_synced
+from txsync.transaction_store.step_rules import check_can_join, read_synced
 from txsync.v1 import txlog_pb2
 from txsync.worker_dispatch.health import judge
 from txsync.worker_dispatch.pipeline import PipelineMachine
@@ -118,6 +118,10 @@ posting from the window's very start taken for a fork for ever (``_serve_lagger`
 served from the txlog, `tests/protocol/scripts/window.txt`). The fetch table and the early
 bodies were never full either (65,536 and 4,096); with 2, the first seed of `crash` lost
 a body a catch-up wanted beyond the table (`tests/protocol/scripts/fetch_table.txt`)."""
+
+PROGRESS_REPORT_MS = 100
+"""The coordinator's and dispatch's ``PROGRESS_REPORT_S`` divided by ten, as the
+simulator divides the services' other times."""
 
 SIM_FLUSH_METAS = 24
 SIM_FLUSH_CHANGES = 48
@@ -189,6 +193,9 @@ class _SimNode:
     metas: stepped in order as room frees, as the coordinator does
     (``Coordinator._wait_room_for_local``)."""
     last_hand_ms: int = 0
+    peer_posts: dict[NodeId, tuple[int, int]] = field(default_factory=dict)
+    """Each peer's latest post this coordinator took, since it started: the synced length
+    it says and the bodies its sender held by then (``Coordinator.peers_progress``)."""
 
     @property
     def core(self) -> ProtocolNode | None:
@@ -251,6 +258,14 @@ class _HandOver:
 
 
 @dataclass(frozen=True, slots=True)
+class _ProgressReport:
+    """The coordinator tells its store how far every peer DC has come."""
+
+    node: NodeId
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Crash:
     node: NodeId
     torn: bool
@@ -281,6 +296,7 @@ _SimEvent = (
     | _ChangeMembership
     | _StoreAnswer
     | _HandOver
+    | _ProgressReport
     | _Crash
     | _Restart
     | _Partition
@@ -301,6 +317,10 @@ class SimStats:
     synced: int = 0
     acked: int = 0
     views: int = 0
+    truncations: int = 0
+    """Truncations in place the stores staged."""
+    joins_refused: int = 0
+    """Nodes the admin API refused to add, the history being truncated."""
     end_ms: int = 0
 
 
@@ -335,6 +355,9 @@ class Simulation:
         even ones from the counter alone (every stamp one above it: the tightest a post
         can pass); chosen from the seed, not drawn, so the even seeds' schedules stay as
         found."""
+        self._truncates = config.seed // 2 % 2 == 1
+        """Stores truncate in place on half the seeds: a DC that truncated cannot take a
+        new node, so the membership mixes add the spare on the other half."""
         self._initial = tuple(f"dc{index + 1}" for index in range(config.nodes))
         spare = (f"dc{config.nodes + 1}",) if config.faults.membership else ()
         self._ids = self._initial + spare
@@ -355,6 +378,9 @@ class Simulation:
             entry = txlog_pb2.LogEntry(view_installed=installed)
             self._nodes[node].store.write_at_once(entry)
         self._blocked: frozenset[tuple[NodeId, NodeId]] = frozenset()
+        self._post_bodies: dict[tuple[NodeId, int, int], int] = {}
+        """The bodies each post's sender held when it sent it, by (sender, epoch, seq):
+        the wire field the simulated network does not carry."""
         self._link_clock: dict[tuple[NodeId, NodeId], int] = {}
         self._faults_on = True
         self.checker = InvariantChecker(self._ids)
@@ -365,6 +391,7 @@ class Simulation:
             checker=self.checker,
             store=lambda node: self._nodes[node].store,
             record=self._record_verdict,
+            report=self._report_workers,
             machine_factory=machine_factory,
             health_judge=health_judge,
         )
@@ -537,6 +564,10 @@ class Simulation:
                     local = LocalTx(submit.tx_id, submit.stamp, submit.local_seq)
                     sim_node.locals_waiting.append(local)
                     self._feed_locals(node)
+            case _ProgressReport(node, epoch):
+                sim_node = self._nodes[node]
+                if epoch == sim_node.store.durable.epoch and sim_node.core is not None:
+                    self._report_peers(node)
             case _Submit(tx_id, attempt):
                 self._submit(tx_id, attempt)
             case _ChangeMembership(attempt):
@@ -571,6 +602,10 @@ class Simulation:
         if isinstance(message, SyncedEntries):
             self._step(to, SyncedEntriesReceived(message))
         elif isinstance(message, Post):
+            # What the coordinator notes of a post that passed the wire's checks, before
+            # its core sees it (``post_accepted``).
+            bodies = self._post_bodies.get((message.sender, message.epoch, message.seq), 0)
+            self._nodes[to].peer_posts[sender] = (message.base.synced_len, bodies)
             self._step(to, PostReceived(message))
         else:
             self._step(to, ViewMessageReceived(message))
@@ -602,7 +637,13 @@ class Simulation:
         clock_us = 0
         if self._stamp_clock:
             clock_us = self._now * 1_000 + self._ids.index(node) * STAMP_CLOCK_SKEW_US % 50_000
-        store.submit(tx_id, self._now, clock_us, stamped=self.config.stamped_submits)
+        store.submit(
+            tx_id,
+            self._now,
+            clock_us,
+            stamped=self.config.stamped_submits,
+            membership=tx_id in self._membership,
+        )
         self._at(self._answer_ms(sim_node), _StoreAnswer(node, store.durable.epoch))
 
     def _change_membership(self, attempt: int) -> None:
@@ -614,8 +655,9 @@ class Simulation:
             self._at(self._now + 50, _ChangeMembership(attempt + 1))
             return
         rng = self._rng
+        at = rng.choice(up)
         spare = [node for node in self._ids if node not in configured and node not in self._initial]
-        if spare:
+        if spare and self._can_join(at, spare[0]):
             change = ConfigChange(spare[0], 1)
         elif len(configured) > 3:
             change = ConfigChange(rng.choice(configured), 0)
@@ -623,7 +665,48 @@ class Simulation:
             change = ConfigChange(rng.choice(configured), rng.choice((1, 2)))
         tx_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         self._membership[tx_id] = change
-        self._local_tx(rng.choice(up), tx_id)
+        self._local_tx(at, tx_id)
+
+    def _can_join(self, at: NodeId, node: NodeId) -> bool:
+        """The admin API refuses to add a node once the DC it is asked at truncated its
+        history (``check_can_join``); the operator changes a weight instead."""
+        try:
+            check_can_join(self._nodes[at].store.state, node)
+        except Refusal:
+            self.stats.joins_refused += 1
+            return False
+        return True
+
+    def _report_peers(self, node: NodeId) -> None:
+        """``Coordinator._report_progress``: every peer of the configuration, with the
+        least of the synced length its latest post says and the bodies it held (0 for
+        one not heard from since this coordinator started)."""
+        sim_node = self._nodes[node]
+        core = sim_node.core
+        assert core is not None
+        peers = {
+            peer: min(*sim_node.peer_posts[peer]) if peer in sim_node.peer_posts else 0
+            for peer in core.configuration
+            if peer != node
+        }
+        if sim_node.store.report_progress(peers, None, self._now, truncate=self._truncates):
+            self._truncated(node)
+        epoch = sim_node.store.durable.epoch
+        self._at(self._now + PROGRESS_REPORT_MS, _ProgressReport(node, epoch))
+
+    def _report_workers(self, node: NodeId, workers_min: int | None) -> int:
+        """Dispatch's report to the store; its answer is where the history starts."""
+        store = self._nodes[node].store
+        if store.report_progress(None, workers_min, self._now, truncate=self._truncates):
+            self._truncated(node)
+        return store.history_from()
+
+    def _truncated(self, node: NodeId) -> None:
+        """The store staged a truncation in place: it is written after the writes
+        before it, and answered like them."""
+        sim_node = self._nodes[node]
+        self.stats.truncations += 1
+        self._at(self._answer_ms(sim_node), _StoreAnswer(node, sim_node.store.durable.epoch))
 
     def _record_verdict(self, node: NodeId, tx_id: TxId, state: TxState, digest: bytes) -> None:
         """worker-dispatch records a state at the node's store, in log order."""
@@ -636,8 +719,12 @@ class Simulation:
         core of each membership entry whose body is held."""
         sim_node = self._nodes[node]
         durable = sim_node.store.durable
-        while sim_node.core is not None and sim_node.fed_position < len(durable.synced):
-            meta = durable.synced[sim_node.fed_position]
+        # Positions truncated are skipped (``skip_truncated``): the store truncates none
+        # this DC has not finished, and a membership entry is fed once ENQUEUED.
+        sim_node.fed_position = max(sim_node.fed_position, durable.synced_offset)
+        while sim_node.core is not None and sim_node.fed_position < durable.synced_len:
+            meta = durable.synced_at(sim_node.fed_position)
+            assert meta is not None, "held: past the truncation point"
             if not sim_node.store.body_held(meta.tx_id):
                 return
             sim_node.fed_position += 1
@@ -669,6 +756,8 @@ class Simulation:
             flush_changes=SIM_FLUSH_CHANGES,
         )
         self.checker.on_restart(node, durable.counter)
+        sim_node.peer_posts = {}
+        self._at(self._now + PROGRESS_REPORT_MS, _ProgressReport(node, durable.epoch))
         sim_node.tick_at = None
         sim_node.waiting.clear()
         sim_node.last_answer_ms = self._now
@@ -978,7 +1067,11 @@ class Simulation:
     # --- the network -----------------------------------------------------------------------
 
     def _send_message(self, sender: NodeId, to: NodeId, message: Message) -> None:
-        """To the peer's link (a stream), or onto the network alone."""
+        """To the peer's link (a stream), or onto the network alone. A post carries the
+        bodies its sender's store holds on disk (``bodies_held_len``)."""
+        if isinstance(message, Post):
+            key = (sender, message.epoch, message.seq)
+            self._post_bodies[key] = self._nodes[sender].store.bodies_held_len()
         links = self._links
         if links is None:
             self._send(_Deliver(to, sender, message))

@@ -16,8 +16,15 @@ What runs here as it runs in ``TransactionStore``:
   and decoded as the services do;
 - the local submits to hand over at a start are ``pending_local``, in order.
 
+- the progress the coordinator and dispatch report (``report_progress``), in memory
+  only, and the truncation in place it allows (``retention.truncation_hold``, the
+  store's ``truncate_in_place``): a ``truncated`` entry, staged and made durable like
+  any write, after which the history below it is gone from memory, the disk's replay
+  and every reader (catch-up, the feeds, body fetches).
+
 What it leaves out: bodies' bytes (the simulated bodies are empty), idempotency keys,
-backpressure, rotation and truncation (not yet run here: issue 53, item 1, names them).
+backpressure, and rotation (a new file's snapshot drops what truncation in place
+drops; the txlog tests cover the files).
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ from txsync.refusals import Refusal
 from txsync.sim.invariants import InvariantViolation
 from txsync.sync_coordinator.shell import StepWrite
 from txsync.sync_coordinator.store_wire import durable_from_proto, persist_request
+from txsync.transaction_store.retention import Progress, truncation_hold
 from txsync.transaction_store.state import Moved, StoreState
 from txsync.transaction_store.step_rules import (
     StateChangeRequest,
     StoredBody,
+    first_unfinished,
     keep_testing,
     plan_bodies,
     plan_step,
@@ -52,6 +61,9 @@ StateFactory = Callable[[str], StoreState]
 
 DISPATCH = "worker-dispatch"
 SUBMITS = "transaction-store"
+TRUNCATION_STEP = 3
+"""Positions that must be truncatable before the store truncates in place (the store's
+``TRUNCATION_STEP`` is 256): small, so that a schedule of 20 transactions truncates."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +105,8 @@ class SimStore:
         self.disk = bytearray()
         self._unwritten: deque[_Staged] = deque()
         self._testing_unwritten: dict[str, txlog_pb2.LogEntry] = {}
+        self.progress = Progress()
+        """As the coordinator and dispatch reported it; a restarted store starts over."""
 
     # --- writes, staged in order ---------------------------------------------------------
 
@@ -113,17 +127,20 @@ class SimStore:
             ) from None
         self._stage(entries, write)
 
-    def submit(self, tx_id: TxId, now_ms: int, clock_us: int, *, stamped: bool) -> Stamped:
+    def submit(
+        self, tx_id: TxId, now_ms: int, clock_us: int, *, stamped: bool, membership: bool = False
+    ) -> Stamped:
         """A client's submit, stamped as the store stamps it (``clock_us``: the store's
         wall clock, used under load); ``stamped=False``: written without a stamp, so
-        that the coordinator stamps it (as the services did before)."""
+        that the coordinator stamps it (as the services did before); ``membership``: an
+        operator's membership entry (the admin API's)."""
         stamp = 0
         if stamped:
             clock = clock_us if stamps_at_clock(self.state, 1) else 0
             stamp = stamp_floor(self.state, clock) + 1
         local_seq = self.state.local_seq + 1
         submitted = txlog_pb2.TxSubmitted(
-            tx_id=tx_id, service=SUBMITS, ts=stamp, local_seq=local_seq
+            tx_id=tx_id, service=SUBMITS, ts=stamp, local_seq=local_seq, membership=membership
         )
         written = Stamped(tx_id, stamp, local_seq)
         self._stage([txlog_pb2.LogEntry(at_unix_ms=now_ms, submitted=submitted)], written)
@@ -149,6 +166,49 @@ class SimStore:
             return False
         self._stage(plan.written, Verdict(tx_id, state))
         return True
+
+    def report_progress(
+        self, peers: dict[str, int] | None, workers_min: int | None, now_ms: int, *, truncate: bool
+    ) -> bool:
+        """A report, as ``TransactionStore.report_progress`` takes it: the coordinator's
+        (``peers``: every peer of the configuration) or dispatch's (``workers_min``).
+        True if it staged a truncation in place (a write to make durable); never without
+        ``truncate``."""
+        progress = self.progress
+        if peers is not None:
+            progress.peer_synced_len = dict(peers)
+            progress.peers_reported = True
+        if workers_min is not None:
+            progress.workers_min_position = workers_min
+        state = self.state
+        hold = truncation_hold(
+            state,
+            progress,
+            witness=False,
+            history_kept=0,
+            history_kept_ms=0,
+            # Finished durably: one whose verdict is still being written counts as
+            # unfinished, as the store counts it (``first_unfinished_position``).
+            first_unfinished=first_unfinished(self.durable, 1, ()),
+            now_ms=now_ms,
+        )
+        if not truncate or hold.below - 1 - state.synced_offset < TRUNCATION_STEP:
+            return False
+        dropped = state.truncation_cut(hold.below)
+        if not dropped:
+            return False
+        entry = txlog_pb2.LogEntry(at_unix_ms=now_ms, truncated=state.truncated_entry(dropped))
+        self._stage([entry], None)
+        return True
+
+    def history_from(self) -> int:
+        """The first synced position the store holds (``ReportProgress``'s answer)."""
+        return self.state.synced_offset + 1
+
+    def bodies_held_len(self) -> int:
+        """What ``ReportProgress`` answers the coordinator, which posts it: as the disk
+        holds it (``TransactionStore.bodies_held_durably_len``)."""
+        return self.durable.bodies_held_len()
 
     def _stage(self, entries: list[txlog_pb2.LogEntry], write: Write | None) -> None:
         for entry in entries:
@@ -180,6 +240,7 @@ class SimStore:
             self.disk += frame[: min(torn_bytes, len(frame) - 1)]
         self._unwritten.clear()
         self._testing_unwritten.clear()
+        self.progress = Progress()
         recovered = self._recover()
         if _fingerprint(recovered) != _fingerprint(self.durable):
             raise InvariantViolation(
@@ -250,6 +311,7 @@ def _fingerprint(state: StoreState) -> tuple[object, ...]:
         state.coordinator_counter,
         state.epoch,
         state.local_seq,
+        state.synced_offset,
         tuple(state.synced),
         tuple(state.incoming.items()),
         tuple(state.pending_local),

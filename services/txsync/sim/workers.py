@@ -22,7 +22,10 @@ again, until the heartbeats say it is dead).
 
 Faults (with ``crash``): workers crash and restart (their history is durable, as a
 database's commit is); dispatch is out of the pipeline while its DC is down, and
-forgets what it judged. A pipeline (re)start feeds from the lowest position among its
+forgets what it judged. Dispatch reports the lowest position it feeds to the store,
+which truncates what every worker and peer passed (``sim/store.py``); a worker whose
+next position is gone is restored from a copy of the testing worker, as
+``Dispatch.watch_recoveries`` does. A pipeline (re)start feeds from the lowest position among its
 workers, or the store's first unfinished one.
 
 Checks (invariant 7): a worker applies each position once, after the one before; every
@@ -83,6 +86,9 @@ Judge = Callable[..., tuple[Health, tuple[Event, ...]]]
 """``health.judge``, or a broken one (tests/sim)."""
 RecordAtStore = Callable[[NodeId, TxId, TxState, bytes], None]
 """Hands a state dispatch decided to the DC's store: (node, tx id, state, DC digest)."""
+ReportToStore = Callable[[NodeId, int | None], int]
+"""Dispatch's progress report (the lowest position of the workers it feeds, None: no
+such worker); answers the first synced position the store still holds."""
 
 
 def runs_ok(tx_id: TxId) -> bool:
@@ -213,6 +219,11 @@ class _Dispatch:
     """When each worker last answered, or when work reached it idle (``Pipeline``)."""
     beaten: bool = False
     """This incarnation heard its first heartbeats: the pipeline runs from then on."""
+    needs_snapshot: set[str] = field(default_factory=set)
+    """Workers whose next position the store truncated: out of the pipeline until a
+    snapshot of the testing worker brings them past it (``Dispatch.watch_recoveries``)."""
+    history_from: int = 0
+    """The store's first synced position, as its last answer to a report said."""
     broken_streams: set[tuple[int, str]] = field(default_factory=set)
     """(generation, worker) of the pipeline streams that failed: nothing more sent on
     one arrives, as on a gRPC stream that ended."""
@@ -230,6 +241,7 @@ class WorkerSide:
         checker: InvariantChecker,
         store: Callable[[NodeId], SimStore],
         record: RecordAtStore,
+        report: ReportToStore,
         machine_factory: MachineFactory = PipelineMachine,
         health_judge: Judge = judge,
     ) -> None:
@@ -237,7 +249,7 @@ class WorkerSide:
         ``at(ms, event)``: schedule one of this module's events (``Simulation`` hands
         them back to ``handle``)."""
         self._rng, self._at, self._checker = rng, at, checker
-        self._store, self._record = store, record
+        self._store, self._record, self._report = store, record, report
         self._factory = machine_factory
         self._judge = health_judge
         self._now = 0
@@ -250,6 +262,8 @@ class WorkerSide:
         """The digest every worker must hold at each position (the first one seen)."""
         self._outcomes: dict[TxId, TxState] = {}
         """The outcome every DC must record for each transaction (the first one seen)."""
+        self.snapshots = 0
+        """Workers restored from a snapshot of their testing worker."""
 
     # --- driven by the simulation ----------------------------------------------------------
 
@@ -283,6 +297,8 @@ class WorkerSide:
         dc.health = {worker: Health() for worker in dc.workers}
         dc.positions.clear()
         dc.progressed_ms.clear()
+        dc.needs_snapshot.clear()
+        dc.history_from = 0
         dc.beaten = False
         self._at(now, Heartbeats(node, dc.incarnation))
 
@@ -357,9 +373,9 @@ class WorkerSide:
                         5, f"{worker.worker_id} applied {worker.position} of {durable.synced_len}"
                     )
             position = first_unfinished(durable, 1, ())
-            if position <= durable.synced_len:
-                unfinished = durable.synced[position - 1].tx_id
-                raise InvariantViolation(5, f"{node} never finished {unfinished}")
+            meta = durable.synced_at(position - 1)
+            if meta is not None:
+                raise InvariantViolation(5, f"{node} never finished {meta.tx_id}")
 
     def converged(self, nodes: Sequence[NodeId]) -> bool:
         try:
@@ -396,13 +412,66 @@ class WorkerSide:
                 )
             if Event.BACK in events:
                 dc.positions[worker_id] = worker.position
+                # Judged again from the position it reports now (``_on_event``).
+                dc.needs_snapshot.discard(worker_id)
+                self._mark_behind_history(dc, worker_id)
             changed |= any(event is not Event.RETRIED for event in events)
+        changed |= self._report_progress(dc)
+        changed |= self._recover(dc)
         if not dc.beaten:
             dc.beaten = True
             self._start_pipeline(dc)
         elif changed:
             self._restart_soon(dc, 0)
         self._at(self._now + HEARTBEAT_MS, Heartbeats(dc.node, dc.incarnation))
+
+    def _report_progress(self, dc: _Dispatch) -> bool:
+        """``Dispatch.report_progress``: the lowest position among the workers the
+        pipeline feeds; the store's answer marks those its history no longer covers.
+        True if one was marked."""
+        fed = [
+            position
+            for worker_id, position in dc.positions.items()
+            if dc.health[worker_id].healthy and worker_id not in dc.needs_snapshot
+        ]
+        dc.history_from = self._report(dc.node, min(fed) if fed else None)
+        marked = False
+        for worker_id in sorted(dc.workers):
+            if dc.health[worker_id].healthy:  # only workers heard from
+                marked |= self._mark_behind_history(dc, worker_id)
+        return marked
+
+    def _mark_behind_history(self, dc: _Dispatch, worker_id: str) -> bool:
+        """``Dispatch._mark_behind_history``: true if the worker was marked just now."""
+        position = dc.positions.get(worker_id)
+        if worker_id in dc.needs_snapshot or position is None or position + 1 >= dc.history_from:
+            return False
+        dc.needs_snapshot.add(worker_id)
+        return True
+
+    def _recover(self, dc: _Dispatch) -> bool:
+        """``Dispatch.watch_recoveries``: a worker that needs a snapshot and is up gets
+        the testing worker's (its whole history, as a database copy brings it), then
+        the pipeline replays the log from there. True if one was restored."""
+        tester = dc.workers.get(dc.tester or "")
+        if (
+            tester is None
+            or not tester.up
+            or not dc.health[tester.worker_id].healthy
+            or tester.worker_id in dc.needs_snapshot
+        ):
+            return False
+        restored = False
+        for worker_id in sorted(dc.needs_snapshot):
+            worker = dc.workers[worker_id]
+            if not worker.up or not dc.health[worker_id].healthy:
+                continue
+            worker.history = list(tester.history)
+            dc.positions[worker_id] = worker.position
+            dc.needs_snapshot.discard(worker_id)
+            self.snapshots += 1
+            restored = True
+        return restored
 
     def _restart_soon(self, dc: _Dispatch, after_ms: int) -> None:
         """The pipeline stops, and is built anew ``after_ms`` later."""
@@ -412,7 +481,9 @@ class WorkerSide:
 
     def _start_pipeline(self, dc: _Dispatch) -> None:
         """Over the workers judged healthy, from where dispatch last heard they were."""
-        ready = [w for w in sorted(dc.workers) if dc.health[w].healthy]
+        ready = [
+            w for w in sorted(dc.workers) if dc.health[w].healthy and w not in dc.needs_snapshot
+        ]
         if not ready:
             dc.tester = None
             return
@@ -439,7 +510,16 @@ class WorkerSide:
         durable = store.durable
         while dc.next_position <= durable.synced_len:
             position = dc.next_position
-            tx_id = durable.synced[position - 1].tx_id
+            meta = durable.synced_at(position - 1)
+            if meta is None or position <= store.state.synced_offset:
+                # FollowEnqueued refuses a truncated position (``Refused.TRUNCATED``): the
+                # stream fails, and the pipeline starts again without the worker behind.
+                dc.history_from = store.history_from()
+                for worker_id in sorted(dc.workers):
+                    self._mark_behind_history(dc, worker_id)
+                self._restart_soon(dc, STREAM_ERROR_PAUSE_MS)
+                return
+            tx_id = meta.tx_id
             written = durable.txs[tx_id].state
             if written is None or written < TxState.ENQUEUED:
                 return

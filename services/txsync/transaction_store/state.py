@@ -147,6 +147,9 @@ class StoreState:
         """The highest local_seq a submit was given."""
         self.coordinator_counter = 0
         """The highest counter the coordinator wrote (``counter`` counts stamps too)."""
+        self.local_membership: dict[str, None] = {}
+        """Membership entries submitted here, until one is seen applied
+        (``pending_local_membership``): one at a time (``change_membership``)."""
         self.epoch_local_admit = 0
         """The latest epoch's ``local_admit_txs_max`` (0: not known): the most own metas
         its core holds, which bounds the stamps the next epoch keeps."""
@@ -164,6 +167,17 @@ class StoreState:
         """Where ``bodies_held_len`` stopped looking (bodies are never un-held)."""
 
     # --- reads ---------------------------------------------------------------------------
+
+    def pending_local_membership(self) -> str:
+        """A membership entry submitted here that the installed configuration has not
+        applied yet ("" if none). Those seen applied are let go."""
+        applied = self.view.configuration.applied_position if self.view is not None else 0
+        for tx_id in list(self.local_membership):
+            record = self.txs.get(tx_id)
+            if record is not None and not 0 < record.position <= applied:
+                return tx_id
+            del self.local_membership[tx_id]
+        return ""
 
     def bodies_held_len(self) -> int:
         """Every synced position up to this one has its body here (truncated ones count
@@ -309,6 +323,8 @@ class StoreState:
         record.touch()
         record.local = True
         record.membership = submitted.membership
+        if submitted.membership:
+            self.local_membership[submitted.tx_id] = None
         record.idempotency_key = submitted.idempotency_key
         record.traceparent = submitted.traceparent
         if submitted.idempotency_key:
@@ -513,6 +529,8 @@ class StoreState:
             self._next_seq = max(self._next_seq, saved.seq + 1)
             record.local = saved.local
             record.membership = saved.membership
+            if saved.local and saved.membership:
+                self.local_membership[saved.tx_id] = None
             record.meta = meta_from_proto(saved.meta) if saved.has_meta else None
             record.idempotency_key = saved.idempotency_key
             record.body_digest = saved.body_digest

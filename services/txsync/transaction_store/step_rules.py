@@ -247,6 +247,28 @@ def stamp_floor(state: StoreState, clock_us: int) -> int:
     return max(state.counter, clock_us - 1)
 
 
+def check_can_join(state: StoreState, node_id: str) -> None:
+    """A node that joins replays the order from position 1, fetched from its peers'
+    txlogs. Once this DC truncated the start of its history, a new node would wait for
+    it for ever, and every DC would hold its truncation back for that node (at position
+    0) from then on: refused, until joining from a snapshot exists. A node already
+    configured (a new address) is no join. (Once the entry is taken, this DC truncates
+    nothing until it is applied: ``retention.truncation_hold``.)"""
+    view = state.view
+    configured = view is not None and any(
+        weight.node_id == node_id for weight in view.configuration.weights
+    )
+    offset = state.synced_offset
+    if offset and not configured:
+        raise Refusal(
+            Refused.PRECONDITION,
+            f"{node_id} cannot join: {state.node_id} truncated synced positions "
+            f"1-{offset}, and a new DC replays the order from position 1 (joining "
+            "from a snapshot of a member is not built yet; docs/operations.md, "
+            '"Adding a DC")',
+        )
+
+
 def check_forgettable(state: StoreState, tx_id: str) -> None:
     check_tx_id(tx_id, "forgotten")
     record = state.txs.get(tx_id)

@@ -60,6 +60,7 @@ from txsync.transaction_store.step_rules import (
     ProtocolStep,
     StateChangeRequest,
     StoredBody,
+    check_can_join,
     first_unfinished,
     keep_testing,
     plan_bodies,
@@ -1069,43 +1070,25 @@ class TransactionStore:
     ) -> Submitted:
         """Submit a membership entry (admin API). One at a time: refused while an entry
         submitted here is not yet in the installed configuration. ``adds``: it adds the
-        node, which is refused once this DC truncated its history (``_check_can_join``)."""
+        node, which is refused once this DC truncated its history
+        (``step_rules.check_can_join``)."""
         check_membership(change)  # bad input first, whatever is pending
-        if adds:
-            self._check_can_join(change.node_id)
-        applied = self.state.view.configuration.applied_position if self.state.view else 0
-        for record in self.state.txs.values():
-            if record.membership and record.local and not 0 < record.position <= applied:
+        # No truncation between the check and the entry: once taken, the entry itself
+        # holds truncation back until it is applied (``retention.truncation_hold``).
+        async with self._one_rotation:
+            if adds:
+                check_can_join(self.state, change.node_id)
+            if pending := self.state.pending_local_membership():
                 raise Refusal(
                     Refused.PRECONDITION,
-                    f"membership change {record.tx_id} is not applied yet: one change at a "
+                    f"membership change {pending} is not applied yet: one change at a "
                     "time (retry once the view that applies it is installed)",
                 )
-        body = common_pb2.TxBody(membership=change)
-        (result,) = await self.submit_many([(body, "", "")], admin=True)
+            body = common_pb2.TxBody(membership=change)
+            (result,) = await self.submit_many([(body, "", "")], admin=True)
         if isinstance(result, Refusal):
             raise result
         return result
-
-    def _check_can_join(self, node_id: str) -> None:
-        """A node that joins replays the order from position 1, fetched from its peers'
-        txlogs. Once this DC truncated the start of its history, a new node would wait
-        for it for ever, and every DC would hold its truncation back for that node (at
-        position 0) from then on: refused, until joining from a snapshot exists. A node
-        already configured (a new address) is no join."""
-        view = self.state.view
-        configured = view is not None and any(
-            weight.node_id == node_id for weight in view.configuration.weights
-        )
-        offset = self.state.synced_offset
-        if offset and not configured:
-            raise Refusal(
-                Refused.PRECONDITION,
-                f"{node_id} cannot join: {self.config.node_id} truncated synced positions "
-                f"1-{offset}, and a new DC replays the order from position 1 (joining "
-                "from a snapshot of a member is not built yet; docs/operations.md, "
-                '"Adding a DC")',
-            )
 
     async def follow_enqueued(
         self,
