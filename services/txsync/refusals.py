@@ -1,10 +1,10 @@
 """What a service's rules refuse, and why, in their own terms.
 
-The transaction-store's rules (``transaction_store/store.py``, ``validation.py``, which
-the coordinator also checks peers' bodies with) raise ``Refusal`` with a ``Refused``
-kind and know nothing of gRPC. ``rpc`` maps each kind to its gRPC status where a call is
-answered, the one place that mapping lives, so the same rules can run where there is no
-gRPC (the simulator, issue 53).
+The transaction-store's rules (``transaction_store/store.py`` and its parts,
+``validation.py``, which the coordinator also checks peers' bodies with) raise
+``Refusal`` with a ``Refused`` kind and know nothing of gRPC. ``rpc`` maps each kind to
+its gRPC status where a call is answered, the one place that mapping lives, so the same
+rules can run where there is no gRPC (the simulator, issue 53).
 """
 
 from __future__ import annotations

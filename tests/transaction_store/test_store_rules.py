@@ -26,8 +26,14 @@ from txsync.refusals import Refusal, Refused
 from txsync.rpc import add_service, new_server
 from txsync.settings import FOLLOW_GATHER_MS_MOST
 from txsync.telemetry import work
-from txsync.transaction_store import local_submits, retention
-from txsync.transaction_store import store as store_module
+from txsync.transaction_store import (
+    client_calls,
+    dispatch_calls,
+    local_submits,
+    retention,
+    rotation,
+    store_core,
+)
 from txsync.transaction_store.local_submits import LocalSubmit
 from txsync.transaction_store.retention import TruncationHold
 from txsync.transaction_store.server import CLIENT_SERVICE
@@ -747,7 +753,7 @@ def test_waits_are_bounded_with_a_share_per_caller(
 ) -> None:
     """At most WAITS_MAX waits, of which one caller holds three quarters at most: a
     client that waits on everything cannot refuse the others (issue 48)."""
-    monkeypatch.setattr(store_module, "WAITS_MAX", 4)
+    monkeypatch.setattr(store_core, "WAITS_MAX", 4)
 
     async def scenario(store: TransactionStore) -> None:
         tx_id = (await store.submit(_body())).tx_id
@@ -894,7 +900,7 @@ def test_a_follower_pauses_only_after_a_small_batch(
     """A batch of ``FOLLOW_GATHER_BELOW`` positions or more says the load batches by
     itself: the next goes without the pause (under batched load a pause after each
     message only idled worker-dispatch's feed)."""
-    monkeypatch.setattr(store_module, "FOLLOW_GATHER_BELOW", 3)
+    monkeypatch.setattr(dispatch_calls, "FOLLOW_GATHER_BELOW", 3)
 
     finished = _finished
 
@@ -1232,7 +1238,7 @@ def test_list_looks_at_a_bounded_number_of_transactions_per_call(
     where its token says, not at the first one: paging a rare state through many once
     walked them all on every call. Short pages and forgotten transactions lose nothing,
     before and after a restart from a rotated log (its snapshot)."""
-    monkeypatch.setattr(store_module, "LIST_SCAN_MAX", 4)
+    monkeypatch.setattr(client_calls, "LIST_SCAN_MAX", 4)
     foreign = [TxMeta(n, str(uuid.uuid4()), "dc3") for n in range(1, 11)]
     forgotten = {meta.tx_id for meta in foreign[::2]}
 
@@ -1552,7 +1558,7 @@ def test_history_is_truncated_in_place_between_rotations(
     from memory by an entry in the current file, with no rotation: memory follows what
     is unfinished and recent, not what the current file covers. Bodies an earlier
     rotation filed go with them; a restart replays to the same state."""
-    monkeypatch.setattr(store_module, "TRUNCATION_STEP", 3)
+    monkeypatch.setattr(rotation, "TRUNCATION_STEP", 3)
     monkeypatch.setattr(TransactionStore, "_carry_budget", lambda self: 0)  # file them all
 
     async def scenario(store: TransactionStore) -> tuple[object, ...]:

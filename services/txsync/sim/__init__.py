@@ -1,6 +1,6 @@
 """The deterministic simulator: a seeded cluster of protocol cores under injected faults,
 with PROTOCOL.md §4 checked after every step. Around each core runs what the services
-run: the coordinator's ``Shell``, the store's ``StoreState`` and rules (``store.py``) and
+run: the coordinator's ``Shell``, the store's ``StoreState`` and rules (``step_rules.py``) and
 dispatch's ``PipelineMachine`` (``workers.py``)."""
 
 from txsync.sim.cluster import SIM_LIMITS, SIM_TIMING, SimConfig, SimStats, Simulation

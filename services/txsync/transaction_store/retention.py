@@ -3,7 +3,7 @@ and what holds it (``truncation_hold``, from the progress the coordinator and di
 report), a truncated transaction's verdict (``Verdict``, for the clients still waiting
 on it) and a rotation's bodies not yet filed, carried into the new log (``Carried``,
 written as ``BodyStored`` entries after the snapshot). Pure, with the time given: the
-store's rotation and truncation (``store.py``) use them."""
+store's rotation and truncation (``rotation.py``) use them."""
 
 from __future__ import annotations
 

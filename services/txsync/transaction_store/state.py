@@ -3,7 +3,7 @@
 ``StoreState.apply(entry)`` is the only thing that changes it, both when an entry is
 appended and when the log is replayed, so that what a restarted store knows is exactly
 what it knew before. ``apply`` trusts its input: the store validates every request
-before it builds entries (``store.py``).
+before it builds entries (``store_core.py``).
 
 **Implied transitions.** A state that follows from another durable fact is not written
 as an entry of its own (issue 20: it was two thirds of the log's entries):
