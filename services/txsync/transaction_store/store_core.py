@@ -22,6 +22,7 @@ import functools
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -166,7 +167,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class StoreCore:
+class StoreCore(ABC):
     """The state, its lock and writer, and what every part of the store shares."""
 
     def __init__(self, config: StoreConfig) -> None:
@@ -350,9 +351,9 @@ class StoreCore:
         if self.files.appended_bytes > self.config.log_file_bytes_max and not self._rotating:
             self._start_rotation()
 
+    @abstractmethod
     def _start_rotation(self) -> None:
         """Rotate the current file, which is full, in the background (``rotation``)."""
-        raise NotImplementedError
 
     def _announce_durable(self, staged: Staged, future: object = None) -> None:
         """``_announce`` a durable write's transitions, once (a repeated submit's call
