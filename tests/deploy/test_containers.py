@@ -267,9 +267,9 @@ def test_faults_at_the_container_level(cluster: dict[str, ContainerDc]) -> None:
 
     # 4. Workers scaled: a third worker joins dc2 and catches up; one of dc3's leaves.
     dcs["dc2"].add_worker("w3")
-    leaving = dcs["dc3"].workers.pop("w2")
-    leaving.get_wrapped_container().stop(timeout=20)  # SIGTERM: the worker drains itself
-    leaving.get_wrapped_container().remove()  # no longer in dc3's workers: stop() skips it
+    leaving = dcs["dc3"].workers.pop("w2").get_wrapped_container()
+    leaving.stop(timeout=20)  # SIGTERM: the worker drains itself
+    leaving.remove()  # no longer in dc3's workers: ContainerDc.stop() skips it
     clients.submit(DCS, 3)
     _wait("dc2 has three workers, dc3 one", lambda: (len(_workers(dcs["dc2"])),
           len(_workers(dcs["dc3"]))) == (3, 1))  # fmt: skip
