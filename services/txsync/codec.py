@@ -16,6 +16,7 @@ from txsync.protocol import (
     GENESIS_TX_ID,
     MEMBERS_MAX,
     Ballot,
+    ConfigChange,
     Configuration,
     MergeBase,
     TxMeta,
@@ -207,6 +208,13 @@ def proposal_from_proto(message: common_pb2.ViewProposal, field: str = "proposal
         metas_from_proto(message.seal, f"{field}.seal"),
         configuration,
     )
+
+
+def config_change_from_proto(change: common_pb2.MembershipChange) -> ConfigChange:
+    """A membership entry's change for the core (its body was checked when the store took
+    it: ``validation.check_membership``)."""
+    after = change.after_position if change.HasField("after_position") else None
+    return ConfigChange(change.node_id, change.weight, change.url, after)
 
 
 def check_url(url: str, field: str) -> str:

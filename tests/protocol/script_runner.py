@@ -312,7 +312,8 @@ class ScriptRun:
         elif verb == "change":
             event = ViewChangeRequested()
         elif verb == "membership":
-            change = ConfigChange(kv["node"], int(kv["weight"]))
+            after = int(kv["after"]) if "after" in kv else None
+            change = ConfigChange(kv["node"], int(kv["weight"]), after_position=after)
             event = ConfigChangeSynced(int(kv["position"]), change)
         elif verb in VIEW_VERBS:
             event = ViewMessageReceived(self._view_message(verb, kv))

@@ -106,6 +106,13 @@ class ConfigChange:
     weight: int
     address: str = ""
     """Where the node answers (opaque to the core; kept if empty)."""
+    after_position: int | None = None
+    """The position of the membership entry the configuration reflected where the change
+    was asked (its ``applied_position`` there). The change applies only if that entry is
+    still the last one before it in the synced order; otherwise it is void, for it was
+    checked against a configuration that is no longer the one it changes (two DCs asked
+    at once: the one ordered first wins). None: a change of an earlier release, applied
+    regardless."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,10 +138,22 @@ class Configuration:
     def as_dict(self) -> dict[NodeId, int]:
         return dict(self.weights)
 
+    def is_void_after(self, change: ConfigChange) -> bool:
+        """``change``, applied next, was asked against an earlier configuration: another
+        change was ordered between. (Seed 1530 of the simulator: dc6 was added at dc1
+        while dc3 removed dc1, ordered first; dc1 alone held the start of the history
+        dc6 had to replay, and dc6 waited for ever.)"""
+        return change.after_position is not None and change.after_position != (
+            self.applied_position
+        )
+
     def with_change(self, change: ConfigChange, position: int) -> Configuration:
         """The configuration after the membership entry at ``position``. One that would
-        leave no node changes nothing but still counts as applied."""
+        leave no node, or that was asked against another configuration (``after_position``,
+        ``is_void_after``), changes nothing but still counts as applied."""
         weights, addresses = self.as_dict(), dict(self.addresses)
+        if self.is_void_after(change):
+            return Configuration.of(weights, position, addresses)
         if change.weight > 0:
             weights[change.node] = change.weight
             if change.address:

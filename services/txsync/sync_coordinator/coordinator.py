@@ -34,9 +34,9 @@ import grpc
 
 from txsync.codec import (
     MetaInterner,
+    config_change_from_proto,
 )
 from txsync.protocol import (
-    ConfigChange,
     ConfigChangeSynced,
     FetchBody,
     Limits,
@@ -757,11 +757,8 @@ class Coordinator:
                     for tx in ready.txs:
                         change = common_pb2.TxBody.FromString(tx.body).membership
                         fed = tx.position
-                        await self.events.put(
-                            ConfigChangeSynced(
-                                tx.position, ConfigChange(change.node_id, change.weight, change.url)
-                            )
-                        )
+                        synced = ConfigChangeSynced(tx.position, config_change_from_proto(change))
+                        await self.events.put(synced)
             except grpc.aio.AioRpcError as error:
                 log.warning("membership follower ended (%s); retrying", error.code().name)
             await asyncio.sleep(0.5)

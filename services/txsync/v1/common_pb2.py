@@ -23,7 +23,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x16txsync/v1/common.proto\x12\ttxsync.v1\x1a\x1fgoogle/protobuf/timestamp.proto"3\n\x06TxMeta\x12\n\n\x02ts\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t"3\n\tMergeBase\x12\x12\n\nsynced_len\x18\x01 \x01(\x04\x12\x12\n\nlast_tx_id\x18\x02 \x01(\t"<\n\x06\x42\x61llot\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\x10\n\x08proposer\x18\x03 \x01(\t"(\n\x04View\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0f\n\x07members\x18\x02 \x03(\t"\xa9\x01\n\x0cViewProposal\x12\x1d\n\x04view\x18\x01 \x01(\x0b\x32\x0f.txsync.v1.View\x12(\n\nseal_start\x18\x02 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x1f\n\x04seal\x18\x03 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12/\n\rconfiguration\x18\x04 \x01(\x0b\x32\x18.txsync.v1.Configuration"Q\n\rConfiguration\x12&\n\x07weights\x18\x01 \x03(\x0b\x32\x15.txsync.v1.NodeWeight\x12\x18\n\x10\x61pplied_position\x18\x02 \x01(\x04":\n\nNodeWeight\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\r\x12\x0b\n\x03url\x18\x03 \x01(\t"Q\n\x10MembershipChange\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\r\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0f\n\x07witness\x18\x04 \x01(\x08"\x86\x01\n\x08ViewVote\x12#\n\x08promised\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12*\n\x0f\x61\x63\x63\x65pted_ballot\x18\x02 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"\x80\x01\n\x08SqlValue\x12\x13\n\tint_value\x18\x01 \x01(\x12H\x00\x12\x14\n\nreal_value\x18\x02 \x01(\x01H\x00\x12\x14\n\ntext_value\x18\x03 \x01(\tH\x00\x12\x14\n\nblob_value\x18\x04 \x01(\x0cH\x00\x12\x14\n\nbool_value\x18\x05 \x01(\x08H\x00\x42\x07\n\x05value"=\n\tStatement\x12\x0b\n\x03sql\x18\x01 \x01(\t\x12#\n\x06params\x18\x02 \x03(\x0b\x32\x13.txsync.v1.SqlValue"\xd2\x01\n\x06TxBody\x12(\n\nstatements\x18\x01 \x03(\x0b\x32\x14.txsync.v1.Statement\x12\r\n\x05label\x18\x02 \x01(\t\x12/\n\nmembership\x18\x03 \x01(\x0b\x32\x1b.txsync.v1.MembershipChange\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x13\n\x0bnow_unix_us\x18\x05 \x01(\x03\x12\x15\n\rkey_window_ms\x18\x06 \x01(\x04\x12\x19\n\x11key_taken_unix_ms\x18\x07 \x01(\x03"\xa8\x01\n\x07Outcome\x12!\n\x05state\x18\x01 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x15\n\rrows_affected\x18\x02 \x03(\x03\x12\x14\n\x0cstate_digest\x18\x03 \x01(\x0c\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x10\n\x08position\x18\x05 \x01(\x04\x12\x14\n\x0c\x64uplicate_of\x18\x06 \x01(\t\x12\x16\n\x0etouched_digest\x18\x07 \x01(\x0c"y\n\nTransition\x12!\n\x05state\x18\x01 \x01(\x0e\x32\x12.txsync.v1.TxState\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07service\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t*\xa4\x01\n\x07TxState\x12\x18\n\x14TX_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11TX_STATE_INCOMING\x10\x01\x12\x15\n\x11TX_STATE_ACCEPTED\x10\x02\x12\x15\n\x11TX_STATE_ENQUEUED\x10\x03\x12\x14\n\x10TX_STATE_TESTING\x10\x04\x12\x0f\n\x0bTX_STATE_OK\x10\x05\x12\x13\n\x0fTX_STATE_FAILED\x10\x06\x62\x06proto3'
+    b'\n\x16txsync/v1/common.proto\x12\ttxsync.v1\x1a\x1fgoogle/protobuf/timestamp.proto"3\n\x06TxMeta\x12\n\n\x02ts\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t"3\n\tMergeBase\x12\x12\n\nsynced_len\x18\x01 \x01(\x04\x12\x12\n\nlast_tx_id\x18\x02 \x01(\t"<\n\x06\x42\x61llot\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\x10\n\x08proposer\x18\x03 \x01(\t"(\n\x04View\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0f\n\x07members\x18\x02 \x03(\t"\xa9\x01\n\x0cViewProposal\x12\x1d\n\x04view\x18\x01 \x01(\x0b\x32\x0f.txsync.v1.View\x12(\n\nseal_start\x18\x02 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x1f\n\x04seal\x18\x03 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12/\n\rconfiguration\x18\x04 \x01(\x0b\x32\x18.txsync.v1.Configuration"Q\n\rConfiguration\x12&\n\x07weights\x18\x01 \x03(\x0b\x32\x15.txsync.v1.NodeWeight\x12\x18\n\x10\x61pplied_position\x18\x02 \x01(\x04":\n\nNodeWeight\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\r\x12\x0b\n\x03url\x18\x03 \x01(\t"\x81\x01\n\x10MembershipChange\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\r\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0f\n\x07witness\x18\x04 \x01(\x08\x12\x1b\n\x0e\x61\x66ter_position\x18\x05 \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_after_position"\x86\x01\n\x08ViewVote\x12#\n\x08promised\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12*\n\x0f\x61\x63\x63\x65pted_ballot\x18\x02 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"\x80\x01\n\x08SqlValue\x12\x13\n\tint_value\x18\x01 \x01(\x12H\x00\x12\x14\n\nreal_value\x18\x02 \x01(\x01H\x00\x12\x14\n\ntext_value\x18\x03 \x01(\tH\x00\x12\x14\n\nblob_value\x18\x04 \x01(\x0cH\x00\x12\x14\n\nbool_value\x18\x05 \x01(\x08H\x00\x42\x07\n\x05value"=\n\tStatement\x12\x0b\n\x03sql\x18\x01 \x01(\t\x12#\n\x06params\x18\x02 \x03(\x0b\x32\x13.txsync.v1.SqlValue"\xd2\x01\n\x06TxBody\x12(\n\nstatements\x18\x01 \x03(\x0b\x32\x14.txsync.v1.Statement\x12\r\n\x05label\x18\x02 \x01(\t\x12/\n\nmembership\x18\x03 \x01(\x0b\x32\x1b.txsync.v1.MembershipChange\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x13\n\x0bnow_unix_us\x18\x05 \x01(\x03\x12\x15\n\rkey_window_ms\x18\x06 \x01(\x04\x12\x19\n\x11key_taken_unix_ms\x18\x07 \x01(\x03"\xa8\x01\n\x07Outcome\x12!\n\x05state\x18\x01 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x15\n\rrows_affected\x18\x02 \x03(\x03\x12\x14\n\x0cstate_digest\x18\x03 \x01(\x0c\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x10\n\x08position\x18\x05 \x01(\x04\x12\x14\n\x0c\x64uplicate_of\x18\x06 \x01(\t\x12\x16\n\x0etouched_digest\x18\x07 \x01(\x0c"y\n\nTransition\x12!\n\x05state\x18\x01 \x01(\x0e\x32\x12.txsync.v1.TxState\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07service\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t*\xa4\x01\n\x07TxState\x12\x18\n\x14TX_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11TX_STATE_INCOMING\x10\x01\x12\x15\n\x11TX_STATE_ACCEPTED\x10\x02\x12\x15\n\x11TX_STATE_ENQUEUED\x10\x03\x12\x14\n\x10TX_STATE_TESTING\x10\x04\x12\x0f\n\x0bTX_STATE_OK\x10\x05\x12\x13\n\x0fTX_STATE_FAILED\x10\x06\x62\x06proto3'
 )
 
 _globals = globals()
@@ -31,8 +31,8 @@ _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "txsync.v1.common_pb2", _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
     DESCRIPTOR._loaded_options = None
-    _globals["_TXSTATE"]._serialized_start = 1517
-    _globals["_TXSTATE"]._serialized_end = 1681
+    _globals["_TXSTATE"]._serialized_start = 1566
+    _globals["_TXSTATE"]._serialized_end = 1730
     _globals["_TXMETA"]._serialized_start = 70
     _globals["_TXMETA"]._serialized_end = 121
     _globals["_MERGEBASE"]._serialized_start = 123
@@ -47,18 +47,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_CONFIGURATION"]._serialized_end = 533
     _globals["_NODEWEIGHT"]._serialized_start = 535
     _globals["_NODEWEIGHT"]._serialized_end = 593
-    _globals["_MEMBERSHIPCHANGE"]._serialized_start = 595
-    _globals["_MEMBERSHIPCHANGE"]._serialized_end = 676
-    _globals["_VIEWVOTE"]._serialized_start = 679
-    _globals["_VIEWVOTE"]._serialized_end = 813
-    _globals["_SQLVALUE"]._serialized_start = 816
-    _globals["_SQLVALUE"]._serialized_end = 944
-    _globals["_STATEMENT"]._serialized_start = 946
-    _globals["_STATEMENT"]._serialized_end = 1007
-    _globals["_TXBODY"]._serialized_start = 1010
-    _globals["_TXBODY"]._serialized_end = 1220
-    _globals["_OUTCOME"]._serialized_start = 1223
-    _globals["_OUTCOME"]._serialized_end = 1391
-    _globals["_TRANSITION"]._serialized_start = 1393
-    _globals["_TRANSITION"]._serialized_end = 1514
+    _globals["_MEMBERSHIPCHANGE"]._serialized_start = 596
+    _globals["_MEMBERSHIPCHANGE"]._serialized_end = 725
+    _globals["_VIEWVOTE"]._serialized_start = 728
+    _globals["_VIEWVOTE"]._serialized_end = 862
+    _globals["_SQLVALUE"]._serialized_start = 865
+    _globals["_SQLVALUE"]._serialized_end = 993
+    _globals["_STATEMENT"]._serialized_start = 995
+    _globals["_STATEMENT"]._serialized_end = 1056
+    _globals["_TXBODY"]._serialized_start = 1059
+    _globals["_TXBODY"]._serialized_end = 1269
+    _globals["_OUTCOME"]._serialized_start = 1272
+    _globals["_OUTCOME"]._serialized_end = 1440
+    _globals["_TRANSITION"]._serialized_start = 1442
+    _globals["_TRANSITION"]._serialized_end = 1563
 # @@protoc_insertion_point(module_scope)

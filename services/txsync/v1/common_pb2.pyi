@@ -309,12 +309,20 @@ class MembershipChange(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
     WITNESS_FIELD_NUMBER: _builtins.int
+    AFTER_POSITION_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     weight: _builtins.int
     url: _builtins.str
     """host:port of the node's PeerService (needed to add it)."""
     witness: _builtins.bool
     """A witness votes and relays but applies nothing."""
+    after_position: _builtins.int
+    """Set by the store that takes the change: the position of the membership entry its
+    installed configuration reflected (0: none). The change applies only if no other
+    membership entry is ordered between that one and it; otherwise it is void and
+    changes nothing (two DCs took changes at once: the one ordered first wins). Unset
+    in a change of an earlier release, which applies regardless.
+    """
     def __init__(
         self,
         *,
@@ -322,14 +330,36 @@ class MembershipChange(_message.Message):
         weight: _builtins.int = ...,
         url: _builtins.str = ...,
         witness: _builtins.bool = ...,
+        after_position: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "_after_position", b"_after_position", "after_position", b"after_position"
+    ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "node_id", b"node_id", "url", b"url", "weight", b"weight", "witness", b"witness"
+        "_after_position",
+        b"_after_position",
+        "after_position",
+        b"after_position",
+        "node_id",
+        b"node_id",
+        "url",
+        b"url",
+        "weight",
+        b"weight",
+        "witness",
+        b"witness",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__after_position: _TypeAlias = _typing.Literal[
+        "after_position"
+    ]  # noqa: Y015
+    _WhichOneofArgType__after_position: _TypeAlias = _typing.Literal[
+        "_after_position", b"_after_position"
+    ]  # noqa: Y015
+    def WhichOneof(
+        self, oneof_group: _WhichOneofArgType__after_position
+    ) -> _WhichOneofReturnType__after_position | None: ...
 
 Global___MembershipChange: _TypeAlias = MembershipChange  # noqa: Y015
 
