@@ -1123,7 +1123,12 @@ class ProtocolNode:
                     )
                     return
             fresh = proposal.seal[ours - start :]
-            if fresh:
+            # A node the view's configuration leaves out takes nothing more of the order:
+            # its peers keep nothing for it, and bodies it lacks may be gone everywhere
+            # (the simulator, seed 1662 of `membership`: dc2, removed at 12, appended a
+            # seal up to 16 whose bodies every member had truncated).
+            removed = all(node != self._id for node, _ in proposal.configuration.weights)
+            if fresh and not removed:
                 holders = [m for m in proposal.view.members if m != self._id]
                 if source is not None:
                     holders.insert(0, source)
