@@ -38,7 +38,7 @@ class TruncatesBeforeAJoinState(StoreState):
     truncate the start of the history between the admin API's check and the
     configuration that adds the node, which then has no DC to replay it from."""
 
-    def pending_local_membership(self) -> str:
+    def pending_membership(self) -> str:
         return ""
 
 

@@ -1766,10 +1766,75 @@ def test_a_membership_entry_holds_truncation_back_until_it_is_applied(tmp_path: 
         view.configuration.applied_position = 3
         await store.persist_step(ProtocolStep(service="sc", installed_view=view))
         assert store.truncation_hold() == TruncationHold(4, "")
-        assert not store.state.local_membership
+        assert not store.state.membership_entries
 
     _run(tmp_path, scenario, witness=True)
     _run(tmp_path, applied, witness=True)
+
+
+def test_a_membership_change_waits_for_the_one_before_it_everywhere(tmp_path: Path) -> None:
+    """A peer's membership entry synced here holds truncation and refuses a new change
+    until the configuration applies it (the simulator, seed 1002 of `membership`: every
+    DC truncated between applying an add and installing it). A change is taken against
+    the installed configuration (``after_position``), and a node is removed only once
+    the others have come as far as that configuration (seed 1510: the DC that took an
+    add was removed before the new node had synced anything)."""
+    added = common_pb2.MembershipChange(node_id="dc4", weight=1, url="127.0.0.1:7401")
+    peer_entry = str(uuid.uuid4())
+
+    async def scenario(store: TransactionStore) -> None:
+        meta = TxMeta(1, peer_entry, "dc2")
+        encoded = common_pb2.TxBody(membership=added).SerializeToString()
+        await store.persist_step(
+            ProtocolStep(
+                counter=1, incoming=[meta], synced_start=store.state.merge_base, synced=[meta],
+                changes=[StateChangeRequest(peer_entry, TxState.ACCEPTED)],
+                bodies=[(peer_entry, encoded, body_digest(encoded), "")],
+            )
+        )  # fmt: skip
+        store.report_progress({"dc2": 1, "dc3": 1}, None, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(
+            0, f"membership change {peer_entry}, not applied yet at 0 (1 behind)"
+        )
+        removal = common_pb2.MembershipChange(node_id="dc3")
+        with pytest.raises(Refusal, match=f"{peer_entry} is not applied yet"):
+            await store.change_membership(removal)
+
+        view = _proposal(2, ["dc1", "dc2", "dc3"], [])
+        view.configuration.weights.add(node_id="dc4", weight=1)
+        view.configuration.applied_position = 1
+        await store.persist_step(ProtocolStep(installed_view=view))
+        store.report_progress({"dc2": 1, "dc3": 1, "dc4": 0}, None, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(0, "peer dc4 at 0 (1 behind)")
+        with pytest.raises(Refusal, match="dc4 has synced 0 positions, short of 1") as early:
+            await store.change_membership(removal)
+        assert early.value.kind is Refused.PRECONDITION
+        weight = common_pb2.MembershipChange(node_id="dc2", weight=2)
+        await _applied(store, await store.change_membership(weight), 2, view)
+
+        store.report_progress({"dc2": 2, "dc3": 2, "dc4": 2}, None, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(3, "")
+        taken = await store.change_membership(removal)
+        [(_, body, _)], _ = await store.read_bodies([taken.tx_id])
+        assert common_pb2.TxBody.FromString(body).membership.after_position == 2
+
+    async def _applied(
+        store: TransactionStore, taken: Submitted, position: int, view: common_pb2.ViewProposal
+    ) -> None:
+        [(_, body, _)], _ = await store.read_bodies([taken.tx_id])
+        assert common_pb2.TxBody.FromString(body).membership.after_position == position - 1
+        meta = TxMeta(position, taken.tx_id, "dc1")
+        await store.persist_step(
+            ProtocolStep(
+                counter=position, incoming=[meta], synced_start=store.state.merge_base,
+                synced=[meta], changes=[StateChangeRequest(taken.tx_id, TxState.ACCEPTED)],
+            )
+        )  # fmt: skip
+        view.view.view_no += 1
+        view.configuration.applied_position = position
+        await store.persist_step(ProtocolStep(installed_view=view))
+
+    _run(tmp_path, scenario, witness=True)
 
 
 def test_bodies_held_stop_at_the_first_synced_body_missing_here(tmp_path: Path) -> None:

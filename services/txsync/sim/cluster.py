@@ -17,6 +17,7 @@ write's answer and the sends it releases.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 import uuid
@@ -74,8 +75,12 @@ from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.peer_queue import PeerQueue
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
 from txsync.transaction_store.state import Moved, StoreState
-from txsync.transaction_store.step_rules import check_can_join, read_synced
-from txsync.v1 import txlog_pb2
+from txsync.transaction_store.step_rules import (
+    check_can_join,
+    check_membership_change,
+    read_synced,
+)
+from txsync.v1 import common_pb2, txlog_pb2
 from txsync.worker_dispatch.health import judge
 from txsync.worker_dispatch.pipeline import PipelineMachine
 
@@ -122,6 +127,11 @@ a body a catch-up wanted beyond the table (`tests/protocol/scripts/fetch_table.t
 PROGRESS_REPORT_MS = 100
 """The coordinator's and dispatch's ``PROGRESS_REPORT_S`` divided by ten, as the
 simulator divides the services' other times."""
+
+MEMBERSHIP_ASK_AGAIN_MS = 300
+MEMBERSHIP_ASKS_MAX = 20
+"""An operator whose membership change is refused asks again this much later, this many
+times at most (a change refused while another is applied, or a node catches up)."""
 
 SIM_FLUSH_METAS = 24
 SIM_FLUSH_CHANGES = 48
@@ -321,6 +331,10 @@ class SimStats:
     """Truncations in place the stores staged."""
     joins_refused: int = 0
     """Nodes the admin API refused to add, the history being truncated."""
+    left_with_removed: int = 0
+    """Acknowledged transactions of a node since removed that were never synced."""
+    membership_refused: int = 0
+    """Other membership changes the admin API refused (``check_membership_change``)."""
     end_ms: int = 0
 
 
@@ -370,7 +384,8 @@ class Simulation:
         self._heap: list[tuple[int, int, _SimEvent]] = []
         self._seq = 0
         self._nodes = {
-            node: _SimNode(node, SimStore(node, state_factory), None) for node in self._ids
+            node: _SimNode(node, SimStore(node, state_factory, self._membership), None)
+            for node in self._ids
         }
         for node in spare:  # it knows the configuration it is not part of yet
             initial = ViewProposal.initial(dict.fromkeys(self._initial, 1))
@@ -450,6 +465,9 @@ class Simulation:
                 self.stats.end_ms = at
                 self.stats.synced = self.checker.reference_len
                 self.stats.acked = len(self.checker.acked)
+                self.stats.left_with_removed = self.checker.acked_left_with_removed(
+                    self._configured()
+                )
                 if self._links is not None:  # what went on streams counts as sent
                     self.stats.messages += self._links.messages
                     self.stats.dropped += self._links.lost
@@ -663,9 +681,28 @@ class Simulation:
             change = ConfigChange(rng.choice(configured), 0)
         else:
             change = ConfigChange(rng.choice(configured), rng.choice((1, 2)))
+        after = self._membership_taken(at, change, adds=change.node in spare)
+        if after is None:
+            # As an operator does: ask again a little later (the change, drawn anew).
+            if attempt < MEMBERSHIP_ASKS_MAX:
+                self._at(self._now + MEMBERSHIP_ASK_AGAIN_MS, _ChangeMembership(attempt + 1))
+            return
         tx_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
-        self._membership[tx_id] = change
+        self._membership[tx_id] = dataclasses.replace(change, after_position=after)
         self._local_tx(at, tx_id)
+
+    def _membership_taken(self, at: NodeId, change: ConfigChange, *, adds: bool) -> int | None:
+        """The admin API's checks at ``at`` (``check_membership_change``): the position
+        the change is taken against, or None if refused."""
+        store = self._nodes[at].store
+        asked = common_pb2.MembershipChange(node_id=change.node, weight=change.weight)
+        try:
+            return check_membership_change(
+                store.state, asked, store.progress.peer_synced_len, adds=adds
+            )
+        except Refusal:
+            self.stats.membership_refused += 1
+            return None
 
     def _can_join(self, at: NodeId, node: NodeId) -> bool:
         """The admin API refuses to add a node once the DC it is asked at truncated its

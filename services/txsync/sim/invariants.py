@@ -184,6 +184,14 @@ class InvariantChecker:
         if lost is not None:
             raise InvariantViolation(3, f"origin {node} dropped acknowledged tx {lost} unsynced")
 
+    def acked_left_with_removed(self, configured: Collection[NodeId]) -> int:
+        """Transactions acknowledged at a node since removed and never synced: they left
+        with it (``check_converged``)."""
+        synced = set(self._reference)
+        return sum(
+            1 for tx, origin in self.acked.items() if origin not in configured and tx not in synced
+        )
+
     def check_converged(self, nodes: Iterable[NodeId], origins: Collection[NodeId]) -> None:
         """After healing: every tx acknowledged at one of ``origins`` (the configured
         nodes: a removed node's unsynced transactions leave with it) is synced at every

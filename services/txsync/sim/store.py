@@ -30,7 +30,7 @@ drops; the txlog tests cover the files).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from txsync.protocol import DurableState, NodeId, TxId, TxState
@@ -97,9 +97,17 @@ class SimStore:
     """One DC's store: ``state`` is what it plans against (everything staged),
     ``durable`` what its disk holds."""
 
-    def __init__(self, node_id: NodeId, state_factory: StateFactory = StoreState) -> None:
+    def __init__(
+        self,
+        node_id: NodeId,
+        state_factory: StateFactory = StoreState,
+        membership: Container[TxId] = (),
+    ) -> None:
         self.node_id = node_id
         self._state_factory = state_factory
+        self._membership = membership
+        """The membership entries' ids: a body stored says whether it is one, as the
+        coordinator's write says it of a peer's body (the simulated bodies are empty)."""
         self.state = state_factory(node_id)
         self.durable = state_factory(node_id)
         self.disk = bytearray()
@@ -116,7 +124,7 @@ class SimStore:
         try:
             step = step_from_proto(persist_request(write.merged))
             bodies = [
-                StoredBody(tx_id, encoded, digest, traceparent, False)
+                StoredBody(tx_id, encoded, digest, traceparent, tx_id in self._membership)
                 for tx_id, encoded, digest, traceparent in step.bodies
             ]
             entries = plan_bodies(self.state, bodies, now_ms).entries

@@ -14,7 +14,11 @@ from txsync.protocol import TxState
 from txsync.refusals import Refusal, Refused
 from txsync.telemetry import work
 from txsync.transaction_store.state import TxRecord
-from txsync.transaction_store.step_rules import check_can_join, stamp_floor, stamps_at_clock
+from txsync.transaction_store.step_rules import (
+    check_membership_change,
+    stamp_floor,
+    stamps_at_clock,
+)
 from txsync.transaction_store.store_core import Staged, StoreCore, Waiter, now_ms
 from txsync.transaction_store.txlog.bodies import body_digest
 from txsync.transaction_store.validation import check_body, check_membership, check_tx_id, invalid
@@ -345,23 +349,20 @@ class ClientCalls(StoreCore):
     async def change_membership(
         self, change: common_pb2.MembershipChange, *, adds: bool = False
     ) -> Submitted:
-        """Submit a membership entry (admin API). One at a time: refused while an entry
-        submitted here is not yet in the installed configuration. ``adds``: it adds the
-        node, which is refused once this DC truncated its history
-        (``step_rules.check_can_join``)."""
+        """Submit a membership entry (admin API), taken against the installed
+        configuration (``step_rules.check_membership_change``: one at a time, a node
+        added only while this DC holds the whole history, a node removed only once the
+        others have caught up). ``adds``: it adds the node."""
         check_membership(change)  # bad input first, whatever is pending
         # No truncation between the check and the entry: once taken, the entry itself
         # holds truncation back until it is applied (``retention.truncation_hold``).
         async with self._one_rotation:
-            if adds:
-                check_can_join(self.state, change.node_id)
-            if pending := self.state.pending_local_membership():
-                raise Refusal(
-                    Refused.PRECONDITION,
-                    f"membership change {pending} is not applied yet: one change at a "
-                    "time (retry once the view that applies it is installed)",
-                )
-            body = common_pb2.TxBody(membership=change)
+            peers = self.progress.peer_synced_len
+            after = check_membership_change(self.state, change, peers, adds=adds)
+            taken = common_pb2.MembershipChange()
+            taken.CopyFrom(change)
+            taken.after_position = after
+            body = common_pb2.TxBody(membership=taken)
             (result,) = await self.submit_many([(body, "", "")], admin=True)
         if isinstance(result, Refusal):
             raise result

@@ -63,12 +63,14 @@ def truncation_hold(
     of ``now_ms``. A witness has no workers: only the peers count there."""
     end = state.synced_len
     passed: list[tuple[int, str]] = []
-    if pending := state.pending_local_membership():
+    if pending := state.pending_membership():
         # A node it adds replays the order from position 1, fetched from its peers'
         # txlogs (``check_can_join``). Until the configuration has it, the peers'
-        # reports leave it out: this DC keeps the whole history meanwhile, so that one
-        # DC at least can serve the new one (the simulator: a node added while every
-        # DC truncated waited for ever, seed 3 of `membership`).
+        # reports leave it out: this DC keeps what it holds of the history meanwhile,
+        # so that one DC at least (the one that took it) can serve the new one. (The
+        # simulator: a node added while every DC truncated waited for ever, seed 3 of
+        # `membership`; and every DC truncated between syncing an add and installing
+        # it, seed 1002.)
         passed.append((0, f"membership change {pending}, not applied yet"))
     if not progress.peers_reported and not progress.peer_synced_len:
         passed.append((0, "the sync-coordinator, which has not reported the peers yet"))

@@ -147,9 +147,9 @@ class StoreState:
         """The highest local_seq a submit was given."""
         self.coordinator_counter = 0
         """The highest counter the coordinator wrote (``counter`` counts stamps too)."""
-        self.local_membership: dict[str, None] = {}
-        """Membership entries submitted here, until one is seen applied
-        (``pending_local_membership``): one at a time (``change_membership``)."""
+        self.membership_entries: dict[str, None] = {}
+        """Membership entries submitted here or known here by their bodies, until one is
+        seen applied (``pending_membership``): one at a time (``change_membership``)."""
         self.epoch_local_admit = 0
         """The latest epoch's ``local_admit_txs_max`` (0: not known): the most own metas
         its core holds, which bounds the stamps the next epoch keeps."""
@@ -168,15 +168,17 @@ class StoreState:
 
     # --- reads ---------------------------------------------------------------------------
 
-    def pending_local_membership(self) -> str:
-        """A membership entry submitted here that the installed configuration has not
-        applied yet ("" if none). Those seen applied are let go."""
+    def pending_membership(self) -> str:
+        """A membership entry submitted here, or synced here, that the installed
+        configuration has not applied yet ("" if none). Those seen applied, or gone,
+        are let go; one of a peer not yet synced is no change (yet)."""
         applied = self.view.configuration.applied_position if self.view is not None else 0
-        for tx_id in list(self.local_membership):
+        for tx_id in list(self.membership_entries):
             record = self.txs.get(tx_id)
-            if record is not None and not 0 < record.position <= applied:
+            if record is None or 0 < record.position <= applied:
+                del self.membership_entries[tx_id]
+            elif record.local or record.position:
                 return tx_id
-            del self.local_membership[tx_id]
         return ""
 
     def bodies_held_len(self) -> int:
@@ -254,6 +256,8 @@ class StoreState:
             record = self._record(stored.tx_id)
             record.touch()
             record.membership = stored.membership
+            if stored.membership:
+                self.membership_entries[stored.tx_id] = None
             record.traceparent = record.traceparent or stored.traceparent
             if not record.body_held:
                 record.body_held = True
@@ -324,7 +328,7 @@ class StoreState:
         record.local = True
         record.membership = submitted.membership
         if submitted.membership:
-            self.local_membership[submitted.tx_id] = None
+            self.membership_entries[submitted.tx_id] = None
         record.idempotency_key = submitted.idempotency_key
         record.traceparent = submitted.traceparent
         if submitted.idempotency_key:
@@ -529,8 +533,8 @@ class StoreState:
             self._next_seq = max(self._next_seq, saved.seq + 1)
             record.local = saved.local
             record.membership = saved.membership
-            if saved.local and saved.membership:
-                self.local_membership[saved.tx_id] = None
+            if saved.membership:
+                self.membership_entries[saved.tx_id] = None
             record.meta = meta_from_proto(saved.meta) if saved.has_meta else None
             record.idempotency_key = saved.idempotency_key
             record.body_digest = saved.body_digest

@@ -269,6 +269,52 @@ def check_can_join(state: StoreState, node_id: str) -> None:
         )
 
 
+def check_membership_change(
+    state: StoreState,
+    change: common_pb2.MembershipChange,
+    peers_progress: Mapping[str, int],
+    *,
+    adds: bool,
+) -> int:
+    """Whether the admin API may take ``change`` here, and the ``after_position`` it is
+    taken against: the position of the membership entry the installed configuration
+    reflects. Another change ordered before it voids it (``Configuration.is_void_after``),
+    so "one change at a time" holds across the cluster, not only at this DC.
+
+    Refused: adding a node once this DC truncated its history (``check_can_join``); any
+    change while one known here is not applied yet; and removing a node while another
+    node of the configuration has not come as far as the position where the
+    configuration last changed (``peers_progress``, as the coordinator reports it): a
+    node added then replays history that the DCs truncated before they learned of it,
+    which the DC that took the add may alone hold (the simulator, seed 1510 of
+    ``membership``: dc5 took dc6's add, was removed before dc6 had synced anything,
+    and dc6 waited for ever)."""
+    if adds:
+        check_can_join(state, change.node_id)
+    if pending := state.pending_membership():
+        raise Refusal(
+            Refused.PRECONDITION,
+            f"membership change {pending} is not applied yet: one change at a time "
+            "(retry once the view that applies it is installed)",
+        )
+    configuration = state.view.configuration if state.view is not None else None
+    applied = configuration.applied_position if configuration is not None else 0
+    if change.weight == 0 and configuration is not None:
+        for weight in configuration.weights:
+            node = weight.node_id
+            come = peers_progress.get(node, 0)
+            if node in (state.node_id, change.node_id) or come >= applied:
+                continue
+            raise Refusal(
+                Refused.PRECONDITION,
+                f"{change.node_id} cannot be removed yet: {node} has synced {come} "
+                f"positions, short of {applied}, where the configuration last changed; a "
+                f"DC added since may need history that only {change.node_id} holds (wait "
+                f"until {node} has caught up, or remove {node} first)",
+            )
+    return applied
+
+
 def check_forgettable(state: StoreState, tx_id: str) -> None:
     check_tx_id(tx_id, "forgotten")
     record = state.txs.get(tx_id)
