@@ -5,6 +5,8 @@ rejoins after healing. Two DCs and a witness survive the loss of either DC.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,6 +274,70 @@ def test_membership_entries_add_a_node_then_remove_one(tmp_path: Path) -> None:
         dc3.store.terminate()
         submit_at(dc2, 5, acked, lock)
         cluster.wait_converged(set(acked), survivors)
+    finally:
+        cluster.stop()
+
+
+def _store_status(dc: Dc) -> admin_pb2.DcStatus:
+    """The DC's status as its store's admin API gives it (with the configuration)."""
+    with grpc.insecure_channel(dc.store.address) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        return stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=30).local
+
+
+def _weight_of(dc: Dc, node: str) -> int:
+    weights = {w.node_id: w.weight for w in _store_status(dc).configuration.weights}
+    return weights.get(node, 0)
+
+
+def _pause(dc: Dc, paused: bool) -> None:
+    with grpc.insecure_channel(dc.coordinator.address) as channel:
+        admin = admin_pb2_grpc.AdminServiceStub(channel)
+        if paused:
+            admin.PauseSync(admin_pb2.PauseSyncRequest(), timeout=30)
+        else:
+            admin.ResumeSync(admin_pb2.ResumeSyncRequest(), timeout=30)
+
+
+def test_of_two_membership_changes_taken_at_once_the_one_ordered_second_is_void(
+    tmp_path: Path,
+) -> None:
+    """Two DCs take a change against the same configuration: the one ordered first
+    applies and the other is void, at every DC, and `txsync member` says so. (Both
+    applied, a new DC waited for ever in the simulator, seed 1530: it was added at a DC
+    that a change taken at another DC, ordered first, removed.)"""
+    cluster = LocalCluster(tmp_path, 3, coordinator_args=VIEW_ARGS)
+    try:
+        dc1, dc2, dc3 = cluster.dcs
+        # Paused, dc2 learns nothing of dc1's change: it takes its own against the
+        # configuration of view 0 as well, and holds it until it takes part again.
+        _pause(dc2, True)
+        member = subprocess.Popen(
+            [sys.executable, "-m", "txsync.cli.main", "member", "set-weight", "dc3",
+             "--weight", "3", "--endpoints", f"dc2={dc2.store.address}", "--timeout", "600"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert member.stdout is not None
+            assert "membership change ordered as" in member.stdout.readline()
+            weight = peer_pb2.Member(node_id="dc3", weight=2)
+            _change_membership(dc1, admin_pb2.ChangeMembershipRequest(set_weight=weight))
+            cluster.wait_for("dc1's change is applied", lambda: _weight_of(dc1, "dc3") == 2)
+            _pause(dc2, False)
+            _, errors = member.communicate(timeout=600)
+        finally:
+            member.kill()
+        assert member.returncode == 1, errors
+        assert "was void: another membership change was ordered before it" in errors
+        cluster.wait_for(
+            "every DC applied both entries, the second one void",
+            lambda: all(
+                _store_status(dc).configuration.applied_position
+                == _store_status(dc2).configuration.applied_position
+                and _weight_of(dc, "dc3") == 2
+                for dc in (dc1, dc2, dc3)
+            ),
+        )
     finally:
         cluster.stop()
 

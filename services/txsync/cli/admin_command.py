@@ -3,7 +3,9 @@
 
 A membership change is ordered like a transaction and applied by the next view change;
 ``member`` waits (showing each view installed) until the view has, or no longer has, the
-node, or until ``--timeout``.
+node, or until ``--timeout``. A change ordered after another one it was not taken
+against is void (one change at a time across the cluster): ``member`` says so once the
+DC's configuration has passed the change's position without it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from txsync.cli.connect import (
     print_table,
     target,
 )
-from txsync.v1 import admin_pb2, admin_pb2_grpc, peer_pb2
+from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc, peer_pb2
 
 EPILOG = """\
 examples:
@@ -37,7 +39,8 @@ examples:
   txsync sync resume --dc dc3
   txsync log truncate --dc dc1    # as far as every peer and worker allows
 
-exit status: 0 done, 1 refused or unreachable, 2 bad arguments, 3 timed out waiting.
+exit status: 0 done, 1 refused, void or unreachable, 2 bad arguments, 3 timed out
+waiting.
 """
 
 
@@ -75,6 +78,7 @@ def run_member(options: argparse.Namespace) -> int:
               f"{'has' if wanted_in_view else 'drops'} {options.node} ...", flush=True)  # fmt: skip
         deadline = time.monotonic() + options.timeout
         last_view = -1
+        position = 0
         while time.monotonic() < deadline:
             try:
                 local = stub.GetStatus(
@@ -84,6 +88,14 @@ def run_member(options: argparse.Namespace) -> int:
                 print(f"  ({describe(error)}; retrying)", flush=True)
                 time.sleep(1)
                 continue
+            position = position or _ordered_at(open_channel, changed.tx_id, options)
+            applied = local.configuration.applied_position
+            if position and applied >= position and not _configured_as_asked(local, options):
+                print(f"error: the change at position {position} was void: another "
+                      "membership change was ordered before it, taken against the same "
+                      f"configuration (this DC's configuration is at position {applied}); "
+                      "see `txsync status` and ask again", file=sys.stderr)  # fmt: skip
+                return 1
             members = list(local.view.members)
             if local.view.view_no != last_view:
                 last_view = local.view.view_no
@@ -96,6 +108,28 @@ def run_member(options: argparse.Namespace) -> int:
     print(f"timed out after {options.timeout:.0f} s; the change stays ordered and the next "
           "view change applies it", file=sys.stderr)  # fmt: skip
     return 3
+
+
+def _ordered_at(channel: grpc.Channel, tx_id: str, options: argparse.Namespace) -> int:
+    """The change's position in the agreed order at this DC (0 until it has one)."""
+    stub = client_pb2_grpc.ClientServiceStub(channel)
+    request = client_pb2.GetRequest(tx_id=tx_id)
+    try:
+        return stub.Get(request, timeout=TIMEOUT_S, metadata=metadata(options)).position
+    except grpc.RpcError:
+        return 0  # a call that failed: asked again at the next look
+
+
+def _configured_as_asked(local: admin_pb2.DcStatus, options: argparse.Namespace) -> bool:
+    """The DC's configuration shows the change as it was asked."""
+    weights = {weight.node_id: weight.weight for weight in local.configuration.weights}
+    node: str = options.node
+    if options.member_command == "add":
+        return node in weights
+    if options.member_command == "remove":
+        return node not in weights
+    asked: int = options.weight
+    return weights.get(node) == asked
 
 
 def _weight_applied(local: admin_pb2.DcStatus, options: argparse.Namespace) -> bool:

@@ -65,6 +65,8 @@ class AdminServicer:
             healthy=store.broken is None,
             retention=_retention(store),
         )
+        if state.view is not None:
+            local.configuration.CopyFrom(state.view.configuration)
         credentials = forwarded_credentials(context)
         with self.onward.held(caller_of(context)):
             local = await self._dc.dc_status(local, credentials)

@@ -167,6 +167,7 @@ class DcStatus(_message.Message):
     HEALTHY_FIELD_NUMBER: _builtins.int
     RETENTION_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    CONFIGURATION_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     mode: Global___SyncMode.ValueType
     quorum: Global___QuorumState.ValueType
@@ -199,6 +200,13 @@ class DcStatus(_message.Message):
         larger than planned). Shown, but the DC stays healthy: it still applies.
         """
 
+    @_builtins.property
+    def configuration(self) -> _common_pb2.Configuration:
+        """The configuration of the view this DC installed: the configured nodes and the
+        position of the last membership entry it reflects. A change at a position it has
+        reached and does not show was void (another change was ordered first).
+        """
+
     def __init__(
         self,
         *,
@@ -217,14 +225,24 @@ class DcStatus(_message.Message):
         healthy: _builtins.bool = ...,
         retention: Global___Retention | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        configuration: _common_pb2.Configuration | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
-        "merge_base", b"merge_base", "retention", b"retention", "view", b"view"
+        "configuration",
+        b"configuration",
+        "merge_base",
+        b"merge_base",
+        "retention",
+        b"retention",
+        "view",
+        b"view",
     ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "alarms",
         b"alarms",
+        "configuration",
+        b"configuration",
         "counter",
         b"counter",
         "healthy",
