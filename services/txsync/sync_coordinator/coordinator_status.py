@@ -1,0 +1,129 @@
+"""What the coordinator tells of itself and its peers: the admin API's snapshot, the
+lag behind the most advanced peer, and the peers' progress reported to the store, which
+truncates what every peer passed. Part of ``Coordinator`` (``coordinator.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from txsync.protocol import MergeBase, Mode, QuorumState
+from txsync.settings import PROGRESS_REPORT_S
+from txsync.sync_coordinator.coordinator_core import PERSIST_TIMEOUT_S, CoordinatorCore, log
+from txsync.v1 import store_pb2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerSnapshot:
+    node_id: str
+    address: str
+    weight: int
+    heard_ms: int
+    """When the core last heard from it (the core's clock)."""
+    last_post: tuple[int, MergeBase] | None
+    """Counter and merge base of its latest accepted post."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoordinatorSnapshot:
+    """This DC's part in the protocol at one moment, for the admin API: a copy, so that
+    readers never hold the core or the coordinator's mutable state."""
+
+    node_id: str
+    view_no: int
+    members: tuple[str, ...]
+    mode: Mode
+    quorum: QuorumState
+    merge_base: MergeBase
+    counter: int
+    incoming_len: int
+    lag: int
+    now_ms: int
+    paused: bool
+    peers: tuple[PeerSnapshot, ...]
+    divergence_alarms: tuple[str, ...]
+    divergence_alarm_count: int
+
+
+class CoordinatorStatus(CoordinatorCore):
+    def snapshot(self) -> CoordinatorSnapshot | None:
+        """What the admin API shows, copied at one moment (None while loading)."""
+        node = self.node
+        if node is None:
+            return None
+        heard = node.last_heard_ms()
+        peers = tuple(
+            PeerSnapshot(
+                node_id=peer,
+                address=self.config.peers.get(peer, ""),
+                weight=self.weights.get(peer, 0),
+                heard_ms=heard[peer],
+                last_post=self.peer_posts.get(peer),
+            )
+            for peer in sorted(heard)
+            if peer != node.node_id
+        )
+        return CoordinatorSnapshot(
+            node_id=node.node_id,
+            view_no=node.view_no,
+            members=node.members,
+            mode=node.mode,
+            quorum=node.quorum_state(),
+            merge_base=node.merge_base,
+            counter=node.counter,
+            incoming_len=node.incoming_len,
+            lag=self.lag(),
+            now_ms=node.now_ms,
+            paused=self.paused,
+            peers=peers,
+            divergence_alarms=tuple(self.outcomes.alarms),
+            divergence_alarm_count=self.outcomes.alarm_count,
+        )
+
+    def peers_progress(self) -> dict[str, int]:
+        """Every peer of the configuration with how far its latest post says it has come:
+        its synced length, or less where it still lacks bodies, which it fetches from the
+        others (a peer of an earlier release says 0). 0 for one not heard from since this
+        coordinator started, which may need any of the history: each holds truncation
+        back until it has all of it."""
+        assert self.node is not None
+        me = self.node.node_id
+        return {
+            peer: min(post[1].synced_len, self.peer_bodies_held.get(peer, 0))
+            if (post := self.peer_posts.get(peer))
+            else 0
+            for peer in self.node.configuration
+            if peer != me
+        }
+
+    async def _report_progress(self) -> None:
+        """Tell the store how far every peer DC has come, so that it truncates the
+        history all of them (and this DC's workers) passed. A failed report is tried
+        again at the next one: until then the store truncates less, never more."""
+        while True:
+            request = store_pb2.ReportProgressRequest(
+                peer_synced_len=self.peers_progress(), peers_reported=True
+            )
+            try:
+                answer = await self.store.ReportProgress(request, timeout=PERSIST_TIMEOUT_S)
+                self.bodies_held_len = answer.bodies_held_len
+            except grpc.aio.AioRpcError as error:
+                log.info("progress report to the store failed: %s", error.code().name)
+            await asyncio.sleep(PROGRESS_REPORT_S)
+
+    def lag(self) -> int:
+        """Synced entries behind the most advanced peer whose post we have (0 if none
+        is ahead)."""
+        assert self.node is not None
+        ours = self.node.merge_base.synced_len
+        return max([0, *(base.synced_len - ours for _, base in self.peer_posts.values())])
+
+    def lag_seconds(self) -> float:
+        """How long ago a peer first had a synced position this DC still lacks."""
+        assert self.node is not None
+        ours = self.node.merge_base.synced_len
+        self.lag_clock.forget_up_to(ours)
+        return self.lag_clock.seconds_behind(ours, time.monotonic())
