@@ -1823,13 +1823,7 @@ def test_a_membership_change_waits_for_the_one_before_it_everywhere(tmp_path: Pa
     ) -> None:
         [(_, body, _)], _ = await store.read_bodies([taken.tx_id])
         assert common_pb2.TxBody.FromString(body).membership.after_position == position - 1
-        meta = TxMeta(position, taken.tx_id, "dc1")
-        await store.persist_step(
-            ProtocolStep(
-                counter=position, incoming=[meta], synced_start=store.state.merge_base,
-                synced=[meta], changes=[StateChangeRequest(taken.tx_id, TxState.ACCEPTED)],
-            )
-        )  # fmt: skip
+        await _sync_local(store, taken.tx_id, position)
         view.view.view_no += 1
         view.configuration.applied_position = position
         await store.persist_step(ProtocolStep(installed_view=view))

@@ -1127,7 +1127,7 @@ class ProtocolNode:
             # its peers keep nothing for it, and bodies it lacks may be gone everywhere
             # (the simulator, seed 1662 of `membership`: dc2, removed at 12, appended a
             # seal up to 16 whose bodies every member had truncated).
-            removed = all(node != self._id for node, _ in proposal.configuration.weights)
+            removed = self._id not in proposal.configuration.as_dict()
             if fresh and not removed:
                 holders = [m for m in proposal.view.members if m != self._id]
                 if source is not None:
