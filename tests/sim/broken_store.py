@@ -6,7 +6,14 @@ in place of the real one, as a store with that bug would run.
 from __future__ import annotations
 
 from txsync.protocol import TxState
-from txsync.transaction_store.state import FINAL_STATES, IMPLIED_BY, Moved, Step, StoreState
+from txsync.transaction_store.state import (
+    FINAL_STATES,
+    IMPLIED_BY,
+    Moved,
+    Step,
+    StoreState,
+    TxRecord,
+)
 from txsync.v1 import txlog_pb2
 
 
@@ -56,3 +63,16 @@ class EnqueuesUnsyncedState(StoreState):
                     record, Step(TxState.ENQUEUED, entry.at_unix_ms, IMPLIED_BY), moved
                 )
         return moved
+
+
+class SnapshotForgetsUnstampedSubmitsState(StoreState):
+    """A rotation's snapshot leaves out that a submit is local: a submit written and
+    acknowledged, but not yet stamped by the protocol, is no longer handed to the
+    coordinator once the store restarts from that file (its client was told it was
+    taken). The simulated store replays every rotated file and compares."""
+
+    def _snapshot_tx(self, record: TxRecord) -> txlog_pb2.SnapshotTx:
+        saved = super()._snapshot_tx(record)
+        if record.meta is None:
+            saved.local = False
+        return saved

@@ -35,6 +35,7 @@ from tests.sim.broken_store import (
     EnqueuesUnsyncedState,
     KeepsEveryStampAtEpochState,
     KeepsVoidStampsState,
+    SnapshotForgetsUnstampedSubmitsState,
     TruncatesBeforeAJoinState,
 )
 from txsync.protocol import ProtocolNode
@@ -273,6 +274,17 @@ def test_a_store_that_truncates_before_a_join_is_caught_within_200_seeds() -> No
     broken = functools.partial(Simulation, state_factory=TruncatesBeforeAJoinState)
     violation = _first_failure_of(broken, "membership", nodes=3)
     assert violation.invariant in (4, 5) and "dc4" in str(violation), violation
+
+
+def test_a_store_whose_snapshot_forgets_unstamped_submits_is_caught_within_200_seeds() -> None:
+    """Stores rotate their disks in the simulation: a snapshot that loses what a
+    submit not yet stamped is (local) would lose that acknowledged submit at the next
+    restart; the rotated file's replay differs from the durable state at the commit."""
+    violation = _first_caught(
+        functools.partial(Simulation, state_factory=SnapshotForgetsUnstampedSubmitsState),
+        "none",
+    )
+    assert violation.invariant == 0 and "rotated file" in str(violation), violation
 
 
 def test_a_feed_that_waits_for_no_room_is_caught_within_200_seeds() -> None:

@@ -137,6 +137,8 @@ SIM_FLUSH_METAS = 24
 SIM_FLUSH_CHANGES = 48
 """Far below the coordinator's, so that gatherings are sealed on size and the shell stops
 taking events until a write slot frees, as under heavy load."""
+ROTATION_MS = (5, 150)
+"""How long a store's rotation takes from its snapshot to its commit."""
 DISK_MS = ((0, 6), (2, 40))
 """How long the store takes to answer one write: a fast disk or a slow one (drawn per
 seed), then per write; answers stay in order. On the slow one, crashes find more writes
@@ -276,6 +278,15 @@ class _ProgressReport:
 
 
 @dataclass(frozen=True, slots=True)
+class _RotationCommit:
+    """The store's new file is written and synced: it replaces the current one."""
+
+    node: NodeId
+    epoch: int
+    """The incarnation that started the rotation: a crash discarded it."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Crash:
     node: NodeId
     torn: bool
@@ -307,6 +318,7 @@ _SimEvent = (
     | _StoreAnswer
     | _HandOver
     | _ProgressReport
+    | _RotationCommit
     | _Crash
     | _Restart
     | _Partition
@@ -329,6 +341,12 @@ class SimStats:
     views: int = 0
     truncations: int = 0
     """Truncations in place the stores staged."""
+    rotations: int = 0
+    """Rotations the stores committed."""
+    rotated_away: int = 0
+    """Transactions those rotations truncated."""
+    rotations_abandoned: int = 0
+    """Rotations a crash met between their snapshot and their commit."""
     joins_refused: int = 0
     """Nodes the admin API refused to add, the history being truncated."""
     left_with_removed: int = 0
@@ -372,6 +390,9 @@ class Simulation:
         self._truncates = config.seed // 2 % 2 == 1
         """Stores truncate in place on half the seeds: a DC that truncated cannot take a
         new node, so the membership mixes add the spare on the other half."""
+        self._rotates = config.seed // 4 % 2 == 1
+        """Stores rotate their disks on half the seeds (truncating too on those that
+        truncate); the others' schedules stay as they were found."""
         self._initial = tuple(f"dc{index + 1}" for index in range(config.nodes))
         spare = (f"dc{config.nodes + 1}",) if config.faults.membership else ()
         self._ids = self._initial + spare
@@ -576,6 +597,13 @@ class Simulation:
                 sim_node = self._nodes[node]
                 if epoch == sim_node.store.durable.epoch and sim_node.core is not None:
                     self._answer(node)  # else _crash settled it
+            case _RotationCommit(node, epoch):
+                store = self._nodes[node].store
+                if epoch == store.durable.epoch and store.rotating:  # else a crash discarded it
+                    truncated, moved = store.commit_rotation()
+                    self._check_moved(node, moved)
+                    self.stats.rotated_away += truncated
+                    self.stats.rotations += 1
             case _HandOver(node, epoch, submit):
                 sim_node = self._nodes[node]
                 if epoch == sim_node.store.durable.epoch and sim_node.core is not None:
@@ -828,6 +856,7 @@ class Simulation:
         for _ in range(self._rng.randint(0, store.unwritten)):
             self._made_durable(node)
         torn_bytes = self._rng.randint(1, 64) if store.unwritten and self._rng.random() < 0.5 else 0
+        self.stats.rotations_abandoned += store.rotating
         store.crash(torn_bytes)
         # A submit the dead incarnation never acknowledged was never written, nor (the
         # shell's rule) told to anyone: its client times out and submits it again.
@@ -976,6 +1005,12 @@ class Simulation:
         if isinstance(write, Stamped):
             self.checker.on_acked(node, write.tx_id)  # the client's submit is answered
         self.workers.synced_changed(node, self._now)
+        if self._rotates and store.rotation_due():
+            store.start_rotation(self._now, truncate=self._truncates)
+            # A whole file written and synced, outside the store's lock: writes go on
+            # meanwhile (copied on at the commit), and a crash may meet it.
+            commit_at = self._now + self._rng.randint(*ROTATION_MS)
+            self._at(commit_at, _RotationCommit(node, store.durable.epoch))
         return write
 
     def _check_step(self, node: NodeId, merged: MergedPersist) -> None:

@@ -78,13 +78,16 @@ class MixSummary:
     dropped: int
     views: int
     """View changes installed (counted once per view number and seed)."""
+    rotations: int
+    """Rotations of the stores' disks committed."""
 
     def line(self, seconds: float) -> str:
         status = "OK" if not self.failures else f"{len(self.failures)} VIOLATION(S)"
         return (
             f"{self.mix.name:<52} {self.seeds:>6} seeds  {status:<14} "
             f"synced={self.synced} rounds={self.rounds} steps={self.steps} "
-            f"crashes={self.crashes} dropped={self.dropped} views={self.views}  {seconds:.1f}s"
+            f"crashes={self.crashes} dropped={self.dropped} views={self.views} "
+            f"rotations={self.rotations}  {seconds:.1f}s"
         )
 
 
@@ -117,7 +120,7 @@ def run_mix(
             run_seed(config, node_factory, shell_factory, machine_factory) for config in configs
         )
     failures: list[SeedOutcome] = []
-    steps = rounds = synced = crashes = dropped = views = count = 0
+    steps = rounds = synced = crashes = dropped = views = rotations = count = 0
     try:
         for outcome in outcomes:
             count += 1
@@ -127,6 +130,7 @@ def run_mix(
             crashes += outcome.stats.crashes
             dropped += outcome.stats.dropped
             views += outcome.stats.views
+            rotations += outcome.stats.rotations
             if on_outcome is not None:
                 on_outcome(outcome)
             if not outcome.ok:
@@ -136,4 +140,6 @@ def run_mix(
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    return MixSummary(mix, count, tuple(failures), steps, rounds, synced, crashes, dropped, views)
+    return MixSummary(
+        mix, count, tuple(failures), steps, rounds, synced, crashes, dropped, views, rotations
+    )

@@ -22,9 +22,19 @@ What runs here as it runs in ``TransactionStore``:
   any write, after which the history below it is gone from memory, the disk's replay
   and every reader (catch-up, the feeds, body fetches).
 
+- rotation (``Rotations._rotate_alone``): once the disk holds ``ROTATION_BYTES``
+  after its snapshot, at a moment nothing staged is unwritten (the store flushes its
+  writer under its lock first), the staged state's snapshot (``StoreState.snapshot``),
+  less the history the reports allow to go, is dropped from memory
+  (``drop_truncated``) and encoded as the store encodes its new file
+  (``txlog.files.rotation_frames``: split into parts, the kept bodies carried after
+  it); at the commit, later, what was appended meanwhile is copied on after it and the
+  new file replaces the disk, whose replay must give the durable state. A crash before
+  the commit leaves the old disk (the new file was a ``.tmp`` no one reads).
+
 What it leaves out: bodies' bytes (the simulated bodies are empty), idempotency keys,
-backpressure, and rotation (a new file's snapshot drops what truncation in place
-drops; the txlog tests cover the files).
+backpressure, body files (every kept body is carried), bak- files and the files' own
+I/O (the txlog tests cover them).
 """
 
 from __future__ import annotations
@@ -38,7 +48,13 @@ from txsync.refusals import Refusal
 from txsync.sim.invariants import InvariantViolation
 from txsync.sync_coordinator.shell import StepWrite
 from txsync.sync_coordinator.store_wire import durable_from_proto, persist_request
-from txsync.transaction_store.retention import Progress, truncation_hold
+from txsync.transaction_store.retention import (
+    Carried,
+    Progress,
+    TruncationHold,
+    carried_entries,
+    truncation_hold,
+)
 from txsync.transaction_store.state import Moved, StoreState
 from txsync.transaction_store.step_rules import (
     StateChangeRequest,
@@ -53,6 +69,7 @@ from txsync.transaction_store.step_rules import (
     stamps_at_clock,
 )
 from txsync.transaction_store.step_wire import protocol_state_to_proto, step_from_proto
+from txsync.transaction_store.txlog.files import SnapshotForm, rotation_frames
 from txsync.transaction_store.txlog.framing import encode_frame, scan
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -64,6 +81,14 @@ SUBMITS = "transaction-store"
 TRUNCATION_STEP = 3
 """Positions that must be truncatable before the store truncates in place (the store's
 ``TRUNCATION_STEP`` is 256): small, so that a schedule of 20 transactions truncates."""
+ROTATION_BYTES = 1_500
+"""Bytes appended after the disk's snapshot that start a rotation (the store's
+``--log-file-bytes-max`` is 16 MiB): a schedule of 20 transactions on five nodes
+appends about 7 KB to each disk, so each store rotates a few times."""
+SNAPSHOT_FRAME_BYTES = 512
+"""A snapshot larger than this is split into parts, and the carried bodies into
+batches of about this size (the store's ``SNAPSHOT_FRAME_BYTES`` is 16 MiB): the
+simulated snapshots of a few transactions are split too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +118,21 @@ class _Staged:
     write: Write | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Rotation:
+    """A rotation between its snapshot and its commit (``LogFiles.prepare_rotation``)."""
+
+    frames: bytes
+    """The new file as prepared: the snapshot's frames and the carried bodies'."""
+    covered: int
+    """The disk's length when the snapshot was taken: the commit copies on from there."""
+    snapshot: SnapshotForm
+    dropped: list[str]
+    testing: list[txlog_pb2.LogEntry]
+    """The TESTING held in memory then (``_testing_unwritten``), which the snapshot
+    records as the state's: on the disk once the new file is."""
+
+
 class SimStore:
     """One DC's store: ``state`` is what it plans against (everything staged),
     ``durable`` what its disk holds."""
@@ -115,6 +155,9 @@ class SimStore:
         self._testing_unwritten: dict[str, txlog_pb2.LogEntry] = {}
         self.progress = Progress()
         """As the coordinator and dispatch reported it; a restarted store starts over."""
+        self._rotation: _Rotation | None = None
+        self._snapshot_bytes = 0
+        """The disk's bytes up to the end of its snapshot (0: the disk has none)."""
 
     # --- writes, staged in order ---------------------------------------------------------
 
@@ -189,9 +232,24 @@ class SimStore:
         if workers_min is not None:
             progress.workers_min_position = workers_min
         state = self.state
-        hold = truncation_hold(
-            state,
-            progress,
+        hold = self._truncation_hold(now_ms)
+        if (
+            not truncate
+            or self._rotation is not None  # it truncates too: they take turns
+            or hold.below - 1 - state.synced_offset < TRUNCATION_STEP
+        ):
+            return False
+        dropped = state.truncation_cut(hold.below)
+        if not dropped:
+            return False
+        entry = txlog_pb2.LogEntry(at_unix_ms=now_ms, truncated=state.truncated_entry(dropped))
+        self._stage([entry], None)
+        return True
+
+    def _truncation_hold(self, now_ms: int) -> TruncationHold:
+        return truncation_hold(
+            self.state,
+            self.progress,
             witness=False,
             history_kept=0,
             history_kept_ms=0,
@@ -200,14 +258,64 @@ class SimStore:
             first_unfinished=first_unfinished(self.durable, 1, ()),
             now_ms=now_ms,
         )
-        if not truncate or hold.below - 1 - state.synced_offset < TRUNCATION_STEP:
-            return False
-        dropped = state.truncation_cut(hold.below)
-        if not dropped:
-            return False
-        entry = txlog_pb2.LogEntry(at_unix_ms=now_ms, truncated=state.truncated_entry(dropped))
-        self._stage([entry], None)
-        return True
+
+    # --- rotation --------------------------------------------------------------------------
+
+    @property
+    def rotating(self) -> bool:
+        """A rotation is between its snapshot and its commit."""
+        return self._rotation is not None
+
+    def rotation_due(self) -> bool:
+        """The disk grew ``ROTATION_BYTES`` past its snapshot, no rotation runs, and
+        nothing staged is unwritten (the store flushes its writer before its snapshot)."""
+        return (
+            self._rotation is None
+            and not self._unwritten
+            and len(self.disk) - self._snapshot_bytes > ROTATION_BYTES
+        )
+
+    def start_rotation(self, now_ms: int, *, truncate: bool) -> None:
+        """The snapshot of what the disk holds (everything staged is written), less the
+        history the reports allow to go (none without ``truncate``), dropped from
+        memory at once, and the new file prepared as the store prepares it."""
+        assert self.rotation_due(), "a rotation starts flushed, one at a time"
+        below = self._truncation_hold(now_ms).below if truncate else 0
+        state = self.state
+        snapshot, dropped = state.snapshot(below)
+        state.drop_truncated(snapshot, dropped)
+        carried = carried_entries(
+            [
+                Carried(tx_id, b"", record.body_digest, record.membership, record.traceparent)
+                for tx_id, record in state.txs.items()
+                if record.body_held
+            ],
+            now_ms,
+        )
+        frames = rotation_frames(snapshot, now_ms, list(carried.values()), SNAPSHOT_FRAME_BYTES)
+        testing = [e for t, e in self._testing_unwritten.items() if t in state.txs]
+        self._rotation = _Rotation(b"".join(frames), len(self.disk), snapshot, dropped, testing)
+
+    def commit_rotation(self) -> tuple[int, list[Moved]]:
+        """The new file, with what was appended since its snapshot copied on, replaces
+        the disk; its replay must give the durable state (``drop_truncated`` done on it
+        as on the staged state). The transactions it truncated, and the transitions the
+        disk holds now (the TESTING the snapshot recorded)."""
+        rotation = self._rotation
+        assert rotation is not None, "a rotation was started"
+        self._rotation = None
+        durable = self.durable
+        durable.drop_truncated(rotation.snapshot, rotation.dropped)
+        moved: list[Moved] = []
+        for entry in rotation.testing:  # a repeat where an outcome carried it since
+            moved += durable.apply(entry)
+        self.disk = bytearray(rotation.frames) + self.disk[rotation.covered :]
+        self._snapshot_bytes = len(rotation.frames)
+        if _fingerprint(self._recover()) != _fingerprint(durable):
+            raise InvariantViolation(
+                0, f"{self.node_id}: the state a rotated file replays is not the durable one"
+            )
+        return len(rotation.dropped), moved
 
     def history_from(self) -> int:
         """The first synced position the store holds (``ReportProgress``'s answer)."""
@@ -248,6 +356,7 @@ class SimStore:
             self.disk += frame[: min(torn_bytes, len(frame) - 1)]
         self._unwritten.clear()
         self._testing_unwritten.clear()
+        self._rotation = None  # its new file was a .tmp: no one reads it
         self.progress = Progress()
         recovered = self._recover()
         if _fingerprint(recovered) != _fingerprint(self.durable):
@@ -311,17 +420,31 @@ class SimStore:
 
 def _fingerprint(state: StoreState) -> tuple[object, ...]:
     records = sorted(
-        (tx_id, record.state, record.body_held, record.meta, record.local, record.position)
+        (
+            tx_id,
+            record.state,
+            record.body_held,
+            record.meta,
+            record.local,
+            record.position,
+            record.membership,
+            record.outcome.SerializeToString() if record.outcome is not None else b"",
+        )
         for tx_id, record in state.txs.items()
     )
     return (
+        state.truncated_last_tx_id,
+        bool(state.pending_membership()),  # which one it names follows the dict's order
+        state.incoming_state_txs,
+        state.open_body_bytes,
+        state.epoch_local_admit,
         state.counter,
         state.coordinator_counter,
         state.epoch,
         state.local_seq,
         state.synced_offset,
         tuple(state.synced),
-        tuple(state.incoming.items()),
+        tuple(sorted(state.incoming.items())),  # the core sorts them (IncomingQueue)
         tuple(state.pending_local),
         tuple(state.unsettled.items()),
         state.view,

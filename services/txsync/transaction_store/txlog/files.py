@@ -229,6 +229,31 @@ def snapshot_payloads(
         yield _one_entry_batch(at_unix_ms, _ENTRY_SNAPSHOT_MORE, pieces)
 
 
+def rotation_frames(
+    snapshot: SnapshotForm,
+    at_unix_ms: int,
+    carried: Sequence[bytes] = (),
+    frame_bytes: int = SNAPSHOT_FRAME_BYTES,
+) -> Iterator[bytes]:
+    """The frames that start a rotated log file, one at a time: ``snapshot``'s
+    (``snapshot_payloads``), then the ``carried`` body entries (encoded ``LogEntry``
+    messages) in batches of at most about ``frame_bytes``. The store writes them to its
+    new file; the simulator's store (``sim/store.py``) to its disk in memory."""
+    batches: list[list[bytes]] = []  # the carried entries, in frames
+    size = 0  # bytes in the last batch of bodies
+    for entry in carried:
+        entry_bytes = len(entry) + 8  # the field's tag and length, roughly
+        if not batches or (size + entry_bytes > frame_bytes and size > 0):
+            batches.append([])
+            size = 0
+        batches[-1].append(entry)
+        size += entry_bytes
+    payloads = snapshot_payloads(snapshot, at_unix_ms, frame_bytes)
+    carried_payloads = (_length_delimited(_BATCH_ENTRIES, batch) for batch in batches)
+    for payload in chain(payloads, carried_payloads):
+        yield encode_frame(payload)
+
+
 def _one_entry_batch(at_unix_ms: int, entry_field: int, message: list[bytes]) -> bytes:
     """An encoded ``LogBatch`` of one ``LogEntry``: ``at_unix_ms``, and the message whose
     encoding is the concatenation of ``message`` as its field ``entry_field``; joined
@@ -411,24 +436,14 @@ class LogFiles:
         ``covered`` (its path and size when the snapshot was taken, nothing staged
         unwritten): ``commit_rotation`` copies on from there. Nothing changes for
         recovery until the commit: a crash leaves a ``.tmp`` file that no one reads."""
-        batches: list[list[bytes]] = []  # the carried entries, in frames
-        size = 0  # bytes in the last batch of bodies
-        for entry in carried:
-            entry_bytes = len(entry) + 8  # the field's tag and length, roughly
-            if not batches or (size + entry_bytes > self._snapshot_frame_bytes and size > 0):
-                batches.append([])
-                size = 0
-            batches[-1].append(entry)
-            size += entry_bytes
         path = self._new_path()
         temporary = path.with_suffix(".tmp")
         written = 0
         with open(temporary, "wb") as out:
             # Frame by frame: the snapshot's payloads are megabytes, held one at a time.
-            payloads = snapshot_payloads(snapshot, at_unix_ms, self._snapshot_frame_bytes)
-            carried_payloads = (_length_delimited(_BATCH_ENTRIES, batch) for batch in batches)
-            for payload in chain(payloads, carried_payloads):
-                written += out.write(encode_frame(payload))
+            frames = rotation_frames(snapshot, at_unix_ms, carried, self._snapshot_frame_bytes)
+            for frame in frames:
+                written += out.write(frame)
             out.flush()
             os.fsync(out.fileno())
         work.count(work.FSYNCS)
