@@ -1765,8 +1765,13 @@ def test_a_membership_entry_holds_truncation_back_until_it_is_applied(tmp_path: 
         view = _proposal(1, ["dc1", "dc2", "dc4"], [])
         view.configuration.applied_position = 3
         await store.persist_step(ProtocolStep(service="sc", installed_view=view))
-        assert store.truncation_hold() == TruncationHold(4, "")
+        # Applied; dc4 holds it now, until a report names it (seed 103).
+        assert store.truncation_hold() == TruncationHold(
+            0, "peer dc4, not reported yet at 0 (3 behind)"
+        )
         assert not store.state.membership_entries
+        store.report_progress({"dc2": 3, "dc4": 3}, None, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(4, "")
 
     _run(tmp_path, scenario, witness=True)
     _run(tmp_path, applied, witness=True)
@@ -1775,7 +1780,8 @@ def test_a_membership_entry_holds_truncation_back_until_it_is_applied(tmp_path: 
 def test_a_membership_change_waits_for_the_one_before_it_everywhere(tmp_path: Path) -> None:
     """A peer's membership entry synced here holds truncation and refuses a new change
     until the configuration applies it (the simulator, seed 1002 of `membership`: every
-    DC truncated between applying an add and installing it). A change is taken against
+    DC truncated between applying an add and installing it), and the node it adds holds
+    truncation until a report names it (seed 103). A change is taken against
     the installed configuration (``after_position``), and a node is removed only once
     the others have come as far as that configuration (seed 1510: the DC that took an
     add was removed before the new node had synced anything)."""
@@ -1804,6 +1810,11 @@ def test_a_membership_change_waits_for_the_one_before_it_everywhere(tmp_path: Pa
         view.configuration.weights.add(node_id="dc4", weight=1)
         view.configuration.applied_position = 1
         await store.persist_step(ProtocolStep(installed_view=view))
+        # The last report named the peers before the change: dc4 holds everything
+        # until the coordinator reports it (the simulator with rotations, seed 103).
+        assert store.truncation_hold() == TruncationHold(
+            0, "peer dc4, not reported yet at 0 (1 behind)"
+        )
         store.report_progress({"dc2": 1, "dc3": 1, "dc4": 0}, None, peers_reported=True)
         assert store.truncation_hold() == TruncationHold(0, "peer dc4 at 0 (1 behind)")
         with pytest.raises(Refusal, match="dc4 has synced 0 positions, short of 1") as early:
