@@ -38,7 +38,7 @@ from txsync.transaction_store.local_submits import LocalSubmit
 from txsync.transaction_store.retention import TruncationHold
 from txsync.transaction_store.server import CLIENT_SERVICE
 from txsync.transaction_store.service import ClientServicer
-from txsync.transaction_store.state import StoreState, TxRecord
+from txsync.transaction_store.state import Outcome, StoreState, TxRecord
 from txsync.transaction_store.step_rules import ProtocolStep, StateChangeRequest
 from txsync.transaction_store.store import StoreConfig, Submitted, TransactionStore
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest, gzip_body
@@ -692,7 +692,7 @@ def test_get_and_list_read_what_is_written_not_what_is_staged(
         gate.set()
         await advancing
         seen = store.get(tx_id)
-        assert seen.state is TxState.OK and seen.outcome == _ok()
+        assert seen.state is TxState.OK and seen.outcome == Outcome.of(_ok())
         assert [r.tx_id for r in store.list_page(TxState.OK, 10, 0)[0]] == [tx_id]
 
     _run(tmp_path, scenario)

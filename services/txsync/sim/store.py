@@ -428,7 +428,7 @@ def _fingerprint(state: StoreState) -> tuple[object, ...]:
             record.local,
             record.position,
             record.membership,
-            record.outcome.SerializeToString() if record.outcome is not None else b"",
+            record.outcome,
         )
         for tx_id, record in state.txs.items()
     )

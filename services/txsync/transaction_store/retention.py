@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from txsync.protocol import TxState
-from txsync.transaction_store.state import StoreState
+from txsync.transaction_store.state import Outcome, StoreState
 from txsync.v1 import common_pb2, txlog_pb2
 
 HISTORY_KEPT_BY_AGE_MOST = 4_096
@@ -137,7 +137,7 @@ class Verdict(NamedTuple):
     duplicate_of: str
 
     @classmethod
-    def of(cls, state: TxState, outcome: common_pb2.Outcome | None) -> Verdict:
+    def of(cls, state: TxState, outcome: Outcome | None) -> Verdict:
         if outcome is None:
             return cls(state, 0, (), "", "")
         return cls(

@@ -125,7 +125,7 @@ def _where(
     """A waited transaction's state and outcome: its record's, or once it is truncated,
     the verdict the store keeps for a while (``truncated_verdicts``)."""
     if record is not None:
-        return record.state, record.outcome
+        return record.state, record.outcome.message() if record.outcome is not None else None
     verdict = store.truncated_verdicts.get(tx_id)
     return (verdict.state, verdict.outcome()) if verdict is not None else (None, None)
 
@@ -206,7 +206,7 @@ def record_to_get_response(
         )
         transition.at.FromMilliseconds(step.at_unix_ms)
     if record.outcome is not None:
-        response.outcome.CopyFrom(record.outcome)
+        record.outcome.into(response.outcome)
     if body is not None:
         response.body.CopyFrom(body)
     response.idempotency_key = record.idempotency_key or response.body.idempotency_key
@@ -567,7 +567,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
                         body=body,
                     )
                     if record.outcome is not None:
-                        tx.outcome.CopyFrom(record.outcome)
+                        record.outcome.into(tx.outcome)
                     if record.meta is not None:
                         tx.meta.CopyFrom(meta_to_proto(record.meta))
                 yield response

@@ -42,6 +42,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from txsync.codec import meta_from_proto, meta_to_proto
 from txsync.protocol import MergeBase, TxMeta, TxState
@@ -63,6 +64,46 @@ class Step:
     service: str
 
 
+class Outcome(NamedTuple):
+    """A finished transaction's outcome as the store holds it: the fields of the
+    ``Outcome`` message, converted at the txlog's and the API's edges. The message
+    itself, taken from the log entry that carried it, kept that whole entry's memory
+    (protobuf's arenas): 1.3 KB a record, against 0.2 KB for these fields, measured
+    over 20,000 records (issue 47; issue 53: no protobuf in the store's state)."""
+
+    state: int
+    """``common_pb2.TxState``: OK or FAILED."""
+    position: int
+    rows_affected: tuple[int, ...]
+    state_digest: bytes
+    error: str
+    duplicate_of: str
+    touched_digest: bytes
+
+    @classmethod
+    def of(cls, message: common_pb2.Outcome) -> Outcome:
+        return cls(
+            message.state, message.position, tuple(message.rows_affected),
+            message.state_digest, message.error, message.duplicate_of,
+            message.touched_digest,
+        )  # fmt: skip
+
+    def into(self, message: common_pb2.Outcome) -> None:
+        """Set ``message`` (empty, or a field of a message being built) to this."""
+        message.state = common_pb2.TxState.ValueType(self.state)
+        message.position = self.position
+        message.rows_affected[:] = self.rows_affected
+        message.state_digest = self.state_digest
+        message.error = self.error
+        message.duplicate_of = self.duplicate_of
+        message.touched_digest = self.touched_digest
+
+    def message(self) -> common_pb2.Outcome:
+        built = common_pb2.Outcome()
+        self.into(built)
+        return built
+
+
 @dataclass(slots=True)
 class TxRecord:
     tx_id: str
@@ -76,7 +117,7 @@ class TxRecord:
     body_held: bool = False
     traceparent: str = ""
     history: list[Step] = field(default_factory=list)
-    outcome: common_pb2.Outcome | None = None
+    outcome: Outcome | None = None
     position: int = 0
     """1-based position in the synced queue; 0 while not synced."""
     membership: bool = False
@@ -291,7 +332,7 @@ class StoreState:
                 record,
                 Step(TxState(change.state), at, change.service),
                 moved,
-                change.outcome if change.HasField("outcome") else None,
+                Outcome.of(change.outcome) if change.HasField("outcome") else None,
             )
         elif kind == "snapshot":
             self._apply_snapshot(entry.snapshot)
@@ -462,7 +503,7 @@ class StoreState:
         record: TxRecord,
         step: Step,
         moved: list[Moved],
-        outcome: common_pb2.Outcome | None = None,
+        outcome: Outcome | None = None,
     ) -> None:
         before, state = record.state, step.state
         if before is not None and state <= before:
@@ -544,7 +585,7 @@ class StoreState:
             record.history = [
                 Step(TxState(t.state), t.at.ToMilliseconds(), t.service) for t in saved.history
             ]
-            record.outcome = saved.outcome if saved.HasField("outcome") else None
+            record.outcome = Outcome.of(saved.outcome) if saved.HasField("outcome") else None
             if record.idempotency_key:
                 self.idempotency[record.idempotency_key] = record.tx_id
             state = record.state
@@ -670,7 +711,7 @@ class StoreState:
         if record.meta is not None:
             saved.meta.CopyFrom(meta_to_proto(record.meta))
         if record.outcome is not None:
-            saved.outcome.CopyFrom(record.outcome)
+            record.outcome.into(saved.outcome)
         for step in record.history:
             transition = saved.history.add(
                 state=step.state.value, service=step.service, node_id=self.node_id
