@@ -54,6 +54,7 @@ from txsync.worker_dispatch.health import (
     Pipeline,
     choose_testing_worker,
     judge,
+    snapshot_needed,
 )
 from txsync.worker_dispatch.pipeline import (
     FINISHED,
@@ -77,6 +78,9 @@ DEAD_AFTER_MS = 300
 STUCK_AFTER_MS = 1_000
 """Dispatch's ``HEARTBEAT_S``, ``DEAD_AFTER_S`` and default ``stuck_after_s``, divided
 by ten: a worker down for a while (50-1,500 ms) is judged dead now and then."""
+JOIN_FROM_LOG_MOST = 5
+"""A worker back further than this behind the testing worker starts from its snapshot
+(dispatch's ``JOIN_FROM_LOG_MAX`` is 100: a schedule here is 20 transactions)."""
 STREAM_ERROR_PAUSE_MS = 200
 """After a worker's stream failed, the pipeline restarts this much later
 (``Dispatch.run``)."""
@@ -412,8 +416,21 @@ class WorkerSide:
                 )
             if Event.BACK in events:
                 dc.positions[worker_id] = worker.position
-                # Judged again from the position it reports now (``_on_event``).
+                # Judged again from the position it reports now (``_on_event``): far
+                # behind the testing worker, or behind the store's history.
                 dc.needs_snapshot.discard(worker_id)
+                tester = dc.tester
+                if (
+                    tester is not None
+                    and tester != worker_id
+                    and dc.health[tester].healthy
+                    and snapshot_needed(
+                        dc.positions.get(tester, 0),
+                        worker.position,
+                        most_behind=JOIN_FROM_LOG_MOST,
+                    )
+                ):
+                    dc.needs_snapshot.add(worker_id)
                 self._mark_behind_history(dc, worker_id)
             changed |= any(event is not Event.RETRIED for event in events)
         changed |= self._report_progress(dc)

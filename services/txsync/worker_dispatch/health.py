@@ -134,11 +134,13 @@ def choose_testing_worker(fit: Sequence[str], current: str | None) -> str | None
     return fit[0] if fit else None
 
 
-def snapshot_needed(tester_position: int, joining_position: int) -> str:
+def snapshot_needed(
+    tester_position: int, joining_position: int, *, most_behind: int = JOIN_FROM_LOG_MAX
+) -> str:
     """Why a worker joining at ``joining_position`` needs a snapshot first ("": it replays
-    the log)."""
+    the log). ``most_behind``: the simulator's schedules are a few transactions long."""
     behind = tester_position - joining_position
-    return f"{behind} transactions behind the testing worker" if behind > JOIN_FROM_LOG_MAX else ""
+    return f"{behind} transactions behind the testing worker" if behind > most_behind else ""
 
 
 class RestartLoop:
