@@ -39,8 +39,25 @@ context="build/image-${tag//[:\/]/-}"  # one per image: two builds may run at on
 rm -rf "$context"
 mkdir -p "$context/wheels"
 echo "building wheels (txsync[$extras]) ..."
-"$python" -m pip wheel --quiet --wheel-dir "$context/wheels" ".[$extras]" 2>&1 | grep -v "^WARNING" || true
-ls "$context"/wheels/txsync-*.whl >/dev/null  # the project's own wheel must be there
+# pip builds the project inside the tree (setuptools' build/ and egg-info), so two
+# builds at once (the service's image and Spark's) take turns here. A fresh CI machine
+# once ended this step with no wheel of the project and nothing said (pip's output went
+# through grep, its status was ignored): its output is kept now, shown if the project's
+# wheel is missing, and the step is tried once more.
+exec 9>build/.wheels.lock
+flock 9
+for attempt in 1 2; do
+    rm -rf "$context/wheels" && mkdir -p "$context/wheels"
+    "$python" -m pip wheel --quiet --wheel-dir "$context/wheels" ".[$extras]" \
+        >"$context/pip-wheel.log" 2>&1 || true
+    if ls "$context"/wheels/txsync-*.whl >/dev/null 2>&1; then
+        break  # the project's own wheel is there (a dependency pip could not build fails below)
+    fi
+    echo "error: pip wheel made no wheel of the project (attempt $attempt of 2); its output:" >&2
+    grep -v "^WARNING" "$context/pip-wheel.log" | tail -40 >&2 || true
+    if [ "$attempt" = 2 ]; then exit 1; fi
+done
+exec 9>&-
 if [ "$(dirname "$dockerfile")" != "." ]; then
     cp -r "$(dirname "$dockerfile")"/. "$context/"  # what lies beside it (an entrypoint)
 fi
