@@ -23,7 +23,8 @@ def test_faults_under_load_lose_nothing_and_duplicate_nothing(tmp_path: Path) ->
     print(report.summary())  # the figures, with -s or in the failure output
     (tmp_path / "nemesis.log").write_text("\n".join(run.log_lines) + "\n")
     replay = f"(replay: TXSYNC_NEMESIS_SEED={seed} TXSYNC_NEMESIS_S={duration_s:g})"
-    assert not report.problems, f"{report.summary()}: {report.problems[:5]} {replay}"
+    failure = f"{report.summary()}: {report.problems[:5]} {replay}\n{report.evidence}"
+    assert not report.problems, failure
     assert report.lost == 0 and report.duplicated == 0, report.summary()
     assert report.acknowledged > 0 and report.ordered >= report.acknowledged, report.summary()
     assert report.faults["crash"] == 1 and report.faults["kill"] >= 1, report.summary()

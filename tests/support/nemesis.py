@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import text_format
 
 from tests.support.dev_up import free_base_port, list_workers
 from txsync.dev_cluster import DevCluster, Service, layout_of
@@ -125,6 +126,9 @@ class Report:
     rotations: int = 0
     settled_after_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    evidence: str = ""
+    """When the run did not settle: each DC's workers as dispatch sees them and the log
+    tails of the DCs named in ``problems`` (a CI machine's files are gone afterwards)."""
 
     def summary(self) -> str:
         faults = ", ".join(f"{kind} {n}" for kind, n in sorted(self.faults.items()))
@@ -349,6 +353,48 @@ class NemesisRun:
             time.sleep(1.0)
         self.report.settled_after_s = time.monotonic() - started
         self.report.problems = problems
+        if problems:
+            self.report.evidence = self._evidence(problems)
+
+    def _evidence(self, problems: list[str]) -> str:
+        lines: list[str] = []
+        for dc in self.dcs:
+            try:
+                workers = list_workers(self.layout["dcs"][dc]["store"])
+            except grpc.RpcError as error:
+                lines.append(f"{dc}: workers not listed: {error.code().name}")
+                continue
+            for w in workers:
+                lines.append(
+                    f"{dc} {w.worker_id}: position {w.position}, healthy {w.healthy}, "
+                    f"testing {w.testing}, out of sync {w.out_of_sync}, "
+                    f"digest {w.state_digest.hex()[:12]}"
+                )
+        named = [dc for dc in self.dcs if any(dc in problem for problem in problems)]
+        for dc in named:
+            address = self.layout["dcs"][dc]["store"]
+            try:
+                status = text_format.MessageToString(_status(address), as_one_line=True)
+                lines.append(f"{dc} status: {status}")
+                with grpc.insecure_channel(address) as channel:
+                    stub = client_pb2_grpc.ClientServiceStub(channel)
+                    for problem in problems:
+                        tx_id, _, where = problem.partition(" is TX_STATE_")
+                        if where.endswith(f" at {dc}"):
+                            got = stub.Get(client_pb2.GetRequest(tx_id=tx_id), timeout=30)
+                            got.ClearField("body")
+                            got_text = text_format.MessageToString(got, as_one_line=True)
+                            lines.append(f"{dc} {tx_id}: {got_text}")
+            except grpc.RpcError as error:
+                lines.append(f"{dc}: status not read: {error.code().name}")
+        for service in self.cluster.services:
+            if any(service.log_path.parent.name == dc for dc in named):
+                try:
+                    tail = service.log_path.read_text(errors="replace").splitlines()[-40:]
+                except OSError as error:
+                    tail = [f"not read: {error}"]
+                lines += [f"{service.name} ({service.log_path}):", *(f"  | {t}" for t in tail)]
+        return "\n".join(lines)
 
     def _check(self, acknowledged: dict[str, str]) -> list[str]:
         stores = {dc: self.layout["dcs"][dc]["store"] for dc in self.dcs}

@@ -106,7 +106,8 @@ def test_dcs_upgraded_one_at_a_time_and_one_rolled_back_keep_one_order(tmp_path:
     print(report.summary())
     switches = [line for line in run.log_lines if " switch: " in line]
     assert len(switches) == 5, run.log_lines
-    assert not report.problems, f"{report.summary()}: {report.problems[:5]} (previous: {previous})"
+    failure = f"{report.summary()}: {report.problems[:5]} (previous: {previous})"
+    assert not report.problems, f"{failure}\n{report.evidence}"
     assert report.lost == 0 and report.duplicated == 0, report.summary()
     assert report.acknowledged > 0 and report.ordered >= report.acknowledged, report.summary()
     assert report.truncated > 0 and report.rotations >= 1, report.summary()

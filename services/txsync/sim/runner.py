@@ -80,6 +80,8 @@ class MixSummary:
     """View changes installed (counted once per view number and seed)."""
     rotations: int
     """Rotations of the stores' disks committed."""
+    rotations_abandoned: int
+    """Rotations a crash met before their commit (the old disk stays)."""
 
     def line(self, seconds: float) -> str:
         status = "OK" if not self.failures else f"{len(self.failures)} VIOLATION(S)"
@@ -87,7 +89,8 @@ class MixSummary:
             f"{self.mix.name:<52} {self.seeds:>6} seeds  {status:<14} "
             f"synced={self.synced} rounds={self.rounds} steps={self.steps} "
             f"crashes={self.crashes} dropped={self.dropped} views={self.views} "
-            f"rotations={self.rotations}  {seconds:.1f}s"
+            f"rotations={self.rotations} ({self.rotations_abandoned} abandoned)  "
+            f"{seconds:.1f}s"
         )
 
 
@@ -120,7 +123,7 @@ def run_mix(
             run_seed(config, node_factory, shell_factory, machine_factory) for config in configs
         )
     failures: list[SeedOutcome] = []
-    steps = rounds = synced = crashes = dropped = views = rotations = count = 0
+    steps = rounds = synced = crashes = dropped = views = rotations = abandoned = count = 0
     try:
         for outcome in outcomes:
             count += 1
@@ -131,6 +134,7 @@ def run_mix(
             dropped += outcome.stats.dropped
             views += outcome.stats.views
             rotations += outcome.stats.rotations
+            abandoned += outcome.stats.rotations_abandoned
             if on_outcome is not None:
                 on_outcome(outcome)
             if not outcome.ok:
@@ -141,5 +145,6 @@ def run_mix(
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     return MixSummary(
-        mix, count, tuple(failures), steps, rounds, synced, crashes, dropped, views, rotations
-    )
+        mix, count, tuple(failures), steps, rounds, synced, crashes, dropped, views, rotations,
+        abandoned,
+    )  # fmt: skip
