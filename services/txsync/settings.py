@@ -43,6 +43,7 @@ LOG_FILE_BYTES_MAX_DEFAULT = 16 << 20
 HISTORY_KEPT_DEFAULT = 2_000
 HISTORY_KEPT_MS_DEFAULT = 10_000
 BACKUPS_KEPT_DEFAULT = 2
+BODY_MISSING_ALARM_S_DEFAULT = 300
 IDEMPOTENCY_WINDOW_S_DEFAULT = 3_600
 """The store's defaults (``StoreConfig`` takes them from here). The idempotency window
 costs every worker a row per keyed transaction within it (~150 bytes with the client's
@@ -205,6 +206,13 @@ STORE_LIMITS: tuple[Setting, ...] = (
         "finished transactions kept by age, at most the newest 4,096 (memory: about 3 KB "
         "each); with --history-kept, the larger window holds",
         unit="ms", least=0,
+    ),
+    Setting(
+        "body_missing_alarm_s", BODY_MISSING_ALARM_S_DEFAULT,
+        "raise an alarm (the DC unhealthy) once the first synced transaction whose body "
+        "is not here has waited this many seconds for it: its workers stop there",
+        "seconds the first body this DC lacks may wait before its status raises an alarm",
+        unit="s",
     ),
     Setting(
         "backups_kept", BACKUPS_KEPT_DEFAULT,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -510,6 +511,49 @@ def test_admin_status_reports_a_torn_tail_and_exports_the_log(tmp_path: Path) ->
         assert code is grpc.StatusCode.FAILED_PRECONDITION and "only passed" in details
         code, details = _code(lambda: admin.ListWorkers(admin_pb2.ListWorkersRequest()))
         assert code is grpc.StatusCode.FAILED_PRECONDITION and "--dispatch" in details
+    assert process.terminate() == 0
+
+
+def test_a_body_missing_for_long_is_an_alarm_until_it_arrives(tmp_path: Path) -> None:
+    """A synced transaction whose body no peer sends stops this DC's workers at it: once
+    it has waited ``--body-missing-alarm-s`` the status raises an alarm naming it, and the
+    DC is unhealthy; the body stored, both are gone (docs/operations.md, "Upgrading from
+    0.1.0": a stall that was silent)."""
+    process = transaction_store(tmp_path, "dc7", "--body-missing-alarm-s", "1")
+    process.start()
+    tx_id, encoded = str(uuid.uuid4()), _body(5).SerializeToString()
+    meta = common_pb2.TxMeta(ts=2 * 10**6, tx_id=tx_id, origin="dc2")
+
+    def status() -> admin_pb2.DcStatus:
+        return admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=30).local
+
+    def until(done: Any) -> admin_pb2.DcStatus:
+        deadline = time.monotonic() + 120  # generous: a loaded machine
+        while not done(answer := status()):
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.1)
+        return answer
+
+    with grpc.insecure_channel(process.address) as channel:
+        internal = store_pb2_grpc.StoreInternalServiceStub(channel)
+        admin = admin_pb2_grpc.AdminServiceStub(channel)
+        base = _persist(internal, store_pb2.PersistStepRequest()).merge_base
+        _persist(internal, store_pb2.PersistStepRequest(counter=meta.ts, incoming=[meta]))
+        accepted = [
+            store_pb2.StateChange(tx_id=tx_id, state=common_pb2.TX_STATE_INCOMING),
+            store_pb2.StateChange(tx_id=tx_id, state=common_pb2.TX_STATE_ACCEPTED),
+        ]
+        synced = store_pb2.PersistStepRequest(synced_start=base, synced=[meta])
+        synced.state_changes.extend(accepted)
+        _persist(internal, synced)
+        assert status().healthy  # not waited long yet
+        alarmed = until(lambda s: any("BODY MISSING" in alarm for alarm in s.alarms))
+        assert not alarmed.healthy
+        (alarm,) = [alarm for alarm in alarmed.alarms if "BODY MISSING" in alarm]
+        assert f"position {base.synced_len + 1} ({tx_id}, from dc2)" in alarm
+        pushed = store_pb2.StoreBodyRequest(tx_id=tx_id, body=encoded, digest=body_digest(encoded))
+        _persist(internal, store_pb2.PersistStepRequest(bodies=[pushed]))
+        assert status().healthy and not status().alarms
     assert process.terminate() == 0
 
 

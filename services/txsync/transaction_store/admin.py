@@ -56,13 +56,15 @@ class AdminServicer:
         alarms = list(store.alarms)
         if store.broken is not None:
             alarms.append(store.broken)
+        if missing_body := store.missing_body_alarm():
+            alarms.append(missing_body)
         local = admin_pb2.DcStatus(
             node_id=state.node_id,
             merge_base=base_to_proto(state.merge_base),
             counter=state.counter,
             incoming_len=len(state.incoming) + len(state.pending_local),
             alarms=alarms,
-            healthy=store.broken is None,
+            healthy=store.broken is None and not missing_body,
             retention=_retention(store),
         )
         if state.view is not None:

@@ -6,6 +6,7 @@ queue a lagging peer reads, and the stream of local submits. Part of
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -202,6 +203,23 @@ class CoordinatorCalls(StoreCore):
         held, _ = await self.read_bodies([tx_id])
         body = held[0][1] if held else b""
         return LocalSubmit(tx_id, body, record.body_digest, record.traceparent, stamp, local_seq)
+
+    def missing_body_alarm(self) -> str:
+        """An alarm once the first synced position whose body is not here has stayed
+        the first for ``body_missing_alarm_s`` ("" until then): called at every
+        progress report, so that it counts from when the body went missing."""
+        state = self.state
+        held = self.bodies_held_durably_len()
+        first = held + 1 if held < state.synced_len else 0
+        waited = self._missing_body.waited_s(first, time.monotonic())
+        meta = state.synced_at(first - 1) if first else None
+        if meta is None or waited < self.config.body_missing_alarm_s:
+            return ""
+        return (
+            f"BODY MISSING: position {first} ({meta.tx_id}, from {meta.origin}) has waited "
+            f"{waited:.0f} s for its body, and this DC's workers with it; if no peer holds "
+            'it any more, see docs/operations.md, "Upgrading from 0.1.0"'
+        )
 
     def bodies_held_durably_len(self) -> int:
         """``StoreState.bodies_held_len`` as the disk holds it: up to the first synced

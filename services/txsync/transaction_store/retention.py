@@ -37,6 +37,27 @@ class Progress:
     last_rotation_ms: int = 0
 
 
+@dataclass(slots=True)
+class MissingBodyWatch:
+    """How long the first synced position whose body is not here has been the first. A
+    DC that catches up fetches bodies after ordering them, and the position moves on as
+    they arrive; one that stays has a body no peer sends, and this DC's workers wait at
+    it for good. That happened silently, the DC healthy: a peer of 0.1.0 truncated bodies
+    a DC back from a restart had ordered and not fetched (docs/operations.md, "Upgrading
+    from 0.1.0")."""
+
+    position: int = 0
+    """0: every synced body is here."""
+    since_s: float = 0.0
+
+    def waited_s(self, first_missing: int, now_s: float) -> float:
+        """Seconds ``first_missing`` (0: none) has been the first missing, as observed
+        now; the store observes at every progress report and status call."""
+        if first_missing != self.position:
+            self.position, self.since_s = first_missing, now_s
+        return now_s - self.since_s if first_missing else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class TruncationHold:
     """How far truncation may go now, and what keeps it from going further."""

@@ -33,6 +33,7 @@ from txsync.protocol import TxState
 from txsync.refusals import Refusal, Refused
 from txsync.settings import (
     BACKUPS_KEPT_DEFAULT,
+    BODY_MISSING_ALARM_S_DEFAULT,
     HISTORY_KEPT_DEFAULT,
     HISTORY_KEPT_MS_DEFAULT,
     IDEMPOTENCY_WINDOW_S_DEFAULT,
@@ -46,7 +47,7 @@ from txsync.telemetry import work
 from txsync.telemetry.logs import event as log_event
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.local_submits import LocalSubmit, LocalWatch
-from txsync.transaction_store.retention import Progress, Verdict
+from txsync.transaction_store.retention import MissingBodyWatch, Progress, Verdict
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
 from txsync.transaction_store.step_rules import first_unfinished
 from txsync.transaction_store.tx_tracing import measure_transitions, trace_transitions
@@ -99,6 +100,9 @@ class StoreConfig:
     not know ends at its timeout)."""
     backups_kept: int = BACKUPS_KEPT_DEFAULT
     """Retired log files (``bak-``) kept after a rotation; older ones are deleted."""
+    body_missing_alarm_s: float = BODY_MISSING_ALARM_S_DEFAULT
+    """The first body this DC lacks may wait this long before the status raises an
+    alarm (``missing_body_alarm``)."""
     idempotency_window_ms: int = IDEMPOTENCY_WINDOW_S_DEFAULT * 1000
     """Written into every keyed body taken here (``TxBody.key_window_ms``): how long
     after the transaction's time every worker remembers its key, besides the positions
@@ -178,6 +182,7 @@ class StoreCore(ABC):
         self.bodies = BodyStore(txlog_dir / "transactions")
         self.recovery = Recovery()
         self.alarms: list[str] = []
+        self._missing_body = MissingBodyWatch()
         self.progress = Progress()
         self._finished_through = 0
         """Every synced position up to here is OK or FAILED (first_unfinished_position)."""
