@@ -24,7 +24,7 @@ from tests.sim.broken_cores import (
 )
 from tests.sim.broken_dispatch import FinishedToNobodyMachine, FollowersNeverFedMachine
 from tests.sim.broken_feed import NoRoomWaitSimulation
-from tests.sim.broken_health import never_revives
+from tests.sim.broken_health import back_at_every_beat, never_revives
 from tests.sim.broken_links import IgnoresWholeNeededQueue
 from tests.sim.broken_shells import (
     ForgetsArrivedBodiesShell,
@@ -377,6 +377,17 @@ def test_a_health_judge_that_never_revives_a_worker_is_caught_within_200_seeds()
         functools.partial(Simulation, health_judge=never_revives), "crash", nodes=3
     )
     assert violation.invariant == 5 and re.search(r"dc\d-w\d applied", str(violation)), violation
+
+
+def test_a_pipeline_that_restarts_at_every_heartbeat_is_caught_within_200_seeds() -> None:
+    """A health judge that reports a healthy worker back at each heartbeat restarts the
+    pipeline ten times a second; it still applies between restarts. Dispatch's
+    restart-loop alarm (``RestartLoop``), raised once the faults ended, is the
+    violation (invariant 7)."""
+    violation = _first_failure_of(
+        functools.partial(Simulation, health_judge=back_at_every_beat), "none", nodes=3
+    )
+    assert violation.invariant == 7 and "restarted 20 times" in str(violation), violation
 
 
 @pytest.mark.slow

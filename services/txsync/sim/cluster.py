@@ -430,6 +430,7 @@ class Simulation:
             report=self._report_workers,
             machine_factory=machine_factory,
             health_judge=health_judge,
+            workers_crash=config.faults.crash,
         )
         faults = config.faults
         self._drop_p = self._rng.uniform(0.02, 0.2) if faults.drop else 0.0

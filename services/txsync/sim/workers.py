@@ -31,8 +31,9 @@ workers, or the store's first unfinished one.
 Checks (invariant 7): a worker applies each position once, after the one before; every
 worker of every DC holds the same digest at a position; every DC records the same
 outcome for a transaction; no worker that is up is judged stuck (the pipeline left it
-waiting); and, once the network heals, every worker that is up has applied the whole
-synced queue and every transaction is finished.
+waiting); no pipeline restarts in a loop (dispatch's ``RestartLoop`` alarm) where no
+fault is left to restart it; and, once the network heals, every worker that is up has
+applied the whole synced queue and every transaction is finished.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ from txsync.sim.invariants import InvariantChecker, InvariantViolation
 from txsync.sim.store import SimStore
 from txsync.transaction_store.step_rules import first_unfinished
 from txsync.worker_dispatch.health import (
+    RESTART_LOOP_WINDOW_S,
     Beat,
     Event,
     Health,
     Pipeline,
+    RestartLoop,
     choose_testing_worker,
     judge,
     snapshot_needed,
@@ -81,6 +84,8 @@ by ten: a worker down for a while (50-1,500 ms) is judged dead now and then."""
 JOIN_FROM_LOG_MOST = 5
 """A worker back further than this behind the testing worker starts from its snapshot
 (dispatch's ``JOIN_FROM_LOG_MAX`` is 100: a schedule here is 20 transactions)."""
+LOOP_WINDOW_S = RESTART_LOOP_WINDOW_S / 10
+"""Dispatch's restart-loop window at this pace (its count stays 20)."""
 STREAM_ERROR_PAUSE_MS = 200
 """After a worker's stream failed, the pipeline restarts this much later
 (``Dispatch.run``)."""
@@ -228,6 +233,8 @@ class _Dispatch:
     snapshot of the testing worker brings them past it (``Dispatch.watch_recoveries``)."""
     history_from: int = 0
     """The store's first synced position, as its last answer to a report said."""
+    restarts: RestartLoop = field(default_factory=lambda: RestartLoop(window_s=LOOP_WINDOW_S))
+    """Dispatch's own restart-loop alarm over this incarnation's pipeline restarts."""
     broken_streams: set[tuple[int, str]] = field(default_factory=set)
     """(generation, worker) of the pipeline streams that failed: nothing more sent on
     one arrives, as on a gRPC stream that ended."""
@@ -248,14 +255,19 @@ class WorkerSide:
         report: ReportToStore,
         machine_factory: MachineFactory = PipelineMachine,
         health_judge: Judge = judge,
+        workers_crash: bool = True,
     ) -> None:
         """``store(node)``: the node's store; ``record``: hands it a decided state;
         ``at(ms, event)``: schedule one of this module's events (``Simulation`` hands
-        them back to ``handle``)."""
+        them back to ``handle``); ``workers_crash``: the schedule crashes workers and
+        DCs, which restart pipelines until the faults end."""
         self._rng, self._at, self._checker = rng, at, checker
         self._store, self._record, self._report = store, record, report
         self._factory = machine_factory
         self._judge = health_judge
+        self._loops_fail = not workers_crash
+        """Whether dispatch's restart-loop alarm fails the seed now: from the start when
+        nothing crashes (nothing else restarts a pipeline), else once the faults ended."""
         self._now = 0
         self._dcs = {
             node: _Dispatch(node, {f"{node}-w{i}": SimWorker(f"{node}-w{i}")
@@ -283,6 +295,8 @@ class WorkerSide:
         for dc in self._dcs.values():
             for worker in dc.workers.values():
                 worker.up = True
+            dc.restarts = RestartLoop(window_s=LOOP_WINDOW_S)  # what the faults caused
+        self._loops_fail = True
 
     def dc_crashed(self, node: NodeId, now: int) -> None:
         """The DC's processes died: dispatch with the records on their way."""
@@ -298,6 +312,7 @@ class WorkerSide:
         self._now = now
         dc = self._dcs[node]
         dc.up = True
+        dc.restarts = RestartLoop(window_s=LOOP_WINDOW_S)  # a new process
         dc.health = {worker: Health() for worker in dc.workers}
         dc.positions.clear()
         dc.progressed_ms.clear()
@@ -325,7 +340,7 @@ class WorkerSide:
                     # that stream arrives, and the pipeline fails and starts again.
                     dc.broken_streams.add(stream)
                     if generation == dc.generation and dc.machine is not None:
-                        self._restart_soon(dc, STREAM_ERROR_PAUSE_MS)
+                        self._restart_soon(dc, STREAM_ERROR_PAUSE_MS, f"{send.worker} is gone")
                     return
                 ok, digest = worker.apply(send.position, send.tx_id, send.skip)
                 self._check_digest(worker, send.position, digest)
@@ -354,7 +369,7 @@ class WorkerSide:
                     worker.incarnation += 1
                     machine = dc.machine
                     if machine is not None and worker_id in machine.positions:
-                        self._restart_soon(dc, STREAM_ERROR_PAUSE_MS)  # its stream failed
+                        self._restart_soon(dc, STREAM_ERROR_PAUSE_MS, f"{worker_id} crashed")
                     self._at(self._later((50, 1_500)), WorkerRestart(dc.node, worker_id))
             case WorkerRestart(worker_id=worker_id):
                 dc.workers[worker_id].up = True  # dispatch hears it at a heartbeat
@@ -439,7 +454,7 @@ class WorkerSide:
             dc.beaten = True
             self._start_pipeline(dc)
         elif changed:
-            self._restart_soon(dc, 0)
+            self._restart_soon(dc, 0, "the set of healthy workers changed")
         self._at(self._now + HEARTBEAT_MS, Heartbeats(dc.node, dc.incarnation))
 
     def _report_progress(self, dc: _Dispatch) -> bool:
@@ -490,8 +505,14 @@ class WorkerSide:
             restored = True
         return restored
 
-    def _restart_soon(self, dc: _Dispatch, after_ms: int) -> None:
-        """The pipeline stops, and is built anew ``after_ms`` later."""
+    def _restart_soon(self, dc: _Dispatch, after_ms: int, why: str) -> None:
+        """The pipeline stops, and is built anew ``after_ms`` later. Dispatch's
+        restart-loop alarm (``RestartLoop``, at the simulator's pace) is a violation
+        where no fault is left to make a pipeline restart again and again."""
+        now_s = self._now / 1_000
+        dc.restarts.record(now_s, why)
+        if self._loops_fail and (alarm := dc.restarts.alarm(now_s)):
+            raise InvariantViolation(7, f"{dc.node}: {alarm}, no fault left to cause it")
         dc.generation += 1
         dc.machine = None
         self._at(self._now + after_ms, PipelineRestart(dc.node, dc.generation))
@@ -534,7 +555,7 @@ class WorkerSide:
                 dc.history_from = store.history_from()
                 for worker_id in sorted(dc.workers):
                     self._mark_behind_history(dc, worker_id)
-                self._restart_soon(dc, STREAM_ERROR_PAUSE_MS)
+                self._restart_soon(dc, STREAM_ERROR_PAUSE_MS, f"position {position} truncated")
                 return
             tx_id = meta.tx_id
             written = durable.txs[tx_id].state

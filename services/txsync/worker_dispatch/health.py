@@ -148,19 +148,23 @@ class RestartLoop:
     ``RESTART_LOOP_COUNT`` restarts within ``RESTART_LOOP_WINDOW_S``, the last of them
     within the window too. Times are given, so that it can be tested without a clock."""
 
-    def __init__(self) -> None:
-        self._restarts: deque[tuple[float, str]] = deque(maxlen=RESTART_LOOP_COUNT)
+    def __init__(
+        self, *, window_s: float = RESTART_LOOP_WINDOW_S, count: int = RESTART_LOOP_COUNT
+    ) -> None:
+        """``window_s``: the simulator's clocks run ten times faster (``sim/workers.py``)."""
+        self._window_s = window_s
+        self._restarts: deque[tuple[float, str]] = deque(maxlen=count)
 
     def record(self, now: float, why: str) -> None:
         self._restarts.append((now, why))
 
     def alarm(self, now: float) -> str:
         """The alarm's text, or "" when there is none."""
-        restarts = self._restarts
-        if len(restarts) < RESTART_LOOP_COUNT:
+        restarts, window_s = self._restarts, self._window_s
+        if len(restarts) < (restarts.maxlen or 0):
             return ""
         span = restarts[-1][0] - restarts[0][0]
-        if span > RESTART_LOOP_WINDOW_S or now - restarts[-1][0] > RESTART_LOOP_WINDOW_S:
+        if span > window_s or now - restarts[-1][0] > window_s:
             return ""
         return (
             f"the pipeline restarted {len(restarts)} times in {span:.0f} s "
