@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tests.support.clients import list_tx_ids
 from tests.support.processes import ServiceProcess, health_status, transaction_store
 from tests.support.store_stream import advance
+from tests.support.waiting import wait_until
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
 from txsync.transaction_store.txlog.framing import scan
 from txsync.v1 import (
@@ -527,12 +527,8 @@ def test_a_body_missing_for_long_is_an_alarm_until_it_arrives(tmp_path: Path) ->
     def status() -> admin_pb2.DcStatus:
         return admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=30).local
 
-    def until(done: Any) -> admin_pb2.DcStatus:
-        deadline = time.monotonic() + 120  # generous: a loaded machine
-        while not done(answer := status()):
-            assert time.monotonic() < deadline, answer
-            time.sleep(0.1)
-        return answer
+    def missing_body_alarms() -> list[str]:
+        return [alarm for alarm in status().alarms if "BODY MISSING" in alarm]
 
     with grpc.insecure_channel(process.address) as channel:
         internal = store_pb2_grpc.StoreInternalServiceStub(channel)
@@ -547,9 +543,9 @@ def test_a_body_missing_for_long_is_an_alarm_until_it_arrives(tmp_path: Path) ->
         synced.state_changes.extend(accepted)
         _persist(internal, synced)
         assert status().healthy  # not waited long yet
-        alarmed = until(lambda s: any("BODY MISSING" in alarm for alarm in s.alarms))
-        assert not alarmed.healthy
-        (alarm,) = [alarm for alarm in alarmed.alarms if "BODY MISSING" in alarm]
+        wait_until("the BODY MISSING alarm", lambda: bool(missing_body_alarms()), 120)
+        (alarm,) = missing_body_alarms()
+        assert not status().healthy
         assert f"position {base.synced_len + 1} ({tx_id}, from dc2)" in alarm
         pushed = store_pb2.StoreBodyRequest(tx_id=tx_id, body=encoded, digest=body_digest(encoded))
         _persist(internal, store_pb2.PersistStepRequest(bodies=[pushed]))

@@ -204,12 +204,14 @@ class CoordinatorCalls(StoreCore):
         body = held[0][1] if held else b""
         return LocalSubmit(tx_id, body, record.body_digest, record.traceparent, stamp, local_seq)
 
-    def missing_body_alarm(self) -> str:
+    def missing_body_alarm(self, held: int | None = None) -> str:
         """An alarm once the first synced position whose body is not here has stayed
         the first for ``body_missing_alarm_s`` ("" until then): called at every
-        progress report, so that it counts from when the body went missing."""
+        progress report, so that it counts from when the body went missing. ``held``:
+        ``bodies_held_durably_len()``, when the caller has it already."""
         state = self.state
-        held = self.bodies_held_durably_len()
+        if held is None:
+            held = self.bodies_held_durably_len()
         first = held + 1 if held < state.synced_len else 0
         waited = self._missing_body.waited_s(first, time.monotonic())
         meta = state.synced_at(first - 1) if first else None

@@ -628,9 +628,10 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         truncatable = store.report_progress(
             dict(request.peer_synced_len), workers, peers_reported=request.peers_reported
         )
-        store.missing_body_alarm()  # observed each second: the alarm counts from here
+        held = store.bodies_held_durably_len()
+        store.missing_body_alarm(held)  # observed each second: the alarm counts from here
         return store_pb2.ReportProgressResponse(
             truncatable_below=truncatable,
             history_from=store.state.synced_offset + 1,
-            bodies_held_len=store.bodies_held_durably_len(),
+            bodies_held_len=held,
         )
