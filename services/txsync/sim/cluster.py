@@ -72,6 +72,7 @@ from txsync.sim.links import (
 from txsync.sim.store import SimStore, Stamped, StateFactory, Verdict, Write
 from txsync.sim.workers import Judge, MachineFactory, WorkerEvent, WorkerSide
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
+from txsync.sync_coordinator.fetch_queue import FetchQueue
 from txsync.sync_coordinator.peer_queue import PeerQueue
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
 from txsync.transaction_store.state import Moved, StoreState
@@ -123,6 +124,10 @@ posting from the window's very start taken for a fork for ever (``_serve_lagger`
 served from the txlog, `tests/protocol/scripts/window.txt`). The fetch table and the early
 bodies were never full either (65,536 and 4,096); with 2, the first seed of `crash` lost
 a body a catch-up wanted beyond the table (`tests/protocol/scripts/fetch_table.txt`)."""
+
+FETCH_TIMEOUT_MS = 200
+"""A body fetch call's deadline: the coordinator's ``rpc_timeout_s`` (2 s) divided by
+ten. A call dropped on the way, or whose answer is, ends with it."""
 
 PROGRESS_REPORT_MS = 100
 """The coordinator's and dispatch's ``PROGRESS_REPORT_S`` divided by ten, as the
@@ -208,6 +213,11 @@ class _SimNode:
     peer_posts: dict[NodeId, tuple[int, int]] = field(default_factory=dict)
     """Each peer's latest post this coordinator took, since it started: the synced length
     it says and the bodies its sender held by then (``Coordinator.peers_progress``)."""
+    fetches: FetchQueue = field(default_factory=FetchQueue)
+    """The coordinator's own decisions of which bodies to fetch from whom, in batches
+    (``bodies.BodyFetches`` over the same machine); gone with the process."""
+    fetch_calls: dict[int, tuple[NodeId, tuple[TxId, ...]]] = field(default_factory=dict)
+    """This incarnation's fetch calls not answered yet: the holder and the batch taken."""
 
     @property
     def core(self) -> ProtocolNode | None:
@@ -230,9 +240,30 @@ class _DeliverBody:
 
 @dataclass(frozen=True, slots=True)
 class _FetchRequest:
+    """A ``GetBodies`` call: ``call`` names it at the caller."""
+
     to: NodeId
     sender: NodeId
-    tx_id: TxId
+    tx_ids: tuple[TxId, ...]
+    call: int
+
+
+@dataclass(frozen=True, slots=True)
+class _FetchAnswer:
+    """The holder's answer: the bodies it held of those asked."""
+
+    to: NodeId
+    sender: NodeId
+    tx_ids: tuple[TxId, ...]
+    call: int
+
+
+@dataclass(frozen=True, slots=True)
+class _FetchTimeout:
+    """A fetch call's deadline (``rpc_timeout_s``, divided by ten)."""
+
+    node: NodeId
+    call: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +339,7 @@ class _Heal:
     pass
 
 
-_NetworkEvent = _Deliver | _DeliverBody | _FetchRequest
+_NetworkEvent = _Deliver | _DeliverBody | _FetchRequest | _FetchAnswer
 _SimEvent = (
     _NetworkEvent
     | StreamEvent
@@ -321,6 +352,7 @@ _SimEvent = (
     | _RotationCommit
     | _Crash
     | _Restart
+    | _FetchTimeout
     | _Partition
     | _Heal
     | WorkerEvent
@@ -347,6 +379,10 @@ class SimStats:
     """Transactions those rotations truncated."""
     rotations_abandoned: int = 0
     """Rotations a crash met between their snapshot and their commit."""
+    fetch_calls: int = 0
+    """Body fetch calls the coordinators' fetch queues made."""
+    fetch_calls_failed: int = 0
+    """Of those, calls whose deadline passed before an answer (dropped or cut off)."""
     joins_refused: int = 0
     """Nodes the admin API refused to add, the history being truncated."""
     left_with_removed: int = 0
@@ -366,13 +402,15 @@ class Simulation:
         *,
         state_factory: StateFactory = StoreState,
         queue_factory: QueueFactory = PeerQueue,
+        fetch_factory: Callable[[], FetchQueue] = FetchQueue,
         health_judge: Judge = judge,
         check_sends: bool = True,
     ) -> None:
         """``check_sends=False`` leaves out rule 9 (persist before send), to show what a
         broken shell's sends lead to further on; ``state_factory`` builds each store's
-        state, ``queue_factory`` each peer link's queue, ``health_judge`` judges each
-        DC's workers (tests/sim: broken ones)."""
+        state, ``queue_factory`` each peer link's queue, ``fetch_factory`` each
+        coordinator's body fetch queue, ``health_judge`` judges each DC's workers
+        (tests/sim: broken ones)."""
         self.config = config
         self._check_sends = check_sends
         self.stats = SimStats()
@@ -404,6 +442,8 @@ class Simulation:
         self._now = 0
         self._heap: list[tuple[int, int, _SimEvent]] = []
         self._seq = 0
+        self._fetch_factory = fetch_factory
+        self._fetch_call = 0
         self._nodes = {
             node: _SimNode(node, SimStore(node, state_factory, self._membership), None)
             for node in self._ids
@@ -589,11 +629,16 @@ class Simulation:
             case _DeliverBody(to, sender, tx_id):
                 if self._nodes[to].core is not None and self._linked(sender, to):
                     self._deliver_body(to, sender, tx_id)
-            case _FetchRequest(to, sender, tx_id):
+            case _FetchRequest(to, sender, tx_ids, call):
                 holder = self._nodes[to]
-                held = holder.store.body_held(tx_id)
-                if holder.core is not None and self._linked(sender, to) and held:
-                    self._send(_DeliverBody(sender, to, tx_id))
+                if holder.core is not None and self._linked(sender, to):
+                    held = tuple(t for t in tx_ids if holder.store.body_held(t))
+                    self._send(_FetchAnswer(sender, to, held, call))
+            case _FetchAnswer(to, sender, tx_ids, call):
+                if self._linked(sender, to):
+                    self._fetch_answered(to, call, tx_ids)
+            case _FetchTimeout(node, call):
+                self._fetch_answered(node, call, None)
             case _StoreAnswer(node, epoch):
                 sim_node = self._nodes[node]
                 if epoch == sim_node.store.durable.epoch and sim_node.core is not None:
@@ -823,6 +868,8 @@ class Simulation:
         )
         self.checker.on_restart(node, durable.counter)
         sim_node.peer_posts = {}
+        sim_node.fetches = self._fetch_factory()
+        sim_node.fetch_calls = {}
         self._at(self._now + PROGRESS_REPORT_MS, _ProgressReport(node, durable.epoch))
         sim_node.tick_at = None
         sim_node.waiting.clear()
@@ -1108,10 +1155,48 @@ class Simulation:
                     for peer in peers:
                         self._send(_DeliverBody(peer, node, tx_id))
                 case FetchBody(tx_id, source):
-                    if self._nodes[node].store.body_held(tx_id):
+                    sim_node = self._nodes[node]
+                    if sim_node.store.body_held(tx_id):
                         self._at(self._now, _DeliverBody(node, node, tx_id))
-                    else:
-                        self._send(_FetchRequest(source, node, tx_id))
+                    elif sim_node.fetches.ask(tx_id, source):
+                        self._fetch_next(node, source)
+
+    def _fetch_next(self, node: NodeId, holder: NodeId) -> None:
+        """One caller of ``node``'s fetch queue for ``holder`` calls again, or ends
+        (``BodyFetches.drain``): the ids the core no longer wants are not asked."""
+        sim_node = self._nodes[node]
+        core = sim_node.core
+        assert core is not None, "a node that is down fetches nothing"
+        while batch := sim_node.fetches.next_batch(holder):
+            wanted = tuple(tx_id for tx_id in batch if core.wants_body(tx_id))
+            if not wanted:
+                sim_node.fetches.answered(holder, batch)
+                continue
+            self._fetch_call += 1
+            self.stats.fetch_calls += 1
+            sim_node.fetch_calls[self._fetch_call] = (holder, tuple(batch))
+            self._send(_FetchRequest(holder, node, wanted, self._fetch_call))
+            self._at(self._now + FETCH_TIMEOUT_MS, _FetchTimeout(node, self._fetch_call))
+            return
+
+    def _fetch_answered(self, node: NodeId, call: int, arrived: tuple[TxId, ...] | None) -> None:
+        """A fetch call of ``node`` is answered (None: its deadline passed first). The
+        first of the two ends it; an answer to a dead incarnation's call finds none."""
+        sim_node = self._nodes[node]
+        taken = sim_node.fetch_calls.pop(call, None)
+        if taken is None or sim_node.core is None:
+            return
+        holder, batch = taken
+        if arrived is None:
+            self.stats.fetch_calls_failed += 1
+            sim_node.fetches.failed(holder, batch)
+        else:
+            for tx_id in arrived:
+                self._deliver_body(node, holder, tx_id)
+                if sim_node.core is None:
+                    return  # the step that took it ended the incarnation
+            sim_node.fetches.answered(holder, batch)
+        self._fetch_next(node, holder)
 
     def _serve_from_log(self, node: NodeId, to: NodeId, from_len: int, count_max: int) -> None:
         """What the coordinator does: the store's ``read_synced`` (its staged state, cut

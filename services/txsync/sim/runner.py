@@ -82,6 +82,10 @@ class MixSummary:
     """Rotations of the stores' disks committed."""
     rotations_abandoned: int
     """Rotations a crash met before their commit (the old disk stays)."""
+    fetch_calls: int
+    """Body fetch calls made (the coordinators' ``FetchQueue``)."""
+    fetch_calls_failed: int
+    """Of those, calls that ended at their deadline."""
 
     def line(self, seconds: float) -> str:
         status = "OK" if not self.failures else f"{len(self.failures)} VIOLATION(S)"
@@ -89,7 +93,8 @@ class MixSummary:
             f"{self.mix.name:<52} {self.seeds:>6} seeds  {status:<14} "
             f"synced={self.synced} rounds={self.rounds} steps={self.steps} "
             f"crashes={self.crashes} dropped={self.dropped} views={self.views} "
-            f"rotations={self.rotations} ({self.rotations_abandoned} abandoned)  "
+            f"rotations={self.rotations} ({self.rotations_abandoned} abandoned) "
+            f"fetch_calls={self.fetch_calls} ({self.fetch_calls_failed} failed)  "
             f"{seconds:.1f}s"
         )
 
@@ -124,6 +129,7 @@ def run_mix(
         )
     failures: list[SeedOutcome] = []
     steps = rounds = synced = crashes = dropped = views = rotations = abandoned = count = 0
+    fetch_calls = fetch_calls_failed = 0
     try:
         for outcome in outcomes:
             count += 1
@@ -135,6 +141,8 @@ def run_mix(
             views += outcome.stats.views
             rotations += outcome.stats.rotations
             abandoned += outcome.stats.rotations_abandoned
+            fetch_calls += outcome.stats.fetch_calls
+            fetch_calls_failed += outcome.stats.fetch_calls_failed
             if on_outcome is not None:
                 on_outcome(outcome)
             if not outcome.ok:
@@ -146,5 +154,5 @@ def run_mix(
             pool.shutdown(cancel_futures=True)
     return MixSummary(
         mix, count, tuple(failures), steps, rounds, synced, crashes, dropped, views, rotations,
-        abandoned,
+        abandoned, fetch_calls, fetch_calls_failed,
     )  # fmt: skip

@@ -4,20 +4,16 @@ The core asks for each body it lacks (``FetchBody``) and retries with backoff un
 acquired. A DC back from a partition lacks thousands at once. Fetched one ``GetBody`` at a
 time, at most 64 in flight and the rest dropped until the core's next retry (up to 5 s
 later), it caught up at ~30 bodies/s: 3,000 bodies in 95 s, measured, while its workers,
-and every DC's rounds that needed it, waited. Here each ask joins a queue per holder, once,
-and each holder's queue is drained by ``GetBodies`` calls of up to 256 ids and 3 MiB,
-FETCH_CALLS_PER_PEER at a time. What arrives goes to the loop as pushed bodies do
-(``take``), whose byte budget is the backpressure.
-
-A holder that fails a call loses its whole queue: the core's retries go round the other
-holders it named. An id the holder does not have is dropped the same way. Held ids left
-out for the 3 MiB go back in the queue. A peer of an older release (no ``GetBodies``) is
-asked one body per call, as before.
+and every DC's rounds that needed it, waited. Now which ids go to which holder, in which
+batch, is decided by ``fetch_queue.FetchQueue`` (pure, run by the simulator too), and
+``BodyFetches`` makes the calls: ``GetBodies`` of up to 256 ids and 3 MiB,
+``FETCH_CALLS_PER_PEER`` at a time per holder. What arrives goes to the loop as pushed
+bodies do (``take``), whose byte budget is the backpressure. A peer of an older release
+(no ``GetBodies``) is asked one body per call, as before.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -25,20 +21,11 @@ import grpc
 
 from txsync.refusals import Refusal
 from txsync.sync_coordinator.effects import ArrivedBody
-from txsync.transaction_store.validation import (
-    BODIES_PER_CALL_MAX,
-    check_peer_body,
-    check_traceparent,
-)
+from txsync.sync_coordinator.fetch_queue import FetchQueue
+from txsync.transaction_store.validation import check_peer_body, check_traceparent
 from txsync.v1 import peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-FETCH_QUEUE_MAX = 65_536
-"""Bodies queued or being fetched, over all holders; the core retries an ask past it.
-Ids only (about 100 bytes each): the bodies' own bytes are bounded where they land."""
-FETCH_CALLS_PER_PEER = 2
-"""GetBodies calls in flight to one holder: the next is asked while one is answered."""
 
 
 def checked_body(tx_id: str, encoded: bytes, digest: bytes, traceparent: str) -> ArrivedBody:
@@ -68,12 +55,7 @@ class BodyFetches:
         self._wanted = wanted
         self._take = take
         self._timeout_s = timeout_s
-        self._queues: dict[str, dict[str, None]] = {}
-        """Per holder, the ids to fetch from it, oldest ask first."""
-        self._asked: set[str] = set()
-        """Queued or in a call (an ask for one of them is a retry: dropped)."""
-        self._callers: dict[str, int] = {}
-        """Per holder, the tasks draining its queue (at most FETCH_CALLS_PER_PEER)."""
+        self.queue = FetchQueue()
         self.fetched = 0
         """Bodies fetched and handed to the loop."""
         self.calls = 0
@@ -81,49 +63,35 @@ class BodyFetches:
     def ask(self, tx_id: str, source: str) -> bool:
         """Queue a fetch of ``tx_id`` from ``source``; True if a task must start
         ``drain(source)`` (the caller owns the tasks, so stopping it stops them)."""
-        asked = self._asked
-        if tx_id in asked or len(asked) >= FETCH_QUEUE_MAX:
-            return False  # the core's retry asks again, perhaps another holder
-        asked.add(tx_id)
-        self._queues.setdefault(source, {})[tx_id] = None
-        callers = self._callers.get(source, 0)
-        if callers >= FETCH_CALLS_PER_PEER:
-            return False
-        self._callers[source] = callers + 1
-        return True
+        return self.queue.ask(tx_id, source)
 
     @property
     def queued(self) -> int:
-        return len(self._asked)
+        return self.queue.queued
 
     async def drain(self, source: str) -> None:
-        """Fetch from ``source`` until its queue is empty. The emptiness check and the
-        caller count's decrement have no await between them, so an ask never finds a
-        queue that no task will drain."""
-        try:
-            queue = self._queues[source]
-            while queue:
-                batch = list(itertools.islice(queue, BODIES_PER_CALL_MAX))
-                for tx_id in batch:
-                    del queue[tx_id]
-                wanted = [tx_id for tx_id in batch if self._wanted(tx_id)]
-                try:
-                    if wanted:
-                        await self._fetch(source, wanted)
-                finally:
-                    self._asked.difference_update(tx_id for tx_id in batch if tx_id not in queue)
-        finally:
-            self._callers[source] -= 1
-            if not self._callers[source]:
-                del self._callers[source]
-                if not self._queues.get(source):
-                    self._queues.pop(source, None)
+        """Fetch from ``source`` until its queue is empty. Between ``next_batch``
+        answering nothing and the caller's end there is no await, so an ask never finds
+        a queue that no caller will drain."""
+        queue = self.queue
+        while batch := queue.next_batch(source):
+            wanted = [tx_id for tx_id in batch if self._wanted(tx_id)]
+            try:
+                unread = await self._fetch(source, wanted) if wanted else ()
+            except BaseException:
+                queue.abandoned(source, batch)  # stopped with the coordinator
+                raise
+            if unread is None:
+                queue.failed(source, batch)
+            else:
+                queue.answered(source, batch, unread)
 
-    async def _fetch(self, source: str, tx_ids: list[str]) -> None:
+    async def _fetch(self, source: str, tx_ids: list[str]) -> Sequence[str] | None:
+        """Fetch ``tx_ids`` and hand what arrives to the loop; the ids the holder left
+        for a later call, or None if the call failed."""
         stub = self._stub_of(source)
         if stub is None:
-            self._drop_queue(source)
-            return
+            return None
         self.calls += 1
         try:
             got = await stub.GetBodies(
@@ -132,28 +100,23 @@ class BodyFetches:
             )
         except grpc.aio.AioRpcError as error:
             if error.code() is grpc.StatusCode.UNIMPLEMENTED:
-                await self._fetch_one_by_one(stub, source, tx_ids)
-                return
+                return await self._fetch_one_by_one(stub, source, tx_ids)
             log.debug("fetching %d bodies from %s: %s", len(tx_ids), source, error.code().name)
-            self._drop_queue(source)
-            return
+            return None
         asked = set(tx_ids)
         arrived = [
             body
             for held in got.bodies
             if held.tx_id in asked and (body := self._checked(held, source)) is not None
         ]
-        queue = self._queues.setdefault(source, {})
-        for tx_id in got.unread:
-            if tx_id in asked:
-                queue[tx_id] = None
         if arrived:
             self.fetched += len(arrived)
             await self._take(arrived)
+        return got.unread
 
     async def _fetch_one_by_one(
         self, stub: peer_pb2_grpc.PeerServiceAsyncStub, source: str, tx_ids: list[str]
-    ) -> None:
+    ) -> Sequence[str] | None:
         for tx_id in tx_ids:
             try:
                 got = await stub.GetBody(
@@ -162,8 +125,7 @@ class BodyFetches:
                 )
             except grpc.aio.AioRpcError as error:
                 if error.code() is not grpc.StatusCode.NOT_FOUND:
-                    self._drop_queue(source)
-                    return
+                    return None
                 continue
             held = peer_pb2.PushBodyRequest(
                 tx_id=tx_id, body=got.body, digest=got.digest, traceparent=got.traceparent
@@ -171,6 +133,7 @@ class BodyFetches:
             if (body := self._checked(held, source)) is not None:
                 self.fetched += 1
                 await self._take([body])
+        return ()
 
     @staticmethod
     def _checked(held: peer_pb2.PushBodyRequest, source: str) -> ArrivedBody | None:
@@ -179,9 +142,3 @@ class BodyFetches:
         except Refusal as error:
             log.warning("body %s fetched from %s refused: %s", held.tx_id, source, error.message)
             return None
-
-    def _drop_queue(self, source: str) -> None:
-        queue = self._queues.get(source)
-        if queue:
-            self._asked.difference_update(queue)
-            queue.clear()

@@ -36,8 +36,8 @@ from txsync.rpc import (
 from txsync.settings import COORDINATOR_SETTINGS, add_arguments
 from txsync.sync_coordinator.admin import NOT_HERE as ADMIN_NOT_HERE
 from txsync.sync_coordinator.admin import CoordinatorAdmin
-from txsync.sync_coordinator.bodies import FETCH_QUEUE_MAX
 from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig
+from txsync.sync_coordinator.fetch_queue import FETCH_QUEUE_MAX
 from txsync.sync_coordinator.peer_link import TlsFiles
 from txsync.sync_coordinator.peer_service import PeerServicer
 from txsync.sync_coordinator.store_wire import SERVICE
