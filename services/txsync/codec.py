@@ -19,6 +19,7 @@ from txsync.protocol import (
     ConfigChange,
     Configuration,
     MergeBase,
+    PersistViewVote,
     TxMeta,
     View,
     ViewProposal,
@@ -207,6 +208,26 @@ def proposal_from_proto(message: common_pb2.ViewProposal, field: str = "proposal
         base_from_proto(message.seal_start, f"{field}.seal_start"),
         metas_from_proto(message.seal, f"{field}.seal"),
         configuration,
+    )
+
+
+def vote_to_proto(vote: PersistViewVote) -> common_pb2.ViewVote:
+    """An acceptor's vote as the store keeps it for its coordinator: the promise, and
+    what it accepted (both or neither)."""
+    message = common_pb2.ViewVote(promised=ballot_to_proto(vote.promised))
+    if vote.accepted_ballot is not None and vote.accepted is not None:
+        message.accepted_ballot.CopyFrom(ballot_to_proto(vote.accepted_ballot))
+        message.accepted.CopyFrom(proposal_to_proto(vote.accepted))
+    return message
+
+
+def vote_from_proto(message: common_pb2.ViewVote, field: str = "vote") -> PersistViewVote:
+    if not message.HasField("accepted_ballot"):
+        return PersistViewVote(ballot_from_proto(message.promised, f"{field}.promised"), None, None)
+    return PersistViewVote(
+        ballot_from_proto(message.promised, f"{field}.promised"),
+        ballot_from_proto(message.accepted_ballot, f"{field}.accepted_ballot"),
+        proposal_from_proto(message.accepted, f"{field}.accepted"),
     )
 
 

@@ -19,8 +19,16 @@ from google.protobuf.duration_pb2 import Duration
 
 from tests.support.in_process import WAIT_S, until
 from tests.transaction_store.held_writes import hold_writes
-from txsync.codec import meta_to_proto
-from txsync.protocol import GENESIS_TX_ID, MergeBase, TxMeta, TxState
+from txsync.protocol import (
+    Ballot,
+    Configuration,
+    MergeBase,
+    PersistViewVote,
+    TxMeta,
+    TxState,
+    View,
+    ViewProposal,
+)
 from txsync.protocol.limits import INCOMING_TXS_MOST, Limits
 from txsync.refusals import Refusal, Refused
 from txsync.rpc import add_service, new_server
@@ -1101,14 +1109,21 @@ def test_a_rotation_files_the_bodies_it_keeps_and_no_others(
     _run(tmp_path, after_rotation)
 
 
-def _proposal(view_no: int, members: list[str], seal: list[TxMeta]) -> common_pb2.ViewProposal:
-    return common_pb2.ViewProposal(
-        view=common_pb2.View(view_no=view_no, members=members),
-        seal_start=common_pb2.MergeBase(synced_len=0, last_tx_id=GENESIS_TX_ID),
-        seal=[meta_to_proto(meta) for meta in seal],
-        configuration=common_pb2.Configuration(
-            weights=[common_pb2.NodeWeight(node_id=m, weight=1) for m in members]
-        ),
+def _proposal(
+    view_no: int,
+    members: list[str],
+    seal: list[TxMeta],
+    *,
+    applied_position: int = 0,
+    configured_too: tuple[str, ...] = (),
+) -> ViewProposal:
+    """View ``view_no`` of ``members``, configured with them and ``configured_too``."""
+    weights = tuple((node, 1) for node in sorted([*members, *configured_too]))
+    return ViewProposal(
+        View(view_no, tuple(members)),
+        MergeBase.genesis(),
+        tuple(seal),
+        Configuration(weights, applied_position),
     )
 
 
@@ -1117,7 +1132,7 @@ def test_views_votes_and_forgotten_metas_survive_restart_and_rotation(tmp_path: 
     and forgotten foreign metas; an origin's own transactions are never forgotten."""
     foreign = [TxMeta(n, str(uuid.uuid4()), "dc3") for n in (1, 2)]
     pushed_first = foreign[1]
-    vote = common_pb2.ViewVote(promised=common_pb2.Ballot(view_no=1, attempt=1, proposer="dc2"))
+    vote = PersistViewVote(Ballot(1, 1, "dc2"), None, None)
 
     async def scenario(store: TransactionStore) -> str:
         local = (await store.submit(_body())).tx_id
@@ -1290,8 +1305,7 @@ def test_membership_entries_come_one_at_a_time_and_only_from_the_admin_api(
         meta = await _sync_local(store, first.tx_id, 1)
         with pytest.raises(Refusal, match="one change at a time"):  # synced, not applied
             await store.change_membership(common_pb2.MembershipChange(node_id="dc3"))
-        applied = _proposal(1, ["dc1"], [])
-        applied.configuration.applied_position = 1
+        applied = _proposal(1, ["dc1"], [], applied_position=1)
         await store.persist_step(
             ProtocolStep(
                 service="sc",
@@ -1762,8 +1776,7 @@ def test_a_membership_entry_holds_truncation_back_until_it_is_applied(tmp_path: 
         await _sync_local(store, entry, 3)
         store.report_progress({"dc2": 3}, None, peers_reported=True)
         assert store.truncation_hold().below == 0  # synced, not applied
-        view = _proposal(1, ["dc1", "dc2", "dc4"], [])
-        view.configuration.applied_position = 3
+        view = _proposal(1, ["dc1", "dc2", "dc4"], [], applied_position=3)
         await store.persist_step(ProtocolStep(service="sc", installed_view=view))
         # Applied; dc4 holds it now, until a report names it (seed 103).
         assert store.truncation_hold() == TruncationHold(
@@ -1806,9 +1819,7 @@ def test_a_membership_change_waits_for_the_one_before_it_everywhere(tmp_path: Pa
         with pytest.raises(Refusal, match=f"{peer_entry} is not applied yet"):
             await store.change_membership(removal)
 
-        view = _proposal(2, ["dc1", "dc2", "dc3"], [])
-        view.configuration.weights.add(node_id="dc4", weight=1)
-        view.configuration.applied_position = 1
+        view = _proposal(2, ["dc1", "dc2", "dc3"], [], applied_position=1, configured_too=("dc4",))
         await store.persist_step(ProtocolStep(installed_view=view))
         # The last report named the peers before the change: dc4 holds everything
         # until the coordinator reports it (the simulator with rotations, seed 103).
@@ -1821,7 +1832,7 @@ def test_a_membership_change_waits_for_the_one_before_it_everywhere(tmp_path: Pa
             await store.change_membership(removal)
         assert early.value.kind is Refused.PRECONDITION
         weight = common_pb2.MembershipChange(node_id="dc2", weight=2)
-        await _applied(store, await store.change_membership(weight), 2, view)
+        view = await _applied(store, await store.change_membership(weight), 2, view)
 
         store.report_progress({"dc2": 2, "dc3": 2, "dc4": 2}, None, peers_reported=True)
         assert store.truncation_hold() == TruncationHold(3, "")
@@ -1830,14 +1841,20 @@ def test_a_membership_change_waits_for_the_one_before_it_everywhere(tmp_path: Pa
         assert common_pb2.TxBody.FromString(body).membership.after_position == 2
 
     async def _applied(
-        store: TransactionStore, taken: Submitted, position: int, view: common_pb2.ViewProposal
-    ) -> None:
+        store: TransactionStore, taken: Submitted, position: int, view: ViewProposal
+    ) -> ViewProposal:
+        """The view after ``view`` that applies the membership entry ``taken``, synced at
+        ``position``, installed."""
         [(_, body, _)], _ = await store.read_bodies([taken.tx_id])
         assert common_pb2.TxBody.FromString(body).membership.after_position == position - 1
         await _sync_local(store, taken.tx_id, position)
-        view.view.view_no += 1
-        view.configuration.applied_position = position
+        view = dataclasses.replace(
+            view,
+            view=View(view.view.view_no + 1, view.view.members),
+            configuration=dataclasses.replace(view.configuration, applied_position=position),
+        )
         await store.persist_step(ProtocolStep(installed_view=view))
+        return view
 
     _run(tmp_path, scenario, witness=True)
 

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from txsync.codec import ballot_from_proto, proposal_to_proto
+from txsync.codec import proposal_to_proto
 from txsync.protocol import (
     Ballot,
     BodyAcquired,
@@ -1099,7 +1099,7 @@ class Simulation:
                 lost = next((meta.tx_id for meta in queue if not store.known(meta.tx_id)), None)
                 if lost is not None:
                     problem = f"{lost} in its queue, not durable"
-                promised = ballot_from_proto(vote.promised) if vote is not None else None
+                promised = vote.promised if vote is not None else None
                 if isinstance(message, ViewPromise) and not self._voted(
                     durable, promised, message.ballot
                 ):
@@ -1109,9 +1109,7 @@ class Simulation:
                 if end > durable.synced_len:
                     problem = f"entries up to {end} with {durable.synced_len} synced durably"
             case ViewAccepted(ballot=ballot):
-                accepted = None
-                if vote is not None and vote.HasField("accepted_ballot"):
-                    accepted = ballot_from_proto(vote.accepted_ballot)
+                accepted = vote.accepted_ballot if vote is not None else None
                 if not self._voted(durable, accepted, ballot):
                     problem = f"accepted {ballot}, {accepted} durably"
         if problem is not None:

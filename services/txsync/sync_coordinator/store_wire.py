@@ -6,15 +6,15 @@ runs the very conversions the services do."""
 from __future__ import annotations
 
 from txsync.codec import (
-    ballot_from_proto,
-    ballot_to_proto,
     base_to_proto,
     meta_from_proto,
     meta_to_proto,
     proposal_from_proto,
     proposal_to_proto,
+    vote_from_proto,
+    vote_to_proto,
 )
-from txsync.protocol import IMPLIED_STATES, Ballot, DurableState
+from txsync.protocol import IMPLIED_STATES, DurableState
 from txsync.sync_coordinator.effects import MergedPersist
 from txsync.v1 import common_pb2, store_pb2
 
@@ -23,7 +23,7 @@ SERVICE = "sync-coordinator"
 
 
 def durable_from_proto(state: store_pb2.LoadProtocolStateResponse) -> DurableState:
-    voted = state.HasField("vote") and state.vote.HasField("accepted_ballot")
+    vote = vote_from_proto(state.vote) if state.HasField("vote") else None
     return DurableState(
         counter=state.counter,
         epoch=state.epoch,
@@ -32,9 +32,9 @@ def durable_from_proto(state: store_pb2.LoadProtocolStateResponse) -> DurableSta
         incoming=tuple((meta_from_proto(e.meta), e.acquired) for e in state.incoming),
         synced_unacquired=tuple(meta_from_proto(m) for m in state.synced_unacquired),
         view=proposal_from_proto(state.view, "view") if state.HasField("view") else None,
-        promised=ballot_from_proto(state.vote.promised) if state.HasField("vote") else None,
-        accepted_ballot=ballot_from_proto(state.vote.accepted_ballot) if voted else None,
-        accepted=proposal_from_proto(state.vote.accepted) if voted else None,
+        promised=vote.promised if vote is not None else None,
+        accepted_ballot=vote.accepted_ballot if vote is not None else None,
+        accepted=vote.accepted if vote is not None else None,
     )
 
 
@@ -65,9 +65,5 @@ def persist_request(merged: MergedPersist) -> store_pb2.PersistStepRequest:
     if merged.installed is not None:
         request.installed_view.CopyFrom(proposal_to_proto(merged.installed))
     if merged.vote is not None:
-        request.vote.promised.CopyFrom(ballot_to_proto(merged.vote.promised))
-        accepted_ballot: Ballot | None = merged.vote.accepted_ballot
-        if accepted_ballot is not None and merged.vote.accepted is not None:
-            request.vote.accepted_ballot.CopyFrom(ballot_to_proto(accepted_ballot))
-            request.vote.accepted.CopyFrom(proposal_to_proto(merged.vote.accepted))
+        request.vote.CopyFrom(vote_to_proto(merged.vote))
     return request

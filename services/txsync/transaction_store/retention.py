@@ -104,9 +104,9 @@ def truncation_hold(
         # `membership`, five nodes).
         reported = progress.peer_synced_len
         passed += [
-            (0, f"peer {weight.node_id}, not reported yet")
-            for weight in state.view.configuration.weights
-            if weight.node_id != state.node_id and weight.node_id not in reported
+            (0, f"peer {node}, not reported yet")
+            for node, _ in state.view.configuration.weights
+            if node != state.node_id and node not in reported
         ]
     if not witness:
         if progress.workers_min_position is None:

@@ -44,8 +44,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from txsync.codec import meta_from_proto, meta_to_proto
-from txsync.protocol import MergeBase, TxMeta, TxState
+from txsync.codec import (
+    meta_from_proto,
+    meta_to_proto,
+    proposal_from_proto,
+    proposal_to_proto,
+    vote_from_proto,
+    vote_to_proto,
+)
+from txsync.protocol import MergeBase, PersistViewVote, TxMeta, TxState, ViewProposal
 from txsync.transaction_store.txlog.files import SnapshotForm
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -199,9 +206,9 @@ class StoreState:
         """Transactions in state INCOMING (backpressure)."""
         self.open_body_bytes = 0
         """Bytes of held bodies of transactions not yet OK or FAILED (backpressure)."""
-        self.view: common_pb2.ViewProposal | None = None
+        self.view: ViewProposal | None = None
         """The coordinator's installed view (None: view 0 of the whole configuration)."""
-        self.vote: common_pb2.ViewVote | None = None
+        self.vote: PersistViewVote | None = None
         """The coordinator's vote in the next view change (kept for it, not interpreted)."""
         self._next_seq = 1
         self._bodies_held_len = 0
@@ -339,9 +346,9 @@ class StoreState:
         elif kind == "snapshot_more":
             self._apply_snapshot_more(entry.snapshot_more)
         elif kind == "view_voted":
-            self.vote = entry.view_voted
+            self.vote = vote_from_proto(entry.view_voted)
         elif kind == "view_installed":
-            self.view = entry.view_installed.installed
+            self.view = proposal_from_proto(entry.view_installed.installed)
             self.vote = None
         elif kind == "forgotten":
             for tx_id in entry.forgotten.tx_ids:
@@ -536,9 +543,9 @@ class StoreState:
         )
         fresh.truncated_last_tx_id = snapshot.truncated_last_tx_id
         if snapshot.HasField("view"):
-            fresh.view = snapshot.view.installed
+            fresh.view = proposal_from_proto(snapshot.view.installed)
         if snapshot.HasField("vote"):
-            fresh.vote = snapshot.vote
+            fresh.vote = vote_from_proto(snapshot.vote)
         fresh._restore_txs(snapshot.txs)
         fresh._restore_synced(snapshot.synced)
         self.__dict__.update(fresh.__dict__)
@@ -649,9 +656,9 @@ class StoreState:
             synced=[meta_to_proto(m) for m in self.synced[cut:]],
         )
         if self.view is not None:
-            snapshot.view.installed.CopyFrom(self.view)
+            snapshot.view.installed.CopyFrom(proposal_to_proto(self.view))
         if self.vote is not None:
-            snapshot.vote.CopyFrom(self.vote)
+            snapshot.vote.CopyFrom(vote_to_proto(self.vote))
         snapshot.synced_offset = self.synced_offset + cut
         snapshot.truncated_last_tx_id = dropped[-1] if dropped else self.truncated_last_tx_id
         kept: list[bytes] = []

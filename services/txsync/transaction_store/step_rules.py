@@ -12,8 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from txsync.codec import base_to_proto, meta_to_proto
-from txsync.protocol import IMPLIED_STATES, MergeBase, TxMeta, TxState, is_allowed_transition
+from txsync.codec import base_to_proto, meta_to_proto, proposal_to_proto, vote_to_proto
+from txsync.protocol import (
+    IMPLIED_STATES,
+    MergeBase,
+    PersistViewVote,
+    TxMeta,
+    TxState,
+    ViewProposal,
+    is_allowed_transition,
+)
 from txsync.refusals import Refusal, Refused
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
 from txsync.transaction_store.validation import STATE_CHANGES_MAX, check_tx_id, invalid
@@ -46,8 +54,8 @@ class ProtocolState:
     incoming: list[tuple[TxMeta, bool]]
     """Incoming metas and whether each body is held."""
     synced_unacquired: list[TxMeta]
-    view: common_pb2.ViewProposal | None
-    vote: common_pb2.ViewVote | None
+    view: ViewProposal | None
+    vote: PersistViewVote | None
 
 
 def protocol_state(state: StoreState) -> ProtocolState:
@@ -87,8 +95,8 @@ class ProtocolStep:
     service: str = "sync-coordinator"
     """Kept in the transactions' history."""
     forgotten: Sequence[str] = ()
-    installed_view: common_pb2.ViewProposal | None = None
-    vote: common_pb2.ViewVote | None = None
+    installed_view: ViewProposal | None = None
+    vote: PersistViewVote | None = None
     bodies: Sequence[PeerBody] = ()
     """Peers' bodies the step acquires, written ahead of its other entries (one held
     already is skipped); one that fails its checks fails the step."""
@@ -162,11 +170,10 @@ def plan_step(state: StoreState, step: ProtocolStep, now_ms: int) -> list[txlog_
                 f"view {installed_view.view.view_no} is not newer than the installed "
                 f"view {state.view_no}",
             )
-        entries.append(
-            _entry(now_ms, view_installed=txlog_pb2.ViewInstalled(installed=installed_view))
-        )
+        installed = txlog_pb2.ViewInstalled(installed=proposal_to_proto(installed_view))
+        entries.append(_entry(now_ms, view_installed=installed))
     if vote is not None:
-        entries.append(_entry(now_ms, view_voted=vote))
+        entries.append(_entry(now_ms, view_voted=vote_to_proto(vote)))
     synced_ids = {meta.tx_id for meta in synced}
     entries.extend(
         plan_changes(
@@ -255,9 +262,7 @@ def check_can_join(state: StoreState, node_id: str) -> None:
     configured (a new address) is no join. (Once the entry is taken, this DC truncates
     nothing until it is applied: ``retention.truncation_hold``.)"""
     view = state.view
-    configured = view is not None and any(
-        weight.node_id == node_id for weight in view.configuration.weights
-    )
+    configured = view is not None and any(node == node_id for node, _ in view.configuration.weights)
     offset = state.synced_offset
     if offset and not configured:
         raise Refusal(
@@ -300,8 +305,7 @@ def check_membership_change(
     configuration = state.view.configuration if state.view is not None else None
     applied = configuration.applied_position if configuration is not None else 0
     if change.weight == 0 and configuration is not None:
-        for weight in configuration.weights:
-            node = weight.node_id
+        for node, _ in configuration.weights:
             come = peers_progress.get(node, 0)
             if node in (state.node_id, change.node_id) or come >= applied:
                 continue

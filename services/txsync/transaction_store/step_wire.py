@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from txsync.codec import WireError, base_to_proto, meta_to_proto, metas_from_proto
+from txsync.codec import (
+    WireError,
+    base_to_proto,
+    meta_to_proto,
+    metas_from_proto,
+    proposal_from_proto,
+    proposal_to_proto,
+    vote_from_proto,
+    vote_to_proto,
+)
 from txsync.ids import tx_id_problem
 from txsync.protocol import MergeBase, TxMeta, TxState
 from txsync.transaction_store.step_rules import ProtocolState, ProtocolStep, StateChangeRequest
@@ -29,6 +38,15 @@ def step_from_proto(request: store_pb2.PersistStepRequest) -> ProtocolStep:
     start = None
     if request.HasField("synced_start"):
         start = MergeBase(request.synced_start.synced_len, request.synced_start.last_tx_id)
+    try:
+        installed_view = (
+            proposal_from_proto(request.installed_view, "installed_view")
+            if request.HasField("installed_view")
+            else None
+        )
+        vote = vote_from_proto(request.vote) if request.HasField("vote") else None
+    except WireError as error:
+        raise invalid(str(error)) from None
     return ProtocolStep(
         counter=request.counter,
         local_seq=request.local_seq,
@@ -38,8 +56,8 @@ def step_from_proto(request: store_pb2.PersistStepRequest) -> ProtocolStep:
         changes=changes_from_proto(request.state_changes),
         service=request.service or "sync-coordinator",
         forgotten=list(request.forgotten),
-        installed_view=request.installed_view if request.HasField("installed_view") else None,
-        vote=request.vote if request.HasField("vote") else None,
+        installed_view=installed_view,
+        vote=vote,
         bodies=[
             (b.tx_id, b.body, b.digest, check_traceparent(b.traceparent)) for b in request.bodies
         ],
@@ -89,7 +107,7 @@ def protocol_state_to_proto(
     for meta, acquired in loaded.incoming:
         response.incoming.add(meta=meta_to_proto(meta), acquired=acquired)
     if loaded.view is not None:
-        response.view.CopyFrom(loaded.view)
+        response.view.CopyFrom(proposal_to_proto(loaded.view))
     if loaded.vote is not None:
-        response.vote.CopyFrom(loaded.vote)
+        response.vote.CopyFrom(vote_to_proto(loaded.vote))
     return response
