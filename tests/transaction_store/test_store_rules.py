@@ -1603,7 +1603,9 @@ def test_history_is_truncated_in_place_between_rotations(
         # A client still waiting on one is answered from its kept verdict, at once.
         assert await store.wait_many([ids[0]], TxState.ACCEPTED, WAIT_S) == [(None, True)]
         verdict = store.truncated_verdicts[ids[0]]
-        assert verdict.state is TxState.OK and verdict.outcome() == _ok()
+        answered = common_pb2.Outcome()
+        verdict.into(answered)
+        assert verdict.state is TxState.OK and answered == _ok()
         unknown = str(uuid.uuid4())
         assert await store.wait_many([unknown], TxState.OK, 0.01) == [(None, False)]
         assert await _waited_over_grpc(store, ids[0]) == (True, common_pb2.TX_STATE_OK, 1)
@@ -1640,6 +1642,46 @@ async def _waited_over_grpc(store: TransactionStore, tx_id: str) -> tuple[bool, 
     finally:
         await server.stop(None)
     return answer.reached, answer.state, answer.outcome.position
+
+
+def test_a_duplicates_answer_carries_the_first_ones_rows_and_error(tmp_path: Path) -> None:
+    """A retry whose idempotency key an earlier transaction held finishes as a duplicate
+    of it; a client waiting on the retry is told the first one's rows affected and
+    error, which its submitter is after (written into the answer from the fields the
+    store holds, not from a message built per answer)."""
+
+    async def scenario(store: TransactionStore) -> common_pb2.Outcome:
+        first, retry = (await store.submit(_body())).tx_id, (await store.submit(_body())).tx_id
+        for position, tx_id in enumerate((first, retry), start=1):
+            await _sync_local(store, tx_id, position)
+        ran = common_pb2.Outcome(
+            state=common_pb2.TX_STATE_OK, position=1, rows_affected=[3], error="warned"
+        )
+        duplicate = common_pb2.Outcome(
+            state=common_pb2.TX_STATE_OK, position=2, duplicate_of=first, state_digest=b"d"
+        )
+        for tx_id, outcome in ((first, ran), (retry, duplicate)):
+            await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd")
+            await store.advance_states([StateChangeRequest(tx_id, TxState.OK, outcome)], "wd")
+        server = new_server()
+        add_service(server, ClientServicer(store), CLIENT_SERVICE)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                answer = await client_pb2_grpc.ClientServiceStub(channel).Wait(
+                    client_pb2.WaitRequest(tx_id=retry, state=common_pb2.TX_STATE_OK),
+                    timeout=WAIT_S,
+                )
+        finally:
+            await server.stop(None)
+        assert answer.reached and answer.state == common_pb2.TX_STATE_OK
+        return answer.outcome
+
+    told = _run(tmp_path, scenario)
+    assert list(told.rows_affected) == [3] and told.error == "warned"
+    assert (told.position, told.state_digest) == (2, b"d")
+    assert told.duplicate_of  # the retry's own verdict, with the first one's results
 
 
 def test_truncation_waits_for_a_verdict_on_disk_and_keeps_recent_ones(

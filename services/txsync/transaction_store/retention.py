@@ -166,14 +166,13 @@ class Verdict(NamedTuple):
             outcome.duplicate_of,
         )  # fmt: skip
 
-    def outcome(self) -> common_pb2.Outcome:
-        return common_pb2.Outcome(
-            state=common_pb2.TxState.ValueType(self.state.value),
-            position=self.position,
-            rows_affected=self.rows_affected,
-            error=self.error,
-            duplicate_of=self.duplicate_of,
-        )
+    def into(self, message: common_pb2.Outcome) -> None:
+        """Set ``message`` (empty, or a field of a message being built) to this."""
+        message.state = common_pb2.TxState.ValueType(self.state.value)
+        message.position = self.position
+        message.rows_affected[:] = self.rows_affected
+        message.error = self.error
+        message.duplicate_of = self.duplicate_of
 
 
 class Carried(NamedTuple):

@@ -33,7 +33,8 @@ from txsync.shares import Shares, caller_of
 from txsync.telemetry import current_traceparent, work
 from txsync.telemetry.tracing import new_trace_linked_to, tracing_configured
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
-from txsync.transaction_store.state import TxRecord
+from txsync.transaction_store.retention import Verdict
+from txsync.transaction_store.state import Outcome, TxRecord
 from txsync.transaction_store.step_wire import (
     changes_from_proto,
     protocol_state_to_proto,
@@ -116,18 +117,18 @@ async def _waited(
         if state is not None:
             response.state = common_pb2.TxState.ValueType(state.value)
         if outcome is not None:
-            response.outcome.CopyFrom(_answered_outcome(store, outcome))
+            _answer_outcome(store, outcome, response.outcome)
 
 
 def _where(
     store: TransactionStore, tx_id: str, record: TxRecord | None
-) -> tuple[TxState | None, common_pb2.Outcome | None]:
+) -> tuple[TxState | None, Outcome | Verdict | None]:
     """A waited transaction's state and outcome: its record's, or once it is truncated,
     the verdict the store keeps for a while (``truncated_verdicts``)."""
     if record is not None:
-        return record.state, record.outcome.message() if record.outcome is not None else None
+        return record.state, record.outcome
     verdict = store.truncated_verdicts.get(tx_id)
-    return (verdict.state, verdict.outcome()) if verdict is not None else (None, None)
+    return (verdict.state, verdict) if verdict is not None else (None, None)
 
 
 def _wait_answer(
@@ -140,24 +141,24 @@ def _wait_answer(
     if state is not None:
         response.state = common_pb2.TxState.ValueType(state.value)
     if outcome is not None:
-        response.outcome.CopyFrom(_answered_outcome(store, outcome))
+        _answer_outcome(store, outcome, response.outcome)
     return response
 
 
-def _answered_outcome(store: TransactionStore, outcome: common_pb2.Outcome) -> common_pb2.Outcome:
-    """What a client is told of ``outcome``: a duplicate (a retry whose key an earlier
-    transaction held) answers with the first one's rows affected and error, which its
-    submitter is after, when this DC still holds them."""
+def _answer_outcome(
+    store: TransactionStore, outcome: Outcome | Verdict, answer: common_pb2.Outcome
+) -> None:
+    """Write into ``answer`` what a client is told of ``outcome``, straight from the
+    fields the store holds (no message built and copied per answer): a duplicate (a
+    retry whose key an earlier transaction held) answers with the first one's rows
+    affected and error, which its submitter is after, when this DC still holds them."""
+    outcome.into(answer)
     if not outcome.duplicate_of:
-        return outcome
+        return
     first = store.state.tx(outcome.duplicate_of)
-    if first is None or first.outcome is None:
-        return outcome
-    answer = common_pb2.Outcome()
-    answer.CopyFrom(outcome)
-    answer.rows_affected[:] = first.outcome.rows_affected
-    answer.error = first.outcome.error or outcome.error
-    return answer
+    if first is not None and first.outcome is not None:
+        answer.rows_affected[:] = first.outcome.rows_affected
+        answer.error = first.outcome.error or outcome.error
 
 
 def _submit_args(
