@@ -166,19 +166,22 @@ def ballot_from_proto(message: common_pb2.Ballot, field: str = "ballot") -> Ball
 
 
 def proposal_to_proto(proposal: ViewProposal) -> common_pb2.ViewProposal:
-    configuration = proposal.configuration
-    urls = dict(configuration.addresses)
     return common_pb2.ViewProposal(
         view=common_pb2.View(view_no=proposal.view.view_no, members=list(proposal.view.members)),
         seal_start=base_to_proto(proposal.seal_start),
         seal=[meta_to_proto(meta) for meta in proposal.seal],
-        configuration=common_pb2.Configuration(
-            weights=[
-                common_pb2.NodeWeight(node_id=node, weight=weight, url=urls.get(node, ""))
-                for node, weight in configuration.weights
-            ],
-            applied_position=configuration.applied_position,
-        ),
+        configuration=configuration_to_proto(proposal.configuration),
+    )
+
+
+def configuration_to_proto(configuration: Configuration) -> common_pb2.Configuration:
+    urls = dict(configuration.addresses)
+    return common_pb2.Configuration(
+        weights=[
+            common_pb2.NodeWeight(node_id=node, weight=weight, url=urls.get(node, ""))
+            for node, weight in configuration.weights
+        ],
+        applied_position=configuration.applied_position,
     )
 
 
@@ -222,10 +225,11 @@ def vote_to_proto(vote: PersistViewVote) -> common_pb2.ViewVote:
 
 
 def vote_from_proto(message: common_pb2.ViewVote, field: str = "vote") -> PersistViewVote:
+    promised = ballot_from_proto(message.promised, f"{field}.promised")
     if not message.HasField("accepted_ballot"):
-        return PersistViewVote(ballot_from_proto(message.promised, f"{field}.promised"), None, None)
+        return PersistViewVote(promised, None, None)
     return PersistViewVote(
-        ballot_from_proto(message.promised, f"{field}.promised"),
+        promised,
         ballot_from_proto(message.accepted_ballot, f"{field}.accepted_ballot"),
         proposal_from_proto(message.accepted, f"{field}.accepted"),
     )

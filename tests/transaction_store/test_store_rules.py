@@ -1627,21 +1627,28 @@ def test_history_is_truncated_in_place_between_rotations(
 
 async def _waited_over_grpc(store: TransactionStore, tx_id: str) -> tuple[bool, int, int]:
     """A client's Wait for OK, through the real service: (reached, state, position)."""
+    answer = await _wait_over_grpc(
+        store,
+        client_pb2.WaitRequest(
+            tx_id=tx_id, state=common_pb2.TX_STATE_OK, timeout=Duration(nanos=10_000_000)
+        ),
+    )
+    return answer.reached, answer.state, answer.outcome.position
+
+
+async def _wait_over_grpc(
+    store: TransactionStore, request: client_pb2.WaitRequest
+) -> client_pb2.WaitResponse:
+    """``request`` answered by the store's real ``ClientService`` on a loopback port."""
     server = new_server()
     add_service(server, ClientServicer(store), CLIENT_SERVICE)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            answer = await client_pb2_grpc.ClientServiceStub(channel).Wait(
-                client_pb2.WaitRequest(
-                    tx_id=tx_id, state=common_pb2.TX_STATE_OK, timeout=Duration(nanos=10_000_000)
-                ),
-                timeout=WAIT_S,
-            )
+            return await client_pb2_grpc.ClientServiceStub(channel).Wait(request, timeout=WAIT_S)
     finally:
         await server.stop(None)
-    return answer.reached, answer.state, answer.outcome.position
 
 
 def test_a_duplicates_answer_carries_the_first_ones_rows_and_error(tmp_path: Path) -> None:
@@ -1663,18 +1670,9 @@ def test_a_duplicates_answer_carries_the_first_ones_rows_and_error(tmp_path: Pat
         for tx_id, outcome in ((first, ran), (retry, duplicate)):
             await store.advance_states([StateChangeRequest(tx_id, TxState.TESTING)], "wd")
             await store.advance_states([StateChangeRequest(tx_id, TxState.OK, outcome)], "wd")
-        server = new_server()
-        add_service(server, ClientServicer(store), CLIENT_SERVICE)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                answer = await client_pb2_grpc.ClientServiceStub(channel).Wait(
-                    client_pb2.WaitRequest(tx_id=retry, state=common_pb2.TX_STATE_OK),
-                    timeout=WAIT_S,
-                )
-        finally:
-            await server.stop(None)
+        answer = await _wait_over_grpc(
+            store, client_pb2.WaitRequest(tx_id=retry, state=common_pb2.TX_STATE_OK)
+        )
         assert answer.reached and answer.state == common_pb2.TX_STATE_OK
         return answer.outcome
 

@@ -1191,8 +1191,6 @@ class Simulation:
         else:
             for tx_id in arrived:
                 self._deliver_body(node, holder, tx_id)
-                if sim_node.core is None:
-                    return  # the step that took it ended the incarnation
             sim_node.fetches.answered(holder, batch)
         self._fetch_next(node, holder)
 

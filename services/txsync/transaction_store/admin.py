@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from txsync.access import forwarded_credentials
-from txsync.codec import base_to_proto, proposal_to_proto
+from txsync.codec import base_to_proto, configuration_to_proto
 from txsync.rpc import REFUSALS, ServiceError, abort, answers_errors, check_request
 from txsync.shares import Shares, caller_of
 from txsync.telemetry import work
@@ -68,7 +68,7 @@ class AdminServicer:
             retention=_retention(store),
         )
         if state.view is not None:
-            local.configuration.CopyFrom(proposal_to_proto(state.view).configuration)
+            local.configuration.CopyFrom(configuration_to_proto(state.view.configuration))
         credentials = forwarded_credentials(context)
         with self.onward.held(caller_of(context)):
             local = await self._dc.dc_status(local, credentials)
