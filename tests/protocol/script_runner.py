@@ -21,6 +21,7 @@ Commands (tx and node names are short words; ``t1@3/a`` is tx t1 with ts 3 from 
     tick a 500
     change a                                          (an operator asks for a view change)
     membership a position=7 node=d weight=1           (a membership entry synced at 7)
+    truncated a 3                                     (the store's history starts after 3)
     prepare a from=b ballot=1.1.b                     (view_no.attempt.proposer)
     promise a from=b ballot=1.1.a base=0 counter=3 [queue=...] [accepted=1.1.c view=1:a,b
           seal_start=0 seal=t1@1/a]
@@ -52,6 +53,7 @@ from txsync.protocol import (
     DurableState,
     Event,
     FetchBody,
+    HistoryTruncated,
     Limits,
     LocalTx,
     MergeBase,
@@ -311,6 +313,8 @@ class ScriptRun:
             event = Tick(self.now[name])
         elif verb == "change":
             event = ViewChangeRequested()
+        elif verb == "truncated":
+            event = HistoryTruncated(int(rest[0]))
         elif verb == "membership":
             after = int(kv["after"]) if "after" in kv else None
             change = ConfigChange(kv["node"], int(kv["weight"]), after_position=after)

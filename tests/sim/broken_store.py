@@ -5,11 +5,15 @@ in place of the real one, as a store with that bug would run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from txsync.protocol import TxState
 from txsync.transaction_store.state import (
     FINAL_STATES,
     IMPLIED_BY,
     Moved,
+    RepeatedAbsentLost,
+    RepeatedAbsentSynced,
     Step,
     StoreState,
     TxRecord,
@@ -40,15 +44,6 @@ class KeepsEveryStampAtEpochState(StoreState):
         self.unsettled.clear()
 
 
-class TruncatesBeforeAJoinState(StoreState):
-    """A membership entry taken here does not hold truncation back: every DC may
-    truncate the start of the history between the admin API's check and the
-    configuration that adds the node, which then has no DC to replay it from."""
-
-    def pending_membership(self) -> str:
-        return ""
-
-
 class EnqueuesUnsyncedState(StoreState):
     """A body stored makes its transaction ENQUEUED whatever its state, so a
     transaction still INCOMING (not yet in the agreed order) jumps to ENQUEUED: a
@@ -76,3 +71,32 @@ class SnapshotForgetsUnstampedSubmitsState(StoreState):
         if record.meta is None:
             saved.local = False
         return saved
+
+
+class AdoptsOnePastState(StoreState):
+    """A DC that adopts a copy's base takes its entry one position past where it is (the
+    copy's ``synced_offset`` read as the entry's own position): from there on its order
+    is shifted by one against every other DC's."""
+
+    def _apply_base_adopted(
+        self, adopted: txlog_pb2.BaseAdopted, at: int, moved: list[Moved]
+    ) -> None:
+        shifted = txlog_pb2.BaseAdopted()
+        shifted.CopyFrom(adopted)
+        shifted.synced_offset += 1
+        super()._apply_base_adopted(shifted, at, moved)
+
+
+class ForgetsTheAbsentState(StoreState):
+    """A truncation lists nothing of what it drops for origins that did not pass it
+    (``synced_for_the_absent``): a DC that was away and starts from a copy keeps as
+    incoming its own transactions synced meanwhile, and posts them again."""
+
+    def _absent_after(
+        self,
+        dropped: Sequence[str],
+        peer_progress: Mapping[str, int],
+        listed: RepeatedAbsentSynced,
+        lost: RepeatedAbsentLost,
+    ) -> None:
+        return

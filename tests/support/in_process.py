@@ -5,10 +5,11 @@ a test sees the objects behind the ports)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -66,8 +67,11 @@ async def serve_store(
 
 
 @asynccontextmanager
-async def in_process_dcs(tmp_path: Path, names: list[str]) -> AsyncIterator[dict[str, InProcessDc]]:
-    """One in-process DC per name (store + coordinator), peers of one another."""
+async def in_process_dcs(
+    tmp_path: Path, names: list[str], store_options: Mapping[str, Mapping[str, Any]] | None = None
+) -> AsyncIterator[dict[str, InProcessDc]]:
+    """One in-process DC per name (store + coordinator), peers of one another;
+    ``store_options``: more ``StoreConfig`` fields for a DC's store, by name."""
     async with AsyncExitStack() as stack:
         peer_servers: dict[str, tuple[grpc.aio.Server, str]] = {}
         for name in names:  # peer ports first: every coordinator needs their addresses
@@ -76,7 +80,8 @@ async def in_process_dcs(tmp_path: Path, names: list[str]) -> AsyncIterator[dict
             peer_servers[name] = (server, f"127.0.0.1:{port}")
         dcs: dict[str, InProcessDc] = {}
         for name in names:
-            config = StoreConfig(data_dir=tmp_path / name, node_id=name)
+            options = (store_options or {}).get(name, {})
+            config = StoreConfig(data_dir=tmp_path / name, node_id=name, **options)
             store = await TransactionStore.open(config)
             stack.push_async_callback(store.close)
             store_server, store_address = await serve_store(store)
@@ -100,9 +105,14 @@ async def in_process_dcs(tmp_path: Path, names: list[str]) -> AsyncIterator[dict
 Scenario = Callable[[dict[str, InProcessDc]], Awaitable[None]]
 
 
-def run_dcs(tmp_path: Path, names: list[str], scenario: Scenario) -> None:
+def run_dcs(
+    tmp_path: Path,
+    names: list[str],
+    scenario: Scenario,
+    store_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
     async def main() -> None:
-        async with in_process_dcs(tmp_path, names) as dcs:
+        async with in_process_dcs(tmp_path, names, store_options) as dcs:
             await scenario(dcs)
 
     asyncio.run(main())

@@ -21,6 +21,7 @@ from txsync.rpc import add_service, new_server
 from txsync.sync_coordinator.peer_service import PeerServicer
 from txsync.sync_coordinator.server import PEER_SERVICE
 from txsync.telemetry import work
+from txsync.transaction_store.rotation import TRUNCATION_STEP
 
 
 def test_the_store_port_carries_writes_and_their_answers(tmp_path: Path) -> None:
@@ -99,3 +100,28 @@ def test_a_peer_stream_broken_by_the_peer_going_away_is_opened_again(tmp_path: P
             await server.stop(0)
 
     run_dcs(tmp_path, ["dc1", "dc2"], scenario)
+
+
+def test_the_core_hears_where_its_stores_history_starts(tmp_path: Path) -> None:
+    """After each progress report the coordinator tells its core where the store's
+    history now starts (``HistoryTruncated``): a lagger behind it is sent to the log,
+    and from the log's refusal to a copy of a peer DC's database, instead of being
+    served from memory metas whose bodies no DC may hold any more (docs/protocol.md,
+    "Starting from another DC's copy")."""
+
+    async def scenario(dcs: dict[str, InProcessDc]) -> None:
+        submitted = await submit_inserts(dcs["dc2"], range(TRUNCATION_STEP + 20))
+        for name, dc in dcs.items():
+            await until(reached(dc, submitted), f"every submit ENQUEUED at {name}")
+        store, core = dcs["dc1"].store, dcs["dc1"].coordinator.node
+        await until(lambda: store.state.synced_offset > 0, "dc1 truncated in place")
+        assert core is not None
+        await until(
+            lambda: core.history_len == store.state.synced_offset,
+            "dc1's core heard where its store's history starts",
+        )
+
+    # A witness has no workers to hold its truncation back; this one keeps no history
+    # beyond what its peer passed.
+    truncating = {"witness": True, "history_kept": 0, "history_kept_ms": 0}
+    run_dcs(tmp_path, ["dc1", "dc2"], scenario, {"dc1": truncating})

@@ -10,14 +10,19 @@ import uuid
 
 import pytest
 
-from txsync.protocol import TxMeta, TxState
+from txsync.codec import proposal_to_proto
+from txsync.protocol import Configuration, MergeBase, TxMeta, TxState, View, ViewProposal
 from txsync.refusals import Refusal, Refused
+from txsync.transaction_store import state as state_module
 from txsync.transaction_store.retention import Progress, TruncationHold, truncation_hold
 from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.step_rules import (
+    BaseAdoption,
     ProtocolStep,
     StateChangeRequest,
     StoredBody,
+    export_base,
+    plan_base_adopted,
     plan_bodies,
     plan_changes,
     plan_step,
@@ -236,8 +241,189 @@ def test_a_lagger_is_served_only_appends_that_are_durable() -> None:
     with pytest.raises(Refusal) as past:
         every(7, 1)
     assert past.value.kind is Refused.PAST_END
-    state.apply(txlog_pb2.LogEntry(truncated=state.truncated_entry(state.truncation_cut(4))))
+    _truncate_below(state, 4, {})
     with pytest.raises(Refusal) as gone:
         every(2, 1)
     assert gone.value.kind is Refused.TRUNCATED and "below position 4" in gone.value.message
     assert [meta.tx_id for meta in every(3, 2)[1]] == ids[3:5]
+
+
+def _install(state: StoreState, members: list[str], configured: list[str]) -> None:
+    """Install view 1 of ``members``, configured with them and ``configured``."""
+    weights = tuple((node, 1) for node in sorted([*members, *configured]))
+    view = ViewProposal(View(1, tuple(members)), MergeBase.genesis(), (), Configuration(weights, 0))
+    installed = txlog_pb2.ViewInstalled(installed=proposal_to_proto(view))
+    state.apply(txlog_pb2.LogEntry(at_unix_ms=NOW_MS, view_installed=installed))
+
+
+def _truncate_below(state: StoreState, below: int, peer_progress: dict[str, int]) -> None:
+    dropped = state.truncation_cut(below)
+    entry = state.truncated_entry(dropped, peer_progress)
+    state.apply(txlog_pb2.LogEntry(truncated=entry))
+
+
+def test_a_copy_is_exported_only_at_a_position_whose_entry_and_the_one_before_are_held() -> None:
+    """``export_base``: a copy of a worker at Q needs the entry at Q (the adopter's merge
+    base) and the base before it; a truncation in place keeps only the id of its last."""
+    source = StoreState("dc1")
+    ids = [_synced_peer_tx(source, stamp) for stamp in range(1, 5)]
+    _truncate_below(source, 3, {"dc2": 4})  # 1 and 2 go; 2 is kept by its id alone
+    adoption = export_base(source, 3, TxState.FAILED, "dc4", 0)
+    assert adoption == BaseAdoption(
+        TxMeta(3, ids[2], "dc2"), MergeBase(2, ids[1]), TxState.FAILED, source.counter
+    )
+    with pytest.raises(Refusal) as truncated:
+        export_base(source, 2, TxState.OK, "dc4", 0)
+    assert truncated.value.kind is Refused.TRUNCATED and "needs 1 and 2" in str(truncated.value)
+    with pytest.raises(Refusal) as past:
+        export_base(source, 5, TxState.OK, "dc4", 0)
+    assert past.value.kind is Refused.PAST_END
+
+
+def test_a_copy_past_a_membership_entry_not_applied_yet_is_refused() -> None:
+    """The adopter's membership follower starts past the copy: a change no installed
+    configuration applied yet would never reach it."""
+    source = StoreState("dc1")
+    _synced_peer_tx(source, 1)
+    entry = _synced_peer_tx(source, 2)
+    source.txs[entry].membership = True
+    source.membership_entries[entry] = None  # as a stored membership body marks it
+    _synced_peer_tx(source, 3)
+    assert export_base(source, 1, TxState.OK, "dc4", 0).meta.ts == 1
+    with pytest.raises(Refusal) as pending:
+        export_base(source, 3, TxState.OK, "dc4", 0)
+    assert pending.value.kind is Refused.PRECONDITION
+    assert "membership entry at position 2 is not applied yet" in str(pending.value)
+
+
+def test_a_new_dc_adopts_a_copy_keeping_its_own_metas_and_forgetting_the_others() -> None:
+    """``plan_base_adopted`` and the ``base_adopted`` entry: the history up to the copy
+    counts as truncated, its entry is finished (it needs no body), foreign incoming
+    metas are forgotten and the DC's own stay; a rotation's snapshot carries it."""
+    source = StoreState("dc1")
+    ids = [_synced_peer_tx(source, stamp) for stamp in range(1, 6)]
+    joiner = StoreState("dc4")
+    _install(joiner, ["dc1", "dc2"], ["dc4"])
+    own = txlog_pb2.TxSubmitted(tx_id=str(uuid.uuid4()), ts=2, local_seq=1)
+    joiner.apply(txlog_pb2.LogEntry(at_unix_ms=NOW_MS, submitted=own))
+    foreign = TxMeta(9, str(uuid.uuid4()), "dc2")
+    for entry in plan_step(joiner, ProtocolStep(incoming=[foreign]), NOW_MS):
+        joiner.apply(entry)
+    first = source.synced[0]
+    for entry in plan_step(
+        joiner, ProtocolStep(synced_start=MergeBase.genesis(), synced=[first]), NOW_MS
+    ):
+        joiner.apply(entry)
+    adoption = export_base(source, 4, TxState.OK, "dc4", 1)
+    joiner.apply(plan_base_adopted(joiner, adoption, NOW_MS))
+    assert joiner.merge_base == MergeBase(4, ids[3]) and joiner.synced_offset == 3
+    assert joiner.base_at(3) == MergeBase(3, ids[2])
+    assert ids[0] not in joiner.txs, "the history before the copy is truncated"
+    assert foreign.tx_id not in joiner.txs and list(joiner.incoming) == [own.tx_id]
+    assert joiner.txs[ids[3]].state is TxState.OK and not joiner.txs[ids[3]].body_held
+    assert joiner.counter >= source.counter
+    assert joiner.bodies_held_len() == 4, "a finished entry needs no body"
+    assert protocol_state(joiner).synced_unacquired == []
+    snapshot, dropped = joiner.snapshot(0, {})
+    whole = txlog_pb2.Snapshot()
+    whole.CopyFrom(snapshot.head)
+    whole.txs.extend(txlog_pb2.SnapshotTx.FromString(saved) for saved in snapshot.txs)
+    replayed = StoreState("dc4")
+    replayed.apply(txlog_pb2.LogEntry(snapshot=whole))
+    assert not dropped and replayed.merge_base == joiner.merge_base
+    assert replayed.base_at(3) == joiner.base_at(3) and set(replayed.txs) == set(joiner.txs)
+    with pytest.raises(Refusal) as behind:
+        plan_base_adopted(joiner, export_base(source, 4, TxState.OK, "dc4", 1), NOW_MS)
+    assert behind.value.kind is Refused.PRECONDITION and "nothing to adopt" in str(behind.value)
+
+
+def _synced_own_tx(state: StoreState, origin: str, stamp: int) -> str:
+    """A transaction of ``origin`` synced here (its body is not needed here)."""
+    tx_id = str(uuid.uuid4())
+    meta = TxMeta(stamp, tx_id, origin)
+    step = ProtocolStep(incoming=[meta], synced_start=state.merge_base, synced=[meta])
+    for entry in plan_step(state, step, NOW_MS):
+        state.apply(entry)
+    return tx_id
+
+
+def test_what_is_truncated_of_an_origin_that_did_not_pass_it_is_listed_until_it_does() -> None:
+    """``synced_for_the_absent``: a truncation lists the entries of every origin (not
+    this DC) that did not report passing them; a later one drops what the origin has
+    reported passing since; a rotation's snapshot carries the list, and so does the
+    entry's replay."""
+    state = StoreState("dc1")
+    ids = [
+        _synced_own_tx(state, origin, n) for n, origin in enumerate(["dc1", "dc3", "dc3", "dc2"], 1)
+    ]
+    _truncate_below(state, 4, {"dc2": 4})  # dc3 never reported: it may be away
+    assert state.synced_for_the_absent == {"dc3": {ids[1]: 2, ids[2]: 3}}
+    replayed = StoreState("dc1")
+    for entry in _replay_log(state):
+        replayed.apply(entry)
+    _synced_own_tx(state, "dc2", 5)
+    _truncate_below(state, 5, {"dc2": 5, "dc3": 2})  # dc3 came back as far as 2
+    assert state.synced_for_the_absent == {"dc3": {ids[2]: 3}}
+    snapshot, _ = state.snapshot(0, {"dc2": 5, "dc3": 3})
+    assert list(snapshot.head.synced_for_the_absent) == [], "dc3 has passed them all"
+
+
+def _replay_log(state: StoreState) -> list[txlog_pb2.LogEntry]:
+    snapshot, _ = state.snapshot(0, {})
+    whole = txlog_pb2.Snapshot()
+    whole.CopyFrom(snapshot.head)
+    whole.txs.extend(txlog_pb2.SnapshotTx.FromString(saved) for saved in snapshot.txs)
+    return [txlog_pb2.LogEntry(snapshot=whole)]
+
+
+def test_a_copy_names_the_adopters_own_transactions_synced_past_its_end() -> None:
+    """A DC that was away may hold as incoming its own transactions the others synced
+    meanwhile: the copy names them, from the history held and from the list of what was
+    truncated, and the adopter drops them; its other own metas stay incoming."""
+    source = StoreState("dc1")
+    _synced_own_tx(source, "dc3", 1)
+    gone = _synced_own_tx(source, "dc3", 2)
+    _synced_own_tx(source, "dc2", 3)
+    held = _synced_own_tx(source, "dc3", 4)
+    _synced_own_tx(source, "dc2", 5)
+    first_meta = source.synced[0]
+    _truncate_below(source, 4, {"dc2": 5})  # 1-3 go; dc3 did not report
+    adoption = export_base(source, 5, TxState.OK, "dc3", 1)
+    assert adoption.synced_own == ((2, gone), (4, held)), "not 1: the adopter has it"
+    away = StoreState("dc3")
+    _install(away, ["dc1", "dc2"], ["dc3"])
+    for entry in plan_step(
+        away, ProtocolStep(synced_start=MergeBase.genesis(), synced=[first_meta]), NOW_MS
+    ):
+        away.apply(entry)
+    kept = str(uuid.uuid4())
+    for n, tx_id in ((2, gone), (4, held), (6, kept)):
+        submitted = txlog_pb2.TxSubmitted(tx_id=tx_id, ts=n, local_seq=n)
+        away.apply(txlog_pb2.LogEntry(at_unix_ms=NOW_MS, submitted=submitted))
+    away.apply(plan_base_adopted(away, adoption, NOW_MS))
+    assert list(away.incoming) == [kept] and gone not in away.txs and held not in away.txs
+    assert protocol_state(away).incoming == [(TxMeta(6, kept, "dc3"), True)]
+
+
+def test_no_copy_is_given_to_an_origin_whose_list_overflowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``ABSENT_SYNCED_MAX`` entries an origin's list is incomplete: a copy could
+    leave it holding a synced transaction as incoming, so none is given until it reports
+    passing what was left out."""
+    state = StoreState("dc1")
+    ids = [_synced_own_tx(state, "dc3", n) for n in range(1, 5)]
+    with monkeypatch.context() as bound:
+        bound.setattr(state_module, "ABSENT_SYNCED_MAX", 1)
+        _truncate_below(state, 3, {})  # dc3's 1 is listed, 2 overflows
+    assert state.synced_for_the_absent == {"dc3": {ids[0]: 1}}
+    assert state.absent_lost == {"dc3": 2}
+    with pytest.raises(Refusal) as lost:
+        export_base(state, 4, TxState.OK, "dc3", 1)
+    assert lost.value.kind is Refused.PRECONDITION and "kept no list" in str(lost.value)
+    assert export_base(state, 4, TxState.OK, "dc3", 2).synced_own == ((3, ids[2]), (4, ids[3]))
+    stranger = StoreState("dc4")
+    running = BaseAdoption(state.synced[-1], MergeBase(3, ids[2]), TxState.TESTING, 2)
+    with pytest.raises(Refusal) as unfinished:
+        plan_base_adopted(stranger, running, NOW_MS)
+    assert unfinished.value.kind is Refused.INVALID

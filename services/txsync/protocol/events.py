@@ -92,6 +92,18 @@ class ConfigChangeSynced:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryTruncated:
+    """The store truncated the synced history up to ``synced_len`` (its records and
+    bodies are gone there). A lagger behind it is no longer served from the entries in
+    memory, whose bodies no DC may hold any more, but asked to start from a copy (the
+    store refuses the read, docs/dc-snapshots.md). Stepped when the store stages the
+    truncation: a DC truncates nothing past a configured peer's base, so a peer served
+    later is never sent what it truncates meanwhile."""
+
+    synced_len: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     now_ms: int
 
@@ -104,6 +116,7 @@ Event = (
     | ViewMessageReceived
     | ViewChangeRequested
     | ConfigChangeSynced
+    | HistoryTruncated
     | Tick
 )
 

@@ -49,6 +49,7 @@ from txsync.protocol.events import (
     ConfigChangeSynced,
     Event,
     FetchBody,
+    HistoryTruncated,
     LocalTx,
     MessageEffect,
     PersistCounter,
@@ -267,6 +268,9 @@ class ProtocolNode:
         self._asks_catch_up = False
         self._last_post_ms = now_ms
         self._catchup_sent: dict[NodeId, tuple[int, int]] = {}
+        self._history_len = 0
+        """Where the store's history starts (``HistoryTruncated``): no lagger behind it
+        is served from memory."""
         self._laggers: dict[NodeId, tuple[Post, int]] = {}
         """Members whose latest post lagged but could be rebased: that post and when to
         serve them catch-up if no post of theirs at our base has come by then."""
@@ -343,6 +347,12 @@ class ProtocolNode:
         return self._synced.base
 
     @property
+    def history_len(self) -> int:
+        """Where the store's history starts, as the caller last said (``HistoryTruncated``):
+        no lagger behind it is served from memory."""
+        return self._history_len
+
+    @property
     def synced(self) -> SyncedQueue:
         return self._synced
 
@@ -394,6 +404,8 @@ class ProtocolNode:
                 self._change_due_ms = self._now_ms
             case ConfigChangeSynced(position, change):
                 self._on_config_change(position, change)
+            case HistoryTruncated(synced_len):
+                self._history_len = max(self._history_len, synced_len)
         self._run_timers()
         fx = self._fx
         if self._counter != self._persisted_counter:
@@ -863,7 +875,10 @@ class ProtocolNode:
         # In memory only if the entry its base ends with is: a base at the window's very
         # start ends with the entry before it (``base_at`` is None there, not a fork).
         ours = self._synced.base_at(their.synced_len)
-        in_memory = their.synced_len >= self._synced.window_start and ours is not None
+        in_memory = (
+            their.synced_len >= max(self._synced.window_start, self._history_len)
+            and ours is not None
+        )
         if in_memory and ours != their:
             self._reject(f"post from {post.sender}", f"FORK: lagger base {their} not ours")
             return

@@ -13,6 +13,10 @@ step that acquired it, as the coordinator writes it); after a crash the node res
 from what the frames replay to, alone. A crash may come with writes in flight (the
 store kept a random prefix of them, and maybe part of the next frame) or between a
 write's answer and the sends it releases.
+
+A node behind where a peer's history starts is told so by that peer, and starts from a
+copy of the peer's testing worker: its store adopts the copy's base (``BaseAdopted``)
+and it restarts onto it (docs/dc-snapshots.md).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from txsync.protocol import (
     ConfigChange,
     ConfigChangeSynced,
     FetchBody,
+    HistoryTruncated,
     Limits,
     LocalTx,
     NodeId,
@@ -58,7 +63,7 @@ from txsync.protocol import (
     ViewProposal,
 )
 from txsync.protocol.model import Message
-from txsync.refusals import Refusal
+from txsync.refusals import Refusal, Refused
 from txsync.sim.faults import FaultMix
 from txsync.sim.invariants import InvariantChecker, InvariantViolation
 from txsync.sim.links import (
@@ -70,14 +75,14 @@ from txsync.sim.links import (
     StreamReopen,
 )
 from txsync.sim.store import SimStore, Stamped, StateFactory, Verdict, Write
-from txsync.sim.workers import Judge, MachineFactory, WorkerEvent, WorkerSide
+from txsync.sim.workers import HistoryEntry, Judge, MachineFactory, WorkerEvent, WorkerSide
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.fetch_queue import FetchQueue
 from txsync.sync_coordinator.peer_queue import PeerQueue
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
 from txsync.transaction_store.state import Moved, StoreState
 from txsync.transaction_store.step_rules import (
-    check_can_join,
+    BaseAdoption,
     check_membership_change,
     read_synced,
 )
@@ -159,6 +164,9 @@ STAMP_CLOCK_SKEW_US = 7_919
 modulo 50 ms ahead of the simulated time: clocks that disagree by more than a message's
 trip, as the store's wall clocks may (``StoreConfig.stamp_clock_us``)."""
 
+DC_COPY_MS = (20, 400)
+"""How long a copy of another DC's testing worker takes to arrive and be imported."""
+
 STEPS_MAX = 400_000
 """A schedule that takes more steps than this is reported as a liveness failure."""
 
@@ -218,6 +226,10 @@ class _SimNode:
     (``bodies.BodyFetches`` over the same machine); gone with the process."""
     fetch_calls: dict[int, tuple[NodeId, tuple[TxId, ...]]] = field(default_factory=dict)
     """This incarnation's fetch calls not answered yet: the holder and the batch taken."""
+    copying: bool = False
+    """A copy of another DC's testing worker is on its way here (one at a time)."""
+    adopting: _DcCopied | None = None
+    """A copy the DC restarts onto: adopted when it starts again."""
 
     @property
     def core(self) -> ProtocolNode | None:
@@ -339,7 +351,38 @@ class _Heal:
     pass
 
 
-_NetworkEvent = _Deliver | _DeliverBody | _FetchRequest | _FetchAnswer
+@dataclass(frozen=True, slots=True)
+class _HistoryTold:
+    """The node's store staged a truncation: its core hears where the history starts
+    (``HistoryTruncated``), in this incarnation."""
+
+    node: NodeId
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class _SnapshotNeeded:
+    """A peer's coordinator could not serve ``to`` catch-up: its history starts at
+    ``history_from``, past ``to``'s synced end (docs/dc-snapshots.md)."""
+
+    to: NodeId
+    sender: NodeId
+    history_from: int
+
+
+@dataclass(frozen=True, slots=True)
+class _DcCopied:
+    """A copy of ``source``'s testing worker, taken for ``node``'s incarnation ``epoch``,
+    has arrived there."""
+
+    node: NodeId
+    epoch: int
+    source: NodeId
+    adoption: BaseAdoption
+    history: tuple[HistoryEntry, ...]
+
+
+_NetworkEvent = _Deliver | _DeliverBody | _FetchRequest | _FetchAnswer | _SnapshotNeeded
 _SimEvent = (
     _NetworkEvent
     | StreamEvent
@@ -355,6 +398,8 @@ _SimEvent = (
     | _FetchTimeout
     | _Partition
     | _Heal
+    | _HistoryTold
+    | _DcCopied
     | WorkerEvent
 )
 
@@ -383,13 +428,24 @@ class SimStats:
     """Body fetch calls the coordinators' fetch queues made."""
     fetch_calls_failed: int = 0
     """Of those, calls whose deadline passed before an answer (dropped or cut off)."""
-    joins_refused: int = 0
-    """Nodes the admin API refused to add, the history being truncated."""
+    dc_copies: int = 0
+    """DCs started from a copy of another DC's testing worker, past the synced end
+    where a peer's history started beyond theirs (docs/dc-snapshots.md)."""
+    dc_copies_refused: int = 0
+    """Copies asked for that the source could not give then (asked again later)."""
     left_with_removed: int = 0
     """Acknowledged transactions of a node since removed that were never synced."""
     membership_refused: int = 0
-    """Other membership changes the admin API refused (``check_membership_change``)."""
+    """Membership changes the admin API refused (``check_membership_change``)."""
     end_ms: int = 0
+
+    def add(self, other: SimStats) -> None:
+        """Sum ``other``'s counters into these (a mix's totals); ``end_ms`` is the latest."""
+        for name in (f.name for f in dataclasses.fields(self)):
+            if name == "end_ms":
+                self.end_ms = max(self.end_ms, other.end_ms)
+            else:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 class Simulation:
@@ -426,8 +482,8 @@ class Simulation:
         can pass); chosen from the seed, not drawn, so the even seeds' schedules stay as
         found."""
         self._truncates = config.seed // 2 % 2 == 1
-        """Stores truncate in place on half the seeds: a DC that truncated cannot take a
-        new node, so the membership mixes add the spare on the other half."""
+        """Stores truncate in place on half the seeds. The membership mixes add the spare
+        on every seed: where its peers truncated, it starts from a copy (``_copy_from``)."""
         self._rotates = config.seed // 4 % 2 == 1
         """Stores rotate their disks on half the seeds (truncating too on those that
         truncate); the others' schedules stay as they were found."""
@@ -639,6 +695,15 @@ class Simulation:
                     self._fetch_answered(to, call, tx_ids)
             case _FetchTimeout(node, call):
                 self._fetch_answered(node, call, None)
+            case _SnapshotNeeded(to, sender, history_from):
+                if self._nodes[to].core is not None and self._linked(sender, to):
+                    self._copy_from(to, sender, history_from)
+            case _HistoryTold(node, epoch):
+                sim_node = self._nodes[node]
+                if epoch == sim_node.store.durable.epoch and sim_node.core is not None:
+                    self._step(node, HistoryTruncated(sim_node.store.state.synced_offset))
+            case _DcCopied():
+                self._copied(event)
             case _StoreAnswer(node, epoch):
                 sim_node = self._nodes[node]
                 if epoch == sim_node.store.durable.epoch and sim_node.core is not None:
@@ -749,7 +814,7 @@ class Simulation:
         rng = self._rng
         at = rng.choice(up)
         spare = [node for node in self._ids if node not in configured and node not in self._initial]
-        if spare and self._can_join(at, spare[0]):
+        if spare:
             change = ConfigChange(spare[0], 1)
         elif len(configured) > 3:
             change = ConfigChange(rng.choice(configured), 0)
@@ -772,21 +837,15 @@ class Simulation:
         asked = common_pb2.MembershipChange(node_id=change.node, weight=change.weight)
         try:
             return check_membership_change(
-                store.state, asked, store.progress.peer_synced_len, adds=adds
+                store.state,
+                asked,
+                store.progress.peer_synced_len,
+                adds=adds,
+                joins_from_snapshot=True,
             )
         except Refusal:
             self.stats.membership_refused += 1
             return None
-
-    def _can_join(self, at: NodeId, node: NodeId) -> bool:
-        """The admin API refuses to add a node once the DC it is asked at truncated its
-        history (``check_can_join``); the operator changes a weight instead."""
-        try:
-            check_can_join(self._nodes[at].store.state, node)
-        except Refusal:
-            self.stats.joins_refused += 1
-            return False
-        return True
 
     def _report_peers(self, node: NodeId) -> None:
         """``Coordinator._report_progress``: every peer of the configuration, with the
@@ -817,7 +876,9 @@ class Simulation:
         before it, and answered like them."""
         sim_node = self._nodes[node]
         self.stats.truncations += 1
-        self._at(self._answer_ms(sim_node), _StoreAnswer(node, sim_node.store.durable.epoch))
+        epoch = sim_node.store.durable.epoch
+        self._at(self._answer_ms(sim_node), _StoreAnswer(node, epoch))
+        self._at(self._now, _HistoryTold(node, epoch))
 
     def _record_verdict(self, node: NodeId, tx_id: TxId, state: TxState, digest: bytes) -> None:
         """worker-dispatch records a state at the node's store, in log order."""
@@ -843,8 +904,82 @@ class Simulation:
             if change is not None:
                 self._step(node, ConfigChangeSynced(sim_node.fed_position, change))
 
+    # --- a DC started from another DC's snapshot (docs/dc-snapshots.md) -------------------
+
+    def _copy_from(self, node: NodeId, source: NodeId, history_from: int) -> None:
+        """``node``'s dispatch asks ``source`` for a copy of its testing worker, unless
+        it holds the base ``source`` serves from (``history_from - 1``) or a copy is on
+        its way. The copy is the source's now, and arrives later."""
+        sim_node = self._nodes[node]
+        if sim_node.copying or sim_node.store.durable.synced_len >= history_from - 1:
+            return
+        copy = self.workers.export_copy(source)
+        if copy is None or self._nodes[source].core is None:
+            self.stats.dc_copies_refused += 1
+            return
+        position, final_state, history = copy
+        try:
+            adopter_len = sim_node.store.durable.synced_len
+            adoption = self._nodes[source].store.export_base(
+                position, final_state, node, adopter_len
+            )
+        except Refusal:
+            self.stats.dc_copies_refused += 1
+            return
+        meta = adoption.meta
+        assert history[-1][0] == meta.tx_id, "a worker applies the synced order"
+        if position <= sim_node.store.durable.synced_len:
+            return  # the tester is behind us: no use
+        sim_node.copying = True
+        epoch = sim_node.store.durable.epoch
+        arrival = self._now + self._rng.randint(*DC_COPY_MS)
+        self._at(arrival, _DcCopied(node, epoch, source, adoption, tuple(history)))
+
+    def _copied(self, copied: _DcCopied) -> None:
+        """The copy arrived: the DC restarts onto it (its processes stop, as in a crash
+        but for the copy; ``_start`` adopts it), unless it died meanwhile or caught up."""
+        sim_node = self._nodes[copied.node]
+        sim_node.copying = False
+        store = sim_node.store
+        if copied.epoch != store.durable.epoch or sim_node.core is None:
+            return  # the copy was lost with the process that asked for it
+        if not self._linked(copied.source, copied.node):
+            return
+        if store.durable.synced_len > copied.adoption.before.synced_len:
+            return  # caught up meanwhile
+        if not store.may_adopt(copied.adoption, self._now):
+            self.stats.dc_copies_refused += 1
+            return
+        self._crash(copied.node)
+        sim_node.adopting = copied
+
+    def _adopt(self, node: NodeId, copied: _DcCopied) -> None:
+        """The store adopts the copy's base, then its workers take the copy."""
+        store = self._nodes[node].store
+        adoption = copied.adoption
+        if store.durable.synced_len > adoption.before.synced_len:
+            return
+        durable = store.durable
+        synced_own = {tx_id for _, tx_id in adoption.synced_own}
+        forgotten = [t for t, meta in durable.incoming.items() if meta.origin != node]
+        own_synced = [t for t, meta in durable.incoming.items() if t in synced_own]
+        try:
+            store.adopt_base(adoption, self._now)
+        except Refusal as refusal:
+            raise InvariantViolation(0, f"{node}: its copy refused: {refusal}") from refusal
+        length = adoption.before.synced_len + 1
+        meta = adoption.meta
+        self.checker.on_adopted(
+            node, length, meta.tx_id, adoption.final_state, forgotten, own_synced
+        )
+        self.workers.adopt_copy(node, list(copied.history))
+        self.stats.dc_copies += 1
+
     def _start(self, node: NodeId) -> None:
         sim_node = self._nodes[node]
+        if sim_node.adopting is not None:
+            self._adopt(node, sim_node.adopting)
+            sim_node.adopting = None
         # The epoch's entry settles the stamps the last core can have posted and voids the
         # rest (handed over again, to be stamped anew): the restarted core holds the kept
         # ones as restored, and its writes count local submits from here.
@@ -1059,6 +1194,7 @@ class Simulation:
             # meanwhile (copied on at the commit), and a crash may meet it.
             commit_at = self._now + self._rng.randint(*ROTATION_MS)
             self._at(commit_at, _RotationCommit(node, store.durable.epoch))
+            self._at(self._now, _HistoryTold(node, store.durable.epoch))
         return write
 
     def _check_step(self, node: NodeId, merged: MergedPersist) -> None:
@@ -1200,8 +1336,11 @@ class Simulation:
         store = self._nodes[node].store
         try:
             start, chunk = read_synced(store.state, from_len, count_max, store.synced_durably)
-        except Refusal:
-            return  # the coordinator logs it; the lagger asks again
+        except Refusal as refusal:
+            if refusal.kind is Refused.TRUNCATED:
+                # It can only start from a copy of a DC's database past our history.
+                self._send(_SnapshotNeeded(to, node, store.history_from()))
+            return  # else the coordinator logs it; the lagger asks again
         if not chunk:
             return
         core = self._nodes[node].core

@@ -103,6 +103,46 @@ class InvariantChecker:
                 raise InvariantViolation(6, f"{node} forgot {tx_id} in state {states.get(tx_id)}")
             del states[tx_id]
 
+    def on_adopted(  # noqa: PLR0917 (the simulator's one call names each)
+        self,
+        node: NodeId,
+        length: int,
+        tx_id: TxId,
+        state: TxState,
+        forgotten: Iterable[TxId],
+        own_synced: Iterable[TxId],
+    ) -> None:
+        """``node`` started past a copy of another DC's worker at position ``length``,
+        whose entry is ``tx_id``, applied in ``state``, forgetting the foreign incoming
+        metas ``forgotten`` and dropping its own ``own_synced`` (the copy says they are
+        synced): it counts as having synced the reference's first ``length`` entries,
+        so that syncing one of them again is a duplicate (invariant 2), as is holding
+        one of them incoming still (``check_node``); each of ``own_synced`` must be
+        among them."""
+        reference = self._reference
+        if length > len(reference) or reference[length - 1] != tx_id:
+            found = reference[length - 1] if length <= len(reference) else None
+            raise InvariantViolation(
+                1, f"{node} adopted {tx_id} at position {length}, the order has {found}"
+            )
+        if length <= self._synced_len[node]:
+            raise InvariantViolation(
+                6, f"{node} adopted position {length} holding {self._synced_len[node]}"
+            )
+        self.on_forgotten(node, forgotten)
+        below = set(reference[:length])
+        for own in own_synced:
+            if own not in below:
+                raise InvariantViolation(
+                    3, f"{node} dropped its {own} as synced before {length}: it is not"
+                )
+        ids = self._synced_ids[node]
+        for position in range(self._synced_len[node], length):
+            ids.add(reference[position])
+            self._acked_pending[node].discard(reference[position])
+        self._synced_len[node] = length
+        self._states[node][tx_id] = state
+
     def on_view(self, node: NodeId, installed: ViewProposal) -> None:
         """Every node that installs view ``n`` installs the same members and seal."""
         view_no = installed.view.view_no

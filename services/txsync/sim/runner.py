@@ -71,31 +71,20 @@ class MixSummary:
     mix: FaultMix
     seeds: int
     failures: tuple[SeedOutcome, ...]
-    steps: int
-    rounds: int
-    synced: int
-    crashes: int
-    dropped: int
-    views: int
-    """View changes installed (counted once per view number and seed)."""
-    rotations: int
-    """Rotations of the stores' disks committed."""
-    rotations_abandoned: int
-    """Rotations a crash met before their commit (the old disk stays)."""
-    fetch_calls: int
-    """Body fetch calls made (the coordinators' ``FetchQueue``)."""
-    fetch_calls_failed: int
-    """Of those, calls that ended at their deadline."""
+    totals: SimStats
+    """Every seed's counters summed (``SimStats.add``; ``views`` counts each view number
+    once per seed, ``end_ms`` is the latest)."""
 
     def line(self, seconds: float) -> str:
         status = "OK" if not self.failures else f"{len(self.failures)} VIOLATION(S)"
+        t = self.totals
         return (
             f"{self.mix.name:<52} {self.seeds:>6} seeds  {status:<14} "
-            f"synced={self.synced} rounds={self.rounds} steps={self.steps} "
-            f"crashes={self.crashes} dropped={self.dropped} views={self.views} "
-            f"rotations={self.rotations} ({self.rotations_abandoned} abandoned) "
-            f"fetch_calls={self.fetch_calls} ({self.fetch_calls_failed} failed)  "
-            f"{seconds:.1f}s"
+            f"synced={t.synced} rounds={t.rounds} steps={t.steps} "
+            f"crashes={t.crashes} dropped={t.dropped} views={t.views} "
+            f"rotations={t.rotations} ({t.rotations_abandoned} abandoned) "
+            f"fetch_calls={t.fetch_calls} ({t.fetch_calls_failed} failed) "
+            f"dc_copies={t.dc_copies}  {seconds:.1f}s"
         )
 
 
@@ -128,21 +117,12 @@ def run_mix(
             run_seed(config, node_factory, shell_factory, machine_factory) for config in configs
         )
     failures: list[SeedOutcome] = []
-    steps = rounds = synced = crashes = dropped = views = rotations = abandoned = count = 0
-    fetch_calls = fetch_calls_failed = 0
+    totals = SimStats()
+    count = 0
     try:
         for outcome in outcomes:
             count += 1
-            steps += outcome.stats.steps
-            rounds += outcome.stats.rounds
-            synced += outcome.stats.synced
-            crashes += outcome.stats.crashes
-            dropped += outcome.stats.dropped
-            views += outcome.stats.views
-            rotations += outcome.stats.rotations
-            abandoned += outcome.stats.rotations_abandoned
-            fetch_calls += outcome.stats.fetch_calls
-            fetch_calls_failed += outcome.stats.fetch_calls_failed
+            totals.add(outcome.stats)
             if on_outcome is not None:
                 on_outcome(outcome)
             if not outcome.ok:
@@ -152,7 +132,4 @@ def run_mix(
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    return MixSummary(
-        mix, count, tuple(failures), steps, rounds, synced, crashes, dropped, views, rotations,
-        abandoned, fetch_calls, fetch_calls_failed,
-    )  # fmt: skip
+    return MixSummary(mix, count, tuple(failures), totals)

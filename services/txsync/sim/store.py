@@ -57,10 +57,13 @@ from txsync.transaction_store.retention import (
 )
 from txsync.transaction_store.state import Moved, StoreState
 from txsync.transaction_store.step_rules import (
+    BaseAdoption,
     StateChangeRequest,
     StoredBody,
+    export_base,
     first_unfinished,
     keep_testing,
+    plan_base_adopted,
     plan_bodies,
     plan_step,
     plan_verdicts,
@@ -242,7 +245,8 @@ class SimStore:
         dropped = state.truncation_cut(hold.below)
         if not dropped:
             return False
-        entry = txlog_pb2.LogEntry(at_unix_ms=now_ms, truncated=state.truncated_entry(dropped))
+        truncated = state.truncated_entry(dropped, self.progress.peer_synced_len)
+        entry = txlog_pb2.LogEntry(at_unix_ms=now_ms, truncated=truncated)
         self._stage([entry], None)
         return True
 
@@ -282,7 +286,7 @@ class SimStore:
         assert self.rotation_due(), "a rotation starts flushed, one at a time"
         below = self._truncation_hold(now_ms).below if truncate else 0
         state = self.state
-        snapshot, dropped = state.snapshot(below)
+        snapshot, dropped = state.snapshot(below, self.progress.peer_synced_len)
         state.drop_truncated(snapshot, dropped)
         carried = carried_entries(
             [
@@ -391,6 +395,30 @@ class SimStore:
         loaded = protocol_state_to_proto(self.node_id, protocol_state(self.state))
         return durable_from_proto(loaded)
 
+    # --- a DC started from another DC's snapshot (docs/dc-snapshots.md) -------------------
+
+    def export_base(
+        self, position: int, final_state: TxState, adopter: NodeId, adopter_len: int
+    ) -> BaseAdoption:
+        """What this store says of a copy of its worker at ``position`` for ``adopter``
+        (its disk's state: a worker applies only durable positions). Raises
+        ``Refusal``."""
+        return export_base(self.durable, position, final_state, adopter, adopter_len)
+
+    def may_adopt(self, adoption: BaseAdoption, now_ms: int) -> bool:
+        """Whether the store would adopt the copy's base (as dispatch asks it first)."""
+        try:
+            plan_base_adopted(self.state, adoption, now_ms)
+        except Refusal:
+            return False
+        return True
+
+    def adopt_base(self, adoption: BaseAdoption, now_ms: int) -> None:
+        """Start past the copy, as the store does before its coordinator restarts onto
+        it (nothing staged: the store restarted with the coordinator). Raises
+        ``Refusal``."""
+        self.write_at_once(plan_base_adopted(self.state, adoption, now_ms))
+
     def write_at_once(self, entry: txlog_pb2.LogEntry) -> None:
         """Stage an entry and make it durable, with nothing staged ahead of it."""
         assert not self._unwritten, "written in log order"
@@ -449,6 +477,10 @@ def _fingerprint(state: StoreState) -> tuple[object, ...]:
         tuple(state.unsettled.items()),
         state.view,
         state.vote,
+        tuple(
+            sorted((o, tuple(sorted(e.items()))) for o, e in state.synced_for_the_absent.items())
+        ),
+        tuple(sorted(state.absent_lost.items())),
         tuple(records),
     )
 

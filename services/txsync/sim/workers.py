@@ -105,6 +105,10 @@ def runs_ok(tx_id: TxId) -> bool:
     return hashlib.sha256(tx_id.encode()).digest()[0] >= 32
 
 
+HistoryEntry = tuple[TxId, bool, bytes]
+"""What a worker applied at a position: tx id, whether it ran OK, digest after it."""
+
+
 @dataclass(slots=True)
 class SimWorker:
     worker_id: str
@@ -114,7 +118,7 @@ class SimWorker:
     requests_clock: int = 0
     answers_clock: int = 0
     """When the newest request to it, and answer from it, arrives: streams are FIFO."""
-    history: list[tuple[TxId, bool, bytes]] = field(default_factory=list)
+    history: list[HistoryEntry] = field(default_factory=list)
     """What it applied at each position: tx id, whether it ran OK, digest after it."""
 
     @property
@@ -280,6 +284,8 @@ class WorkerSide:
         """The outcome every DC must record for each transaction (the first one seen)."""
         self.snapshots = 0
         """Workers restored from a snapshot of their testing worker."""
+        self.dc_copies = 0
+        """DCs started from a copy of another DC's testing worker."""
 
     # --- driven by the simulation ----------------------------------------------------------
 
@@ -472,6 +478,31 @@ class WorkerSide:
             if dc.health[worker_id].healthy:  # only workers heard from
                 marked |= self._mark_behind_history(dc, worker_id)
         return marked
+
+    # --- a DC started from another DC's snapshot (docs/dc-snapshots.md) -------------------
+
+    def export_copy(self, node: NodeId) -> tuple[int, TxState, list[HistoryEntry]] | None:
+        """A copy of ``node``'s testing worker (``ExportSnapshot``, asked across DCs):
+        its position, how it applied the transaction there, and its history; None when
+        dispatch, or the tester, is not up and judged healthy (asked again later)."""
+        dc = self._dcs[node]
+        tester = dc.workers.get(dc.tester or "")
+        if not dc.up or tester is None or not tester.up or tester.position == 0:
+            return None
+        if not dc.health[tester.worker_id].healthy:
+            return None
+        ok = tester.history[-1][1]
+        return tester.position, TxState.OK if ok else TxState.FAILED, list(tester.history)
+
+    def adopt_copy(self, node: NodeId, history: list[HistoryEntry]) -> None:
+        """``node``'s workers take the copy (the testing worker imports it, the others
+        copy it within the DC: ``watch_recoveries``), while the DC is down."""
+        dc = self._dcs[node]
+        assert not dc.up, "a DC adopts a copy while it restarts"
+        for worker in dc.workers.values():
+            assert worker.position < len(history), "a DC adopts only a copy ahead of it"
+            worker.history = list(history)
+        self.dc_copies += 1
 
     def _mark_behind_history(self, dc: _Dispatch, worker_id: str) -> bool:
         """``Dispatch._mark_behind_history``: true if the worker was marked just now."""

@@ -149,6 +149,9 @@ class CoordinatorCore(ABC):
         self.bodies_held_len = 0
         """How far this DC's store holds every synced body (its latest progress answer),
         for the posts."""
+        self.history_from = 0
+        """The first synced position the store holds, as its latest progress answer
+        said; the core hears of each move (``HistoryTruncated``)."""
         self.bodies_arriving: set[str] = set()
         """Bodies a peer pushed that wait for the loop (``take_bodies``)."""
         self._arrived_bytes = 0

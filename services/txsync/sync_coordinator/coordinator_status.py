@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from txsync.protocol import MergeBase, Mode, QuorumState
+from txsync.protocol import HistoryTruncated, MergeBase, Mode, QuorumState
 from txsync.settings import PROGRESS_REPORT_S
 from txsync.sync_coordinator.coordinator_core import PERSIST_TIMEOUT_S, CoordinatorCore, log
 from txsync.v1 import store_pb2
@@ -110,6 +110,11 @@ class CoordinatorStatus(CoordinatorCore):
             try:
                 answer = await self.store.ReportProgress(request, timeout=PERSIST_TIMEOUT_S)
                 self.bodies_held_len = answer.bodies_held_len
+                if answer.history_from > self.history_from:
+                    # The core serves no lagger from memory below the store's history
+                    # (their bodies may be gone everywhere): it sends it to a copy.
+                    self.history_from = answer.history_from
+                    await self.events.put(HistoryTruncated(answer.history_from - 1))
             except grpc.aio.AioRpcError as error:
                 log.info("progress report to the store failed: %s", error.code().name)
             await asyncio.sleep(PROGRESS_REPORT_S)

@@ -100,7 +100,8 @@ class Rotations(StoreCore):
                 if not dropped:
                     return 0
                 self._remember_verdicts(dropped)
-                staged = self._stage([self._entry(truncated=self.state.truncated_entry(dropped))])
+                truncated = self.state.truncated_entry(dropped, self.progress.peer_synced_len)
+                staged = self._stage([self._entry(truncated=truncated)])
                 # A body out of the current file's entries was filed by an earlier rotation.
                 with_files = [tx_id for tx_id in dropped if self._unfiled.pop(tx_id, None) is None]
                 for tx_id in dropped:
@@ -200,7 +201,7 @@ class Rotations(StoreCore):
         async with self._lock:
             locked = time.monotonic()
             await self._writer.flush()
-            snapshot, dropped = self.state.snapshot(below_position)
+            snapshot, dropped = self.state.snapshot(below_position, self.progress.peer_synced_len)
             gone = set(dropped)
             filed = {tx_id for tx_id, _ in early}
             kept_unfiled = [

@@ -40,9 +40,12 @@ it made, for the spans (``tx_tracing``), the waiters and the pipeline's rows.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
+
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from txsync.codec import (
     meta_from_proto,
@@ -56,8 +59,22 @@ from txsync.protocol import MergeBase, PersistViewVote, TxMeta, TxState, ViewPro
 from txsync.transaction_store.txlog.files import SnapshotForm
 from txsync.v1 import common_pb2, txlog_pb2
 
+RepeatedAbsentSynced = RepeatedCompositeFieldContainer[txlog_pb2.AbsentSynced]
+RepeatedAbsentLost = RepeatedCompositeFieldContainer[txlog_pb2.AbsentLost]
+
 FINAL_STATES = frozenset({TxState.OK, TxState.FAILED})
 IMPLIED_BY = "sync-coordinator"
+ABSENT_SYNCED_MAX = 65_536
+"""Entries of ``synced_for_the_absent`` kept per origin: an origin away holds at most its
+own unfinished transactions as incoming (``--unfinished-max``, 8,192 by default), so more
+is kept only for one that submitted far more before it left; past this, its copies are
+refused until it reports passing what was left out (``absent_lost``)."""
+
+NO_PROGRESS: Mapping[str, int] = MappingProxyType({})
+
+ADOPTED_BY = "worker-dispatch"
+"""The service named in the history of the transaction a DC adopted its base at: its
+dispatch copied a worker database that had applied it (``BaseAdopted``)."""
 """The service named in the history for an implied transition: the coordinator wrote
 the fact (meta, synced append, body) that implies it."""
 
@@ -157,6 +174,12 @@ class Moved:
         return self.record.history[self.index]
 
 
+def needs_no_body(record: TxRecord) -> bool:
+    """Held here, or finished: a transaction every worker here applied or skipped needs
+    no body (the one a DC adopted its base at has none: the copy applied it)."""
+    return record.body_held or record.state in FINAL_STATES
+
+
 def implied_by_sync(record: TxRecord) -> tuple[TxState, ...]:
     """The states a synced append moves ``record`` through (``record.state`` is its
     state before)."""
@@ -210,6 +233,15 @@ class StoreState:
         """The coordinator's installed view (None: view 0 of the whole configuration)."""
         self.vote: PersistViewVote | None = None
         """The coordinator's vote in the next view change (kept for it, not interpreted)."""
+        self.synced_for_the_absent: dict[str, dict[str, int]] = {}
+        """By origin, the transactions this DC synced and truncated (tx id: position)
+        whose origin had not reported coming as far: it may still hold them as
+        incoming, and a copy of this DC's database it starts from tells it they are
+        synced (``export_base``). Kept past truncation, bounded per origin
+        (``ABSENT_SYNCED_MAX``); an entry goes once its origin reports passing it."""
+        self.absent_lost: dict[str, int] = {}
+        """Origins whose list overflowed, and the highest position left out: no copy is
+        given them until they report passing it."""
         self._next_seq = 1
         self._bodies_held_len = 0
         """Where ``bodies_held_len`` stopped looking (bodies are never un-held)."""
@@ -238,7 +270,7 @@ class StoreState:
         workers waited for ever). Looks only past where it stopped the last time."""
         held = max(self._bodies_held_len, self.synced_offset)
         synced, txs, offset, end = self.synced, self.txs, self.synced_offset, self.synced_len
-        while held < end and txs[synced[held - offset].tx_id].body_held:
+        while held < end and needs_no_body(txs[synced[held - offset].tx_id]):
             held += 1
         self._bodies_held_len = held
         return held
@@ -355,6 +387,8 @@ class StoreState:
                 self._forget(tx_id)
         elif kind == "truncated":
             self._apply_truncated(entry.truncated)
+        elif kind == "base_adopted":
+            self._apply_base_adopted(entry.base_adopted, at, moved)
         else:
             raise ValueError(f"log entry of unknown kind {kind!r}")
         return moved
@@ -546,6 +580,7 @@ class StoreState:
             fresh.view = proposal_from_proto(snapshot.view.installed)
         if snapshot.HasField("vote"):
             fresh.vote = vote_from_proto(snapshot.vote)
+        fresh._restore_absent(snapshot.synced_for_the_absent, snapshot.absent_lost)
         fresh._restore_txs(snapshot.txs)
         fresh._restore_synced(snapshot.synced)
         self.__dict__.update(fresh.__dict__)
@@ -623,11 +658,62 @@ class StoreState:
         cut = min(cut, max(0, len(self.synced) - 1))
         return [meta.tx_id for meta in self.synced[:cut]]
 
-    def truncated_entry(self, dropped: Sequence[str]) -> txlog_pb2.HistoryTruncated:
-        """The log entry that truncates ``dropped`` (a ``truncation_cut``) in place."""
-        return txlog_pb2.HistoryTruncated(
+    def truncated_entry(
+        self, dropped: Sequence[str], peer_progress: Mapping[str, int]
+    ) -> txlog_pb2.HistoryTruncated:
+        """The log entry that truncates ``dropped`` (a ``truncation_cut``) in place, with
+        the list of what was synced for the absent after it (``peer_progress``: the
+        synced length each peer reported)."""
+        entry = txlog_pb2.HistoryTruncated(
             synced_offset=self.synced_offset + len(dropped), last_tx_id=dropped[-1]
         )
+        self._absent_after(dropped, peer_progress, entry.synced_for_the_absent, entry.absent_lost)
+        return entry
+
+    def _absent_after(
+        self,
+        dropped: Sequence[str],
+        peer_progress: Mapping[str, int],
+        listed: RepeatedAbsentSynced,
+        lost: RepeatedAbsentLost,
+    ) -> None:
+        """``synced_for_the_absent`` and ``absent_lost`` once ``dropped`` (the first
+        synced entries held) are truncated: what an origin reported passing goes, and
+        each dropped entry of an origin (not this DC) that did not report reaching it
+        comes in."""
+        kept = {
+            origin: {tx_id: at for tx_id, at in entries.items() if at > passed}
+            for origin, entries in self.synced_for_the_absent.items()
+            if (passed := peer_progress.get(origin, -1)) is not None
+        }
+        lost_at = {
+            origin: at
+            for origin, at in self.absent_lost.items()
+            if at > peer_progress.get(origin, -1)
+        }
+        for index, meta in enumerate(self.synced[: len(dropped)]):
+            position = self.synced_offset + index + 1
+            origin = meta.origin
+            if origin == self.node_id or position <= peer_progress.get(origin, -1):
+                continue
+            entries = kept.setdefault(origin, {})
+            if len(entries) < ABSENT_SYNCED_MAX:
+                entries[meta.tx_id] = position
+            else:
+                lost_at[origin] = position
+        for origin, entries in kept.items():
+            for tx_id, at in entries.items():
+                listed.add(origin=origin, position=at, tx_id=tx_id)
+        for origin, at in lost_at.items():
+            lost.add(origin=origin, position=at)
+
+    def _restore_absent(
+        self, listed: Iterable[txlog_pb2.AbsentSynced], lost: Iterable[txlog_pb2.AbsentLost]
+    ) -> None:
+        self.synced_for_the_absent = {}
+        for entry in listed:
+            self.synced_for_the_absent.setdefault(entry.origin, {})[entry.tx_id] = entry.position
+        self.absent_lost = {entry.origin: entry.position for entry in lost}
 
     def _apply_truncated(self, truncated: txlog_pb2.HistoryTruncated) -> None:
         cut = truncated.synced_offset - self.synced_offset
@@ -639,10 +725,54 @@ class StoreState:
                 f"({truncated.last_tx_id!r}), which the synced queue does not hold there"
             )
         self._drop([meta.tx_id for meta in self.synced[:cut]], truncated.last_tx_id)
+        self._restore_absent(truncated.synced_for_the_absent, truncated.absent_lost)
 
-    def snapshot(self, truncate_below: int) -> tuple[SnapshotForm, list[str]]:
+    def _apply_base_adopted(
+        self, adopted: txlog_pb2.BaseAdopted, at: int, moved: list[Moved]
+    ) -> None:
+        """Start past a copied worker database (``step_rules.plan_base_adopted`` checked
+        it): the synced history is truncated up to the adopted entry, which stays as the
+        only one (the merge base is always in memory), settled in the state the copy
+        applied it in. Foreign incoming metas go, bodies and all (their origins post
+        again what they have not synced), and so do the own ones the source says are
+        synced already. What is left is the state a truncation in place would have
+        left, so rotation snapshots need nothing new."""
+        self._drop([meta.tx_id for meta in self.synced], adopted.last_tx_id)
+        self.synced_offset = adopted.synced_offset
+        synced_own = {entry.tx_id for entry in adopted.synced_own}
+        for tx_id in [
+            tx_id
+            for tx_id, meta in self.incoming.items()
+            if meta.origin != self.node_id or tx_id in synced_own
+        ]:
+            self._drop_incoming(tx_id)
+        meta = meta_from_proto(adopted.meta)
+        record = self._record(meta.tx_id)
+        record.touch()
+        record.meta = meta
+        self.synced.append(meta)
+        record.position = self.synced_len
+        self.counter = max(self.counter, meta.ts, adopted.counter)
+        self._apply_state(record, Step(TxState(adopted.final_state), at, ADOPTED_BY), moved)
+
+    def _drop_incoming(self, tx_id: str) -> None:
+        """An incoming transaction goes altogether (``_apply_base_adopted``)."""
+        del self.incoming[tx_id]
+        self.unsettled.pop(tx_id, None)
+        record = self.txs.pop(tx_id)
+        if record.state is TxState.INCOMING:
+            self.incoming_state_txs -= 1
+        if record.body_held and record.state not in FINAL_STATES:
+            self.open_body_bytes -= record.body_bytes
+        if record.idempotency_key and self.idempotency.get(record.idempotency_key) == tx_id:
+            del self.idempotency[record.idempotency_key]
+
+    def snapshot(
+        self, truncate_below: int, peer_progress: Mapping[str, int] = NO_PROGRESS
+    ) -> tuple[SnapshotForm, list[str]]:
         """A snapshot without the synced history below position ``truncate_below``
-        (``truncation_cut``), and the ids it leaves out."""
+        (``truncation_cut``), and the ids it leaves out; ``peer_progress`` as for
+        ``truncated_entry`` (none reported: every origin's dropped entries listed)."""
         dropped = self.truncation_cut(truncate_below)
         cut = len(dropped)
         gone = set(dropped)
@@ -661,6 +791,9 @@ class StoreState:
             snapshot.vote.CopyFrom(vote_to_proto(self.vote))
         snapshot.synced_offset = self.synced_offset + cut
         snapshot.truncated_last_tx_id = dropped[-1] if dropped else self.truncated_last_tx_id
+        self._absent_after(
+            dropped, peer_progress, snapshot.synced_for_the_absent, snapshot.absent_lost
+        )
         kept: list[bytes] = []
         for record in self.txs.values():
             if record.tx_id in gone:
@@ -738,6 +871,7 @@ class StoreState:
         head = snapshot.head
         assert head.synced_offset == self.synced_offset + len(dropped), "a stale snapshot"
         self._drop(dropped, head.truncated_last_tx_id)
+        self._restore_absent(head.synced_for_the_absent, head.absent_lost)
 
     def _drop(self, dropped: Sequence[str], truncated_last_tx_id: str) -> None:
         """The first ``len(dropped)`` synced entries and their records go; every other

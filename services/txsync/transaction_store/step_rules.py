@@ -23,7 +23,14 @@ from txsync.protocol import (
     is_allowed_transition,
 )
 from txsync.refusals import Refusal, Refused
-from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
+from txsync.transaction_store.state import (
+    ABSENT_SYNCED_MAX,
+    FINAL_STATES,
+    Moved,
+    StoreState,
+    TxRecord,
+    needs_no_body,
+)
 from txsync.transaction_store.validation import STATE_CHANGES_MAX, check_tx_id, invalid
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -68,7 +75,7 @@ def protocol_state(state: StoreState) -> ProtocolState:
         merge_base=state.merge_base,
         synced_tail=state.synced[-PROTOCOL_STATE_SYNCED_MAX:],
         incoming=[(meta, txs[meta.tx_id].body_held) for meta in state.incoming.values()],
-        synced_unacquired=[m for m in state.synced if not txs[m.tx_id].body_held],
+        synced_unacquired=[m for m in state.synced if not needs_no_body(txs[m.tx_id])],
         view=state.view,
         vote=state.vote,
     )
@@ -254,17 +261,19 @@ def stamp_floor(state: StoreState, clock_us: int) -> int:
     return max(state.counter, clock_us - 1)
 
 
-def check_can_join(state: StoreState, node_id: str) -> None:
+def check_can_join(state: StoreState, node_id: str, *, from_snapshot: bool = False) -> None:
     """A node that joins replays the order from position 1, fetched from its peers'
     txlogs. Once this DC truncated the start of its history, a new node would wait for
     it for ever, and every DC would hold its truncation back for that node (at position
-    0) from then on: refused, until joining from a snapshot exists. A node already
+    0) from then on: refused, unless the cluster starts a DC past its peers' truncation
+    from a snapshot (``from_snapshot``: the simulator does, ``plan_base_adopted``; the
+    services' transfer is not built yet, docs/dc-snapshots.md). A node already
     configured (a new address) is no join. (Once the entry is taken, this DC truncates
     nothing until it is applied: ``retention.truncation_hold``.)"""
     view = state.view
     configured = view is not None and any(node == node_id for node, _ in view.configuration.weights)
     offset = state.synced_offset
-    if offset and not configured:
+    if offset and not configured and not from_snapshot:
         raise Refusal(
             Refused.PRECONDITION,
             f"{node_id} cannot join: {state.node_id} truncated synced positions "
@@ -274,19 +283,116 @@ def check_can_join(state: StoreState, node_id: str) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class BaseAdoption:
+    """A copy of a source DC's worker database at ``meta``'s position, with what the
+    source's store says of it (docs/dc-snapshots.md)."""
+
+    meta: TxMeta
+    """The synced entry at the copy's position Q."""
+    before: MergeBase
+    """The source's base at Q - 1 (its entry at Q - 1, truncated or not)."""
+    final_state: TxState
+    """How the copy applied ``meta``: OK or FAILED."""
+    counter: int
+    """The source's counter."""
+    synced_own: tuple[tuple[int, str], ...] = ()
+    """The adopter's own transactions the source synced before the copy's position and
+    past the adopter's synced end: (position, tx id). It may hold them as incoming."""
+
+
+def export_base(
+    state: StoreState, position: int, final_state: TxState, adopter: str, adopter_len: int
+) -> BaseAdoption:
+    """What a source DC's store says of a copy of its worker database at ``position``
+    (the testing worker's, applied ``final_state``), for DC ``adopter`` whose synced
+    queue ends at ``adopter_len`` to adopt: with the adopter's own transactions synced
+    in between, from the history held and from ``synced_for_the_absent`` (docs/dc-
+    snapshots.md). Every one of them is there: this DC truncates what a configured
+    peer reported passing only, and lists what it truncates of any other origin.
+
+    Refused where the adopter could not go on from it: a position whose entry or the
+    one before it this store no longer holds (a truncation in place keeps only the id of
+    its last entry; the copy is asked again once the worker applied further), one past
+    the synced end, and one at or past a membership entry no installed configuration
+    applied yet: the adopter's membership follower starts after the position, so it
+    would never learn that change (the views it installs carry the applied ones)."""
+    meta = state.synced_at(position - 1)
+    before = state.base_at(position - 1)
+    if meta is None or before is None:
+        raise Refusal(
+            Refused.TRUNCATED if position <= state.synced_len else Refused.PAST_END,
+            f"{state.node_id} holds synced positions {state.synced_offset + 1}-"
+            f"{state.synced_len}: a copy at {position} needs {position - 1} and {position}",
+        )
+    pending = state.pending_membership()
+    record = state.txs.get(pending) if pending else None
+    if record is not None and 0 < record.position <= position:
+        raise Refusal(
+            Refused.PRECONDITION,
+            f"the membership entry at position {record.position} is not applied yet: "
+            f"a copy at {position} waits for the view that applies it",
+        )
+    lost = state.absent_lost.get(adopter, 0)
+    if lost > adopter_len:
+        raise Refusal(
+            Refused.PRECONDITION,
+            f"{state.node_id} kept no list of what it synced for {adopter} up to position "
+            f"{lost} (over {ABSENT_SYNCED_MAX} of its transactions): {adopter} catches "
+            "up from a peer that holds its history instead",
+        )
+    listed = state.synced_for_the_absent.get(adopter, {})
+    synced_own = [(at, tx_id) for tx_id, at in listed.items() if adopter_len < at <= position]
+    for at in range(max(adopter_len, state.synced_offset) + 1, position + 1):
+        held = state.synced_at(at - 1)
+        if held is not None and held.origin == adopter:
+            synced_own.append((at, held.tx_id))
+    return BaseAdoption(meta, before, final_state, state.counter, tuple(sorted(synced_own)))
+
+
+def plan_base_adopted(state: StoreState, adoption: BaseAdoption, now_ms: int) -> txlog_pb2.LogEntry:
+    """The entry that starts this DC at the adoption's position Q (``BaseAdopted``).
+
+    Only a DC behind Q may. Its own incoming metas stay, but for those the copy names
+    as synced already (``BaseAdoption.synced_own``): the others' metas it forgets (their
+    origins post again what they have not synced)."""
+    q = adoption.before.synced_len + 1
+    if q <= state.synced_len:
+        raise Refusal(
+            Refused.PRECONDITION,
+            f"{state.node_id} holds synced positions up to {state.synced_len}: "
+            f"nothing to adopt at {q}",
+        )
+    if adoption.final_state not in FINAL_STATES:
+        raise invalid(f"final_state: {adoption.final_state.name} is not OK or FAILED")
+    check_tx_id(adoption.meta.tx_id)
+    adopted = txlog_pb2.BaseAdopted(
+        synced_offset=adoption.before.synced_len,
+        last_tx_id=adoption.before.last_tx_id if adoption.before.synced_len else "",
+        meta=meta_to_proto(adoption.meta),
+        final_state=common_pb2.TxState.ValueType(adoption.final_state.value),
+        counter=adoption.counter,
+    )
+    for at, tx_id in adoption.synced_own:
+        adopted.synced_own.add(origin=state.node_id, position=at, tx_id=tx_id)
+    return _entry(now_ms, base_adopted=adopted)
+
+
 def check_membership_change(
     state: StoreState,
     change: common_pb2.MembershipChange,
     peers_progress: Mapping[str, int],
     *,
     adds: bool,
+    joins_from_snapshot: bool = False,
 ) -> int:
     """Whether the admin API may take ``change`` here, and the ``after_position`` it is
     taken against: the position of the membership entry the installed configuration
     reflects. Another change ordered before it voids it (``Configuration.is_void_after``),
     so "one change at a time" holds across the cluster, not only at this DC.
 
-    Refused: adding a node once this DC truncated its history (``check_can_join``); any
+    Refused: adding a node once this DC truncated its history, unless it joins from a
+    snapshot (``check_can_join``); any
     change while one known here is not applied yet; and removing a node while another
     node of the configuration has not come as far as the position where the
     configuration last changed (``peers_progress``, as the coordinator reports it): a
@@ -295,7 +401,7 @@ def check_membership_change(
     ``membership``: dc5 took dc6's add, was removed before dc6 had synced anything,
     and dc6 waited for ever)."""
     if adds:
-        check_can_join(state, change.node_id)
+        check_can_join(state, change.node_id, from_snapshot=joins_from_snapshot)
     if pending := state.pending_membership():
         raise Refusal(
             Refused.PRECONDITION,

@@ -65,6 +65,7 @@ class LogEntry(_message.Message):
     FORGOTTEN_FIELD_NUMBER: _builtins.int
     SNAPSHOT_MORE_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
+    BASE_ADOPTED_FIELD_NUMBER: _builtins.int
     at_unix_ms: _builtins.int
     """Wall-clock time of the append, milliseconds since the Unix epoch."""
     @_builtins.property
@@ -99,6 +100,10 @@ class LogEntry(_message.Message):
     def truncated(self) -> Global___HistoryTruncated:
         """History truncated in place, between rotations (issue 47)."""
 
+    @_builtins.property
+    def base_adopted(self) -> Global___BaseAdopted:
+        """The DC started past positions its peers truncated (docs/dc-snapshots.md)."""
+
     def __init__(
         self,
         *,
@@ -116,8 +121,11 @@ class LogEntry(_message.Message):
         forgotten: Global___IncomingForgotten | None = ...,
         snapshot_more: Global___SnapshotMore | None = ...,
         truncated: Global___HistoryTruncated | None = ...,
+        base_adopted: Global___BaseAdopted | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "base_adopted",
+        b"base_adopted",
         "body_stored",
         b"body_stored",
         "counter",
@@ -151,6 +159,8 @@ class LogEntry(_message.Message):
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "at_unix_ms",
         b"at_unix_ms",
+        "base_adopted",
+        b"base_adopted",
         "body_stored",
         b"body_stored",
         "counter",
@@ -195,6 +205,7 @@ class LogEntry(_message.Message):
         "forgotten",
         "snapshot_more",
         "truncated",
+        "base_adopted",
     ]  # noqa: Y015
     _WhichOneofArgType_entry: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
     def WhichOneof(
@@ -215,23 +226,170 @@ class HistoryTruncated(_message.Message):
 
     SYNCED_OFFSET_FIELD_NUMBER: _builtins.int
     LAST_TX_ID_FIELD_NUMBER: _builtins.int
+    SYNCED_FOR_THE_ABSENT_FIELD_NUMBER: _builtins.int
+    ABSENT_LOST_FIELD_NUMBER: _builtins.int
     synced_offset: _builtins.int
     last_tx_id: _builtins.str
+    @_builtins.property
+    def synced_for_the_absent(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___AbsentSynced]:
+        """The whole list after this truncation (it replaces the one before) of the synced
+        transactions truncated here whose origin had not reported coming as far (a DC not
+        configured here, or not heard from): such a DC may hold them as incoming still, and
+        if it ever starts from a copy of this DC's database, it must learn they are synced
+        (docs/dc-snapshots.md). An entry goes once its origin reports having passed it.
+        """
+
+    @_builtins.property
+    def absent_lost(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___AbsentLost]:
+        """Origins whose list overflowed its bound, and the highest position not listed: no
+        copy is given them until they report having passed it.
+        """
+
     def __init__(
         self,
         *,
         synced_offset: _builtins.int = ...,
         last_tx_id: _builtins.str = ...,
+        synced_for_the_absent: _abc.Iterable[Global___AbsentSynced] | None = ...,
+        absent_lost: _abc.Iterable[Global___AbsentLost] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "last_tx_id", b"last_tx_id", "synced_offset", b"synced_offset"
+        "absent_lost",
+        b"absent_lost",
+        "last_tx_id",
+        b"last_tx_id",
+        "synced_for_the_absent",
+        b"synced_for_the_absent",
+        "synced_offset",
+        b"synced_offset",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HistoryTruncated: _TypeAlias = HistoryTruncated  # noqa: Y015
+
+@_typing.final
+class AbsentSynced(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    TX_ID_FIELD_NUMBER: _builtins.int
+    origin: _builtins.str
+    position: _builtins.int
+    tx_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        origin: _builtins.str = ...,
+        position: _builtins.int = ...,
+        tx_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "origin", b"origin", "position", b"position", "tx_id", b"tx_id"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbsentSynced: _TypeAlias = AbsentSynced  # noqa: Y015
+
+@_typing.final
+class AbsentLost(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    origin: _builtins.str
+    position: _builtins.int
+    def __init__(
+        self,
+        *,
+        origin: _builtins.str = ...,
+        position: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "origin", b"origin", "position", b"position"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbsentLost: _TypeAlias = AbsentLost  # noqa: Y015
+
+@_typing.final
+class BaseAdopted(_message.Message):
+    """This DC's workers hold a copy of another DC's worker database at position
+    `synced_offset + 1` (`meta`), past this DC's synced end, where a peer's history
+    starts beyond it (docs/dc-snapshots.md): the synced history is taken as truncated up to there and
+    `meta` becomes its only synced entry, in `final_state` (the copy applied it). The
+    records of the synced entries before it are dropped, and incoming metas of other
+    origins forgotten: a peer posts again whatever it has not synced. Own incoming metas
+    stay, but for those `synced_own` names: synced before the copy's position already.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SYNCED_OFFSET_FIELD_NUMBER: _builtins.int
+    LAST_TX_ID_FIELD_NUMBER: _builtins.int
+    META_FIELD_NUMBER: _builtins.int
+    FINAL_STATE_FIELD_NUMBER: _builtins.int
+    COUNTER_FIELD_NUMBER: _builtins.int
+    SYNCED_OWN_FIELD_NUMBER: _builtins.int
+    synced_offset: _builtins.int
+    last_tx_id: _builtins.str
+    """The entry at `synced_offset - 1`, as HistoryTruncated.last_tx_id."""
+    final_state: _common_pb2.TxState.ValueType
+    counter: _builtins.int
+    """The source DC's counter: this DC stamps above it."""
+    @_builtins.property
+    def meta(self) -> _common_pb2.TxMeta: ...
+    @_builtins.property
+    def synced_own(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___AbsentSynced]:
+        """This DC's own transactions synced before the copy's position that it may hold as
+        incoming still (the source's list): synced already, so dropped, not posted again.
+        """
+
+    def __init__(
+        self,
+        *,
+        synced_offset: _builtins.int = ...,
+        last_tx_id: _builtins.str = ...,
+        meta: _common_pb2.TxMeta | None = ...,
+        final_state: _common_pb2.TxState.ValueType = ...,
+        counter: _builtins.int = ...,
+        synced_own: _abc.Iterable[Global___AbsentSynced] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "counter",
+        b"counter",
+        "final_state",
+        b"final_state",
+        "last_tx_id",
+        b"last_tx_id",
+        "meta",
+        b"meta",
+        "synced_offset",
+        b"synced_offset",
+        "synced_own",
+        b"synced_own",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BaseAdopted: _TypeAlias = BaseAdopted  # noqa: Y015
 
 @_typing.final
 class ViewInstalled(_message.Message):
@@ -596,6 +754,8 @@ class Snapshot(_message.Message):
     LOCAL_SEQ_FIELD_NUMBER: _builtins.int
     COORDINATOR_COUNTER_FIELD_NUMBER: _builtins.int
     EPOCH_LOCAL_ADMIT_TXS_MAX_FIELD_NUMBER: _builtins.int
+    SYNCED_FOR_THE_ABSENT_FIELD_NUMBER: _builtins.int
+    ABSENT_LOST_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     epoch: _builtins.int
     synced_len: _builtins.int
@@ -636,6 +796,16 @@ class Snapshot(_message.Message):
 
     @_builtins.property
     def vote(self) -> _common_pb2.ViewVote: ...
+    @_builtins.property
+    def synced_for_the_absent(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___AbsentSynced]:
+        """What this DC synced and truncated of origins that had not passed it (HistoryTruncated)."""
+
+    @_builtins.property
+    def absent_lost(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___AbsentLost]: ...
     def __init__(
         self,
         *,
@@ -653,10 +823,14 @@ class Snapshot(_message.Message):
         local_seq: _builtins.int = ...,
         coordinator_counter: _builtins.int = ...,
         epoch_local_admit_txs_max: _builtins.int = ...,
+        synced_for_the_absent: _abc.Iterable[Global___AbsentSynced] | None = ...,
+        absent_lost: _abc.Iterable[Global___AbsentLost] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view", "vote", b"vote"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "absent_lost",
+        b"absent_lost",
         "continued",
         b"continued",
         "coordinator_counter",
@@ -673,6 +847,8 @@ class Snapshot(_message.Message):
         b"parts",
         "synced",
         b"synced",
+        "synced_for_the_absent",
+        b"synced_for_the_absent",
         "synced_len",
         b"synced_len",
         "synced_offset",
