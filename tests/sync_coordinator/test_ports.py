@@ -7,6 +7,7 @@ sends, and that a store that goes away ends the coordinator's incarnation."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.in_process import (
@@ -52,12 +53,20 @@ def test_a_store_that_goes_away_ends_the_incarnation(tmp_path: Path) -> None:
     run_dcs(tmp_path, ["dc1"], scenario)
 
 
+def _serves(dc: InProcessDc, length: int) -> Callable[[], bool]:
+    """A condition: ``dc``'s store serves ``length`` synced entries to a catch-up read."""
+    return lambda: len(dc.store.read_synced(0, 100)[1]) == length
+
+
 def test_the_peer_port_carries_posts_and_bodies(tmp_path: Path) -> None:
     async def scenario(dcs: dict[str, InProcessDc]) -> None:
         first = await submit_inserts(dcs["dc1"], range(10))
         second = await submit_inserts(dcs["dc2"], range(100, 110))
         for name, dc in dcs.items():
             await until(reached(dc, [*first, *second]), f"every submit ENQUEUED at {name}")
+            # ENQUEUED is in the store's staged state at once; catch-up reads serve only
+            # synced appends already on disk (persist before send), a moment later.
+            await until(_serves(dc, 20), f"every synced append durable at {name}")
         orders = [dc.store.read_synced(0, 100)[1] for dc in dcs.values()]
         assert orders[0] == orders[1] and len(orders[0]) == 20
         for dc in dcs.values():  # every body arrived, pushed or fetched through the peer port
