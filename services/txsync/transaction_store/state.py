@@ -64,6 +64,9 @@ RepeatedAbsentLost = RepeatedCompositeFieldContainer[txlog_pb2.AbsentLost]
 
 FINAL_STATES = frozenset({TxState.OK, TxState.FAILED})
 IMPLIED_BY = "sync-coordinator"
+"""The service named in the history for an implied transition: the coordinator wrote
+the fact (meta, synced append, body) that implies it."""
+
 ABSENT_SYNCED_MAX = 65_536
 """Entries of ``synced_for_the_absent`` kept per origin: an origin away holds at most its
 own unfinished transactions as incoming (``--unfinished-max``, 8,192 by default), so more
@@ -71,12 +74,11 @@ is kept only for one that submitted far more before it left; past this, its copi
 refused until it reports passing what was left out (``absent_lost``)."""
 
 NO_PROGRESS: Mapping[str, int] = MappingProxyType({})
+"""No peer reported: every origin's dropped entries are listed (``snapshot``'s default)."""
 
 ADOPTED_BY = "worker-dispatch"
 """The service named in the history of the transaction a DC adopted its base at: its
 dispatch copied a worker database that had applied it (``BaseAdopted``)."""
-"""The service named in the history for an implied transition: the coordinator wrote
-the fact (meta, synced append, body) that implies it."""
 
 
 @dataclass(frozen=True, slots=True)
