@@ -683,11 +683,10 @@ class StoreState:
         synced entries held) are truncated: what an origin reported passing goes, and
         each dropped entry of an origin (not this DC) that did not report reaching it
         comes in."""
-        kept = {
-            origin: {tx_id: at for tx_id, at in entries.items() if at > passed}
-            for origin, entries in self.synced_for_the_absent.items()
-            if (passed := peer_progress.get(origin, -1)) is not None
-        }
+        kept: dict[str, dict[str, int]] = {}
+        for origin, entries in self.synced_for_the_absent.items():
+            passed = peer_progress.get(origin, -1)
+            kept[origin] = {tx_id: at for tx_id, at in entries.items() if at > passed}
         lost_at = {
             origin: at
             for origin, at in self.absent_lost.items()
@@ -764,10 +763,15 @@ class StoreState:
         record = self.txs.pop(tx_id)
         if record.state is TxState.INCOMING:
             self.incoming_state_txs -= 1
+        self._let_go(record)
+
+    def _let_go(self, record: TxRecord) -> None:
+        """What a record dropped from ``txs`` held elsewhere: its idempotency key, and
+        the bytes of an open body."""
+        if record.idempotency_key and self.idempotency.get(record.idempotency_key) == record.tx_id:
+            del self.idempotency[record.idempotency_key]
         if record.body_held and record.state not in FINAL_STATES:
             self.open_body_bytes -= record.body_bytes
-        if record.idempotency_key and self.idempotency.get(record.idempotency_key) == tx_id:
-            del self.idempotency[record.idempotency_key]
 
     def snapshot(
         self, truncate_below: int, peer_progress: Mapping[str, int] = NO_PROGRESS
@@ -883,12 +887,8 @@ class StoreState:
         self.truncated_last_tx_id = truncated_last_tx_id
         for tx_id in dropped:
             record = self.txs.pop(tx_id, None)
-            if record is None:
-                continue
-            if record.idempotency_key and self.idempotency.get(record.idempotency_key) == tx_id:
-                del self.idempotency[record.idempotency_key]
-            if record.body_held and record.state not in FINAL_STATES:
-                self.open_body_bytes -= record.body_bytes  # an operator's truncate may cut these
+            if record is not None:
+                self._let_go(record)  # an operator's truncate may cut open bodies
         if len(self._seq_order) > 2 * len(self.txs) + 1024:
             self._compact_seq_order()
 
