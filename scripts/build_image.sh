@@ -19,6 +19,16 @@ extras="${EXTRAS:-server}"
 
 scripts/ensure_docker.sh
 
+# Two test workers may build the same tag at once (the deploy tests' session fixture runs
+# once per worker). They shared one build context, and one's `rm -rf wheels` emptied the
+# other's context mid-build (CI: "No matching distribution found for txsync[server]",
+# a 4 kB context). One build of a tag at a time, and of the base image at a time: the
+# second waits, then finds the base made and the image's layers cached.
+mkdir -p build
+exec 8>"build/.image-${tag//[:\/]/-}.lock"
+flock 8
+exec 7>build/.base-image.lock
+flock 7
 if [ "$base" = "txsync-base:bookworm" ] && ! docker image inspect "$base" >/dev/null 2>&1; then
     if ! command -v debootstrap >/dev/null 2>&1; then
         apt_get=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap)
@@ -34,8 +44,9 @@ if [ "$base" = "txsync-base:bookworm" ] && ! docker image inspect "$base" >/dev/
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
     tar -C "$rootfs" -c . | docker import - "$base" >/dev/null
 fi
+exec 7>&-
 
-context="build/image-${tag//[:\/]/-}"  # one per image: two builds may run at once
+context="build/image-${tag//[:\/]/-}"  # one per tag (builds of one tag take turns, above)
 rm -rf "$context"
 mkdir -p "$context/wheels"
 echo "building wheels (txsync[$extras]) ..."
@@ -64,8 +75,23 @@ fi
 cp "$dockerfile" "$context/Dockerfile"
 echo "building $tag on $base ..."
 commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
-docker build --quiet --build-arg "BASE_IMAGE=$base" --build-arg "TXSYNC_BUILD_COMMIT=$commit" \
-    --label io.txsync.built-by=build_image.sh -t "$tag" "$context" >/dev/null
+# CI once failed here with the project's wheel found above and then missing inside the
+# build ("No matching distribution found for txsync[server]"), cause not yet known. So
+# the build's output is kept, and a failure shows the context as docker saw it and the
+# free disk, then the build is tried once more.
+for attempt in 1 2; do
+    if docker build --build-arg "BASE_IMAGE=$base" --build-arg "TXSYNC_BUILD_COMMIT=$commit" \
+        --label io.txsync.built-by=build_image.sh -t "$tag" "$context" \
+        >"$context/docker-build.log" 2>&1; then
+        break
+    fi
+    echo "error: docker build of $tag failed (attempt $attempt of 2); its output:" >&2
+    tr '\r' '\n' <"$context/docker-build.log" | grep -v "^ *$" | tail -30 >&2 || true
+    echo "the context ($context):" >&2
+    ls -la "$context" "$context/wheels" 2>&1 | grep -v "^total" | tail -15 >&2 || true
+    df -h . "$(docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /)" >&2 || true
+    if [ "$attempt" = 2 ]; then exit 1; fi
+done
 # The image this tag named before and the build stages left untagged: every test run
 # rebuilds the images, and a CI machine kept across runs filled its disk with ~4 GB of
 # them per run (until the workers' DISK alarm failed the guide test). Only untagged
