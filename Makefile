@@ -65,10 +65,11 @@ system-packages:  ## Debian packages the tests run (PostgreSQL, Docker, etcd, Ga
 # 0.7 of the 2 cores busy), and the suite must hold on a loaded machine anyway. Each
 # module is one unit of work, and the Docker and Spark tests together are one more
 # (tests/conftest.py says why). TEST_WORKERS=0 runs everything in one process.
+# The 40 slowest tests are listed at the end: CI has 45 minutes for the suite.
 TEST_WORKERS ?= 2
 
 test: lint proto-check system-packages  ## everything CI checks
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40
 	$(MAKE) test-pipeline-oldest
 
 # The pipeline supports PySpark 3.5 and 4.x: its tests run on the newest in .venv (with
