@@ -1,5 +1,6 @@
 """A local multi-DC cluster of real processes (a transaction-store and a sync-coordinator
-per DC) on loopback, optionally with emulated WAN links between the coordinators."""
+per DC, and with ``workers`` a worker-dispatch and one SQLite worker) on loopback,
+optionally with emulated WAN links between the coordinators."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from pathlib import Path
 
 import grpc
 
-from tests.support.processes import ServiceProcess, free_port, sync_coordinator, transaction_store
+from tests.support.processes import (
+    ServiceProcess,
+    free_port,
+    sync_coordinator,
+    transaction_store,
+    worker,
+    worker_dispatch,
+)
 from tests.support.waiting import wait_until
 from txsync.link_emulator import LinkEmulator, LinkSettings
 from txsync.v1 import (
@@ -33,6 +41,14 @@ class Dc:
     node_id: str
     store: ServiceProcess
     coordinator: ServiceProcess
+    dispatch: ServiceProcess | None = None
+    worker: ServiceProcess | None = None
+
+    @property
+    def processes(self) -> list[ServiceProcess]:
+        """Its processes, in the order they stop (the reverse of their start)."""
+        others = [p for p in (self.dispatch, self.worker) if p is not None]
+        return [self.coordinator, *others, self.store]
 
 
 class LocalCluster:
@@ -48,6 +64,7 @@ class LocalCluster:
         store_args: dict[str, tuple[str, ...]] | None = None,
         joining: frozenset[str] = frozenset(),
         metrics: bool = False,
+        workers: bool = False,
     ) -> None:
         """``one_way_delay_ms`` None: coordinators talk directly; else through the link
         emulator with that one-way delay on every directed link. ``tls_dir``: mutual TLS
@@ -55,7 +72,8 @@ class LocalCluster:
         ids (default dc1..dcN); ``store_args``: extra flags for some nodes' stores;
         ``joining``: nodes outside the initial configuration (started with --join; the
         others do not list them); ``metrics``: coordinators serve Prometheus metrics on
-        ``metrics_ports``."""
+        ``metrics_ports``; ``workers``: each DC applies, with a worker-dispatch and one
+        SQLite worker (the test creates its tables)."""
         self.metrics_ports: dict[str, int] = {}
         ids = names or [f"dc{n + 1}" for n in range(size)]
         assert len(ids) == size
@@ -79,6 +97,7 @@ class LocalCluster:
                 store_args=store_args or {},
                 joining=joining,
                 metrics=metrics,
+                workers=workers,
             )
         except BaseException:
             self.stop()  # do not leave half a cluster running
@@ -96,13 +115,27 @@ class LocalCluster:
         store_args: dict[str, tuple[str, ...]],
         joining: frozenset[str],
         metrics: bool,
+        workers: bool,
     ) -> None:
         self.ports = ports
         for node in ids:
+            applying: tuple[str, ...] = ()
+            dispatch_port = free_port()
+            if workers:
+                applying = ("--dispatch", f"127.0.0.1:{dispatch_port}")
             store = transaction_store(
-                root / node, node, *store_args.get(node, ()), port=free_port()
+                root / node, node, *applying, *store_args.get(node, ()), port=free_port()
             )
             store.start()
+            dispatch = applier = None
+            if workers:
+                applier = worker(root / node / "w1", f"{node}-w1")
+                applier.start()
+                dispatch = worker_dispatch(
+                    root / node / "dispatch", store.address, {f"{node}-w1": applier.address},
+                    port=dispatch_port,
+                )  # fmt: skip
+                dispatch.start()
             peers = {p: dial[(node, p)] for p in ids if p != node and p not in joining}
             security: tuple[str, ...] = ("--plaintext",)
             if tls_dir is not None:
@@ -115,11 +148,13 @@ class LocalCluster:
             if metrics:
                 self.metrics_ports[node] = free_port()
                 join += ("--metrics-listen", f"127.0.0.1:{self.metrics_ports[node]}")
+            if dispatch is not None:
+                join += ("--dispatch", dispatch.address)
             coordinator = sync_coordinator(
                 root / node, node, store.address, ports[node], peers, *security,
                 *coordinator_args, *join,
             )  # fmt: skip
-            self.dcs.append(Dc(node, store, coordinator))
+            self.dcs.append(Dc(node, store, coordinator, dispatch, applier))
         for dc in self.dcs:
             dc.coordinator.start()
 
@@ -127,7 +162,7 @@ class LocalCluster:
         """Stop every service; fail (after stopping them all) if one did not exit 0."""
         unclean = []
         for dc in self.dcs:
-            for process in (dc.coordinator, dc.store):
+            for process in dc.processes:
                 running = process.process is not None and process.process.poll() is None
                 if running and process.terminate() != 0:
                     unclean.append(process.log())

@@ -8,7 +8,8 @@
 - ``store_followers``: the store's streams of local submits, membership entries and
   finished transactions;
 - ``coordinator_status``: the admin API's snapshot, lag, and the peers' progress
-  reported to the store.
+  reported to the store;
+- ``dc_copies``: a DC behind its peers' history starts from a copy of another DC.
 
 The parts are one object (they share the loop's state), joined here.
 """
@@ -21,11 +22,12 @@ from txsync.sync_coordinator.coordinator_status import (
     CoordinatorStatus,
     PeerSnapshot,
 )
+from txsync.sync_coordinator.dc_copies import DcCopies
 from txsync.sync_coordinator.peer_traffic import PeerTraffic
 from txsync.sync_coordinator.store_followers import StoreFollowers
 
 __all__ = ["Coordinator", "CoordinatorConfig", "CoordinatorSnapshot", "PeerSnapshot"]
 
 
-class Coordinator(PeerTraffic, StoreFollowers, CoordinatorStatus):
+class Coordinator(PeerTraffic, StoreFollowers, CoordinatorStatus, DcCopies):
     """One DC's sync-coordinator (``coordinator_core.CoordinatorCore`` and its parts)."""

@@ -54,7 +54,7 @@ from txsync.sync_coordinator.store_wire import durable_from_proto, persist_reque
 from txsync.telemetry import Metrics
 from txsync.telemetry.lag_clock import LagClock
 from txsync.telemetry.logs import event as log_event
-from txsync.v1 import peer_pb2, peer_pb2_grpc, store_pb2, store_pb2_grpc
+from txsync.v1 import peer_pb2, peer_pb2_grpc, store_pb2, store_pb2_grpc, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,10 @@ class CoordinatorConfig:
     peers: dict[str, str]
     """Peer node id -> host:port of its PeerService."""
     store_address: str
+    dispatch_address: str | None = None
+    """This DC's worker-dispatch: a DC behind its peers' history imports a peer's copy
+    into its testing worker through it, and peers export this DC's (``dc_copies``).
+    None: neither (a witness, or a test without workers)."""
     weights: dict[str, int] = field(default_factory=dict)
     """Node id -> vote weight (default 1 each); a view needs a weight majority."""
     joining: bool = False
@@ -84,6 +88,18 @@ class CoordinatorConfig:
     rpc_timeout_s: float = 2.0
     tls: TlsFiles | None = None
     """None only when plaintext was asked for explicitly (local development)."""
+
+
+@dataclass(slots=True)
+class DcCopyProgress:
+    """A copy of another DC's testing worker on its way here (``dc_copies``)."""
+
+    source: str
+    started_s: float
+    position: int = 0
+    """The copy's position (0: not known yet)."""
+    bytes_done: int = 0
+    bytes_total: int = 0
 
 
 def now_ms() -> int:
@@ -101,6 +117,10 @@ class CoordinatorCore(ABC):
         self.events: asyncio.Queue[ShellEvent] = asyncio.Queue(maxsize=EVENTS_MAX)
         self._store_channel = new_channel(config.store_address, as_service=True)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
+        self.dispatch: worker_pb2_grpc.DispatchServiceAsyncStub | None = None
+        if config.dispatch_address is not None:
+            self._dispatch_channel = new_channel(config.dispatch_address, as_service=True)
+            self.dispatch = worker_pb2_grpc.DispatchServiceStub(self._dispatch_channel)
         self.links = {
             peer: PeerLink(peer, address, config.tls) for peer, address in config.peers.items()
         }
@@ -151,7 +171,12 @@ class CoordinatorCore(ABC):
         for the posts."""
         self.history_from = 0
         """The first synced position the store holds, as its latest progress answer
-        said; the core hears of each move (``HistoryTruncated``)."""
+        said: a lagger behind it needs a copy of a DC (``dc_copies``)."""
+        self.copy_told: dict[str, int] = {}
+        """Laggers told they need a copy, with the history start they were told of."""
+        self.history_told = 0
+        """The synced length the core was last told the history may start past
+        (``HistoryTruncated``: what the store may truncate)."""
         self.bodies_arriving: set[str] = set()
         """Bodies a peer pushed that wait for the loop (``take_bodies``)."""
         self._arrived_bytes = 0
@@ -177,6 +202,12 @@ class CoordinatorCore(ABC):
         has not answered."""
         self._accepting = asyncio.Event()
         """Set when the shell takes events again after waiting for a free write slot."""
+        self.dc_copy: DcCopyProgress | None = None
+        """The copy of another DC this DC is taking (``dc_copies``), while it runs."""
+        self.dc_copy_after_s = 0.0
+        """Monotonic time before which no new copy is tried (after one failed)."""
+        self.restarting = ""
+        """Why the process ends to be restarted (not a failure): it adopted a copy."""
 
     async def start(self) -> None:
         """Load the durable protocol state from the store and start the loop."""
@@ -259,6 +290,8 @@ class CoordinatorCore(ABC):
         for link in [*self.links.values(), *self._retired_links]:
             await link.close()
         await self._store_channel.close()
+        if self.dispatch is not None:
+            await self._dispatch_channel.close()
 
     async def _run(self) -> None:
         shell = self.shell

@@ -103,18 +103,26 @@ class CoordinatorStatus(CoordinatorCore):
         """Tell the store how far every peer DC has come, so that it truncates the
         history all of them (and this DC's workers) passed. A failed report is tried
         again at the next one: until then the store truncates less, never more."""
+        node = self.node
+        assert node is not None
         while True:
             request = store_pb2.ReportProgressRequest(
-                peer_synced_len=self.peers_progress(), peers_reported=True
+                peer_synced_len=self.peers_progress(),
+                peers_reported=True,
+                core_history_len=node.history_len,
             )
             try:
                 answer = await self.store.ReportProgress(request, timeout=PERSIST_TIMEOUT_S)
                 self.bodies_held_len = answer.bodies_held_len
-                if answer.history_from > self.history_from:
-                    # The core serves no lagger from memory below the store's history
-                    # (their bodies may be gone everywhere): it sends it to a copy.
-                    self.history_from = answer.history_from
-                    await self.events.put(HistoryTruncated(answer.history_from - 1))
+                self.history_from = max(self.history_from, answer.history_from)
+                # The core serves no lagger from memory below what the store may drop
+                # (their bodies may be gone everywhere then): the store reads them from
+                # its txlog, or sends the lagger to a copy. The store truncates no
+                # further than the core has heard (``core_history_len``, next report).
+                may_go = answer.truncatable_below - 1
+                if may_go > self.history_told:
+                    self.history_told = may_go
+                    await self.events.put(HistoryTruncated(may_go))
             except grpc.aio.AioRpcError as error:
                 log.info("progress report to the store failed: %s", error.code().name)
             await asyncio.sleep(PROGRESS_REPORT_S)

@@ -39,7 +39,11 @@ peer keeps among its last ``POSTS_KEPT_PER_PEER``); one answer per post was 3.75
 21 gRPC messages per transaction (16 single-submit clients per DC)."""
 
 
-OtherMessage = peer_pb2.SendSyncedEntriesRequest | peer_pb2.SendViewMessageRequest
+OtherMessage = (
+    peer_pb2.SendSyncedEntriesRequest
+    | peer_pb2.SendViewMessageRequest
+    | peer_pb2.SnapshotNeededRequest
+)
 
 
 class PeerQueue:
@@ -193,7 +197,8 @@ class PeerQueue:
         self._other_queued.discard(key)
         if isinstance(other, peer_pb2.SendSyncedEntriesRequest):
             return peer_pb2.ExchangeRequest(synced_entries=other)
-        assert isinstance(other, peer_pb2.SendViewMessageRequest)
+        if isinstance(other, peer_pb2.SnapshotNeededRequest):
+            return peer_pb2.ExchangeRequest(snapshot_needed=other)
         return peer_pb2.ExchangeRequest(view=other)
 
     def _next_post(self) -> peer_pb2.PostRequest:

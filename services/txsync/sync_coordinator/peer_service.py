@@ -40,7 +40,7 @@ from txsync.sync_coordinator.wire import (
     view_message_from_proto,
 )
 from txsync.transaction_store.validation import BODIES_PER_CALL_MAX
-from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc, store_pb2
+from txsync.v1 import common_pb2, peer_pb2, peer_pb2_grpc, store_pb2, worker_pb2
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
                     await self._take_view_message(request.view, context)
                 elif kind == "body":
                     await self._take_body(request.body, context)
+                elif kind == "snapshot_needed":
+                    self._take_snapshot_needed(request.snapshot_needed, context)
                 else:
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "an empty message")
         except REFUSALS as error:
@@ -211,6 +213,55 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             except Refusal as error:
                 log.warning("body %s from %s refused: %s", body.tx_id, request.sender, error)
         await self._coordinator.take_bodies(arrived)
+
+    def _take_snapshot_needed(
+        self,
+        request: peer_pb2.SnapshotNeededRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        try:
+            check_node_id(request.sender, "sender")
+        except WireError as error:
+            raise _invalid(error) from None
+        self._check_peer(request.sender, context)
+        self._coordinator.snapshot_needed(request.sender, request.history_from)
+
+    async def ExportDcSnapshot(
+        self,
+        request: worker_pb2.ExportDcCopyRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[worker_pb2.DcCopyChunk]:
+        """This DC's dispatch's copy of its testing worker, passed through as it comes
+        (the dispatch exports one at a time, and its store describes it)."""
+        try:
+            check_request(request)
+            try:
+                check_node_id(request.adopter, "adopter")
+            except WireError as error:
+                raise _invalid(error) from None
+            self._check_peer(request.adopter, context)
+            dispatch = self._coordinator.dispatch
+            if dispatch is None:
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{self._coordinator.config.node_id} exports no copies: its coordinator "
+                    "has no worker-dispatch (--dispatch)",
+                )
+        except REFUSALS as error:
+            await abort(context, error)
+            return
+        log.warning(
+            "DC COPY: %s (at position %d) copies this DC's testing worker",
+            request.adopter, request.adopter_len,
+        )  # fmt: skip
+        export = dispatch.ExportDcCopy(request)
+        try:
+            async for chunk in export:
+                yield chunk
+        except grpc.aio.AioRpcError as error:
+            await abort(context, ServiceError(error.code(), error.details() or "dispatch refused"))
+        finally:
+            export.cancel()
 
     @answers_errors
     async def GetBody(

@@ -172,6 +172,9 @@ class PeerTraffic(CoordinatorCore):
                 self._in_background(self.fetches.drain(body.source))
 
     async def _serve_from_log(self, to: str, from_len: int, count_max: int) -> None:
+        if from_len + 1 < self.history_from:
+            self._tell_snapshot_needed(to, from_len)
+            return
         try:
             answer = await self.store.ReadSynced(
                 store_pb2.ReadSyncedRequest(
@@ -179,6 +182,9 @@ class PeerTraffic(CoordinatorCore):
                 )
             )
         except grpc.aio.AioRpcError as error:
+            if from_len + 1 < self.history_from:  # truncated since the check above
+                self._tell_snapshot_needed(to, from_len)
+                return
             log.warning("cannot serve %s from the txlog at %d: %s", to, from_len, error.details())
             return
         link = self._link(to)
@@ -190,6 +196,25 @@ class PeerTraffic(CoordinatorCore):
                 tuple(meta_from_proto(m) for m in answer.entries),
             )
             link.send(entries_to_proto(entries))
+
+    def _tell_snapshot_needed(self, to: str, from_len: int) -> None:
+        """``to`` asks for positions this DC truncated: it can only go on from a copy
+        of a DC's database (docs/dc-snapshots.md; ``dc_copies`` at its end)."""
+        link = self._link(to)
+        if link is None:
+            return
+        if self.copy_told.get(to) != self.history_from:  # said once per lagger and start
+            self.copy_told[to] = self.history_from
+            log.info(
+                "%s asks for catch-up from position %d; the txlog holds positions from %d "
+                "on: it needs a copy of a DC",
+                to, from_len + 1, self.history_from,
+            )  # fmt: skip
+        link.send(
+            peer_pb2.SnapshotNeededRequest(
+                sender=self.config.node_id, history_from=self.history_from
+            )
+        )
 
     async def _push_bodies(self) -> None:
         """Push new bodies to the peers, many per call: every body that became durable

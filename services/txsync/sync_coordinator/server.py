@@ -37,6 +37,7 @@ from txsync.settings import COORDINATOR_SETTINGS, add_arguments
 from txsync.sync_coordinator.admin import NOT_HERE as ADMIN_NOT_HERE
 from txsync.sync_coordinator.admin import CoordinatorAdmin
 from txsync.sync_coordinator.coordinator import Coordinator, CoordinatorConfig
+from txsync.sync_coordinator.dc_copies import RESTARTING_EXIT_CODE
 from txsync.sync_coordinator.fetch_queue import FETCH_QUEUE_MAX
 from txsync.sync_coordinator.peer_link import TlsFiles
 from txsync.sync_coordinator.peer_service import PeerServicer
@@ -205,6 +206,9 @@ async def serve(
     await _stop_servers(server, admin_server, grace_s)
     await coordinator.stop()
     telemetry.close()
+    if coordinator.restarting:
+        log.warning("sync-coordinator ends to restart: %s", coordinator.restarting)
+        return RESTARTING_EXIT_CODE
     if coordinator.failed.done():
         log.critical("sync-coordinator stopped: %s", coordinator.failed.result())
         return 1
@@ -280,6 +284,13 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--node-id", required=True, help="this DC's node id")
     parser.add_argument("--store", required=True, help="host:port of this DC's transaction-store")
+    parser.add_argument(
+        "--dispatch",
+        metavar="HOST:PORT",
+        help="this DC's worker-dispatch: a DC behind its peers' history starts from a copy "
+        "of another DC's testing worker through it, and peers copy this DC's (without it, "
+        "neither)",
+    )
     parser.add_argument(
         "--peer",
         type=_peer,
@@ -392,6 +403,7 @@ def run(options: argparse.Namespace) -> int:
         weights=weights,
         joining=options.join,
         store_address=options.store,
+        dispatch_address=options.dispatch,
         timing=timing,
         limits=limits,
     )

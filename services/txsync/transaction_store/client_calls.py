@@ -351,14 +351,20 @@ class ClientCalls(StoreCore):
     ) -> Submitted:
         """Submit a membership entry (admin API), taken against the installed
         configuration (``step_rules.check_membership_change``: one at a time, a node
-        added only while this DC holds the whole history, a node removed only once the
-        others have caught up). ``adds``: it adds the node."""
+        added only while this DC holds the whole history or can export a copy for it, a
+        node removed only once the others have caught up). ``adds``: it adds the node."""
         check_membership(change)  # bad input first, whatever is pending
         # No truncation between the check and the entry: once taken, the entry itself
         # holds truncation back until it is applied (``retention.truncation_hold``).
         async with self._one_rotation:
             peers = self.progress.peer_synced_len
-            after = check_membership_change(self.state, change, peers, adds=adds)
+            after = check_membership_change(
+                self.state,
+                change,
+                peers,
+                adds=adds,
+                joins_from_snapshot=self.config.joins_from_copies,
+            )
             taken = common_pb2.MembershipChange()
             taken.CopyFrom(change)
             taken.after_position = after

@@ -30,6 +30,9 @@ class Progress:
     peers_reported: bool = False
     """The coordinator reported its whole set of peers (possibly none: a DC alone)."""
     workers_min_position: int | None = None
+    core_history_len: int | None = None
+    """The coordinator's core serves catch-up from memory only above this synced
+    length (None: its report does not say, as from a coordinator of 0.2)."""
     truncated_total: int = 0
     """Transactions truncated since the store started."""
     truncated_in_place: int = 0
@@ -96,6 +99,12 @@ def truncation_hold(
     if not progress.peers_reported and not progress.peer_synced_len:
         passed.append((0, "the sync-coordinator, which has not reported the peers yet"))
     passed += [(length, f"peer {peer}") for peer, length in progress.peer_synced_len.items()]
+    if progress.core_history_len is not None:
+        # The core learns where the history starts from the answers to its reports, a
+        # second late: truncating past what it knows let it serve a DC added meanwhile,
+        # from memory, metas whose bodies every DC had dropped (a real 4-DC cluster:
+        # the new DC waited for them for good). It truncates next time.
+        passed.append((progress.core_history_len, "the sync-coordinator's core"))
     if state.view is not None:
         # A node the installed configuration added is in the coordinator's reports
         # from its next one on (each ``PROGRESS_REPORT_S``); until then the last report

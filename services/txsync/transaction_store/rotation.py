@@ -8,6 +8,7 @@ decided by ``retention.truncation_hold``, a pure function. Part of ``Transaction
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -38,12 +39,20 @@ class Rotations(StoreCore):
         self._rotation = asyncio.get_running_loop().create_task(self._rotate_in_background())
 
     def report_progress(
-        self, peers: dict[str, int], workers_min: int | None, *, peers_reported: bool = False
+        self,
+        peers: dict[str, int],
+        workers_min: int | None,
+        *,
+        peers_reported: bool = False,
+        core_history_len: int | None = None,
     ) -> int:
         """Take a report: the coordinator's (``peers_reported``: every peer of the
-        configuration, replacing the last report, so a removed peer holds nothing back)
-        or the dispatch's (the lowest applied position among the DC's workers)."""
+        configuration, replacing the last report, so a removed peer holds nothing back;
+        ``core_history_len``: where its core serves catch-up from memory) or the
+        dispatch's (the lowest applied position among the DC's workers)."""
         progress = self.progress
+        if core_history_len is not None:
+            progress.core_history_len = core_history_len
         if peers_reported:
             progress.peer_synced_len = dict(peers)
             progress.peers_reported = True
@@ -51,9 +60,10 @@ class Rotations(StoreCore):
             progress.peer_synced_len.update(peers)
         if workers_min is not None:
             progress.workers_min_position = workers_min
-        below = self.truncatable_below()
-        self._truncate_soon(below)
-        return below
+        self._truncate_soon(self.truncatable_below())
+        # What the others allow: the coordinator's core hears it from this answer, and
+        # the store truncates that far once the core's next report says it heard.
+        return self.truncation_hold(with_core=False).below
 
     def _truncate_soon(self, below_position: int) -> None:
         """Truncate in place once at least ``TRUNCATION_STEP`` positions more may go: a
@@ -117,12 +127,16 @@ class Rotations(StoreCore):
         """Synced positions below this one may be truncated (0: none)."""
         return self.truncation_hold().below
 
-    def truncation_hold(self) -> TruncationHold:
-        """How far truncation may go now, and what holds it (``retention``)."""
+    def truncation_hold(self, *, with_core: bool = True) -> TruncationHold:
+        """How far truncation may go now, and what holds it (``retention``);
+        ``with_core`` False: leaving out where the coordinator's core serves catch-up."""
         config = self.config
+        progress = self.progress
+        if not with_core:
+            progress = dataclasses.replace(progress, core_history_len=None)
         return truncation_hold(
             self.state,
-            self.progress,
+            progress,
             witness=config.witness,
             history_kept=config.history_kept,
             history_kept_ms=config.history_kept_ms,

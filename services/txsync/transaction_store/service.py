@@ -36,6 +36,8 @@ from txsync.transaction_store.dc_admin import DcAdmin, DcServices
 from txsync.transaction_store.retention import Verdict
 from txsync.transaction_store.state import Outcome, TxRecord
 from txsync.transaction_store.step_wire import (
+    adoption_from_proto,
+    adoption_to_proto,
     changes_from_proto,
     protocol_state_to_proto,
     step_from_proto,
@@ -51,6 +53,7 @@ from txsync.transaction_store.validation import (
     READ_BODIES_BYTES_DEFAULT,
     STREAM_SUBMITS_MAX,
     check_idempotency_key,
+    check_node_id_field,
     check_page_size,
     check_state,
     check_traceparent,
@@ -458,11 +461,18 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         staged: asyncio.Queue[StagedStep | ServiceError | Refusal | None] = asyncio.Queue(
             PERSIST_STEPS_AHEAD_MAX
         )
+        adoptions = self._store.adoptions
 
         async def stage_in_order() -> None:
             try:
                 async for request in request_iterator:
                     check_request(request)
+                    if self._store.adoptions != adoptions:
+                        raise Refusal(
+                            Refused.PRECONDITION,
+                            "the store adopted another DC's copy since this stream opened: "
+                            "its coordinator restarts onto it (LoadProtocolState)",
+                        )
                     await staged.put(await self._stage_step(request.step))
             except REFUSALS as error:
                 await staged.put(error)
@@ -619,6 +629,27 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             await abort(context, error)
 
     @answers_errors
+    async def ExportBase(
+        self, request: store_pb2.ExportBaseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> common_pb2.BaseAdoption:
+        if request.final_state not in (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED):
+            raise invalid("final_state: TX_STATE_OK or TX_STATE_FAILED")
+        adoption = self._store.export_base(
+            request.position,
+            TxState(request.final_state),
+            check_node_id_field(request.adopter, "adopter"),
+            request.adopter_len,
+        )
+        return adoption_to_proto(adoption)
+
+    @answers_errors
+    async def AdoptBase(
+        self, request: common_pb2.BaseAdoption, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> store_pb2.AdoptBaseResponse:
+        synced_len = await self._store.adopt_base(adoption_from_proto(request))
+        return store_pb2.AdoptBaseResponse(synced_len=synced_len)
+
+    @answers_errors
     async def ReportProgress(
         self, request: store_pb2.ReportProgressRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> store_pb2.ReportProgressResponse:
@@ -626,8 +657,12 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             raise invalid("peer_synced_len: at most 16 peers")
         workers = request.workers_min_position if request.HasField("workers_min_position") else None
         store = self._store
+        core = request.core_history_len if request.HasField("core_history_len") else None
         truncatable = store.report_progress(
-            dict(request.peer_synced_len), workers, peers_reported=request.peers_reported
+            dict(request.peer_synced_len),
+            workers,
+            peers_reported=request.peers_reported,
+            core_history_len=core,
         )
         held = store.bodies_held_durably_len()
         store.missing_body_alarm(held)  # observed each second: the alarm counts from here

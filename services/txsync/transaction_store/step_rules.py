@@ -265,9 +265,9 @@ def check_can_join(state: StoreState, node_id: str, *, from_snapshot: bool = Fal
     """A node that joins replays the order from position 1, fetched from its peers'
     txlogs. Once this DC truncated the start of its history, a new node would wait for
     it for ever, and every DC would hold its truncation back for that node (at position
-    0) from then on: refused, unless the cluster starts a DC past its peers' truncation
-    from a snapshot (``from_snapshot``: the simulator does, ``plan_base_adopted``; the
-    services' transfer is not built yet, docs/dc-snapshots.md). A node already
+    0) from then on: refused, unless the new DC can start past its peers' truncation
+    from a copy of a DC (``from_snapshot``: this DC can export one, docs/dc-snapshots.md;
+    the simulator's DCs always can). A node already
     configured (a new address) is no join. (Once the entry is taken, this DC truncates
     nothing until it is applied: ``retention.truncation_hold``.)"""
     view = state.view
@@ -277,9 +277,9 @@ def check_can_join(state: StoreState, node_id: str, *, from_snapshot: bool = Fal
         raise Refusal(
             Refused.PRECONDITION,
             f"{node_id} cannot join: {state.node_id} truncated synced positions "
-            f"1-{offset}, and a new DC replays the order from position 1 (joining "
-            "from a snapshot of a member is not built yet; docs/operations.md, "
-            '"Adding a DC")',
+            f"1-{offset}, and a new DC replays the order from position 1 unless it "
+            f"starts from a copy of a DC, which {state.node_id} cannot export (it has no "
+            'worker-dispatch; docs/operations.md, "Adding a DC")',
         )
 
 

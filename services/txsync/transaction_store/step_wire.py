@@ -10,7 +10,10 @@ from collections.abc import Iterable, Sequence
 
 from txsync.codec import (
     WireError,
+    base_from_proto,
     base_to_proto,
+    check_number,
+    meta_from_proto,
     meta_to_proto,
     metas_from_proto,
     proposal_from_proto,
@@ -20,7 +23,13 @@ from txsync.codec import (
 )
 from txsync.ids import tx_id_problem
 from txsync.protocol import MergeBase, TxMeta, TxState
-from txsync.transaction_store.step_rules import ProtocolState, ProtocolStep, StateChangeRequest
+from txsync.transaction_store.state import ABSENT_SYNCED_MAX
+from txsync.transaction_store.step_rules import (
+    BaseAdoption,
+    ProtocolState,
+    ProtocolStep,
+    StateChangeRequest,
+)
 from txsync.transaction_store.validation import (
     check_state,
     check_traceparent,
@@ -111,3 +120,45 @@ def protocol_state_to_proto(
     if loaded.vote is not None:
         response.vote.CopyFrom(vote_to_proto(loaded.vote))
     return response
+
+
+SYNCED_OWN_MAX = 2 * ABSENT_SYNCED_MAX
+"""Own transactions a copy may name: those listed for an absent DC (at most
+``ABSENT_SYNCED_MAX``) and as many again from the history the source holds."""
+
+
+def adoption_to_proto(adoption: BaseAdoption) -> common_pb2.BaseAdoption:
+    message = common_pb2.BaseAdoption(
+        meta=meta_to_proto(adoption.meta),
+        before=base_to_proto(adoption.before),
+        final_state=common_pb2.TxState.ValueType(adoption.final_state.value),
+        counter=adoption.counter,
+    )
+    for position, tx_id in adoption.synced_own:
+        message.synced_own.add(position=position, tx_id=tx_id)
+    return message
+
+
+def adoption_from_proto(message: common_pb2.BaseAdoption) -> BaseAdoption:
+    """A copy's description as a peer's store gave it (through two dispatches and two
+    coordinators); a malformed field is refused as INVALID_ARGUMENT, naming it."""
+    if len(message.synced_own) > SYNCED_OWN_MAX:
+        raise invalid(f"synced_own: at most {SYNCED_OWN_MAX} per copy")
+    try:
+        meta = meta_from_proto(message.meta, "meta")
+        before = base_from_proto(message.before, "before")
+    except WireError as error:
+        raise invalid(str(error)) from None
+    q = before.synced_len + 1
+    synced_own = []
+    for i, entry in enumerate(message.synced_own):
+        if not 0 < entry.position <= q:
+            raise invalid(f"synced_own[{i}].position: {entry.position} is not in 1-{q}")
+        synced_own.append((entry.position, check_tx_id(entry.tx_id, f"synced_own[{i}].tx_id")))
+    return BaseAdoption(
+        meta=meta,
+        before=before,
+        final_state=check_state(message.final_state, "final_state"),
+        counter=check_number(message.counter, "counter"),
+        synced_own=tuple(synced_own),
+    )

@@ -9,6 +9,8 @@ its own, all working on the same state (``store_core.StoreCore``):
   and local submits.
 - ``dispatch_calls``: worker-dispatch's stream of enqueued positions and its verdicts.
 - ``rotation``: progress reports, truncation in place and rotation of the txlog.
+- ``dc_copy_calls``: a copy of a worker described for another DC, and a copy adopted
+  (docs/dc-snapshots.md).
 
 Parts of one class rather than objects passing the state around: every part takes the
 same lock and stages through the same writer, and a call of one part (a membership
@@ -21,12 +23,12 @@ from __future__ import annotations
 
 from txsync.transaction_store.client_calls import ClientCalls, Submitted
 from txsync.transaction_store.coordinator_calls import CoordinatorCalls, StagedStep
+from txsync.transaction_store.dc_copy_calls import DcCopyCalls
 from txsync.transaction_store.dispatch_calls import DispatchCalls
-from txsync.transaction_store.rotation import Rotations
 from txsync.transaction_store.store_core import StoreConfig
 
 __all__ = ["StagedStep", "StoreConfig", "Submitted", "TransactionStore"]
 
 
-class TransactionStore(ClientCalls, CoordinatorCalls, DispatchCalls, Rotations):
+class TransactionStore(ClientCalls, CoordinatorCalls, DispatchCalls, DcCopyCalls):
     """A DC's transaction-store: see the module's docstring for its parts."""

@@ -113,6 +113,10 @@ class StoreConfig:
     witness: bool = False
     """A witness node (PROTOCOL.md §1) votes and relays but has no workers: it refuses
     client transactions, which would otherwise be ordered by a DC that applies nothing."""
+    joins_from_copies: bool = False
+    """A DC added after this one truncated starts from a copy of a DC's testing worker
+    (docs/dc-snapshots.md): set where this DC can export one (it has a worker-dispatch),
+    else such an add is refused (``step_rules.check_can_join``)."""
     body_cache_bytes_max: int = BODY_CACHE_BYTES_DEFAULT
     """Bodies of unfinished transactions a rotation filed, kept in memory for reading back
     (``body_cache``)."""

@@ -213,3 +213,11 @@ def check_peer_body(tx_id: str, encoded: bytes, digest: bytes) -> common_pb2.TxB
     if body_digest(encoded) != digest:
         raise Refusal(Refused.CORRUPT, f"body of {tx_id} fails its digest")
     return body
+
+
+def check_node_id_field(node_id: str, field: str) -> str:
+    """A node id a request names, as INVALID_ARGUMENT naming ``field`` if malformed."""
+    try:
+        return check_node_id(node_id, field)
+    except WireError as error:
+        raise invalid(str(error)) from None

@@ -693,3 +693,89 @@ class Transition(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Transition: _TypeAlias = Transition  # noqa: Y015
+
+@_typing.final
+class BaseAdoption(_message.Message):
+    """A copy of a DC's worker database at position Q, as the DC's store describes it to
+    another DC that starts from it (docs/dc-snapshots.md): the adopter's store writes it
+    as its new start.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    META_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    FINAL_STATE_FIELD_NUMBER: _builtins.int
+    COUNTER_FIELD_NUMBER: _builtins.int
+    SYNCED_OWN_FIELD_NUMBER: _builtins.int
+    final_state: Global___TxState.ValueType
+    """How the copy applied `meta`: OK or FAILED."""
+    counter: _builtins.int
+    """The source's counter: the adopter stamps above it."""
+    @_builtins.property
+    def meta(self) -> Global___TxMeta:
+        """The synced entry at Q."""
+
+    @_builtins.property
+    def before(self) -> Global___MergeBase:
+        """The source's base at Q - 1."""
+
+    @_builtins.property
+    def synced_own(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___SyncedAt]:
+        """The adopter's own transactions the source synced past the adopter's synced end and
+        up to Q: synced already, so the adopter drops them from incoming.
+        """
+
+    def __init__(
+        self,
+        *,
+        meta: Global___TxMeta | None = ...,
+        before: Global___MergeBase | None = ...,
+        final_state: Global___TxState.ValueType = ...,
+        counter: _builtins.int = ...,
+        synced_own: _abc.Iterable[Global___SyncedAt] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["before", b"before", "meta", b"meta"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "before",
+        b"before",
+        "counter",
+        b"counter",
+        "final_state",
+        b"final_state",
+        "meta",
+        b"meta",
+        "synced_own",
+        b"synced_own",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BaseAdoption: _TypeAlias = BaseAdoption  # noqa: Y015
+
+@_typing.final
+class SyncedAt(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITION_FIELD_NUMBER: _builtins.int
+    TX_ID_FIELD_NUMBER: _builtins.int
+    position: _builtins.int
+    tx_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        position: _builtins.int = ...,
+        tx_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "position", b"position", "tx_id", b"tx_id"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SyncedAt: _TypeAlias = SyncedAt  # noqa: Y015

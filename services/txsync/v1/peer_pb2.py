@@ -20,10 +20,11 @@ _sym_db = _symbol_database.Default()
 
 
 from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
+from txsync.v1 import worker_pb2 as txsync_dot_v1_dot_worker__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x14txsync/v1/peer.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"\xc6\x02\n\x0f\x45xchangeRequest\x12&\n\x04post\x18\x01 \x01(\x0b\x32\x16.txsync.v1.PostRequestH\x00\x12=\n\x0esynced_entries\x18\x02 \x01(\x0b\x32#.txsync.v1.SendSyncedEntriesRequestH\x00\x12.\n\x06\x62odies\x18\x03 \x01(\x0b\x32\x1c.txsync.v1.PushBodiesRequestH\x00\x12*\n\x04\x62ody\x18\x04 \x01(\x0b\x32\x1a.txsync.v1.PushBodyRequestH\x00\x12\x31\n\x04view\x18\x05 \x01(\x0b\x32!.txsync.v1.SendViewMessageRequestH\x00\x12\x32\n\x0c\x62odies_ahead\x18\x06 \x01(\x0b\x32\x1c.txsync.v1.PushBodiesRequestB\t\n\x07message"D\n\x10\x45xchangeResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x14\n\x0cwhole_needed\x18\x03 \x01(\x08"\xd4\x02\n\x0bPostRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12"\n\x04\x62\x61se\x18\x05 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x04\x12 \n\x05queue\x18\x07 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08outcomes\x18\x08 \x03(\x0b\x32\x18.txsync.v1.OutcomeDigest\x12\x19\n\x11round_traceparent\x18\t \x01(\t\x12\x16\n\x0e\x64\x65lta_from_seq\x18\n \x01(\x04\x12\x12\n\ndelta_skip\x18\x0b \x01(\r\x12\x12\n\ndelta_keep\x18\x0c \x01(\r\x12\x11\n\tqueue_len\x18\r \x01(\r\x12\x17\n\x0f\x62odies_held_len\x18\x0e \x01(\x04"i\n\rOutcomeDigest\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12!\n\x05state\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x14\n\x0cstate_digest\x18\x04 \x01(\x0c"\x84\x01\n\x18SendSyncedEntriesRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12#\n\x05start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta"c\n\x0fPushBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x04 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x05 \x01(\t"O\n\x11PushBodiesRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12*\n\x06\x62odies\x18\x02 \x03(\x0b\x32\x1a.txsync.v1.PushBodyRequest"/\n\x0eGetBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t"D\n\x0fGetBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x03 \x01(\t"2\n\x10GetBodiesRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x0e\n\x06tx_ids\x18\x02 \x03(\t"O\n\x11GetBodiesResponse\x12*\n\x06\x62odies\x18\x01 \x03(\x0b\x32\x1a.txsync.v1.PushBodyRequest\x12\x0e\n\x06unread\x18\x02 \x03(\t"G\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12\x0f\n\x07witness\x18\x04 \x01(\x08"\xc4\x02\n\x16SendViewMessageRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12$\n\x07prepare\x18\x02 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12)\n\x07promise\x18\x03 \x01(\x0b\x32\x16.txsync.v1.ViewPromiseH\x00\x12\'\n\x06\x61\x63\x63\x65pt\x18\x04 \x01(\x0b\x32\x15.txsync.v1.ViewAcceptH\x00\x12%\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12*\n\x07install\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposalH\x00\x12)\n\x07refused\x18\x07 \x01(\x0b\x32\x16.txsync.v1.ViewRefusedH\x00\x12\x17\n\rquery_view_no\x18\x08 \x01(\x04H\x00\x42\t\n\x07message"\xde\x01\n\x0bViewPromise\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12"\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x04\x12 \n\x05queue\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0f\x61\x63\x63\x65pted_ballot\x18\x05 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"Z\n\nViewAccept\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08proposal\x18\x02 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"f\n\x0bViewRefused\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12\x0f\n\x07view_no\x18\x02 \x01(\x04\x12#\n\x08promised\x18\x03 \x01(\x0b\x32\x11.txsync.v1.Ballot2\xe0\x01\n\x0bPeerService\x12@\n\x07GetBody\x12\x19.txsync.v1.GetBodyRequest\x1a\x1a.txsync.v1.GetBodyResponse\x12\x46\n\tGetBodies\x12\x1b.txsync.v1.GetBodiesRequest\x1a\x1c.txsync.v1.GetBodiesResponse\x12G\n\x08\x45xchange\x12\x1a.txsync.v1.ExchangeRequest\x1a\x1b.txsync.v1.ExchangeResponse(\x01\x30\x01\x62\x06proto3'
+    b'\n\x14txsync/v1/peer.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto\x1a\x16txsync/v1/worker.proto"\x83\x03\n\x0f\x45xchangeRequest\x12&\n\x04post\x18\x01 \x01(\x0b\x32\x16.txsync.v1.PostRequestH\x00\x12=\n\x0esynced_entries\x18\x02 \x01(\x0b\x32#.txsync.v1.SendSyncedEntriesRequestH\x00\x12.\n\x06\x62odies\x18\x03 \x01(\x0b\x32\x1c.txsync.v1.PushBodiesRequestH\x00\x12*\n\x04\x62ody\x18\x04 \x01(\x0b\x32\x1a.txsync.v1.PushBodyRequestH\x00\x12\x31\n\x04view\x18\x05 \x01(\x0b\x32!.txsync.v1.SendViewMessageRequestH\x00\x12;\n\x0fsnapshot_needed\x18\x07 \x01(\x0b\x32 .txsync.v1.SnapshotNeededRequestH\x00\x12\x32\n\x0c\x62odies_ahead\x18\x06 \x01(\x0b\x32\x1c.txsync.v1.PushBodiesRequestB\t\n\x07message"D\n\x10\x45xchangeResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x14\n\x0cwhole_needed\x18\x03 \x01(\x08"\xd4\x02\n\x0bPostRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12"\n\x04\x62\x61se\x18\x05 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x06 \x01(\x04\x12 \n\x05queue\x18\x07 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x08outcomes\x18\x08 \x03(\x0b\x32\x18.txsync.v1.OutcomeDigest\x12\x19\n\x11round_traceparent\x18\t \x01(\t\x12\x16\n\x0e\x64\x65lta_from_seq\x18\n \x01(\x04\x12\x12\n\ndelta_skip\x18\x0b \x01(\r\x12\x12\n\ndelta_keep\x18\x0c \x01(\r\x12\x11\n\tqueue_len\x18\r \x01(\r\x12\x17\n\x0f\x62odies_held_len\x18\x0e \x01(\x04"i\n\rOutcomeDigest\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12!\n\x05state\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x14\n\x0cstate_digest\x18\x04 \x01(\x0c"\x84\x01\n\x18SendSyncedEntriesRequest\x12\x0f\n\x07view_no\x18\x01 \x01(\x04\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12#\n\x05start\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12"\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta"c\n\x0fPushBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x04 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x05 \x01(\t"O\n\x11PushBodiesRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12*\n\x06\x62odies\x18\x02 \x03(\x0b\x32\x1a.txsync.v1.PushBodyRequest"/\n\x0eGetBodyRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05tx_id\x18\x02 \x01(\t"D\n\x0fGetBodyResponse\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x03 \x01(\t"2\n\x10GetBodiesRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x0e\n\x06tx_ids\x18\x02 \x03(\t"O\n\x11GetBodiesResponse\x12*\n\x06\x62odies\x18\x01 \x03(\x0b\x32\x1a.txsync.v1.PushBodyRequest\x12\x0e\n\x06unread\x18\x02 \x03(\t"G\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12\x0f\n\x07witness\x18\x04 \x01(\x08"\xc4\x02\n\x16SendViewMessageRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12$\n\x07prepare\x18\x02 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12)\n\x07promise\x18\x03 \x01(\x0b\x32\x16.txsync.v1.ViewPromiseH\x00\x12\'\n\x06\x61\x63\x63\x65pt\x18\x04 \x01(\x0b\x32\x15.txsync.v1.ViewAcceptH\x00\x12%\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x0b\x32\x11.txsync.v1.BallotH\x00\x12*\n\x07install\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposalH\x00\x12)\n\x07refused\x18\x07 \x01(\x0b\x32\x16.txsync.v1.ViewRefusedH\x00\x12\x17\n\rquery_view_no\x18\x08 \x01(\x04H\x00\x42\t\n\x07message"\xde\x01\n\x0bViewPromise\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12"\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x04\x12 \n\x05queue\x18\x04 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12*\n\x0f\x61\x63\x63\x65pted_ballot\x18\x05 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"Z\n\nViewAccept\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12)\n\x08proposal\x18\x02 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"f\n\x0bViewRefused\x12!\n\x06\x62\x61llot\x18\x01 \x01(\x0b\x32\x11.txsync.v1.Ballot\x12\x0f\n\x07view_no\x18\x02 \x01(\x04\x12#\n\x08promised\x18\x03 \x01(\x0b\x32\x11.txsync.v1.Ballot"=\n\x15SnapshotNeededRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x14\n\x0chistory_from\x18\x02 \x01(\x04\x32\xae\x02\n\x0bPeerService\x12@\n\x07GetBody\x12\x19.txsync.v1.GetBodyRequest\x1a\x1a.txsync.v1.GetBodyResponse\x12\x46\n\tGetBodies\x12\x1b.txsync.v1.GetBodiesRequest\x1a\x1c.txsync.v1.GetBodiesResponse\x12G\n\x08\x45xchange\x12\x1a.txsync.v1.ExchangeRequest\x1a\x1b.txsync.v1.ExchangeResponse(\x01\x30\x01\x12L\n\x10\x45xportDcSnapshot\x12\x1e.txsync.v1.ExportDcCopyRequest\x1a\x16.txsync.v1.DcCopyChunk0\x01\x62\x06proto3'
 )
 
 _globals = globals()
@@ -31,38 +32,40 @@ _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "txsync.v1.peer_pb2", _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
     DESCRIPTOR._loaded_options = None
-    _globals["_EXCHANGEREQUEST"]._serialized_start = 60
-    _globals["_EXCHANGEREQUEST"]._serialized_end = 386
-    _globals["_EXCHANGERESPONSE"]._serialized_start = 388
-    _globals["_EXCHANGERESPONSE"]._serialized_end = 456
-    _globals["_POSTREQUEST"]._serialized_start = 459
-    _globals["_POSTREQUEST"]._serialized_end = 799
-    _globals["_OUTCOMEDIGEST"]._serialized_start = 801
-    _globals["_OUTCOMEDIGEST"]._serialized_end = 906
-    _globals["_SENDSYNCEDENTRIESREQUEST"]._serialized_start = 909
-    _globals["_SENDSYNCEDENTRIESREQUEST"]._serialized_end = 1041
-    _globals["_PUSHBODYREQUEST"]._serialized_start = 1043
-    _globals["_PUSHBODYREQUEST"]._serialized_end = 1142
-    _globals["_PUSHBODIESREQUEST"]._serialized_start = 1144
-    _globals["_PUSHBODIESREQUEST"]._serialized_end = 1223
-    _globals["_GETBODYREQUEST"]._serialized_start = 1225
-    _globals["_GETBODYREQUEST"]._serialized_end = 1272
-    _globals["_GETBODYRESPONSE"]._serialized_start = 1274
-    _globals["_GETBODYRESPONSE"]._serialized_end = 1342
-    _globals["_GETBODIESREQUEST"]._serialized_start = 1344
-    _globals["_GETBODIESREQUEST"]._serialized_end = 1394
-    _globals["_GETBODIESRESPONSE"]._serialized_start = 1396
-    _globals["_GETBODIESRESPONSE"]._serialized_end = 1475
-    _globals["_MEMBER"]._serialized_start = 1477
-    _globals["_MEMBER"]._serialized_end = 1548
-    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_start = 1551
-    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_end = 1875
-    _globals["_VIEWPROMISE"]._serialized_start = 1878
-    _globals["_VIEWPROMISE"]._serialized_end = 2100
-    _globals["_VIEWACCEPT"]._serialized_start = 2102
-    _globals["_VIEWACCEPT"]._serialized_end = 2192
-    _globals["_VIEWREFUSED"]._serialized_start = 2194
-    _globals["_VIEWREFUSED"]._serialized_end = 2296
-    _globals["_PEERSERVICE"]._serialized_start = 2299
-    _globals["_PEERSERVICE"]._serialized_end = 2523
+    _globals["_EXCHANGEREQUEST"]._serialized_start = 84
+    _globals["_EXCHANGEREQUEST"]._serialized_end = 471
+    _globals["_EXCHANGERESPONSE"]._serialized_start = 473
+    _globals["_EXCHANGERESPONSE"]._serialized_end = 541
+    _globals["_POSTREQUEST"]._serialized_start = 544
+    _globals["_POSTREQUEST"]._serialized_end = 884
+    _globals["_OUTCOMEDIGEST"]._serialized_start = 886
+    _globals["_OUTCOMEDIGEST"]._serialized_end = 991
+    _globals["_SENDSYNCEDENTRIESREQUEST"]._serialized_start = 994
+    _globals["_SENDSYNCEDENTRIESREQUEST"]._serialized_end = 1126
+    _globals["_PUSHBODYREQUEST"]._serialized_start = 1128
+    _globals["_PUSHBODYREQUEST"]._serialized_end = 1227
+    _globals["_PUSHBODIESREQUEST"]._serialized_start = 1229
+    _globals["_PUSHBODIESREQUEST"]._serialized_end = 1308
+    _globals["_GETBODYREQUEST"]._serialized_start = 1310
+    _globals["_GETBODYREQUEST"]._serialized_end = 1357
+    _globals["_GETBODYRESPONSE"]._serialized_start = 1359
+    _globals["_GETBODYRESPONSE"]._serialized_end = 1427
+    _globals["_GETBODIESREQUEST"]._serialized_start = 1429
+    _globals["_GETBODIESREQUEST"]._serialized_end = 1479
+    _globals["_GETBODIESRESPONSE"]._serialized_start = 1481
+    _globals["_GETBODIESRESPONSE"]._serialized_end = 1560
+    _globals["_MEMBER"]._serialized_start = 1562
+    _globals["_MEMBER"]._serialized_end = 1633
+    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_start = 1636
+    _globals["_SENDVIEWMESSAGEREQUEST"]._serialized_end = 1960
+    _globals["_VIEWPROMISE"]._serialized_start = 1963
+    _globals["_VIEWPROMISE"]._serialized_end = 2185
+    _globals["_VIEWACCEPT"]._serialized_start = 2187
+    _globals["_VIEWACCEPT"]._serialized_end = 2277
+    _globals["_VIEWREFUSED"]._serialized_start = 2279
+    _globals["_VIEWREFUSED"]._serialized_end = 2381
+    _globals["_SNAPSHOTNEEDEDREQUEST"]._serialized_start = 2383
+    _globals["_SNAPSHOTNEEDEDREQUEST"]._serialized_end = 2444
+    _globals["_PEERSERVICE"]._serialized_start = 2447
+    _globals["_PEERSERVICE"]._serialized_end = 2749
 # @@protoc_insertion_point(module_scope)

@@ -30,6 +30,7 @@ class ExchangeRequest(_message.Message):
     BODIES_FIELD_NUMBER: _builtins.int
     BODY_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_NEEDED_FIELD_NUMBER: _builtins.int
     BODIES_AHEAD_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def post(self) -> Global___PostRequest: ...
@@ -43,6 +44,8 @@ class ExchangeRequest(_message.Message):
 
     @_builtins.property
     def view(self) -> Global___SendViewMessageRequest: ...
+    @_builtins.property
+    def snapshot_needed(self) -> Global___SnapshotNeededRequest: ...
     @_builtins.property
     def bodies_ahead(self) -> Global___PushBodiesRequest:
         """Bodies taken before the message's own kind: the sender puts the bodies pushed just
@@ -59,6 +62,7 @@ class ExchangeRequest(_message.Message):
         bodies: Global___PushBodiesRequest | None = ...,
         body: Global___PushBodyRequest | None = ...,
         view: Global___SendViewMessageRequest | None = ...,
+        snapshot_needed: Global___SnapshotNeededRequest | None = ...,
         bodies_ahead: Global___PushBodiesRequest | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
@@ -72,6 +76,8 @@ class ExchangeRequest(_message.Message):
         b"message",
         "post",
         b"post",
+        "snapshot_needed",
+        b"snapshot_needed",
         "synced_entries",
         b"synced_entries",
         "view",
@@ -89,6 +95,8 @@ class ExchangeRequest(_message.Message):
         b"message",
         "post",
         b"post",
+        "snapshot_needed",
+        b"snapshot_needed",
         "synced_entries",
         b"synced_entries",
         "view",
@@ -96,7 +104,7 @@ class ExchangeRequest(_message.Message):
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_message: _TypeAlias = _typing.Literal[
-        "post", "synced_entries", "bodies", "body", "view"
+        "post", "synced_entries", "bodies", "body", "view", "snapshot_needed"
     ]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(
@@ -791,3 +799,32 @@ class ViewRefused(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ViewRefused: _TypeAlias = ViewRefused  # noqa: Y015
+
+@_typing.final
+class SnapshotNeededRequest(_message.Message):
+    """The receiver asked for catch-up below the sender's history (truncated): it can only go
+    on from a copy of a DC's database past it (PeerService.ExportDcSnapshot).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_FIELD_NUMBER: _builtins.int
+    HISTORY_FROM_FIELD_NUMBER: _builtins.int
+    sender: _builtins.str
+    history_from: _builtins.int
+    """The first position the sender still holds."""
+    def __init__(
+        self,
+        *,
+        sender: _builtins.str = ...,
+        history_from: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "history_from", b"history_from", "sender", b"sender"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotNeededRequest: _TypeAlias = SnapshotNeededRequest  # noqa: Y015

@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from txsync.v1 import peer_pb2 as txsync_dot_v1_dot_peer__pb2
+from txsync.v1 import worker_pb2 as txsync_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = "1.85.1"
 GRPC_VERSION = grpc.__version__
@@ -60,6 +61,12 @@ class PeerServiceStub:
             response_deserializer=txsync_dot_v1_dot_peer__pb2.ExchangeResponse.FromString,
             _registered_method=True,
         )
+        self.ExportDcSnapshot = channel.unary_stream(
+            "/txsync.v1.PeerService/ExportDcSnapshot",
+            request_serializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
+            _registered_method=True,
+        )
 
 
 class PeerServiceServicer:
@@ -101,6 +108,16 @@ class PeerServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def ExportDcSnapshot(self, request, context):
+        """A copy of this DC's testing worker for the calling DC, which is behind this DC's
+        history (it was told so by a `snapshot_needed` message): this DC's worker-dispatch
+        exports it (DispatchService.ExportDcCopy), at most one at a time. The caller must
+        be the `adopter` it names.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
 
 def add_PeerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -118,6 +135,11 @@ def add_PeerServiceServicer_to_server(servicer, server):
             servicer.Exchange,
             request_deserializer=txsync_dot_v1_dot_peer__pb2.ExchangeRequest.FromString,
             response_serializer=txsync_dot_v1_dot_peer__pb2.ExchangeResponse.SerializeToString,
+        ),
+        "ExportDcSnapshot": grpc.unary_stream_rpc_method_handler(
+            servicer.ExportDcSnapshot,
+            request_deserializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -214,6 +236,36 @@ class PeerService:
             "/txsync.v1.PeerService/Exchange",
             txsync_dot_v1_dot_peer__pb2.ExchangeRequest.SerializeToString,
             txsync_dot_v1_dot_peer__pb2.ExchangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def ExportDcSnapshot(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            "/txsync.v1.PeerService/ExportDcSnapshot",
+            txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.SerializeToString,
+            txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
             options,
             channel_credentials,
             insecure,

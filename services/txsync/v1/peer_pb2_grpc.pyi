@@ -8,6 +8,7 @@ Sync between DCs: served by every DC's sync-coordinator to the other DCs' coordi
 from collections import abc as _abc
 from grpc import aio as _aio
 from txsync.v1 import peer_pb2 as _peer_pb2
+from txsync.v1 import worker_pb2 as _worker_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -66,6 +67,14 @@ class PeerServiceStub:
     refuses (not a configured peer, malformed) ends the stream with its status; the
     sender opens a new one.
     """
+    ExportDcSnapshot: _grpc.UnaryStreamMultiCallable[
+        _worker_pb2.ExportDcCopyRequest, _worker_pb2.DcCopyChunk
+    ]
+    """A copy of this DC's testing worker for the calling DC, which is behind this DC's
+    history (it was told so by a `snapshot_needed` message): this DC's worker-dispatch
+    exports it (DispatchService.ExportDcCopy), at most one at a time. The caller must
+    be the `adopter` it names.
+    """
 
 @_typing.type_check_only
 class PeerServiceAsyncStub(PeerServiceStub):
@@ -101,6 +110,14 @@ class PeerServiceAsyncStub(PeerServiceStub):
     post it could not rebuild); everything else is one-way. A message the receiver
     refuses (not a configured peer, malformed) ends the stream with its status; the
     sender opens a new one.
+    """
+    ExportDcSnapshot: _aio.UnaryStreamMultiCallable[
+        _worker_pb2.ExportDcCopyRequest, _worker_pb2.DcCopyChunk
+    ]  # type: ignore[assignment]
+    """A copy of this DC's testing worker for the calling DC, which is behind this DC's
+    history (it was told so by a `snapshot_needed` message): this DC's worker-dispatch
+    exports it (DispatchService.ExportDcCopy), at most one at a time. The caller must
+    be the `adopter` it names.
     """
 
 class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -153,6 +170,21 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
         post it could not rebuild); everything else is one-way. A message the receiver
         refuses (not a configured peer, malformed) ends the stream with its status; the
         sender opens a new one.
+        """
+
+    @_abc_1.abstractmethod
+    def ExportDcSnapshot(
+        self,
+        request: _worker_pb2.ExportDcCopyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _abc.Iterator[_worker_pb2.DcCopyChunk],
+        _abc.AsyncIterator[_worker_pb2.DcCopyChunk],
+    ]:
+        """A copy of this DC's testing worker for the calling DC, which is behind this DC's
+        history (it was told so by a `snapshot_needed` message): this DC's worker-dispatch
+        exports it (DispatchService.ExportDcCopy), at most one at a time. The caller must
+        be the `adopter` it names.
         """
 
 def add_PeerServiceServicer_to_server(

@@ -148,12 +148,19 @@ class ReportProgressRequest(_message.Message):
     PEER_SYNCED_LEN_FIELD_NUMBER: _builtins.int
     WORKERS_MIN_POSITION_FIELD_NUMBER: _builtins.int
     PEERS_REPORTED_FIELD_NUMBER: _builtins.int
+    CORE_HISTORY_LEN_FIELD_NUMBER: _builtins.int
     workers_min_position: _builtins.int
     """The lowest applied position among this DC's workers; unset while unknown."""
     peers_reported: _builtins.bool
     """`peer_synced_len` is the whole set of peers (the coordinator's report): a peer
     removed from the configuration holds truncation back no longer, and a DC alone
     reports an empty set.
+    """
+    core_history_len: _builtins.int
+    """The coordinator's report: its core serves catch-up from memory only to peers at or
+    above this synced length (what it last stepped as HistoryTruncated). The store
+    truncates no further, so that no peer is sent, from the core's memory, entries whose
+    bodies no DC holds any more. Unset: no such bound (a coordinator of 0.2 or earlier).
     """
     @_builtins.property
     def peer_synced_len(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
@@ -168,17 +175,26 @@ class ReportProgressRequest(_message.Message):
         peer_synced_len: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         workers_min_position: _builtins.int | None = ...,
         peers_reported: _builtins.bool = ...,
+        core_history_len: _builtins.int | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "_core_history_len",
+        b"_core_history_len",
         "_workers_min_position",
         b"_workers_min_position",
+        "core_history_len",
+        b"core_history_len",
         "workers_min_position",
         b"workers_min_position",
     ]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "_core_history_len",
+        b"_core_history_len",
         "_workers_min_position",
         b"_workers_min_position",
+        "core_history_len",
+        b"core_history_len",
         "peer_synced_len",
         b"peer_synced_len",
         "peers_reported",
@@ -187,12 +203,23 @@ class ReportProgressRequest(_message.Message):
         b"workers_min_position",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__core_history_len: _TypeAlias = _typing.Literal[
+        "core_history_len"
+    ]  # noqa: Y015
+    _WhichOneofArgType__core_history_len: _TypeAlias = _typing.Literal[
+        "_core_history_len", b"_core_history_len"
+    ]  # noqa: Y015
     _WhichOneofReturnType__workers_min_position: _TypeAlias = _typing.Literal[
         "workers_min_position"
     ]  # noqa: Y015
     _WhichOneofArgType__workers_min_position: _TypeAlias = _typing.Literal[
         "_workers_min_position", b"_workers_min_position"
     ]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(
+        self, oneof_group: _WhichOneofArgType__core_history_len
+    ) -> _WhichOneofReturnType__core_history_len | None: ...
+    @_typing.overload
     def WhichOneof(
         self, oneof_group: _WhichOneofArgType__workers_min_position
     ) -> _WhichOneofReturnType__workers_min_position | None: ...
@@ -207,7 +234,10 @@ class ReportProgressResponse(_message.Message):
     HISTORY_FROM_FIELD_NUMBER: _builtins.int
     BODIES_HELD_LEN_FIELD_NUMBER: _builtins.int
     truncatable_below: _builtins.int
-    """Synced entries below this position may be truncated."""
+    """Synced entries below this position may be truncated, as far as the peers, the
+    workers and the retention settings go (the store waits, besides, for the
+    coordinator's `core_history_len` to reach it).
+    """
     history_from: _builtins.int
     """The first synced position the store still holds (1 + what was truncated): a worker
     at a lower applied position cannot replay the log and needs a snapshot.
@@ -1040,3 +1070,62 @@ class AdvanceStatesStreamResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdvanceStatesStreamResponse: _TypeAlias = AdvanceStatesStreamResponse  # noqa: Y015
+
+@_typing.final
+class ExportBaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITION_FIELD_NUMBER: _builtins.int
+    FINAL_STATE_FIELD_NUMBER: _builtins.int
+    ADOPTER_FIELD_NUMBER: _builtins.int
+    ADOPTER_LEN_FIELD_NUMBER: _builtins.int
+    position: _builtins.int
+    """The copy's position and how the copy applied the transaction there."""
+    final_state: _common_pb2.TxState.ValueType
+    adopter: _builtins.str
+    """The DC that adopts it, and the end of its synced queue."""
+    adopter_len: _builtins.int
+    def __init__(
+        self,
+        *,
+        position: _builtins.int = ...,
+        final_state: _common_pb2.TxState.ValueType = ...,
+        adopter: _builtins.str = ...,
+        adopter_len: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "adopter",
+        b"adopter",
+        "adopter_len",
+        b"adopter_len",
+        "final_state",
+        b"final_state",
+        "position",
+        b"position",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportBaseRequest: _TypeAlias = ExportBaseRequest  # noqa: Y015
+
+@_typing.final
+class AdoptBaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SYNCED_LEN_FIELD_NUMBER: _builtins.int
+    synced_len: _builtins.int
+    """The synced length the store starts at (the copy's position)."""
+    def __init__(
+        self,
+        *,
+        synced_len: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["synced_len", b"synced_len"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdoptBaseResponse: _TypeAlias = AdoptBaseResponse  # noqa: Y015

@@ -4,6 +4,7 @@
 import grpc
 import warnings
 
+from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 from txsync.v1 import store_pb2 as txsync_dot_v1_dot_store__pb2
 
 GRPC_GENERATED_VERSION = "1.85.1"
@@ -92,6 +93,18 @@ class StoreInternalServiceStub:
             response_deserializer=txsync_dot_v1_dot_store__pb2.ReportProgressResponse.FromString,
             _registered_method=True,
         )
+        self.ExportBase = channel.unary_unary(
+            "/txsync.v1.StoreInternalService/ExportBase",
+            request_serializer=txsync_dot_v1_dot_store__pb2.ExportBaseRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_common__pb2.BaseAdoption.FromString,
+            _registered_method=True,
+        )
+        self.AdoptBase = channel.unary_unary(
+            "/txsync.v1.StoreInternalService/AdoptBase",
+            request_serializer=txsync_dot_v1_dot_common__pb2.BaseAdoption.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_store__pb2.AdoptBaseResponse.FromString,
+            _registered_method=True,
+        )
 
 
 class StoreInternalServiceServicer:
@@ -172,6 +185,26 @@ class StoreInternalServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def ExportBase(self, request, context):
+        """What this store says of a copy of its testing worker at a position, for another DC
+        to start from (step_rules.export_base): FAILED_PRECONDITION when it no longer holds
+        the position or the one before it, or a membership entry at or before it is not
+        applied yet (asked again later).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
+    def AdoptBase(self, request, context):
+        """Start this DC at a copy's position: writes the copy's base as the new start of the
+        synced history (step_rules.plan_base_adopted). Only a DC behind the copy may
+        (FAILED_PRECONDITION). The coordinator that asks restarts onto it: the store ends
+        its PersistSteps stream and every later step of that epoch is refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
 
 def add_StoreInternalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +252,16 @@ def add_StoreInternalServiceServicer_to_server(servicer, server):
             servicer.ReportProgress,
             request_deserializer=txsync_dot_v1_dot_store__pb2.ReportProgressRequest.FromString,
             response_serializer=txsync_dot_v1_dot_store__pb2.ReportProgressResponse.SerializeToString,
+        ),
+        "ExportBase": grpc.unary_unary_rpc_method_handler(
+            servicer.ExportBase,
+            request_deserializer=txsync_dot_v1_dot_store__pb2.ExportBaseRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_common__pb2.BaseAdoption.SerializeToString,
+        ),
+        "AdoptBase": grpc.unary_unary_rpc_method_handler(
+            servicer.AdoptBase,
+            request_deserializer=txsync_dot_v1_dot_common__pb2.BaseAdoption.FromString,
+            response_serializer=txsync_dot_v1_dot_store__pb2.AdoptBaseResponse.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -493,6 +536,66 @@ class StoreInternalService:
             "/txsync.v1.StoreInternalService/ReportProgress",
             txsync_dot_v1_dot_store__pb2.ReportProgressRequest.SerializeToString,
             txsync_dot_v1_dot_store__pb2.ReportProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def ExportBase(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/txsync.v1.StoreInternalService/ExportBase",
+            txsync_dot_v1_dot_store__pb2.ExportBaseRequest.SerializeToString,
+            txsync_dot_v1_dot_common__pb2.BaseAdoption.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def AdoptBase(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            "/txsync.v1.StoreInternalService/AdoptBase",
+            txsync_dot_v1_dot_common__pb2.BaseAdoption.SerializeToString,
+            txsync_dot_v1_dot_store__pb2.AdoptBaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,7 @@ the same DC read and write the txlog. Never exposed outside the DC.
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from txsync.v1 import common_pb2 as _common_pb2
 from txsync.v1 import store_pb2 as _store_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -93,6 +94,22 @@ class StoreInternalServiceStub:
     """How far the other DCs and this DC's workers have come; history below every one of
     them may be truncated (TruncateLog).
     """
+    ExportBase: _grpc.UnaryUnaryMultiCallable[
+        _store_pb2.ExportBaseRequest, _common_pb2.BaseAdoption
+    ]
+    """What this store says of a copy of its testing worker at a position, for another DC
+    to start from (step_rules.export_base): FAILED_PRECONDITION when it no longer holds
+    the position or the one before it, or a membership entry at or before it is not
+    applied yet (asked again later).
+    """
+    AdoptBase: _grpc.UnaryUnaryMultiCallable[
+        _common_pb2.BaseAdoption, _store_pb2.AdoptBaseResponse
+    ]
+    """Start this DC at a copy's position: writes the copy's base as the new start of the
+    synced history (step_rules.plan_base_adopted). Only a DC behind the copy may
+    (FAILED_PRECONDITION). The coordinator that asks restarts onto it: the store ends
+    its PersistSteps stream and every later step of that epoch is refused.
+    """
 
 @_typing.type_check_only
 class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
@@ -155,6 +172,22 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
     ]  # type: ignore[assignment]
     """How far the other DCs and this DC's workers have come; history below every one of
     them may be truncated (TruncateLog).
+    """
+    ExportBase: _aio.UnaryUnaryMultiCallable[
+        _store_pb2.ExportBaseRequest, _common_pb2.BaseAdoption
+    ]  # type: ignore[assignment]
+    """What this store says of a copy of its testing worker at a position, for another DC
+    to start from (step_rules.export_base): FAILED_PRECONDITION when it no longer holds
+    the position or the one before it, or a membership entry at or before it is not
+    applied yet (asked again later).
+    """
+    AdoptBase: _aio.UnaryUnaryMultiCallable[
+        _common_pb2.BaseAdoption, _store_pb2.AdoptBaseResponse
+    ]  # type: ignore[assignment]
+    """Start this DC at a copy's position: writes the copy's base as the new start of the
+    synced history (step_rules.plan_base_adopted). Only a DC behind the copy may
+    (FAILED_PRECONDITION). The coordinator that asks restarts onto it: the store ends
+    its PersistSteps stream and every later step of that epoch is refused.
     """
 
 class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -275,6 +308,34 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
     ]:
         """How far the other DCs and this DC's workers have come; history below every one of
         them may be truncated (TruncateLog).
+        """
+
+    @_abc_1.abstractmethod
+    def ExportBase(
+        self,
+        request: _store_pb2.ExportBaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _common_pb2.BaseAdoption, _abc.Awaitable[_common_pb2.BaseAdoption]
+    ]:
+        """What this store says of a copy of its testing worker at a position, for another DC
+        to start from (step_rules.export_base): FAILED_PRECONDITION when it no longer holds
+        the position or the one before it, or a membership entry at or before it is not
+        applied yet (asked again later).
+        """
+
+    @_abc_1.abstractmethod
+    def AdoptBase(
+        self,
+        request: _common_pb2.BaseAdoption,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _store_pb2.AdoptBaseResponse, _abc.Awaitable[_store_pb2.AdoptBaseResponse]
+    ]:
+        """Start this DC at a copy's position: writes the copy's base as the new start of the
+        synced history (step_rules.plan_base_adopted). Only a DC behind the copy may
+        (FAILED_PRECONDITION). The coordinator that asks restarts onto it: the store ends
+        its PersistSteps stream and every later step of that epoch is refused.
         """
 
 def add_StoreInternalServiceServicer_to_server(

@@ -24,7 +24,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x16txsync/v1/worker.proto\x12\ttxsync.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16txsync/v1/common.proto"`\n\x0c\x41pplyRequest\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12\x0c\n\x04skip\x18\x05 \x01(\x08";\n\x13\x41pplyBatchesRequest\x12$\n\x03txs\x18\x01 \x03(\x0b\x32\x17.txsync.v1.ApplyRequest"B\n\x14\x41pplyBatchesResponse\x12*\n\x08outcomes\x18\x01 \x03(\x0b\x32\x18.txsync.v1.ApplyResponse"C\n\rApplyResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12#\n\x07outcome\x18\x02 \x01(\x0b\x32\x12.txsync.v1.Outcome"\xaf\x01\n\x19WorkerServiceQueryRequest\x12\'\n\tstatement\x18\x01 \x01(\x0b\x32\x14.txsync.v1.Statement\x12\x16\n\x0e\x61\x66ter_position\x18\x02 \x01(\x04\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08max_rows\x18\x04 \x01(\r\x12\x13\n\x0b\x61\x66ter_tx_id\x18\x05 \x01(\t"v\n\x1aWorkerServiceQueryResponse\x12\x0f\n\x07\x63olumns\x18\x01 \x03(\t\x12"\n\x04rows\x18\x02 \x03(\x0b\x32\x14.txsync.v1.WorkerRow\x12\x11\n\ttruncated\x18\x03 \x01(\x08\x12\x10\n\x08position\x18\x04 \x01(\x04"0\n\tWorkerRow\x12#\n\x06values\x18\x01 \x03(\x0b\x32\x13.txsync.v1.SqlValue"\x12\n\x10HeartbeatRequest"\xcb\x01\n\x11HeartbeatResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\r\n\x05tx_id\x18\x03 \x01(\t\x12\x14\n\x0cstate_digest\x18\x04 \x01(\x0c\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x16\n\x0e\x64\x61tabase_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x64isk_free_bytes\x18\x08 \x01(\x04\x12\x18\n\x10\x64isk_total_bytes\x18\t \x01(\x04".\n\x15\x45xportSnapshotRequest\x12\x15\n\rresume_offset\x18\x01 \x01(\x04"\x8c\x01\n\x16\x45xportSnapshotResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x14\n\x0cstate_digest\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x17\n\x0fsnapshot_digest\x18\x06 \x01(\x0c"I\n\x15ImportSnapshotRequest\x12\x30\n\x05\x63hunk\x18\x01 \x01(\x0b\x32!.txsync.v1.ExportSnapshotResponse"@\n\x16ImportSnapshotResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x14\n\x0cstate_digest\x18\x02 \x01(\x0c"H\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t"0\n\x16RegisterWorkerResponse\x12\x16\n\x0estart_position\x18\x01 \x01(\x04"\'\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t"\x15\n\x13\x44rainWorkerResponse2\xf4\x03\n\rWorkerService\x12>\n\x05\x41pply\x12\x17.txsync.v1.ApplyRequest\x1a\x18.txsync.v1.ApplyResponse(\x01\x30\x01\x12S\n\x0c\x41pplyBatches\x12\x1e.txsync.v1.ApplyBatchesRequest\x1a\x1f.txsync.v1.ApplyBatchesResponse(\x01\x30\x01\x12T\n\x05Query\x12$.txsync.v1.WorkerServiceQueryRequest\x1a%.txsync.v1.WorkerServiceQueryResponse\x12\x46\n\tHeartbeat\x12\x1b.txsync.v1.HeartbeatRequest\x1a\x1c.txsync.v1.HeartbeatResponse\x12W\n\x0e\x45xportSnapshot\x12 .txsync.v1.ExportSnapshotRequest\x1a!.txsync.v1.ExportSnapshotResponse0\x01\x12W\n\x0eImportSnapshot\x12 .txsync.v1.ImportSnapshotRequest\x1a!.txsync.v1.ImportSnapshotResponse(\x01\x32\xb6\x01\n\x0f\x44ispatchService\x12U\n\x0eRegisterWorker\x12 .txsync.v1.RegisterWorkerRequest\x1a!.txsync.v1.RegisterWorkerResponse\x12L\n\x0b\x44rainWorker\x12\x1d.txsync.v1.DrainWorkerRequest\x1a\x1e.txsync.v1.DrainWorkerResponseb\x06proto3'
+    b'\n\x16txsync/v1/worker.proto\x12\ttxsync.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16txsync/v1/common.proto"`\n\x0c\x41pplyRequest\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\r\n\x05tx_id\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x13\n\x0btraceparent\x18\x04 \x01(\t\x12\x0c\n\x04skip\x18\x05 \x01(\x08";\n\x13\x41pplyBatchesRequest\x12$\n\x03txs\x18\x01 \x03(\x0b\x32\x17.txsync.v1.ApplyRequest"B\n\x14\x41pplyBatchesResponse\x12*\n\x08outcomes\x18\x01 \x03(\x0b\x32\x18.txsync.v1.ApplyResponse"C\n\rApplyResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12#\n\x07outcome\x18\x02 \x01(\x0b\x32\x12.txsync.v1.Outcome"\xaf\x01\n\x19WorkerServiceQueryRequest\x12\'\n\tstatement\x18\x01 \x01(\x0b\x32\x14.txsync.v1.Statement\x12\x16\n\x0e\x61\x66ter_position\x18\x02 \x01(\x04\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08max_rows\x18\x04 \x01(\r\x12\x13\n\x0b\x61\x66ter_tx_id\x18\x05 \x01(\t"v\n\x1aWorkerServiceQueryResponse\x12\x0f\n\x07\x63olumns\x18\x01 \x03(\t\x12"\n\x04rows\x18\x02 \x03(\x0b\x32\x14.txsync.v1.WorkerRow\x12\x11\n\ttruncated\x18\x03 \x01(\x08\x12\x10\n\x08position\x18\x04 \x01(\x04"0\n\tWorkerRow\x12#\n\x06values\x18\x01 \x03(\x0b\x32\x13.txsync.v1.SqlValue"\x12\n\x10HeartbeatRequest"\xcb\x01\n\x11HeartbeatResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\r\n\x05tx_id\x18\x03 \x01(\t\x12\x14\n\x0cstate_digest\x18\x04 \x01(\x0c\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x16\n\x0e\x64\x61tabase_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x64isk_free_bytes\x18\x08 \x01(\x04\x12\x18\n\x10\x64isk_total_bytes\x18\t \x01(\x04".\n\x15\x45xportSnapshotRequest\x12\x15\n\rresume_offset\x18\x01 \x01(\x04"\xc4\x01\n\x16\x45xportSnapshotResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x14\n\x0cstate_digest\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x17\n\x0fsnapshot_digest\x18\x06 \x01(\x0c\x12\r\n\x05tx_id\x18\x07 \x01(\t\x12\'\n\x0b\x66inal_state\x18\x08 \x01(\x0e\x32\x12.txsync.v1.TxState"I\n\x15ImportSnapshotRequest\x12\x30\n\x05\x63hunk\x18\x01 \x01(\x0b\x32!.txsync.v1.ExportSnapshotResponse"@\n\x16ImportSnapshotResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x14\n\x0cstate_digest\x18\x02 \x01(\x0c"H\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t"0\n\x16RegisterWorkerResponse\x12\x16\n\x0estart_position\x18\x01 \x01(\x04"\'\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t"\x15\n\x13\x44rainWorkerResponse"R\n\x13\x45xportDcCopyRequest\x12\x0f\n\x07\x61\x64opter\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x64opter_len\x18\x02 \x01(\x04\x12\x15\n\rresume_offset\x18\x03 \x01(\x04"j\n\x0b\x44\x63\x43opyChunk\x12\x30\n\x05\x63hunk\x18\x01 \x01(\x0b\x32!.txsync.v1.ExportSnapshotResponse\x12)\n\x08\x61\x64option\x18\x02 \x01(\x0b\x32\x17.txsync.v1.BaseAdoption">\n\x14ImportDcCopyResponse\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x14\n\x0cstate_digest\x18\x02 \x01(\x0c\x32\xf4\x03\n\rWorkerService\x12>\n\x05\x41pply\x12\x17.txsync.v1.ApplyRequest\x1a\x18.txsync.v1.ApplyResponse(\x01\x30\x01\x12S\n\x0c\x41pplyBatches\x12\x1e.txsync.v1.ApplyBatchesRequest\x1a\x1f.txsync.v1.ApplyBatchesResponse(\x01\x30\x01\x12T\n\x05Query\x12$.txsync.v1.WorkerServiceQueryRequest\x1a%.txsync.v1.WorkerServiceQueryResponse\x12\x46\n\tHeartbeat\x12\x1b.txsync.v1.HeartbeatRequest\x1a\x1c.txsync.v1.HeartbeatResponse\x12W\n\x0e\x45xportSnapshot\x12 .txsync.v1.ExportSnapshotRequest\x1a!.txsync.v1.ExportSnapshotResponse0\x01\x12W\n\x0eImportSnapshot\x12 .txsync.v1.ImportSnapshotRequest\x1a!.txsync.v1.ImportSnapshotResponse(\x01\x32\xcb\x02\n\x0f\x44ispatchService\x12U\n\x0eRegisterWorker\x12 .txsync.v1.RegisterWorkerRequest\x1a!.txsync.v1.RegisterWorkerResponse\x12L\n\x0b\x44rainWorker\x12\x1d.txsync.v1.DrainWorkerRequest\x1a\x1e.txsync.v1.DrainWorkerResponse\x12H\n\x0c\x45xportDcCopy\x12\x1e.txsync.v1.ExportDcCopyRequest\x1a\x16.txsync.v1.DcCopyChunk0\x01\x12I\n\x0cImportDcCopy\x12\x16.txsync.v1.DcCopyChunk\x1a\x1f.txsync.v1.ImportDcCopyResponse(\x01\x62\x06proto3'
 )
 
 _globals = globals()
@@ -53,21 +53,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_EXPORTSNAPSHOTREQUEST"]._serialized_start = 963
     _globals["_EXPORTSNAPSHOTREQUEST"]._serialized_end = 1009
     _globals["_EXPORTSNAPSHOTRESPONSE"]._serialized_start = 1012
-    _globals["_EXPORTSNAPSHOTRESPONSE"]._serialized_end = 1152
-    _globals["_IMPORTSNAPSHOTREQUEST"]._serialized_start = 1154
-    _globals["_IMPORTSNAPSHOTREQUEST"]._serialized_end = 1227
-    _globals["_IMPORTSNAPSHOTRESPONSE"]._serialized_start = 1229
-    _globals["_IMPORTSNAPSHOTRESPONSE"]._serialized_end = 1293
-    _globals["_REGISTERWORKERREQUEST"]._serialized_start = 1295
-    _globals["_REGISTERWORKERREQUEST"]._serialized_end = 1367
-    _globals["_REGISTERWORKERRESPONSE"]._serialized_start = 1369
-    _globals["_REGISTERWORKERRESPONSE"]._serialized_end = 1417
-    _globals["_DRAINWORKERREQUEST"]._serialized_start = 1419
-    _globals["_DRAINWORKERREQUEST"]._serialized_end = 1458
-    _globals["_DRAINWORKERRESPONSE"]._serialized_start = 1460
-    _globals["_DRAINWORKERRESPONSE"]._serialized_end = 1481
-    _globals["_WORKERSERVICE"]._serialized_start = 1484
-    _globals["_WORKERSERVICE"]._serialized_end = 1984
-    _globals["_DISPATCHSERVICE"]._serialized_start = 1987
-    _globals["_DISPATCHSERVICE"]._serialized_end = 2169
+    _globals["_EXPORTSNAPSHOTRESPONSE"]._serialized_end = 1208
+    _globals["_IMPORTSNAPSHOTREQUEST"]._serialized_start = 1210
+    _globals["_IMPORTSNAPSHOTREQUEST"]._serialized_end = 1283
+    _globals["_IMPORTSNAPSHOTRESPONSE"]._serialized_start = 1285
+    _globals["_IMPORTSNAPSHOTRESPONSE"]._serialized_end = 1349
+    _globals["_REGISTERWORKERREQUEST"]._serialized_start = 1351
+    _globals["_REGISTERWORKERREQUEST"]._serialized_end = 1423
+    _globals["_REGISTERWORKERRESPONSE"]._serialized_start = 1425
+    _globals["_REGISTERWORKERRESPONSE"]._serialized_end = 1473
+    _globals["_DRAINWORKERREQUEST"]._serialized_start = 1475
+    _globals["_DRAINWORKERREQUEST"]._serialized_end = 1514
+    _globals["_DRAINWORKERRESPONSE"]._serialized_start = 1516
+    _globals["_DRAINWORKERRESPONSE"]._serialized_end = 1537
+    _globals["_EXPORTDCCOPYREQUEST"]._serialized_start = 1539
+    _globals["_EXPORTDCCOPYREQUEST"]._serialized_end = 1621
+    _globals["_DCCOPYCHUNK"]._serialized_start = 1623
+    _globals["_DCCOPYCHUNK"]._serialized_end = 1729
+    _globals["_IMPORTDCCOPYRESPONSE"]._serialized_start = 1731
+    _globals["_IMPORTDCCOPYRESPONSE"]._serialized_end = 1793
+    _globals["_WORKERSERVICE"]._serialized_start = 1796
+    _globals["_WORKERSERVICE"]._serialized_end = 2296
+    _globals["_DISPATCHSERVICE"]._serialized_start = 2299
+    _globals["_DISPATCHSERVICE"]._serialized_end = 2630
 # @@protoc_insertion_point(module_scope)

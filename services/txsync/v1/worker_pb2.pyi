@@ -368,6 +368,8 @@ class ExportSnapshotResponse(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     SNAPSHOT_DIGEST_FIELD_NUMBER: _builtins.int
+    TX_ID_FIELD_NUMBER: _builtins.int
+    FINAL_STATE_FIELD_NUMBER: _builtins.int
     position: _builtins.int
     """Set on every chunk: the position and digest the snapshot holds."""
     state_digest: _builtins.bytes
@@ -377,6 +379,11 @@ class ExportSnapshotResponse(_message.Message):
     total_bytes: _builtins.int
     snapshot_digest: _builtins.bytes
     """SHA-256 of the whole snapshot, on the last chunk."""
+    tx_id: _builtins.str
+    """Set on every chunk: the id of the transaction at `position` and how the copy applied
+    it (OK or FAILED; unspecified at position 0).
+    """
+    final_state: _common_pb2.TxState.ValueType
     def __init__(
         self,
         *,
@@ -386,12 +393,16 @@ class ExportSnapshotResponse(_message.Message):
         data: _builtins.bytes = ...,
         total_bytes: _builtins.int = ...,
         snapshot_digest: _builtins.bytes = ...,
+        tx_id: _builtins.str = ...,
+        final_state: _common_pb2.TxState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "data",
         b"data",
+        "final_state",
+        b"final_state",
         "offset",
         b"offset",
         "position",
@@ -402,6 +413,8 @@ class ExportSnapshotResponse(_message.Message):
         b"state_digest",
         "total_bytes",
         b"total_bytes",
+        "tx_id",
+        b"tx_id",
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
@@ -535,3 +548,93 @@ class DrainWorkerResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DrainWorkerResponse: _TypeAlias = DrainWorkerResponse  # noqa: Y015
+
+@_typing.final
+class ExportDcCopyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADOPTER_FIELD_NUMBER: _builtins.int
+    ADOPTER_LEN_FIELD_NUMBER: _builtins.int
+    RESUME_OFFSET_FIELD_NUMBER: _builtins.int
+    adopter: _builtins.str
+    """The DC that starts from the copy, and the end of its synced queue."""
+    adopter_len: _builtins.int
+    resume_offset: _builtins.int
+    """Byte offset to resume an interrupted transfer from (the same copy, if the worker
+    still holds it; else a new one from 0).
+    """
+    def __init__(
+        self,
+        *,
+        adopter: _builtins.str = ...,
+        adopter_len: _builtins.int = ...,
+        resume_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "adopter",
+        b"adopter",
+        "adopter_len",
+        b"adopter_len",
+        "resume_offset",
+        b"resume_offset",
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportDcCopyRequest: _TypeAlias = ExportDcCopyRequest  # noqa: Y015
+
+@_typing.final
+class DcCopyChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_FIELD_NUMBER: _builtins.int
+    ADOPTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chunk(self) -> Global___ExportSnapshotResponse: ...
+    @_builtins.property
+    def adoption(self) -> _common_pb2.BaseAdoption:
+        """On the first chunk of an export: what the source's store says of the copy."""
+
+    def __init__(
+        self,
+        *,
+        chunk: Global___ExportSnapshotResponse | None = ...,
+        adoption: _common_pb2.BaseAdoption | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "adoption", b"adoption", "chunk", b"chunk"
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "adoption", b"adoption", "chunk", b"chunk"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DcCopyChunk: _TypeAlias = DcCopyChunk  # noqa: Y015
+
+@_typing.final
+class ImportDcCopyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITION_FIELD_NUMBER: _builtins.int
+    STATE_DIGEST_FIELD_NUMBER: _builtins.int
+    position: _builtins.int
+    state_digest: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        position: _builtins.int = ...,
+        state_digest: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "position", b"position", "state_digest", b"state_digest"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportDcCopyResponse: _TypeAlias = ImportDcCopyResponse  # noqa: Y015

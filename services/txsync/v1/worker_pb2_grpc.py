@@ -372,6 +372,18 @@ class DispatchServiceStub:
             response_deserializer=txsync_dot_v1_dot_worker__pb2.DrainWorkerResponse.FromString,
             _registered_method=True,
         )
+        self.ExportDcCopy = channel.unary_stream(
+            "/txsync.v1.DispatchService/ExportDcCopy",
+            request_serializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
+            _registered_method=True,
+        )
+        self.ImportDcCopy = channel.stream_unary(
+            "/txsync.v1.DispatchService/ImportDcCopy",
+            request_serializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_worker__pb2.ImportDcCopyResponse.FromString,
+            _registered_method=True,
+        )
 
 
 class DispatchServiceServicer:
@@ -389,6 +401,27 @@ class DispatchServiceServicer:
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
 
+    def ExportDcCopy(self, request, context):
+        """A copy of this DC's testing worker for another DC that starts from it (its
+        coordinator asks through the source's coordinator: PeerService.ExportDcSnapshot):
+        the worker's ExportSnapshot chunks, the first with the store's description of the
+        copy (StoreInternalService.ExportBase). FAILED_PRECONDITION when no testing worker
+        is in sync or the store refuses the copy's position (asked again later);
+        RESOURCE_EXHAUSTED while another copy is exported.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
+    def ImportDcCopy(self, request_iterator, context):
+        """Import another DC's copy into this DC's testing worker (the coordinator streams it
+        from the source), answered once the worker holds it; the coordinator then has its
+        store adopt the copy's base. The DC's other workers copy from the testing worker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
 
 def add_DispatchServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -401,6 +434,16 @@ def add_DispatchServiceServicer_to_server(servicer, server):
             servicer.DrainWorker,
             request_deserializer=txsync_dot_v1_dot_worker__pb2.DrainWorkerRequest.FromString,
             response_serializer=txsync_dot_v1_dot_worker__pb2.DrainWorkerResponse.SerializeToString,
+        ),
+        "ExportDcCopy": grpc.unary_stream_rpc_method_handler(
+            servicer.ExportDcCopy,
+            request_deserializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.SerializeToString,
+        ),
+        "ImportDcCopy": grpc.stream_unary_rpc_method_handler(
+            servicer.ImportDcCopy,
+            request_deserializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
+            response_serializer=txsync_dot_v1_dot_worker__pb2.ImportDcCopyResponse.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -465,6 +508,66 @@ class DispatchService:
             "/txsync.v1.DispatchService/DrainWorker",
             txsync_dot_v1_dot_worker__pb2.DrainWorkerRequest.SerializeToString,
             txsync_dot_v1_dot_worker__pb2.DrainWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def ExportDcCopy(
+        request,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            "/txsync.v1.DispatchService/ExportDcCopy",
+            txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.SerializeToString,
+            txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def ImportDcCopy(
+        request_iterator,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            "/txsync.v1.DispatchService/ImportDcCopy",
+            txsync_dot_v1_dot_worker__pb2.DcCopyChunk.SerializeToString,
+            txsync_dot_v1_dot_worker__pb2.ImportDcCopyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -199,6 +199,23 @@ class DispatchServiceStub:
         _worker_pb2.DrainWorkerRequest, _worker_pb2.DrainWorkerResponse
     ]
     """A worker asked to stop finishes its in-flight transactions and is removed."""
+    ExportDcCopy: _grpc.UnaryStreamMultiCallable[
+        _worker_pb2.ExportDcCopyRequest, _worker_pb2.DcCopyChunk
+    ]
+    """A copy of this DC's testing worker for another DC that starts from it (its
+    coordinator asks through the source's coordinator: PeerService.ExportDcSnapshot):
+    the worker's ExportSnapshot chunks, the first with the store's description of the
+    copy (StoreInternalService.ExportBase). FAILED_PRECONDITION when no testing worker
+    is in sync or the store refuses the copy's position (asked again later);
+    RESOURCE_EXHAUSTED while another copy is exported.
+    """
+    ImportDcCopy: _grpc.StreamUnaryMultiCallable[
+        _worker_pb2.DcCopyChunk, _worker_pb2.ImportDcCopyResponse
+    ]
+    """Import another DC's copy into this DC's testing worker (the coordinator streams it
+    from the source), answered once the worker holds it; the coordinator then has its
+    store adopt the copy's base. The DC's other workers copy from the testing worker.
+    """
 
 @_typing.type_check_only
 class DispatchServiceAsyncStub(DispatchServiceStub):
@@ -212,6 +229,23 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
         _worker_pb2.DrainWorkerRequest, _worker_pb2.DrainWorkerResponse
     ]  # type: ignore[assignment]
     """A worker asked to stop finishes its in-flight transactions and is removed."""
+    ExportDcCopy: _aio.UnaryStreamMultiCallable[
+        _worker_pb2.ExportDcCopyRequest, _worker_pb2.DcCopyChunk
+    ]  # type: ignore[assignment]
+    """A copy of this DC's testing worker for another DC that starts from it (its
+    coordinator asks through the source's coordinator: PeerService.ExportDcSnapshot):
+    the worker's ExportSnapshot chunks, the first with the store's description of the
+    copy (StoreInternalService.ExportBase). FAILED_PRECONDITION when no testing worker
+    is in sync or the store refuses the copy's position (asked again later);
+    RESOURCE_EXHAUSTED while another copy is exported.
+    """
+    ImportDcCopy: _aio.StreamUnaryMultiCallable[
+        _worker_pb2.DcCopyChunk, _worker_pb2.ImportDcCopyResponse
+    ]  # type: ignore[assignment]
+    """Import another DC's copy into this DC's testing worker (the coordinator streams it
+    from the source), answered once the worker holds it; the coordinator then has its
+    store adopt the copy's base. The DC's other workers copy from the testing worker.
+    """
 
 class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
     """Served by worker-dispatch: workers that start register here (outside Kubernetes)."""
@@ -234,6 +268,37 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         _worker_pb2.DrainWorkerResponse, _abc.Awaitable[_worker_pb2.DrainWorkerResponse]
     ]:
         """A worker asked to stop finishes its in-flight transactions and is removed."""
+
+    @_abc_1.abstractmethod
+    def ExportDcCopy(
+        self,
+        request: _worker_pb2.ExportDcCopyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _abc.Iterator[_worker_pb2.DcCopyChunk],
+        _abc.AsyncIterator[_worker_pb2.DcCopyChunk],
+    ]:
+        """A copy of this DC's testing worker for another DC that starts from it (its
+        coordinator asks through the source's coordinator: PeerService.ExportDcSnapshot):
+        the worker's ExportSnapshot chunks, the first with the store's description of the
+        copy (StoreInternalService.ExportBase). FAILED_PRECONDITION when no testing worker
+        is in sync or the store refuses the copy's position (asked again later);
+        RESOURCE_EXHAUSTED while another copy is exported.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportDcCopy(
+        self,
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.DcCopyChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _worker_pb2.ImportDcCopyResponse,
+        _abc.Awaitable[_worker_pb2.ImportDcCopyResponse],
+    ]:
+        """Import another DC's copy into this DC's testing worker (the coordinator streams it
+        from the source), answered once the worker holds it; the coordinator then has its
+        store adopt the copy's base. The DC's other workers copy from the testing worker.
+        """
 
 def add_DispatchServiceServicer_to_server(
     servicer: DispatchServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]

@@ -111,6 +111,11 @@ class Backend(Protocol):
 class SnapshotBackend(Backend, Protocol):
     def export_snapshot(self, target: Path) -> Applied: ...
 
+    def applied_ok(self, position: int) -> bool | None:
+        """Whether the transaction at ``position`` applied OK (False: FAILED), from its
+        recorded outcome; None if none is recorded (position 0, or one long past)."""
+        ...
+
     def replace_with(self, snapshot: Path) -> Applied: ...
 
 

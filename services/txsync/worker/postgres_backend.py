@@ -405,6 +405,13 @@ class PostgresBackend:
         conn.execute("RESET ROLE")
         conn.execute("SET LOCAL statement_timeout = 0")
 
+    def applied_ok(self, position: int) -> bool | None:
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT ok FROM {_OUTCOMES} WHERE position = %s", (position,)
+            ).fetchone()
+        return None if row is None else bool(row[0])
+
     def position_of(self, tx_id: str) -> int | None:
         with self._lock:
             row = self._conn.execute(

@@ -375,6 +375,14 @@ class WorkerServicer:
                 await abort(context, ServiceError(grpc.StatusCode.INTERNAL, str(error)))
                 return
         applied = self._exported
+        ok = await work.in_thread(backend.applied_ok, applied.position)
+        final_state = (
+            common_pb2.TX_STATE_UNSPECIFIED
+            if ok is None
+            else common_pb2.TX_STATE_OK
+            if ok
+            else common_pb2.TX_STATE_FAILED
+        )
         total = path.stat().st_size
         if request.resume_offset > total:
             await abort(context, _invalid(f"resume_offset {request.resume_offset} > {total}"))
@@ -395,6 +403,8 @@ class WorkerServicer:
                         data=data[skip:],
                         total_bytes=total,
                         snapshot_digest=whole.digest() if last else b"",
+                        tx_id=applied.tx_id,
+                        final_state=final_state,
                     )
                 offset += len(data)
                 if last:

@@ -454,6 +454,13 @@ class SqliteBackend:
         self._costed.budget = None
         conn.execute(UNLIMITED_PAGES)
 
+    def applied_ok(self, position: int) -> bool | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT ok FROM _txsync_outcomes WHERE position = ?", (position,)
+            ).fetchone()
+        return None if row is None else bool(row[0])
+
     def position_of(self, tx_id: str) -> int | None:
         with self._lock:
             row = self._conn.execute(

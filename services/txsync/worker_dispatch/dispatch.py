@@ -101,6 +101,16 @@ _Queues = dict[str, asyncio.Queue[worker_pb2.ApplyRequest]]
 _Machine = PipelineMachine[worker_pb2.ApplyRequest]
 
 
+@dataclass(slots=True)
+class DcCopyImport:
+    """Another DC's copy on its way into a worker here (``dc_copies``)."""
+
+    worker_id: str
+    started_s: float
+    bytes_done: int = 0
+    bytes_total: int = 0
+
+
 @dataclass(eq=False)
 class WorkerLink:
     worker_id: str
@@ -126,11 +136,22 @@ class WorkerLink:
     """How long it waited last time it was stuck (doubles while it stays stuck)."""
     recovery_progress: float = 0.0
     """0..1 while a snapshot is copied to it."""
+    dc_copy: str = ""
+    """Set while another DC's copy is imported into it, and after, until the store has
+    adopted the copy's base (``dc_copies``): it gets no work meanwhile."""
     batched: bool = True
     """It serves ``ApplyBatches`` (False: a worker of an earlier version, ``Apply``)."""
+
     recoveries: int = 0
     storage: Storage | None = None
     """Its database and disk, from its last heartbeat."""
+
+    @property
+    def fed(self) -> bool:
+        """The pipeline feeds it: healthy, in sync, and not waiting for a copy."""
+        return (
+            self.healthy and not self.out_of_sync and not self.needs_snapshot and not self.dc_copy
+        )
 
 
 def _stopping() -> bool:
@@ -175,6 +196,11 @@ class Dispatch:
         for worker_id, address in workers.items():
             self._link(worker_id, address)
         self.tester: str | None = None
+        self.exports = asyncio.Lock()
+        """Held while a worker's snapshot is exported: a worker keeps one export at a
+        time (recoveries within the DC, and copies for other DCs, take turns)."""
+        self.dc_import: DcCopyImport | None = None
+        """Another DC's copy being imported here (``dc_copies``)."""
         self.finished = {"ok": 0, "failed": 0}
         """Transactions this DC finished, by outcome (since this process started)."""
         if metrics is not None:
@@ -369,11 +395,7 @@ class Dispatch:
         history starts. A worker that is down or out of sync holds nothing back: it
         comes back through a snapshot if the history it needs is gone."""
         while True:
-            fed = [
-                w.position
-                for w in self.workers.values()
-                if w.healthy and not w.out_of_sync and not w.needs_snapshot
-            ]
+            fed = [w.position for w in self.workers.values() if w.fed]
             request = store_pb2.ReportProgressRequest()
             if fed:
                 request.workers_min_position = min(fed)
@@ -383,6 +405,7 @@ class Dispatch:
                 log.info("progress report to the store failed: %s", error.code().name)
             else:
                 self.history_from = answer.history_from
+                self._copies_adopted()
                 # Only workers heard from: the position of one not yet heard from (at
                 # start, or after it died) is not known, and a worker judged from a stale
                 # 0 would wait for a snapshot it does not need.
@@ -390,6 +413,18 @@ class Dispatch:
                 if any([self._mark_behind_history(w) for w in heard]):
                     self._changed.set()
             await asyncio.sleep(PROGRESS_REPORT_S)
+
+    def _copies_adopted(self) -> None:
+        """A worker that holds another DC's copy is fed again once the store's history
+        starts at the copy's position (the store adopted it: ``dc_copies``)."""
+        for link in self.workers.values():
+            if link.dc_copy and link.position and self.history_from >= link.position:
+                log.warning(
+                    "worker %s: the store adopted the copy it holds at position %d",
+                    link.worker_id, link.position,
+                )  # fmt: skip
+                link.dc_copy = ""
+                self._changed.set()
 
     def _mark_behind_history(self, link: WorkerLink) -> bool:
         """A worker whose next position the store truncated needs a snapshot (true if
@@ -417,11 +452,7 @@ class Dispatch:
                 if self._store_answered:
                     store_retries = 0
                 self._store_answered = False
-                ready = [
-                    w
-                    for w in self.workers.values()
-                    if w.healthy and not w.out_of_sync and not w.needs_snapshot
-                ]
+                ready = [w for w in self.workers.values() if w.fed]
                 self._changed.clear()
                 if not ready:
                     self.tester = None
@@ -472,6 +503,15 @@ class Dispatch:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
+
+    def changed(self) -> None:
+        """The workers' fitness changed: the pipeline restarts over those fit now."""
+        self._changed.set()
+
+    def feeds(self, worker_id: str) -> bool:
+        """Whether the running pipeline feeds ``worker_id``."""
+        machine = self._machine
+        return machine is not None and worker_id in machine.positions
 
     def _restarted(self, why: str) -> None:
         self.restarts.record(time.monotonic(), why)
@@ -530,6 +570,7 @@ class Dispatch:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self._machine = None
 
     async def _feed(self, machine: _Machine, queues: _Queues) -> None:
         request = store_pb2.FollowEnqueuedRequest(
@@ -669,10 +710,10 @@ class Dispatch:
         while True:
             await asyncio.sleep(RECOVERY_CHECK_S)
             source = self.workers.get(self.tester or "")
-            if source is None or not source.healthy or source.out_of_sync:
+            if source is None or not source.fed:
                 continue
             for link in list(self.workers.values()):
-                if (link.out_of_sync or link.needs_snapshot) and link.healthy:
+                if (link.out_of_sync or link.needs_snapshot) and link.healthy and not link.dc_copy:
                     try:
                         await self._recover(link, source)
                     except asyncio.CancelledError:
@@ -705,7 +746,8 @@ class Dispatch:
                 target.recovery_progress = done / chunk.total_bytes if chunk.total_bytes else 1.0
                 yield worker_pb2.ImportSnapshotRequest(chunk=chunk)
 
-        imported = await target.stub.ImportSnapshot(chunks(), timeout=RECOVERY_TIMEOUT_S)
+        async with self.exports:  # the worker keeps one export at a time
+            imported = await target.stub.ImportSnapshot(chunks(), timeout=RECOVERY_TIMEOUT_S)
         target.position, target.state_digest = imported.position, imported.state_digest
         target.out_of_sync = target.needs_snapshot = ""
         target.recoveries += 1

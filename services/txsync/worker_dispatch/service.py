@@ -1,14 +1,18 @@
-"""``DispatchService``: workers register when they start and drain when they stop."""
+"""``DispatchService``: workers register when they start and drain when they stop; the
+DC's coordinator carries copies of the testing worker to and from other DCs
+(``dc_copies``)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from txsync.codec import WireError, check_url
-from txsync.rpc import ServiceError, answers_errors
+from txsync.rpc import REFUSALS, ServiceError, abort, answers_errors, check_request
 from txsync.v1 import worker_pb2
+from txsync.worker_dispatch import dc_copies
 from txsync.worker_dispatch.dispatch import Dispatch, TooManyWorkers
 
 WORKER_ID_CHARS_MAX = 63
@@ -52,3 +56,26 @@ class DispatchServicer:
         if not await self._dispatch.drain(request.worker_id):
             raise ServiceError(grpc.StatusCode.NOT_FOUND, f"no worker {request.worker_id} here")
         return worker_pb2.DrainWorkerResponse()
+
+    async def ExportDcCopy(
+        self, request: worker_pb2.ExportDcCopyRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[worker_pb2.DcCopyChunk]:
+        try:
+            check_request(request)
+            async for chunk in dc_copies.export(self._dispatch, request):
+                yield chunk
+        except REFUSALS as error:
+            await abort(context, error)
+        except grpc.aio.AioRpcError as error:
+            await abort(context, ServiceError(error.code(), error.details() or "refused"))
+
+    @answers_errors
+    async def ImportDcCopy(
+        self,
+        request_iterator: AsyncIterator[worker_pb2.DcCopyChunk],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_pb2.ImportDcCopyResponse:
+        try:
+            return await dc_copies.import_copy(self._dispatch, request_iterator)
+        except grpc.aio.AioRpcError as error:
+            raise ServiceError(error.code(), error.details() or "refused") from None

@@ -1,0 +1,132 @@
+"""A DC added after its peers truncated starts from a copy of another DC (issue 47,
+docs/dc-snapshots.md), with every service a real process: the peer tells it the history
+it asks for is gone, its coordinator streams that peer's testing worker into its own
+worker through both dispatches, its store adopts the copy's base, and the coordinator
+ends to restart onto it (this test restarts it, as Kubernetes or ``dev up`` would).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import grpc
+
+from tests.support.cluster import Dc, LocalCluster, submit_at
+from tests.sync_coordinator.test_views import VIEW_ARGS
+from txsync.sync_coordinator.dc_copies import RESTARTING_EXIT_CODE
+from txsync.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+    peer_pb2,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+
+KEEPS_NO_HISTORY = ("--history-kept", "0", "--history-kept-ms", "0")
+"""Stores that keep no history beyond what every peer and worker passed."""
+
+
+def _submit(dc: Dc, sql: str) -> str:
+    body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql)])
+    with grpc.insecure_channel(dc.store.address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        return str(stub.Submit(client_pb2.SubmitRequest(body=body), timeout=10).tx_id)
+
+
+def _history_from(dc: Dc) -> int:
+    """Truncate what the store may, and say where its history starts now."""
+    with grpc.insecure_channel(dc.store.address) as channel:
+        admin = admin_pb2_grpc.AdminServiceStub(channel)
+        admin.TruncateLog(admin_pb2.TruncateLogRequest(), timeout=30)
+        status = admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).local
+    return int(status.retention.history_from)
+
+
+def _worker_at(dc: Dc) -> tuple[int, bytes]:
+    """Where the DC's worker stands: its position and state digest."""
+    assert dc.worker is not None
+    with grpc.insecure_channel(dc.worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        beat = stub.Heartbeat(worker_pb2.HeartbeatRequest(), timeout=5)
+    return int(beat.position), bytes(beat.state_digest)
+
+
+def _rows(dc: Dc) -> list[tuple[str, int]] | None:
+    """The rows of ``t`` at ``dc``; None while it has no such table, or no worker fit."""
+    statement = common_pb2.Statement(sql="SELECT dc, n FROM t ORDER BY dc, n")
+    with grpc.insecure_channel(dc.store.address) as channel:
+        stub = client_pb2_grpc.ClientServiceStub(channel)
+        try:
+            answer = stub.Query(
+                client_pb2.QueryRequest(statement=statement, max_rows=10_000), timeout=10
+            )
+        except grpc.RpcError:
+            return None
+    return [(row.values[0].text_value, row.values[1].int_value) for row in answer.rows]
+
+
+def test_a_dc_added_after_its_peers_truncated_starts_from_a_copy(tmp_path: Path) -> None:
+    names = ["dc1", "dc2", "dc3", "dc4"]
+    cluster = LocalCluster(
+        tmp_path,
+        4,
+        coordinator_args=VIEW_ARGS,
+        names=names,
+        joining=frozenset({"dc4"}),
+        workers=True,
+        store_args={name: KEEPS_NO_HISTORY for name in names[:3]},
+    )
+    try:
+        dc1, dc2, dc3, dc4 = cluster.dcs
+        lock = threading.Lock()
+        acked: list[str] = [_submit(dc1, "CREATE TABLE t (dc TEXT, n INTEGER)")]
+        submit_at(dc1, 20, acked, lock)
+        submit_at(dc2, 20, acked, lock)
+        members = [dc1, dc2, dc3]
+        cluster.wait_for(
+            "every member truncated the start of its history",
+            lambda: all(_history_from(dc) > 2 for dc in members),
+        )
+        # Refused before this issue: no DC could start past its peers' truncation.
+        add = peer_pb2.Member(node_id="dc4", url=f"127.0.0.1:{cluster.ports['dc4']}")
+        with grpc.insecure_channel(dc1.store.address) as channel:
+            admin = admin_pb2_grpc.AdminServiceStub(channel)
+            admin.ChangeMembership(admin_pb2.ChangeMembershipRequest(add=add), timeout=10)
+
+        coordinator = dc4.coordinator
+        assert coordinator.process is not None
+        cluster.wait_for(
+            "dc4 adopted a copy and ended to restart onto it",
+            lambda: coordinator.process is not None and coordinator.process.poll() is not None,
+            timeout_s=180,
+        )
+        assert coordinator.process.returncode == RESTARTING_EXIT_CODE, coordinator.log()
+        assert "DC COPY: the store adopted" in coordinator.log()
+        coordinator.start()  # as its supervisor does
+
+        submit_at(dc4, 5, acked, lock)
+        submit_at(dc3, 5, acked, lock)
+        expected = sorted(
+            [("dc1", n) for n in range(20)]
+            + [("dc2", n) for n in range(20)]
+            + [("dc3", n) for n in range(5)]
+            + [("dc4", n) for n in range(5)]
+        )
+        cluster.wait_for(
+            "every DC applied every row, dc4 its own after the copy",
+            lambda: all(_rows(dc) == expected for dc in cluster.dcs),
+            timeout_s=180,
+        )
+        cluster.wait_for(
+            "every DC's worker at the same position with the same digest",
+            lambda: len({_worker_at(dc) for dc in cluster.dcs}) == 1,
+        )
+        position, _ = _worker_at(dc4)
+        assert position == 1 + 20 + 20 + 1 + 5 + 5  # the table, the rows, dc4's add
+        assert _history_from(dc4) > 2, "dc4 holds no history from before its copy"
+    finally:
+        cluster.stop()
