@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import grpc
+import pytest
 
 from tests.support.cluster import Dc, LocalCluster, submit_at
 from tests.sync_coordinator.test_views import VIEW_ARGS
@@ -22,6 +23,7 @@ from txsync.v1 import (
     client_pb2_grpc,
     common_pb2,
     peer_pb2,
+    peer_pb2_grpc,
     worker_pb2,
     worker_pb2_grpc,
 )
@@ -128,5 +130,49 @@ def test_a_dc_added_after_its_peers_truncated_starts_from_a_copy(tmp_path: Path)
         position, _ = _worker_at(dc4)
         assert position == 1 + 20 + 20 + 1 + 5 + 5  # the table, the rows, dc4's add
         assert _history_from(dc4) > 2, "dc4 holds no history from before its copy"
+    finally:
+        cluster.stop()
+
+
+def test_a_copy_not_as_described_is_refused_and_only_a_peer_may_ask_for_one(
+    tmp_path: Path,
+) -> None:
+    """The importing dispatch checks the copy against its description (the id at its
+    position) before the worker takes it, and the worker keeps its database; a copy is
+    exported only to a configured peer naming itself."""
+    cluster = LocalCluster(tmp_path, 2, coordinator_args=VIEW_ARGS, workers=True)
+    try:
+        dc1, dc2 = cluster.dcs
+        created = _submit(dc1, "CREATE TABLE t (dc TEXT, n INTEGER)")
+        submit_at(dc1, 3, [created], threading.Lock())
+        cluster.wait_for("dc1 applied all four", lambda: _worker_at(dc1)[0] == 4)
+        cluster.wait_for("dc2 applied all four", lambda: _worker_at(dc2)[0] == 4)
+        before = _worker_at(dc2)
+
+        assert dc1.dispatch is not None and dc2.dispatch is not None
+        with grpc.insecure_channel(dc1.dispatch.address) as channel:
+            source = worker_pb2_grpc.DispatchServiceStub(channel)
+            request = worker_pb2.ExportDcCopyRequest(adopter="dc2", adopter_len=0)
+            chunks = list(source.ExportDcCopy(request, timeout=60))
+        assert chunks[0].adoption.before.synced_len + 1 == chunks[0].chunk.position == 4
+        tampered = [worker_pb2.ImportDcCopyRequest(chunk=c.chunk) for c in chunks]
+        tampered[0].adoption.CopyFrom(chunks[0].adoption)
+        tampered[0].adoption.meta.tx_id = created  # the id at position 1, not 4
+        with grpc.insecure_channel(dc2.dispatch.address) as channel:
+            target = worker_pb2_grpc.DispatchServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                target.ImportDcCopy(iter(tampered), timeout=60)
+        error: grpc.Call = refused.value  # type: ignore[assignment]
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert "its description names" in (error.details() or "")
+        assert _worker_at(dc2) == before
+
+        with grpc.insecure_channel(dc1.coordinator.address) as channel:
+            peer = peer_pb2_grpc.PeerServiceStub(channel)
+            asked = peer.ExportDcSnapshot(peer_pb2.ExportDcSnapshotRequest(adopter="dc9"))
+            with pytest.raises(grpc.RpcError) as denied:
+                list(asked)
+        error = denied.value  # type: ignore[assignment]
+        assert error.code() is grpc.StatusCode.PERMISSION_DENIED, error.details()
     finally:
         cluster.stop()

@@ -56,7 +56,19 @@ VALID: dict[str, Message] = {
         )
     ),
     "/txsync.v1.StoreInternalService/ReportProgress": store_pb2.ReportProgressRequest(
-        peer_synced_len={"dc2": 1}, workers_min_position=1
+        peer_synced_len={"dc2": 1}, workers_min_position=1, core_history_len=1
+    ),
+    "/txsync.v1.StoreInternalService/ExportBase": store_pb2.ExportBaseRequest(
+        position=1, final_state=common_pb2.TX_STATE_OK, adopter="dc2", adopter_len=0
+    ),
+    "/txsync.v1.StoreInternalService/AdoptBase": store_pb2.AdoptBaseRequest(
+        adoption=common_pb2.BaseAdoption(
+            meta=META,
+            before=common_pb2.MergeBase(synced_len=2, last_tx_id=str(uuid.uuid4())),
+            final_state=common_pb2.TX_STATE_OK,
+            counter=5,
+            synced_own=[common_pb2.SyncedAt(position=1, tx_id=str(uuid.uuid4()))],
+        )
     ),
 }
 METHODS = sorted(VALID)

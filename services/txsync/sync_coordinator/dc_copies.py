@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from txsync.sync_coordinator.coordinator_core import CoordinatorCore, DcCopyProgress, log
-from txsync.v1 import common_pb2, worker_pb2
+from txsync.v1 import common_pb2, peer_pb2, store_pb2, worker_pb2
 
 DC_COPY_TIMEOUT_S = 3600.0
 """A whole copy (export, transfer across the WAN, import) must finish within this."""
@@ -76,7 +76,9 @@ class DcCopies(CoordinatorCore):
         )  # fmt: skip
         try:
             adoption = await self._import_copy(source, adopter_len, progress)
-            adopted = await self.store.AdoptBase(adoption, timeout=DC_COPY_TIMEOUT_S)
+            adopted = await self.store.AdoptBase(
+                store_pb2.AdoptBaseRequest(adoption=adoption), timeout=DC_COPY_TIMEOUT_S
+            )
         except (grpc.aio.AioRpcError, CopyRefused) as error:
             reason = (
                 f"{error.code().name}: {error.details()}"
@@ -107,13 +109,13 @@ class DcCopies(CoordinatorCore):
         dispatch = self.dispatch
         if stub is None or dispatch is None:
             raise CopyRefused(f"{source} is not a peer of this DC")
-        request = worker_pb2.ExportDcCopyRequest(
+        request = peer_pb2.ExportDcSnapshotRequest(
             adopter=self.config.node_id, adopter_len=adopter_len
         )
         export = stub.ExportDcSnapshot(request, timeout=DC_COPY_TIMEOUT_S)
         described: list[common_pb2.BaseAdoption] = []
 
-        async def chunks() -> AsyncIterator[worker_pb2.DcCopyChunk]:
+        async def chunks() -> AsyncIterator[worker_pb2.ImportDcCopyRequest]:
             async for chunk in export:
                 if not described:
                     if not chunk.HasField("adoption"):
@@ -122,7 +124,10 @@ class DcCopies(CoordinatorCore):
                     progress.position = chunk.chunk.position
                 progress.bytes_done = chunk.chunk.offset + len(chunk.chunk.data)
                 progress.bytes_total = chunk.chunk.total_bytes
-                yield chunk
+                passed_on = worker_pb2.ImportDcCopyRequest(chunk=chunk.chunk)
+                if chunk.HasField("adoption"):
+                    passed_on.adoption.CopyFrom(chunk.adoption)
+                yield passed_on
 
         try:
             imported = await dispatch.ImportDcCopy(chunks(), timeout=DC_COPY_TIMEOUT_S)

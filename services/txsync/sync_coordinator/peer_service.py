@@ -228,9 +228,9 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
 
     async def ExportDcSnapshot(
         self,
-        request: worker_pb2.ExportDcCopyRequest,
+        request: peer_pb2.ExportDcSnapshotRequest,
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[worker_pb2.DcCopyChunk]:
+    ) -> AsyncIterator[peer_pb2.ExportDcSnapshotResponse]:
         """This DC's dispatch's copy of its testing worker, passed through as it comes
         (the dispatch exports one at a time, and its store describes it)."""
         try:
@@ -254,10 +254,15 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             "DC COPY: %s (at position %d) copies this DC's testing worker",
             request.adopter, request.adopter_len,
         )  # fmt: skip
-        export = dispatch.ExportDcCopy(request)
+        export = dispatch.ExportDcCopy(
+            worker_pb2.ExportDcCopyRequest(adopter=request.adopter, adopter_len=request.adopter_len)
+        )
         try:
             async for chunk in export:
-                yield chunk
+                answer = peer_pb2.ExportDcSnapshotResponse(chunk=chunk.chunk)
+                if chunk.HasField("adoption"):
+                    answer.adoption.CopyFrom(chunk.adoption)
+                yield answer
         except grpc.aio.AioRpcError as error:
             await abort(context, ServiceError(error.code(), error.details() or "dispatch refused"))
         finally:

@@ -52,7 +52,6 @@ class DcCopyCalls(Rotations):
                 for tx_id in dropped:
                     self.body_cache.discard(tx_id)
                 self.adoptions += 1
-                self._finished_through = 0
             await self._durable(staged)
             if with_files:
                 await work.in_thread(self._delete_bodies, with_files)

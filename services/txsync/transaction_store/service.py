@@ -631,7 +631,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     @answers_errors
     async def ExportBase(
         self, request: store_pb2.ExportBaseRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> common_pb2.BaseAdoption:
+    ) -> store_pb2.ExportBaseResponse:
         if request.final_state not in (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED):
             raise invalid("final_state: TX_STATE_OK or TX_STATE_FAILED")
         adoption = self._store.export_base(
@@ -640,13 +640,13 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             check_node_id_field(request.adopter, "adopter"),
             request.adopter_len,
         )
-        return adoption_to_proto(adoption)
+        return store_pb2.ExportBaseResponse(adoption=adoption_to_proto(adoption))
 
     @answers_errors
     async def AdoptBase(
-        self, request: common_pb2.BaseAdoption, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: store_pb2.AdoptBaseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> store_pb2.AdoptBaseResponse:
-        synced_len = await self._store.adopt_base(adoption_from_proto(request))
+        synced_len = await self._store.adopt_base(adoption_from_proto(request.adoption))
         return store_pb2.AdoptBaseResponse(synced_len=synced_len)
 
     @answers_errors

@@ -10,6 +10,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from txsync.v1 import common_pb2 as _common_pb2
+from txsync.v1 import worker_pb2 as _worker_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -828,3 +829,60 @@ class SnapshotNeededRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SnapshotNeededRequest: _TypeAlias = SnapshotNeededRequest  # noqa: Y015
+
+@_typing.final
+class ExportDcSnapshotRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADOPTER_FIELD_NUMBER: _builtins.int
+    ADOPTER_LEN_FIELD_NUMBER: _builtins.int
+    adopter: _builtins.str
+    """The DC that starts from the copy (the caller), and the end of its synced queue."""
+    adopter_len: _builtins.int
+    def __init__(
+        self,
+        *,
+        adopter: _builtins.str = ...,
+        adopter_len: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "adopter", b"adopter", "adopter_len", b"adopter_len"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportDcSnapshotRequest: _TypeAlias = ExportDcSnapshotRequest  # noqa: Y015
+
+@_typing.final
+class ExportDcSnapshotResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_FIELD_NUMBER: _builtins.int
+    ADOPTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chunk(self) -> _worker_pb2.ExportSnapshotResponse:
+        """A chunk of the source's testing worker's snapshot (1 MiB; the last with its SHA-256)."""
+
+    @_builtins.property
+    def adoption(self) -> _common_pb2.BaseAdoption:
+        """On the first chunk: what the source's store says of the copy."""
+
+    def __init__(
+        self,
+        *,
+        chunk: _worker_pb2.ExportSnapshotResponse | None = ...,
+        adoption: _common_pb2.BaseAdoption | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "adoption", b"adoption", "chunk", b"chunk"
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "adoption", b"adoption", "chunk", b"chunk"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportDcSnapshotResponse: _TypeAlias = ExportDcSnapshotResponse  # noqa: Y015

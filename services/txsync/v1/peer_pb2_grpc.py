@@ -5,7 +5,6 @@ import grpc
 import warnings
 
 from txsync.v1 import peer_pb2 as txsync_dot_v1_dot_peer__pb2
-from txsync.v1 import worker_pb2 as txsync_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = "1.85.1"
 GRPC_VERSION = grpc.__version__
@@ -63,8 +62,8 @@ class PeerServiceStub:
         )
         self.ExportDcSnapshot = channel.unary_stream(
             "/txsync.v1.PeerService/ExportDcSnapshot",
-            request_serializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
+            request_serializer=txsync_dot_v1_dot_peer__pb2.ExportDcSnapshotRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_peer__pb2.ExportDcSnapshotResponse.FromString,
             _registered_method=True,
         )
 
@@ -138,8 +137,8 @@ def add_PeerServiceServicer_to_server(servicer, server):
         ),
         "ExportDcSnapshot": grpc.unary_stream_rpc_method_handler(
             servicer.ExportDcSnapshot,
-            request_deserializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.SerializeToString,
+            request_deserializer=txsync_dot_v1_dot_peer__pb2.ExportDcSnapshotRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_peer__pb2.ExportDcSnapshotResponse.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,8 +263,8 @@ class PeerService:
             request,
             target,
             "/txsync.v1.PeerService/ExportDcSnapshot",
-            txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.SerializeToString,
-            txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
+            txsync_dot_v1_dot_peer__pb2.ExportDcSnapshotRequest.SerializeToString,
+            txsync_dot_v1_dot_peer__pb2.ExportDcSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,7 +8,6 @@ Sync between DCs: served by every DC's sync-coordinator to the other DCs' coordi
 from collections import abc as _abc
 from grpc import aio as _aio
 from txsync.v1 import peer_pb2 as _peer_pb2
-from txsync.v1 import worker_pb2 as _worker_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -68,7 +67,7 @@ class PeerServiceStub:
     sender opens a new one.
     """
     ExportDcSnapshot: _grpc.UnaryStreamMultiCallable[
-        _worker_pb2.ExportDcCopyRequest, _worker_pb2.DcCopyChunk
+        _peer_pb2.ExportDcSnapshotRequest, _peer_pb2.ExportDcSnapshotResponse
     ]
     """A copy of this DC's testing worker for the calling DC, which is behind this DC's
     history (it was told so by a `snapshot_needed` message): this DC's worker-dispatch
@@ -112,7 +111,7 @@ class PeerServiceAsyncStub(PeerServiceStub):
     sender opens a new one.
     """
     ExportDcSnapshot: _aio.UnaryStreamMultiCallable[
-        _worker_pb2.ExportDcCopyRequest, _worker_pb2.DcCopyChunk
+        _peer_pb2.ExportDcSnapshotRequest, _peer_pb2.ExportDcSnapshotResponse
     ]  # type: ignore[assignment]
     """A copy of this DC's testing worker for the calling DC, which is behind this DC's
     history (it was told so by a `snapshot_needed` message): this DC's worker-dispatch
@@ -175,11 +174,11 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def ExportDcSnapshot(
         self,
-        request: _worker_pb2.ExportDcCopyRequest,
+        request: _peer_pb2.ExportDcSnapshotRequest,
         context: _ServicerContext,
     ) -> _typing.Union[
-        _abc.Iterator[_worker_pb2.DcCopyChunk],
-        _abc.AsyncIterator[_worker_pb2.DcCopyChunk],
+        _abc.Iterator[_peer_pb2.ExportDcSnapshotResponse],
+        _abc.AsyncIterator[_peer_pb2.ExportDcSnapshotResponse],
     ]:
         """A copy of this DC's testing worker for the calling DC, which is behind this DC's
         history (it was told so by a `snapshot_needed` message): this DC's worker-dispatch

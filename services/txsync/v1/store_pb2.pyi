@@ -1111,6 +1111,48 @@ class ExportBaseRequest(_message.Message):
 Global___ExportBaseRequest: _TypeAlias = ExportBaseRequest  # noqa: Y015
 
 @_typing.final
+class ExportBaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADOPTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def adoption(self) -> _common_pb2.BaseAdoption: ...
+    def __init__(
+        self,
+        *,
+        adoption: _common_pb2.BaseAdoption | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["adoption", b"adoption"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adoption", b"adoption"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportBaseResponse: _TypeAlias = ExportBaseResponse  # noqa: Y015
+
+@_typing.final
+class AdoptBaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADOPTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def adoption(self) -> _common_pb2.BaseAdoption:
+        """As the source's store described the copy (ExportBase)."""
+
+    def __init__(
+        self,
+        *,
+        adoption: _common_pb2.BaseAdoption | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["adoption", b"adoption"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adoption", b"adoption"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdoptBaseRequest: _TypeAlias = AdoptBaseRequest  # noqa: Y015
+
+@_typing.final
 class AdoptBaseResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

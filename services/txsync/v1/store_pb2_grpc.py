@@ -4,7 +4,6 @@
 import grpc
 import warnings
 
-from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 from txsync.v1 import store_pb2 as txsync_dot_v1_dot_store__pb2
 
 GRPC_GENERATED_VERSION = "1.85.1"
@@ -96,12 +95,12 @@ class StoreInternalServiceStub:
         self.ExportBase = channel.unary_unary(
             "/txsync.v1.StoreInternalService/ExportBase",
             request_serializer=txsync_dot_v1_dot_store__pb2.ExportBaseRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_common__pb2.BaseAdoption.FromString,
+            response_deserializer=txsync_dot_v1_dot_store__pb2.ExportBaseResponse.FromString,
             _registered_method=True,
         )
         self.AdoptBase = channel.unary_unary(
             "/txsync.v1.StoreInternalService/AdoptBase",
-            request_serializer=txsync_dot_v1_dot_common__pb2.BaseAdoption.SerializeToString,
+            request_serializer=txsync_dot_v1_dot_store__pb2.AdoptBaseRequest.SerializeToString,
             response_deserializer=txsync_dot_v1_dot_store__pb2.AdoptBaseResponse.FromString,
             _registered_method=True,
         )
@@ -256,11 +255,11 @@ def add_StoreInternalServiceServicer_to_server(servicer, server):
         "ExportBase": grpc.unary_unary_rpc_method_handler(
             servicer.ExportBase,
             request_deserializer=txsync_dot_v1_dot_store__pb2.ExportBaseRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_common__pb2.BaseAdoption.SerializeToString,
+            response_serializer=txsync_dot_v1_dot_store__pb2.ExportBaseResponse.SerializeToString,
         ),
         "AdoptBase": grpc.unary_unary_rpc_method_handler(
             servicer.AdoptBase,
-            request_deserializer=txsync_dot_v1_dot_common__pb2.BaseAdoption.FromString,
+            request_deserializer=txsync_dot_v1_dot_store__pb2.AdoptBaseRequest.FromString,
             response_serializer=txsync_dot_v1_dot_store__pb2.AdoptBaseResponse.SerializeToString,
         ),
     }
@@ -565,7 +564,7 @@ class StoreInternalService:
             target,
             "/txsync.v1.StoreInternalService/ExportBase",
             txsync_dot_v1_dot_store__pb2.ExportBaseRequest.SerializeToString,
-            txsync_dot_v1_dot_common__pb2.BaseAdoption.FromString,
+            txsync_dot_v1_dot_store__pb2.ExportBaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -594,7 +593,7 @@ class StoreInternalService:
             request,
             target,
             "/txsync.v1.StoreInternalService/AdoptBase",
-            txsync_dot_v1_dot_common__pb2.BaseAdoption.SerializeToString,
+            txsync_dot_v1_dot_store__pb2.AdoptBaseRequest.SerializeToString,
             txsync_dot_v1_dot_store__pb2.AdoptBaseResponse.FromString,
             options,
             channel_credentials,

@@ -7,7 +7,6 @@ the same DC read and write the txlog. Never exposed outside the DC.
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from txsync.v1 import common_pb2 as _common_pb2
 from txsync.v1 import store_pb2 as _store_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -95,7 +94,7 @@ class StoreInternalServiceStub:
     them may be truncated (TruncateLog).
     """
     ExportBase: _grpc.UnaryUnaryMultiCallable[
-        _store_pb2.ExportBaseRequest, _common_pb2.BaseAdoption
+        _store_pb2.ExportBaseRequest, _store_pb2.ExportBaseResponse
     ]
     """What this store says of a copy of its testing worker at a position, for another DC
     to start from (step_rules.export_base): FAILED_PRECONDITION when it no longer holds
@@ -103,7 +102,7 @@ class StoreInternalServiceStub:
     applied yet (asked again later).
     """
     AdoptBase: _grpc.UnaryUnaryMultiCallable[
-        _common_pb2.BaseAdoption, _store_pb2.AdoptBaseResponse
+        _store_pb2.AdoptBaseRequest, _store_pb2.AdoptBaseResponse
     ]
     """Start this DC at a copy's position: writes the copy's base as the new start of the
     synced history (step_rules.plan_base_adopted). Only a DC behind the copy may
@@ -174,7 +173,7 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
     them may be truncated (TruncateLog).
     """
     ExportBase: _aio.UnaryUnaryMultiCallable[
-        _store_pb2.ExportBaseRequest, _common_pb2.BaseAdoption
+        _store_pb2.ExportBaseRequest, _store_pb2.ExportBaseResponse
     ]  # type: ignore[assignment]
     """What this store says of a copy of its testing worker at a position, for another DC
     to start from (step_rules.export_base): FAILED_PRECONDITION when it no longer holds
@@ -182,7 +181,7 @@ class StoreInternalServiceAsyncStub(StoreInternalServiceStub):
     applied yet (asked again later).
     """
     AdoptBase: _aio.UnaryUnaryMultiCallable[
-        _common_pb2.BaseAdoption, _store_pb2.AdoptBaseResponse
+        _store_pb2.AdoptBaseRequest, _store_pb2.AdoptBaseResponse
     ]  # type: ignore[assignment]
     """Start this DC at a copy's position: writes the copy's base as the new start of the
     synced history (step_rules.plan_base_adopted). Only a DC behind the copy may
@@ -316,7 +315,7 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _store_pb2.ExportBaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[
-        _common_pb2.BaseAdoption, _abc.Awaitable[_common_pb2.BaseAdoption]
+        _store_pb2.ExportBaseResponse, _abc.Awaitable[_store_pb2.ExportBaseResponse]
     ]:
         """What this store says of a copy of its testing worker at a position, for another DC
         to start from (step_rules.export_base): FAILED_PRECONDITION when it no longer holds
@@ -327,7 +326,7 @@ class StoreInternalServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def AdoptBase(
         self,
-        request: _common_pb2.BaseAdoption,
+        request: _store_pb2.AdoptBaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[
         _store_pb2.AdoptBaseResponse, _abc.Awaitable[_store_pb2.AdoptBaseResponse]

@@ -555,30 +555,19 @@ class ExportDcCopyRequest(_message.Message):
 
     ADOPTER_FIELD_NUMBER: _builtins.int
     ADOPTER_LEN_FIELD_NUMBER: _builtins.int
-    RESUME_OFFSET_FIELD_NUMBER: _builtins.int
     adopter: _builtins.str
     """The DC that starts from the copy, and the end of its synced queue."""
     adopter_len: _builtins.int
-    resume_offset: _builtins.int
-    """Byte offset to resume an interrupted transfer from (the same copy, if the worker
-    still holds it; else a new one from 0).
-    """
     def __init__(
         self,
         *,
         adopter: _builtins.str = ...,
         adopter_len: _builtins.int = ...,
-        resume_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "adopter",
-        b"adopter",
-        "adopter_len",
-        b"adopter_len",
-        "resume_offset",
-        b"resume_offset",
+        "adopter", b"adopter", "adopter_len", b"adopter_len"
     ]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
@@ -586,7 +575,7 @@ class ExportDcCopyRequest(_message.Message):
 Global___ExportDcCopyRequest: _TypeAlias = ExportDcCopyRequest  # noqa: Y015
 
 @_typing.final
-class DcCopyChunk(_message.Message):
+class ExportDcCopyResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHUNK_FIELD_NUMBER: _builtins.int
@@ -613,7 +602,39 @@ class DcCopyChunk(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___DcCopyChunk: _TypeAlias = DcCopyChunk  # noqa: Y015
+Global___ExportDcCopyResponse: _TypeAlias = ExportDcCopyResponse  # noqa: Y015
+
+@_typing.final
+class ImportDcCopyRequest(_message.Message):
+    """A chunk of the copy as the source sent it (ExportDcSnapshotResponse)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_FIELD_NUMBER: _builtins.int
+    ADOPTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chunk(self) -> Global___ExportSnapshotResponse: ...
+    @_builtins.property
+    def adoption(self) -> _common_pb2.BaseAdoption:
+        """On the first chunk: what the source's store says of the copy."""
+
+    def __init__(
+        self,
+        *,
+        chunk: Global___ExportSnapshotResponse | None = ...,
+        adoption: _common_pb2.BaseAdoption | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal[
+        "adoption", b"adoption", "chunk", b"chunk"
+    ]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "adoption", b"adoption", "chunk", b"chunk"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ImportDcCopyRequest: _TypeAlias = ImportDcCopyRequest  # noqa: Y015
 
 @_typing.final
 class ImportDcCopyResponse(_message.Message):

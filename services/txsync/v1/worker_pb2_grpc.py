@@ -375,12 +375,12 @@ class DispatchServiceStub:
         self.ExportDcCopy = channel.unary_stream(
             "/txsync.v1.DispatchService/ExportDcCopy",
             request_serializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.SerializeToString,
-            response_deserializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
+            response_deserializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyResponse.FromString,
             _registered_method=True,
         )
         self.ImportDcCopy = channel.stream_unary(
             "/txsync.v1.DispatchService/ImportDcCopy",
-            request_serializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.SerializeToString,
+            request_serializer=txsync_dot_v1_dot_worker__pb2.ImportDcCopyRequest.SerializeToString,
             response_deserializer=txsync_dot_v1_dot_worker__pb2.ImportDcCopyResponse.FromString,
             _registered_method=True,
         )
@@ -438,11 +438,11 @@ def add_DispatchServiceServicer_to_server(servicer, server):
         "ExportDcCopy": grpc.unary_stream_rpc_method_handler(
             servicer.ExportDcCopy,
             request_deserializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.FromString,
-            response_serializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.SerializeToString,
+            response_serializer=txsync_dot_v1_dot_worker__pb2.ExportDcCopyResponse.SerializeToString,
         ),
         "ImportDcCopy": grpc.stream_unary_rpc_method_handler(
             servicer.ImportDcCopy,
-            request_deserializer=txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
+            request_deserializer=txsync_dot_v1_dot_worker__pb2.ImportDcCopyRequest.FromString,
             response_serializer=txsync_dot_v1_dot_worker__pb2.ImportDcCopyResponse.SerializeToString,
         ),
     }
@@ -537,7 +537,7 @@ class DispatchService:
             target,
             "/txsync.v1.DispatchService/ExportDcCopy",
             txsync_dot_v1_dot_worker__pb2.ExportDcCopyRequest.SerializeToString,
-            txsync_dot_v1_dot_worker__pb2.DcCopyChunk.FromString,
+            txsync_dot_v1_dot_worker__pb2.ExportDcCopyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -566,7 +566,7 @@ class DispatchService:
             request_iterator,
             target,
             "/txsync.v1.DispatchService/ImportDcCopy",
-            txsync_dot_v1_dot_worker__pb2.DcCopyChunk.SerializeToString,
+            txsync_dot_v1_dot_worker__pb2.ImportDcCopyRequest.SerializeToString,
             txsync_dot_v1_dot_worker__pb2.ImportDcCopyResponse.FromString,
             options,
             channel_credentials,

@@ -200,7 +200,7 @@ class DispatchServiceStub:
     ]
     """A worker asked to stop finishes its in-flight transactions and is removed."""
     ExportDcCopy: _grpc.UnaryStreamMultiCallable[
-        _worker_pb2.ExportDcCopyRequest, _worker_pb2.DcCopyChunk
+        _worker_pb2.ExportDcCopyRequest, _worker_pb2.ExportDcCopyResponse
     ]
     """A copy of this DC's testing worker for another DC that starts from it (its
     coordinator asks through the source's coordinator: PeerService.ExportDcSnapshot):
@@ -210,7 +210,7 @@ class DispatchServiceStub:
     RESOURCE_EXHAUSTED while another copy is exported.
     """
     ImportDcCopy: _grpc.StreamUnaryMultiCallable[
-        _worker_pb2.DcCopyChunk, _worker_pb2.ImportDcCopyResponse
+        _worker_pb2.ImportDcCopyRequest, _worker_pb2.ImportDcCopyResponse
     ]
     """Import another DC's copy into this DC's testing worker (the coordinator streams it
     from the source), answered once the worker holds it; the coordinator then has its
@@ -230,7 +230,7 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     ]  # type: ignore[assignment]
     """A worker asked to stop finishes its in-flight transactions and is removed."""
     ExportDcCopy: _aio.UnaryStreamMultiCallable[
-        _worker_pb2.ExportDcCopyRequest, _worker_pb2.DcCopyChunk
+        _worker_pb2.ExportDcCopyRequest, _worker_pb2.ExportDcCopyResponse
     ]  # type: ignore[assignment]
     """A copy of this DC's testing worker for another DC that starts from it (its
     coordinator asks through the source's coordinator: PeerService.ExportDcSnapshot):
@@ -240,7 +240,7 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     RESOURCE_EXHAUSTED while another copy is exported.
     """
     ImportDcCopy: _aio.StreamUnaryMultiCallable[
-        _worker_pb2.DcCopyChunk, _worker_pb2.ImportDcCopyResponse
+        _worker_pb2.ImportDcCopyRequest, _worker_pb2.ImportDcCopyResponse
     ]  # type: ignore[assignment]
     """Import another DC's copy into this DC's testing worker (the coordinator streams it
     from the source), answered once the worker holds it; the coordinator then has its
@@ -275,8 +275,8 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _worker_pb2.ExportDcCopyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[
-        _abc.Iterator[_worker_pb2.DcCopyChunk],
-        _abc.AsyncIterator[_worker_pb2.DcCopyChunk],
+        _abc.Iterator[_worker_pb2.ExportDcCopyResponse],
+        _abc.AsyncIterator[_worker_pb2.ExportDcCopyResponse],
     ]:
         """A copy of this DC's testing worker for another DC that starts from it (its
         coordinator asks through the source's coordinator: PeerService.ExportDcSnapshot):
@@ -289,7 +289,7 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def ImportDcCopy(
         self,
-        request_iterator: _MaybeAsyncIterator[_worker_pb2.DcCopyChunk],
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.ImportDcCopyRequest],
         context: _ServicerContext,
     ) -> _typing.Union[
         _worker_pb2.ImportDcCopyResponse,

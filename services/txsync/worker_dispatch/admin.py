@@ -48,6 +48,9 @@ class DispatchAdmin:
                 state_digest=link.state_digest,
                 recovery_progress=link.recovery_progress,
             )
+            copying = self._dispatch.dc_import
+            if copying is not None and copying.worker_id == link.worker_id:
+                status.recovery_progress = copying.bytes_done / max(1, copying.bytes_total)
             if link.storage is not None:
                 status.database_bytes = link.storage.database_bytes
                 status.disk_free_bytes = link.storage.disk_free_bytes

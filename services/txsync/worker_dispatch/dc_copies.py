@@ -47,7 +47,7 @@ def _tester(dispatch: Dispatch) -> WorkerLink:
 
 async def export(
     dispatch: Dispatch, request: worker_pb2.ExportDcCopyRequest
-) -> AsyncIterator[worker_pb2.DcCopyChunk]:
+) -> AsyncIterator[worker_pb2.ExportDcCopyResponse]:
     """The testing worker's snapshot in chunks, the first with the store's description
     of it for ``request.adopter``. Raises ``ServiceError`` before the first chunk."""
     if dispatch.exports.locked():
@@ -64,7 +64,7 @@ async def export(
             first = True
             async for chunk in chunks:
                 if not first:
-                    yield worker_pb2.DcCopyChunk(chunk=chunk)
+                    yield worker_pb2.ExportDcCopyResponse(chunk=chunk)
                     continue
                 first = False
                 if chunk.final_state not in (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED):
@@ -73,7 +73,7 @@ async def export(
                         f"worker {tester.worker_id} has no outcome recorded at position "
                         f"{chunk.position}: nothing to copy from yet",
                     )
-                adoption = await dispatch.store.ExportBase(
+                described = await dispatch.store.ExportBase(
                     store_pb2.ExportBaseRequest(
                         position=chunk.position,
                         final_state=chunk.final_state,
@@ -81,6 +81,7 @@ async def export(
                         adopter_len=request.adopter_len,
                     )
                 )
+                adoption = described.adoption
                 if adoption.meta.tx_id != chunk.tx_id:
                     raise _refused(
                         grpc.StatusCode.INTERNAL,
@@ -91,7 +92,7 @@ async def export(
                     "DC COPY: exporting %s at position %d for %s (%d bytes)",
                     tester.worker_id, chunk.position, request.adopter, chunk.total_bytes,
                 )  # fmt: skip
-                yield worker_pb2.DcCopyChunk(chunk=chunk, adoption=adoption)
+                yield worker_pb2.ExportDcCopyResponse(chunk=chunk, adoption=adoption)
         finally:
             chunks.cancel()
 
@@ -112,7 +113,7 @@ def _import_target(dispatch: Dispatch) -> WorkerLink:
 
 
 async def import_copy(
-    dispatch: Dispatch, chunks: AsyncIterator[worker_pb2.DcCopyChunk]
+    dispatch: Dispatch, chunks: AsyncIterator[worker_pb2.ImportDcCopyRequest]
 ) -> worker_pb2.ImportDcCopyResponse:
     """Import another DC's copy into this DC's testing worker, which the pipeline stops
     feeding first, and keeps out of it until the store adopted the copy's base

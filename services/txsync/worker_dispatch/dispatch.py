@@ -525,7 +525,12 @@ class Dispatch:
     def warnings(self) -> list[str]:
         """What will stop a worker unless an operator acts (``ListWorkers``; the DC stays
         healthy)."""
-        return [
+        copies = [
+            f"worker {link.worker_id}: {link.dc_copy} (docs/dc-snapshots.md)"
+            for link in self.workers.values()
+            if link.dc_copy
+        ]
+        return copies + [
             warning
             for link in self.workers.values()
             if link.storage is not None

@@ -59,7 +59,7 @@ class DispatchServicer:
 
     async def ExportDcCopy(
         self, request: worker_pb2.ExportDcCopyRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[worker_pb2.DcCopyChunk]:
+    ) -> AsyncIterator[worker_pb2.ExportDcCopyResponse]:
         try:
             check_request(request)
             async for chunk in dc_copies.export(self._dispatch, request):
@@ -72,7 +72,7 @@ class DispatchServicer:
     @answers_errors
     async def ImportDcCopy(
         self,
-        request_iterator: AsyncIterator[worker_pb2.DcCopyChunk],
+        request_iterator: AsyncIterator[worker_pb2.ImportDcCopyRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> worker_pb2.ImportDcCopyResponse:
         try:
