@@ -204,6 +204,8 @@ class CoordinatorCore(ABC):
         """Set when the shell takes events again after waiting for a free write slot."""
         self.dc_copy: DcCopyProgress | None = None
         """The copy of another DC this DC is taking (``dc_copies``), while it runs."""
+        self.dc_copy_impossible = False
+        """A peer said this DC needs a copy, which it cannot take (no ``--dispatch``)."""
         self.dc_copy_after_s = 0.0
         """Monotonic time before which no new copy is tried (after one failed)."""
         self.restarting = ""

@@ -50,16 +50,14 @@ class DcCopies(CoordinatorCore):
             return
         if node.merge_base.synced_len >= history_from - 1:
             return
-        log.info(
-            "%s holds synced positions from %d on only; this DC is at %d",
-            source, history_from, node.merge_base.synced_len,
-        )  # fmt: skip
-        if self.dispatch is None:
-            log.warning(
-                "%s holds positions from %d on only, and this DC (at %d) cannot copy a DC "
-                "without its worker-dispatch (--dispatch)",
-                source, history_from, node.merge_base.synced_len,
-            )  # fmt: skip
+        if self.dispatch is None:  # said once: the peers say it every catch-up asked
+            if not self.dc_copy_impossible:
+                self.dc_copy_impossible = True
+                log.warning(
+                    "%s holds positions from %d on only, and this DC (at %d) cannot copy "
+                    "a DC without its worker-dispatch (--dispatch)",
+                    source, history_from, node.merge_base.synced_len,
+                )  # fmt: skip
             return
         if time.monotonic() < self.dc_copy_after_s or self._peer_stub(source) is None:
             return

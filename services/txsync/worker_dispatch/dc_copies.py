@@ -31,14 +31,10 @@ CHUNK_BYTES_MAX = 4 * 1024 * 1024
 """A chunk of a copy from another DC (workers send 1 MiB ones)."""
 
 
-def _refused(code: grpc.StatusCode, message: str) -> ServiceError:
-    return ServiceError(code, message)
-
-
 def _tester(dispatch: Dispatch) -> WorkerLink:
     tester = dispatch.workers.get(dispatch.tester or "")
     if tester is None or not tester.fed:
-        raise _refused(
+        raise ServiceError(
             grpc.StatusCode.FAILED_PRECONDITION,
             "no testing worker in sync here to copy (asked again later)",
         )
@@ -51,7 +47,7 @@ async def export(
     """The testing worker's snapshot in chunks, the first with the store's description
     of it for ``request.adopter``. Raises ``ServiceError`` before the first chunk."""
     if dispatch.exports.locked():
-        raise _refused(
+        raise ServiceError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "a snapshot is being exported here already (asked again later)",
         )
@@ -68,7 +64,7 @@ async def export(
                     continue
                 first = False
                 if chunk.final_state not in (common_pb2.TX_STATE_OK, common_pb2.TX_STATE_FAILED):
-                    raise _refused(
+                    raise ServiceError(
                         grpc.StatusCode.FAILED_PRECONDITION,
                         f"worker {tester.worker_id} has no outcome recorded at position "
                         f"{chunk.position}: nothing to copy from yet",
@@ -83,7 +79,7 @@ async def export(
                 )
                 adoption = described.adoption
                 if adoption.meta.tx_id != chunk.tx_id:
-                    raise _refused(
+                    raise ServiceError(
                         grpc.StatusCode.INTERNAL,
                         f"worker {tester.worker_id} holds {chunk.tx_id} at position "
                         f"{chunk.position}, the store {adoption.meta.tx_id}",
@@ -109,7 +105,7 @@ def _import_target(dispatch: Dispatch) -> WorkerLink:
     for link in dispatch.workers.values():
         if link.healthy:
             return link
-    raise _refused(grpc.StatusCode.FAILED_PRECONDITION, "no healthy worker here to copy into")
+    raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "no healthy worker here to copy into")
 
 
 async def import_copy(
@@ -119,7 +115,7 @@ async def import_copy(
     feeding first, and keeps out of it until the store adopted the copy's base
     (``Dispatch._copies_adopted``). Raises ``ServiceError``."""
     if dispatch.dc_import is not None:
-        raise _refused(
+        raise ServiceError(
             grpc.StatusCode.RESOURCE_EXHAUSTED, "another DC's copy is being imported here"
         )
     target = _import_target(dispatch)
@@ -138,13 +134,13 @@ async def import_copy(
                 chunk = message.chunk
                 try:
                     if len(chunk.data) > CHUNK_BYTES_MAX:
-                        raise _refused(
+                        raise ServiceError(
                             grpc.StatusCode.INVALID_ARGUMENT,
                             f"a chunk over {CHUNK_BYTES_MAX} bytes",
                         )
                     if not described:
                         if not message.HasField("adoption"):
-                            raise _refused(
+                            raise ServiceError(
                                 grpc.StatusCode.INVALID_ARGUMENT,
                                 "the first chunk must describe the copy (adoption)",
                             )
@@ -163,11 +159,11 @@ async def import_copy(
             except grpc.aio.AioRpcError as error:
                 if problems:
                     raise problems[0] from None
-                raise _refused(error.code(), f"{target.worker_id}: {error.details()}") from None
+                raise ServiceError(error.code(), f"{target.worker_id}: {error.details()}") from None
         if problems:
             raise problems[0]
         if not described or imported.position != described[0].before.synced_len + 1:
-            raise _refused(
+            raise ServiceError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"the copy imported holds position {imported.position}, not the one it "
                 "was described at",
@@ -200,13 +196,13 @@ def _check_described(
     """The copy is what its description says: the entry at its position."""
     position = adoption.before.synced_len + 1
     if chunk.position != position or chunk.tx_id != adoption.meta.tx_id:
-        raise _refused(
+        raise ServiceError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"the copy holds {chunk.tx_id or 'nothing'} at position {chunk.position}; its "
             f"description names {adoption.meta.tx_id} at {position}",
         )
     if chunk.final_state != adoption.final_state:
-        raise _refused(
+        raise ServiceError(
             grpc.StatusCode.INVALID_ARGUMENT,
             "the copy applied its last transaction otherwise than its description says",
         )
@@ -217,7 +213,7 @@ async def _stopped_feeding(dispatch: Dispatch, target: WorkerLink) -> None:
     deadline = time.monotonic() + STOPPED_FEEDING_S
     while dispatch.feeds(target.worker_id):
         if time.monotonic() > deadline:
-            raise _refused(
+            raise ServiceError(
                 grpc.StatusCode.UNAVAILABLE,
                 f"the pipeline still feeds {target.worker_id} (asked again later)",
             )
