@@ -43,14 +43,11 @@ def coordinator_args(
     listen: str | None,
     *,
     peers: Mapping[str, str],
-    dispatch: str | None = None,
     plaintext: bool = True,
     metrics_listen: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     args = ["sync-coordinator", "--node-id", node_id, "--store", store, *_listen(listen)]
-    if dispatch:
-        args += ["--dispatch", dispatch]
     if plaintext:
         args.append("--plaintext")
     for peer, address in peers.items():

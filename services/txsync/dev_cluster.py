@@ -382,7 +382,6 @@ class DevCluster:
                     f"{node} sync-coordinator",
                     [*python, *coordinator_args(
                         node, dc["store"], dc["coordinator"], peers=peers,
-                        dispatch=dc.get("dispatch"),
                         metrics_listen=dc.get("metrics"),
                         extra=extra.get("sync-coordinator", []),
                     )],

@@ -148,8 +148,6 @@ class LocalCluster:
             if metrics:
                 self.metrics_ports[node] = free_port()
                 join += ("--metrics-listen", f"127.0.0.1:{self.metrics_ports[node]}")
-            if dispatch is not None:
-                join += ("--dispatch", dispatch.address)
             coordinator = sync_coordinator(
                 root / node, node, store.address, ports[node], peers, *security,
                 *coordinator_args, *join,

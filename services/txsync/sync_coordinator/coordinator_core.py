@@ -74,10 +74,6 @@ class CoordinatorConfig:
     peers: dict[str, str]
     """Peer node id -> host:port of its PeerService."""
     store_address: str
-    dispatch_address: str | None = None
-    """This DC's worker-dispatch: a DC behind its peers' history imports a peer's copy
-    into its testing worker through it, and peers export this DC's (``dc_copies``).
-    None: neither (a witness, or a test without workers)."""
     weights: dict[str, int] = field(default_factory=dict)
     """Node id -> vote weight (default 1 each); a view needs a weight majority."""
     joining: bool = False
@@ -118,9 +114,10 @@ class CoordinatorCore(ABC):
         self._store_channel = new_channel(config.store_address, as_service=True)
         self.store = store_pb2_grpc.StoreInternalServiceStub(self._store_channel)
         self.dispatch: worker_pb2_grpc.DispatchServiceAsyncStub | None = None
-        if config.dispatch_address is not None:
-            self._dispatch_channel = new_channel(config.dispatch_address, as_service=True)
-            self.dispatch = worker_pb2_grpc.DispatchServiceStub(self._dispatch_channel)
+        """This DC's worker-dispatch, as its store names it (``start``): a DC behind its
+        peers' history imports a peer's copy through it, and peers export this DC's
+        (``dc_copies``). None: neither (a witness, or a store of an earlier release)."""
+        self._dispatch_channel: grpc.aio.Channel | None = None
         self.links = {
             peer: PeerLink(peer, address, config.tls) for peer, address in config.peers.items()
         }
@@ -224,6 +221,9 @@ class CoordinatorCore(ABC):
                 f"not {self.config.node_id}"
             )
         durable = durable_from_proto(state)
+        if state.dispatch_address and self._dispatch_channel is None:
+            self._dispatch_channel = new_channel(state.dispatch_address, as_service=True)
+            self.dispatch = worker_pb2_grpc.DispatchServiceStub(self._dispatch_channel)
         # A joining node is not in the configuration it starts from: it asks the peers
         # for the current view until a membership entry has added it.
         joining = [] if self.config.joining else [self.config.node_id]
@@ -292,7 +292,7 @@ class CoordinatorCore(ABC):
         for link in [*self.links.values(), *self._retired_links]:
             await link.close()
         await self._store_channel.close()
-        if self.dispatch is not None:
+        if self._dispatch_channel is not None:
             await self._dispatch_channel.close()
 
     async def _run(self) -> None:

@@ -50,12 +50,12 @@ class DcCopies(CoordinatorCore):
             return
         if node.merge_base.synced_len >= history_from - 1:
             return
-        if self.dispatch is None:  # said once: the peers say it every catch-up asked
+        if self.dispatch is None:  # said once: the peers say it each catch-up it asks
             if not self.dc_copy_impossible:
                 self.dc_copy_impossible = True
                 log.warning(
                     "%s holds positions from %d on only, and this DC (at %d) cannot copy "
-                    "a DC without its worker-dispatch (--dispatch)",
+                    "a DC: its store names no worker-dispatch (--dispatch)",
                     source, history_from, node.merge_base.synced_len,
                 )  # fmt: skip
             return

@@ -244,8 +244,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             if dispatch is None:
                 raise ServiceError(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"{self._coordinator.config.node_id} exports no copies: its coordinator "
-                    "has no worker-dispatch (--dispatch)",
+                    f"{self._coordinator.config.node_id} exports no copies: its store names "
+                    "no worker-dispatch (--dispatch)",
                 )
         except REFUSALS as error:
             await abort(context, error)

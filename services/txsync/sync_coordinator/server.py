@@ -285,13 +285,6 @@ def register(commands: Any) -> None:
     parser.add_argument("--node-id", required=True, help="this DC's node id")
     parser.add_argument("--store", required=True, help="host:port of this DC's transaction-store")
     parser.add_argument(
-        "--dispatch",
-        metavar="HOST:PORT",
-        help="this DC's worker-dispatch: a DC behind its peers' history starts from a copy "
-        "of another DC's testing worker through it, and peers copy this DC's (without it, "
-        "neither)",
-    )
-    parser.add_argument(
         "--peer",
         type=_peer,
         action="append",
@@ -403,7 +396,6 @@ def run(options: argparse.Namespace) -> int:
         weights=weights,
         joining=options.join,
         store_address=options.store,
-        dispatch_address=options.dispatch,
         timing=timing,
         limits=limits,
     )

@@ -363,7 +363,7 @@ class ClientCalls(StoreCore):
                 change,
                 peers,
                 adds=adds,
-                joins_from_snapshot=self.config.joins_from_copies,
+                joins_from_snapshot=bool(self.config.dispatch_address),
             )
             taken = common_pb2.MembershipChange()
             taken.CopyFrom(change)

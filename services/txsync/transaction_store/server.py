@@ -267,7 +267,7 @@ def run(options: argparse.Namespace) -> int:
         idempotency_window_ms=options.idempotency_window_s * 1000,
         witness=options.witness,
         allow_nondeterministic=options.allow_nondeterministic,
-        joins_from_copies=bool(options.dispatch) and not options.witness,
+        dispatch_address="" if options.witness else options.dispatch or "",
     )
     if (options.tls_cert is None) != (options.tls_key is None):
         print("error: give both --tls-cert and --tls-key, or neither", file=sys.stderr)

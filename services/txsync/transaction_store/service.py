@@ -447,7 +447,9 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         # 0 from a coordinator of an earlier release: its epoch bounds nothing, and the
         # next one keeps every open stamp, as that release did (``_settle_at_epoch``).
         loaded = await self._store.load_protocol_state(request.local_admit_txs_max)
-        return protocol_state_to_proto(self._store.state.node_id, loaded)
+        answer = protocol_state_to_proto(self._store.state.node_id, loaded)
+        answer.dispatch_address = self._store.config.dispatch_address
+        return answer
 
     async def PersistSteps(
         self,

@@ -113,10 +113,11 @@ class StoreConfig:
     witness: bool = False
     """A witness node (PROTOCOL.md §1) votes and relays but has no workers: it refuses
     client transactions, which would otherwise be ordered by a DC that applies nothing."""
-    joins_from_copies: bool = False
-    """A DC added after this one truncated starts from a copy of a DC's testing worker
-    (docs/dc-snapshots.md): set where this DC can export one (it has a worker-dispatch),
-    else such an add is refused (``step_rules.check_can_join``)."""
+    dispatch_address: str = ""
+    """This DC's worker-dispatch (``--dispatch``; empty: none, as at a witness). The
+    coordinator copies testing workers to and from other DCs through it, so a DC added
+    after this one truncated can start from a copy (docs/dc-snapshots.md); without it,
+    such an add is refused (``step_rules.check_can_join``)."""
     body_cache_bytes_max: int = BODY_CACHE_BYTES_DEFAULT
     """Bodies of unfinished transactions a rotation filed, kept in memory for reading back
     (``body_cache``)."""

@@ -305,9 +305,16 @@ class LoadProtocolStateResponse(_message.Message):
     SYNCED_UNACQUIRED_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
     VOTE_FIELD_NUMBER: _builtins.int
+    DISPATCH_ADDRESS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     counter: _builtins.int
     epoch: _builtins.int
+    dispatch_address: _builtins.str
+    """This DC's worker-dispatch (the store's --dispatch): through it the coordinator
+    imports another DC's copy and exports this DC's (docs/dc-snapshots.md). Empty:
+    none (a witness). From the store, not a coordinator flag, so that a chart of this
+    release runs the previous release's coordinator image unchanged.
+    """
     @_builtins.property
     def merge_base(self) -> _common_pb2.MergeBase: ...
     @_builtins.property
@@ -346,6 +353,7 @@ class LoadProtocolStateResponse(_message.Message):
         synced_unacquired: _abc.Iterable[_common_pb2.TxMeta] | None = ...,
         view: _common_pb2.ViewProposal | None = ...,
         vote: _common_pb2.ViewVote | None = ...,
+        dispatch_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "merge_base", b"merge_base", "view", b"view", "vote", b"vote"
@@ -354,6 +362,8 @@ class LoadProtocolStateResponse(_message.Message):
     _ClearFieldArgType: _TypeAlias = _typing.Literal[
         "counter",
         b"counter",
+        "dispatch_address",
+        b"dispatch_address",
         "epoch",
         b"epoch",
         "incoming",
