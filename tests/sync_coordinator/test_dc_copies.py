@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.cluster import Dc, LocalCluster, submit_at
 from tests.sync_coordinator.test_views import VIEW_ARGS
+from txsync.sync_coordinator.coordinator_core import DcCopyProgress
 from txsync.sync_coordinator.dc_copies import RESTARTING_EXIT_CODE
 from txsync.v1 import (
     admin_pb2,
@@ -176,3 +177,17 @@ def test_a_copy_not_as_described_is_refused_and_only_a_peer_may_ask_for_one(
         assert error.code() is grpc.StatusCode.PERMISSION_DENIED, error.details()
     finally:
         cluster.stop()
+
+
+def test_a_copy_on_its_way_reads_as_a_warning() -> None:
+    """What ``txsync status`` shows for the DC while the copy runs (``GetStatus``'s
+    warnings): its source, its position once the first chunk came, and how far it is."""
+    progress = DcCopyProgress("dc1", started_s=100.0)
+    assert progress.describe(103.0) == (
+        "COPYING: this DC is behind its peers' history and starts from dc1's copy: "
+        "0.0 of 0.0 MiB after 3 s"
+    )
+    progress.position, progress.bytes_done, progress.bytes_total = 42, 3 * 2**20, 12 * 2**20
+    assert progress.describe(160.4).endswith(
+        "dc1's copy at position 42: 3.0 of 12.0 MiB after 60 s"
+    )

@@ -1548,8 +1548,15 @@ def test_truncation_follows_the_whole_set_of_peers_and_keeps_the_newest_history(
         assert "worker-dispatch" in store.truncation_hold().held_by
         store.report_progress({}, 6)
         assert store.truncation_hold() == TruncationHold(2, "peer dc3 at 1 (5 behind)")
-        store.report_progress({"dc2": 6}, None, peers_reported=True)  # dc3 removed
-        assert store.truncation_hold() == TruncationHold(5, "")  # 2 newest kept
+        # dc3 removed. The answer says what the others allow; the core heard of 3 so far.
+        allowed = store.report_progress({"dc2": 6}, None, peers_reported=True, core_history_len=3)
+        assert allowed == 5
+        assert store.truncation_hold() == TruncationHold(
+            4, "the sync-coordinator's core at 3 (3 behind)"
+        )
+        assert store.truncation_hold(with_core=False) == TruncationHold(5, "")  # 2 newest kept
+        store.report_progress({"dc2": 6}, None, peers_reported=True, core_history_len=6)
+        assert store.truncation_hold() == TruncationHold(5, "")
         for _ in range(3):
             await store.truncate(0)
         assert store.state.synced_offset == 4 and len(store.state.txs) == 2

@@ -79,6 +79,8 @@ class CoordinatorAdmin:
                 status.last_merge_base.CopyFrom(base_to_proto(peer.last_post[1]))
             status.last_heard.FromMilliseconds(peer.heard_ms + wall_minus_core_ms)
         local.alarms.extend(snapshot.divergence_alarms)
+        if snapshot.dc_copy is not None:
+            local.warnings.append(snapshot.dc_copy.describe(time.monotonic()))
         if snapshot.divergence_alarm_count:
             local.healthy = False
         if snapshot.paused:

@@ -97,6 +97,15 @@ class DcCopyProgress:
     bytes_done: int = 0
     bytes_total: int = 0
 
+    def describe(self, now_s: float) -> str:
+        """The copy as ``txsync status`` warns of it while it runs."""
+        where = f" at position {self.position}" if self.position else ""
+        done = f"{self.bytes_done / 2**20:.1f} of {self.bytes_total / 2**20:.1f} MiB"
+        return (
+            f"COPYING: this DC is behind its peers' history and starts from {self.source}'s "
+            f"copy{where}: {done} after {now_s - self.started_s:.0f} s"
+        )
+
 
 def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
 from txsync.protocol import HistoryTruncated, MergeBase, Mode, QuorumState
 from txsync.settings import PROGRESS_REPORT_S
-from txsync.sync_coordinator.coordinator_core import PERSIST_TIMEOUT_S, CoordinatorCore, log
+from txsync.sync_coordinator.coordinator_core import (
+    PERSIST_TIMEOUT_S,
+    CoordinatorCore,
+    DcCopyProgress,
+    log,
+)
 from txsync.v1 import store_pb2
 
 CORE_HEARS_S = 1.0
@@ -50,6 +55,8 @@ class CoordinatorSnapshot:
     peers: tuple[PeerSnapshot, ...]
     divergence_alarms: tuple[str, ...]
     divergence_alarm_count: int
+    dc_copy: DcCopyProgress | None
+    """A copy of another DC on its way here, as it stood (``dc_copies``)."""
 
 
 class CoordinatorStatus(CoordinatorCore):
@@ -85,6 +92,7 @@ class CoordinatorStatus(CoordinatorCore):
             peers=peers,
             divergence_alarms=tuple(self.outcomes.alarms),
             divergence_alarm_count=self.outcomes.alarm_count,
+            dc_copy=replace(self.dc_copy) if self.dc_copy else None,
         )
 
     def peers_progress(self) -> dict[str, int]:

@@ -21,11 +21,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import grpc
 
 from txsync.sync_coordinator.coordinator_core import CoordinatorCore, DcCopyProgress, log
 from txsync.v1 import common_pb2, peer_pb2, store_pb2, worker_pb2
+
+PassedOn = TypeVar("PassedOn", peer_pb2.ExportDcSnapshotResponse, worker_pb2.ImportDcCopyRequest)
+
+
+def pass_on(
+    piece: worker_pb2.ExportDcCopyResponse | peer_pb2.ExportDcSnapshotResponse,
+    into: PassedOn,
+) -> PassedOn:
+    """A piece of a copy as the next hop's message: its chunk, and its description where
+    it carries one (the first piece only). Source dispatch -> source coordinator ->
+    joiner's coordinator -> joiner's dispatch, each message of the same two fields."""
+    into.chunk.CopyFrom(piece.chunk)
+    if piece.HasField("adoption"):
+        into.adoption.CopyFrom(piece.adoption)
+    return into
+
 
 DC_COPY_TIMEOUT_S = 3600.0
 """A whole copy (export, transfer across the WAN, import) must finish within this."""
@@ -122,10 +139,7 @@ class DcCopies(CoordinatorCore):
                     progress.position = chunk.chunk.position
                 progress.bytes_done = chunk.chunk.offset + len(chunk.chunk.data)
                 progress.bytes_total = chunk.chunk.total_bytes
-                passed_on = worker_pb2.ImportDcCopyRequest(chunk=chunk.chunk)
-                if chunk.HasField("adoption"):
-                    passed_on.adoption.CopyFrom(chunk.adoption)
-                yield passed_on
+                yield pass_on(chunk, worker_pb2.ImportDcCopyRequest())
 
         try:
             imported = await dispatch.ImportDcCopy(chunks(), timeout=DC_COPY_TIMEOUT_S)

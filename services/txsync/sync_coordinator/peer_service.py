@@ -28,6 +28,7 @@ from txsync.refusals import Refusal
 from txsync.rpc import REFUSALS, ServiceError, abort, answers_errors, check_request
 from txsync.sync_coordinator.bodies import checked_body
 from txsync.sync_coordinator.coordinator import Coordinator
+from txsync.sync_coordinator.dc_copies import pass_on
 from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
 from txsync.sync_coordinator.peer_queue import PUSH_BATCH_BYTES_MAX, StreamAnswers
@@ -259,10 +260,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         )
         try:
             async for chunk in export:
-                answer = peer_pb2.ExportDcSnapshotResponse(chunk=chunk.chunk)
-                if chunk.HasField("adoption"):
-                    answer.adoption.CopyFrom(chunk.adoption)
-                yield answer
+                yield pass_on(chunk, peer_pb2.ExportDcSnapshotResponse())
         except grpc.aio.AioRpcError as error:
             await abort(context, ServiceError(error.code(), error.details() or "dispatch refused"))
         finally:

@@ -99,12 +99,6 @@ def truncation_hold(
     if not progress.peers_reported and not progress.peer_synced_len:
         passed.append((0, "the sync-coordinator, which has not reported the peers yet"))
     passed += [(length, f"peer {peer}") for peer, length in progress.peer_synced_len.items()]
-    if progress.core_history_len is not None:
-        # The core learns where the history starts from the answers to its reports, a
-        # second late: truncating past what it knows let it serve a DC added meanwhile,
-        # from memory, metas whose bodies every DC had dropped (a real 4-DC cluster:
-        # the new DC waited for them for good). It truncates next time.
-        passed.append((progress.core_history_len, "the sync-coordinator's core"))
     if state.view is not None:
         # A node the installed configuration added is in the coordinator's reports
         # from its next one on (each ``PROGRESS_REPORT_S``); until then the last report
@@ -135,9 +129,24 @@ def truncation_hold(
         recent = max(recent, end - max(history_kept, HISTORY_KEPT_BY_AGE_MOST))
         if recent < through:
             through, holder = recent, ""
+    core = progress.core_history_len
+    if core is not None and core < through:
+        through, holder = core, "the sync-coordinator's core"
     if holder:
         holder = f"{holder} at {through} ({end - through} behind)"
     return TruncationHold(through + 1 if through else 0, holder)
+
+
+def within_core(below: int, core_history_len: int | None) -> int:
+    """``below`` (0: none) lowered to what the coordinator's core has heard may go
+    (``Progress.core_history_len``): the core learns where the history starts from the
+    answers to its reports, so truncating past what it knows let it serve a DC added
+    meanwhile, from memory, metas whose bodies every DC had dropped (a real 4-DC
+    cluster: the new DC waited for them for good). It truncates at the next report."""
+    through = below - 1 if below else 0
+    if core_history_len is not None and core_history_len < through:
+        through = core_history_len
+    return through + 1 if through else 0
 
 
 def finished_before(state: StoreState, cutoff_ms: int, through: int) -> int:

@@ -23,6 +23,7 @@ from txsync.transaction_store.retention import (
     carried_entries,
     split_by_budget,
     truncation_hold,
+    within_core,
 )
 from txsync.transaction_store.state import FINAL_STATES, StoreState
 from txsync.transaction_store.store_core import StoreCore, now_ms
@@ -60,10 +61,11 @@ class Rotations(StoreCore):
             progress.peer_synced_len.update(peers)
         if workers_min is not None:
             progress.workers_min_position = workers_min
-        self._truncate_soon(self.truncatable_below())
         # What the others allow: the coordinator's core hears it from this answer, and
         # the store truncates that far once the core's next report says it heard.
-        return self.truncation_hold(with_core=False).below
+        allowed = self.truncation_hold(with_core=False).below
+        self._truncate_soon(within_core(allowed, progress.core_history_len))
+        return allowed
 
     def _truncate_soon(self, below_position: int) -> None:
         """Truncate in place once at least ``TRUNCATION_STEP`` positions more may go: a
