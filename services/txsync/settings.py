@@ -43,6 +43,7 @@ LOG_FILE_BYTES_MAX_DEFAULT = 16 << 20
 HISTORY_KEPT_DEFAULT = 2_000
 HISTORY_KEPT_MS_DEFAULT = 10_000
 BACKUPS_KEPT_DEFAULT = 2
+PEER_HOLD_MAX_DEFAULT = 200_000
 BODY_MISSING_ALARM_S_DEFAULT = 300
 IDEMPOTENCY_WINDOW_S_DEFAULT = 3_600
 """The store's defaults (``StoreConfig`` takes them from here). The idempotency window
@@ -206,6 +207,16 @@ STORE_LIMITS: tuple[Setting, ...] = (
         "finished transactions kept by age, at most the newest 4,096 (memory: about 3 KB "
         "each); with --history-kept, the larger window holds",
         unit="ms", least=0,
+    ),
+    Setting(
+        "peer_hold_max", PEER_HOLD_MAX_DEFAULT,
+        "a peer DC that has not passed a position holds it (in memory and in the txlog) "
+        "only while it is at most this many positions behind the synced end; one further "
+        "behind is let go (txsync status warns) and starts from another DC's copy when "
+        "back; 0: no bound, a DC down for long holds its peers' history for as long",
+        "positions a peer DC behind may hold back from truncation (memory: about 3 KB "
+        "each); one further behind starts from a copy of another DC; 0: no bound",
+        unit="positions", least=0,
     ),
     Setting(
         "body_missing_alarm_s", BODY_MISSING_ALARM_S_DEFAULT,

@@ -215,8 +215,9 @@ def show_view_message(message: ViewMessage) -> str:
             return f"accept {show_ballot(ballot)} {show_proposal(proposal)}"
         case ViewAccepted(_, ballot):
             return f"accepted {show_ballot(ballot)}"
-        case ViewInstall(_, proposal):
-            return f"install {show_proposal(proposal)}"
+        case ViewInstall(_, proposal, history_len):
+            history = f" history={history_len}" if history_len else ""
+            return f"install {show_proposal(proposal)}{history}"
         case ViewRefused(_, ballot, view_no, promised):
             return f"refused {show_ballot(ballot)} view={view_no} promised={show_ballot(promised)}"
         case ViewQuery(_, view_no):
@@ -351,7 +352,7 @@ class ScriptRun:
             assert ballot is not None
             return ViewAccepted(sender, ballot)
         if verb == "install":
-            return ViewInstall(sender, _proposal(kv))
+            return ViewInstall(sender, _proposal(kv), int(kv.get("history", "0")))
         if verb == "refused":
             assert ballot is not None
             return ViewRefused(sender, ballot, int(kv["view"]), _ballot(kv.get("promised")))

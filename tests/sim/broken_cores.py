@@ -10,12 +10,14 @@ from txsync.protocol import (
     DurableState,
     Event,
     MergeBase,
+    NodeId,
     PersistIncoming,
     Post,
     ProtocolNode,
     Ready,
     TxMeta,
     ViewPromise,
+    ViewProposal,
 )
 from txsync.protocol.queues import addable_prefix
 
@@ -114,3 +116,14 @@ class ForgetsForeignMetasCore(ProtocolNode):
                 effect = PersistIncoming(own)
             kept.append(effect)
         return replace(ready, persist=tuple(kept))
+
+
+class SealBehindHistoryCore(ProtocolNode):
+    """Appends an installed view's seal however far behind the sender's history it is
+    (``ViewInstall.history_len`` ignored): a DC its peers let go past ``--peer-hold-max``
+    takes metas whose bodies every DC truncated (invariant 4)."""
+
+    def _install(
+        self, proposal: ViewProposal, *, source: NodeId | None, source_history_len: int = 0
+    ) -> None:
+        super()._install(proposal, source=source, source_history_len=0)

@@ -17,6 +17,7 @@ from tests.sim.broken_cores import (
     ForgetsForeignMetasCore,
     MajorityAddNoCutCore,
     NoCutCore,
+    SealBehindHistoryCore,
     SealWithoutQueuesCore,
     StalePostsKeptCore,
     UnfrozenPromiseCore,
@@ -282,6 +283,38 @@ def test_a_dc_added_after_the_history_was_truncated_starts_from_a_copy() -> None
     summary = run_mix(FaultMix.parse("membership"), range(40), nodes=3, txs=20)
     assert not summary.failures, summary.failures[0].violation
     assert summary.totals.dc_copies > 0
+
+
+SIM_PEER_HOLD_MAX = 4
+"""``--peer-hold-max`` in the simulator's schedules of 20 transactions: a DC crashed or cut
+off for a few rounds is let go (the services' default, 200,000, is never reached)."""
+
+
+@pytest.mark.parametrize("mix", ["crash", "partition"])
+def test_a_dc_its_peers_let_go_starts_from_a_copy(mix: str) -> None:
+    """Stores that hold at most ``SIM_PEER_HOLD_MAX`` positions for a peer away: a DC
+    crashed or cut off is let go once its peers sent it nothing for a while, they
+    truncate past it, and it starts from a copy when back (docs/dc-snapshots.md), every
+    invariant checked across."""
+    summary = run_mix(
+        FaultMix.parse(mix), range(150), nodes=3, txs=20, jobs=2, peer_hold_max=SIM_PEER_HOLD_MAX
+    )
+    assert not summary.failures, summary.failures[0].violation
+    assert summary.totals.dc_copies > 0
+
+
+def test_a_core_that_takes_a_seal_behind_its_peers_history_is_caught_within_200_seeds() -> None:
+    """A DC let go, back in a view whose install carries positions its peers truncated:
+    appending them gives it metas whose bodies no DC holds (seed 47 of `crash`, three
+    nodes, bound 4, before the rule)."""
+    summary = run_mix(
+        FaultMix.parse("crash"), range(BUG_SEEDS_MAX), nodes=3, txs=20, stop_at_first=True,
+        node_factory=SealBehindHistoryCore, peer_hold_max=SIM_PEER_HOLD_MAX,
+    )  # fmt: skip
+    assert summary.failures, f"survived {BUG_SEEDS_MAX} seeds"
+    failure = summary.failures[0]
+    assert "invariant 4 (executability)" in str(failure.violation), failure.violation
+    assert run_seed(failure.config).ok, "the correct simulation passes that seed"
 
 
 def test_a_store_that_lists_nothing_for_the_absent_is_caught_within_200_seeds() -> None:

@@ -129,7 +129,7 @@ class LocalCluster:
             store.start()
             dispatch = applier = None
             if workers:
-                applier = worker(root / node / "w1", f"{node}-w1")
+                applier = worker(root / node / "w1", f"{node}-w1", port=free_port())
                 applier.start()
                 dispatch = worker_dispatch(
                     root / node / "dispatch", store.address, {f"{node}-w1": applier.address},

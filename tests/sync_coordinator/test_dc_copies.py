@@ -31,6 +31,9 @@ from txsync.v1 import (
 
 KEEPS_NO_HISTORY = ("--history-kept", "0", "--history-kept-ms", "0")
 """Stores that keep no history beyond what every peer and worker passed."""
+PEER_HOLD_MAX = 5
+"""Positions a peer down may hold back (``--peer-hold-max``): a DC away for ten
+transactions is let go, and starts from a copy when back."""
 
 
 def _submit(dc: Dc, sql: str) -> str:
@@ -72,8 +75,34 @@ def _rows(dc: Dc) -> list[tuple[str, int]] | None:
     return [(row.values[0].text_value, row.values[1].int_value) for row in answer.rows]
 
 
-def test_a_dc_added_after_its_peers_truncated_starts_from_a_copy(tmp_path: Path) -> None:
+def _store_status(dc: Dc) -> admin_pb2.DcStatus:
+    with grpc.insecure_channel(dc.store.address) as channel:
+        admin = admin_pb2_grpc.AdminServiceStub(channel)
+        return admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).local
+
+
+def _restarted_onto_a_copy(cluster: LocalCluster, dc: Dc) -> None:
+    """Wait for ``dc``'s coordinator to adopt a copy and end, then start it again, as its
+    supervisor (Kubernetes, ``dev up``) does."""
+    coordinator = dc.coordinator
+    cluster.wait_for(
+        f"{dc.node_id} adopted a copy and ended to restart onto it",
+        lambda: coordinator.process is not None and coordinator.process.poll() is not None,
+        timeout_s=180,
+    )
+    assert coordinator.process is not None
+    assert coordinator.process.returncode == RESTARTING_EXIT_CODE, coordinator.log()
+    assert "DC COPY: the store adopted" in coordinator.log()
+    coordinator.start()
+
+
+def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> None:
+    """Two ways to be behind every peer's history: dc4 added after the others truncated
+    (it replays from position 1), then dc3 down while they went on, past
+    ``--peer-hold-max``: its peers let it go, truncate past it, and send it to a copy
+    when it is back."""
     names = ["dc1", "dc2", "dc3", "dc4"]
+    hold = ("--peer-hold-max", str(PEER_HOLD_MAX))
     cluster = LocalCluster(
         tmp_path,
         4,
@@ -81,7 +110,7 @@ def test_a_dc_added_after_its_peers_truncated_starts_from_a_copy(tmp_path: Path)
         names=names,
         joining=frozenset({"dc4"}),
         workers=True,
-        store_args={name: KEEPS_NO_HISTORY for name in names[:3]},
+        store_args={name: (*KEEPS_NO_HISTORY, *hold) for name in names},
     )
     try:
         dc1, dc2, dc3, dc4 = cluster.dcs
@@ -100,16 +129,7 @@ def test_a_dc_added_after_its_peers_truncated_starts_from_a_copy(tmp_path: Path)
             admin = admin_pb2_grpc.AdminServiceStub(channel)
             admin.ChangeMembership(admin_pb2.ChangeMembershipRequest(add=add), timeout=10)
 
-        coordinator = dc4.coordinator
-        assert coordinator.process is not None
-        cluster.wait_for(
-            "dc4 adopted a copy and ended to restart onto it",
-            lambda: coordinator.process is not None and coordinator.process.poll() is not None,
-            timeout_s=180,
-        )
-        assert coordinator.process.returncode == RESTARTING_EXIT_CODE, coordinator.log()
-        assert "DC COPY: the store adopted" in coordinator.log()
-        coordinator.start()  # as its supervisor does
+        _restarted_onto_a_copy(cluster, dc4)
 
         submit_at(dc4, 5, acked, lock)
         submit_at(dc3, 5, acked, lock)
@@ -131,6 +151,34 @@ def test_a_dc_added_after_its_peers_truncated_starts_from_a_copy(tmp_path: Path)
         position, _ = _worker_at(dc4)
         assert position == 1 + 20 + 20 + 1 + 5 + 5  # the table, the rows, dc4's add
         assert _history_from(dc4) > 2, "dc4 holds no history from before its copy"
+
+        for process in dc3.processes:  # the whole DC down
+            assert process.terminate() == 0, process.log()
+        submit_at(dc1, 10, acked, lock)
+        others = [dc1, dc2, dc4]
+        cluster.wait_for(
+            "dc3's peers let it go and truncated past it",
+            lambda: all(_history_from(dc) > position + 1 for dc in others),
+        )
+        said = _store_status(dc1).warnings
+        assert any(w.startswith("LET GO: peer dc3 is at") for w in said), said
+        for process in reversed(dc3.processes):
+            process.start()
+        _restarted_onto_a_copy(cluster, dc3)
+        submit_at(dc3, 3, acked, lock)
+        expected = sorted(
+            expected + [("dc1", n) for n in range(10)] + [("dc3", n) for n in range(3)]
+        )
+        cluster.wait_for(
+            "every DC applied every row, dc3 what it missed from its copy",
+            lambda: all(_rows(dc) == expected for dc in cluster.dcs),
+            timeout_s=180,
+        )
+        cluster.wait_for(
+            "every DC's worker at the same position with the same digest, again",
+            lambda: len({_worker_at(dc) for dc in cluster.dcs}) == 1,
+        )
+        assert not any(w.startswith("LET GO") for w in _store_status(dc1).warnings)
     finally:
         cluster.stop()
 

@@ -1572,6 +1572,35 @@ def test_truncation_follows_the_whole_set_of_peers_and_keeps_the_newest_history(
     _run(tmp_path, after_restart)
 
 
+def test_a_peer_further_behind_than_the_hold_bound_is_let_go(tmp_path: Path) -> None:
+    """``--peer-hold-max``: a peer whose order is further behind is let go, and holds
+    nothing, if truncation then passes its order's end; one whose order is recent holds
+    what its bodies lack, however far; one the coordinator does not name (it sent it
+    something lately) is not let go."""
+
+    async def scenario(store: TransactionStore) -> None:
+        ids = [(await store.submit(_body())).tx_id for _ in range(6)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+            await store.advance_states(_finished(tx_id, position), "wd")
+        store.report_progress({"dc2": 1}, 6, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(2, "peer dc2 at 1 (5 behind)")
+        store.report_progress({"dc2": 1}, None, peers_reported=True, peers_ordered={"dc2": 6})
+        assert store.truncation_hold().below == 2  # ordering, and fetching bodies
+        # Ordered to 3, the slowest worker at 3: truncating to 3 would leave dc2 served
+        # from position 4 on, without the bodies of 2 and 3. It is not let go.
+        store.report_progress({"dc2": 1}, 3, peers_reported=True, peers_ordered={"dc2": 3})
+        assert store.truncation_hold() == TruncationHold(2, "peer dc2 at 1 (5 behind)")
+        store.report_progress({"dc2": 1}, 6, peers_reported=True, peers_ordered={"dc2": 3})
+        assert store.truncation_hold() == TruncationHold(7, "", (("peer dc2", 3),))
+        await store.truncate(0)
+        assert store.state.synced_offset == 5  # past dc2's 3 (the merge base stays)
+        store.report_progress({"dc2": 6}, None, peers_reported=True, peers_ordered={"dc2": 6})
+        assert store.truncation_hold().let_go == ()
+
+    _run(tmp_path, scenario, history_kept=0, history_kept_ms=0, peer_hold_max=2)
+
+
 def test_history_is_truncated_in_place_between_rotations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

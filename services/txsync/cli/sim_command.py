@@ -99,6 +99,15 @@ def register(commands: Any) -> None:
         "regression seeds replay so)",
     )
     parser.add_argument(
+        "--peer-hold-max",
+        type=_bounded_int(0, 1_000_000),
+        default=0,
+        metavar="POSITIONS",
+        help="each store lets go of a peer DC further behind than this (the store's "
+        "--peer-hold-max): truncation passes it and it starts from a copy when back "
+        "(default 0: no bound, as the services' defaults never reach in a schedule)",
+    )
+    parser.add_argument(
         "--keep-going",
         action="store_true",
         help="finish every seed of a mix after a violation instead of stopping at the first",
@@ -132,6 +141,7 @@ def run(options: argparse.Namespace) -> int:
             jobs=options.jobs,
             stop_at_first=not options.keep_going,
             stamped_submits=not options.unstamped_submits,
+            peer_hold_max=options.peer_hold_max,
         )
         print(summary.line(time.monotonic() - started), flush=True)
         for outcome in summary.failures:

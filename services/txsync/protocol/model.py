@@ -239,6 +239,10 @@ class ViewInstall:
 
     sender: NodeId
     proposal: ViewProposal
+    history_len: int = 0
+    """The sender's history starts after this synced length (``HistoryTruncated``; 0
+    from a sender of 0.3 or earlier): a receiver behind it takes none of the seal, whose
+    bodies may be gone everywhere, and is served catch-up, or sent to a copy."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,7 @@ from txsync.sim.store import SimStore, Stamped, StateFactory, Verdict, Write
 from txsync.sim.workers import HistoryEntry, Judge, MachineFactory, WorkerEvent, WorkerSide
 from txsync.sync_coordinator.effects import ArrivedBody, MergedPersist
 from txsync.sync_coordinator.fetch_queue import FetchQueue
+from txsync.sync_coordinator.let_go import ServedPeers
 from txsync.sync_coordinator.peer_queue import PeerQueue
 from txsync.sync_coordinator.shell import Shell, ShellEvent, ShellOutput, StepWrite
 from txsync.transaction_store.state import Moved, StoreState
@@ -137,6 +138,9 @@ ten. A call dropped on the way, or whose answer is, ends with it."""
 PROGRESS_REPORT_MS = 100
 """The coordinator's and dispatch's ``PROGRESS_REPORT_S`` divided by ten, as the
 simulator divides the services' other times."""
+SIM_SERVED_HOLD_MS = 500
+"""``let_go.SERVED_HOLD_MS`` scaled to the simulated network: its messages take at most
+80 ms (``_delay_ms``), and a schedule lasts seconds."""
 
 MEMBERSHIP_ASK_AGAIN_MS = 300
 MEMBERSHIP_ASKS_MAX = 20
@@ -193,6 +197,9 @@ class SimConfig:
     counter, stamped by the store"); False: it writes and hands over every one
     unstamped, and the core stamps it and writes the meta before its first post, as
     the services did before (the regression seeds found then replay so)."""
+    peer_hold_max: int = 0
+    """Each store's ``--peer-hold-max`` (0: no bound, as the default mixes run): a peer
+    further behind is let go, truncated past, and starts from a copy when back."""
 
 
 @dataclass(slots=True)
@@ -224,6 +231,9 @@ class _SimNode:
     fetches: FetchQueue = field(default_factory=FetchQueue)
     """The coordinator's own decisions of which bodies to fetch from whom, in batches
     (``bodies.BodyFetches`` over the same machine); gone with the process."""
+    served: ServedPeers = field(default_factory=lambda: ServedPeers(0, SIM_SERVED_HOLD_MS))
+    """When this coordinator last sent each peer a post, catch-up or view message
+    (``let_go``); gone with the process."""
     fetch_calls: dict[int, tuple[NodeId, tuple[TxId, ...]]] = field(default_factory=dict)
     """This incarnation's fetch calls not answered yet: the holder and the batch taken."""
     copying: bool = False
@@ -501,7 +511,11 @@ class Simulation:
         self._fetch_factory = fetch_factory
         self._fetch_call = 0
         self._nodes = {
-            node: _SimNode(node, SimStore(node, state_factory, self._membership), None)
+            node: _SimNode(
+                node,
+                SimStore(node, state_factory, self._membership, config.peer_hold_max),
+                None,
+            )
             for node in self._ids
         }
         for node in spare:  # it knows the configuration it is not part of yet
@@ -854,12 +868,13 @@ class Simulation:
         sim_node = self._nodes[node]
         core = sim_node.core
         assert core is not None
-        peers = {
-            peer: min(*sim_node.peer_posts[peer]) if peer in sim_node.peer_posts else 0
-            for peer in core.configuration
-            if peer != node
-        }
-        if sim_node.store.report_progress(peers, None, self._now, truncate=self._truncates):
+        posts = sim_node.peer_posts
+        configured = [peer for peer in core.configuration if peer != node]
+        peers = {peer: min(*posts[peer]) if peer in posts else 0 for peer in configured}
+        posted = {peer: synced_len for peer, (synced_len, _) in posts.items()}
+        ordered = sim_node.served.orders(posted, configured, self._now)
+        store = sim_node.store
+        if store.report_progress(peers, None, self._now, truncate=self._truncates, ordered=ordered):
             self._truncated(node)
         epoch = sim_node.store.durable.epoch
         self._at(self._now + PROGRESS_REPORT_MS, _ProgressReport(node, epoch))
@@ -1003,6 +1018,7 @@ class Simulation:
         )
         self.checker.on_restart(node, durable.counter)
         sim_node.peer_posts = {}
+        sim_node.served = ServedPeers(self._now, SIM_SERVED_HOLD_MS)
         sim_node.fetches = self._fetch_factory()
         sim_node.fetch_calls = {}
         self._at(self._now + PROGRESS_REPORT_MS, _ProgressReport(node, durable.epoch))
@@ -1271,17 +1287,20 @@ class Simulation:
             match message:
                 case SendPost(to, post):
                     self._check_durable(node, post)
+                    self._nodes[node].served.served(to, self._now)
                     if post is not promised:  # one post goes to each peer
                         promised = post
                         self._check_promise(node, post)
                     self._send_message(node, to, post)
                 case SendSyncedEntries(to, entries):
                     self._check_durable(node, entries)
+                    self._nodes[node].served.served(to, self._now)
                     self._send_message(node, to, entries)
                 case ServeCatchUpFromLog(to, from_len, count_max):
                     self._serve_from_log(node, to, from_len, count_max)
                 case SendViewMessage(to, view_message):
                     self._check_durable(node, view_message)
+                    self._nodes[node].served.served(to, self._now)  # an install has a seal
                     self._send_message(node, to, view_message)
         for body in ready.bodies:
             match body:
@@ -1343,6 +1362,7 @@ class Simulation:
             return  # else the coordinator logs it; the lagger asks again
         if not chunk:
             return
+        self._nodes[node].served.served(to, self._now)
         core = self._nodes[node].core
         entries = SyncedEntries(core.view_no if core is not None else 0, node, start, tuple(chunk))
         self._check_durable(node, entries)

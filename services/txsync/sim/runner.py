@@ -36,6 +36,7 @@ class SeedOutcome:
                 "--txs", str(config.txs),
                 "--faults", config.faults.name,
                 *([] if config.stamped_submits else ["--unstamped-submits"]),
+                *(["--peer-hold-max", str(config.peer_hold_max)] if config.peer_hold_max else []),
             ]
         )  # fmt: skip
 
@@ -101,9 +102,17 @@ def run_mix(
     stop_at_first: bool = False,
     on_outcome: Callable[[SeedOutcome], None] | None = None,
     stamped_submits: bool = True,
+    peer_hold_max: int = 0,
 ) -> MixSummary:
     configs = [
-        SimConfig(seed=seed, nodes=nodes, txs=txs, faults=mix, stamped_submits=stamped_submits)
+        SimConfig(
+            seed=seed,
+            nodes=nodes,
+            txs=txs,
+            faults=mix,
+            stamped_submits=stamped_submits,
+            peer_hold_max=peer_hold_max,
+        )
         for seed in seeds
     ]
     outcomes: Iterator[SeedOutcome]

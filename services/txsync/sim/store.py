@@ -145,8 +145,10 @@ class SimStore:
         node_id: NodeId,
         state_factory: StateFactory = StoreState,
         membership: Container[TxId] = (),
+        peer_hold_max: int = 0,
     ) -> None:
         self.node_id = node_id
+        self.peer_hold_max = peer_hold_max
         self._state_factory = state_factory
         self._membership = membership
         """The membership entries' ids: a body stored says whether it is one, as the
@@ -222,7 +224,13 @@ class SimStore:
         return True
 
     def report_progress(
-        self, peers: dict[str, int] | None, workers_min: int | None, now_ms: int, *, truncate: bool
+        self,
+        peers: dict[str, int] | None,
+        workers_min: int | None,
+        now_ms: int,
+        *,
+        truncate: bool,
+        ordered: dict[str, int] | None = None,
     ) -> bool:
         """A report, as ``TransactionStore.report_progress`` takes it: the coordinator's
         (``peers``: every peer of the configuration) or dispatch's (``workers_min``).
@@ -231,6 +239,7 @@ class SimStore:
         progress = self.progress
         if peers is not None:
             progress.peer_synced_len = dict(peers)
+            progress.peer_ordered_len = dict(ordered or {})
             progress.peers_reported = True
         if workers_min is not None:
             progress.workers_min_position = workers_min
@@ -261,6 +270,7 @@ class SimStore:
             # unfinished, as the store counts it (``first_unfinished_position``).
             first_unfinished=first_unfinished(self.durable, 1, ()),
             now_ms=now_ms,
+            peer_hold_max=self.peer_hold_max,
         )
 
     # --- rotation --------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from txsync.protocol import (
 from txsync.rpc import new_channel
 from txsync.sync_coordinator.bodies import BodyFetches
 from txsync.sync_coordinator.effects import ArrivedBody
+from txsync.sync_coordinator.let_go import ServedPeers
 from txsync.sync_coordinator.outcomes import OutcomeLedger
 from txsync.sync_coordinator.peer_link import PeerLink, TlsFiles
 from txsync.sync_coordinator.post_deltas import KnownPosts
@@ -183,6 +184,9 @@ class CoordinatorCore(ABC):
         self.history_told = 0
         """The synced length the core was last told the history may start past
         (``HistoryTruncated``: what the store may truncate)."""
+        self.served = ServedPeers(now_ms())
+        """When this DC last sent each peer a post, catch-up or view message: its store
+        lets go of none served lately (``--peer-hold-max``, ``let_go``)."""
         self.bodies_arriving: set[str] = set()
         """Bodies a peer pushed that wait for the loop (``take_bodies``)."""
         self._arrived_bytes = 0

@@ -17,6 +17,7 @@ from txsync.sync_coordinator.coordinator_core import (
     CoordinatorCore,
     DcCopyProgress,
     log,
+    now_ms,
 )
 from txsync.v1 import store_pb2
 
@@ -111,6 +112,14 @@ class CoordinatorStatus(CoordinatorCore):
             if peer != me
         }
 
+    def peers_ordered(self) -> dict[str, int]:
+        """How far each peer's order came, for the peers the store may let go of past
+        ``--peer-hold-max`` (``let_go.ServedPeers.orders``)."""
+        assert self.node is not None
+        posted = {peer: base.synced_len for peer, (_, base) in self.peer_posts.items()}
+        peers = [peer for peer in self.node.configuration if peer != self.node.node_id]
+        return self.served.orders(posted, peers, now_ms())
+
     async def _report_progress(self) -> None:
         """Tell the store how far every peer DC has come, so that it truncates the
         history all of them (and this DC's workers) passed. A failed report is tried
@@ -122,6 +131,7 @@ class CoordinatorStatus(CoordinatorCore):
                 peer_synced_len=self.peers_progress(),
                 peers_reported=True,
                 core_history_len=node.history_len,
+                peer_ordered_len=self.peers_ordered(),
             )
             told, may_go = False, 0
             try:

@@ -23,7 +23,7 @@ from txsync.protocol import (
     ServeCatchUpFromLog,
     SyncedEntries,
 )
-from txsync.sync_coordinator.coordinator_core import CoordinatorCore, log
+from txsync.sync_coordinator.coordinator_core import CoordinatorCore, log, now_ms
 from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.outcomes import Finished
 from txsync.sync_coordinator.peer_link import PeerLink
@@ -153,14 +153,17 @@ class PeerTraffic(CoordinatorCore):
                             )
                             link.outcomes_sent = finished.position
                         link.post(outgoing, post)
+                        self.served.served(to, now_ms())
                 case SendSyncedEntries(to, entries):
                     if link := self._link(to):
                         link.send(entries_to_proto(entries))
+                        self.served.served(to, now_ms())
                 case ServeCatchUpFromLog(to, from_len, count_max):
                     self._in_background(self._serve_from_log(to, from_len, count_max))
                 case SendViewMessage(to, view_message):
                     if link := self._link(to):
                         link.send(view_message_to_proto(view_message))
+                        self.served.served(to, now_ms())  # an install carries a seal
         for body in ready.bodies:
             # pushes went out first (_push_local_bodies); a fetch of a body being stored
             # now would fetch it twice
@@ -171,8 +174,17 @@ class PeerTraffic(CoordinatorCore):
             ):
                 self._in_background(self.fetches.drain(body.source))
 
+    def _serves_from(self) -> int:
+        """The first synced position this DC serves a lagger: where its store's history
+        starts, or what the store may drop next if the core was told of it. The store
+        drops that once the core has heard, without waiting for answers on their way: a
+        lagger served below it (one let go past ``--peer-hold-max``; no other is behind
+        it) could be left with synced entries whose bodies no DC holds, as the simulator
+        never allows (it truncates as it decides)."""
+        return max(self.history_from, self.history_told + 1)
+
     async def _serve_from_log(self, to: str, from_len: int, count_max: int) -> None:
-        if from_len + 1 < self.history_from:
+        if from_len + 1 < self._serves_from():
             self._tell_snapshot_needed(to, from_len)
             return
         try:
@@ -182,13 +194,14 @@ class PeerTraffic(CoordinatorCore):
                 )
             )
         except grpc.aio.AioRpcError as error:
-            if from_len + 1 < self.history_from:  # truncated since the check above
+            if from_len + 1 < self._serves_from():  # truncated since the check above
                 self._tell_snapshot_needed(to, from_len)
                 return
             log.warning("cannot serve %s from the txlog at %d: %s", to, from_len, error.details())
             return
         link = self._link(to)
         if answer.entries and link is not None:
+            self.served.served(to, now_ms())
             entries = SyncedEntries(
                 self.node.view_no if self.node is not None else 0,
                 self.config.node_id,
@@ -203,17 +216,16 @@ class PeerTraffic(CoordinatorCore):
         link = self._link(to)
         if link is None:
             return
-        if self.copy_told.get(to) != self.history_from:  # said once per lagger and start
-            self.copy_told[to] = self.history_from
+        serves_from = self._serves_from()
+        if self.copy_told.get(to) != serves_from:  # said once per lagger and start
+            self.copy_told[to] = serves_from
             log.info(
-                "%s asks for catch-up from position %d; the txlog holds positions from %d "
+                "%s asks for catch-up from position %d; this DC serves positions from %d "
                 "on: it needs a copy of a DC",
-                to, from_len + 1, self.history_from,
+                to, from_len + 1, serves_from,
             )  # fmt: skip
         link.send(
-            peer_pb2.SnapshotNeededRequest(
-                sender=self.config.node_id, history_from=self.history_from
-            )
+            peer_pb2.SnapshotNeededRequest(sender=self.config.node_id, history_from=serves_from)
         )
 
     async def _push_bodies(self) -> None:

@@ -35,6 +35,7 @@ def durable_from_proto(state: store_pb2.LoadProtocolStateResponse) -> DurableSta
         promised=vote.promised if vote is not None else None,
         accepted_ballot=vote.accepted_ballot if vote is not None else None,
         accepted=vote.accepted if vote is not None else None,
+        history_len=state.history_len,
     )
 
 

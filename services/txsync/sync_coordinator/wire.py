@@ -212,8 +212,9 @@ def view_message_to_proto(message: ViewMessage) -> peer_pb2.SendViewMessageReque
             request.accept.proposal.CopyFrom(proposal_to_proto(proposal))
         case ViewAccepted(_, ballot):
             request.accepted.CopyFrom(ballot_to_proto(ballot))
-        case ViewInstall(_, proposal):
+        case ViewInstall(_, proposal, history_len):
             request.install.CopyFrom(proposal_to_proto(proposal))
+            request.install_history_len = history_len
         case ViewRefused(_, ballot, view_no, promised):
             request.refused.ballot.CopyFrom(ballot_to_proto(ballot))
             request.refused.view_no = view_no
@@ -259,7 +260,9 @@ def view_message_from_proto(
     if kind == "accepted":
         return ViewAccepted(sender, ballot_from_proto(request.accepted, "accepted"))
     if kind == "install":
-        return ViewInstall(sender, proposal_from_proto(request.install, "install"))
+        return ViewInstall(
+            sender, proposal_from_proto(request.install, "install"), request.install_history_len
+        )
     if kind == "refused":
         refused = request.refused
         promised = (

@@ -19,6 +19,7 @@ from txsync.rpc import REFUSALS, ServiceError, abort, answers_errors, check_requ
 from txsync.shares import Shares, caller_of
 from txsync.telemetry import work
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices, recompute_lag
+from txsync.transaction_store.retention import TruncationHold
 from txsync.transaction_store.service import record_to_get_response
 from txsync.transaction_store.store import TransactionStore
 from txsync.transaction_store.txlog.framing import HEADER, scan
@@ -58,6 +59,7 @@ class AdminServicer:
             alarms.append(store.broken)
         if missing_body := store.missing_body_alarm():
             alarms.append(missing_body)
+        hold = store.truncation_hold()
         local = admin_pb2.DcStatus(
             node_id=state.node_id,
             merge_base=base_to_proto(state.merge_base),
@@ -65,10 +67,11 @@ class AdminServicer:
             incoming_len=len(state.incoming) + len(state.pending_local),
             alarms=alarms,
             healthy=store.broken is None and not missing_body,
-            retention=_retention(store),
+            retention=_retention(store, hold),
         )
         if state.view is not None:
             local.configuration.CopyFrom(configuration_to_proto(state.view.configuration))
+        local.warnings.extend(_let_go(store, hold))
         credentials = forwarded_credentials(context)
         with self.onward.held(caller_of(context)):
             local = await self._dc.dc_status(local, credentials)
@@ -228,8 +231,8 @@ class AdminServicer:
             yield admin_pb2.ExportLogResponse(records=bytes(chunk))
 
 
-def _retention(store: TransactionStore) -> admin_pb2.Retention:
-    hold, progress = store.truncation_hold(), store.progress
+def _retention(store: TransactionStore, hold: TruncationHold) -> admin_pb2.Retention:
+    progress = store.progress
     retention = admin_pb2.Retention(
         history_from=store.state.synced_offset + 1,
         truncatable_below=hold.below,
@@ -241,6 +244,16 @@ def _retention(store: TransactionStore) -> admin_pb2.Retention:
         retention.last_rotation.FromMilliseconds(progress.last_rotation_ms)
     retention.idempotency_window.FromMilliseconds(store.config.idempotency_window_ms)
     return retention
+
+
+def _let_go(store: TransactionStore, hold: TruncationHold) -> list[str]:
+    """The peers truncation waits for no longer (``--peer-hold-max``)."""
+    end, most = store.state.synced_len, store.config.peer_hold_max
+    return [
+        f"LET GO: {peer} is at {length}, {end - length} positions behind, past "
+        f"--peer-hold-max ({most}): it starts from another DC's copy when back"
+        for peer, length in hold.let_go
+    ]
 
 
 def _trace_id(traceparent: str) -> str:

@@ -27,6 +27,13 @@ class Progress:
     again (each does every ``PROGRESS_REPORT_S``)."""
 
     peer_synced_len: dict[str, int] = field(default_factory=dict)
+    """How far each peer has come with every body held: truncation keeps what it has not."""
+    peer_ordered_len: dict[str, int] = field(default_factory=dict)
+    """How far each peer's order has come (its synced length, bodies held or not), where
+    the report says (a coordinator of 0.3 on): only a peer whose order is further
+    behind than ``--peer-hold-max`` is let go. One whose order is recent and bodies are
+    not was still fetching them from the others, and letting it go dropped them
+    everywhere (the simulator: invariant 4 at once)."""
     peers_reported: bool = False
     """The coordinator reported its whole set of peers (possibly none: a DC alone)."""
     workers_min_position: int | None = None
@@ -37,6 +44,8 @@ class Progress:
     """Transactions truncated since the store started."""
     truncated_in_place: int = 0
     """Of those, truncated between rotations (``truncate_in_place``)."""
+    let_go: frozenset[str] = frozenset()
+    """The peers the last report found past ``--peer-hold-max`` (each is logged once)."""
     last_rotation_ms: int = 0
 
 
@@ -69,6 +78,10 @@ class TruncationHold:
     """Synced positions below this one may be truncated (0: none)."""
     held_by: str
     """What stops it at ``below`` ("" if only ``history_kept`` or the synced end does)."""
+    let_go: tuple[tuple[str, int], ...] = ()
+    """Peers further behind than ``peer_hold_max`` (as named in ``held_by``, with how far
+    they came), which hold no more than that: each starts from a copy of another DC
+    when back (docs/dc-snapshots.md)."""
 
 
 def truncation_hold(
@@ -80,11 +93,14 @@ def truncation_hold(
     history_kept_ms: int,
     first_unfinished: int,
     now_ms: int,
+    peer_hold_max: int = 0,
 ) -> TruncationHold:
     """Truncation keeps what a peer DC or a worker of this DC has not passed, what is not
     finished here (its state record would find no transaction: ``first_unfinished``),
     the newest ``history_kept`` positions, and what finished within ``history_kept_ms``
-    of ``now_ms``. A witness has no workers: only the peers count there."""
+    of ``now_ms``. A witness has no workers: only the peers count there. A peer holds
+    at most the newest ``peer_hold_max`` positions (0: no bound): one down for long
+    would hold the others' memory and disk for as long as it is away."""
     end = state.synced_len
     passed: list[tuple[int, str]] = []
     if pending := state.pending_membership():
@@ -98,7 +114,7 @@ def truncation_hold(
         passed.append((0, f"membership change {pending}, not applied yet"))
     if not progress.peers_reported and not progress.peer_synced_len:
         passed.append((0, "the sync-coordinator, which has not reported the peers yet"))
-    passed += [(length, f"peer {peer}") for peer, length in progress.peer_synced_len.items()]
+    peers_passed = [(length, f"peer {peer}") for peer, length in progress.peer_synced_len.items()]
     if state.view is not None:
         # A node the installed configuration added is in the coordinator's reports
         # from its next one on (each ``PROGRESS_REPORT_S``); until then the last report
@@ -106,7 +122,7 @@ def truncation_hold(
         # node was about to fetch (the simulator, with rotations: seed 103 of
         # `membership`, five nodes).
         reported = progress.peer_synced_len
-        passed += [
+        peers_passed += [
             (0, f"peer {node}, not reported yet")
             for node, _ in state.view.configuration.weights
             if node != state.node_id and node not in reported
@@ -117,24 +133,49 @@ def truncation_hold(
         else:
             passed.append((progress.workers_min_position, "the slowest worker"))
         passed.append((first_unfinished - 1, "unfinished transactions"))
-    through, holder = min(passed, key=lambda limit: limit[0], default=(end, ""))
-    kept_from_end = max(0, end - history_kept)
-    if through >= kept_from_end:
-        through, holder = kept_from_end, ""
-    if history_kept_ms:
-        recent = finished_before(state, now_ms - history_kept_ms, through)
-        # The age window is bounded in count too: at a batched load's rate, 10 s held
-        # 17,000 transactions (about 50 MB) that waits no longer need (they find
-        # truncated verdicts).
-        recent = max(recent, end - max(history_kept, HISTORY_KEPT_BY_AGE_MOST))
-        if recent < through:
-            through, holder = recent, ""
+
+    def bound(holds: list[tuple[int, str]]) -> tuple[int, str]:
+        """The highest position truncation may drop below ``holds``, and what holds it."""
+        through, holder = min(holds, key=lambda limit: limit[0], default=(end, ""))
+        kept_from_end = max(0, end - history_kept)
+        if through >= kept_from_end:
+            through, holder = kept_from_end, ""
+        if history_kept_ms:
+            recent = finished_before(state, now_ms - history_kept_ms, through)
+            # The age window is bounded in count too: at a batched load's rate, 10 s
+            # held 17,000 transactions (about 50 MB) that waits no longer need (they
+            # find truncated verdicts).
+            recent = max(recent, end - max(history_kept, HISTORY_KEPT_BY_AGE_MOST))
+            if recent < through:
+                through, holder = recent, ""
+        return through, holder
+
+    # A peer whose order is further behind than ``peer_hold_max`` is let go: it holds
+    # nothing, and starts from a copy when back. Only if truncation then passes its
+    # order's end: one that stopped between the bodies it holds and that end would
+    # find the history it asks for still here and the bodies it lacks gone, and wait
+    # for them for good (the simulator: seed 98 of `delay,drop,duplicate,reorder,crash`,
+    # three nodes, a bound of 4). Such a peer holds what its bodies lack, as before.
+    ordered = progress.peer_ordered_len if peer_hold_max else {}
+    released = {
+        f"peer {peer}": length
+        for peer, length in ordered.items()
+        if peer in progress.peer_synced_len and length < end - peer_hold_max
+    }
+    while True:
+        holding = [(length, peer) for length, peer in peers_passed if peer not in released]
+        through, holder = bound(passed + holding)
+        stuck = [peer for peer, length in released.items() if length >= through]
+        if not stuck:
+            break
+        for peer in stuck:
+            del released[peer]
     core = progress.core_history_len
     if core is not None and core < through:
         through, holder = core, "the sync-coordinator's core"
     if holder:
         holder = f"{holder} at {through} ({end - through} behind)"
-    return TruncationHold(through + 1 if through else 0, holder)
+    return TruncationHold(through + 1 if through else 0, holder, tuple(released.items()))
 
 
 def within_core(below: int, core_history_len: int | None) -> int:

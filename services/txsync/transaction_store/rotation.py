@@ -46,16 +46,19 @@ class Rotations(StoreCore):
         *,
         peers_reported: bool = False,
         core_history_len: int | None = None,
+        peers_ordered: dict[str, int] | None = None,
     ) -> int:
         """Take a report: the coordinator's (``peers_reported``: every peer of the
         configuration, replacing the last report, so a removed peer holds nothing back;
-        ``core_history_len``: where its core serves catch-up from memory) or the
+        ``core_history_len``: where its core serves catch-up from memory;
+        ``peers_ordered``: how far each peer's order came, bodies held or not) or the
         dispatch's (the lowest applied position among the DC's workers)."""
         progress = self.progress
         if core_history_len is not None:
             progress.core_history_len = core_history_len
         if peers_reported:
             progress.peer_synced_len = dict(peers)
+            progress.peer_ordered_len = dict(peers_ordered or {})
             progress.peers_reported = True
         else:
             progress.peer_synced_len.update(peers)
@@ -63,9 +66,24 @@ class Rotations(StoreCore):
             progress.workers_min_position = workers_min
         # What the others allow: the coordinator's core hears it from this answer, and
         # the store truncates that far once the core's next report says it heard.
-        allowed = self.truncation_hold(with_core=False).below
-        self._truncate_soon(within_core(allowed, progress.core_history_len))
-        return allowed
+        hold = self.truncation_hold(with_core=False)
+        self._say_let_go(hold)
+        self._truncate_soon(within_core(hold.below, progress.core_history_len))
+        return hold.below
+
+    def _say_let_go(self, hold: TruncationHold) -> None:
+        """Log each peer the first report finds past ``--peer-hold-max``."""
+        let_go = frozenset(peer for peer, _ in hold.let_go)
+        end = self.state.synced_len
+        for peer, length in hold.let_go:
+            if peer not in self.progress.let_go:
+                log.warning(
+                    "%s is at %d, %d positions behind, past --peer-hold-max (%d): "
+                    "truncation waits for it no longer; it starts from another DC's "
+                    "copy when back",
+                    peer, length, end - length, self.config.peer_hold_max,
+                )  # fmt: skip
+        self.progress.let_go = let_go
 
     def _truncate_soon(self, below_position: int) -> None:
         """Truncate in place once at least ``TRUNCATION_STEP`` positions more may go: a
@@ -144,6 +162,7 @@ class Rotations(StoreCore):
             history_kept_ms=config.history_kept_ms,
             first_unfinished=self.first_unfinished_position(),
             now_ms=now_ms(),
+            peer_hold_max=config.peer_hold_max,
         )
 
     async def truncate(self, below_position: int = 0) -> tuple[int, list[str]]:

@@ -263,6 +263,7 @@ def run(options: argparse.Namespace) -> int:
         history_kept=options.history_kept,
         history_kept_ms=options.history_kept_ms,
         backups_kept=options.backups_kept,
+        peer_hold_max=options.peer_hold_max,
         body_missing_alarm_s=options.body_missing_alarm_s,
         idempotency_window_ms=options.idempotency_window_s * 1000,
         witness=options.witness,

@@ -657,6 +657,8 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
     ) -> store_pb2.ReportProgressResponse:
         if len(request.peer_synced_len) > 16:
             raise invalid("peer_synced_len: at most 16 peers")
+        if len(request.peer_ordered_len) > 16:
+            raise invalid("peer_ordered_len: at most 16 peers")
         workers = request.workers_min_position if request.HasField("workers_min_position") else None
         store = self._store
         core = request.core_history_len if request.HasField("core_history_len") else None
@@ -665,6 +667,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             workers,
             peers_reported=request.peers_reported,
             core_history_len=core,
+            peers_ordered=dict(request.peer_ordered_len),
         )
         held = store.bodies_held_durably_len()
         store.missing_body_alarm(held)  # observed each second: the alarm counts from here

@@ -63,6 +63,8 @@ class ProtocolState:
     synced_unacquired: list[TxMeta]
     view: ViewProposal | None
     vote: PersistViewVote | None
+    history_len: int = 0
+    """The history starts after this synced length (what was truncated)."""
 
 
 def protocol_state(state: StoreState) -> ProtocolState:
@@ -78,6 +80,7 @@ def protocol_state(state: StoreState) -> ProtocolState:
         synced_unacquired=[m for m in state.synced if not needs_no_body(txs[m.tx_id])],
         view=state.view,
         vote=state.vote,
+        history_len=state.synced_offset,
     )
 
 

@@ -112,6 +112,7 @@ def protocol_state_to_proto(
         merge_base=base_to_proto(loaded.merge_base),
         synced_tail=[meta_to_proto(m) for m in loaded.synced_tail],
         synced_unacquired=[meta_to_proto(m) for m in loaded.synced_unacquired],
+        history_len=loaded.history_len,
     )
     for meta, acquired in loaded.incoming:
         response.incoming.add(meta=meta_to_proto(meta), acquired=acquired)

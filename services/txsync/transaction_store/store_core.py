@@ -40,6 +40,7 @@ from txsync.settings import (
     INCOMING_TXS_MAX_DEFAULT,
     LOG_FILE_BYTES_MAX_DEFAULT,
     OPEN_BODY_BYTES_MAX_DEFAULT,
+    PEER_HOLD_MAX_DEFAULT,
     UNFINISHED_TXS_MAX_DEFAULT,
 )
 from txsync.shares import Shares
@@ -98,6 +99,11 @@ class StoreConfig:
     2,000 positions are a second's worth, and a client waiting on a batch's submits one
     after another found the last ones truncated (a wait for a transaction this DC does
     not know ends at its timeout)."""
+    peer_hold_max: int = PEER_HOLD_MAX_DEFAULT
+    """A peer DC behind holds at most this many of the newest synced positions (0: no
+    bound); one further behind is let go, and starts from another DC's copy when it is
+    back (docs/dc-snapshots.md). Without it, a DC down for a day held its peers' memory
+    and disk for a day of history."""
     backups_kept: int = BACKUPS_KEPT_DEFAULT
     """Retired log files (``bak-``) kept after a rotation; older ones are deleted."""
     body_missing_alarm_s: float = BODY_MISSING_ALARM_S_DEFAULT

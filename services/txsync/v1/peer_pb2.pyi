@@ -584,9 +584,15 @@ class SendViewMessageRequest(_message.Message):
     INSTALL_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
     QUERY_VIEW_NO_FIELD_NUMBER: _builtins.int
+    INSTALL_HISTORY_LEN_FIELD_NUMBER: _builtins.int
     sender: _builtins.str
     query_view_no: _builtins.int
     """"I am in this view": a node in a newer view answers with its install."""
+    install_history_len: _builtins.int
+    """With an install: the sender's history starts after this synced length. A receiver
+    behind it takes none of the seal (its bodies may be gone everywhere) and is served
+    catch-up, or sent to a copy of a DC. 0: a sender of 0.3 or earlier.
+    """
     @_builtins.property
     def prepare(self) -> _common_pb2.Ballot:
         """Phase 1a: promise not to post in your view nor to accept a lower ballot."""
@@ -618,6 +624,7 @@ class SendViewMessageRequest(_message.Message):
         install: _common_pb2.ViewProposal | None = ...,
         refused: Global___ViewRefused | None = ...,
         query_view_no: _builtins.int = ...,
+        install_history_len: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "accept",
@@ -645,6 +652,8 @@ class SendViewMessageRequest(_message.Message):
         b"accepted",
         "install",
         b"install",
+        "install_history_len",
+        b"install_history_len",
         "message",
         b"message",
         "prepare",

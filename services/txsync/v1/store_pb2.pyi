@@ -145,10 +145,33 @@ class ReportProgressRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class PeerOrderedLenEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal[
+            "key", b"key", "value", b"value"
+        ]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PEER_SYNCED_LEN_FIELD_NUMBER: _builtins.int
     WORKERS_MIN_POSITION_FIELD_NUMBER: _builtins.int
     PEERS_REPORTED_FIELD_NUMBER: _builtins.int
     CORE_HISTORY_LEN_FIELD_NUMBER: _builtins.int
+    PEER_ORDERED_LEN_FIELD_NUMBER: _builtins.int
     workers_min_position: _builtins.int
     """The lowest applied position among this DC's workers; unset while unknown."""
     peers_reported: _builtins.bool
@@ -169,6 +192,15 @@ class ReportProgressRequest(_message.Message):
         from yet) and replaces what was reported before; without it, it adds to that.
         """
 
+    @_builtins.property
+    def peer_ordered_len(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The coordinator's report: how far each peer's order came (its latest post's synced
+        length, bodies held or not), for the peers the store may let go of past
+        --peer-hold-max: heard from since the coordinator started, and sent no post or
+        catch-up lately (what is on its way to a peer names bodies it has yet to fetch). A
+        peer left out is not let go (at most 16 entries).
+        """
+
     def __init__(
         self,
         *,
@@ -176,6 +208,7 @@ class ReportProgressRequest(_message.Message):
         workers_min_position: _builtins.int | None = ...,
         peers_reported: _builtins.bool = ...,
         core_history_len: _builtins.int | None = ...,
+        peer_ordered_len: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "_core_history_len",
@@ -195,6 +228,8 @@ class ReportProgressRequest(_message.Message):
         b"_workers_min_position",
         "core_history_len",
         b"core_history_len",
+        "peer_ordered_len",
+        b"peer_ordered_len",
         "peer_synced_len",
         b"peer_synced_len",
         "peers_reported",
@@ -306,6 +341,7 @@ class LoadProtocolStateResponse(_message.Message):
     VIEW_FIELD_NUMBER: _builtins.int
     VOTE_FIELD_NUMBER: _builtins.int
     DISPATCH_ADDRESS_FIELD_NUMBER: _builtins.int
+    HISTORY_LEN_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     counter: _builtins.int
     epoch: _builtins.int
@@ -314,6 +350,11 @@ class LoadProtocolStateResponse(_message.Message):
     imports another DC's copy and exports this DC's (docs/dc-snapshots.md). Empty:
     none (a witness). From the store, not a coordinator flag, so that a chart of this
     release runs the previous release's coordinator image unchanged.
+    """
+    history_len: _builtins.int
+    """The store's history starts after this synced length (what it truncated). The core
+    serves no lagger from memory below it and says so in its installs from its start,
+    not a progress report later. 0: nothing truncated, or a store of 0.3 or earlier.
     """
     @_builtins.property
     def merge_base(self) -> _common_pb2.MergeBase: ...
@@ -354,6 +395,7 @@ class LoadProtocolStateResponse(_message.Message):
         view: _common_pb2.ViewProposal | None = ...,
         vote: _common_pb2.ViewVote | None = ...,
         dispatch_address: _builtins.str = ...,
+        history_len: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "merge_base", b"merge_base", "view", b"view", "vote", b"vote"
@@ -366,6 +408,8 @@ class LoadProtocolStateResponse(_message.Message):
         b"dispatch_address",
         "epoch",
         b"epoch",
+        "history_len",
+        b"history_len",
         "incoming",
         b"incoming",
         "merge_base",
