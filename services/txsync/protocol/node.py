@@ -276,6 +276,11 @@ class ProtocolNode:
         self._history_len = durable.history_len
         """Where the store's history starts (``HistoryTruncated``): no lagger behind it
         is served from memory, and installs say so."""
+        self._seal_history_len = 0
+        """The ``history_len`` of the install this node took its view from (0: it chose
+        the view, or restarted): its own installs say at least as much, for a node that
+        relays a seal holds no more of its bodies than the node it took it from (the
+        simulator: seed 46 of `partition`, five nodes, a bound of 4)."""
         self._laggers: dict[NodeId, tuple[Post, int]] = {}
         """Members whose latest post lagged but could be rebased: that post and when to
         serve them catch-up if no post of theirs at our base has come by then."""
@@ -1122,7 +1127,7 @@ class ProtocolNode:
             proposal = change.proposal
             told = {*self._configured, *proposal.configuration.as_dict()} - {self._id}
             for peer in sorted(told):
-                install = ViewInstall(self._id, proposal, self._history_len)
+                install = ViewInstall(self._id, proposal, self._install_history_len())
                 self._fx.messages.append(SendViewMessage(peer, install))
             self._install(proposal, source=None)
 
@@ -1179,6 +1184,7 @@ class ProtocolNode:
         applied_before = self._installed.configuration.applied_position
         self._fx.persist.append(PersistView(proposal))
         self._set_view(proposal)
+        self._seal_history_len = source_history_len
         applied = proposal.configuration.applied_position
         self._config_changes = {n: c for n, c in self._config_changes.items() if n > applied}
         self._change_due_ms = None
@@ -1238,9 +1244,17 @@ class ProtocolNode:
     def _stagger_ms(self) -> int:
         return self._rank * self._timing.view_change_stagger_ms
 
+    def _install_history_len(self) -> int:
+        return max(self._history_len, self._seal_history_len)
+
     def _send_install(self, to: NodeId) -> None:
-        if self.view_no > 0:
-            self._send_view_answer(to, ViewInstall(self._id, self._installed, self._history_len))
+        # A node short of its view's seal holds none of it: the members that hold it
+        # answer (it relayed a seal whose bodies every holder had truncated, with its
+        # own history's start, 0: seed 46 of `partition`, five nodes, a bound of 4).
+        if self.view_no > 0 and self._synced.length >= self._installed.seal_end.synced_len:
+            self._send_view_answer(
+                to, ViewInstall(self._id, self._installed, self._install_history_len())
+            )
 
     def _send_view_answer(self, to: NodeId, message: ViewMessage) -> None:
         """Answers about views are rate-limited per node: a lagging node posts often."""
