@@ -3,8 +3,9 @@ them: pure, with the time given, run by the coordinator and by the simulator.
 
 A store lets go of a peer whose order is further behind than its bound: it truncates
 past that peer, which then starts from another DC's copy (docs/dc-snapshots.md). A
-peer this DC served catch-up to lately is not let go, whatever its last post said:
-the entries on their way to it name transactions whose bodies it has yet to fetch, and
+peer this DC sent a post, catch-up or view message lately is not let go, whatever its
+last post said: what is on its way to it may name transactions whose bodies it has yet
+to fetch, and
 truncating past them left it with a synced transaction whose body no DC held (the
 simulator, invariant 4, within the first 60 seeds of `crash` with a bound of 4).
 """
@@ -15,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 SERVED_HOLD_MS = 10_000
-"""A peer served catch-up within this long is not let go: far longer than an answer
-takes to arrive, or the stream carrying it is torn down and the peer asks again."""
+"""A peer sent anything within this long is not let go: far longer than a message takes
+to arrive, or the stream carrying it is torn down and the peer asks again."""
 
 
 @dataclass(slots=True)

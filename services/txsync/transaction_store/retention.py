@@ -79,9 +79,10 @@ class TruncationHold:
     held_by: str
     """What stops it at ``below`` ("" if only ``history_kept`` or the synced end does)."""
     let_go: tuple[tuple[str, int], ...] = ()
-    """Peers further behind than ``peer_hold_max`` (as named in ``held_by``, with how far
-    they came), which hold no more than that: each starts from a copy of another DC
-    when back (docs/dc-snapshots.md)."""
+    """Peers whose order is further behind than ``peer_hold_max`` (as named in
+    ``held_by``, with how far their order came), which hold nothing: truncation passes
+    their order's end, and each starts from a copy of another DC when back
+    (docs/dc-snapshots.md)."""
 
 
 def truncation_hold(
@@ -98,9 +99,10 @@ def truncation_hold(
     """Truncation keeps what a peer DC or a worker of this DC has not passed, what is not
     finished here (its state record would find no transaction: ``first_unfinished``),
     the newest ``history_kept`` positions, and what finished within ``history_kept_ms``
-    of ``now_ms``. A witness has no workers: only the peers count there. A peer holds
-    at most the newest ``peer_hold_max`` positions (0: no bound): one down for long
-    would hold the others' memory and disk for as long as it is away."""
+    of ``now_ms``. A witness has no workers: only the peers count there. A peer whose
+    order is further behind than ``peer_hold_max`` positions (0: no bound) is let go,
+    where truncation then passes its order's end: one down for long would hold the
+    others' memory and disk for as long as it is away."""
     end = state.synced_len
     passed: list[tuple[int, str]] = []
     if pending := state.pending_membership():
