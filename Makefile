@@ -87,7 +87,7 @@ $(OLDEST)/.installed: pyproject.toml Makefile
 
 test-pipeline-oldest: $(OLDEST)/.installed system-packages  ## the pipeline's tests on the oldest PySpark supported (3.5)
 	$(OLDEST)/bin/python -c 'import pyspark; print("pipeline tests on PySpark", pyspark.__version__)'
-	$(OLDEST)/bin/python -m pytest tests/pipeline --ignore=tests/pipeline/test_spark_clusters.py \
+	$(OLDEST)/bin/python -m pytest --durations=10 tests/pipeline --ignore=tests/pipeline/test_spark_clusters.py \
 		--deselect tests/pipeline/test_load.py::test_a_hundred_thousand_rows_load_once_and_resume
 
 test-quick: venv system-packages  ## the tests without the slow ones and without Docker

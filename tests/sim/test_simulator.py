@@ -58,12 +58,15 @@ from txsync.sync_coordinator.shell import Shell
 
 REGRESSIONS = Path(__file__).parent / "regression_seeds.txt"
 FULL_MIX = "delay,drop,duplicate,reorder,partition,flap,crash"
-CI_SEEDS_PER_MIX = 300
+CI_SEEDS_PER_MIX = 150
 """Seeds of each mix in CI (three nodes); five nodes and every fault get
 FIVE_NODE_CI_SEEDS. The acceptance sweep (``make sim``, 2,000 five-node seeds of every
-mix) runs outside CI: 500 seeds per mix took 7.7 of CI's minutes once the simulator ran
-the peer links and the workers' health (issue 53)."""
-FIVE_NODE_CI_SEEDS = 500
+mix) runs outside CI, before a change to the protocol lands: 500 seeds per mix took 7.7
+of CI's minutes once the simulator ran the peer links and the workers' health (issue
+53), and 300 per mix with 500 five-node seeds took 13 core-minutes of a suite that had
+reached CI's 45 (2026-11-30). CI keeps a sweep that catches a regression in the common
+schedules; the rare ones are the acceptance sweep's."""
+FIVE_NODE_CI_SEEDS = 300
 BUG_SEEDS_MAX = 200
 ALL_FAULTS = "delay,drop,duplicate,reorder,partition,flap,crash"
 
@@ -125,7 +128,7 @@ def test_sweep_of_each_mix(mix: str) -> None:
 
 
 @pytest.mark.slow
-def test_sweep_500_seeds_five_nodes_every_fault() -> None:
+def test_sweep_300_seeds_five_nodes_every_fault() -> None:
     summary = run_mix(FaultMix.parse(FULL_MIX), range(FIVE_NODE_CI_SEEDS), nodes=5, txs=20, jobs=2)
     assert not summary.failures, summary.failures[0].violation
     assert summary.totals.crashes > FIVE_NODE_CI_SEEDS  # every kind of fault was exercised

@@ -96,6 +96,20 @@ def _restarted_onto_a_copy(cluster: LocalCluster, dc: Dc) -> None:
     coordinator.start()
 
 
+def _converged(cluster: LocalCluster, expected: list[tuple[str, int]], how: str) -> None:
+    """Wait for every DC to hold exactly the ``expected`` rows (``how``: how the last
+    of them came), then for every DC's worker at one position with one digest."""
+    cluster.wait_for(
+        f"every DC applied every row, {how}",
+        lambda: all(_rows(dc) == expected for dc in cluster.dcs),
+        timeout_s=180,
+    )
+    cluster.wait_for(
+        "every DC's worker at the same position with the same digest",
+        lambda: len({_worker_at(dc) for dc in cluster.dcs}) == 1,
+    )
+
+
 def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> None:
     """Two ways to be behind every peer's history: dc4 added after the others truncated
     (it replays from position 1), then dc3 down while they went on, past
@@ -139,15 +153,7 @@ def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> Non
             + [("dc3", n) for n in range(5)]
             + [("dc4", n) for n in range(5)]
         )
-        cluster.wait_for(
-            "every DC applied every row, dc4 its own after the copy",
-            lambda: all(_rows(dc) == expected for dc in cluster.dcs),
-            timeout_s=180,
-        )
-        cluster.wait_for(
-            "every DC's worker at the same position with the same digest",
-            lambda: len({_worker_at(dc) for dc in cluster.dcs}) == 1,
-        )
+        _converged(cluster, expected, "dc4 its own after the copy")
         position, _ = _worker_at(dc4)
         assert position == 1 + 20 + 20 + 1 + 5 + 5  # the table, the rows, dc4's add
         assert _history_from(dc4) > 2, "dc4 holds no history from before its copy"
@@ -169,15 +175,7 @@ def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> Non
         expected = sorted(
             expected + [("dc1", n) for n in range(10)] + [("dc3", n) for n in range(3)]
         )
-        cluster.wait_for(
-            "every DC applied every row, dc3 what it missed from its copy",
-            lambda: all(_rows(dc) == expected for dc in cluster.dcs),
-            timeout_s=180,
-        )
-        cluster.wait_for(
-            "every DC's worker at the same position with the same digest, again",
-            lambda: len({_worker_at(dc) for dc in cluster.dcs}) == 1,
-        )
+        _converged(cluster, expected, "dc3 what it missed from its copy")
         assert not any(w.startswith("LET GO") for w in _store_status(dc1).warnings)
     finally:
         cluster.stop()

@@ -135,6 +135,7 @@ class PeerTraffic(CoordinatorCore):
         self.rounds.on_reports(ready.rounds)
         if self.paused:
             return
+        sent_ms = now_ms()  # one clock read per step: its messages leave together
         for message in ready.messages:
             match message:
                 case SendPost(to, post):
@@ -153,17 +154,17 @@ class PeerTraffic(CoordinatorCore):
                             )
                             link.outcomes_sent = finished.position
                         link.post(outgoing, post)
-                        self.served.served(to, now_ms())
+                        self.served.served(to, sent_ms)
                 case SendSyncedEntries(to, entries):
                     if link := self._link(to):
                         link.send(entries_to_proto(entries))
-                        self.served.served(to, now_ms())
+                        self.served.served(to, sent_ms)
                 case ServeCatchUpFromLog(to, from_len, count_max):
                     self._in_background(self._serve_from_log(to, from_len, count_max))
                 case SendViewMessage(to, view_message):
                     if link := self._link(to):
                         link.send(view_message_to_proto(view_message))
-                        self.served.served(to, now_ms())  # an install carries a seal
+                        self.served.served(to, sent_ms)  # an install carries a seal
         for body in ready.bodies:
             # pushes went out first (_push_local_bodies); a fetch of a body being stored
             # now would fetch it twice
