@@ -27,6 +27,23 @@ def test_the_ledger_alarms_once_per_peer_at_the_first_difference() -> None:
     assert [f.position for f in ledger.since(1)] == [2, 3]
 
 
+def test_a_digest_not_known_at_a_copy_s_position_is_not_a_difference() -> None:
+    """The DC that adopted a copy at position 1 knows its verdict, not its digest; the
+    verdict is still compared, and the digests from there on."""
+    ledger = OutcomeLedger("dc1")
+    digest, other = b"\x01" * 32, b"\x02" * 32
+    ledger.add_own(Finished(1, "a", True, digest))
+    ledger.add_theirs("dc3", Finished(1, "a", True, b""))
+    assert ledger.alarm_count == 0
+    ledger.add_own(Finished(2, "b", True, digest))
+    ledger.add_theirs("dc3", Finished(2, "b", True, other))
+    assert ledger.alarm_count == 1 and "position 2" in ledger.alarms[0]
+    ledger = OutcomeLedger("dc1")
+    ledger.add_own(Finished(1, "a", True, digest))
+    ledger.add_theirs("dc3", Finished(1, "a", False, b""))
+    assert ledger.alarm_count == 1, "a verdict is compared without a digest"
+
+
 def test_a_dc_whose_worker_went_its_own_way_raises_an_alarm_naming_both(
     tmp_path: Path,
 ) -> None:
