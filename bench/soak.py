@@ -13,7 +13,13 @@ DC, the store's default txlog settings). In one run:
 3. **the long history**: batched upserts until ``--history`` (1,000,000) transactions
    were ordered, with progress;
 4. **at the long history**: the same steady load for ``--steady-s`` (600), then the same
-   restarts.
+   restarts;
+5. **a DC down** (``--dc-down-s``, 0: left out): dc3 stopped whole while the steady load
+   goes on at dc1 and dc2 for that long, then started again and timed until the cluster
+   is whole. Run it with a store flag such as ``--store-args "--peer-hold-max 20000"``:
+   dc3's peers then let it go once it is that far behind, their memory and disk stay
+   flat, and dc3 comes back from a copy (``docs/operations.md``, "A DC down for long is
+   let go"). Without the bound the peers hold every position dc3 has not passed.
 
 Why a middle history: the batched load's peak sets a high-water mark that the process's
 allocator keeps (pymalloc returns an arena only when every object in it is gone; see
@@ -103,6 +109,10 @@ class Results:
     loaded_per_s: float = 0.0
     load_errors: int = 0
     """Batches of the history load that failed (and were loaded again)."""
+    dc_back_s: float | None = None
+    """With ``--dc-down-s``: seconds from starting dc3 again to a whole cluster."""
+    dc_back_from_copy: bool = False
+    """Whether dc3 came back by adopting a copy (its coordinator's log says so)."""
     started_unix: float = 0.0
     """Wall-clock time of ``at_s`` 0: places the rotations (logged in wall-clock time)
     among the samples."""
@@ -268,13 +278,15 @@ class Soak:
         self.results.loaded_per_s = loaded / (time.monotonic() - started)
         self.say(f"loaded {loaded:,} in {time.monotonic() - started:.0f} s")
 
-    def steady(self, seconds: float) -> None:
-        """``--rate`` single upserts a second (wait accepted) from STEADY_CLIENTS threads."""
+    def steady(self, seconds: float, stores: list[str] | None = None) -> None:
+        """``--rate`` single upserts a second (wait accepted) from STEADY_CLIENTS threads,
+        spread over ``stores`` (every DC's by default)."""
         stop = time.monotonic() + seconds
         gap = STEADY_CLIENTS / self.options.rate
+        addresses = stores or self.stores
 
         def client_loop(n: int) -> None:
-            address = self.stores[n % len(self.stores)]
+            address = addresses[n % len(addresses)]
             with Client(address, timeout=60, idempotent=False) as client:
                 next_at, k = time.monotonic(), n
                 while time.monotonic() < stop:
@@ -322,6 +334,36 @@ class Soak:
             service.serving, service.serving_since = True, time.monotonic()
         return took
 
+    def dc_down(self, seconds: float) -> None:
+        """dc3 stopped whole (the supervisor leaves it down) while dc1 and dc2 take the
+        steady load for ``seconds``; then started again, and timed until the cluster is
+        whole (``dc_back_s``)."""
+        down = [s for s in self.cluster.services if s.name.split(" ")[0].startswith("dc3")]
+        with self._supervision:
+            for service in down:
+                service.not_before = float("inf")  # supervise() starts none of them
+                service.stop()
+            for service in down:
+                service.wait_stopped(120)
+                service.close()
+                service.process, service.serving = None, False
+        self.say(f"dc3 down: {', '.join(s.name for s in down)}")
+        self.phase = "dc3 down"
+        others = [dc["store"] for name, dc in self.layout["dcs"].items() if name != "dc3"]
+        self.steady(seconds, others)
+        self.phase = "dc3 back"
+        started = time.monotonic()
+        with self._supervision:
+            for service in down:
+                service.not_before = 0.0
+        self.wait_whole()
+        self.results.dc_back_s = time.monotonic() - started
+        coordinator = next(s for s in down if s.name.endswith("sync-coordinator"))
+        said = coordinator.log_path.read_text(errors="replace")
+        self.results.dc_back_from_copy = "DC COPY: the store adopted" in said
+        how = "from a copy" if self.results.dc_back_from_copy else "by catching up"
+        self.say(f"dc3 back {how}: the cluster whole in {self.results.dc_back_s:.1f} s")
+
     def rotations(self) -> list[Rotation]:
         found = []
         for dc, entry in self.layout["dcs"].items():
@@ -355,6 +397,8 @@ class Soak:
                 self.phase = f"steady {name}"
                 self.steady(seconds)
                 self.results.restarts_s[name] = self.restart()
+            if options.dc_down_s:
+                self.dc_down(options.dc_down_s)
         finally:
             self._sampling.set()
             self.results.rotations = self.rotations()
@@ -443,6 +487,31 @@ def summary(results: Results) -> str:
         f"\nHistory loaded at {results.loaded_per_s:,.0f} tx/s; "
         f"{results.load_errors} batches failed and were loaded again."
     )
+    lines.append(dc_down_summary(results))
+    return "\n".join(lines)
+
+
+def dc_down_summary(results: Results) -> str:
+    """With ``--dc-down-s``: the others' store RSS, transactions held and disk at the
+    first and the last sample of dc3's absence, and how it came back."""
+    down = [s for s in results.samples if s.phase == "dc3 down"]
+    if len(down) < 2 or results.dc_back_s is None:
+        return ""
+    first, last = down[0], down[-1]
+    lines = [
+        f"\ndc3 down for {last.at_s - first.at_s:.0f} s of samples (history "
+        f"{first.history:,} -> {last.history:,}), first -> last sample:"
+    ]
+    for dc in ("dc1", "dc2"):
+        rss = [sample.rss_mib.get(f"{dc} transaction-store", 0.0) for sample in (first, last)]
+        held = [sample.txs_held.get(dc, 0) for sample in (first, last)]
+        disk = [sample.disk_mib.get(dc, 0.0) for sample in (first, last)]
+        lines.append(
+            f"- {dc}: store RSS {rss[0]:.0f} -> {rss[1]:.0f} MiB, held {held[0]:,} -> "
+            f"{held[1]:,}, disk {disk[0]:.0f} -> {disk[1]:.0f} MiB"
+        )
+    how = "from a copy" if results.dc_back_from_copy else "by catching up"
+    lines.append(f"dc3 came back {how}; the cluster was whole {results.dc_back_s:.1f} s later.")
     return "\n".join(lines)
 
 
@@ -521,6 +590,12 @@ OPTIONS: tuple[tuple[str, type, object, str], ...] = (
     ("--probe-s", float, 120.0, "seconds of steady load at the small history"),
     ("--rate", float, 250.0, "steady submits a second"),
     ("--sample-s", float, 10.0, "seconds between samples"),
+    (
+        "--dc-down-s",
+        float,
+        0.0,
+        "then dc3 down this long under the steady load, and back (0: left out)",
+    ),
     ("--out", Path, Path("docs/benchmarks/soak"), "where the JSON and the PNG go"),
     (
         "--store-args",
