@@ -320,9 +320,7 @@ class Soak:
 
     def _restart_one(self, service: Service) -> float:
         with self._supervision:
-            service.stop()
-            service.wait_stopped(120)
-            service.close()
+            _stopped([service])
             started = time.monotonic()
             service.start()
             deadline = started + RESTART_TIMEOUT_S
@@ -342,10 +340,8 @@ class Soak:
         with self._supervision:
             for service in down:
                 service.not_before = float("inf")  # supervise() starts none of them
-                service.stop()
+            _stopped(down)
             for service in down:
-                service.wait_stopped(120)
-                service.close()
                 service.process, service.serving = None, False
         self.say(f"dc3 down: {', '.join(s.name for s in down)}")
         self.phase = "dc3 down"
@@ -361,8 +357,8 @@ class Soak:
         coordinator = next(s for s in down if s.name.endswith("sync-coordinator"))
         said = coordinator.log_path.read_text(errors="replace")
         self.results.dc_back_from_copy = "DC COPY: the store adopted" in said
-        how = "from a copy" if self.results.dc_back_from_copy else "by catching up"
-        self.say(f"dc3 back {how}: the cluster whole in {self.results.dc_back_s:.1f} s")
+        back_s = self.results.dc_back_s
+        self.say(f"dc3 back {_how_back(self.results)}: the cluster whole in {back_s:.1f} s")
 
     def rotations(self) -> list[Rotation]:
         found = []
@@ -404,6 +400,15 @@ class Soak:
             self.results.rotations = self.rotations()
             self.cluster.stop()
         return self.results
+
+
+def _stopped(services: list[Service]) -> None:
+    """SIGTERM to each, then wait for each (killed past 120 s) and close its channel."""
+    for service in services:
+        service.stop()
+    for service in services:
+        service.wait_stopped(120)
+        service.close()
 
 
 def _in_threads(work: Callable[[int], None], count: int) -> None:
@@ -510,9 +515,15 @@ def dc_down_summary(results: Results) -> str:
             f"- {dc}: store RSS {rss[0]:.0f} -> {rss[1]:.0f} MiB, held {held[0]:,} -> "
             f"{held[1]:,}, disk {disk[0]:.0f} -> {disk[1]:.0f} MiB"
         )
-    how = "from a copy" if results.dc_back_from_copy else "by catching up"
-    lines.append(f"dc3 came back {how}; the cluster was whole {results.dc_back_s:.1f} s later.")
+    lines.append(
+        f"dc3 came back {_how_back(results)}; the cluster was whole "
+        f"{results.dc_back_s:.1f} s later."
+    )
     return "\n".join(lines)
+
+
+def _how_back(results: Results) -> str:
+    return "from a copy" if results.dc_back_from_copy else "by catching up"
 
 
 def rotation_windows(results: Results, steady: list[Sample]) -> str:
