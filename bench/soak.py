@@ -15,11 +15,13 @@ DC, the store's default txlog settings). In one run:
 4. **at the long history**: the same steady load for ``--steady-s`` (600), then the same
    restarts;
 5. **a DC down** (``--dc-down-s``, 0: left out): dc3 stopped whole while the steady load
-   goes on at dc1 and dc2 for that long, then started again and timed until the cluster
-   is whole. Run it with a store flag such as ``--store-args "--peer-hold-max 20000"``:
-   dc3's peers then let it go once it is that far behind, their memory and disk stay
-   flat, and dc3 comes back from a copy (``docs/operations.md``, "A DC down for long is
-   let go"). Without the bound the peers hold every position dc3 has not passed.
+   goes on at dc1 and dc2 for that long, with dc1's coordinator and store restarted
+   halfway (a pod restart: they never hear from dc3 again, and must let it go from the
+   store's record); then dc3 started again and timed until the cluster is whole. Run
+   it with a store flag such as ``--store-args "--peer-hold-max 20000"``: dc3's peers
+   then let it go once it is that far behind, their memory and disk stay flat, and dc3
+   comes back from a copy (``docs/operations.md``, "A DC down for long is let go").
+   Without the bound the peers hold every position dc3 has not passed.
 
 Why a middle history: the batched load's peak sets a high-water mark that the process's
 allocator keeps (pymalloc returns an arena only when every object in it is gone; see
@@ -334,8 +336,8 @@ class Soak:
 
     def dc_down(self, seconds: float) -> None:
         """dc3 stopped whole (the supervisor leaves it down) while dc1 and dc2 take the
-        steady load for ``seconds``; then started again, and timed until the cluster is
-        whole (``dc_back_s``)."""
+        steady load for ``seconds``, dc1's coordinator and store restarted halfway; then
+        dc3 started again, and timed until the cluster is whole (``dc_back_s``)."""
         down = [s for s in self.cluster.services if s.name.split(" ")[0].startswith("dc3")]
         with self._supervision:
             for service in down:
@@ -346,7 +348,9 @@ class Soak:
         self.say(f"dc3 down: {', '.join(s.name for s in down)}")
         self.phase = "dc3 down"
         others = [dc["store"] for name, dc in self.layout["dcs"].items() if name != "dc3"]
-        self.steady(seconds, others)
+        self.steady(seconds / 2, others)
+        self.restart(("sync-coordinator", "transaction-store"))
+        self.steady(seconds / 2, others)
         self.phase = "dc3 back"
         started = time.monotonic()
         with self._supervision:
