@@ -72,13 +72,24 @@ ALL_FAULTS = "delay,drop,duplicate,reorder,partition,flap,crash"
 
 
 def _regressions() -> list[SimConfig]:
+    """``MIX NODES TXS SEED [hold=N] [streams]``: ``hold``, the stores'
+    ``--peer-hold-max``; ``streams``, the peer links as streams (the default since
+    issue 53; seeds found before it ran the messages one by one)."""
     configs = []
     for line in REGRESSIONS.read_text().splitlines():
         fields = line.split("#", 1)[0].split()
         if fields:
-            mix, nodes, txs, seed = fields
+            mix, nodes, txs, seed, *options = fields
+            hold = next((int(o.removeprefix("hold=")) for o in options if o.startswith("hold=")), 0)
             configs.append(
-                SimConfig(int(seed), int(nodes), int(txs), FaultMix.parse(mix), peer_streams=False)
+                SimConfig(
+                    int(seed),
+                    int(nodes),
+                    int(txs),
+                    FaultMix.parse(mix),
+                    peer_streams=None if "streams" in options else False,
+                    peer_hold_max=hold,
+                )
             )
     return configs
 

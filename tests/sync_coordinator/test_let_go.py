@@ -16,3 +16,16 @@ def test_a_peer_is_named_once_heard_from_and_sent_nothing_for_the_hold() -> None
     assert served.orders(posted, peers, now_ms=20_000 + SERVED_HOLD_MS - 1) == {"dc2": 40}
     assert served.orders(posted, peers, now_ms=20_000 + SERVED_HOLD_MS) == posted
     assert served.orders(posted, ["dc2"], now_ms=40_000) == {"dc2": 40}  # dc3 removed
+
+
+def test_a_peer_its_store_let_go_is_named_at_the_recorded_length_until_heard_from() -> None:
+    """A coordinator that restarted while a peer was away has not heard from it: the
+    store's record of it (``peers_let_go``) names it, under the same hold; its own post,
+    once heard, counts instead."""
+    served = ServedPeers(started_ms=1_000)
+    recorded = {"dc3": 7}
+    after_hold = 1_000 + SERVED_HOLD_MS
+    assert served.orders({}, ["dc2", "dc3"], after_hold - 1, recorded) == {}
+    assert served.orders({}, ["dc2", "dc3"], after_hold, recorded) == {"dc3": 7}
+    assert served.orders({"dc3": 90}, ["dc3"], after_hold, recorded) == {"dc3": 90}
+    assert served.orders({}, ["dc2"], after_hold, recorded) == {}  # dc3 removed

@@ -258,7 +258,7 @@ def _install(state: StoreState, members: list[str], configured: list[str]) -> No
 
 def _truncate_below(state: StoreState, below: int, peer_progress: dict[str, int]) -> None:
     dropped = state.truncation_cut(below)
-    entry = state.truncated_entry(dropped, peer_progress)
+    entry = state.truncated_entry(dropped, peer_progress, let_go={})
     state.apply(txlog_pb2.LogEntry(truncated=entry))
 
 
@@ -332,6 +332,12 @@ def test_a_new_dc_adopts_a_copy_keeping_its_own_metas_and_forgetting_the_others(
     replayed.apply(txlog_pb2.LogEntry(snapshot=whole))
     assert not dropped and replayed.merge_base == joiner.merge_base
     assert replayed.base_at(3) == joiner.base_at(3) and set(replayed.txs) == set(joiner.txs)
+    # Its history starts past the copy: it never held the body at 4, which the others
+    # may have truncated, so a lagger at 3 is sent to a copy too, not served 4.
+    assert joiner.history_len == replayed.history_len == protocol_state(joiner).history_len == 4
+    with pytest.raises(Refusal) as truncated:
+        read_synced(joiner, 3, 1, synced_durably=lambda _: True)
+    assert truncated.value.kind is Refused.TRUNCATED and "below position 5" in str(truncated.value)
     with pytest.raises(Refusal) as behind:
         plan_base_adopted(joiner, export_base(source, 4, TxState.OK, "dc4", 1), NOW_MS)
     assert behind.value.kind is Refused.PRECONDITION and "nothing to adopt" in str(behind.value)

@@ -43,7 +43,7 @@ from txsync.transaction_store import (
     store_core,
 )
 from txsync.transaction_store.local_submits import LocalSubmit
-from txsync.transaction_store.retention import TruncationHold
+from txsync.transaction_store.retention import Progress, TruncationHold, peers_let_go
 from txsync.transaction_store.server import CLIENT_SERVICE
 from txsync.transaction_store.service import ClientServicer
 from txsync.transaction_store.state import Outcome, StoreState, TxRecord
@@ -1601,6 +1601,58 @@ def test_a_peer_further_behind_than_the_hold_bound_is_let_go(tmp_path: Path) -> 
     _run(tmp_path, scenario, history_kept=0, history_kept_ms=0, peer_hold_max=2)
 
 
+def test_a_peer_let_go_stays_let_go_across_restarts_until_it_comes_back(tmp_path: Path) -> None:
+    """What truncation passed is durable: the peers let go, with how far their order
+    came, are in its entry and in every snapshot after, and in the progress answer, so
+    that a coordinator that restarted while the peer was away (and never heard from it)
+    reports it at that length, and the store goes on truncating. Before, such a store
+    held every transaction until the peer came back (``bench.soak --dc-down-s``). The
+    record goes once the peer reports coming further, or leaves the configuration."""
+
+    async def let_go(store: TransactionStore) -> None:
+        ids = [(await store.submit(_body())).tx_id for _ in range(6)]
+        for position, tx_id in enumerate(ids, start=1):
+            await _sync_local(store, tx_id, position)
+            await store.advance_states(_finished(tx_id, position), "wd")
+        store.report_progress({"dc2": 1}, 6, peers_reported=True, peers_ordered={"dc2": 3})
+        await store.truncate_in_place()
+        assert store.state.synced_offset == 5 and store.state.peers_let_go == {"dc2": 3}
+
+    _run(tmp_path, let_go, peer_hold_max=2)
+
+    async def coordinator_restarted(store: TransactionStore) -> None:
+        assert store.state.peers_let_go == {"dc2": 3}  # replayed from the entry
+        # Not heard from since the coordinator started: 0, and no order named.
+        store.report_progress({"dc2": 0}, 6, peers_reported=True)
+        assert store.truncation_hold().held_by.startswith("peer dc2 at 0")
+        await store.truncate(0)  # a rotation: its snapshot keeps the record
+        assert store.state.peers_let_go == {"dc2": 3}
+        # Named at the recorded length (``ServedPeers.orders``): let go again.
+        ids = [(await store.submit(_body())).tx_id for _ in range(4)]
+        for position, tx_id in enumerate(ids, start=7):
+            await _sync_local(store, tx_id, position)
+            await store.advance_states(_finished(tx_id, position), "wd")
+        store.report_progress({"dc2": 0}, 10, peers_reported=True, peers_ordered={"dc2": 3})
+        assert store.truncation_hold().let_go == (("peer dc2", 3),)
+        await store.truncate_in_place()
+        assert store.state.synced_offset == 9 and store.state.peers_let_go == {"dc2": 3}
+
+    _run(tmp_path, coordinator_restarted, peer_hold_max=2)
+
+    async def came_back(store: TransactionStore) -> None:
+        assert store.state.peers_let_go == {"dc2": 3}  # replayed from the snapshot too
+        tx_id = (await store.submit(_body())).tx_id
+        await _sync_local(store, tx_id, 11)
+        await store.advance_states(_finished(tx_id, 11), "wd")
+        # Back from a copy at 10, sent things lately (so no order named): the record
+        # goes with the next truncation.
+        store.report_progress({"dc2": 10}, 11, peers_reported=True)
+        await store.truncate_in_place()
+        assert store.state.synced_offset == 10 and store.state.peers_let_go == {}
+
+    _run(tmp_path, came_back, peer_hold_max=2)
+
+
 def test_history_is_truncated_in_place_between_rotations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -2000,3 +2052,13 @@ def test_bodies_held_are_answered_as_the_disk_holds_them(
         assert store.bodies_held_durably_len() == 2
 
     _run(tmp_path, scenario)
+
+
+def test_a_peer_let_go_is_forgotten_once_out_of_the_configuration() -> None:
+    """``retention.peers_let_go``: a peer the coordinator reports no more (removed) goes
+    from the record; one it reports no order for and no progress past it stays."""
+    state = StoreState("dc1")
+    state.synced_offset = 10  # truncated past both
+    state.peers_let_go = {"dc2": 3, "dc3": 4}
+    progress = Progress(peer_synced_len={"dc2": 0}, peers_reported=True)
+    assert peers_let_go(state, progress, 0) == {"dc2": 3}

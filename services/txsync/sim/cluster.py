@@ -234,6 +234,9 @@ class _SimNode:
     served: ServedPeers = field(default_factory=lambda: ServedPeers(0, SIM_SERVED_HOLD_MS))
     """When this coordinator last sent each peer a post, catch-up or view message
     (``let_go``); gone with the process."""
+    let_go_told: dict[NodeId, int] = field(default_factory=dict)
+    """The peers its store let go of, as its latest progress answer said
+    (``Coordinator.peers_let_go``); gone with the process."""
     fetch_calls: dict[int, tuple[NodeId, tuple[TxId, ...]]] = field(default_factory=dict)
     """This incarnation's fetch calls not answered yet: the holder and the batch taken."""
     copying: bool = False
@@ -872,10 +875,11 @@ class Simulation:
         configured = [peer for peer in core.configuration if peer != node]
         peers = {peer: min(*posts[peer]) if peer in posts else 0 for peer in configured}
         posted = {peer: synced_len for peer, (synced_len, _) in posts.items()}
-        ordered = sim_node.served.orders(posted, configured, self._now)
+        ordered = sim_node.served.orders(posted, configured, self._now, sim_node.let_go_told)
         store = sim_node.store
         if store.report_progress(peers, None, self._now, truncate=self._truncates, ordered=ordered):
             self._truncated(node)
+        sim_node.let_go_told = dict(store.state.peers_let_go)
         epoch = sim_node.store.durable.epoch
         self._at(self._now + PROGRESS_REPORT_MS, _ProgressReport(node, epoch))
 
@@ -1019,6 +1023,7 @@ class Simulation:
         self.checker.on_restart(node, durable.counter)
         sim_node.peer_posts = {}
         sim_node.served = ServedPeers(self._now, SIM_SERVED_HOLD_MS)
+        sim_node.let_go_told = {}
         sim_node.fetches = self._fetch_factory()
         sim_node.fetch_calls = {}
         self._at(self._now + PROGRESS_REPORT_MS, _ProgressReport(node, durable.epoch))

@@ -53,6 +53,7 @@ from txsync.transaction_store.retention import (
     Progress,
     TruncationHold,
     carried_entries,
+    peers_let_go,
     truncation_hold,
 )
 from txsync.transaction_store.state import Moved, StoreState
@@ -254,7 +255,8 @@ class SimStore:
         dropped = state.truncation_cut(hold.below)
         if not dropped:
             return False
-        truncated = state.truncated_entry(dropped, self.progress.peer_synced_len)
+        let_go = peers_let_go(state, self.progress, hold.below)
+        truncated = state.truncated_entry(dropped, self.progress.peer_synced_len, let_go)
         entry = txlog_pb2.LogEntry(at_unix_ms=now_ms, truncated=truncated)
         self._stage([entry], None)
         return True
@@ -296,7 +298,8 @@ class SimStore:
         assert self.rotation_due(), "a rotation starts flushed, one at a time"
         below = self._truncation_hold(now_ms).below if truncate else 0
         state = self.state
-        snapshot, dropped = state.snapshot(below, self.progress.peer_synced_len)
+        let_go = peers_let_go(state, self.progress, below)
+        snapshot, dropped = state.snapshot(below, self.progress.peer_synced_len, let_go)
         state.drop_truncated(snapshot, dropped)
         carried = carried_entries(
             [
@@ -333,7 +336,7 @@ class SimStore:
 
     def history_from(self) -> int:
         """The first synced position the store holds (``ReportProgress``'s answer)."""
-        return self.state.synced_offset + 1
+        return self.state.history_len + 1
 
     def bodies_held_len(self) -> int:
         """What ``ReportProgress`` answers the coordinator, which posts it: as the disk
@@ -491,6 +494,7 @@ def _fingerprint(state: StoreState) -> tuple[object, ...]:
             sorted((o, tuple(sorted(e.items()))) for o, e in state.synced_for_the_absent.items())
         ),
         tuple(sorted(state.absent_lost.items())),
+        tuple(sorted(state.peers_let_go.items())),
         tuple(records),
     )
 

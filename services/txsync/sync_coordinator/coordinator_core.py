@@ -187,6 +187,9 @@ class CoordinatorCore(ABC):
         self.served = ServedPeers(now_ms())
         """When this DC last sent each peer a post, catch-up or view message: its store
         lets go of none served lately (``--peer-hold-max``, ``let_go``)."""
+        self.peers_let_go: dict[str, int] = {}
+        """The peers the store let go of, with how far their order came (its latest
+        progress answer): reported at those lengths until heard from again."""
         self.bodies_arriving: set[str] = set()
         """Bodies a peer pushed that wait for the loop (``take_bodies``)."""
         self._arrived_bytes = 0

@@ -118,7 +118,7 @@ class CoordinatorStatus(CoordinatorCore):
         assert self.node is not None
         posted = {peer: base.synced_len for peer, (_, base) in self.peer_posts.items()}
         peers = [peer for peer in self.node.configuration if peer != self.node.node_id]
-        return self.served.orders(posted, peers, now_ms())
+        return self.served.orders(posted, peers, now_ms(), self.peers_let_go)
 
     async def _report_progress(self) -> None:
         """Tell the store how far every peer DC has come, so that it truncates the
@@ -137,6 +137,7 @@ class CoordinatorStatus(CoordinatorCore):
             try:
                 answer = await self.store.ReportProgress(request, timeout=PERSIST_TIMEOUT_S)
                 self.bodies_held_len = answer.bodies_held_len
+                self.peers_let_go = dict(answer.peers_let_go)
                 self.history_from = max(self.history_from, answer.history_from)
                 # The core serves no lagger from memory below what the store may drop
                 # (their bodies may be gone everywhere then): the store reads them from

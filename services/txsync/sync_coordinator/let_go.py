@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 SERVED_HOLD_MS = 10_000
 """A peer sent anything within this long is not let go: far longer than a message takes
@@ -35,14 +36,24 @@ class ServedPeers:
         self.at_ms[peer] = now_ms
 
     def orders(
-        self, posted: Mapping[str, int], peers: Iterable[str], now_ms: int
+        self,
+        posted: Mapping[str, int],
+        peers: Iterable[str],
+        now_ms: int,
+        let_go: Mapping[str, int] = MappingProxyType({}),
     ) -> dict[str, int]:
         """How far each of ``peers`` says its order came (``posted``: its latest post's
         synced length), for those its store may let go: heard from since this
-        coordinator started, and not served lately. The others are left out, and a
-        store lets go of none it is not told of."""
+        coordinator started, or let go by the store already (``let_go``: how far its
+        order came then, as the store recorded it), and not served lately. The others
+        are left out, and a store lets go of none it is not told of.
+
+        Without ``let_go``, a coordinator that restarted while a DC was away never heard
+        from it, and its store held every transaction until that DC came back
+        (``bench.soak --dc-down-s``: 73,288 transactions, 250 MiB)."""
         return {
-            peer: posted[peer]
+            peer: length
             for peer in peers
-            if peer in posted and now_ms - self.at_ms.get(peer, self.started_ms) >= self.hold_ms
+            if (length := posted.get(peer, let_go.get(peer))) is not None
+            and now_ms - self.at_ms.get(peer, self.started_ms) >= self.hold_ms
         }

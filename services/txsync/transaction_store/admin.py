@@ -234,7 +234,7 @@ class AdminServicer:
 def _retention(store: TransactionStore, hold: TruncationHold) -> admin_pb2.Retention:
     progress = store.progress
     retention = admin_pb2.Retention(
-        history_from=store.state.synced_offset + 1,
+        history_from=store.state.history_len + 1,
         truncatable_below=hold.below,
         txs_held=len(store.state.txs),
         held_by=hold.held_by,

@@ -180,6 +180,32 @@ def truncation_hold(
     return TruncationHold(through + 1 if through else 0, holder, tuple(released.items()))
 
 
+def peers_let_go(state: StoreState, progress: Progress, truncate_below: int) -> dict[str, int]:
+    """The peers let go once the history below ``truncate_below`` is truncated
+    (``StoreState.peers_let_go``, written with each truncation and snapshot): each with
+    how far its order came, where truncation passes that. A peer the coordinator reports
+    an order for (``peer_ordered_len``, from its post or from this record) is judged by
+    it. One it reports no order for (not heard from since it started, or sent something
+    lately) stays let go, unless its reported progress passed what the record says (it
+    came back) or it left the configuration. Without the record, a coordinator that
+    restarted while a DC was away reported that DC at 0, and its store held every
+    transaction from then on (``bench.soak --dc-down-s``: 73,288, 250 MiB)."""
+    offset = state.truncated_offset(truncate_below)
+    reported = progress.peer_synced_len
+    kept: dict[str, int] = {}
+    for peer in state.peers_let_go.keys() | progress.peer_ordered_len.keys():
+        if progress.peers_reported and peer not in reported:
+            continue  # not in the configuration any more
+        length = progress.peer_ordered_len.get(peer)
+        if length is None:
+            length = state.peers_let_go[peer]
+            if reported.get(peer, 0) > length:
+                continue  # back, past where it was let go
+        if length < offset:
+            kept[peer] = length
+    return kept
+
+
 def within_core(below: int, core_history_len: int | None) -> int:
     """``below`` (0: none) lowered to what the coordinator's core has heard may go
     (``Progress.core_history_len``): the core learns where the history starts from the

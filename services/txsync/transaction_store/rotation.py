@@ -21,6 +21,7 @@ from txsync.transaction_store.retention import (
     TruncationHold,
     Verdict,
     carried_entries,
+    peers_let_go,
     split_by_budget,
     truncation_hold,
     within_core,
@@ -126,11 +127,16 @@ class Rotations(StoreCore):
         at the next rotation, as before. Returns the transactions dropped."""
         async with self._one_rotation:
             async with self._lock:
-                dropped = self.state.truncation_cut(self.truncatable_below())
+                below = self.truncatable_below()
+                dropped = self.state.truncation_cut(below)
                 if not dropped:
                     return 0
                 self._remember_verdicts(dropped)
-                truncated = self.state.truncated_entry(dropped, self.progress.peer_synced_len)
+                truncated = self.state.truncated_entry(
+                    dropped,
+                    self.progress.peer_synced_len,
+                    peers_let_go(self.state, self.progress, below),
+                )
                 staged = self._stage([self._entry(truncated=truncated)])
                 # A body out of the current file's entries was filed by an earlier rotation.
                 with_files = [tx_id for tx_id in dropped if self._unfiled.pop(tx_id, None) is None]
@@ -236,7 +242,11 @@ class Rotations(StoreCore):
         async with self._lock:
             locked = time.monotonic()
             await self._writer.flush()
-            snapshot, dropped = self.state.snapshot(below_position, self.progress.peer_synced_len)
+            snapshot, dropped = self.state.snapshot(
+                below_position,
+                self.progress.peer_synced_len,
+                peers_let_go(self.state, self.progress, below_position),
+            )
             gone = set(dropped)
             filed = {tx_id for tx_id, _ in early}
             kept_unfiled = [

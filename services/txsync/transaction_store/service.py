@@ -673,6 +673,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
         store.missing_body_alarm(held)  # observed each second: the alarm counts from here
         return store_pb2.ReportProgressResponse(
             truncatable_below=truncatable,
-            history_from=store.state.synced_offset + 1,
+            history_from=store.state.history_len + 1,
             bodies_held_len=held,
+            peers_let_go=store.state.peers_let_go,
         )

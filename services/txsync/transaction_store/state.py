@@ -244,6 +244,11 @@ class StoreState:
         self.absent_lost: dict[str, int] = {}
         """Origins whose list overflowed, and the highest position left out: no copy is
         given them until they report passing it."""
+        self.peers_let_go: dict[str, int] = {}
+        """The peers truncation passed past ``--peer-hold-max``, with how far their order
+        had come (``retention.peers_let_go``): durable, so that the let-go outlives a
+        restart of the coordinator, which reports them at these lengths until it hears
+        from them again."""
         self._next_seq = 1
         self._bodies_held_len = 0
         """Where ``bodies_held_len`` stopped looking (bodies are never un-held)."""
@@ -280,6 +285,20 @@ class StoreState:
     @property
     def synced_len(self) -> int:
         return self.synced_offset + len(self.synced)
+
+    @property
+    def history_len(self) -> int:
+        """The synced length a lagging peer must have come to for this DC to serve it
+        (its history starts at the next position): what was truncated, and in a DC that
+        started from a copy, the copy's position too. It holds the entry there (its merge
+        base), finished by the copy, but never held its body, which the others may have
+        truncated since: a lagger it served that entry waited for the body for good (the
+        simulator, invariant 4: seed 187 of `crash`, five nodes, a bound of 4)."""
+        if self.synced:
+            first = self.txs.get(self.synced[0].tx_id)
+            if first is not None and not first.body_held and first.state in FINAL_STATES:
+                return self.synced_offset + 1
+        return self.synced_offset
 
     @property
     def view_no(self) -> int:
@@ -583,6 +602,7 @@ class StoreState:
         if snapshot.HasField("vote"):
             fresh.vote = vote_from_proto(snapshot.vote)
         fresh._restore_absent(snapshot.synced_for_the_absent, snapshot.absent_lost)
+        fresh.peers_let_go = _let_go_from(snapshot.let_go)
         fresh._restore_txs(snapshot.txs)
         fresh._restore_synced(snapshot.synced)
         self.__dict__.update(fresh.__dict__)
@@ -656,20 +676,29 @@ class StoreState:
         """The ids of the synced entries a truncation below position ``truncate_below``
         (1-based: entries at positions < it go) drops, oldest first. The merge base
         stays in memory whatever is allowed."""
-        cut = max(0, min(truncate_below - 1, self.synced_len) - self.synced_offset)
-        cut = min(cut, max(0, len(self.synced) - 1))
+        cut = self.truncated_offset(truncate_below) - self.synced_offset
         return [meta.tx_id for meta in self.synced[:cut]]
 
+    def truncated_offset(self, truncate_below: int) -> int:
+        """``synced_offset`` after a truncation below ``truncate_below`` (``truncation_cut``)."""
+        cut = max(0, min(truncate_below - 1, self.synced_len) - self.synced_offset)
+        return self.synced_offset + min(cut, max(0, len(self.synced) - 1))
+
     def truncated_entry(
-        self, dropped: Sequence[str], peer_progress: Mapping[str, int]
+        self,
+        dropped: Sequence[str],
+        peer_progress: Mapping[str, int],
+        let_go: Mapping[str, int],
     ) -> txlog_pb2.HistoryTruncated:
         """The log entry that truncates ``dropped`` (a ``truncation_cut``) in place, with
         the list of what was synced for the absent after it (``peer_progress``: the
-        synced length each peer reported)."""
+        synced length each peer reported) and the peers let go after it (``let_go``,
+        ``retention.peers_let_go``)."""
         entry = txlog_pb2.HistoryTruncated(
             synced_offset=self.synced_offset + len(dropped), last_tx_id=dropped[-1]
         )
         self._absent_after(dropped, peer_progress, entry.synced_for_the_absent, entry.absent_lost)
+        entry.let_go.extend(_let_go_proto(let_go))
         return entry
 
     def _absent_after(
@@ -727,6 +756,7 @@ class StoreState:
             )
         self._drop([meta.tx_id for meta in self.synced[:cut]], truncated.last_tx_id)
         self._restore_absent(truncated.synced_for_the_absent, truncated.absent_lost)
+        self.peers_let_go = _let_go_from(truncated.let_go)
 
     def _apply_base_adopted(
         self, adopted: txlog_pb2.BaseAdopted, at: int, moved: list[Moved]
@@ -774,11 +804,15 @@ class StoreState:
             self.open_body_bytes -= record.body_bytes
 
     def snapshot(
-        self, truncate_below: int, peer_progress: Mapping[str, int] = NO_PROGRESS
+        self,
+        truncate_below: int,
+        peer_progress: Mapping[str, int] = NO_PROGRESS,
+        let_go: Mapping[str, int] | None = None,
     ) -> tuple[SnapshotForm, list[str]]:
         """A snapshot without the synced history below position ``truncate_below``
-        (``truncation_cut``), and the ids it leaves out; ``peer_progress`` as for
-        ``truncated_entry`` (none reported: every origin's dropped entries listed)."""
+        (``truncation_cut``), and the ids it leaves out; ``peer_progress`` and ``let_go``
+        as for ``truncated_entry`` (none reported: every origin's dropped entries listed;
+        ``let_go`` None: the peers let go so far)."""
         dropped = self.truncation_cut(truncate_below)
         cut = len(dropped)
         gone = set(dropped)
@@ -800,6 +834,7 @@ class StoreState:
         self._absent_after(
             dropped, peer_progress, snapshot.synced_for_the_absent, snapshot.absent_lost
         )
+        snapshot.let_go.extend(_let_go_proto(self.peers_let_go if let_go is None else let_go))
         kept: list[bytes] = []
         for record in self.txs.values():
             if record.tx_id in gone:
@@ -878,6 +913,7 @@ class StoreState:
         assert head.synced_offset == self.synced_offset + len(dropped), "a stale snapshot"
         self._drop(dropped, head.truncated_last_tx_id)
         self._restore_absent(head.synced_for_the_absent, head.absent_lost)
+        self.peers_let_go = _let_go_from(head.let_go)
 
     def _drop(self, dropped: Sequence[str], truncated_last_tx_id: str) -> None:
         """The first ``len(dropped)`` synced entries and their records go; every other
@@ -895,3 +931,11 @@ class StoreState:
 
 def _seq_of(record: TxRecord) -> int:
     return record.seq
+
+
+def _let_go_proto(let_go: Mapping[str, int]) -> list[txlog_pb2.PeerLetGo]:
+    return [txlog_pb2.PeerLetGo(peer=peer, ordered_len=at) for peer, at in sorted(let_go.items())]
+
+
+def _let_go_from(let_go: Iterable[txlog_pb2.PeerLetGo]) -> dict[str, int]:
+    return {entry.peer: entry.ordered_len for entry in let_go}

@@ -80,7 +80,7 @@ def protocol_state(state: StoreState) -> ProtocolState:
         synced_unacquired=[m for m in state.synced if not needs_no_body(txs[m.tx_id])],
         view=state.view,
         vote=state.vote,
-        history_len=state.synced_offset,
+        history_len=state.history_len,
     )
 
 
@@ -582,10 +582,10 @@ def read_synced(
             f"from_len {from_len} is past the synced queue's end {state.synced_len}",
         )
     start = state.base_at(from_len)
-    if start is None or from_len < state.synced_offset:
+    if start is None or from_len < state.history_len:
         raise Refusal(
             Refused.TRUNCATED,
-            f"synced entries below position {state.synced_offset + 1} were truncated",
+            f"synced entries below position {state.history_len + 1} were truncated",
         )
     begin = from_len - state.synced_offset
     entries = state.synced[begin : begin + count_max]

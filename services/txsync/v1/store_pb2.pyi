@@ -265,28 +265,62 @@ Global___ReportProgressRequest: _TypeAlias = ReportProgressRequest  # noqa: Y015
 class ReportProgressResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class PeersLetGoEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal[
+            "key", b"key", "value", b"value"
+        ]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TRUNCATABLE_BELOW_FIELD_NUMBER: _builtins.int
     HISTORY_FROM_FIELD_NUMBER: _builtins.int
     BODIES_HELD_LEN_FIELD_NUMBER: _builtins.int
+    PEERS_LET_GO_FIELD_NUMBER: _builtins.int
     truncatable_below: _builtins.int
     """Synced entries below this position may be truncated, as far as the peers, the
     workers and the retention settings go (the store waits, besides, for the
     coordinator's `core_history_len` to reach it).
     """
     history_from: _builtins.int
-    """The first synced position the store still holds (1 + what was truncated): a worker
-    at a lower applied position cannot replay the log and needs a snapshot.
+    """The first synced position the store still holds (1 + what was truncated; in a DC
+    that started from a copy, 1 past the copy's position, whose body it never held): a
+    worker at a lower applied position cannot replay the log and needs a snapshot.
     """
     bodies_held_len: _builtins.int
     """Every synced position up to this one has its body here. The coordinator posts it
     (`PostRequest.bodies_held_len`), so that no peer truncates a body this DC lacks.
     """
+    @_builtins.property
+    def peers_let_go(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The peers this store's history was truncated past, let go past --peer-hold-max,
+        with how far their order had come (durable: the txlog's HistoryTruncated.let_go).
+        A coordinator reports one it has not heard from since it started at this length in
+        `peer_ordered_len`, so that the store goes on letting it go across restarts.
+        Empty from a store of an earlier release.
+        """
+
     def __init__(
         self,
         *,
         truncatable_below: _builtins.int = ...,
         history_from: _builtins.int = ...,
         bodies_held_len: _builtins.int = ...,
+        peers_let_go: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -295,6 +329,8 @@ class ReportProgressResponse(_message.Message):
         b"bodies_held_len",
         "history_from",
         b"history_from",
+        "peers_let_go",
+        b"peers_let_go",
         "truncatable_below",
         b"truncatable_below",
     ]  # noqa: Y015
