@@ -139,7 +139,7 @@ def test_jobs_take_uris_as_spark_does(
     assert (tmp_path / "lake" / "synced" / "_SUCCESS").is_file(), "written where the URI says"
 
     def job(*arguments: str) -> int:
-        options = parse_arguments([*arguments, "--master", spark.sparkContext.master])
+        options = parse_arguments([*arguments, "--master", str(spark.sparkContext.master)])
         return int(options.handler(options))
 
     capsys.readouterr()

@@ -18,10 +18,10 @@ def test_a_peer_is_named_once_heard_from_and_sent_nothing_for_the_hold() -> None
     assert served.orders(posted, ["dc2"], now_ms=40_000) == {"dc2": 40}  # dc3 removed
 
 
-def test_a_peer_its_store_let_go_is_named_at_the_recorded_length_until_heard_from() -> None:
+def test_a_peer_not_heard_from_is_named_at_its_recorded_length() -> None:
     """A coordinator that restarted while a peer was away has not heard from it: the
-    store's record of it (``peers_let_go``) names it, under the same hold; its own post,
-    once heard, counts instead."""
+    store's record of how far its order came (``peers_ordered``) names it, under the
+    same hold; its own post, once heard, counts instead."""
     served = ServedPeers(started_ms=1_000)
     recorded = {"dc3": 7}
     after_hold = 1_000 + SERVED_HOLD_MS

@@ -258,7 +258,7 @@ def _install(state: StoreState, members: list[str], configured: list[str]) -> No
 
 def _truncate_below(state: StoreState, below: int, peer_progress: dict[str, int]) -> None:
     dropped = state.truncation_cut(below)
-    entry = state.truncated_entry(dropped, peer_progress, let_go={})
+    entry = state.truncated_entry(dropped, peer_progress, peers_ordered={})
     state.apply(txlog_pb2.LogEntry(truncated=entry))
 
 

@@ -43,7 +43,7 @@ from txsync.transaction_store import (
     store_core,
 )
 from txsync.transaction_store.local_submits import LocalSubmit
-from txsync.transaction_store.retention import Progress, TruncationHold, peers_let_go
+from txsync.transaction_store.retention import Progress, TruncationHold, peers_ordered
 from txsync.transaction_store.server import CLIENT_SERVICE
 from txsync.transaction_store.service import ClientServicer
 from txsync.transaction_store.state import Outcome, StoreState, TxRecord
@@ -1601,54 +1601,51 @@ def test_a_peer_further_behind_than_the_hold_bound_is_let_go(tmp_path: Path) -> 
     _run(tmp_path, scenario, history_kept=0, history_kept_ms=0, peer_hold_max=2)
 
 
-def test_a_peer_let_go_stays_let_go_across_restarts_until_it_comes_back(tmp_path: Path) -> None:
-    """What truncation passed is durable: the peers let go, with how far their order
-    came, are in its entry and in every snapshot after, and in the progress answer, so
-    that a coordinator that restarted while the peer was away (and never heard from it)
-    reports it at that length, and the store goes on truncating. Before, such a store
-    held every transaction until the peer came back (``bench.soak --dc-down-s``). The
-    record goes once the peer reports coming further, or leaves the configuration."""
+def test_how_far_each_peer_ordered_is_kept_across_restarts(tmp_path: Path) -> None:
+    """Each truncation records how far each peer's order came (every peer the
+    coordinator heard from, ``peers_posted``), and every snapshot carries it: a
+    coordinator that restarted while a peer was away (and never heard from it) names it
+    at that length, and the store lets it go past the bound. Before, such a store held
+    every transaction until the peer came back (``bench.soak --dc-down-s``). A peer heard
+    from again is recorded anew; one out of the configuration goes."""
 
-    async def let_go(store: TransactionStore) -> None:
+    async def recorded(store: TransactionStore) -> None:
         ids = [(await store.submit(_body())).tx_id for _ in range(6)]
         for position, tx_id in enumerate(ids, start=1):
             await _sync_local(store, tx_id, position)
             await store.advance_states(_finished(tx_id, position), "wd")
-        store.report_progress({"dc2": 1}, 6, peers_reported=True, peers_ordered={"dc2": 3})
+        # dc2 posts every round (sent things lately): not named for letting go.
+        store.report_progress({"dc2": 1}, 6, peers_reported=True, peers_posted={"dc2": 3})
         await store.truncate_in_place()
-        assert store.state.synced_offset == 5 and store.state.peers_let_go == {"dc2": 3}
+        assert store.state.synced_offset == 1 and store.state.peers_ordered == {"dc2": 3}
 
-    _run(tmp_path, let_go, peer_hold_max=2)
+    _run(tmp_path, recorded, peer_hold_max=2)
 
     async def coordinator_restarted(store: TransactionStore) -> None:
-        assert store.state.peers_let_go == {"dc2": 3}  # replayed from the entry
+        assert store.state.peers_ordered == {"dc2": 3}  # replayed from the entry
         # Not heard from since the coordinator started: 0, and no order named.
         store.report_progress({"dc2": 0}, 6, peers_reported=True)
         assert store.truncation_hold().held_by.startswith("peer dc2 at 0")
         await store.truncate(0)  # a rotation: its snapshot keeps the record
-        assert store.state.peers_let_go == {"dc2": 3}
-        # Named at the recorded length (``ServedPeers.orders``): let go again.
-        ids = [(await store.submit(_body())).tx_id for _ in range(4)]
-        for position, tx_id in enumerate(ids, start=7):
-            await _sync_local(store, tx_id, position)
-            await store.advance_states(_finished(tx_id, position), "wd")
-        store.report_progress({"dc2": 0}, 10, peers_reported=True, peers_ordered={"dc2": 3})
+        assert store.state.peers_ordered == {"dc2": 3}
+        # Named at the recorded length (``ServedPeers.orders``, 10 s on): let go.
+        store.report_progress({"dc2": 0}, 6, peers_reported=True, peers_ordered={"dc2": 3})
         assert store.truncation_hold().let_go == (("peer dc2", 3),)
         await store.truncate_in_place()
-        assert store.state.synced_offset == 9 and store.state.peers_let_go == {"dc2": 3}
+        assert store.state.synced_offset == 5 and store.state.peers_ordered == {"dc2": 3}
 
     _run(tmp_path, coordinator_restarted, peer_hold_max=2)
 
     async def came_back(store: TransactionStore) -> None:
-        assert store.state.peers_let_go == {"dc2": 3}  # replayed from the snapshot too
-        tx_id = (await store.submit(_body())).tx_id
-        await _sync_local(store, tx_id, 11)
-        await store.advance_states(_finished(tx_id, 11), "wd")
-        # Back from a copy at 10, sent things lately (so no order named): the record
-        # goes with the next truncation.
-        store.report_progress({"dc2": 10}, 11, peers_reported=True)
+        assert store.state.peers_ordered == {"dc2": 3}  # replayed from the snapshot too
+        ids = [(await store.submit(_body())).tx_id for _ in range(2)]
+        for position, tx_id in enumerate(ids, start=7):
+            await _sync_local(store, tx_id, position)
+            await store.advance_states(_finished(tx_id, position), "wd")
+        # Back from a copy at 7, heard from: recorded anew with the next truncation.
+        store.report_progress({"dc2": 7}, 8, peers_reported=True, peers_posted={"dc2": 7})
         await store.truncate_in_place()
-        assert store.state.synced_offset == 10 and store.state.peers_let_go == {}
+        assert store.state.synced_offset == 7 and store.state.peers_ordered == {"dc2": 7}
 
     _run(tmp_path, came_back, peer_hold_max=2)
 
@@ -2054,11 +2051,17 @@ def test_bodies_held_are_answered_as_the_disk_holds_them(
     _run(tmp_path, scenario)
 
 
-def test_a_peer_let_go_is_forgotten_once_out_of_the_configuration() -> None:
-    """``retention.peers_let_go``: a peer the coordinator reports no more (removed) goes
-    from the record; one it reports no order for and no progress past it stays."""
+def test_a_peer_out_of_the_configuration_is_not_recorded() -> None:
+    """``retention.peers_ordered``: what the coordinator reports, else what was recorded,
+    for the peers of the configuration only (a coordinator of an earlier release names
+    only those it may let go, in ``peer_ordered_len``)."""
     state = StoreState("dc1")
-    state.synced_offset = 10  # truncated past both
-    state.peers_let_go = {"dc2": 3, "dc3": 4}
-    progress = Progress(peer_synced_len={"dc2": 0}, peers_reported=True)
-    assert peers_let_go(state, progress, 0) == {"dc2": 3}
+    state.peers_ordered = {"dc2": 3, "dc3": 4, "dc4": 5}
+    progress = Progress(
+        peer_synced_len={"dc2": 0, "dc4": 9, "dc5": 2},
+        peers_reported=True,
+        peer_ordered_len={"dc5": 2},
+        peer_posted_len={"dc4": 9},
+    )
+    assert peers_ordered(state, progress) == {"dc2": 3, "dc4": 9, "dc5": 2}
+    assert peers_ordered(state, Progress()) == state.peers_ordered  # nothing reported yet

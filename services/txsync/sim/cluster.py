@@ -234,9 +234,9 @@ class _SimNode:
     served: ServedPeers = field(default_factory=lambda: ServedPeers(0, SIM_SERVED_HOLD_MS))
     """When this coordinator last sent each peer a post, catch-up or view message
     (``let_go``); gone with the process."""
-    let_go_told: dict[NodeId, int] = field(default_factory=dict)
-    """The peers its store let go of, as its latest progress answer said
-    (``Coordinator.peers_let_go``); gone with the process."""
+    orders_recorded: dict[NodeId, int] = field(default_factory=dict)
+    """How far each peer's order came as its store recorded it, from its latest progress
+    answer (``Coordinator.peers_recorded``); gone with the process."""
     fetch_calls: dict[int, tuple[NodeId, tuple[TxId, ...]]] = field(default_factory=dict)
     """This incarnation's fetch calls not answered yet: the holder and the batch taken."""
     copying: bool = False
@@ -874,12 +874,14 @@ class Simulation:
         posts = sim_node.peer_posts
         configured = [peer for peer in core.configuration if peer != node]
         peers = {peer: min(*posts[peer]) if peer in posts else 0 for peer in configured}
-        posted = {peer: synced_len for peer, (synced_len, _) in posts.items()}
-        ordered = sim_node.served.orders(posted, configured, self._now, sim_node.let_go_told)
+        posted = {peer: synced_len for peer, (synced_len, _) in posts.items() if peer in peers}
+        ordered = sim_node.served.orders(posted, configured, self._now, sim_node.orders_recorded)
         store = sim_node.store
-        if store.report_progress(peers, None, self._now, truncate=self._truncates, ordered=ordered):
+        if store.report_progress(
+            peers, None, self._now, truncate=self._truncates, ordered=ordered, posted=posted
+        ):
             self._truncated(node)
-        sim_node.let_go_told = dict(store.state.peers_let_go)
+        sim_node.orders_recorded = dict(store.state.peers_ordered)
         epoch = sim_node.store.durable.epoch
         self._at(self._now + PROGRESS_REPORT_MS, _ProgressReport(node, epoch))
 
@@ -1023,7 +1025,7 @@ class Simulation:
         self.checker.on_restart(node, durable.counter)
         sim_node.peer_posts = {}
         sim_node.served = ServedPeers(self._now, SIM_SERVED_HOLD_MS)
-        sim_node.let_go_told = {}
+        sim_node.orders_recorded = {}
         sim_node.fetches = self._fetch_factory()
         sim_node.fetch_calls = {}
         self._at(self._now + PROGRESS_REPORT_MS, _ProgressReport(node, durable.epoch))

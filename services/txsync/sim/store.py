@@ -53,7 +53,7 @@ from txsync.transaction_store.retention import (
     Progress,
     TruncationHold,
     carried_entries,
-    peers_let_go,
+    peers_ordered,
     truncation_hold,
 )
 from txsync.transaction_store.state import Moved, StoreState
@@ -232,6 +232,7 @@ class SimStore:
         *,
         truncate: bool,
         ordered: dict[str, int] | None = None,
+        posted: dict[str, int] | None = None,
     ) -> bool:
         """A report, as ``TransactionStore.report_progress`` takes it: the coordinator's
         (``peers``: every peer of the configuration) or dispatch's (``workers_min``).
@@ -241,6 +242,7 @@ class SimStore:
         if peers is not None:
             progress.peer_synced_len = dict(peers)
             progress.peer_ordered_len = dict(ordered or {})
+            progress.peer_posted_len = dict(posted or {})
             progress.peers_reported = True
         if workers_min is not None:
             progress.workers_min_position = workers_min
@@ -255,8 +257,8 @@ class SimStore:
         dropped = state.truncation_cut(hold.below)
         if not dropped:
             return False
-        let_go = peers_let_go(state, self.progress, hold.below)
-        truncated = state.truncated_entry(dropped, self.progress.peer_synced_len, let_go)
+        orders = peers_ordered(state, self.progress)
+        truncated = state.truncated_entry(dropped, self.progress.peer_synced_len, orders)
         entry = txlog_pb2.LogEntry(at_unix_ms=now_ms, truncated=truncated)
         self._stage([entry], None)
         return True
@@ -298,8 +300,8 @@ class SimStore:
         assert self.rotation_due(), "a rotation starts flushed, one at a time"
         below = self._truncation_hold(now_ms).below if truncate else 0
         state = self.state
-        let_go = peers_let_go(state, self.progress, below)
-        snapshot, dropped = state.snapshot(below, self.progress.peer_synced_len, let_go)
+        orders = peers_ordered(state, self.progress)
+        snapshot, dropped = state.snapshot(below, self.progress.peer_synced_len, orders)
         state.drop_truncated(snapshot, dropped)
         carried = carried_entries(
             [
@@ -494,7 +496,7 @@ def _fingerprint(state: StoreState) -> tuple[object, ...]:
             sorted((o, tuple(sorted(e.items()))) for o, e in state.synced_for_the_absent.items())
         ),
         tuple(sorted(state.absent_lost.items())),
-        tuple(sorted(state.peers_let_go.items())),
+        tuple(sorted(state.peers_ordered.items())),
         tuple(records),
     )
 

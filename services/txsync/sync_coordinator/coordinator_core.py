@@ -187,9 +187,10 @@ class CoordinatorCore(ABC):
         self.served = ServedPeers(now_ms())
         """When this DC last sent each peer a post, catch-up or view message: its store
         lets go of none served lately (``--peer-hold-max``, ``let_go``)."""
-        self.peers_let_go: dict[str, int] = {}
-        """The peers the store let go of, with how far their order came (its latest
-        progress answer): reported at those lengths until heard from again."""
+        self.peers_recorded: dict[str, int] = {}
+        """How far each peer's order came as the store recorded it (its latest progress
+        answer): a peer not heard from since this coordinator started is named at that
+        length for letting go (``let_go.ServedPeers.orders``)."""
         self.bodies_arriving: set[str] = set()
         """Bodies a peer pushed that wait for the loop (``take_bodies``)."""
         self._arrived_bytes = 0

@@ -112,13 +112,25 @@ class CoordinatorStatus(CoordinatorCore):
             if peer != me
         }
 
-    def peers_ordered(self) -> dict[str, int]:
-        """How far each peer's order came, for the peers the store may let go of past
-        ``--peer-hold-max`` (``let_go.ServedPeers.orders``)."""
+    def peers_posted(self) -> dict[str, int]:
+        """How far each peer of the configuration heard from since this coordinator
+        started says its order came (its latest post's synced length): the store records
+        it, for a coordinator that restarts and does not hear from that peer."""
         assert self.node is not None
-        posted = {peer: base.synced_len for peer, (_, base) in self.peer_posts.items()}
+        configured = self.node.configuration
+        return {
+            peer: base.synced_len
+            for peer, (_, base) in self.peer_posts.items()
+            if peer in configured
+        }
+
+    def peers_ordered(self, posted: dict[str, int]) -> dict[str, int]:
+        """How far each peer's order came (``posted``, else as the store recorded it), for
+        the peers the store may let go of past ``--peer-hold-max``
+        (``let_go.ServedPeers.orders``)."""
+        assert self.node is not None
         peers = [peer for peer in self.node.configuration if peer != self.node.node_id]
-        return self.served.orders(posted, peers, now_ms(), self.peers_let_go)
+        return self.served.orders(posted, peers, now_ms(), self.peers_recorded)
 
     async def _report_progress(self) -> None:
         """Tell the store how far every peer DC has come, so that it truncates the
@@ -127,17 +139,19 @@ class CoordinatorStatus(CoordinatorCore):
         node = self.node
         assert node is not None
         while True:
+            posted = self.peers_posted()
             request = store_pb2.ReportProgressRequest(
                 peer_synced_len=self.peers_progress(),
                 peers_reported=True,
                 core_history_len=node.history_len,
-                peer_ordered_len=self.peers_ordered(),
+                peer_ordered_len=self.peers_ordered(posted),
+                peer_posted_len=posted,
             )
             told, may_go = False, 0
             try:
                 answer = await self.store.ReportProgress(request, timeout=PERSIST_TIMEOUT_S)
                 self.bodies_held_len = answer.bodies_held_len
-                self.peers_let_go = dict(answer.peers_let_go)
+                self.peers_recorded = dict(answer.peers_ordered)
                 self.history_from = max(self.history_from, answer.history_from)
                 # The core serves no lagger from memory below what the store may drop
                 # (their bodies may be gone everywhere then): the store reads them from

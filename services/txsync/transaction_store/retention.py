@@ -28,6 +28,9 @@ class Progress:
 
     peer_synced_len: dict[str, int] = field(default_factory=dict)
     """How far each peer has come with every body held: truncation keeps what it has not."""
+    peer_posted_len: dict[str, int] = field(default_factory=dict)
+    """How far each peer heard from since the coordinator started says its order came
+    (its latest post), whatever was sent to it lately: recorded (``peers_ordered``)."""
     peer_ordered_len: dict[str, int] = field(default_factory=dict)
     """How far each peer's order has come (its synced length, bodies held or not), where
     the report says (a coordinator of 0.3 on): only a peer whose order is further
@@ -180,30 +183,19 @@ def truncation_hold(
     return TruncationHold(through + 1 if through else 0, holder, tuple(released.items()))
 
 
-def peers_let_go(state: StoreState, progress: Progress, truncate_below: int) -> dict[str, int]:
-    """The peers let go once the history below ``truncate_below`` is truncated
-    (``StoreState.peers_let_go``, written with each truncation and snapshot): each with
-    how far its order came, where truncation passes that. A peer the coordinator reports
-    an order for (``peer_ordered_len``, from its post or from this record) is judged by
-    it. One it reports no order for (not heard from since it started, or sent something
-    lately) stays let go, unless its reported progress passed what the record says (it
-    came back) or it left the configuration. Without the record, a coordinator that
-    restarted while a DC was away reported that DC at 0, and its store held every
-    transaction from then on (``bench.soak --dc-down-s``: 73,288, 250 MiB)."""
-    offset = state.truncated_offset(truncate_below)
-    reported = progress.peer_synced_len
-    kept: dict[str, int] = {}
-    for peer in state.peers_let_go.keys() | progress.peer_ordered_len.keys():
-        if progress.peers_reported and peer not in reported:
-            continue  # not in the configuration any more
-        length = progress.peer_ordered_len.get(peer)
-        if length is None:
-            length = state.peers_let_go[peer]
-            if reported.get(peer, 0) > length:
-                continue  # back, past where it was let go
-        if length < offset:
-            kept[peer] = length
-    return kept
+def peers_ordered(state: StoreState, progress: Progress) -> dict[str, int]:
+    """How far each peer's order came, to record with a truncation or snapshot
+    (``StoreState.peers_ordered``): as the coordinator reports it (every peer it heard
+    from since it started, ``peer_posted_len``; a coordinator of an earlier release
+    names only those it may let go), and as recorded before for the peers it has not
+    heard from. A peer out of the configuration goes. Without the record, a coordinator
+    that restarted while a DC was away reported that DC at 0, and its store held every
+    transaction until it came back (``bench.soak --dc-down-s``: 73,288, 250 MiB)."""
+    recorded = {**state.peers_ordered, **progress.peer_ordered_len, **progress.peer_posted_len}
+    if progress.peers_reported:
+        configured = progress.peer_synced_len
+        return {peer: at for peer, at in recorded.items() if peer in configured}
+    return recorded
 
 
 def within_core(below: int, core_history_len: int | None) -> int:

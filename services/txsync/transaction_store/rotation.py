@@ -21,7 +21,7 @@ from txsync.transaction_store.retention import (
     TruncationHold,
     Verdict,
     carried_entries,
-    peers_let_go,
+    peers_ordered,
     split_by_budget,
     truncation_hold,
     within_core,
@@ -48,11 +48,13 @@ class Rotations(StoreCore):
         peers_reported: bool = False,
         core_history_len: int | None = None,
         peers_ordered: dict[str, int] | None = None,
+        peers_posted: dict[str, int] | None = None,
     ) -> int:
         """Take a report: the coordinator's (``peers_reported``: every peer of the
         configuration, replacing the last report, so a removed peer holds nothing back;
         ``core_history_len``: where its core serves catch-up from memory;
-        ``peers_ordered``: how far each peer's order came, bodies held or not) or the
+        ``peers_ordered``: how far each peer's order came, bodies held or not, for those
+        it may let go; ``peers_posted``: the same for every peer heard from) or the
         dispatch's (the lowest applied position among the DC's workers)."""
         progress = self.progress
         if core_history_len is not None:
@@ -60,6 +62,7 @@ class Rotations(StoreCore):
         if peers_reported:
             progress.peer_synced_len = dict(peers)
             progress.peer_ordered_len = dict(peers_ordered or {})
+            progress.peer_posted_len = dict(peers_posted or {})
             progress.peers_reported = True
         else:
             progress.peer_synced_len.update(peers)
@@ -135,7 +138,7 @@ class Rotations(StoreCore):
                 truncated = self.state.truncated_entry(
                     dropped,
                     self.progress.peer_synced_len,
-                    peers_let_go(self.state, self.progress, below),
+                    peers_ordered(self.state, self.progress),
                 )
                 staged = self._stage([self._entry(truncated=truncated)])
                 # A body out of the current file's entries was filed by an earlier rotation.
@@ -245,7 +248,7 @@ class Rotations(StoreCore):
             snapshot, dropped = self.state.snapshot(
                 below_position,
                 self.progress.peer_synced_len,
-                peers_let_go(self.state, self.progress, below_position),
+                peers_ordered(self.state, self.progress),
             )
             gone = set(dropped)
             filed = {tx_id for tx_id, _ in early}

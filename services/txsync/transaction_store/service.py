@@ -659,6 +659,8 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             raise invalid("peer_synced_len: at most 16 peers")
         if len(request.peer_ordered_len) > 16:
             raise invalid("peer_ordered_len: at most 16 peers")
+        if len(request.peer_posted_len) > 16:
+            raise invalid("peer_posted_len: at most 16 peers")
         workers = request.workers_min_position if request.HasField("workers_min_position") else None
         store = self._store
         core = request.core_history_len if request.HasField("core_history_len") else None
@@ -668,6 +670,7 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             peers_reported=request.peers_reported,
             core_history_len=core,
             peers_ordered=dict(request.peer_ordered_len),
+            peers_posted=dict(request.peer_posted_len),
         )
         held = store.bodies_held_durably_len()
         store.missing_body_alarm(held)  # observed each second: the alarm counts from here
@@ -675,5 +678,5 @@ class StoreInternalServicer(store_pb2_grpc.StoreInternalServiceServicer):
             truncatable_below=truncatable,
             history_from=store.state.history_len + 1,
             bodies_held_len=held,
-            peers_let_go=store.state.peers_let_go,
+            peers_ordered=store.state.peers_ordered,
         )

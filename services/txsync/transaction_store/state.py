@@ -244,11 +244,11 @@ class StoreState:
         self.absent_lost: dict[str, int] = {}
         """Origins whose list overflowed, and the highest position left out: no copy is
         given them until they report passing it."""
-        self.peers_let_go: dict[str, int] = {}
-        """The peers truncation passed past ``--peer-hold-max``, with how far their order
-        had come (``retention.peers_let_go``): durable, so that the let-go outlives a
-        restart of the coordinator, which reports them at these lengths until it hears
-        from them again."""
+        self.peers_ordered: dict[str, int] = {}
+        """How far each peer's order came, as the coordinator last reported it
+        (``retention.peers_ordered``), written with each truncation: durable, so that a
+        coordinator that restarts while a peer is away can still let it go past
+        ``--peer-hold-max``: it names the peer at this length until it hears from it."""
         self._next_seq = 1
         self._bodies_held_len = 0
         """Where ``bodies_held_len`` stopped looking (bodies are never un-held)."""
@@ -602,7 +602,7 @@ class StoreState:
         if snapshot.HasField("vote"):
             fresh.vote = vote_from_proto(snapshot.vote)
         fresh._restore_absent(snapshot.synced_for_the_absent, snapshot.absent_lost)
-        fresh.peers_let_go = _let_go_from(snapshot.let_go)
+        fresh.peers_ordered = _orders_from(snapshot.peers_ordered)
         fresh._restore_txs(snapshot.txs)
         fresh._restore_synced(snapshot.synced)
         self.__dict__.update(fresh.__dict__)
@@ -676,29 +676,25 @@ class StoreState:
         """The ids of the synced entries a truncation below position ``truncate_below``
         (1-based: entries at positions < it go) drops, oldest first. The merge base
         stays in memory whatever is allowed."""
-        cut = self.truncated_offset(truncate_below) - self.synced_offset
-        return [meta.tx_id for meta in self.synced[:cut]]
-
-    def truncated_offset(self, truncate_below: int) -> int:
-        """``synced_offset`` after a truncation below ``truncate_below`` (``truncation_cut``)."""
         cut = max(0, min(truncate_below - 1, self.synced_len) - self.synced_offset)
-        return self.synced_offset + min(cut, max(0, len(self.synced) - 1))
+        cut = min(cut, max(0, len(self.synced) - 1))
+        return [meta.tx_id for meta in self.synced[:cut]]
 
     def truncated_entry(
         self,
         dropped: Sequence[str],
         peer_progress: Mapping[str, int],
-        let_go: Mapping[str, int],
+        peers_ordered: Mapping[str, int],
     ) -> txlog_pb2.HistoryTruncated:
         """The log entry that truncates ``dropped`` (a ``truncation_cut``) in place, with
         the list of what was synced for the absent after it (``peer_progress``: the
-        synced length each peer reported) and the peers let go after it (``let_go``,
-        ``retention.peers_let_go``)."""
+        synced length each peer reported) and how far each peer's order came
+        (``retention.peers_ordered``)."""
         entry = txlog_pb2.HistoryTruncated(
             synced_offset=self.synced_offset + len(dropped), last_tx_id=dropped[-1]
         )
         self._absent_after(dropped, peer_progress, entry.synced_for_the_absent, entry.absent_lost)
-        entry.let_go.extend(_let_go_proto(let_go))
+        entry.peers_ordered.extend(_orders_proto(peers_ordered))
         return entry
 
     def _absent_after(
@@ -756,7 +752,7 @@ class StoreState:
             )
         self._drop([meta.tx_id for meta in self.synced[:cut]], truncated.last_tx_id)
         self._restore_absent(truncated.synced_for_the_absent, truncated.absent_lost)
-        self.peers_let_go = _let_go_from(truncated.let_go)
+        self.peers_ordered = _orders_from(truncated.peers_ordered)
 
     def _apply_base_adopted(
         self, adopted: txlog_pb2.BaseAdopted, at: int, moved: list[Moved]
@@ -807,12 +803,12 @@ class StoreState:
         self,
         truncate_below: int,
         peer_progress: Mapping[str, int] = NO_PROGRESS,
-        let_go: Mapping[str, int] | None = None,
+        peers_ordered: Mapping[str, int] | None = None,
     ) -> tuple[SnapshotForm, list[str]]:
         """A snapshot without the synced history below position ``truncate_below``
-        (``truncation_cut``), and the ids it leaves out; ``peer_progress`` and ``let_go``
-        as for ``truncated_entry`` (none reported: every origin's dropped entries listed;
-        ``let_go`` None: the peers let go so far)."""
+        (``truncation_cut``), and the ids it leaves out; ``peer_progress`` and
+        ``peers_ordered`` as for ``truncated_entry`` (none reported: every origin's
+        dropped entries listed; ``peers_ordered`` None: as recorded so far)."""
         dropped = self.truncation_cut(truncate_below)
         cut = len(dropped)
         gone = set(dropped)
@@ -834,7 +830,8 @@ class StoreState:
         self._absent_after(
             dropped, peer_progress, snapshot.synced_for_the_absent, snapshot.absent_lost
         )
-        snapshot.let_go.extend(_let_go_proto(self.peers_let_go if let_go is None else let_go))
+        recorded = self.peers_ordered if peers_ordered is None else peers_ordered
+        snapshot.peers_ordered.extend(_orders_proto(recorded))
         kept: list[bytes] = []
         for record in self.txs.values():
             if record.tx_id in gone:
@@ -913,7 +910,7 @@ class StoreState:
         assert head.synced_offset == self.synced_offset + len(dropped), "a stale snapshot"
         self._drop(dropped, head.truncated_last_tx_id)
         self._restore_absent(head.synced_for_the_absent, head.absent_lost)
-        self.peers_let_go = _let_go_from(head.let_go)
+        self.peers_ordered = _orders_from(head.peers_ordered)
 
     def _drop(self, dropped: Sequence[str], truncated_last_tx_id: str) -> None:
         """The first ``len(dropped)`` synced entries and their records go; every other
@@ -933,9 +930,9 @@ def _seq_of(record: TxRecord) -> int:
     return record.seq
 
 
-def _let_go_proto(let_go: Mapping[str, int]) -> list[txlog_pb2.PeerLetGo]:
-    return [txlog_pb2.PeerLetGo(peer=peer, ordered_len=at) for peer, at in sorted(let_go.items())]
+def _orders_proto(orders: Mapping[str, int]) -> list[txlog_pb2.PeerOrder]:
+    return [txlog_pb2.PeerOrder(peer=peer, ordered_len=at) for peer, at in sorted(orders.items())]
 
 
-def _let_go_from(let_go: Iterable[txlog_pb2.PeerLetGo]) -> dict[str, int]:
-    return {entry.peer: entry.ordered_len for entry in let_go}
+def _orders_from(orders: Iterable[txlog_pb2.PeerOrder]) -> dict[str, int]:
+    return {entry.peer: entry.ordered_len for entry in orders}

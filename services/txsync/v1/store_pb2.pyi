@@ -167,11 +167,34 @@ class ReportProgressRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class PeerPostedLenEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal[
+            "key", b"key", "value", b"value"
+        ]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PEER_SYNCED_LEN_FIELD_NUMBER: _builtins.int
     WORKERS_MIN_POSITION_FIELD_NUMBER: _builtins.int
     PEERS_REPORTED_FIELD_NUMBER: _builtins.int
     CORE_HISTORY_LEN_FIELD_NUMBER: _builtins.int
     PEER_ORDERED_LEN_FIELD_NUMBER: _builtins.int
+    PEER_POSTED_LEN_FIELD_NUMBER: _builtins.int
     workers_min_position: _builtins.int
     """The lowest applied position among this DC's workers; unset while unknown."""
     peers_reported: _builtins.bool
@@ -198,7 +221,16 @@ class ReportProgressRequest(_message.Message):
         length, bodies held or not), for the peers the store may let go of past
         --peer-hold-max: heard from since the coordinator started, and sent no post or
         catch-up lately (what is on its way to a peer names bodies it has yet to fetch). A
-        peer left out is not let go (at most 16 entries).
+        peer left out is not let go (at most 16 entries). A peer not heard from since the
+        coordinator started is named at the length its store recorded (`peers_ordered`).
+        """
+
+    @_builtins.property
+    def peer_posted_len(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The coordinator's report: every peer it heard from since it started, with its latest
+        post's synced length, whatever it sent that peer lately. The store records them with
+        each truncation (the txlog's HistoryTruncated.peers_ordered) and answers them back
+        (`peers_ordered`) to a coordinator that restarts (at most 16 entries).
         """
 
     def __init__(
@@ -209,6 +241,7 @@ class ReportProgressRequest(_message.Message):
         peers_reported: _builtins.bool = ...,
         core_history_len: _builtins.int | None = ...,
         peer_ordered_len: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        peer_posted_len: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal[
         "_core_history_len",
@@ -230,6 +263,8 @@ class ReportProgressRequest(_message.Message):
         b"core_history_len",
         "peer_ordered_len",
         b"peer_ordered_len",
+        "peer_posted_len",
+        b"peer_posted_len",
         "peer_synced_len",
         b"peer_synced_len",
         "peers_reported",
@@ -266,7 +301,7 @@ class ReportProgressResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
-    class PeersLetGoEntry(_message.Message):
+    class PeersOrderedEntry(_message.Message):
         DESCRIPTOR: _descriptor.Descriptor
 
         KEY_FIELD_NUMBER: _builtins.int
@@ -290,7 +325,7 @@ class ReportProgressResponse(_message.Message):
     TRUNCATABLE_BELOW_FIELD_NUMBER: _builtins.int
     HISTORY_FROM_FIELD_NUMBER: _builtins.int
     BODIES_HELD_LEN_FIELD_NUMBER: _builtins.int
-    PEERS_LET_GO_FIELD_NUMBER: _builtins.int
+    PEERS_ORDERED_FIELD_NUMBER: _builtins.int
     truncatable_below: _builtins.int
     """Synced entries below this position may be truncated, as far as the peers, the
     workers and the retention settings go (the store waits, besides, for the
@@ -306,12 +341,11 @@ class ReportProgressResponse(_message.Message):
     (`PostRequest.bodies_held_len`), so that no peer truncates a body this DC lacks.
     """
     @_builtins.property
-    def peers_let_go(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
-        """The peers this store's history was truncated past, let go past --peer-hold-max,
-        with how far their order had come (durable: the txlog's HistoryTruncated.let_go).
-        A coordinator reports one it has not heard from since it started at this length in
-        `peer_ordered_len`, so that the store goes on letting it go across restarts.
-        Empty from a store of an earlier release.
+    def peers_ordered(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """How far each peer's order came as this store last recorded it (durable: the txlog's
+        HistoryTruncated.peers_ordered). A coordinator names a peer it has not heard from
+        since it started at this length in `peer_ordered_len`, so that a DC away is let go
+        past --peer-hold-max across restarts. Empty from a store of an earlier release.
         """
 
     def __init__(
@@ -320,7 +354,7 @@ class ReportProgressResponse(_message.Message):
         truncatable_below: _builtins.int = ...,
         history_from: _builtins.int = ...,
         bodies_held_len: _builtins.int = ...,
-        peers_let_go: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        peers_ordered: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -329,8 +363,8 @@ class ReportProgressResponse(_message.Message):
         b"bodies_held_len",
         "history_from",
         b"history_from",
-        "peers_let_go",
-        b"peers_let_go",
+        "peers_ordered",
+        b"peers_ordered",
         "truncatable_below",
         b"truncatable_below",
     ]  # noqa: Y015

@@ -23,7 +23,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x15txsync/v1/txlog.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"0\n\x08LogBatch\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.txsync.v1.LogEntry"\xa9\x05\n\x08LogEntry\x12\x12\n\nat_unix_ms\x18\x01 \x01(\x03\x12+\n\tsubmitted\x18\x02 \x01(\x0b\x32\x16.txsync.v1.TxSubmittedH\x00\x12*\n\nmeta_known\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MetaKnownH\x00\x12,\n\x0b\x62ody_stored\x18\x04 \x01(\x0b\x32\x15.txsync.v1.BodyStoredH\x00\x12+\n\x07\x63ounter\x18\x05 \x01(\x0b\x32\x18.txsync.v1.CounterRaisedH\x00\x12(\n\x05\x65poch\x18\x06 \x01(\x0b\x32\x17.txsync.v1.EpochStartedH\x00\x12+\n\x06synced\x18\x07 \x01(\x0b\x32\x19.txsync.v1.SyncedAppendedH\x00\x12&\n\x05state\x18\x08 \x01(\x0b\x32\x15.txsync.v1.StateMovedH\x00\x12\'\n\x08snapshot\x18\t \x01(\x0b\x32\x13.txsync.v1.SnapshotH\x00\x12)\n\nview_voted\x18\n \x01(\x0b\x32\x13.txsync.v1.ViewVoteH\x00\x12\x32\n\x0eview_installed\x18\x0b \x01(\x0b\x32\x18.txsync.v1.ViewInstalledH\x00\x12\x31\n\tforgotten\x18\x0c \x01(\x0b\x32\x1c.txsync.v1.IncomingForgottenH\x00\x12\x30\n\rsnapshot_more\x18\r \x01(\x0b\x32\x17.txsync.v1.SnapshotMoreH\x00\x12\x30\n\ttruncated\x18\x0e \x01(\x0b\x32\x1b.txsync.v1.HistoryTruncatedH\x00\x12.\n\x0c\x62\x61se_adopted\x18\x0f \x01(\x0b\x32\x16.txsync.v1.BaseAdoptedH\x00\x42\x07\n\x05\x65ntry"\xc7\x01\n\x10HistoryTruncated\x12\x15\n\rsynced_offset\x18\x01 \x01(\x04\x12\x12\n\nlast_tx_id\x18\x02 \x01(\t\x12\x36\n\x15synced_for_the_absent\x18\x03 \x03(\x0b\x32\x17.txsync.v1.AbsentSynced\x12*\n\x0b\x61\x62sent_lost\x18\x04 \x03(\x0b\x32\x15.txsync.v1.AbsentLost\x12$\n\x06let_go\x18\x05 \x03(\x0b\x32\x14.txsync.v1.PeerLetGo".\n\tPeerLetGo\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12\x13\n\x0bordered_len\x18\x02 \x01(\x04"?\n\x0c\x41\x62sentSynced\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\r\n\x05tx_id\x18\x03 \x01(\t".\n\nAbsentLost\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04"\xc0\x01\n\x0b\x42\x61seAdopted\x12\x15\n\rsynced_offset\x18\x01 \x01(\x04\x12\x12\n\nlast_tx_id\x18\x02 \x01(\t\x12\x1f\n\x04meta\x18\x03 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\'\n\x0b\x66inal_state\x18\x04 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07\x63ounter\x18\x05 \x01(\x04\x12+\n\nsynced_own\x18\x06 \x03(\x0b\x32\x17.txsync.v1.AbsentSynced";\n\rViewInstalled\x12*\n\tinstalled\x18\x01 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"#\n\x11IncomingForgotten\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t"\xc5\x01\n\x0bTxSubmitted\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x03 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btraceparent\x18\x05 \x01(\t\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12\x12\n\nmembership\x18\x08 \x01(\x08\x12\n\n\x02ts\x18\t \x01(\x04\x12\x11\n\tlocal_seq\x18\n \x01(\x04",\n\tMetaKnown\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta"\x8c\x01\n\nBodyStored\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x02 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x12\n\nmembership\x18\x05 \x01(\x08\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x0f\n\x07\x63\x61rried\x18\x07 \x01(\x08"3\n\rCounterRaised\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\x11\n\tlocal_seq\x18\x02 \x01(\x04":\n\x0c\x45pochStarted\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x1b\n\x13local_admit_txs_max\x18\x02 \x01(\x04"W\n\x0eSyncedAppended\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12 \n\x05metas\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\x90\x01\n\nStateMoved\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07service\x18\x03 \x01(\t\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x1a\n\x12testing_at_unix_ms\x18\x05 \x01(\x03"\x84\x04\n\x08Snapshot\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nsynced_len\x18\x03 \x01(\x04\x12\x15\n\rsynced_offset\x18\x04 \x01(\x04\x12!\n\x06synced\x18\x05 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12"\n\x03txs\x18\x06 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x1c\n\x14truncated_last_tx_id\x18\x07 \x01(\t\x12&\n\x04view\x18\x08 \x01(\x0b\x32\x18.txsync.v1.ViewInstalled\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote\x12\x11\n\tcontinued\x18\n \x01(\x08\x12\r\n\x05parts\x18\x0b \x01(\r\x12\x11\n\tlocal_seq\x18\x0c \x01(\x04\x12\x1b\n\x13\x63oordinator_counter\x18\r \x01(\x04\x12!\n\x19\x65poch_local_admit_txs_max\x18\x0e \x01(\x04\x12\x36\n\x15synced_for_the_absent\x18\x0f \x03(\x0b\x32\x17.txsync.v1.AbsentSynced\x12*\n\x0b\x61\x62sent_lost\x18\x10 \x03(\x0b\x32\x15.txsync.v1.AbsentLost\x12$\n\x06let_go\x18\x11 \x03(\x0b\x32\x14.txsync.v1.PeerLetGo"j\n\x0cSnapshotMore\x12"\n\x03txs\x18\x01 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x13\n\x0bsynced_from\x18\x02 \x01(\x04\x12!\n\x06synced\x18\x03 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\xce\x02\n\nSnapshotTx\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08has_meta\x18\x03 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x05 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x06 \x01(\x04\x12\x11\n\tbody_held\x18\x07 \x01(\x08\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12&\n\x07history\x18\t \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\n \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\r\n\x05local\x18\x0b \x01(\x08\x12\x0b\n\x03seq\x18\x0c \x01(\x04\x12\x12\n\nmembership\x18\r \x01(\x08\x12\x17\n\x0fstamp_local_seq\x18\x0e \x01(\x04\x62\x06proto3'
+    b'\n\x15txsync/v1/txlog.proto\x12\ttxsync.v1\x1a\x16txsync/v1/common.proto"0\n\x08LogBatch\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.txsync.v1.LogEntry"\xa9\x05\n\x08LogEntry\x12\x12\n\nat_unix_ms\x18\x01 \x01(\x03\x12+\n\tsubmitted\x18\x02 \x01(\x0b\x32\x16.txsync.v1.TxSubmittedH\x00\x12*\n\nmeta_known\x18\x03 \x01(\x0b\x32\x14.txsync.v1.MetaKnownH\x00\x12,\n\x0b\x62ody_stored\x18\x04 \x01(\x0b\x32\x15.txsync.v1.BodyStoredH\x00\x12+\n\x07\x63ounter\x18\x05 \x01(\x0b\x32\x18.txsync.v1.CounterRaisedH\x00\x12(\n\x05\x65poch\x18\x06 \x01(\x0b\x32\x17.txsync.v1.EpochStartedH\x00\x12+\n\x06synced\x18\x07 \x01(\x0b\x32\x19.txsync.v1.SyncedAppendedH\x00\x12&\n\x05state\x18\x08 \x01(\x0b\x32\x15.txsync.v1.StateMovedH\x00\x12\'\n\x08snapshot\x18\t \x01(\x0b\x32\x13.txsync.v1.SnapshotH\x00\x12)\n\nview_voted\x18\n \x01(\x0b\x32\x13.txsync.v1.ViewVoteH\x00\x12\x32\n\x0eview_installed\x18\x0b \x01(\x0b\x32\x18.txsync.v1.ViewInstalledH\x00\x12\x31\n\tforgotten\x18\x0c \x01(\x0b\x32\x1c.txsync.v1.IncomingForgottenH\x00\x12\x30\n\rsnapshot_more\x18\r \x01(\x0b\x32\x17.txsync.v1.SnapshotMoreH\x00\x12\x30\n\ttruncated\x18\x0e \x01(\x0b\x32\x1b.txsync.v1.HistoryTruncatedH\x00\x12.\n\x0c\x62\x61se_adopted\x18\x0f \x01(\x0b\x32\x16.txsync.v1.BaseAdoptedH\x00\x42\x07\n\x05\x65ntry"\xce\x01\n\x10HistoryTruncated\x12\x15\n\rsynced_offset\x18\x01 \x01(\x04\x12\x12\n\nlast_tx_id\x18\x02 \x01(\t\x12\x36\n\x15synced_for_the_absent\x18\x03 \x03(\x0b\x32\x17.txsync.v1.AbsentSynced\x12*\n\x0b\x61\x62sent_lost\x18\x04 \x03(\x0b\x32\x15.txsync.v1.AbsentLost\x12+\n\rpeers_ordered\x18\x05 \x03(\x0b\x32\x14.txsync.v1.PeerOrder".\n\tPeerOrder\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12\x13\n\x0bordered_len\x18\x02 \x01(\x04"?\n\x0c\x41\x62sentSynced\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\r\n\x05tx_id\x18\x03 \x01(\t".\n\nAbsentLost\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04"\xc0\x01\n\x0b\x42\x61seAdopted\x12\x15\n\rsynced_offset\x18\x01 \x01(\x04\x12\x12\n\nlast_tx_id\x18\x02 \x01(\t\x12\x1f\n\x04meta\x18\x03 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\'\n\x0b\x66inal_state\x18\x04 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07\x63ounter\x18\x05 \x01(\x04\x12+\n\nsynced_own\x18\x06 \x03(\x0b\x32\x17.txsync.v1.AbsentSynced";\n\rViewInstalled\x12*\n\tinstalled\x18\x01 \x01(\x0b\x32\x17.txsync.v1.ViewProposal"#\n\x11IncomingForgotten\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t"\xc5\x01\n\x0bTxSubmitted\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x03 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btraceparent\x18\x05 \x01(\t\x12\x0f\n\x07service\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12\x12\n\nmembership\x18\x08 \x01(\x08\x12\n\n\x02ts\x18\t \x01(\x04\x12\x11\n\tlocal_seq\x18\n \x01(\x04",\n\tMetaKnown\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta"\x8c\x01\n\nBodyStored\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x02 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12\x12\n\nmembership\x18\x05 \x01(\x08\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x0f\n\x07\x63\x61rried\x18\x07 \x01(\x08"3\n\rCounterRaised\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\x11\n\tlocal_seq\x18\x02 \x01(\x04":\n\x0c\x45pochStarted\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x1b\n\x13local_admit_txs_max\x18\x02 \x01(\x04"W\n\x0eSyncedAppended\x12#\n\x05start\x18\x01 \x01(\x0b\x32\x14.txsync.v1.MergeBase\x12 \n\x05metas\x18\x02 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\x90\x01\n\nStateMoved\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07service\x18\x03 \x01(\t\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x1a\n\x12testing_at_unix_ms\x18\x05 \x01(\x03"\x8b\x04\n\x08Snapshot\x12\x0f\n\x07\x63ounter\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\nsynced_len\x18\x03 \x01(\x04\x12\x15\n\rsynced_offset\x18\x04 \x01(\x04\x12!\n\x06synced\x18\x05 \x03(\x0b\x32\x11.txsync.v1.TxMeta\x12"\n\x03txs\x18\x06 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x1c\n\x14truncated_last_tx_id\x18\x07 \x01(\t\x12&\n\x04view\x18\x08 \x01(\x0b\x32\x18.txsync.v1.ViewInstalled\x12!\n\x04vote\x18\t \x01(\x0b\x32\x13.txsync.v1.ViewVote\x12\x11\n\tcontinued\x18\n \x01(\x08\x12\r\n\x05parts\x18\x0b \x01(\r\x12\x11\n\tlocal_seq\x18\x0c \x01(\x04\x12\x1b\n\x13\x63oordinator_counter\x18\r \x01(\x04\x12!\n\x19\x65poch_local_admit_txs_max\x18\x0e \x01(\x04\x12\x36\n\x15synced_for_the_absent\x18\x0f \x03(\x0b\x32\x17.txsync.v1.AbsentSynced\x12*\n\x0b\x61\x62sent_lost\x18\x10 \x03(\x0b\x32\x15.txsync.v1.AbsentLost\x12+\n\rpeers_ordered\x18\x11 \x03(\x0b\x32\x14.txsync.v1.PeerOrder"j\n\x0cSnapshotMore\x12"\n\x03txs\x18\x01 \x03(\x0b\x32\x15.txsync.v1.SnapshotTx\x12\x13\n\x0bsynced_from\x18\x02 \x01(\x04\x12!\n\x06synced\x18\x03 \x03(\x0b\x32\x11.txsync.v1.TxMeta"\xce\x02\n\nSnapshotTx\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x1f\n\x04meta\x18\x02 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12\x10\n\x08has_meta\x18\x03 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x13\n\x0b\x62ody_digest\x18\x05 \x01(\x0c\x12\x12\n\nbody_bytes\x18\x06 \x01(\x04\x12\x11\n\tbody_held\x18\x07 \x01(\x08\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12&\n\x07history\x18\t \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\n \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\r\n\x05local\x18\x0b \x01(\x08\x12\x0b\n\x03seq\x18\x0c \x01(\x04\x12\x12\n\nmembership\x18\r \x01(\x08\x12\x17\n\x0fstamp_local_seq\x18\x0e \x01(\x04\x62\x06proto3'
 )
 
 _globals = globals()
@@ -36,37 +36,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_LOGENTRY"]._serialized_start = 111
     _globals["_LOGENTRY"]._serialized_end = 792
     _globals["_HISTORYTRUNCATED"]._serialized_start = 795
-    _globals["_HISTORYTRUNCATED"]._serialized_end = 994
-    _globals["_PEERLETGO"]._serialized_start = 996
-    _globals["_PEERLETGO"]._serialized_end = 1042
-    _globals["_ABSENTSYNCED"]._serialized_start = 1044
-    _globals["_ABSENTSYNCED"]._serialized_end = 1107
-    _globals["_ABSENTLOST"]._serialized_start = 1109
-    _globals["_ABSENTLOST"]._serialized_end = 1155
-    _globals["_BASEADOPTED"]._serialized_start = 1158
-    _globals["_BASEADOPTED"]._serialized_end = 1350
-    _globals["_VIEWINSTALLED"]._serialized_start = 1352
-    _globals["_VIEWINSTALLED"]._serialized_end = 1411
-    _globals["_INCOMINGFORGOTTEN"]._serialized_start = 1413
-    _globals["_INCOMINGFORGOTTEN"]._serialized_end = 1448
-    _globals["_TXSUBMITTED"]._serialized_start = 1451
-    _globals["_TXSUBMITTED"]._serialized_end = 1648
-    _globals["_METAKNOWN"]._serialized_start = 1650
-    _globals["_METAKNOWN"]._serialized_end = 1694
-    _globals["_BODYSTORED"]._serialized_start = 1697
-    _globals["_BODYSTORED"]._serialized_end = 1837
-    _globals["_COUNTERRAISED"]._serialized_start = 1839
-    _globals["_COUNTERRAISED"]._serialized_end = 1890
-    _globals["_EPOCHSTARTED"]._serialized_start = 1892
-    _globals["_EPOCHSTARTED"]._serialized_end = 1950
-    _globals["_SYNCEDAPPENDED"]._serialized_start = 1952
-    _globals["_SYNCEDAPPENDED"]._serialized_end = 2039
-    _globals["_STATEMOVED"]._serialized_start = 2042
-    _globals["_STATEMOVED"]._serialized_end = 2186
-    _globals["_SNAPSHOT"]._serialized_start = 2189
-    _globals["_SNAPSHOT"]._serialized_end = 2705
-    _globals["_SNAPSHOTMORE"]._serialized_start = 2707
-    _globals["_SNAPSHOTMORE"]._serialized_end = 2813
-    _globals["_SNAPSHOTTX"]._serialized_start = 2816
-    _globals["_SNAPSHOTTX"]._serialized_end = 3150
+    _globals["_HISTORYTRUNCATED"]._serialized_end = 1001
+    _globals["_PEERORDER"]._serialized_start = 1003
+    _globals["_PEERORDER"]._serialized_end = 1049
+    _globals["_ABSENTSYNCED"]._serialized_start = 1051
+    _globals["_ABSENTSYNCED"]._serialized_end = 1114
+    _globals["_ABSENTLOST"]._serialized_start = 1116
+    _globals["_ABSENTLOST"]._serialized_end = 1162
+    _globals["_BASEADOPTED"]._serialized_start = 1165
+    _globals["_BASEADOPTED"]._serialized_end = 1357
+    _globals["_VIEWINSTALLED"]._serialized_start = 1359
+    _globals["_VIEWINSTALLED"]._serialized_end = 1418
+    _globals["_INCOMINGFORGOTTEN"]._serialized_start = 1420
+    _globals["_INCOMINGFORGOTTEN"]._serialized_end = 1455
+    _globals["_TXSUBMITTED"]._serialized_start = 1458
+    _globals["_TXSUBMITTED"]._serialized_end = 1655
+    _globals["_METAKNOWN"]._serialized_start = 1657
+    _globals["_METAKNOWN"]._serialized_end = 1701
+    _globals["_BODYSTORED"]._serialized_start = 1704
+    _globals["_BODYSTORED"]._serialized_end = 1844
+    _globals["_COUNTERRAISED"]._serialized_start = 1846
+    _globals["_COUNTERRAISED"]._serialized_end = 1897
+    _globals["_EPOCHSTARTED"]._serialized_start = 1899
+    _globals["_EPOCHSTARTED"]._serialized_end = 1957
+    _globals["_SYNCEDAPPENDED"]._serialized_start = 1959
+    _globals["_SYNCEDAPPENDED"]._serialized_end = 2046
+    _globals["_STATEMOVED"]._serialized_start = 2049
+    _globals["_STATEMOVED"]._serialized_end = 2193
+    _globals["_SNAPSHOT"]._serialized_start = 2196
+    _globals["_SNAPSHOT"]._serialized_end = 2719
+    _globals["_SNAPSHOTMORE"]._serialized_start = 2721
+    _globals["_SNAPSHOTMORE"]._serialized_end = 2827
+    _globals["_SNAPSHOTTX"]._serialized_start = 2830
+    _globals["_SNAPSHOTTX"]._serialized_end = 3164
 # @@protoc_insertion_point(module_scope)

@@ -228,7 +228,7 @@ class HistoryTruncated(_message.Message):
     LAST_TX_ID_FIELD_NUMBER: _builtins.int
     SYNCED_FOR_THE_ABSENT_FIELD_NUMBER: _builtins.int
     ABSENT_LOST_FIELD_NUMBER: _builtins.int
-    LET_GO_FIELD_NUMBER: _builtins.int
+    PEERS_ORDERED_FIELD_NUMBER: _builtins.int
     synced_offset: _builtins.int
     last_tx_id: _builtins.str
     @_builtins.property
@@ -251,14 +251,16 @@ class HistoryTruncated(_message.Message):
         """
 
     @_builtins.property
-    def let_go(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerLetGo]:
-        """The whole set after this truncation (it replaces the one before) of the peers
-        truncation passed past --peer-hold-max, with how far their order had come: each
-        starts from a copy when back. Kept across restarts so that a coordinator that has
-        not heard from one since it started lets it go still (it reports it at this length),
-        rather than hold the whole history for a DC still away (bench.soak --dc-down-s: a
+    def peers_ordered(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___PeerOrder]:
+        """The whole set after this truncation (it replaces the one before): how far each
+        peer's order came, as the coordinator last reported it (its latest post's synced
+        length). Kept across restarts so that a coordinator that has not heard from a peer
+        since it started can still let it go past --peer-hold-max (it reports it at this
+        length), rather than hold the whole history for a DC away (bench.soak --dc-down-s: a
         store held 73,288 transactions, 250 MiB, after its coordinator restarted). A peer
-        goes once it reports coming further, or leaves the configuration.
+        goes once it leaves the configuration.
         """
 
     def __init__(
@@ -268,7 +270,7 @@ class HistoryTruncated(_message.Message):
         last_tx_id: _builtins.str = ...,
         synced_for_the_absent: _abc.Iterable[Global___AbsentSynced] | None = ...,
         absent_lost: _abc.Iterable[Global___AbsentLost] | None = ...,
-        let_go: _abc.Iterable[Global___PeerLetGo] | None = ...,
+        peers_ordered: _abc.Iterable[Global___PeerOrder] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -277,8 +279,8 @@ class HistoryTruncated(_message.Message):
         b"absent_lost",
         "last_tx_id",
         b"last_tx_id",
-        "let_go",
-        b"let_go",
+        "peers_ordered",
+        b"peers_ordered",
         "synced_for_the_absent",
         b"synced_for_the_absent",
         "synced_offset",
@@ -290,14 +292,13 @@ class HistoryTruncated(_message.Message):
 Global___HistoryTruncated: _TypeAlias = HistoryTruncated  # noqa: Y015
 
 @_typing.final
-class PeerLetGo(_message.Message):
+class PeerOrder(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PEER_FIELD_NUMBER: _builtins.int
     ORDERED_LEN_FIELD_NUMBER: _builtins.int
     peer: _builtins.str
     ordered_len: _builtins.int
-    """Its order's synced length when last reported: below where this DC's history starts."""
     def __init__(
         self,
         *,
@@ -312,7 +313,7 @@ class PeerLetGo(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PeerLetGo: _TypeAlias = PeerLetGo  # noqa: Y015
+Global___PeerOrder: _TypeAlias = PeerOrder  # noqa: Y015
 
 @_typing.final
 class AbsentSynced(_message.Message):
@@ -796,7 +797,7 @@ class Snapshot(_message.Message):
     EPOCH_LOCAL_ADMIT_TXS_MAX_FIELD_NUMBER: _builtins.int
     SYNCED_FOR_THE_ABSENT_FIELD_NUMBER: _builtins.int
     ABSENT_LOST_FIELD_NUMBER: _builtins.int
-    LET_GO_FIELD_NUMBER: _builtins.int
+    PEERS_ORDERED_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     epoch: _builtins.int
     synced_len: _builtins.int
@@ -848,8 +849,10 @@ class Snapshot(_message.Message):
         self,
     ) -> _containers.RepeatedCompositeFieldContainer[Global___AbsentLost]: ...
     @_builtins.property
-    def let_go(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerLetGo]:
-        """The peers let go (HistoryTruncated.let_go)."""
+    def peers_ordered(
+        self,
+    ) -> _containers.RepeatedCompositeFieldContainer[Global___PeerOrder]:
+        """How far each peer's order came (HistoryTruncated.peers_ordered)."""
 
     def __init__(
         self,
@@ -870,7 +873,7 @@ class Snapshot(_message.Message):
         epoch_local_admit_txs_max: _builtins.int = ...,
         synced_for_the_absent: _abc.Iterable[Global___AbsentSynced] | None = ...,
         absent_lost: _abc.Iterable[Global___AbsentLost] | None = ...,
-        let_go: _abc.Iterable[Global___PeerLetGo] | None = ...,
+        peers_ordered: _abc.Iterable[Global___PeerOrder] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view", "vote", b"vote"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -887,12 +890,12 @@ class Snapshot(_message.Message):
         b"epoch",
         "epoch_local_admit_txs_max",
         b"epoch_local_admit_txs_max",
-        "let_go",
-        b"let_go",
         "local_seq",
         b"local_seq",
         "parts",
         b"parts",
+        "peers_ordered",
+        b"peers_ordered",
         "synced",
         b"synced",
         "synced_for_the_absent",
