@@ -87,6 +87,15 @@ def _finished(tx_id: str, position: int) -> list[StateChangeRequest]:
     ]
 
 
+async def _finished_here(store: TransactionStore, count: int, from_position: int = 1) -> list[str]:
+    """``count`` local transactions submitted, synced from ``from_position`` on, and OK."""
+    ids = [(await store.submit(_body())).tx_id for _ in range(count)]
+    for position, tx_id in enumerate(ids, start=from_position):
+        await _sync_local(store, tx_id, position)
+        await store.advance_states(_finished(tx_id, position), "wd")
+    return ids
+
+
 async def _sync_local(store: TransactionStore, tx_id: str, ts: int) -> TxMeta:
     meta = TxMeta(ts, tx_id, "dc1")
     await store.persist_step(
@@ -379,10 +388,7 @@ def test_the_age_window_keeps_a_bounded_count(
     load's rate ten seconds were 17,000 transactions held."""
 
     async def scenario(store: TransactionStore) -> None:
-        ids = [(await store.submit(_body())).tx_id for n in range(6)]
-        for position, tx_id in enumerate(ids, start=1):
-            await _sync_local(store, tx_id, position)
-            await store.advance_states(_finished(tx_id, position), "wd")
+        await _finished_here(store, 6)
         store.report_progress({"dc2": 6}, 6, peers_reported=True)
         # All six finished within the 60 s: the age window keeps the newest 2 of them.
         assert store.truncation_hold() == TruncationHold(5, "")
@@ -1579,10 +1585,7 @@ def test_a_peer_further_behind_than_the_hold_bound_is_let_go(tmp_path: Path) -> 
     something lately) is not let go."""
 
     async def scenario(store: TransactionStore) -> None:
-        ids = [(await store.submit(_body())).tx_id for _ in range(6)]
-        for position, tx_id in enumerate(ids, start=1):
-            await _sync_local(store, tx_id, position)
-            await store.advance_states(_finished(tx_id, position), "wd")
+        await _finished_here(store, 6)
         store.report_progress({"dc2": 1}, 6, peers_reported=True)
         assert store.truncation_hold() == TruncationHold(2, "peer dc2 at 1 (5 behind)")
         store.report_progress({"dc2": 1}, None, peers_reported=True, peers_ordered={"dc2": 6})
@@ -1610,10 +1613,7 @@ def test_how_far_each_peer_ordered_is_kept_across_restarts(tmp_path: Path) -> No
     from again is recorded anew; one out of the configuration goes."""
 
     async def recorded(store: TransactionStore) -> None:
-        ids = [(await store.submit(_body())).tx_id for _ in range(6)]
-        for position, tx_id in enumerate(ids, start=1):
-            await _sync_local(store, tx_id, position)
-            await store.advance_states(_finished(tx_id, position), "wd")
+        await _finished_here(store, 6)
         # dc2 posts every round (sent things lately): not named for letting go.
         store.report_progress({"dc2": 1}, 6, peers_reported=True, peers_posted={"dc2": 3})
         await store.truncate_in_place()
@@ -1638,10 +1638,7 @@ def test_how_far_each_peer_ordered_is_kept_across_restarts(tmp_path: Path) -> No
 
     async def came_back(store: TransactionStore) -> None:
         assert store.state.peers_ordered == {"dc2": 3}  # replayed from the snapshot too
-        ids = [(await store.submit(_body())).tx_id for _ in range(2)]
-        for position, tx_id in enumerate(ids, start=7):
-            await _sync_local(store, tx_id, position)
-            await store.advance_states(_finished(tx_id, position), "wd")
+        await _finished_here(store, 2, from_position=7)
         # Back from a copy at 7, heard from: recorded anew with the next truncation.
         store.report_progress({"dc2": 7}, 8, peers_reported=True, peers_posted={"dc2": 7})
         await store.truncate_in_place()
