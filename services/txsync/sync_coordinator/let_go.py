@@ -40,20 +40,20 @@ class ServedPeers:
         posted: Mapping[str, int],
         peers: Iterable[str],
         now_ms: int,
-        let_go: Mapping[str, int] = MappingProxyType({}),
+        recorded: Mapping[str, int] = MappingProxyType({}),
     ) -> dict[str, int]:
         """How far each of ``peers`` says its order came (``posted``: its latest post's
         synced length), for those its store may let go: heard from since this
-        coordinator started, or let go by the store already (``let_go``: how far its
-        order came then, as the store recorded it), and not served lately. The others
-        are left out, and a store lets go of none it is not told of.
+        coordinator started, or else recorded by the store (``recorded``: how far its
+        order came, as the store last wrote it with a truncation), and not served
+        lately. The others are left out, and a store lets go of none it is not told of.
 
-        Without ``let_go``, a coordinator that restarted while a DC was away never heard
+        Without ``recorded``, a coordinator that restarted while a DC was away never heard
         from it, and its store held every transaction until that DC came back
         (``bench.soak --dc-down-s``: 73,288 transactions, 250 MiB)."""
         return {
             peer: length
             for peer in peers
-            if (length := posted.get(peer, let_go.get(peer))) is not None
+            if (length := posted.get(peer, recorded.get(peer))) is not None
             and now_ms - self.at_ms.get(peer, self.started_ms) >= self.hold_ms
         }

@@ -130,8 +130,7 @@ class Rotations(StoreCore):
         at the next rotation, as before. Returns the transactions dropped."""
         async with self._one_rotation:
             async with self._lock:
-                below = self.truncatable_below()
-                dropped = self.state.truncation_cut(below)
+                dropped = self.state.truncation_cut(self.truncatable_below())
                 if not dropped:
                     return 0
                 self._remember_verdicts(dropped)
