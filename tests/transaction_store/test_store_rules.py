@@ -1647,6 +1647,46 @@ def test_how_far_each_peer_ordered_is_kept_across_restarts(tmp_path: Path) -> No
     _run(tmp_path, came_back, peer_hold_max=2)
 
 
+def test_truncation_passes_a_removed_nodes_order_whole_or_not_at_all(tmp_path: Path) -> None:
+    """A node the configuration left out may be added again, and catches up from the
+    logs where its order ends past the history's start: bodies it lacks below that start
+    were gone everywhere (the simulator: invariant 5, seed 1446 of `membership`). So
+    truncation stays where it is until it can pass the synced end at the removal; the
+    rotation's snapshot keeps that end across a restart."""
+
+    async def removed(store: TransactionStore) -> None:
+        await _finished_here(store, 4)
+        await store.persist_step(
+            ProtocolStep(service="sc", installed_view=_proposal(1, ["dc1", "dc2", "dc3"], []))
+        )
+        assert store.state.removed_order_end == 0  # the initial configuration: no change
+        store.report_progress({"dc2": 4, "dc3": 2}, 4, peers_reported=True)
+        await store.truncate_in_place()
+        assert store.state.synced_offset == 2
+        # dc3 removed by the entry at 4: it may have ordered up to 4, bodies held to 2.
+        without = _proposal(2, ["dc1", "dc2"], [], applied_position=4)
+        await store.persist_step(ProtocolStep(service="sc", installed_view=without))
+        assert store.state.removed_order_end == 4
+        store.report_progress({"dc2": 3}, 4, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(
+            3, "a removed node, whose order may reach 4, at 2 (2 behind)"
+        )
+        await store.truncate(0)  # a rotation: its snapshot keeps the end
+        assert store.state.synced_offset == 2
+
+    _run(tmp_path, removed)
+
+    async def restarted(store: TransactionStore) -> None:
+        assert store.state.removed_order_end == 4  # from the snapshot
+        store.report_progress({"dc2": 3}, 4, peers_reported=True)
+        assert store.truncation_hold().below == 3
+        await _finished_here(store, 1, from_position=5)
+        store.report_progress({"dc2": 5}, 5, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(6, "")  # passes it whole
+
+    _run(tmp_path, restarted)
+
+
 def test_history_is_truncated_in_place_between_rotations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1908,7 +1948,21 @@ def test_a_membership_entry_holds_truncation_back_until_it_is_applied(tmp_path: 
         )
         assert not store.state.membership_entries
         store.report_progress({"dc2": 3, "dc4": 3}, None, peers_reported=True)
-        assert store.truncation_hold() == TruncationHold(4, "")
+        # The store never had a view before this one: whether it removed a node is not
+        # known, and truncation waits to pass the order such a node may hold.
+        assert store.truncation_hold() == TruncationHold(
+            0, "a removed node, whose order may reach 3, at 0 (3 behind)"
+        )
+        more = TxMeta(4, str(uuid.uuid4()), "dc2")
+        await store.persist_step(
+            ProtocolStep(
+                counter=4, incoming=[more], synced_start=store.state.merge_base,
+                synced=[more], changes=[StateChangeRequest(more.tx_id, TxState.ACCEPTED)],
+                service="sync-coordinator",
+            )
+        )  # fmt: skip
+        store.report_progress({"dc2": 4, "dc4": 4}, None, peers_reported=True)
+        assert store.truncation_hold() == TruncationHold(5, "")
 
     _run(tmp_path, scenario, witness=True)
     _run(tmp_path, applied, witness=True)

@@ -497,6 +497,7 @@ def _fingerprint(state: StoreState) -> tuple[object, ...]:
         ),
         tuple(sorted(state.absent_lost.items())),
         tuple(sorted(state.peers_ordered.items())),
+        state.removed_order_end,
         tuple(records),
     )
 

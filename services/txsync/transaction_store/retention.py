@@ -175,6 +175,13 @@ def truncation_hold(
             break
         for peer in stuck:
             del released[peer]
+    # A node the configuration left out may be added again, and catch up from the logs
+    # if its order ends past the history's start: truncation stopping between the
+    # bodies it holds and that end left them gone everywhere (``removed_order_end``).
+    removed_end = state.removed_order_end
+    if state.synced_offset < through <= removed_end:
+        through = state.synced_offset
+        holder = f"a removed node, whose order may reach {removed_end},"
     core = progress.core_history_len
     if core is not None and core < through:
         through, holder = core, "the sync-coordinator's core"

@@ -249,6 +249,14 @@ class StoreState:
         (``retention.peers_ordered``), written with each truncation: durable, so that a
         coordinator that restarts while a peer is away can still let it go past
         ``--peer-hold-max``: it names the peer at this length until it hears from it."""
+        self.removed_order_end = 0
+        """How far a node this DC's configuration left out may have ordered: the synced end
+        when the view that removed it was installed here (the seal's end at least; a
+        removed node takes nothing after it). Truncation either stays where it is or
+        passes it (``retention.truncation_hold``): the node may be added again, and one
+        whose order ends past the history's start catches up from the logs, where the
+        bodies it lacks below that start are gone everywhere (the simulator: invariant
+        5, seed 1446 of `membership`, five nodes)."""
         self._next_seq = 1
         self._bodies_held_len = 0
         """Where ``bodies_held_len`` stopped looking (bodies are never un-held)."""
@@ -401,8 +409,7 @@ class StoreState:
         elif kind == "view_voted":
             self.vote = vote_from_proto(entry.view_voted)
         elif kind == "view_installed":
-            self.view = proposal_from_proto(entry.view_installed.installed)
-            self.vote = None
+            self._install(proposal_from_proto(entry.view_installed.installed))
         elif kind == "forgotten":
             for tx_id in entry.forgotten.tx_ids:
                 self._forget(tx_id)
@@ -413,6 +420,19 @@ class StoreState:
         else:
             raise ValueError(f"log entry of unknown kind {kind!r}")
         return moved
+
+    def _install(self, installed: ViewProposal) -> None:
+        previous = self.view
+        if installed.configuration.applied_position and (
+            previous is None
+            or {node for node, _ in previous.configuration.weights}
+            - {node for node, _ in installed.configuration.weights}
+        ):
+            # Without the view before, whether a node left is not known: as if one did.
+            ordered = max(self.synced_len, installed.seal_end.synced_len)
+            self.removed_order_end = max(self.removed_order_end, ordered)
+        self.view = installed
+        self.vote = None
 
     def _record(self, tx_id: str) -> TxRecord:
         record = self.txs.get(tx_id)
@@ -603,6 +623,7 @@ class StoreState:
             fresh.vote = vote_from_proto(snapshot.vote)
         fresh._restore_absent(snapshot.synced_for_the_absent, snapshot.absent_lost)
         fresh.peers_ordered = _orders_from(snapshot.peers_ordered)
+        fresh.removed_order_end = snapshot.removed_order_end
         fresh._restore_txs(snapshot.txs)
         fresh._restore_synced(snapshot.synced)
         self.__dict__.update(fresh.__dict__)
@@ -832,6 +853,7 @@ class StoreState:
         )
         recorded = self.peers_ordered if peers_ordered is None else peers_ordered
         snapshot.peers_ordered.extend(_orders_proto(recorded))
+        snapshot.removed_order_end = self.removed_order_end
         kept: list[bytes] = []
         for record in self.txs.values():
             if record.tx_id in gone:

@@ -798,6 +798,7 @@ class Snapshot(_message.Message):
     SYNCED_FOR_THE_ABSENT_FIELD_NUMBER: _builtins.int
     ABSENT_LOST_FIELD_NUMBER: _builtins.int
     PEERS_ORDERED_FIELD_NUMBER: _builtins.int
+    REMOVED_ORDER_END_FIELD_NUMBER: _builtins.int
     counter: _builtins.int
     epoch: _builtins.int
     synced_len: _builtins.int
@@ -824,6 +825,10 @@ class Snapshot(_message.Message):
     coordinator_counter: _builtins.int
     epoch_local_admit_txs_max: _builtins.int
     """The latest epoch's local_admit_txs_max (EpochStarted)."""
+    removed_order_end: _builtins.int
+    """How far a node the configuration left out may have ordered: truncation stays below
+    it or passes it, for the node may be added again (0: no node was left out here).
+    """
     @_builtins.property
     def synced(
         self,
@@ -874,6 +879,7 @@ class Snapshot(_message.Message):
         synced_for_the_absent: _abc.Iterable[Global___AbsentSynced] | None = ...,
         absent_lost: _abc.Iterable[Global___AbsentLost] | None = ...,
         peers_ordered: _abc.Iterable[Global___PeerOrder] | None = ...,
+        removed_order_end: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view", "vote", b"vote"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -896,6 +902,8 @@ class Snapshot(_message.Message):
         b"parts",
         "peers_ordered",
         b"peers_ordered",
+        "removed_order_end",
+        b"removed_order_end",
         "synced",
         b"synced",
         "synced_for_the_absent",
