@@ -53,6 +53,13 @@ def _workers(address: str) -> list[admin_pb2.WorkerStatus]:
         return list(stub.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=30).workers)
 
 
+def _settled(retention: admin_pb2.Retention, truncated_before: int | None) -> bool:
+    """The store truncated more than ``truncated_before`` (None: the first wave, no
+    bar) and holds at most ``HELD_MOST`` transactions."""
+    further = truncated_before is None or retention.truncated_total > truncated_before
+    return further and retention.txs_held <= HELD_MOST
+
+
 def _applied_everywhere(dcs: dict[str, Any], through: int, down: str) -> bool:
     """Every worker but ``down`` is healthy and has applied ``through``."""
     for dc in dcs.values():
@@ -105,17 +112,22 @@ def test_stores_hold_what_is_unfinished_not_the_history(tmp_path: Path) -> None:
                     SETTLE_S,
                     poll_s=0.5,
                 )
-                if truncated:  # truncation follows the next progress reports: wait for it
-                    before = truncated[-1]
-                    wait_until(
-                        f"wave {wave} truncated further at every store",
-                        lambda before=before: all(  # type: ignore[misc]
-                            _status(dc["store"]).retention.truncated_total > before[node]
-                            for node, dc in dcs.items()
-                        ),
-                        SETTLE_S,
-                        poll_s=0.5,
-                    )
+                # Truncation follows the next progress reports, and goes in steps (a
+                # rotation, or ``TRUNCATION_STEP`` positions in place): on a busy machine
+                # the first step after a wave left 3,100 held for a moment (CI, 2026-11-30).
+                # What is bounded is where it settles; without truncation it never does.
+                before = truncated[-1] if truncated else None
+                wait_until(
+                    f"wave {wave}: every store truncated further, to {HELD_MOST} held at most",
+                    lambda before=before: all(  # type: ignore[misc]
+                        _settled(
+                            _status(dc["store"]).retention, None if before is None else before[node]
+                        )
+                        for node, dc in dcs.items()
+                    ),
+                    SETTLE_S,
+                    poll_s=0.5,
+                )
                 statuses = {node: _status(dc["store"]).retention for node, dc in dcs.items()}
                 held.append({node: int(r.txs_held) for node, r in statuses.items()})
                 truncated.append({node: int(r.truncated_total) for node, r in statuses.items()})
