@@ -221,12 +221,14 @@ class LocalCluster:
             time.sleep(0.1)
 
 
-def submit_at(dc: Dc, count: int, acked: list[str], lock: threading.Lock) -> None:
+def submit_at(
+    dc: Dc, count: int, acked: list[str], lock: threading.Lock, *, first: int = 0
+) -> None:
     """Submit ``count`` one-row transactions at ``dc``, one after another, recording
-    each acknowledged id in ``acked``."""
+    each acknowledged id in ``acked``: rows (dc, n) for n from ``first`` on."""
     with grpc.insecure_channel(dc.store.address) as channel:
         stub = client_pb2_grpc.ClientServiceStub(channel)
-        for n in range(count):
+        for n in range(first, first + count):
             body = common_pb2.TxBody(
                 statements=[
                     common_pb2.Statement(

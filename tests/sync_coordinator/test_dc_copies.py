@@ -36,6 +36,48 @@ PEER_HOLD_MAX = 5
 transactions is let go, and starts from a copy when back."""
 
 
+LOAD_TXS_MAX = 2_000
+"""The most rows a DC's client submits while another DC copies and restarts onto its
+copy (the load stops when the copy is in, long before that on any machine)."""
+LOAD_EVERY_S = 0.02
+"""The load's pace: a submit every 20 ms, about 50 transactions/s."""
+LOAD_FROM = 1_000
+"""The first ``n`` of those rows (apart from the other rows of the same DC)."""
+
+
+class _UnderLoad(threading.Thread):
+    """Rows submitted at a DC one after another, paced, in a thread (started) until
+    ``stop``: the load a copy is taken under. ``stop`` says what ended it, if anything
+    did, and ``rows`` what it submitted."""
+
+    def __init__(self, dc: Dc, acked: list[str], lock: threading.Lock) -> None:
+        super().__init__(name=f"load-{dc.node_id}", daemon=True)
+        self._dc, self._acked, self._lock = dc, acked, lock
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self.count = 0
+        self.start()
+
+    def run(self) -> None:
+        try:
+            while self.count < LOAD_TXS_MAX and not self._stopping.wait(LOAD_EVERY_S):
+                submit_at(self._dc, 1, self._acked, self._lock, first=LOAD_FROM + self.count)
+                self.count += 1
+        except BaseException as error:  # raised again by stop, in the test's thread
+            self._error = error
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=60)
+        assert not self.is_alive(), f"{self.name}: a submit hangs"
+        if self._error is not None:
+            raise AssertionError(f"{self.name} failed after {self.count} rows") from self._error
+        assert self.count, f"{self.name} submitted nothing"
+
+    def rows(self) -> list[tuple[str, int]]:
+        return [(self._dc.node_id, LOAD_FROM + n) for n in range(self.count)]
+
+
 def _submit(dc: Dc, sql: str) -> str:
     body = common_pb2.TxBody(statements=[common_pb2.Statement(sql=sql)])
     with grpc.insecure_channel(dc.store.address) as channel:
@@ -149,24 +191,28 @@ def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> Non
             lambda: all(_history_from(dc) > 2 for dc in members),
         )
         # Refused before this issue: no DC could start past its peers' truncation.
+        # dc2's clients keep submitting while dc4 is added, copies and restarts.
+        loading = _UnderLoad(dc2, acked, lock)
         add = peer_pb2.Member(node_id="dc4", url=f"127.0.0.1:{cluster.ports['dc4']}")
         with grpc.insecure_channel(dc1.store.address) as channel:
             admin = admin_pb2_grpc.AdminServiceStub(channel)
             admin.ChangeMembership(admin_pb2.ChangeMembershipRequest(add=add), timeout=10)
 
         _restarted_onto_a_copy(cluster, dc4)
+        loading.stop()
 
         submit_at(dc4, 5, acked, lock)
         submit_at(dc3, 5, acked, lock)
         expected = sorted(
             [("dc1", n) for n in range(20)]
             + [("dc2", n) for n in range(20)]
+            + loading.rows()
             + [("dc3", n) for n in range(5)]
             + [("dc4", n) for n in range(5)]
         )
         _converged(cluster, expected, "dc4 its own after the copy")
         position, _ = _worker_at(dc4)
-        assert position == 1 + 20 + 20 + 1 + 5 + 5  # the table, the rows, dc4's add
+        assert position == 1 + 20 + 20 + loading.count + 1 + 5 + 5  # the table, rows, dc4's add
         assert _history_from(dc4) > 2, "dc4 holds no history from before its copy"
 
         for process in dc3.processes:  # the whole DC down
@@ -192,14 +238,17 @@ def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> Non
         )
         said = _store_status(dc1).warnings
         assert any(w.startswith("LET GO: peer dc3 is at") for w in said), said
+        loading = _UnderLoad(dc5, acked, lock)  # while dc3 copies and restarts
         for process in reversed(dc3.processes):
             process.start()
         _restarted_onto_a_copy(cluster, dc3)
+        loading.stop()
         submit_at(dc3, 3, acked, lock)
         expected = sorted(
             expected
             + [("dc1", n) for n in range(3)]
             + [("dc1", n) for n in range(7)]
+            + loading.rows()
             + [("dc3", n) for n in range(3)]
         )
         _converged(cluster, expected, "dc3 what it missed from its copy")
