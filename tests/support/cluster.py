@@ -221,25 +221,28 @@ class LocalCluster:
             time.sleep(0.1)
 
 
-def submit_at(
-    dc: Dc, count: int, acked: list[str], lock: threading.Lock, *, first: int = 0
-) -> None:
+def submit_row(stub: client_pb2_grpc.ClientServiceStub, dc: Dc, n: int) -> str:
+    """Submit the one-row transaction that inserts (dc, n) into ``t``; its id."""
+    body = common_pb2.TxBody(
+        statements=[
+            common_pb2.Statement(
+                sql="INSERT INTO t (dc, n) VALUES (?, ?)",
+                params=[
+                    common_pb2.SqlValue(text_value=dc.node_id),
+                    common_pb2.SqlValue(int_value=n),
+                ],
+            )
+        ]
+    )
+    return str(stub.Submit(client_pb2.SubmitRequest(body=body)).tx_id)
+
+
+def submit_at(dc: Dc, count: int, acked: list[str], lock: threading.Lock) -> None:
     """Submit ``count`` one-row transactions at ``dc``, one after another, recording
-    each acknowledged id in ``acked``: rows (dc, n) for n from ``first`` on."""
+    each acknowledged id in ``acked``."""
     with grpc.insecure_channel(dc.store.address) as channel:
         stub = client_pb2_grpc.ClientServiceStub(channel)
-        for n in range(first, first + count):
-            body = common_pb2.TxBody(
-                statements=[
-                    common_pb2.Statement(
-                        sql="INSERT INTO t (dc, n) VALUES (?, ?)",
-                        params=[
-                            common_pb2.SqlValue(text_value=dc.node_id),
-                            common_pb2.SqlValue(int_value=n),
-                        ],
-                    )
-                ]
-            )
-            answer = stub.Submit(client_pb2.SubmitRequest(body=body))
+        for n in range(count):
+            tx_id = submit_row(stub, dc, n)
             with lock:
-                acked.append(answer.tx_id)
+                acked.append(tx_id)

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support.cluster import Dc, LocalCluster, submit_at
+from tests.support.cluster import Dc, LocalCluster, submit_at, submit_row
 from tests.sync_coordinator.test_views import VIEW_ARGS
 from txsync.sync_coordinator.coordinator_core import DcCopyProgress
 from txsync.sync_coordinator.dc_copies import RESTARTING_EXIT_CODE
@@ -60,9 +60,13 @@ class _UnderLoad(threading.Thread):
 
     def run(self) -> None:
         try:
-            while self.count < LOAD_TXS_MAX and not self._stopping.wait(LOAD_EVERY_S):
-                submit_at(self._dc, 1, self._acked, self._lock, first=LOAD_FROM + self.count)
-                self.count += 1
+            with grpc.insecure_channel(self._dc.store.address) as channel:
+                stub = client_pb2_grpc.ClientServiceStub(channel)
+                while self.count < LOAD_TXS_MAX and not self._stopping.wait(LOAD_EVERY_S):
+                    tx_id = submit_row(stub, self._dc, LOAD_FROM + self.count)
+                    with self._lock:
+                        self._acked.append(tx_id)
+                    self.count += 1
         except BaseException as error:  # raised again by stop, in the test's thread
             self._error = error
 

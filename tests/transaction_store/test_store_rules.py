@@ -114,6 +114,18 @@ async def _sync_local(store: TransactionStore, tx_id: str, ts: int) -> TxMeta:
     return meta
 
 
+async def _sync_foreign(store: TransactionStore, *stamps: int) -> None:
+    """dc2's transactions stamped ``stamps`` (in order), synced here and ACCEPTED."""
+    metas = [TxMeta(ts, str(uuid.uuid4()), "dc2") for ts in stamps]
+    await store.persist_step(
+        ProtocolStep(
+            counter=stamps[-1], incoming=metas, synced_start=store.state.merge_base,
+            synced=metas, changes=[StateChangeRequest(m.tx_id, TxState.ACCEPTED) for m in metas],
+            service="sync-coordinator",
+        )
+    )  # fmt: skip
+
+
 def test_full_lifecycle_is_recorded_and_survives_restart(tmp_path: Path) -> None:
     async def first(store: TransactionStore) -> str:
         submitted = await store.submit(_body(), "key-1")
@@ -1916,14 +1928,7 @@ def test_a_membership_entry_holds_truncation_back_until_it_is_applied(tmp_path: 
 
     async def scenario(store: TransactionStore) -> None:
         nonlocal entry
-        metas = [TxMeta(ts, str(uuid.uuid4()), "dc2") for ts in (1, 2)]
-        await store.persist_step(
-            ProtocolStep(
-                counter=2, incoming=metas, synced_start=store.state.merge_base, synced=metas,
-                changes=[StateChangeRequest(m.tx_id, TxState.ACCEPTED) for m in metas],
-                service="sync-coordinator",
-            )
-        )  # fmt: skip
+        await _sync_foreign(store, 1, 2)
         store.report_progress({"dc2": 2}, None, peers_reported=True)
         assert store.truncation_hold() == TruncationHold(3, "")
         entry = (await store.change_membership(change, adds=True)).tx_id
@@ -1953,14 +1958,7 @@ def test_a_membership_entry_holds_truncation_back_until_it_is_applied(tmp_path: 
         assert store.truncation_hold() == TruncationHold(
             0, "a removed node, whose order may reach 3, at 0 (3 behind)"
         )
-        more = TxMeta(4, str(uuid.uuid4()), "dc2")
-        await store.persist_step(
-            ProtocolStep(
-                counter=4, incoming=[more], synced_start=store.state.merge_base,
-                synced=[more], changes=[StateChangeRequest(more.tx_id, TxState.ACCEPTED)],
-                service="sync-coordinator",
-            )
-        )  # fmt: skip
+        await _sync_foreign(store, 4)
         store.report_progress({"dc2": 4, "dc4": 4}, None, peers_reported=True)
         assert store.truncation_hold() == TruncationHold(5, "")
 
