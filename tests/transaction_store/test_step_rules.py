@@ -224,6 +224,29 @@ def test_truncation_goes_as_far_as_every_peer_and_worker_passed_and_says_who_hol
     )
 
 
+def test_a_peer_is_let_go_only_where_truncation_passes_its_order_after_every_hold() -> None:
+    """A peer past ``peer_hold_max`` is let go (and warned of) only if truncation then
+    passes its order's end; the removed-node hold is one of the holds that decide it,
+    so while it keeps truncation below that peer, the peer holds as before."""
+    state = StoreState("dc1")
+    for stamp in range(1, 7):
+        _synced_peer_tx(state, stamp)
+    progress = Progress(
+        {"dc2": 6, "dc3": 1}, peer_ordered_len={"dc2": 6, "dc3": 1}, peers_reported=True,
+        workers_min_position=6,
+    )  # fmt: skip
+    hold = functools.partial(
+        truncation_hold, state, progress, witness=False, history_kept=0, history_kept_ms=0,
+        first_unfinished=7, now_ms=NOW_MS, peer_hold_max=2,
+    )  # fmt: skip
+    assert hold() == TruncationHold(7, "", (("peer dc3", 1),))
+    # As installing a view that leaves a node out records: its order may reach 6.
+    state.removed_order_end = 6
+    assert hold() == TruncationHold(0, "a removed node, whose order may reach 6, at 0 (6 behind)")
+    state.removed_order_end = 5  # truncation passes it whole: dc3 is let go again
+    assert hold() == TruncationHold(7, "", (("peer dc3", 1),))
+
+
 def test_a_lagger_is_served_only_appends_that_are_durable() -> None:
     """``read_synced`` (what a coordinator serves from the txlog): the state holds staged
     appends too; the chunk stops at the first one not yet durable, as a post's base

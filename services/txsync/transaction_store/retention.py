@@ -139,6 +139,8 @@ def truncation_hold(
             passed.append((progress.workers_min_position, "the slowest worker"))
         passed.append((first_unfinished - 1, "unfinished transactions"))
 
+    removed_end = state.removed_order_end
+
     def bound(holds: list[tuple[int, str]]) -> tuple[int, str]:
         """The highest position truncation may drop below ``holds``, and what holds it."""
         through, holder = min(holds, key=lambda limit: limit[0], default=(end, ""))
@@ -153,6 +155,14 @@ def truncation_hold(
             recent = max(recent, end - max(history_kept, HISTORY_KEPT_BY_AGE_MOST))
             if recent < through:
                 through, holder = recent, ""
+        # A node the configuration left out may be added again, and catch up from the
+        # logs if its order ends past the history's start: truncation stopping between
+        # the bodies it holds and that end left them gone everywhere
+        # (``removed_order_end``). Inside ``bound`` so that a peer is let go only when
+        # truncation passes its order's end after this hold too.
+        if state.synced_offset < through <= removed_end:
+            through = state.synced_offset
+            holder = f"a removed node, whose order may reach {removed_end},"
         return through, holder
 
     # A peer whose order is further behind than ``peer_hold_max`` is let go: it holds
@@ -175,13 +185,6 @@ def truncation_hold(
             break
         for peer in stuck:
             del released[peer]
-    # A node the configuration left out may be added again, and catch up from the logs
-    # if its order ends past the history's start: truncation stopping between the
-    # bodies it holds and that end left them gone everywhere (``removed_order_end``).
-    removed_end = state.removed_order_end
-    if state.synced_offset < through <= removed_end:
-        through = state.synced_offset
-        holder = f"a removed node, whose order may reach {removed_end},"
     core = progress.core_history_len
     if core is not None and core < through:
         through, holder = core, "the sync-coordinator's core"
