@@ -8,8 +8,10 @@ dc1, each submitting a one-row upsert and waiting until it is ACCEPTED, then the
 
 * ``raw Submit``: each caller its own unary ``Submit`` on a shared channel, no library
   (what the benchmark's clients did before the library);
-* ``library, batching off``: ``Client(batch_max=1, in_flight_max=callers)``, one call per
-  submit (failover and keys, no gathering);
+* ``library, batching off``: ``Client(batch_max=1, in_flight_max=callers)``, one message
+  per submit on the client's ``SubmitEach`` stream (failover and keys, no gathering);
+* ``library, off, unary``: the same with ``submit_stream=False``, a unary ``Submit`` call
+  per submit (the library before ``SubmitEach``);
 * ``library (4 in flight)``: ``Client()`` as shipped (at most 4 calls in flight, the rest
   gathered into ``SubmitBatch`` calls of up to 256), and with 1 call in flight.
 
@@ -103,8 +105,11 @@ def _measure(
     else:
         chosen = MODES[mode]
         settings: dict[str, Any] = (
-            {"batch_max": 1, "in_flight_max": callers} if chosen is None else chosen
+            {"batch_max": 1, "in_flight_max": callers}
+            if chosen is None or "submit_stream" in chosen
+            else {}
         )
+        settings.update(chosen or {})
         client = Client(cluster, dc="dc1", **settings)
 
         def submit(n: int) -> None:
@@ -158,6 +163,7 @@ def _measure(
 MODES: dict[str, dict[str, Any] | None] = {
     "raw Submit": None,
     "library, batching off": None,
+    "library, off, unary": {"submit_stream": False},
     "library, 1 call in flight": {"in_flight_max": 1},
     "library (4 in flight)": {},
 }

@@ -56,7 +56,7 @@ class Role(IntEnum):
 
 
 ADMIN_WRITES = {"ChangeMembership", "PauseSync", "ResumeSync", "TruncateLog"}
-CLIENT_WRITES = {"Submit", "SubmitBatch", "SubmitStream"}
+CLIENT_WRITES = {"Submit", "SubmitBatch", "SubmitStream", "SubmitEach"}
 INTERNAL_SERVICES = {
     "txsync.v1.StoreInternalService",
     "txsync.v1.WorkerService",

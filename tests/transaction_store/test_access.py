@@ -30,6 +30,7 @@ from tests.support.processes import (
     worker_dispatch,
 )
 from tests.support.store_stream import advance
+from txsync.access import CLIENT_WRITES
 from txsync.rpc import SERVICE_TOKEN_ENV, health_status
 from txsync.v1 import (
     admin_pb2,
@@ -104,10 +105,20 @@ def test_tokens_and_roles_guard_the_client_and_admin_apis(
                 request = admin_pb2.PauseSyncRequest()
                 return _code(lambda: admin.PauseSync(request, metadata=_as(role), timeout=5))
 
+            def submit_each(role: str | None) -> grpc.StatusCode:
+                each = client_pb2.SubmitEachRequest(
+                    call_id=1, submit=client_pb2.SubmitRequest(body=body)
+                )
+                return _code(
+                    lambda: list(client.SubmitEach(iter([each]), metadata=_as(role), timeout=5))
+                )
+
             assert submit(None) is grpc.StatusCode.UNAUTHENTICATED
             assert submit("reader") is grpc.StatusCode.PERMISSION_DENIED
             assert submit("client") is grpc.StatusCode.OK
             assert submit("admin") is grpc.StatusCode.OK
+            assert submit_each("reader") is grpc.StatusCode.PERMISSION_DENIED
+            assert submit_each("client") is grpc.StatusCode.OK
             wrong = (("authorization", "Bearer not-a-token"),)
             assert (
                 _code(lambda: client.Submit(client_pb2.SubmitRequest(body=body), metadata=wrong))
@@ -151,7 +162,7 @@ def test_tokens_and_roles_guard_the_client_and_admin_apis(
             for reason in ("unauthenticated", "forbidden")
             if f'reason="{reason}"' in line
         }
-        assert refused == {"unauthenticated": 3, "forbidden": 5}, refused
+        assert refused == {"unauthenticated": 3, "forbidden": 6}, refused
         assert "refused /txsync.v1.AdminService/PauseSync" in store.log()
 
         def cli(*token: str) -> subprocess.CompletedProcess[str]:
@@ -168,6 +179,14 @@ def test_tokens_and_roles_guard_the_client_and_admin_apis(
     finally:
         coordinator.terminate()
         store.terminate()
+
+
+def test_every_client_method_is_a_read_or_a_write_on_purpose() -> None:
+    """A ClientService method not in ``CLIENT_WRITES`` is open to readers: a new one that
+    writes must be added there (``SubmitEach`` nearly was not)."""
+    service = client_pb2.DESCRIPTOR.services_by_name["ClientService"]
+    reads = {method.name for method in service.methods} - CLIENT_WRITES
+    assert reads == {"Get", "Wait", "WaitBatch", "List", "Query"}
 
 
 def test_a_bad_access_file_stops_the_service_with_a_clear_message(tmp_path: Path) -> None:

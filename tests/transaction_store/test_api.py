@@ -388,6 +388,68 @@ def test_a_stream_of_refused_bodies_is_answered_and_not_held(
     assert grown < 150, f"the store grew by {grown:.0f} MiB"
 
 
+def _each(call_id: int, body: common_pb2.TxBody, **submit: Any) -> client_pb2.SubmitEachRequest:
+    request = client_pb2.SubmitRequest(body=body, **submit)
+    return client_pb2.SubmitEachRequest(call_id=call_id, submit=request)
+
+
+def test_submit_each_answers_every_message_on_its_own_by_call_id(
+    client: client_pb2_grpc.ClientServiceStub,
+) -> None:
+    """Each message of a ``SubmitEach`` stream is a ``Submit``: answered by its call id,
+    refused on its own (the stream goes on), idempotent by key as a unary submit is."""
+    key = f"each-{uuid.uuid4()}"
+    requests = [
+        _each(1, _body(1), idempotency_key=key),
+        _each(2, _body(2), idempotency_key="k" * 129),  # refused: the key is too long
+        _each(3, _body(1), idempotency_key=key),  # a retry: the first one's transaction
+        *(_each(n, _body(n)) for n in range(4, 301)),
+    ]
+    answers = {a.call_id: a.result for a in client.SubmitEach(iter(requests), timeout=120)}
+    assert sorted(answers) == list(range(1, 301))
+    assert answers[2].error.startswith("INVALID_ARGUMENT: idempotency_key"), answers[2]
+    first, again = answers[1].accepted, answers[3].accepted
+    assert (first.created, again.created, again.tx_id) == (True, False, first.tx_id)
+    accepted = [answers[n].accepted for n in range(4, 301)]
+    assert len({a.tx_id for a in accepted}) == 297
+    assert all(a.state == common_pb2.TX_STATE_INCOMING for a in accepted)
+    got = client.Get(client_pb2.GetRequest(tx_id=accepted[-1].tx_id))
+    assert got.state == common_pb2.TX_STATE_INCOMING
+
+
+def test_submit_each_reads_no_further_while_its_limit_is_under_way(
+    client: client_pb2_grpc.ClientServiceStub,
+) -> None:
+    """At most ``SUBMIT_EACH_UNDER_WAY_MAX`` (256) submits of a stream are under way: 256
+    that wait for a state this store alone never reaches hold the stream, and the 257th,
+    which waits for nothing, is answered only after one of them."""
+    waiting = {"wait_for": common_pb2.TX_STATE_ACCEPTED}
+    requests = [
+        *(
+            _each(n, _body(n), wait_timeout=duration_pb2.Duration(seconds=2), **waiting)
+            for n in range(1, 257)
+        ),
+        _each(257, _body(257)),
+    ]
+    order = [a.call_id for a in client.SubmitEach(iter(requests), timeout=120)]
+    assert sorted(order) == list(range(1, 258))
+    assert order[0] != 257, "the 257th went past the limit"
+
+
+def test_a_malformed_message_ends_the_submit_each_stream(server: ServiceProcess) -> None:
+    with grpc.insecure_channel(server.address) as channel:
+        raw = channel.stream_stream(
+            "/txsync.v1.ClientService/SubmitEach",
+            request_serializer=lambda message: message,
+            response_deserializer=client_pb2.SubmitEachResponse.FromString,
+        )
+        good = _each(1, _body(1)).SerializeToString()
+        answers = raw(iter([good, b"\xff\xff\xff"]), timeout=60)
+        code, details = _code(lambda: list(answers))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed request: not a valid txsync.v1.SubmitEachRequest" in details
+
+
 def test_stream_submit_and_wait(client: client_pb2_grpc.ClientServiceStub) -> None:
     requests = (
         client_pb2.SubmitStreamRequest(submit=client_pb2.SubmitRequest(body=_body(i)))

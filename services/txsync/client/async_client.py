@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
@@ -41,6 +43,7 @@ from txsync.client.results import (
     TxInfo,
     body_of,
 )
+from txsync.client.submit_each import AioSubmitEachStream, NotServed
 from txsync.v1 import admin_pb2_grpc, client_pb2, client_pb2_grpc
 
 _T = TypeVar("_T")
@@ -58,7 +61,10 @@ class AsyncClient:
     (failovers included); ``attempt_s`` how long one DC is given
     (``core.ATTEMPT_S_DEFAULT``). Batching:
     ``batch_max`` submits per call, ``in_flight_max`` calls at once per DC, ``linger_ms``
-    of waiting for company (0: none, so a lone caller is never delayed).
+    of waiting for company (0: none, so a lone caller is never delayed). A submit that
+    travels alone is a message on one ``SubmitEach`` stream per DC, shared by every
+    caller (``client/submit_each.py``); ``submit_stream=False`` sends it as a unary
+    ``Submit`` call instead, as against a DC that has no such stream.
 
     ``idempotent=False`` sends a submit without a key (unless one is given) and never
     sends it again: an error is raised as the first DC gave it, and a submit whose answer
@@ -79,11 +85,12 @@ class AsyncClient:
         in_flight_max: int = IN_FLIGHT_MAX_DEFAULT,
         linger_ms: float = 0.0,
         idempotent: bool = True,
+        submit_stream: bool = True,
     ) -> None:
         tls = tls if tls is not None else Tls.from_environment()
         self.endpoints: list[Endpoint] = located(endpoints, dc, tls)
         self._transport = AioTransport(
-            self.endpoints, token_metadata(token), tls,
+            self.endpoints, token_metadata(token), tls, submit_stream=submit_stream,
             batching={"batch_max": batch_max, "in_flight_max": in_flight_max,
                       "linger_s": linger_ms / 1000, "grace_s": attempt_s},
         )  # fmt: skip
@@ -245,22 +252,34 @@ class AioTransport:
         metadata: tuple[tuple[str, str], ...],
         tls: Tls | None,
         batching: dict[str, Any],
+        *,
+        submit_stream: bool = True,
     ) -> None:
         self.endpoints, self.metadata, self.tls, self.batching = endpoints, metadata, tls, batching
+        self.submit_stream = submit_stream
         SubmitBatcher(_never, _never, **batching)  # checks the settings now
         self.channels: dict[int, grpc.aio.Channel] = {}
         self.stubs: dict[tuple[int, str], Any] = {}
         self.batchers: dict[int, SubmitBatcher] = {}
+        self.submit_streams: dict[int, AioSubmitEachStream] = {}
 
     async def submit(
         self, index: int, request: client_pb2.SubmitRequest
     ) -> client_pb2.SubmitResponse:
         batcher = self.batchers.get(index)
         if batcher is None:
+            stream = None
+            if self.submit_stream:
+                stream = self.submit_streams[index] = AioSubmitEachStream(
+                    functools.partial(self.open_submit_each, index)
+                )
 
             async def send_one(
                 request: client_pb2.SubmitRequest, timeout: float
             ) -> client_pb2.SubmitResponse:
+                if stream is not None:
+                    with contextlib.suppress(NotServed):
+                        return await stream.submit(request, timeout)
                 answer: client_pb2.SubmitResponse = await self.call(
                     index, "client", "Submit", request, timeout
                 )
@@ -277,9 +296,31 @@ class AioTransport:
             batcher = self.batchers[index] = SubmitBatcher(send_one, send_many, **self.batching)
         return await batcher.submit(request)
 
+    async def open_submit_each(
+        self, index: int, requests: AsyncIterator[client_pb2.SubmitEachRequest]
+    ) -> AsyncIterator[client_pb2.SubmitEachResponse]:
+        """A ``SubmitEach`` call to the DC at ``index``, its errors as ``Refused``."""
+        call = self._stub(index, "client").SubmitEach(requests, metadata=self.metadata)
+        try:
+            async for answer in call:
+                yield answer
+        except grpc.aio.AioRpcError as error:
+            details, trailing = error.details() or "", error.trailing_metadata()
+            raise refused_by(error.code(), details, trailing) from None
+        finally:
+            call.cancel()
+
     async def call(
         self, index: int, service: str, method: str, request: Message, timeout: float
     ) -> Any:
+        stub = self._stub(index, service)
+        try:
+            return await getattr(stub, method)(request, timeout=timeout, metadata=self.metadata)
+        except grpc.aio.AioRpcError as error:
+            details, trailing = error.details() or "", error.trailing_metadata()
+            raise refused_by(error.code(), details, trailing) from None
+
+    def _stub(self, index: int, service: str) -> Any:
         channel = self.channels.get(index)
         if channel is None:
             endpoint = self.endpoints[index]
@@ -298,11 +339,7 @@ class AioTransport:
                 if service == "client"
                 else admin_pb2_grpc.AdminServiceStub(channel)
             )
-        try:
-            return await getattr(stub, method)(request, timeout=timeout, metadata=self.metadata)
-        except grpc.aio.AioRpcError as error:
-            details, trailing = error.details() or "", error.trailing_metadata()
-            raise refused_by(error.code(), details, trailing) from None
+        return stub
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
@@ -317,6 +354,9 @@ class AioTransport:
         channels, self.channels = builtins.list(self.channels.values()), {}
         self.stubs.clear()
         self.batchers.clear()
+        streams, self.submit_streams = builtins.list(self.submit_streams.values()), {}
+        for stream in streams:
+            await stream.close()
         for channel in channels:
             await channel.close()
 

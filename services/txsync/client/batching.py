@@ -115,7 +115,7 @@ class SubmitBatcher:
                 if result.WhichOneof("result") == "accepted":
                     _settle(answer, result.accepted)
                 else:
-                    _settle(answer, _refused_in_batch(result.error))
+                    _settle(answer, refused_in_batch(result.error))
         except Refused as refused:
             for _, answer in batch:
                 _settle(answer, refused)
@@ -147,7 +147,7 @@ def _settle(
         answer.set_result(result)
 
 
-def _refused_in_batch(error: str) -> Refused:
+def refused_in_batch(error: str) -> Refused:
     """A batch answers a refused submit with ``"CODE_NAME: message"``."""
     name, _, details = error.partition(": ")
     code = grpc.StatusCode.__members__.get(name, grpc.StatusCode.UNKNOWN)
@@ -219,7 +219,7 @@ class ThreadBatcher:
                 if result.WhichOneof("result") == "accepted":
                     answer.set_result(result.accepted)
                 else:
-                    answer.set_exception(_refused_in_batch(result.error))
+                    answer.set_exception(refused_in_batch(result.error))
         except Refused as refused:
             for _, answer in batch:
                 if not answer.done():

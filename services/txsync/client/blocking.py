@@ -9,6 +9,8 @@ a ``ThreadBatcher``: whoever finds a call free makes it, carrying what the other
 from __future__ import annotations
 
 import builtins
+import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, overload
@@ -47,6 +49,7 @@ from txsync.client.results import (
     TxInfo,
     body_of,
 )
+from txsync.client.submit_each import NotServed, SubmitEachStream
 from txsync.v1 import admin_pb2_grpc, client_pb2, client_pb2_grpc
 
 _T = TypeVar("_T")
@@ -75,11 +78,12 @@ class Client:
         batch_max: int = BATCH_MAX_DEFAULT,
         in_flight_max: int = IN_FLIGHT_MAX_DEFAULT,
         idempotent: bool = True,
+        submit_stream: bool = True,
     ) -> None:
         tls = tls if tls is not None else Tls.from_environment()
         self.endpoints: builtins.list[Endpoint] = located(endpoints, dc, tls)
         self._transport = SyncTransport(
-            self.endpoints, token_metadata(token), tls,
+            self.endpoints, token_metadata(token), tls, submit_stream=submit_stream,
             batching={"batch_max": batch_max, "in_flight_max": in_flight_max,
                       "grace_s": attempt_s},
         )  # fmt: skip
@@ -207,22 +211,34 @@ class SyncTransport:
         metadata: tuple[tuple[str, str], ...],
         tls: Tls | None,
         batching: dict[str, Any],
+        *,
+        submit_stream: bool = True,
     ) -> None:
         self.endpoints, self.metadata, self.tls, self.batching = endpoints, metadata, tls, batching
+        self.submit_stream = submit_stream
         ThreadBatcher(_never, _never, **batching)  # checks the settings now
         self.channels: dict[int, grpc.Channel] = {}
         self.stubs: dict[tuple[int, str], Any] = {}
         self.batchers: dict[int, ThreadBatcher] = {}
+        self.submit_streams: dict[int, SubmitEachStream] = {}
 
     async def submit(
         self, index: int, request: client_pb2.SubmitRequest
     ) -> client_pb2.SubmitResponse:
         batcher = self.batchers.get(index)
         if batcher is None:
+            stream = None
+            if self.submit_stream:
+                stream = self.submit_streams[index] = SubmitEachStream(
+                    functools.partial(self.open_submit_each, index)
+                )
 
             def send_one(
                 request: client_pb2.SubmitRequest, timeout: float
             ) -> client_pb2.SubmitResponse:
+                if stream is not None:
+                    with contextlib.suppress(NotServed):
+                        return stream.submit(request, timeout)
                 answer: client_pb2.SubmitResponse = self.call_now(
                     index, "client", "Submit", request, timeout
                 )
@@ -246,9 +262,34 @@ class SyncTransport:
     ) -> Any:
         return self.call_now(index, service, method, request, timeout)
 
+    def open_submit_each(
+        self, index: int, requests: Iterator[client_pb2.SubmitEachRequest]
+    ) -> Iterator[client_pb2.SubmitEachResponse]:
+        """A ``SubmitEach`` call to the DC at ``index``, its errors as ``Refused``."""
+        answers = self._stub(index, "client").SubmitEach(requests, metadata=self.metadata)
+        try:
+            yield from answers
+        except grpc.RpcError as error:
+            if not isinstance(error, grpc.Call):
+                raise
+            details, trailing = error.details() or "", error.trailing_metadata()
+            raise refused_by(error.code(), details, trailing) from None
+        finally:
+            answers.cancel()
+
     def call_now(
         self, index: int, service: str, method: str, request: Message, timeout: float
     ) -> Any:
+        stub = self._stub(index, service)
+        try:
+            return getattr(stub, method)(request, timeout=timeout, metadata=self.metadata)
+        except grpc.RpcError as error:
+            if not isinstance(error, grpc.Call):
+                raise
+            details, trailing = error.details() or "", error.trailing_metadata()
+            raise refused_by(error.code(), details, trailing) from None
+
+    def _stub(self, index: int, service: str) -> Any:
         stub = self.stubs.get((index, service))
         if stub is None:
             channel = self.channels.get(index)
@@ -267,13 +308,7 @@ class SyncTransport:
                 (index, service),
                 kind(channel) if kind else admin_pb2_grpc.AdminServiceStub(channel),
             )
-        try:
-            return getattr(stub, method)(request, timeout=timeout, metadata=self.metadata)
-        except grpc.RpcError as error:
-            if not isinstance(error, grpc.Call):
-                raise
-            details, trailing = error.details() or "", error.trailing_metadata()
-            raise refused_by(error.code(), details, trailing) from None
+        return stub
 
     async def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -288,6 +323,9 @@ class SyncTransport:
         channels, self.channels = builtins.list(self.channels.values()), {}
         self.stubs.clear()
         self.batchers.clear()
+        streams, self.submit_streams = builtins.list(self.submit_streams.values()), {}
+        for stream in streams:
+            stream.close()
         for channel in channels:
             channel.close()
 

@@ -74,6 +74,12 @@ STREAM_CHUNK_BYTES_MAX = 16 * 1024 * 1024
 SUBMIT_STREAMS_MAX = 32
 """``SubmitStream`` calls open at once (each holds up to STREAM_CHUNK_BYTES_MAX: 512 MiB
 at most in all); one caller may hold 24."""
+SUBMIT_EACH_STREAMS_MAX = 1024
+"""``SubmitEach`` calls open at once: one per client process (and DC) while it is open,
+each idle but for the submits under way; a client refused one sends unary calls."""
+SUBMIT_EACH_UNDER_WAY_MAX = 256
+"""Submits of one ``SubmitEach`` stream under way at once; its reader waits beyond it
+(a client sends no more at once than it has callers)."""
 FOLLOW_BODY_BYTES_MAX = 4 * 1024 * 1024
 """Bodies per FollowEnqueued message: a batch over it is split (a body alone may be
 BODY_BYTES_MAX, which still fits gRPC's MESSAGE_BYTES_MAX)."""
@@ -241,17 +247,101 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         self.streams = Shares(
             "submit streams", SUBMIT_STREAMS_MAX, retry_after_ms=store.config.retry_after_ms
         )
+        self.each_streams = Shares(
+            "SubmitEach streams", SUBMIT_EACH_STREAMS_MAX,
+            retry_after_ms=store.config.retry_after_ms,
+        )  # fmt: skip
 
     @answers_errors
     async def Submit(
         self, request: client_pb2.SubmitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> client_pb2.SubmitResponse:
-        body, key, traceparent = _submit_args(request, _traceparent(context))
-        wait = _wait_args(request)
-        response = _submitted(await self._store.submit(body, key, traceparent))
+        return await self._submit_one(
+            _submit_args(request, _traceparent(context)), _wait_args(request), caller_of(context)
+        )
+
+    async def _submit_one(
+        self,
+        args: tuple[common_pb2.TxBody, str, str],
+        wait: tuple[TxState, float] | None,
+        caller: str,
+    ) -> client_pb2.SubmitResponse:
+        response = _submitted(await self._store.submit(*args))
         if wait is not None:
-            await _waited(self._store, [response], wait, caller_of(context))
+            await _waited(self._store, [response], wait, caller)
         return response
+
+    async def SubmitEach(
+        self,
+        request_iterator: AsyncIterator[client_pb2.SubmitEachRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[client_pb2.SubmitEachResponse]:
+        # A message is one Submit without a call of its own (docs/benchmarks.md, Tuning
+        # 41). A client holds one such stream per DC for as long as it is open, so they
+        # have a limit of their own, far above SubmitStream's bulk loads.
+        caller = caller_of(context)
+        try:
+            self.each_streams.take(caller)
+        except REFUSALS as error:
+            await abort(context, error)
+        try:
+            async for answer in self._answer_each(request_iterator, context, caller):
+                yield answer
+        finally:
+            self.each_streams.give_back(caller)
+
+    async def _answer_each(
+        self,
+        request_iterator: AsyncIterator[client_pb2.SubmitEachRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+        caller: str,
+    ) -> AsyncIterator[client_pb2.SubmitEachResponse]:
+        """Each submit runs as a task of its own, answered when it ends; the reader
+        waits while ``SUBMIT_EACH_UNDER_WAY_MAX`` of them are under way. A malformed
+        message ends the stream (INVALID_ARGUMENT): its call id cannot be trusted."""
+        traceparent = _traceparent(context)
+        answers: asyncio.Queue[client_pb2.SubmitEachResponse | None] = asyncio.Queue()
+        room = asyncio.Semaphore(SUBMIT_EACH_UNDER_WAY_MAX)
+        under_way: set[asyncio.Task[None]] = set()
+
+        async def one(request: client_pb2.SubmitEachRequest) -> None:
+            result = client_pb2.SubmitResult()
+            try:
+                args = _submit_args(request.submit, traceparent, one_of_many=True)
+                accepted = await self._submit_one(args, _wait_args(request.submit), caller)
+                result.accepted.CopyFrom(accepted)
+            except REFUSALS as refused:
+                error = service_error(refused)
+                result.error = f"{error.code.name}: {error.message}"
+            finally:
+                room.release()
+            answer = client_pb2.SubmitEachResponse(call_id=request.call_id, result=result)
+            answers.put_nowait(answer)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    check_request(request)
+                    await room.acquire()
+                    task = asyncio.create_task(one(request))
+                    under_way.add(task)
+                    task.add_done_callback(under_way.discard)
+                if under_way:
+                    await asyncio.wait(set(under_way))
+            finally:
+                answers.put_nowait(None)
+
+        reading = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reading  # a malformed message: its error
+        except REFUSALS as error:
+            await abort(context, error)
+        finally:
+            # The caller went away: its submits under way still end (each as a unary
+            # Submit whose caller left: durable or refused), answered to no one.
+            reading.cancel()
 
     @answers_errors
     async def SubmitBatch(

@@ -24,7 +24,7 @@ from txsync.v1 import common_pb2 as txsync_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x16txsync/v1/client.proto\x12\ttxsync.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16txsync/v1/common.proto"\xb5\x01\n\rSubmitRequest\x12\x1f\n\x04\x62ody\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxBody\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12$\n\x08wait_for\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12/\n\x0cwait_timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0btraceparent\x18\x05 \x01(\t"\x9b\x01\n\x0eSubmitResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12!\n\x05state\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07reached\x18\x04 \x01(\x08\x12#\n\x07outcome\x18\x05 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x10\n\x08position\x18\x06 \x01(\x04"?\n\x12SubmitBatchRequest\x12)\n\x07submits\x18\x01 \x03(\x0b\x32\x18.txsync.v1.SubmitRequest"X\n\x0cSubmitResult\x12-\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x19.txsync.v1.SubmitResponseH\x00\x12\x0f\n\x05\x65rror\x18\x02 \x01(\tH\x00\x42\x08\n\x06result"?\n\x13SubmitBatchResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.txsync.v1.SubmitResult"?\n\x13SubmitStreamRequest\x12(\n\x06submit\x18\x01 \x01(\x0b\x32\x18.txsync.v1.SubmitRequest"@\n\x14SubmitStreamResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.txsync.v1.SubmitResult"J\n\nGetRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x14\n\x0cinclude_body\x18\x02 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t"\x8e\x02\n\x0bGetResponse\x12\r\n\x05tx_id\x18\x08 \x01(\t\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12&\n\x07history\x18\x03 \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x10\n\x08position\x18\x05 \x01(\x04\x12\x1f\n\x04\x62ody\x18\x06 \x01(\x0b\x32\x11.txsync.v1.TxBody\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12\x17\n\x0fidempotency_key\x18\t \x01(\t"k\n\x0bWaitRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration"q\n\x10WaitBatchRequest\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration"=\n\x11WaitBatchResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.txsync.v1.WaitResponse"g\n\x0cWaitResponse\x12!\n\x05state\x18\x01 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07reached\x18\x02 \x01(\x08\x12#\n\x07outcome\x18\x03 \x01(\x0b\x32\x12.txsync.v1.Outcome"W\n\x0bListRequest\x12!\n\x05state\x18\x01 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t"U\n\x0cListResponse\x12,\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x16.txsync.v1.GetResponse\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t"\xb5\x01\n\x0cQueryRequest\x12\'\n\tstatement\x18\x01 \x01(\x0b\x32\x14.txsync.v1.Statement\x12\x16\n\x0e\x61\x66ter_position\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x66ter_tx_id\x18\x03 \x01(\t\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08max_rows\x18\x05 \x01(\r\x12\x11\n\tworker_id\x18\x06 \x01(\t"/\n\x08QueryRow\x12#\n\x06values\x18\x01 \x03(\x0b\x32\x13.txsync.v1.SqlValue"{\n\rQueryResponse\x12\x0f\n\x07\x63olumns\x18\x01 \x03(\t\x12!\n\x04rows\x18\x02 \x03(\x0b\x32\x13.txsync.v1.QueryRow\x12\x11\n\ttruncated\x18\x03 \x01(\x08\x12\x10\n\x08position\x18\x04 \x01(\x04\x12\x11\n\tworker_id\x18\x05 \x01(\t2\x9b\x04\n\rClientService\x12=\n\x06Submit\x12\x18.txsync.v1.SubmitRequest\x1a\x19.txsync.v1.SubmitResponse\x12L\n\x0bSubmitBatch\x12\x1d.txsync.v1.SubmitBatchRequest\x1a\x1e.txsync.v1.SubmitBatchResponse\x12Q\n\x0cSubmitStream\x12\x1e.txsync.v1.SubmitStreamRequest\x1a\x1f.txsync.v1.SubmitStreamResponse(\x01\x12\x34\n\x03Get\x12\x15.txsync.v1.GetRequest\x1a\x16.txsync.v1.GetResponse\x12\x37\n\x04Wait\x12\x16.txsync.v1.WaitRequest\x1a\x17.txsync.v1.WaitResponse\x12\x46\n\tWaitBatch\x12\x1b.txsync.v1.WaitBatchRequest\x1a\x1c.txsync.v1.WaitBatchResponse\x12\x37\n\x04List\x12\x16.txsync.v1.ListRequest\x1a\x17.txsync.v1.ListResponse\x12:\n\x05Query\x12\x17.txsync.v1.QueryRequest\x1a\x18.txsync.v1.QueryResponseb\x06proto3'
+    b'\n\x16txsync/v1/client.proto\x12\ttxsync.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16txsync/v1/common.proto"\xb5\x01\n\rSubmitRequest\x12\x1f\n\x04\x62ody\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxBody\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12$\n\x08wait_for\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12/\n\x0cwait_timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0btraceparent\x18\x05 \x01(\t"\x9b\x01\n\x0eSubmitResponse\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12!\n\x05state\x18\x03 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07reached\x18\x04 \x01(\x08\x12#\n\x07outcome\x18\x05 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x10\n\x08position\x18\x06 \x01(\x04"?\n\x12SubmitBatchRequest\x12)\n\x07submits\x18\x01 \x03(\x0b\x32\x18.txsync.v1.SubmitRequest"X\n\x0cSubmitResult\x12-\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x19.txsync.v1.SubmitResponseH\x00\x12\x0f\n\x05\x65rror\x18\x02 \x01(\tH\x00\x42\x08\n\x06result"?\n\x13SubmitBatchResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.txsync.v1.SubmitResult"?\n\x13SubmitStreamRequest\x12(\n\x06submit\x18\x01 \x01(\x0b\x32\x18.txsync.v1.SubmitRequest"@\n\x14SubmitStreamResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.txsync.v1.SubmitResult"N\n\x11SubmitEachRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12(\n\x06submit\x18\x02 \x01(\x0b\x32\x18.txsync.v1.SubmitRequest"N\n\x12SubmitEachResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\'\n\x06result\x18\x02 \x01(\x0b\x32\x17.txsync.v1.SubmitResult"J\n\nGetRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12\x14\n\x0cinclude_body\x18\x02 \x01(\x08\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t"\x8e\x02\n\x0bGetResponse\x12\r\n\x05tx_id\x18\x08 \x01(\t\x12\x1f\n\x04meta\x18\x01 \x01(\x0b\x32\x11.txsync.v1.TxMeta\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12&\n\x07history\x18\x03 \x03(\x0b\x32\x15.txsync.v1.Transition\x12#\n\x07outcome\x18\x04 \x01(\x0b\x32\x12.txsync.v1.Outcome\x12\x10\n\x08position\x18\x05 \x01(\x04\x12\x1f\n\x04\x62ody\x18\x06 \x01(\x0b\x32\x11.txsync.v1.TxBody\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12\x17\n\x0fidempotency_key\x18\t \x01(\t"k\n\x0bWaitRequest\x12\r\n\x05tx_id\x18\x01 \x01(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration"q\n\x10WaitBatchRequest\x12\x0e\n\x06tx_ids\x18\x01 \x03(\t\x12!\n\x05state\x18\x02 \x01(\x0e\x32\x12.txsync.v1.TxState\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration"=\n\x11WaitBatchResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.txsync.v1.WaitResponse"g\n\x0cWaitResponse\x12!\n\x05state\x18\x01 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x0f\n\x07reached\x18\x02 \x01(\x08\x12#\n\x07outcome\x18\x03 \x01(\x0b\x32\x12.txsync.v1.Outcome"W\n\x0bListRequest\x12!\n\x05state\x18\x01 \x01(\x0e\x32\x12.txsync.v1.TxState\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t"U\n\x0cListResponse\x12,\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x16.txsync.v1.GetResponse\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t"\xb5\x01\n\x0cQueryRequest\x12\'\n\tstatement\x18\x01 \x01(\x0b\x32\x14.txsync.v1.Statement\x12\x16\n\x0e\x61\x66ter_position\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x66ter_tx_id\x18\x03 \x01(\t\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08max_rows\x18\x05 \x01(\r\x12\x11\n\tworker_id\x18\x06 \x01(\t"/\n\x08QueryRow\x12#\n\x06values\x18\x01 \x03(\x0b\x32\x13.txsync.v1.SqlValue"{\n\rQueryResponse\x12\x0f\n\x07\x63olumns\x18\x01 \x03(\t\x12!\n\x04rows\x18\x02 \x03(\x0b\x32\x13.txsync.v1.QueryRow\x12\x11\n\ttruncated\x18\x03 \x01(\x08\x12\x10\n\x08position\x18\x04 \x01(\x04\x12\x11\n\tworker_id\x18\x05 \x01(\t2\xea\x04\n\rClientService\x12=\n\x06Submit\x12\x18.txsync.v1.SubmitRequest\x1a\x19.txsync.v1.SubmitResponse\x12L\n\x0bSubmitBatch\x12\x1d.txsync.v1.SubmitBatchRequest\x1a\x1e.txsync.v1.SubmitBatchResponse\x12Q\n\x0cSubmitStream\x12\x1e.txsync.v1.SubmitStreamRequest\x1a\x1f.txsync.v1.SubmitStreamResponse(\x01\x12M\n\nSubmitEach\x12\x1c.txsync.v1.SubmitEachRequest\x1a\x1d.txsync.v1.SubmitEachResponse(\x01\x30\x01\x12\x34\n\x03Get\x12\x15.txsync.v1.GetRequest\x1a\x16.txsync.v1.GetResponse\x12\x37\n\x04Wait\x12\x16.txsync.v1.WaitRequest\x1a\x17.txsync.v1.WaitResponse\x12\x46\n\tWaitBatch\x12\x1b.txsync.v1.WaitBatchRequest\x1a\x1c.txsync.v1.WaitBatchResponse\x12\x37\n\x04List\x12\x16.txsync.v1.ListRequest\x1a\x17.txsync.v1.ListResponse\x12:\n\x05Query\x12\x17.txsync.v1.QueryRequest\x1a\x18.txsync.v1.QueryResponseb\x06proto3'
 )
 
 _globals = globals()
@@ -46,28 +46,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
     _globals["_SUBMITSTREAMREQUEST"]._serialized_end = 718
     _globals["_SUBMITSTREAMRESPONSE"]._serialized_start = 720
     _globals["_SUBMITSTREAMRESPONSE"]._serialized_end = 784
-    _globals["_GETREQUEST"]._serialized_start = 786
-    _globals["_GETREQUEST"]._serialized_end = 860
-    _globals["_GETRESPONSE"]._serialized_start = 863
-    _globals["_GETRESPONSE"]._serialized_end = 1133
-    _globals["_WAITREQUEST"]._serialized_start = 1135
-    _globals["_WAITREQUEST"]._serialized_end = 1242
-    _globals["_WAITBATCHREQUEST"]._serialized_start = 1244
-    _globals["_WAITBATCHREQUEST"]._serialized_end = 1357
-    _globals["_WAITBATCHRESPONSE"]._serialized_start = 1359
-    _globals["_WAITBATCHRESPONSE"]._serialized_end = 1420
-    _globals["_WAITRESPONSE"]._serialized_start = 1422
-    _globals["_WAITRESPONSE"]._serialized_end = 1525
-    _globals["_LISTREQUEST"]._serialized_start = 1527
-    _globals["_LISTREQUEST"]._serialized_end = 1614
-    _globals["_LISTRESPONSE"]._serialized_start = 1616
-    _globals["_LISTRESPONSE"]._serialized_end = 1701
-    _globals["_QUERYREQUEST"]._serialized_start = 1704
-    _globals["_QUERYREQUEST"]._serialized_end = 1885
-    _globals["_QUERYROW"]._serialized_start = 1887
-    _globals["_QUERYROW"]._serialized_end = 1934
-    _globals["_QUERYRESPONSE"]._serialized_start = 1936
-    _globals["_QUERYRESPONSE"]._serialized_end = 2059
-    _globals["_CLIENTSERVICE"]._serialized_start = 2062
-    _globals["_CLIENTSERVICE"]._serialized_end = 2601
+    _globals["_SUBMITEACHREQUEST"]._serialized_start = 786
+    _globals["_SUBMITEACHREQUEST"]._serialized_end = 864
+    _globals["_SUBMITEACHRESPONSE"]._serialized_start = 866
+    _globals["_SUBMITEACHRESPONSE"]._serialized_end = 944
+    _globals["_GETREQUEST"]._serialized_start = 946
+    _globals["_GETREQUEST"]._serialized_end = 1020
+    _globals["_GETRESPONSE"]._serialized_start = 1023
+    _globals["_GETRESPONSE"]._serialized_end = 1293
+    _globals["_WAITREQUEST"]._serialized_start = 1295
+    _globals["_WAITREQUEST"]._serialized_end = 1402
+    _globals["_WAITBATCHREQUEST"]._serialized_start = 1404
+    _globals["_WAITBATCHREQUEST"]._serialized_end = 1517
+    _globals["_WAITBATCHRESPONSE"]._serialized_start = 1519
+    _globals["_WAITBATCHRESPONSE"]._serialized_end = 1580
+    _globals["_WAITRESPONSE"]._serialized_start = 1582
+    _globals["_WAITRESPONSE"]._serialized_end = 1685
+    _globals["_LISTREQUEST"]._serialized_start = 1687
+    _globals["_LISTREQUEST"]._serialized_end = 1774
+    _globals["_LISTRESPONSE"]._serialized_start = 1776
+    _globals["_LISTRESPONSE"]._serialized_end = 1861
+    _globals["_QUERYREQUEST"]._serialized_start = 1864
+    _globals["_QUERYREQUEST"]._serialized_end = 2045
+    _globals["_QUERYROW"]._serialized_start = 2047
+    _globals["_QUERYROW"]._serialized_end = 2094
+    _globals["_QUERYRESPONSE"]._serialized_start = 2096
+    _globals["_QUERYRESPONSE"]._serialized_end = 2219
+    _globals["_CLIENTSERVICE"]._serialized_start = 2222
+    _globals["_CLIENTSERVICE"]._serialized_end = 2840
 # @@protoc_insertion_point(module_scope)

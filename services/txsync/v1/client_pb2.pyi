@@ -264,6 +264,57 @@ class SubmitStreamResponse(_message.Message):
 Global___SubmitStreamResponse: _TypeAlias = SubmitStreamResponse  # noqa: Y015
 
 @_typing.final
+class SubmitEachRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    SUBMIT_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    """Chosen by the client, echoed in the answer."""
+    @_builtins.property
+    def submit(self) -> Global___SubmitRequest: ...
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+        submit: Global___SubmitRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submit", b"submit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "call_id", b"call_id", "submit", b"submit"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitEachRequest: _TypeAlias = SubmitEachRequest  # noqa: Y015
+
+@_typing.final
+class SubmitEachResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    @_builtins.property
+    def result(self) -> Global___SubmitResult: ...
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+        result: Global___SubmitResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal[
+        "call_id", b"call_id", "result", b"result"
+    ]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitEachResponse: _TypeAlias = SubmitEachResponse  # noqa: Y015
+
+@_typing.final
 class GetRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

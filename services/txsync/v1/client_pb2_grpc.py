@@ -56,6 +56,12 @@ class ClientServiceStub:
             response_deserializer=txsync_dot_v1_dot_client__pb2.SubmitStreamResponse.FromString,
             _registered_method=True,
         )
+        self.SubmitEach = channel.stream_stream(
+            "/txsync.v1.ClientService/SubmitEach",
+            request_serializer=txsync_dot_v1_dot_client__pb2.SubmitEachRequest.SerializeToString,
+            response_deserializer=txsync_dot_v1_dot_client__pb2.SubmitEachResponse.FromString,
+            _registered_method=True,
+        )
         self.Get = channel.unary_unary(
             "/txsync.v1.ClientService/Get",
             request_serializer=txsync_dot_v1_dot_client__pb2.GetRequest.SerializeToString,
@@ -110,6 +116,18 @@ class ClientServiceServicer:
 
     def SubmitStream(self, request_iterator, context):
         """Client streaming for bulk loads: one answer for the whole stream (at most 100000)."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details("Method not implemented!")
+        raise NotImplementedError("Method not implemented!")
+
+    def SubmitEach(self, request_iterator, context):
+        """Single submits on one long-lived call: each message is one `Submit`, answered by its
+        own message as soon as it is ready (in any order; `call_id` matches them). What a
+        client with many callers sends instead of a call per transaction. At most 256
+        submits of a stream are under way at once; the stream reads no more until one ends.
+        RESOURCE_EXHAUSTED naming "SubmitEach streams" when the DC has no room for another
+        stream: it took nothing of it (send unary `Submit` calls meanwhile).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")
         raise NotImplementedError("Method not implemented!")
@@ -170,6 +188,11 @@ def add_ClientServiceServicer_to_server(servicer, server):
             servicer.SubmitStream,
             request_deserializer=txsync_dot_v1_dot_client__pb2.SubmitStreamRequest.FromString,
             response_serializer=txsync_dot_v1_dot_client__pb2.SubmitStreamResponse.SerializeToString,
+        ),
+        "SubmitEach": grpc.stream_stream_rpc_method_handler(
+            servicer.SubmitEach,
+            request_deserializer=txsync_dot_v1_dot_client__pb2.SubmitEachRequest.FromString,
+            response_serializer=txsync_dot_v1_dot_client__pb2.SubmitEachResponse.SerializeToString,
         ),
         "Get": grpc.unary_unary_rpc_method_handler(
             servicer.Get,
@@ -289,6 +312,36 @@ class ClientService:
             "/txsync.v1.ClientService/SubmitStream",
             txsync_dot_v1_dot_client__pb2.SubmitStreamRequest.SerializeToString,
             txsync_dot_v1_dot_client__pb2.SubmitStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True,
+        )
+
+    @staticmethod
+    def SubmitEach(
+        request_iterator,
+        target,
+        options=(),
+        channel_credentials=None,
+        call_credentials=None,
+        insecure=False,
+        compression=None,
+        wait_for_ready=None,
+        timeout=None,
+        metadata=None,
+    ):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            "/txsync.v1.ClientService/SubmitEach",
+            txsync_dot_v1_dot_client__pb2.SubmitEachRequest.SerializeToString,
+            txsync_dot_v1_dot_client__pb2.SubmitEachResponse.FromString,
             options,
             channel_credentials,
             insecure,

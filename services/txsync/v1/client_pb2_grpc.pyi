@@ -51,6 +51,16 @@ class ClientServiceStub:
         _client_pb2.SubmitStreamRequest, _client_pb2.SubmitStreamResponse
     ]
     """Client streaming for bulk loads: one answer for the whole stream (at most 100000)."""
+    SubmitEach: _grpc.StreamStreamMultiCallable[
+        _client_pb2.SubmitEachRequest, _client_pb2.SubmitEachResponse
+    ]
+    """Single submits on one long-lived call: each message is one `Submit`, answered by its
+    own message as soon as it is ready (in any order; `call_id` matches them). What a
+    client with many callers sends instead of a call per transaction. At most 256
+    submits of a stream are under way at once; the stream reads no more until one ends.
+    RESOURCE_EXHAUSTED naming "SubmitEach streams" when the DC has no room for another
+    stream: it took nothing of it (send unary `Submit` calls meanwhile).
+    """
     Get: _grpc.UnaryUnaryMultiCallable[_client_pb2.GetRequest, _client_pb2.GetResponse]
     """A transaction's state, history and outcome at this DC. NOT_FOUND if unknown."""
     Wait: _grpc.UnaryUnaryMultiCallable[
@@ -101,6 +111,16 @@ class ClientServiceAsyncStub(ClientServiceStub):
         _client_pb2.SubmitStreamRequest, _client_pb2.SubmitStreamResponse
     ]  # type: ignore[assignment]
     """Client streaming for bulk loads: one answer for the whole stream (at most 100000)."""
+    SubmitEach: _aio.StreamStreamMultiCallable[
+        _client_pb2.SubmitEachRequest, _client_pb2.SubmitEachResponse
+    ]  # type: ignore[assignment]
+    """Single submits on one long-lived call: each message is one `Submit`, answered by its
+    own message as soon as it is ready (in any order; `call_id` matches them). What a
+    client with many callers sends instead of a call per transaction. At most 256
+    submits of a stream are under way at once; the stream reads no more until one ends.
+    RESOURCE_EXHAUSTED naming "SubmitEach streams" when the DC has no room for another
+    stream: it took nothing of it (send unary `Submit` calls meanwhile).
+    """
     Get: _aio.UnaryUnaryMultiCallable[_client_pb2.GetRequest, _client_pb2.GetResponse]  # type: ignore[assignment]
     """A transaction's state, history and outcome at this DC. NOT_FOUND if unknown."""
     Wait: _aio.UnaryUnaryMultiCallable[
@@ -167,6 +187,23 @@ class ClientServiceServicer(metaclass=_abc_1.ABCMeta):
         _abc.Awaitable[_client_pb2.SubmitStreamResponse],
     ]:
         """Client streaming for bulk loads: one answer for the whole stream (at most 100000)."""
+
+    @_abc_1.abstractmethod
+    def SubmitEach(
+        self,
+        request_iterator: _MaybeAsyncIterator[_client_pb2.SubmitEachRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[
+        _abc.Iterator[_client_pb2.SubmitEachResponse],
+        _abc.AsyncIterator[_client_pb2.SubmitEachResponse],
+    ]:
+        """Single submits on one long-lived call: each message is one `Submit`, answered by its
+        own message as soon as it is ready (in any order; `call_id` matches them). What a
+        client with many callers sends instead of a call per transaction. At most 256
+        submits of a stream are under way at once; the stream reads no more until one ends.
+        RESOURCE_EXHAUSTED naming "SubmitEach streams" when the DC has no room for another
+        stream: it took nothing of it (send unary `Submit` calls meanwhile).
+        """
 
     @_abc_1.abstractmethod
     def Get(
