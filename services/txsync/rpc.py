@@ -187,6 +187,14 @@ CALLS_HANDLED = process_wide(PlainHistogram(
 ))  # fmt: skip
 
 
+def record_message_as_call(seconds: float, service: str, method: str, code: str) -> None:
+    """One message of a stream that stands for a call of its own (each ``SubmitEach``
+    message is a ``Submit``), recorded as a unary call of ``method``: rates and
+    latencies by method count it as they count calls. The stream itself is recorded
+    when it ends, as ``bidi_stream``."""
+    CALLS_HANDLED.record(seconds, "unary", service, method, code)
+
+
 def _status_name(context: grpc.aio.ServicerContext[Any, Any], error: BaseException | None) -> str:
     """The status a handler answered: what it set or aborted with, else OK when it
     returned, CANCELLED when the caller went away, UNKNOWN for anything it raised."""

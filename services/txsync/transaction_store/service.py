@@ -11,6 +11,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from txsync.rpc import (
     abort,
     answers_errors,
     check_request,
+    record_message_as_call,
     service_error,
 )
 from txsync.shares import Shares, caller_of
@@ -74,6 +76,7 @@ STREAM_CHUNK_BYTES_MAX = 16 * 1024 * 1024
 SUBMIT_STREAMS_MAX = 32
 """``SubmitStream`` calls open at once (each holds up to STREAM_CHUNK_BYTES_MAX: 512 MiB
 at most in all); one caller may hold 24."""
+SERVICE = client_pb2.DESCRIPTOR.services_by_name["ClientService"].full_name
 SUBMIT_EACH_STREAMS_MAX = 1024
 """``SubmitEach`` calls open at once: one per client process (and DC) while it is open,
 each idle but for the submits under way; a client refused one sends unary calls."""
@@ -305,16 +308,20 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         under_way: set[asyncio.Task[None]] = set()
 
         async def one(request: client_pb2.SubmitEachRequest) -> None:
+            started = time.perf_counter()
             result = client_pb2.SubmitResult()
+            code = "OK"
             try:
                 args = _submit_args(request.submit, traceparent, one_of_many=True)
                 accepted = await self._submit_one(args, _wait_args(request.submit), caller)
                 result.accepted.CopyFrom(accepted)
             except REFUSALS as refused:
                 error = service_error(refused)
-                result.error = f"{error.code.name}: {error.message}"
+                code = error.code.name
+                result.error = f"{code}: {error.message}"
             finally:
                 room.release()
+            record_message_as_call(time.perf_counter() - started, SERVICE, "SubmitEach", code)
             answer = client_pb2.SubmitEachResponse(call_id=request.call_id, result=result)
             answers.put_nowait(answer)
 
