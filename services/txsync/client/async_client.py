@@ -7,7 +7,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import grpc
@@ -298,7 +298,7 @@ class AioTransport:
 
     async def open_submit_each(
         self, index: int, requests: AsyncIterator[client_pb2.SubmitEachRequest]
-    ) -> AsyncIterator[client_pb2.SubmitEachResponse]:
+    ) -> AsyncGenerator[client_pb2.SubmitEachResponse]:
         """A ``SubmitEach`` call to the DC at ``index``, its errors as ``Refused``."""
         call = self._stub(index, "client").SubmitEach(requests, metadata=self.metadata)
         try:

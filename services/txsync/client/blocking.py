@@ -12,7 +12,7 @@ import builtins
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import grpc
@@ -264,7 +264,7 @@ class SyncTransport:
 
     def open_submit_each(
         self, index: int, requests: Iterator[client_pb2.SubmitEachRequest]
-    ) -> Iterator[client_pb2.SubmitEachResponse]:
+    ) -> Generator[client_pb2.SubmitEachResponse]:
         """A ``SubmitEach`` call to the DC at ``index``, its errors as ``Refused``."""
         answers = self._stub(index, "client").SubmitEach(requests, metadata=self.metadata)
         try:

@@ -10,10 +10,11 @@ The stream is opened at the first submit and again after it broke; a submit alre
 on a stream that broke is answered with the stream's error (UNAVAILABLE when it just
 ended), as a unary call that lost its connection would be, and the client's retry rules
 apply to it as to any refusal. A DC that does not serve ``SubmitEach`` (a store of
-0.1.0) answers UNIMPLEMENTED once; the DC is then sent unary calls for good. A DC that
-refuses to open one (RESOURCE_EXHAUSTED: its limit of streams is reached) is sent unary
-calls for ``REFUSED_PAUSE_S``, then asked again. Either way the submits that met the
-refusal were not taken, and go again as unary calls.
+0.1.0) answers UNIMPLEMENTED once; the DC is then sent unary calls for good. A DC with
+no room for another stream answers its first message RESOURCE_EXHAUSTED naming
+``STREAMS_LIMIT`` and ends it; the DC is then sent unary calls for
+``REFUSED_PAUSE_S``, and asked again after. Either way nothing sent on the refused
+stream was taken, and each of its submits goes again as a unary call.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -33,18 +34,18 @@ from txsync.client.batching import Refused, refused_in_batch
 from txsync.v1 import client_pb2
 
 OpenStream = Callable[
-    [Iterator[client_pb2.SubmitEachRequest]], Iterator[client_pb2.SubmitEachResponse]
+    [Iterator[client_pb2.SubmitEachRequest]], Generator[client_pb2.SubmitEachResponse]
 ]
 """Opens a ``SubmitEach`` call fed by the iterator; iterating the result reads answers
 and raises ``Refused`` when the call ends in an error."""
 OpenAioStream = Callable[
-    [AsyncIterator[client_pb2.SubmitEachRequest]], AsyncIterator[client_pb2.SubmitEachResponse]
+    [AsyncIterator[client_pb2.SubmitEachRequest]], AsyncGenerator[client_pb2.SubmitEachResponse]
 ]
 """``OpenStream`` for grpc.aio."""
 _Answer = Future[client_pb2.SubmitResponse]
 
 STREAMS_LIMIT = "SubmitEach streams"
-"""What the DC's refusal of another stream names (client.proto): it took nothing of it."""
+"""What the DC's refusal of a whole stream names (client.proto): it took nothing of it."""
 REFUSED_PAUSE_S = 10.0
 """How long a client sends unary calls to a DC that refused it a stream."""
 
@@ -60,6 +61,8 @@ class _Call:
         self.sending: queue.SimpleQueue[client_pb2.SubmitEachRequest | None]
         self.sending = queue.SimpleQueue()
         self.waiting: dict[int, _Answer] = {}
+        self.refused = False
+        """The DC refused the whole call: nothing sent on it was taken."""
 
 
 class SubmitEachStream:
@@ -118,10 +121,12 @@ class SubmitEachStream:
         reader.start()
         return call
 
-    def _read(self, call: _Call, answers: Iterator[client_pb2.SubmitEachResponse]) -> None:
+    def _read(self, call: _Call, answers: Generator[client_pb2.SubmitEachResponse]) -> None:
         ended: Refused = Refused(grpc.StatusCode.UNAVAILABLE, "the DC ended the submit stream")
         try:
             for answer in answers:
+                if _refuses_the_call(self, call, answer.result):
+                    break
                 with self._lock:
                     waiting = call.waiting.pop(answer.call_id, None)
                 if waiting is not None:  # else its caller gave up
@@ -129,11 +134,12 @@ class SubmitEachStream:
         except Refused as refused:
             ended = refused
         finally:
+            answers.close()  # the gRPC call with it
             with self._lock:
                 if self._call is call:
                     self._call = None
                 call.sending.put(None)  # gRPC's sending thread ends with the call
-                ended = _not_taken(self, ended)
+                ended = _not_taken(self, call, ended)
                 left, call.waiting = call.waiting, {}
             for waiting in left.values():
                 waiting.set_exception(ended)
@@ -149,17 +155,32 @@ def _hand_over(
         waiting.set_exception(refused_in_batch(result.error))
 
 
-def _not_taken(stream: SubmitEachStream | AioSubmitEachStream, ended: Refused) -> Refused:
+def _refuses_the_call(
+    stream: SubmitEachStream | AioSubmitEachStream,
+    call: _Call | _AioCall,
+    result: client_pb2.SubmitResult,
+) -> bool:
+    """Whether ``result`` is the DC's refusal of the whole call (no room for another
+    stream); if so the DC is sent unary calls for ``REFUSED_PAUSE_S``."""
+    error = result.error
+    if not (error.startswith("RESOURCE_EXHAUSTED") and STREAMS_LIMIT in error):
+        return False
+    call.refused = True
+    stream.unary_until = time.monotonic() + REFUSED_PAUSE_S
+    return True
+
+
+def _not_taken(
+    stream: SubmitEachStream | AioSubmitEachStream, call: _Call | _AioCall, ended: Refused
+) -> Refused:
     """What the submits left on an ended call are answered: ``ended``, or, if the DC
-    refused the call before it took any (no ``SubmitEach``, or no room for another),
-    a refusal that sends them again as unary calls."""
+    refused the whole call (no ``SubmitEach``, or no room for another), a refusal that
+    sends them again as unary calls: it took none of them."""
     if ended.code is grpc.StatusCode.UNIMPLEMENTED:
         stream.not_served = True
-        return _NotServedRefusal()
-    if ended.code is grpc.StatusCode.RESOURCE_EXHAUSTED and STREAMS_LIMIT in ended.details:
-        stream.unary_until = time.monotonic() + REFUSED_PAUSE_S
-        return _NotServedRefusal()
-    return ended
+    elif not call.refused:
+        return ended
+    return _NotServedRefusal()
 
 
 class _NotServedRefusal(Refused):
@@ -173,6 +194,7 @@ class _AioCall:
     def __init__(self) -> None:
         self.sending: asyncio.Queue[client_pb2.SubmitEachRequest | None] = asyncio.Queue()
         self.waiting: dict[int, asyncio.Future[client_pb2.SubmitResponse]] = {}
+        self.refused = False
 
     async def requests(self) -> AsyncIterator[client_pb2.SubmitEachRequest]:
         while (request := await self.sending.get()) is not None:
@@ -233,21 +255,24 @@ class AioSubmitEachStream:
         return call
 
     async def _read(
-        self, call: _AioCall, answers: AsyncIterator[client_pb2.SubmitEachResponse]
+        self, call: _AioCall, answers: AsyncGenerator[client_pb2.SubmitEachResponse]
     ) -> None:
         ended: Refused = Refused(grpc.StatusCode.UNAVAILABLE, "the DC ended the submit stream")
         try:
             async for answer in answers:
+                if _refuses_the_call(self, call, answer.result):
+                    break
                 waiting = call.waiting.pop(answer.call_id, None)
                 if waiting is not None and not waiting.done():  # else its caller gave up
                     _hand_over(answer.result, waiting)
         except Refused as refused:
             ended = refused
         finally:
+            await answers.aclose()  # the gRPC call with it
             if self._call is call:
                 self._call = None
             call.sending.put_nowait(None)
-            ended = _not_taken(self, ended)
+            ended = _not_taken(self, call, ended)
             left, call.waiting = call.waiting, {}
             for waiting in left.values():
                 if not waiting.done():

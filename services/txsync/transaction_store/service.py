@@ -285,8 +285,17 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
         caller = caller_of(context)
         try:
             self.each_streams.take(caller)
-        except REFUSALS as error:
-            await abort(context, error)
+        except REFUSALS as refused:
+            # Refused in the first message's answer, then ended: aborted at once, the
+            # call raced the client's first write, and the client could see INTERNAL
+            # instead, not knowing whether anything was taken.
+            error = service_error(refused)
+            async for request in request_iterator:
+                result = client_pb2.SubmitResult(error=f"{error.code.name}: {error.message}")
+                call_id = 0 if isinstance(request, MalformedRequest) else request.call_id
+                yield client_pb2.SubmitEachResponse(call_id=call_id, result=result)
+                return
+            return
         try:
             async for answer in self._answer_each(request_iterator, context, caller):
                 yield answer

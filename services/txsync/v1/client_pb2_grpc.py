@@ -125,8 +125,9 @@ class ClientServiceServicer:
         own message as soon as it is ready (in any order; `call_id` matches them). What a
         client with many callers sends instead of a call per transaction. At most 256
         submits of a stream are under way at once; the stream reads no more until one ends.
-        RESOURCE_EXHAUSTED naming "SubmitEach streams" when the DC has no room for another
-        stream: it took nothing of it (send unary `Submit` calls meanwhile).
+        When the DC has no room for another stream, it answers the stream's first message
+        RESOURCE_EXHAUSTED naming "SubmitEach streams" and ends the stream: it took nothing
+        of it (send unary `Submit` calls meanwhile).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details("Method not implemented!")

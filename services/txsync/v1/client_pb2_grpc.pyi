@@ -58,8 +58,9 @@ class ClientServiceStub:
     own message as soon as it is ready (in any order; `call_id` matches them). What a
     client with many callers sends instead of a call per transaction. At most 256
     submits of a stream are under way at once; the stream reads no more until one ends.
-    RESOURCE_EXHAUSTED naming "SubmitEach streams" when the DC has no room for another
-    stream: it took nothing of it (send unary `Submit` calls meanwhile).
+    When the DC has no room for another stream, it answers the stream's first message
+    RESOURCE_EXHAUSTED naming "SubmitEach streams" and ends the stream: it took nothing
+    of it (send unary `Submit` calls meanwhile).
     """
     Get: _grpc.UnaryUnaryMultiCallable[_client_pb2.GetRequest, _client_pb2.GetResponse]
     """A transaction's state, history and outcome at this DC. NOT_FOUND if unknown."""
@@ -118,8 +119,9 @@ class ClientServiceAsyncStub(ClientServiceStub):
     own message as soon as it is ready (in any order; `call_id` matches them). What a
     client with many callers sends instead of a call per transaction. At most 256
     submits of a stream are under way at once; the stream reads no more until one ends.
-    RESOURCE_EXHAUSTED naming "SubmitEach streams" when the DC has no room for another
-    stream: it took nothing of it (send unary `Submit` calls meanwhile).
+    When the DC has no room for another stream, it answers the stream's first message
+    RESOURCE_EXHAUSTED naming "SubmitEach streams" and ends the stream: it took nothing
+    of it (send unary `Submit` calls meanwhile).
     """
     Get: _aio.UnaryUnaryMultiCallable[_client_pb2.GetRequest, _client_pb2.GetResponse]  # type: ignore[assignment]
     """A transaction's state, history and outcome at this DC. NOT_FOUND if unknown."""
@@ -201,8 +203,9 @@ class ClientServiceServicer(metaclass=_abc_1.ABCMeta):
         own message as soon as it is ready (in any order; `call_id` matches them). What a
         client with many callers sends instead of a call per transaction. At most 256
         submits of a stream are under way at once; the stream reads no more until one ends.
-        RESOURCE_EXHAUSTED naming "SubmitEach streams" when the DC has no room for another
-        stream: it took nothing of it (send unary `Submit` calls meanwhile).
+        When the DC has no room for another stream, it answers the stream's first message
+        RESOURCE_EXHAUSTED naming "SubmitEach streams" and ends the stream: it took nothing
+        of it (send unary `Submit` calls meanwhile).
         """
 
     @_abc_1.abstractmethod
