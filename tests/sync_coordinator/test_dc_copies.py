@@ -168,15 +168,16 @@ def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> Non
     """Two ways to be behind every peer's history: dc4 added after the others truncated
     (it replays from position 1), then dc3 down while they went on, past
     ``--peer-hold-max``: its peers let it go, truncate past it, and send it to a copy
-    when it is back. Five DCs: dc1 is restarted while dc3 is down, and with four, the
-    two left without a majority stalled with dc1 once it was back, one run in four, at
-    the build before this test's change too (docs/operations.md, "Restarting a DC
-    while another is down")."""
-    names = ["dc1", "dc2", "dc3", "dc4", "dc5"]
+    when it is back. dc1 is restarted whole while dc3 is down, leaving dc2 and dc4
+    without a majority of four for a moment. Its coordinator then dialled only its
+    --peer flags, not dc4 (added by a membership entry), until a view was installed:
+    when dc2 and dc4 installed none, dc1 stayed in VIEW_CHANGE for good, two runs in
+    five (docs/operations.md, "Restarting a DC while another is down")."""
+    names = ["dc1", "dc2", "dc3", "dc4"]
     hold = ("--peer-hold-max", str(PEER_HOLD_MAX))
     cluster = LocalCluster(
         tmp_path,
-        5,
+        4,
         coordinator_args=VIEW_ARGS,
         names=names,
         joining=frozenset({"dc4"}),
@@ -184,12 +185,12 @@ def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> Non
         store_args={name: (*KEEPS_NO_HISTORY, *hold) for name in names},
     )
     try:
-        dc1, dc2, dc3, dc4, dc5 = cluster.dcs
+        dc1, dc2, dc3, dc4 = cluster.dcs
         lock = threading.Lock()
         acked: list[str] = [_submit(dc1, "CREATE TABLE t (dc TEXT, n INTEGER)")]
         submit_at(dc1, 20, acked, lock)
         submit_at(dc2, 20, acked, lock)
-        members = [dc1, dc2, dc3, dc5]
+        members = [dc1, dc2, dc3]
         cluster.wait_for(
             "every member truncated the start of its history",
             lambda: all(_history_from(dc) > 2 for dc in members),
@@ -224,7 +225,7 @@ def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> Non
         submit_at(dc1, 3, acked, lock)  # not past the bound yet
         cluster.wait_for(
             "dc1, dc2 and dc4 ordered and applied them without dc3",
-            lambda: all(_worker_at(dc)[0] == position + 3 for dc in (dc1, dc2, dc4, dc5)),
+            lambda: all(_worker_at(dc)[0] == position + 3 for dc in (dc1, dc2, dc4)),
         )
         # dc1 restarted whole while dc3 is away, before letting it go: its new
         # coordinator never hears from dc3, and names it at the length its store
@@ -235,14 +236,14 @@ def test_a_dc_behind_its_peers_history_starts_from_a_copy(tmp_path: Path) -> Non
         for process in reversed(dc1.processes):
             process.start()
         submit_at(dc1, 7, acked, lock)
-        others = [dc1, dc2, dc4, dc5]
+        others = [dc1, dc2, dc4]
         cluster.wait_for(
             "dc3's peers, dc1 restarted among them, let it go and truncated past it",
             lambda: all(_history_from(dc) > position + 1 for dc in others),
         )
         said = _store_status(dc1).warnings
         assert any(w.startswith("LET GO: peer dc3 is at") for w in said), said
-        loading = _UnderLoad(dc5, acked, lock)  # while dc3 copies and restarts
+        loading = _UnderLoad(dc2, acked, lock)  # while dc3 copies and restarts
         for process in reversed(dc3.processes):
             process.start()
         _restarted_onto_a_copy(cluster, dc3)

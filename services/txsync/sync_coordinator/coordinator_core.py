@@ -260,6 +260,11 @@ class CoordinatorCore(ABC):
         self._quorum = self.node.quorum_state()
         for link in self.links.values():
             link.start()
+        # The links follow the installed configuration from the start, not only from the
+        # next view: a node a membership entry added is in no --peer flag, and a
+        # coordinator restarted without dialling it stayed in VIEW_CHANGE while a third
+        # DC was down (docs/operations.md, "Restarting a DC while another is down").
+        self._sync_links()
         self._persists = self.store.PersistSteps()
         loop = asyncio.get_running_loop()
         self._tasks = [
