@@ -106,22 +106,19 @@ class SubmitBatcher:
         try:
             if len(batch) == 1:
                 (request, answer), = batch  # fmt: skip
-                _settle(answer, await self._send_one(request, timeout))
+                settle(answer, await self._send_one(request, timeout))
                 return
             answered = await self._send_many(
                 client_pb2.SubmitBatchRequest(submits=[r for r, _ in batch]), timeout
             )
             for (_, answer), result in zip(batch, answered.results, strict=True):
-                if result.WhichOneof("result") == "accepted":
-                    _settle(answer, result.accepted)
-                else:
-                    _settle(answer, refused_in_batch(result.error))
+                settle(answer, answer_of(result))
         except Refused as refused:
             for _, answer in batch:
-                _settle(answer, refused)
+                settle(answer, refused)
         except BaseException as error:  # the loop is closing: no caller may hang
             for _, answer in batch:
-                _settle(answer, Refused(grpc.StatusCode.CANCELLED, str(error) or "cancelled"))
+                settle(answer, Refused(grpc.StatusCode.CANCELLED, str(error) or "cancelled"))
             raise
         finally:
             self._in_flight -= 1
@@ -135,16 +132,24 @@ def _check_settings(batch_max: int, in_flight_max: int) -> None:
         raise ValueError(f"in_flight_max {in_flight_max} is below 1")
 
 
-def _settle(
-    answer: asyncio.Future[client_pb2.SubmitResponse],
+def settle(
+    answer: asyncio.Future[client_pb2.SubmitResponse] | Future[client_pb2.SubmitResponse],
     result: client_pb2.SubmitResponse | Refused,
 ) -> None:
+    """Give the caller waiting on ``answer`` its result (unless it has one already)."""
     if answer.done():
         return
     if isinstance(result, Refused):
         answer.set_exception(result)
     else:
         answer.set_result(result)
+
+
+def answer_of(result: client_pb2.SubmitResult) -> client_pb2.SubmitResponse | Refused:
+    """One submit's answer in a ``SubmitBatch`` (or a ``SubmitEach`` message)."""
+    if result.WhichOneof("result") == "accepted":
+        return result.accepted
+    return refused_in_batch(result.error)
 
 
 def refused_in_batch(error: str) -> Refused:
@@ -216,10 +221,7 @@ class ThreadBatcher:
                 client_pb2.SubmitBatchRequest(submits=[r for r, _ in batch]), timeout
             )
             for (_, answer), result in zip(batch, answered.results, strict=True):
-                if result.WhichOneof("result") == "accepted":
-                    answer.set_result(result.accepted)
-                else:
-                    answer.set_exception(refused_in_batch(result.error))
+                settle(answer, answer_of(result))
         except Refused as refused:
             for _, answer in batch:
                 if not answer.done():

@@ -30,7 +30,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import grpc
 
-from txsync.client.batching import Refused, refused_in_batch
+from txsync.client.batching import Refused, answer_of, settle
 from txsync.v1 import client_pb2
 
 OpenStream = Callable[
@@ -130,7 +130,7 @@ class SubmitEachStream:
                 with self._lock:
                     waiting = call.waiting.pop(answer.call_id, None)
                 if waiting is not None:  # else its caller gave up
-                    _hand_over(answer.result, waiting)
+                    settle(waiting, answer_of(answer.result))
         except Refused as refused:
             ended = refused
         finally:
@@ -143,16 +143,6 @@ class SubmitEachStream:
                 left, call.waiting = call.waiting, {}
             for waiting in left.values():
                 waiting.set_exception(ended)
-
-
-def _hand_over(
-    result: client_pb2.SubmitResult, waiting: _Answer | asyncio.Future[client_pb2.SubmitResponse]
-) -> None:
-    """Give the caller waiting on a submit the DC's answer to it."""
-    if result.WhichOneof("result") == "accepted":
-        waiting.set_result(result.accepted)
-    else:
-        waiting.set_exception(refused_in_batch(result.error))
 
 
 def _refuses_the_call(
@@ -263,8 +253,8 @@ class AioSubmitEachStream:
                 if _refuses_the_call(self, call, answer.result):
                     break
                 waiting = call.waiting.pop(answer.call_id, None)
-                if waiting is not None and not waiting.done():  # else its caller gave up
-                    _hand_over(answer.result, waiting)
+                if waiting is not None:  # else its caller gave up
+                    settle(waiting, answer_of(answer.result))
         except Refused as refused:
             ended = refused
         finally:

@@ -188,12 +188,17 @@ def _submit_args(
     return (submit.body, key, traceparent)
 
 
+def _refused_result(refused: ServiceError | Refusal) -> client_pb2.SubmitResult:
+    """A submit refused in a call of many: ``"CODE_NAME: message"``."""
+    error = service_error(refused)
+    return client_pb2.SubmitResult(error=f"{error.code.name}: {error.message}")
+
+
 def _results(results: list[Submitted | Refusal]) -> list[client_pb2.SubmitResult]:
     out = []
     for result in results:
         if isinstance(result, Refusal):
-            error = service_error(result)
-            out.append(client_pb2.SubmitResult(error=f"{error.code.name}: {error.message}"))
+            out.append(_refused_result(result))
         else:
             out.append(client_pb2.SubmitResult(accepted=_submitted(result)))
     return out
@@ -289,11 +294,11 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
             # Refused in the first message's answer, then ended: aborted at once, the
             # call raced the client's first write, and the client could see INTERNAL
             # instead, not knowing whether anything was taken.
-            error = service_error(refused)
             async for request in request_iterator:
-                result = client_pb2.SubmitResult(error=f"{error.code.name}: {error.message}")
                 call_id = 0 if isinstance(request, MalformedRequest) else request.call_id
-                yield client_pb2.SubmitEachResponse(call_id=call_id, result=result)
+                yield client_pb2.SubmitEachResponse(
+                    call_id=call_id, result=_refused_result(refused)
+                )
                 return
             return
         try:
@@ -318,16 +323,12 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
 
         async def one(request: client_pb2.SubmitEachRequest) -> None:
             started = time.perf_counter()
-            result = client_pb2.SubmitResult()
-            code = "OK"
             try:
                 args = _submit_args(request.submit, traceparent, one_of_many=True)
                 accepted = await self._submit_one(args, _wait_args(request.submit), caller)
-                result.accepted.CopyFrom(accepted)
+                result, code = client_pb2.SubmitResult(accepted=accepted), "OK"
             except REFUSALS as refused:
-                error = service_error(refused)
-                code = error.code.name
-                result.error = f"{code}: {error.message}"
+                result, code = _refused_result(refused), service_error(refused).code.name
             finally:
                 room.release()
             record_message_as_call(time.perf_counter() - started, SERVICE, "SubmitEach", code)
