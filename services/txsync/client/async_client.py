@@ -305,8 +305,7 @@ class AioTransport:
             async for answer in call:
                 yield answer
         except grpc.aio.AioRpcError as error:
-            details, trailing = error.details() or "", error.trailing_metadata()
-            raise refused_by(error.code(), details, trailing) from None
+            raise refused_by(error) from None
         finally:
             call.cancel()
 
@@ -317,8 +316,7 @@ class AioTransport:
         try:
             return await getattr(stub, method)(request, timeout=timeout, metadata=self.metadata)
         except grpc.aio.AioRpcError as error:
-            details, trailing = error.details() or "", error.trailing_metadata()
-            raise refused_by(error.code(), details, trailing) from None
+            raise refused_by(error) from None
 
     def _stub(self, index: int, service: str) -> Any:
         channel = self.channels.get(index)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, overload
@@ -221,12 +222,23 @@ class SyncTransport:
         self.stubs: dict[tuple[int, str], Any] = {}
         self.batchers: dict[int, ThreadBatcher] = {}
         self.submit_streams: dict[int, SubmitEachStream] = {}
+        # Callers' threads and streams' reader threads may reach a DC for the first time
+        # at once: one of them makes its channel, stub, batcher and stream, so none is
+        # made twice and left unclosed.
+        self._making = threading.Lock()
 
     async def submit(
         self, index: int, request: client_pb2.SubmitRequest
     ) -> client_pb2.SubmitResponse:
         batcher = self.batchers.get(index)
         if batcher is None:
+            batcher = self._batcher(index)
+        return batcher.submit(request)
+
+    def _batcher(self, index: int) -> ThreadBatcher:
+        with self._making:
+            if (made := self.batchers.get(index)) is not None:
+                return made
             stream = None
             if self.submit_stream:
                 stream = self.submit_streams[index] = SubmitEachStream(
@@ -252,10 +264,8 @@ class SyncTransport:
                 )
                 return answer
 
-            batcher = self.batchers.setdefault(
-                index, ThreadBatcher(send_one, send_many, **self.batching)
-            )
-        return batcher.submit(request)
+            batcher = self.batchers[index] = ThreadBatcher(send_one, send_many, **self.batching)
+            return batcher
 
     async def call(
         self, index: int, service: str, method: str, request: Message, timeout: float
@@ -272,8 +282,7 @@ class SyncTransport:
         except grpc.RpcError as error:
             if not isinstance(error, grpc.Call):
                 raise
-            details, trailing = error.details() or "", error.trailing_metadata()
-            raise refused_by(error.code(), details, trailing) from None
+            raise refused_by(error) from None
         finally:
             answers.cancel()
 
@@ -286,29 +295,31 @@ class SyncTransport:
         except grpc.RpcError as error:
             if not isinstance(error, grpc.Call):
                 raise
-            details, trailing = error.details() or "", error.trailing_metadata()
-            raise refused_by(error.code(), details, trailing) from None
+            raise refused_by(error) from None
 
     def _stub(self, index: int, service: str) -> Any:
         stub = self.stubs.get((index, service))
-        if stub is None:
+        if stub is not None:
+            return stub
+        with self._making:
+            if (stub := self.stubs.get((index, service))) is not None:
+                return stub
             channel = self.channels.get(index)
             if channel is None:
                 endpoint = self.endpoints[index % len(self.endpoints)]
                 options = channel_options(endpoint, self.tls)
-                channel = self.channels.setdefault(index, (
+                channel = self.channels[index] = (
                     grpc.insecure_channel(endpoint.address, options=options)
                     if self.tls is None
                     else grpc.secure_channel(
                         endpoint.address, self.tls.credentials(), options=options
                     )
-                ))  # fmt: skip
+                )
             kind = client_pb2_grpc.ClientServiceStub if service == "client" else None
-            stub = self.stubs.setdefault(
-                (index, service),
-                kind(channel) if kind else admin_pb2_grpc.AdminServiceStub(channel),
+            stub = self.stubs[(index, service)] = (
+                kind(channel) if kind else admin_pb2_grpc.AdminServiceStub(channel)
             )
-        return stub
+            return stub
 
     async def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -320,10 +331,12 @@ class SyncTransport:
         self.close()
 
     def close(self) -> None:
-        channels, self.channels = builtins.list(self.channels.values()), {}
-        self.stubs.clear()
-        self.batchers.clear()
-        streams, self.submit_streams = builtins.list(self.submit_streams.values()), {}
+        with self._making:
+            channels, self.channels = builtins.list(self.channels.values()), {}
+            self.stubs.clear()
+            self.batchers.clear()
+            streams, self.submit_streams = builtins.list(self.submit_streams.values()), {}
+        # Outside the lock: a stream's reader thread may be waiting for it to open a call.
         for stream in streams:
             stream.close()
         for channel in channels:

@@ -692,14 +692,15 @@ def bodies_of(transactions: Sequence[Submittable]) -> list[common_pb2.TxBody]:
     return bodies
 
 
-def refused_by(code: grpc.StatusCode, details: str, trailing: Any) -> Refused:
-    """A gRPC error as ``Refused``, with the DC's ``retry-after-ms`` hint."""
-    hint = dict(trailing or ()).get("retry-after-ms", "0")
+def refused_by(error: grpc.Call | grpc.aio.AioRpcError) -> Refused:
+    """A failed call (blocking or asyncio) as ``Refused``, with the DC's
+    ``retry-after-ms`` hint."""
+    hint = dict(error.trailing_metadata() or ()).get("retry-after-ms", "0")
     try:
         retry_after_s = int(hint) / 1000
     except (TypeError, ValueError):
         retry_after_s = 0.0
-    return Refused(code, details or "", retry_after_s)
+    return Refused(error.code(), error.details() or "", retry_after_s)
 
 
 def _exhausted(last: Exception | None, what: str) -> TxSyncError:
