@@ -36,6 +36,10 @@ from txsync.worker.backend import (
 
 MIB = 1024 * 1024
 
+DC_COPY_BYTES_PER_S_DEFAULT = 32 * MIB
+"""256 Mbit/s: a copy of a 10 GiB database to a DC starting from it takes about 5 min,
+and leaves most of a 1 Gbit/s link between DCs to the rounds."""
+
 INCOMING_TXS_MAX_DEFAULT = 32_768
 UNFINISHED_TXS_MAX_DEFAULT = 8_192
 OPEN_BODY_BYTES_MAX_DEFAULT = 1 << 30
@@ -320,6 +324,14 @@ COORDINATOR_SETTINGS: tuple[Setting, ...] = (
           "synced entries in one catch-up message (at most 4,096)", most=EVENT_METAS_MOST),
     _core("synced_window_max", "entries",
           "synced entries kept in memory (older ones come from the txlog)"),
+    Setting(
+        "dc_copy_bytes_per_s", DC_COPY_BYTES_PER_S_DEFAULT,
+        "a copy of this DC's testing worker sent to a DC that starts from it (added, or "
+        "let go past --peer-hold-max) goes at most this fast, in bytes per second, so it "
+        "leaves the link between DCs to the rounds; 0: as fast as the link takes it",
+        "bytes per second of a copy sent to a DC starting from it (0: not paced)",
+        unit="bytes", least=0,
+    ),
 )  # fmt: skip
 
 

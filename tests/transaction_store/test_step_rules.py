@@ -14,7 +14,14 @@ from txsync.codec import proposal_to_proto
 from txsync.protocol import Configuration, MergeBase, TxMeta, TxState, View, ViewProposal
 from txsync.refusals import Refusal, Refused
 from txsync.transaction_store import state as state_module
-from txsync.transaction_store.retention import Progress, TruncationHold, truncation_hold
+from txsync.transaction_store.retention import (
+    CopyLease,
+    Progress,
+    TruncationHold,
+    copy_leases,
+    live_copy_leases,
+    truncation_hold,
+)
 from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.step_rules import (
     BaseAdoption,
@@ -245,6 +252,48 @@ def test_a_peer_is_let_go_only_where_truncation_passes_its_order_after_every_hol
     assert hold() == TruncationHold(0, "a removed node, whose order may reach 6, at 0 (6 behind)")
     state.removed_order_end = 5  # truncation passes it whole: dc3 is let go again
     assert hold() == TruncationHold(7, "", (("peer dc3", 1),))
+
+
+def test_a_copy_lease_keeps_what_follows_the_copy_until_its_adopter_caught_up() -> None:
+    """``retention.copy_leases``: a peer let go, copying this DC at position 3, finds
+    positions 4 on here when its copy arrives, however long the copy took. The lease
+    ends once the peer holds truncation as a peer again, at its time out, or once it
+    would hold more than ``peer_hold_max`` positions, as a peer would."""
+    state = StoreState("dc1")
+    for stamp in range(1, 9):
+        _synced_peer_tx(state, stamp)
+    progress = Progress(
+        {"dc2": 8, "dc3": 0}, peer_ordered_len={"dc2": 8, "dc3": 0}, peers_reported=True,
+        workers_min_position=8,
+    )  # fmt: skip
+
+    def hold(now_ms: int = NOW_MS) -> TruncationHold:
+        return truncation_hold(
+            state, progress, witness=False, history_kept=0, history_kept_ms=0,
+            first_unfinished=9, now_ms=now_ms, peer_hold_max=6,
+        )  # fmt: skip
+
+    assert hold() == TruncationHold(9, "", (("peer dc3", 0),))  # dc3 let go: all may go
+    progress.copy_leases["dc3"] = CopyLease(3, NOW_MS + 1_000)
+    assert hold() == TruncationHold(4, "a copy for dc3 at 3 (5 behind)", (("peer dc3", 0),))
+    assert hold(now_ms=NOW_MS + 1_000).below == 9  # timed out
+    _synced_peer_tx(state, 9)
+    _synced_peer_tx(state, 10)  # the lease would hold 7 positions, past the bound of 6
+    assert hold().below == 9
+    progress.peer_synced_len["dc3"] = progress.peer_ordered_len["dc3"] = 5  # back, at 5
+    assert hold() == TruncationHold(6, "peer dc3 at 5 (5 behind)")
+    assert copy_leases(progress, 10, NOW_MS, peer_hold_max=6) == {}  # held as a peer
+    progress.peer_synced_len["dc3"] = 2  # reported from before its copy, no bound
+    assert copy_leases(progress, 10, NOW_MS, peer_hold_max=0) == {"dc3": 3}
+    del progress.peer_synced_len["dc3"]  # removed from the configuration
+    assert copy_leases(progress, 10, NOW_MS, peer_hold_max=0) == {}
+    # An ended lease stays ended: dropped at the report that ends it, it does not hold
+    # again when its adopter falls behind (the simulator: a removed adopter's lease held
+    # truncation for good, and hid a broken store's duplicates from 1,200 seeds).
+    progress.copy_leases = live_copy_leases(progress, 10, NOW_MS, peer_hold_max=0)
+    assert progress.copy_leases == {}
+    progress.peer_synced_len["dc3"] = 2
+    assert copy_leases(progress, 10, NOW_MS, peer_hold_max=0) == {}
 
 
 def test_a_lagger_is_served_only_appends_that_are_durable() -> None:

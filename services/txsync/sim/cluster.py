@@ -942,7 +942,7 @@ class Simulation:
         try:
             adopter_len = sim_node.store.durable.synced_len
             adoption = self._nodes[source].store.export_base(
-                position, final_state, node, adopter_len
+                position, final_state, node, adopter_len, self._now
             )
         except Refusal:
             self.stats.dc_copies_refused += 1

@@ -49,10 +49,13 @@ from txsync.sim.invariants import InvariantViolation
 from txsync.sync_coordinator.shell import StepWrite
 from txsync.sync_coordinator.store_wire import durable_from_proto, persist_request
 from txsync.transaction_store.retention import (
+    COPY_LEASE_MS,
     Carried,
+    CopyLease,
     Progress,
     TruncationHold,
     carried_entries,
+    live_copy_leases,
     peers_ordered,
     truncation_hold,
 )
@@ -247,6 +250,9 @@ class SimStore:
         if workers_min is not None:
             progress.workers_min_position = workers_min
         state = self.state
+        progress.copy_leases = live_copy_leases(
+            progress, state.synced_len, now_ms, self.peer_hold_max
+        )
         hold = self._truncation_hold(now_ms)
         if (
             not truncate
@@ -413,12 +419,14 @@ class SimStore:
     # --- a DC started from another DC's snapshot (docs/dc-snapshots.md) -------------------
 
     def export_base(
-        self, position: int, final_state: TxState, adopter: NodeId, adopter_len: int
+        self, position: int, final_state: TxState, adopter: NodeId, adopter_len: int, now_ms: int
     ) -> BaseAdoption:
         """What this store says of a copy of its worker at ``position`` for ``adopter``
-        (its disk's state: a worker applies only durable positions). Raises
-        ``Refusal``."""
-        return export_base(self.durable, position, final_state, adopter, adopter_len)
+        (its disk's state: a worker applies only durable positions), and the copy's
+        lease, as ``TransactionStore.export_base`` takes it. Raises ``Refusal``."""
+        adoption = export_base(self.durable, position, final_state, adopter, adopter_len)
+        self.progress.copy_leases[adopter] = CopyLease(position, now_ms + COPY_LEASE_MS)
+        return adoption
 
     def may_adopt(self, adoption: BaseAdoption, now_ms: int) -> bool:
         """Whether the store would adopt the copy's base (as dispatch asks it first)."""

@@ -43,6 +43,7 @@ from txsync.protocol import (
     Timing,
 )
 from txsync.rpc import new_channel
+from txsync.settings import DC_COPY_BYTES_PER_S_DEFAULT
 from txsync.sync_coordinator.bodies import BodyFetches
 from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.let_go import ServedPeers
@@ -83,6 +84,8 @@ class CoordinatorConfig:
     timing: Timing = field(default_factory=Timing)
     limits: Limits = field(default_factory=Limits)
     rpc_timeout_s: float = 2.0
+    dc_copy_bytes_per_s: int = DC_COPY_BYTES_PER_S_DEFAULT
+    """A copy of this DC sent to another goes at most this fast (``dc_copies.CopyPace``)."""
     tls: TlsFiles | None = None
     """None only when plaintext was asked for explicitly (local development)."""
 
@@ -222,6 +225,9 @@ class CoordinatorCore(ABC):
         """A peer said this DC needs a copy, which it cannot take (no ``--dispatch``)."""
         self.dc_copy_after_s = 0.0
         """Monotonic time before which no new copy is tried (after one failed)."""
+        self.synced_end_seen = (-1, 0.0)
+        """(this DC's synced end, monotonic time it was first seen there): a copy is
+        taken only once the end stood still for ``DC_COPY_STALLED_S``."""
         self.restarting = ""
         """Why the process ends to be restarted (not a failure): it adopted a copy."""
 
@@ -388,7 +394,7 @@ class CoordinatorCore(ABC):
         for release in out.releases:
             if release.installed:
                 self._sync_links()
-            if not self.paused:
+            if not self.silent:
                 self._push_local_bodies(release.readies)
             for ready in release.readies:
                 self._send(ready)
@@ -439,6 +445,17 @@ class CoordinatorCore(ABC):
                 self._accepting.set()
         # A failure here is fatal for this incarnation: memory ran ahead of the disk.
         raise RuntimeError("the store ended the stream of protocol steps")
+
+    @property
+    def silent(self) -> bool:
+        """This DC takes no part in the protocol for now: it sends nothing to its peers
+        and refuses their calls. An operator paused it, or it is taking a copy of
+        another DC (``dc_copies``): a DC behind its peers' history cannot follow a
+        round, and while it stayed in the view, posting at its old base, every round of
+        the others ended empty until it was restarted onto its copy: no transaction was
+        ordered anywhere for as long as the copy travelled. Silent, it is excluded
+        after ``--exclusion-timeout-ms`` and the others go on without it."""
+        return self.paused or self.dc_copy is not None
 
     def set_paused(self, paused: bool) -> None:
         if paused != self.paused:

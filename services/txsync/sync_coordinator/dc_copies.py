@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
@@ -46,11 +47,34 @@ def pass_on(
 
 DC_COPY_TIMEOUT_S = 3600.0
 """A whole copy (export, transfer across the WAN, import) must finish within this."""
+DC_COPY_STALLED_S = 3.0
+"""A DC told it needs a copy takes one only once its synced end has not moved for this
+long: one that a peer is catching up goes on from there."""
 DC_COPY_RETRY_S = 10.0
 """After a copy failed or was refused, none is tried again for this long."""
 RESTARTING_EXIT_CODE = 75
 """The process's exit status when it ends to restart onto an adopted copy (EX_TEMPFAIL:
 the supervisor, Kubernetes or ``txsync dev up``, starts it again)."""
+
+
+@dataclass(slots=True)
+class CopyPace:
+    """Keeps a copy sent to another DC within ``bytes_per_s`` (``--dc-copy-bytes-per-s``),
+    so that a DC starting from this one's copy leaves the WAN link, the disk and the
+    dispatch to the rounds and the workers: each chunk costs its bytes' share of a
+    second, and the next one waits until that is paid. Pure: the clock is an argument."""
+
+    bytes_per_s: int
+    """0: as fast as the link and the importer take it."""
+    started_s: float
+    sent: int = 0
+
+    def wait_s(self, chunk_bytes: int, now_s: float) -> float:
+        """How long to wait after sending ``chunk_bytes`` more (0 when not paced)."""
+        self.sent += chunk_bytes
+        if not self.bytes_per_s:
+            return 0.0
+        return max(0.0, self.started_s + self.sent / self.bytes_per_s - now_s)
 
 
 class CopyRefused(Exception):
@@ -61,11 +85,22 @@ class DcCopies(CoordinatorCore):
     def snapshot_needed(self, source: str, history_from: int) -> None:
         """``source`` holds synced positions from ``history_from`` on only: copy its
         testing worker, unless this DC holds the position before that (it can catch up
-        from ``source``'s txlog), a copy is on its way, or the last one failed just now."""
+        from ``source``'s txlog), its synced end moved within ``DC_COPY_STALLED_S``, a
+        copy is on its way, or the last one failed just now."""
         node = self.node
         if node is None or self.restarting or self.dc_copy is not None:
             return
-        if node.merge_base.synced_len >= history_from - 1:
+        synced_len = node.merge_base.synced_len
+        if synced_len >= history_from - 1:
+            return
+        now_s = time.monotonic()
+        if synced_len != self.synced_end_seen[0]:
+            self.synced_end_seen = (synced_len, now_s)
+        if now_s - self.synced_end_seen[1] < DC_COPY_STALLED_S:
+            # Another peer may be catching this DC up meanwhile: the one whose copy it
+            # adopted holds what follows the copy for it (the store's copy lease),
+            # where the others may have truncated past it. Copying again then would
+            # send a whole database for nothing.
             return
         if self.dispatch is None:  # said once: the peers say it each catch-up it asks
             if not self.dc_copy_impossible:

@@ -12,7 +12,9 @@ way (tools, and a peer of an older version).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +30,7 @@ from txsync.refusals import Refusal
 from txsync.rpc import REFUSALS, ServiceError, abort, answers_errors, check_request
 from txsync.sync_coordinator.bodies import checked_body
 from txsync.sync_coordinator.coordinator import Coordinator
-from txsync.sync_coordinator.dc_copies import pass_on
+from txsync.sync_coordinator.dc_copies import CopyPace, pass_on
 from txsync.sync_coordinator.effects import ArrivedBody
 from txsync.sync_coordinator.outcomes import OUTCOMES_PER_POST, Finished
 from txsync.sync_coordinator.peer_queue import PUSH_BATCH_BYTES_MAX, StreamAnswers
@@ -98,6 +100,12 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         valid certificate for its name (a joining node asking which view is current)."""
         if self._coordinator.paused:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, "sync is paused at this DC")
+        if (copy := self._coordinator.dc_copy) is not None:
+            raise ServiceError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"this DC is taking a copy of {copy.source}, and takes part again once "
+                "restarted onto it",
+            )
         config = self._coordinator.config
         known = anyone or self._coordinator.is_known_peer(sender)
         if sender == config.node_id or not known:
@@ -258,13 +266,22 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         export = dispatch.ExportDcCopy(
             worker_pb2.ExportDcCopyRequest(adopter=request.adopter, adopter_len=request.adopter_len)
         )
+        pace = CopyPace(self._coordinator.config.dc_copy_bytes_per_s, time.monotonic())
         try:
             async for chunk in export:
                 yield pass_on(chunk, peer_pb2.ExportDcSnapshotResponse())
+                # Not reading the dispatch's stream meanwhile holds it back too (gRPC's
+                # flow control), so the worker's export goes at this pace as well.
+                await asyncio.sleep(pace.wait_s(len(chunk.chunk.data), time.monotonic()))
         except grpc.aio.AioRpcError as error:
             await abort(context, ServiceError(error.code(), error.details() or "dispatch refused"))
+            return
         finally:
             export.cancel()
+        log.warning(
+            "DC COPY: sent %s %d bytes in %.2f s (at most %d bytes/s; 0: not paced)",
+            request.adopter, pace.sent, time.monotonic() - pace.started_s, pace.bytes_per_s,
+        )  # fmt: skip
 
     @answers_errors
     async def GetBody(

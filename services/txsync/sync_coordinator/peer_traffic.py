@@ -133,7 +133,7 @@ class PeerTraffic(CoordinatorCore):
 
     def _send(self, ready: Ready) -> None:
         self.rounds.on_reports(ready.rounds)
-        if self.paused:
+        if self.silent:
             return
         sent_ms = now_ms()  # one clock read per step: its messages leave together
         for message in ready.messages:

@@ -398,6 +398,7 @@ def run(options: argparse.Namespace) -> int:
         store_address=options.store,
         timing=timing,
         limits=limits,
+        dc_copy_bytes_per_s=options.dc_copy_bytes_per_s,
     )
     telemetry = ServiceTelemetry.start(SERVICE, options.node_id, options)
     return run_service(

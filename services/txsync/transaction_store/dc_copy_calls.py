@@ -11,6 +11,7 @@ import logging
 
 from txsync.protocol import TxState
 from txsync.telemetry import work
+from txsync.transaction_store.retention import COPY_LEASE_MS, CopyLease
 from txsync.transaction_store.rotation import Rotations
 from txsync.transaction_store.step_rules import BaseAdoption, export_base, plan_base_adopted
 from txsync.transaction_store.store_core import now_ms
@@ -27,8 +28,17 @@ class DcCopyCalls(Rotations):
         self, position: int, final_state: TxState, adopter: str, adopter_len: int
     ) -> BaseAdoption:
         """What this store says of a copy of its testing worker at ``position`` for
-        ``adopter`` (whose synced queue ends at ``adopter_len``). Raises ``Refusal``."""
-        return export_base(self.state, position, final_state, adopter, adopter_len)
+        ``adopter`` (whose synced queue ends at ``adopter_len``), and a lease that keeps
+        the positions past it here until ``adopter`` has caught up from them
+        (``retention.copy_leases``). Raises ``Refusal``."""
+        adoption = export_base(self.state, position, final_state, adopter, adopter_len)
+        self.progress.copy_leases[adopter] = CopyLease(position, now_ms() + COPY_LEASE_MS)
+        log.warning(
+            "DC COPY: %s copies this DC at position %d: truncation keeps what follows it "
+            "until %s has caught up (%d min at most, or --peer-hold-max positions)",
+            adopter, position, adopter, COPY_LEASE_MS // 60_000,
+        )  # fmt: skip
+        return adoption
 
     async def adopt_base(self, adoption: BaseAdoption) -> int:
         """Start this DC at the copy's position Q: one ``BaseAdopted`` entry, durable

@@ -20,6 +20,21 @@ HISTORY_KEPT_BY_AGE_MOST = 4_096
 more): the age window's memory is the rate times its length, unbounded without this."""
 
 
+COPY_LEASE_MS = 70 * 60 * 1000
+"""How long a copy's lease holds at most: the coordinator's whole copy must finish within
+an hour (``dc_copies.DC_COPY_TIMEOUT_S``), then the adopter catches up from the lease."""
+
+
+class CopyLease(NamedTuple):
+    """A copy of this DC's testing worker at ``position`` is on its way to a DC that
+    starts from it: truncation keeps the positions past it until that DC caught up far
+    enough to hold them as a peer does, so that it goes on from its copy instead of
+    needing another (``copy_leases``)."""
+
+    position: int
+    until_ms: int
+
+
 @dataclass(slots=True)
 class Progress:
     """How far the others have come, as reported (``ReportProgress``); in memory only: a
@@ -49,6 +64,10 @@ class Progress:
     """Of those, truncated between rotations (``truncate_in_place``)."""
     let_go: frozenset[str] = frozenset()
     """The peers the last report found past ``--peer-hold-max`` (each is logged once)."""
+    copy_leases: dict[str, CopyLease] = field(default_factory=dict)
+    """Adopter -> the lease of the copy on its way to it (``copy_leases``); in memory
+    only, as the rest of the progress: a store restarted during a copy holds nothing
+    for it, and the adopter may need another copy."""
     last_rotation_ms: int = 0
 
 
@@ -139,6 +158,8 @@ def truncation_hold(
             passed.append((progress.workers_min_position, "the slowest worker"))
         passed.append((first_unfinished - 1, "unfinished transactions"))
 
+    for adopter, hold in copy_leases(progress, end, now_ms, peer_hold_max).items():
+        passed.append((hold, f"a copy for {adopter}"))
     removed_end = state.removed_order_end
 
     def bound(holds: list[tuple[int, str]]) -> tuple[int, str]:
@@ -191,6 +212,45 @@ def truncation_hold(
     if holder:
         holder = f"{holder} at {through} ({end - through} behind)"
     return TruncationHold(through + 1 if through else 0, holder, tuple(released.items()))
+
+
+def copy_leases(progress: Progress, end: int, now_ms: int, peer_hold_max: int) -> dict[str, int]:
+    """Adopter -> the position up to which each live copy lease lets truncation go: the
+    copy's position, or how far the adopter came since, whichever is further.
+
+    A lease ends when its time is out, when the adopter holds truncation as a peer
+    again (it reported synced past the copy's position, within ``peer_hold_max`` of the
+    end), when it left the configuration (the coordinator's report leaves it out), or
+    when it would hold more than ``peer_hold_max`` positions, as a peer down for long
+    would (0: no bound). An ended lease stays ended: the store drops it at the report
+    that ends it (``live_copy_leases``), so a peer that later falls behind holds as any
+    peer does, not as the copy's adopter. Without it, a copy that took longer than the peers'
+    history window (``--history-kept-ms``, 10 s by default, under load) found every
+    peer truncated past its position when it arrived, and the adopter copied again, for
+    ever for a database that takes longer than that to send."""
+    held = {}
+    for adopter, lease in progress.copy_leases.items():
+        synced = progress.peer_synced_len.get(adopter, 0)
+        hold = max(lease.position, synced)
+        if now_ms >= lease.until_ms:
+            continue
+        if progress.peers_reported and adopter not in progress.peer_synced_len:
+            continue  # no longer configured: it holds nothing, as a removed peer
+        if peer_hold_max and end - hold > peer_hold_max:
+            continue
+        if synced >= lease.position and (not peer_hold_max or end - synced <= peer_hold_max):
+            continue  # held as a peer from here on
+        held[adopter] = hold
+    return held
+
+
+def live_copy_leases(
+    progress: Progress, end: int, now_ms: int, peer_hold_max: int
+) -> dict[str, CopyLease]:
+    """The leases ``copy_leases`` still holds, to replace ``progress.copy_leases`` with
+    at each report (the others ended for good)."""
+    live = copy_leases(progress, end, now_ms, peer_hold_max)
+    return {adopter: lease for adopter, lease in progress.copy_leases.items() if adopter in live}
 
 
 def peers_ordered(state: StoreState, progress: Progress) -> dict[str, int]:

@@ -21,6 +21,7 @@ from txsync.transaction_store.retention import (
     TruncationHold,
     Verdict,
     carried_entries,
+    live_copy_leases,
     peers_ordered,
     split_by_budget,
     truncation_hold,
@@ -68,12 +69,28 @@ class Rotations(StoreCore):
             progress.peer_synced_len.update(peers)
         if workers_min is not None:
             progress.workers_min_position = workers_min
+        self._end_copy_leases()
         # What the others allow: the coordinator's core hears it from this answer, and
         # the store truncates that far once the core's next report says it heard.
         hold = self.truncation_hold(with_core=False)
         self._say_let_go(hold)
         self._truncate_soon(within_core(hold.below, progress.core_history_len))
         return hold.below
+
+    def _end_copy_leases(self) -> None:
+        """Drop the copy leases that hold nothing any more, saying so."""
+        progress = self.progress
+        if not progress.copy_leases:
+            return
+        end = self.state.synced_len
+        live = live_copy_leases(progress, end, now_ms(), self.config.peer_hold_max)
+        for adopter in sorted(set(progress.copy_leases) - set(live)):
+            synced = progress.peer_synced_len.get(adopter, 0)
+            log.warning(
+                "DC COPY: the lease for %s's copy at %d ended (%s at %d, the synced end %d)",
+                adopter, progress.copy_leases[adopter].position, adopter, synced, end,
+            )  # fmt: skip
+        progress.copy_leases = live
 
     def _say_let_go(self, hold: TruncationHold) -> None:
         """Log each peer the first report finds past ``--peer-hold-max``."""
