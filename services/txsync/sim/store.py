@@ -49,14 +49,13 @@ from txsync.sim.invariants import InvariantViolation
 from txsync.sync_coordinator.shell import StepWrite
 from txsync.sync_coordinator.store_wire import durable_from_proto, persist_request
 from txsync.transaction_store.retention import (
-    COPY_LEASE_MS,
     Carried,
-    CopyLease,
     Progress,
     TruncationHold,
     carried_entries,
     live_copy_leases,
     peers_ordered,
+    take_copy_lease,
     truncation_hold,
 )
 from txsync.transaction_store.state import Moved, StoreState
@@ -425,7 +424,7 @@ class SimStore:
         (its disk's state: a worker applies only durable positions), and the copy's
         lease, as ``TransactionStore.export_base`` takes it. Raises ``Refusal``."""
         adoption = export_base(self.durable, position, final_state, adopter, adopter_len)
-        self.progress.copy_leases[adopter] = CopyLease(position, now_ms + COPY_LEASE_MS)
+        take_copy_lease(self.progress, adopter, position, now_ms)
         return adoption
 
     def may_adopt(self, adoption: BaseAdoption, now_ms: int) -> bool:

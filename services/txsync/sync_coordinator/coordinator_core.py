@@ -455,7 +455,19 @@ class CoordinatorCore(ABC):
         the others ended empty until it was restarted onto its copy: no transaction was
         ordered anywhere for as long as the copy travelled. Silent, it is excluded
         after ``--exclusion-timeout-ms`` and the others go on without it."""
-        return self.paused or self.dc_copy is not None
+        return bool(self.silence)
+
+    @property
+    def silence(self) -> str:
+        """Why this DC is ``silent`` ("" when it is not), as its peers' calls are told."""
+        if self.paused:
+            return "sync is paused at this DC"
+        if self.dc_copy is not None:
+            return (
+                f"this DC is taking a copy of {self.dc_copy.source}, and takes part again "
+                "once restarted onto it"
+            )
+        return ""
 
     def set_paused(self, paused: bool) -> None:
         if paused != self.paused:

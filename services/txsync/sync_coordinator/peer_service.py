@@ -98,14 +98,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         """Only configured peers, and (with mutual TLS) only as the node their
         certificate names: a peer cannot speak for another. ``anyone``: any node with a
         valid certificate for its name (a joining node asking which view is current)."""
-        if self._coordinator.paused:
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "sync is paused at this DC")
-        if (copy := self._coordinator.dc_copy) is not None:
-            raise ServiceError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"this DC is taking a copy of {copy.source}, and takes part again once "
-                "restarted onto it",
-            )
+        if silence := self._coordinator.silence:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, silence)
         config = self._coordinator.config
         known = anyone or self._coordinator.is_known_peer(sender)
         if sender == config.node_id or not known:

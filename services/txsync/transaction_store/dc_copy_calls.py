@@ -11,7 +11,7 @@ import logging
 
 from txsync.protocol import TxState
 from txsync.telemetry import work
-from txsync.transaction_store.retention import COPY_LEASE_MS, CopyLease
+from txsync.transaction_store.retention import COPY_LEASE_MS, take_copy_lease
 from txsync.transaction_store.rotation import Rotations
 from txsync.transaction_store.step_rules import BaseAdoption, export_base, plan_base_adopted
 from txsync.transaction_store.store_core import now_ms
@@ -32,7 +32,7 @@ class DcCopyCalls(Rotations):
         the positions past it here until ``adopter`` has caught up from them
         (``retention.copy_leases``). Raises ``Refusal``."""
         adoption = export_base(self.state, position, final_state, adopter, adopter_len)
-        self.progress.copy_leases[adopter] = CopyLease(position, now_ms() + COPY_LEASE_MS)
+        take_copy_lease(self.progress, adopter, position, now_ms())
         log.warning(
             "DC COPY: %s copies this DC at position %d: truncation keeps what follows it "
             "until %s has caught up (%d min at most, or --peer-hold-max positions)",

@@ -224,10 +224,10 @@ def copy_leases(progress: Progress, end: int, now_ms: int, peer_hold_max: int) -
     when it would hold more than ``peer_hold_max`` positions, as a peer down for long
     would (0: no bound). An ended lease stays ended: the store drops it at the report
     that ends it (``live_copy_leases``), so a peer that later falls behind holds as any
-    peer does, not as the copy's adopter. Without it, a copy that took longer than the peers'
-    history window (``--history-kept-ms``, 10 s by default, under load) found every
-    peer truncated past its position when it arrived, and the adopter copied again, for
-    ever for a database that takes longer than that to send."""
+    peer does, not as the copy's adopter. Without a lease, the adopter (silent while
+    it copies, so let go past ``peer_hold_max``) found, when its copy arrived, every
+    peer truncated past its position, and needed another copy: for ever, for a database
+    slower to send than the peers' truncation."""
     held = {}
     for adopter, lease in progress.copy_leases.items():
         synced = progress.peer_synced_len.get(adopter, 0)
@@ -242,6 +242,12 @@ def copy_leases(progress: Progress, end: int, now_ms: int, peer_hold_max: int) -
             continue  # held as a peer from here on
         held[adopter] = hold
     return held
+
+
+def take_copy_lease(progress: Progress, adopter: str, position: int, now_ms: int) -> None:
+    """A copy at ``position`` goes to ``adopter`` (``ExportBase``): its lease replaces
+    any earlier one of that adopter."""
+    progress.copy_leases[adopter] = CopyLease(position, now_ms + COPY_LEASE_MS)
 
 
 def live_copy_leases(
