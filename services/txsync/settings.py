@@ -42,6 +42,7 @@ and leaves most of a 1 Gbit/s link between DCs to the rounds."""
 
 INCOMING_TXS_MAX_DEFAULT = 32_768
 UNFINISHED_TXS_MAX_DEFAULT = 8_192
+UNPASSED_MAX_DEFAULT = 4_096
 OPEN_BODY_BYTES_MAX_DEFAULT = 1 << 30
 LOG_FILE_BYTES_MAX_DEFAULT = 16 << 20
 HISTORY_KEPT_DEFAULT = 2_000
@@ -53,10 +54,15 @@ IDEMPOTENCY_WINDOW_S_DEFAULT = 3_600
 """The store's defaults (``StoreConfig`` takes them from here). The idempotency window
 costs every worker a row per keyed transaction within it (~150 bytes with the client's
 36-character keys, measured): an hour at 500 a second is 1.8M rows, ~270 MB."""
-PROGRESS_REPORT_S = 1.0
+PROGRESS_REPORT_S = 0.25
 """How often the sync-coordinator (the peers' synced lengths) and worker-dispatch (the
 workers' lowest position) report progress to their store (``ReportProgress``), which
-truncates what all of them passed at its next rotation."""
+truncates what all of them passed. The store truncates only as far as the
+coordinator's core heard at the report before, so a report's period is history held at
+the load's rate, and flow control (``--unpassed-max``) lets a burst run that much less
+far: at 1 s a 150k soak loaded 1,698 transactions a second, at 0.25 s 2,019 (2,226
+without flow control), store RSS 1.16x and 1.11x (``docs/benchmarks.md``, "Flow
+control")."""
 FOLLOW_GATHER_MS_MOST = 1_000
 """The longest pause a follower of the store's ``FollowEnqueued`` may ask for between two
 messages (``FollowEnqueuedRequest.gather_ms``)."""
@@ -183,6 +189,16 @@ STORE_LIMITS: tuple[Setting, ...] = (
         unit="transactions",
     ),
     Setting(
+        "unpassed_max", UNPASSED_MAX_DEFAULT,
+        "refuse submits (RESOURCE_EXHAUSTED, with a retry hint) while this many "
+        "transactions, ordered or waiting to be, lie past what the slowest of the peer DCs "
+        "in the view and this DC's workers passed (flow control: the store holds them in "
+        "memory); 0: off",
+        "transactions past what the slowest peer in the view or worker here passed before "
+        "submits are refused (0: off)",
+        unit="positions", least=0,
+    ),
+    Setting(
         "body_bytes_max", OPEN_BODY_BYTES_MAX_DEFAULT,
         "refuse submits while the bodies of unfinished transactions take this many bytes",
         "bytes of unfinished transactions' bodies before submits are refused",
@@ -206,9 +222,9 @@ STORE_LIMITS: tuple[Setting, ...] = (
     Setting(
         "history_kept_ms", HISTORY_KEPT_MS_DEFAULT,
         "truncation also keeps every transaction finished within this many milliseconds "
-        "(at most the newest 4,096 positions), so that a client reading one it just made "
+        "(at most the newest 2,048 positions), so that a client reading one it just made "
         "finds it; waits find the verdicts of the 16,384 last truncated",
-        "finished transactions kept by age, at most the newest 4,096 (memory: about 3 KB "
+        "finished transactions kept by age, at most the newest 2,048 (memory: about 3 KB "
         "each); with --history-kept, the larger window holds",
         unit="ms", least=0,
     ),

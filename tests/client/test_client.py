@@ -21,6 +21,7 @@ from tests.support.processes import free_port, transaction_store
 from tests.support.waiting import wait_until
 from txsync.client import (
     AsyncClient,
+    Backpressure,
     BatchFailed,
     Client,
     InvalidRequest,
@@ -386,7 +387,7 @@ def test_submits_refused_for_load_go_again_after_a_pause_key_or_no_key(tmp_path:
     rest of a batch for load. The DC stored nothing of those, so the client sends them
     again after a pause, with or without a key, until its deadline; then each is a
     ``Backpressure`` (not "sent once"), and the store was asked a few times, not
-    hammered."""
+    hammered. A single submit without a key is sent again the same way."""
     store = transaction_store(tmp_path / "store", "dc1", "--unfinished-max", "3")
     store.start()
     try:
@@ -396,6 +397,10 @@ def test_submits_refused_for_load_go_again_after_a_pause_key_or_no_key(tmp_path:
             )
             assert [type(r).__name__ for r in results] == ["Submitted"] * 3 + ["Backpressure"] * 2
             assert 2 <= client.calls <= 6, "sent again after pauses of 0.25 s, doubling"
+            calls = client.calls
+            with pytest.raises(Backpressure):  # a single unkeyed submit goes again too
+                client.submit("INSERT INTO t VALUES (5)", wait=None)
+            assert 2 <= client.calls - calls <= 6, "sent again after pauses of 0.25 s"
     finally:
         store.terminate()
 

@@ -15,7 +15,7 @@ from google.protobuf.duration_pb2 import Duration
 from tests.support.metrics import sample, scrape, series_without_dc
 from tests.support.processes import ServiceProcess, free_port, transaction_store
 from tests.support.waiting import wait_until
-from txsync.settings import UNFINISHED_TXS_MAX_DEFAULT
+from txsync.settings import UNFINISHED_TXS_MAX_DEFAULT, UNPASSED_MAX_DEFAULT
 from txsync.telemetry.metrics import build_commit
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2, store_pb2, store_pb2_grpc
 
@@ -92,6 +92,8 @@ def test_calls_fsyncs_and_build_are_measured_with_the_dc_on_every_series(
     # The backlog against its limit: the 3 submits wait to be ordered (no coordinator).
     assert sample(text, "txsync_store_unfinished") == 3
     assert sample(text, "txsync_store_unfinished_limit") == UNFINISHED_TXS_MAX_DEFAULT
+    assert sample(text, "txsync_store_unpassed") == 0  # no coordinator or dispatch reported
+    assert sample(text, "txsync_store_unpassed_limit") == UNPASSED_MAX_DEFAULT
 
     assert sample(text, "txsync_build_info", version=metadata.version("txsync"),
                   commit=build_commit(), service="transaction-store") == 1  # fmt: skip

@@ -21,6 +21,7 @@ from txsync.transaction_store.retention import (
     copy_leases,
     live_copy_leases,
     truncation_hold,
+    unpassed,
 )
 from txsync.transaction_store.state import StoreState
 from txsync.transaction_store.step_rules import (
@@ -294,6 +295,43 @@ def test_a_copy_lease_keeps_what_follows_the_copy_until_its_adopter_caught_up() 
     assert progress.copy_leases == {}
     progress.peer_synced_len["dc3"] = 2
     assert copy_leases(progress, 10, NOW_MS, peer_hold_max=0) == {}
+
+
+def test_flow_control_counts_the_peers_in_the_view_by_their_order_and_the_workers() -> None:
+    """``retention.unpassed`` (``--unpassed-max``): how far the slowest of what holds
+    history while every DC is up is behind the synced end. A peer out of the installed
+    view counts for nothing (one DC away must not stop the others' submits), nor do the
+    bodies a peer lacks (it counts by its order: one waiting for a body no DC sends must
+    not stop every DC), nor anything before both reports came (a store just started)."""
+    state = StoreState("dc1")
+    for stamp in range(1, 11):
+        _synced_peer_tx(state, stamp)
+    progress = Progress({"dc2": 4, "dc3": 2}, peer_ordered_len={"dc2": 9, "dc3": 2})
+
+    def behind(first_unfinished: int = 11) -> tuple[int, str]:
+        return unpassed(state, progress, first_unfinished=first_unfinished)
+
+    assert behind() == (0, "")  # neither the coordinator nor the dispatch reported yet
+    progress.peers_reported = True
+    assert behind() == (0, "")  # the dispatch has not
+    progress.workers_min_position = 7
+    assert behind() == (8, "peer dc3")  # view 0: every configured peer is a member
+    assert behind(first_unfinished=4) == (8, "peer dc3")
+    assert behind(first_unfinished=2) == (9, "the first unfinished transaction")
+    _install(state, ["dc1", "dc2"], ["dc3"])  # dc3 excluded
+    assert behind() == (3, "the slowest worker")  # dc2 counts at 9, not its bodies' 4
+    progress.workers_min_position = 10
+    assert behind() == (1, "peer dc2")
+    # The core lags what the rest allows (it hears at the next report): it counts.
+    progress.core_history_len, progress.allowed_through = 5, 8
+    assert behind() == (5, "the sync-coordinator's core")
+    # A peer away holds truncation at 5, the core heard that: it holds nothing more.
+    progress.allowed_through = 5
+    assert behind() == (1, "peer dc2")
+    progress.core_history_len = None
+    _truncate_below(state, 6, {})
+    progress.peer_ordered_len["dc2"] = 3  # reported from before the truncation
+    assert behind() == (5, "peer dc2")  # nothing below the history's start is held
 
 
 def test_a_lagger_is_served_only_appends_that_are_durable() -> None:

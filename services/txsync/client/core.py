@@ -227,10 +227,15 @@ class Core:
                 answer = await self.transport.submit(index, request)
             except Refused as refused:
                 last = self._refusal(refused)
+                if isinstance(last, Backpressure):
+                    # Refused for load, the DC stored nothing: sent again after the pause
+                    # it asks for, key or no key (as ``submit_many`` does). Raised at once,
+                    # an unkeyed submit failed every caller of a burst the DCs' flow
+                    # control slowed for a moment (``--unpassed-max``; bench.soak).
+                    await self._sleep_until(deadline, max(last.retry_after_s, BACKOFF_FIRST_S))
+                    continue
                 if not retried:
                     raise last from None
-                if isinstance(last, Backpressure):
-                    await self._sleep_until(deadline, max(last.retry_after_s, BACKOFF_FIRST_S))
                 continue
             self.current = index
             if wanted is None or answer.reached:

@@ -136,8 +136,11 @@ FETCH_TIMEOUT_MS = 200
 ten. A call dropped on the way, or whose answer is, ends with it."""
 
 PROGRESS_REPORT_MS = 100
-"""The coordinator's and dispatch's ``PROGRESS_REPORT_S`` divided by ten, as the
-simulator divides the services' other times."""
+"""The coordinator's and dispatch's ``PROGRESS_REPORT_S`` of 1 s divided by ten, as the
+simulator divides the services' other times. The services report every 0.25 s since
+2026-12-01 (for flow control's sake, which the simulator does not model); the simulated
+reports stay at 100 ms: the seeds its regression tests name were found with it, and a
+slower report only truncates later, never further."""
 SIM_SERVED_HOLD_MS = 500
 """``let_go.SERVED_HOLD_MS`` scaled to the simulated network: its messages take at most
 80 ms (``_delay_ms``), and a schedule lasts seconds."""

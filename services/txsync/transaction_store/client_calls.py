@@ -76,6 +76,19 @@ class ClientCalls(StoreCore):
                     "behind); retry later or at another DC",
                     retry_after_ms=config.retry_after_ms,
                 )
+            # What waits to be ordered counts too: twelve loaders' batches of 500 taken at
+            # once ran 3,000 past the bound before the first of them was ordered. No
+            # holder: nothing reported yet (a store alone, or just started).
+            behind, holder = self.unpassed()
+            ahead = behind + waiting
+            if config.unpassed_max and holder and ahead >= config.unpassed_max:
+                raise Refusal(
+                    Refused.OVERLOADED,
+                    f"{config.node_id} is {ahead} transactions ahead of the slowest of its "
+                    f"peers and workers ({holder}, {behind} positions behind the synced "
+                    f"end; limit {config.unpassed_max}: flow control); retry later",
+                    retry_after_ms=config.retry_after_ms,
+                )
         if state.open_body_bytes >= config.open_body_bytes_max:
             raise Refusal(
                 Refused.OVERLOADED,

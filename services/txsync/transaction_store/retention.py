@@ -15,9 +15,12 @@ from txsync.protocol import TxState
 from txsync.transaction_store.state import Outcome, StoreState
 from txsync.v1 import common_pb2, txlog_pb2
 
-HISTORY_KEPT_BY_AGE_MOST = 4_096
+HISTORY_KEPT_BY_AGE_MOST = 2_048
 """The most newest positions ``--history-kept-ms`` keeps (``--history-kept`` may keep
-more): the age window's memory is the rate times its length, unbounded without this."""
+more): the age window's memory is the rate times its length, unbounded without this.
+It counts against ``--unpassed-max`` (the core hears only what the window lets go), so
+it is half of that bound (4,096 until 2026-12-01): the rest is the room a burst has
+before flow control slows it. Waits for what it let go find the truncated verdicts."""
 
 
 COPY_LEASE_MS = 70 * 60 * 1000
@@ -58,6 +61,10 @@ class Progress:
     core_history_len: int | None = None
     """The coordinator's core serves catch-up from memory only above this synced
     length (None: its report does not say, as from a coordinator of 0.2)."""
+    allowed_through: int = 0
+    """How far truncation may go by everything but the coordinator's core, as found at
+    the last report (``report_progress``): the core counts as behind (``unpassed``) only
+    below it."""
     truncated_total: int = 0
     """Transactions truncated since the store started."""
     truncated_in_place: int = 0
@@ -212,6 +219,51 @@ def truncation_hold(
     if holder:
         holder = f"{holder} at {through} ({end - through} behind)"
     return TruncationHold(through + 1 if through else 0, holder, tuple(released.items()))
+
+
+def kept_on_purpose(history_kept: int, history_kept_ms: int) -> int:
+    """The most newest positions truncation keeps whoever passed them: ``history_kept``,
+    or the age window's cap if that is larger and the window is on."""
+    return max(history_kept, HISTORY_KEPT_BY_AGE_MOST if history_kept_ms else 0)
+
+
+def unpassed(state: StoreState, progress: Progress, *, first_unfinished: int) -> tuple[int, str]:
+    """How many synced positions lie past what the slowest of the live pipeline passed,
+    and which it is: a peer in the installed view, this DC's slowest worker, what is
+    unfinished here, or the coordinator's core (which truncation waits for, newest
+    positions kept on purpose included: ``history_kept``, the age window). These are
+    what hold history in memory while every DC is up; the store refuses its own clients'
+    submits past ``--unpassed-max`` (flow control, as Galera's), so that a burst cannot
+    fill memory the allocator then keeps (``docs/transaction-store.md``,
+    "Backpressure"). A peer out of the view, a copy's lease or a removed node hold
+    history too, but are left out: one DC away must not stop the others' submits
+    (``--peer-hold-max`` bounds what they hold). (0, "") until the coordinator and the
+    dispatch have reported: a store just started refuses nothing for lack of news."""
+    if not progress.peers_reported or progress.workers_min_position is None:
+        return 0, ""
+    end = state.synced_len
+    members = (
+        set(state.view.view.members) if state.view is not None else set(progress.peer_synced_len)
+    )
+    holds = [(progress.workers_min_position, "the slowest worker")]
+    holds.append((first_unfinished - 1, "the first unfinished transaction"))
+    # A peer counts by its order, not by the bodies it holds: one that waits for a body
+    # no DC sends (``MissingBodyWatch``) must not stop every DC's submits for good.
+    holds += [
+        (progress.peer_ordered_len.get(peer, length), f"peer {peer}")
+        for peer, length in progress.peer_synced_len.items()
+        if peer in members
+    ]
+    # The core hears how far the store may truncate a report after the store found it,
+    # and the store truncates no further until it has: at a batched load's rate that
+    # report's delay held 2,000-6,000 positions. Only below what the rest allows: where
+    # a peer away holds truncation, the core stops there too, and must not count.
+    core = progress.core_history_len
+    if core is not None and core < progress.allowed_through:
+        holds.append((core, "the sync-coordinator's core"))
+    through, holder = min(holds, key=lambda hold: hold[0])
+    through = max(through, state.synced_offset)
+    return max(0, end - through), holder
 
 
 def copy_leases(progress: Progress, end: int, now_ms: int, peer_hold_max: int) -> dict[str, int]:

@@ -73,6 +73,7 @@ class Rotations(StoreCore):
         # What the others allow: the coordinator's core hears it from this answer, and
         # the store truncates that far once the core's next report says it heard.
         hold = self.truncation_hold(with_core=False)
+        progress.allowed_through = hold.below - 1 if hold.below else 0
         self._say_let_go(hold)
         self._truncate_soon(within_core(hold.below, progress.core_history_len))
         return hold.below
@@ -392,7 +393,7 @@ longer than that to reach the last ones (the soak's loaders timed out)."""
 
 TRUNCATION_STEP = 256
 """Positions that may go beyond what is truncated before the store truncates in place:
-one small entry per step (at most one per progress report, each second)."""
+one small entry per step (at most one per progress report, four a second)."""
 
 
 EARLY_FILING_PASSES = 4

@@ -31,6 +31,7 @@ from txsync.telemetry import Gauge, ServiceTelemetry, add_telemetry_arguments
 from txsync.tls import read_pem, server_credentials
 from txsync.transaction_store.admin import NOT_HERE, AdminServicer
 from txsync.transaction_store.dc_admin import DcAdmin, DcServices
+from txsync.transaction_store.retention import HISTORY_KEPT_BY_AGE_MOST, kept_on_purpose
 from txsync.transaction_store.service import ClientServicer, StoreInternalServicer
 from txsync.transaction_store.store import StoreConfig, TransactionStore
 from txsync.transaction_store.txlog.files import LogCorruptionError
@@ -69,11 +70,19 @@ def _store_gauges(store: TransactionStore) -> list[Gauge]:
             "DC's submits are refused at --unfinished-max)",
             lambda: state.incoming_state_txs + store.ordered_unfinished(),
         ),
+        Gauge(
+            "txsync.store.unpassed",
+            "synced positions past what the slowest peer DC in the view or worker here "
+            "passed (this DC's submits are refused at --unpassed-max: flow control)",
+            lambda: store.unpassed()[0],
+        ),
         # The limits themselves, so that a dashboard or alert divides by them.
         Gauge("txsync.store.incoming.limit", "--incoming-max",
               lambda: config.incoming_txs_max),
         Gauge("txsync.store.unfinished.limit", "--unfinished-max",
               lambda: config.unfinished_txs_max),
+        Gauge("txsync.store.unpassed.limit", "--unpassed-max",
+              lambda: config.unpassed_max),
         Gauge("txsync.store.open_body.limit", "--body-bytes-max",
               lambda: config.open_body_bytes_max, unit="By"),
     ]  # fmt: skip
@@ -258,6 +267,7 @@ def run(options: argparse.Namespace) -> int:
         node_id=options.node_id,
         incoming_txs_max=options.incoming_max,
         unfinished_txs_max=options.unfinished_max,
+        unpassed_max=options.unpassed_max,
         open_body_bytes_max=options.body_bytes_max,
         log_file_bytes_max=options.log_file_bytes_max,
         history_kept=options.history_kept,
@@ -272,6 +282,17 @@ def run(options: argparse.Namespace) -> int:
     )
     if (options.tls_cert is None) != (options.tls_key is None):
         print("error: give both --tls-cert and --tls-key, or neither", file=sys.stderr)
+        return 2
+    kept = kept_on_purpose(config.history_kept, config.history_kept_ms)
+    if config.unpassed_max and config.unpassed_max <= kept:
+        # The positions kept on purpose count against the bound (``retention.unpassed``):
+        # at or below them, every report's delay would refuse this DC's submits.
+        print(
+            f"error: --unpassed-max ({config.unpassed_max}) must exceed the newest "
+            f"positions kept on purpose ({kept}: --history-kept, and the age window of "
+            f"--history-kept-ms, at most {HISTORY_KEPT_BY_AGE_MOST}), or be 0 (off)",
+            file=sys.stderr,
+        )
         return 2
     if options.tls_client_ca and not options.tls_cert:
         print("error: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)

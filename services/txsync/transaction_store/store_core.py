@@ -42,13 +42,14 @@ from txsync.settings import (
     OPEN_BODY_BYTES_MAX_DEFAULT,
     PEER_HOLD_MAX_DEFAULT,
     UNFINISHED_TXS_MAX_DEFAULT,
+    UNPASSED_MAX_DEFAULT,
 )
 from txsync.shares import Shares
 from txsync.telemetry import work
 from txsync.telemetry.logs import event as log_event
 from txsync.transaction_store.body_cache import BODY_CACHE_BYTES_DEFAULT, BodyCache
 from txsync.transaction_store.local_submits import LocalSubmit, LocalWatch
-from txsync.transaction_store.retention import MissingBodyWatch, Progress, Verdict
+from txsync.transaction_store.retention import MissingBodyWatch, Progress, Verdict, unpassed
 from txsync.transaction_store.state import FINAL_STATES, Moved, StoreState, TxRecord
 from txsync.transaction_store.step_rules import first_unfinished
 from txsync.transaction_store.tx_tracing import measure_transitions, trace_transitions
@@ -82,6 +83,13 @@ class StoreConfig:
     workers' backlog. The store holds each in memory until every worker passed it, so
     without this bound a load the workers cannot follow grows the store (and, through
     the allocator keeping what it once held, its RSS for good: docs/benchmarks.md)."""
+    unpassed_max: int = UNPASSED_MAX_DEFAULT
+    """...or while this many transactions, ordered or waiting to be, lie past what a
+    peer DC in the view, this DC's slowest worker, its first unfinished transaction or
+    the coordinator's core passed (0: never; ``retention.unpassed``). The store holds
+    what they have not passed; under a batched load they lagged 6,000-10,000 positions,
+    and the store's RSS stayed at that peak for good (pymalloc keeps an arena while one
+    object in it lives)."""
     open_body_bytes_max: int = OPEN_BODY_BYTES_MAX_DEFAULT
     """...or while the bodies of unfinished transactions take this many bytes."""
     retry_after_ms: int = 250
@@ -546,6 +554,14 @@ class StoreCore(ABC):
             return record.state is not None and reached(record.state, state)
         verdict = self.truncated_verdicts.get(tx_id)
         return verdict is not None and reached(verdict.state, state)
+
+    def unpassed(self) -> tuple[int, str]:
+        """How far the slowest of the peers in the view, this DC's workers and its
+        unfinished transactions is behind the synced end, and which
+        (``retention.unpassed``; ``--unpassed-max``)."""
+        return unpassed(
+            self.state, self.progress, first_unfinished=self.first_unfinished_position()
+        )
 
     def first_unfinished_position(self) -> int:
         """The first synced position (1-based) not yet OK or FAILED in the log; one past
