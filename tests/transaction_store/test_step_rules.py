@@ -332,6 +332,11 @@ def test_flow_control_counts_the_peers_in_the_view_by_their_order_and_the_worker
     _truncate_below(state, 6, {})
     progress.peer_ordered_len["dc2"] = 3  # reported from before the truncation
     assert behind() == (5, "peer dc2")  # nothing below the history's start is held
+    # A peer of 0.1.0 says it holds no bodies (its synced length in the report is 0):
+    # it counts by its latest post's order, as one of this release does.
+    progress.peer_synced_len["dc2"] = 0
+    progress.peer_posted_len["dc2"] = 10
+    assert behind() == (0, "the slowest worker")
 
 
 def test_a_lagger_is_served_only_appends_that_are_durable() -> None:

@@ -247,10 +247,16 @@ def unpassed(state: StoreState, progress: Progress, *, first_unfinished: int) ->
     )
     holds = [(progress.workers_min_position, "the slowest worker")]
     holds.append((first_unfinished - 1, "the first unfinished transaction"))
-    # A peer counts by its order, not by the bodies it holds: one that waits for a body
-    # no DC sends (``MissingBodyWatch``) must not stop every DC's submits for good.
+    # A peer counts by its order (its latest post, else as recorded), not by the bodies
+    # it holds: one that waits for a body no DC sends (``MissingBodyWatch``) must not
+    # stop every DC's submits for good, nor one of a release that does not say what it
+    # holds (0.1.0 says 0: in a mixed-release CI run dc1 and dc2 refused every submit
+    # while dc3 ran 0.1.0, and the upgrade stopped).
     holds += [
-        (progress.peer_ordered_len.get(peer, length), f"peer {peer}")
+        (
+            progress.peer_posted_len.get(peer, progress.peer_ordered_len.get(peer, length)),
+            f"peer {peer}",
+        )
         for peer, length in progress.peer_synced_len.items()
         if peer in members
     ]
