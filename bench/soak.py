@@ -49,7 +49,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -106,7 +106,11 @@ class Rotation:
 class Results:
     samples: list[Sample] = field(default_factory=list)
     restarts_s: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Phase -> service kind -> seconds from exec to SERVING."""
+    """Phase -> service kind -> seconds from exec to SERVING. The store is timed twice:
+    as found, and again just after a rotation (``AFTER_ROTATION``)."""
+    restarts_replayed: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Phase -> the store's restart (as ``restarts_s``) -> log entries it replayed (its
+    "txlog recovered" line): what a restart's time follows."""
     rotations: list[Rotation] = field(default_factory=list)
     loaded_per_s: float = 0.0
     load_errors: int = 0
@@ -118,6 +122,16 @@ class Results:
     started_unix: float = 0.0
     """Wall-clock time of ``at_s`` 0: places the rotations (logged in wall-clock time)
     among the samples."""
+
+
+AFTER_ROTATION = "transaction-store, just after a rotation"
+RECOVERED = re.compile(r"txlog recovered: (\d+) entries")
+
+
+def _entries_replayed(store: Service) -> int:
+    """The entries the store's last start replayed, from its log (0: not found)."""
+    found = RECOVERED.findall(store.log_path.read_text(errors="replace"))
+    return int(found[-1]) if found else 0
 
 
 def rss_mib(pid: int) -> float:
@@ -311,14 +325,38 @@ class Soak:
         """Restart dc1's services of these kinds one at a time: exec to SERVING each."""
         took: dict[str, float] = {}
         for kind in kinds:
-            service = next(
-                s
-                for s in self.cluster.services
-                if s.name.startswith("dc1") and s.name.endswith(kind)
-            )
-            took[kind] = self._restart_one(service)
+            took[kind] = self._restart_one(self._dc1(kind))
             self.say(f"dc1 {kind} restarted to SERVING in {took[kind]:.2f} s")
         return took
+
+    def _dc1(self, kind: str) -> Service:
+        return next(
+            s for s in self.cluster.services if s.name.startswith("dc1") and s.name.endswith(kind)
+        )
+
+    def phase_restarts(self, phase: str) -> None:
+        """The phase's timed restarts of dc1's store and worker; the store's again just
+        after a rotation (an operator's ``txsync log truncate``). A store replays its
+        newest snapshot and what was appended since (up to ``--log-file-bytes-max``): as
+        found, the time follows where the current file is in its cycle, whatever the
+        history; just after a rotation it is the snapshot's, which is what could grow
+        with the history (the transactions kept)."""
+        took = self.restart()
+        replayed = {"transaction-store": _entries_replayed(self._dc1("transaction-store"))}
+        store = self._dc1("transaction-store")
+        with grpc.insecure_channel(store.address) as channel:
+            admin_pb2_grpc.AdminServiceStub(channel).TruncateLog(
+                admin_pb2.TruncateLogRequest(), timeout=RESTART_TIMEOUT_S
+            )
+        took[AFTER_ROTATION] = self._restart_one(store)
+        replayed[AFTER_ROTATION] = _entries_replayed(store)
+        self.say(
+            f"dc1 {AFTER_ROTATION} restarted to SERVING in {took[AFTER_ROTATION]:.2f} s "
+            f"({replayed[AFTER_ROTATION]:,} entries replayed; as found "
+            f"{replayed['transaction-store']:,})"
+        )
+        self.results.restarts_s[phase] = took
+        self.results.restarts_replayed[phase] = replayed
 
     def _restart_one(self, service: Service) -> float:
         with self._supervision:
@@ -396,7 +434,7 @@ class Soak:
                 self.load_history(history)
                 self.phase = f"steady {name}"
                 self.steady(seconds)
-                self.results.restarts_s[name] = self.restart()
+                self.phase_restarts(name)
             if options.dc_down_s:
                 self.dc_down(options.dc_down_s)
         finally:
@@ -449,8 +487,11 @@ def summary(results: Results) -> str:
         "| --- " * (1 + len(names) + len(ratios)) + "|",
     ]  # fmt: skip
 
-    def row(measure: str, values: dict[str, float], unit: str, target: str = "") -> str:
-        cells = [f"{values[n]:.0f} {unit}" if unit != "s" else f"{values[n]:.2f} s" for n in names]
+    def row(measure: str, values: Mapping[str, float], unit: str, target: str = "") -> str:
+        cells = [
+            f"{values[n]:.2f} s" if unit == "s" else f"{values[n]:,.0f} {unit}".rstrip()
+            for n in names
+        ]
         cells.append(f"{values['long'] / values['small']:.2f}{target}")
         if "middle" in by_phase:
             cells.append(f"{values['long'] / values['middle']:.2f}")
@@ -475,11 +516,14 @@ def summary(results: Results) -> str:
         for n, samples in phases
     }
     lines.append(row("submit p99 (median of the samples)", p99s, "ms"))
-    restarts = results.restarts_s
+    restarts, replayed = results.restarts_s, results.restarts_replayed
     for kind in restarts.get("small", {}):
         seconds = {n: restarts[n][kind] for n in names if kind in restarts.get(n, {})}
         if len(seconds) == len(names):
             lines.append(row(f"restart to SERVING, {kind}", seconds, "s", " (2)"))
+        entries = {n: replayed[n][kind] for n in names if kind in replayed.get(n, {})}
+        if len(entries) == len(names) and all(entries.values()):
+            lines.append(row(f"log entries replayed, {kind}", entries, ""))
     rotations = results.rotations
     if rotations:
         took = sorted(r.took_ms for r in rotations)
