@@ -56,6 +56,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.proc_stats import seconds_to_serving
 from tests.support.dev_up import free_base_port
 from txsync.client import BatchFailed, Client, TxSyncError
 from txsync.dev_cluster import DevCluster, Service, layout_of
@@ -363,12 +364,12 @@ class Soak:
             _stopped([service])
             started = time.monotonic()
             service.start()
-            deadline = started + RESTART_TIMEOUT_S
-            while not service.check_serving():
-                if time.monotonic() > deadline or not service.running:
-                    raise RuntimeError(f"{service.name} did not serve again:\n{service.log_tail()}")
-                time.sleep(0.02)
-            took = time.monotonic() - started
+            assert service.process is not None
+            took = seconds_to_serving(
+                service.address, service.process, started, started + RESTART_TIMEOUT_S
+            )
+            if took is None:
+                raise RuntimeError(f"{service.name} did not serve again:\n{service.log_tail()}")
             service.serving, service.serving_since = True, time.monotonic()
         return took
 

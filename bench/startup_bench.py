@@ -27,8 +27,9 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from bench.proc_stats import seconds_to_serving
 from tests.support.dev_up import free_base_port
-from tests.support.processes import free_port, wait_serving
+from tests.support.processes import free_port
 
 CLI = [sys.executable, "-m", "txsync.cli.main"]
 SERVING_TIMEOUT_S = 300.0
@@ -40,9 +41,16 @@ def time_command(args: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def _wait_serving(address: str, process: subprocess.Popen[bytes]) -> None:
-    if not wait_serving(address, process, time.monotonic() + SERVING_TIMEOUT_S):
+def _wait_serving(
+    address: str, process: subprocess.Popen[bytes], started: float | None = None
+) -> float:
+    """Seconds until ``address`` serves, from ``started`` (``time.monotonic``; default
+    now), a fresh channel per check (``proc_stats.serving_now``)."""
+    started = time.monotonic() if started is None else started
+    took = seconds_to_serving(address, process, started, started + SERVING_TIMEOUT_S)
+    if took is None:
         raise RuntimeError(f"{address} did not serve (exit status {process.poll()})")
+    return took
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -77,14 +85,13 @@ def time_service(kind: str, root: Path) -> float:
             "sync-coordinator": ["--node-id", "dc1", "--store", store, "--plaintext",
                                  "--peer", f"dc2=127.0.0.1:{free_port()}"],
         }[kind]  # fmt: skip
-        started = time.perf_counter()
+        started = time.monotonic()
         process = subprocess.Popen(
             [*CLI, kind, *args, "--listen", address],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         helpers.append(process)
-        _wait_serving(address, process)
-        return time.perf_counter() - started
+        return _wait_serving(address, process, started)
     finally:
         for helper in reversed(helpers):
             _stop(helper)
