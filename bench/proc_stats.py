@@ -1,19 +1,9 @@
-"""CPU time and peak memory of server processes, read from /proc (Linux); when a
-process started serving."""
+"""CPU time and peak memory of server processes, read from /proc (Linux)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from pathlib import Path
-
-import grpc
-from grpc_health.v1 import health_pb2
-
-from txsync.rpc import health_status
-
-SERVING_POLL_S = 0.02
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -51,31 +41,3 @@ def peak_rss_mib(pid: int) -> float:
 def kind_of(name: str) -> str:
     """ "sync-coordinator dc2" -> "sync-coordinator"."""
     return name.split(" ", 1)[0]
-
-
-def serving_now(address: str) -> bool:
-    """One health check on a channel of its own: SERVING or not, at once.
-
-    A channel kept across checks, whose connection was refused while the process was
-    still starting, tries again only after gRPC's reconnect backoff (200 ms, then 1.6
-    times longer each time, with jitter): a start timed that way was seen at the next
-    attempt, about 0.5, 1.0 or 1.8 s. A store that served in 0.6 s was timed at 1.05 s,
-    and the soak's restarts by that rounding, not by the history (docs/benchmarks.md)."""
-    with grpc.insecure_channel(address) as channel:
-        try:
-            return health_status(channel, timeout_s=1.0) == health_pb2.HealthCheckResponse.SERVING
-        except grpc.RpcError:
-            return False
-
-
-def seconds_to_serving(
-    address: str, process: subprocess.Popen[bytes], started: float, deadline: float
-) -> float | None:
-    """Seconds from ``started`` (``time.monotonic``) until ``address`` answers SERVING,
-    polled every ``SERVING_POLL_S`` (None: ``process`` exited or the monotonic
-    ``deadline`` passed first)."""
-    while process.poll() is None and time.monotonic() <= deadline:
-        if serving_now(address):
-            return time.monotonic() - started
-        time.sleep(SERVING_POLL_S)
-    return None

@@ -27,9 +27,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from bench.proc_stats import seconds_to_serving
 from tests.support.dev_up import free_base_port
-from tests.support.processes import free_port
+from tests.support.processes import free_port, wait_serving
 
 CLI = [sys.executable, "-m", "txsync.cli.main"]
 SERVING_TIMEOUT_S = 300.0
@@ -45,12 +44,11 @@ def _wait_serving(
     address: str, process: subprocess.Popen[bytes], started: float | None = None
 ) -> float:
     """Seconds until ``address`` serves, from ``started`` (``time.monotonic``; default
-    now), a fresh channel per check (``proc_stats.serving_now``)."""
+    now)."""
     started = time.monotonic() if started is None else started
-    took = seconds_to_serving(address, process, started, started + SERVING_TIMEOUT_S)
-    if took is None:
+    if not wait_serving(address, process, started + SERVING_TIMEOUT_S):
         raise RuntimeError(f"{address} did not serve (exit status {process.poll()})")
-    return took
+    return time.monotonic() - started
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -118,7 +118,7 @@ class Service:
         its channel: one whose connection was refused tries again only after gRPC's
         reconnect backoff (200 ms, then 1.6 times longer each time), so a service that
         served in 0.4 s was seen at about 0.5 s, one at 0.6 s at about 1.0 s, and what
-        waits for it started that much later (``bench.proc_stats.serving_now``)."""
+        waits for it started that much later (``make bench-startup``)."""
         if self._channel is None:
             self._channel = grpc.insecure_channel(self.address, options=list(RECONNECT_OPTIONS))
         try:

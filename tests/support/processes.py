@@ -45,15 +45,24 @@ def _kill_leftovers() -> None:
 
 def wait_serving(address: str, process: subprocess.Popen[bytes], deadline: float) -> bool:
     """Poll ``address``'s health until it is SERVING (true), ``process`` exits or the
-    monotonic ``deadline`` passes (false)."""
-    with grpc.insecure_channel(address, options=list(RECONNECT_OPTIONS)) as channel:
+    monotonic ``deadline`` passes (false). A check that fails drops its channel, as
+    ``dev_cluster.Service.check_serving`` does: a start is seen when it happens, not at
+    gRPC's next reconnect attempt (what ``make bench-startup`` times with this)."""
+    channel: grpc.Channel | None = None
+    try:
         while process.poll() is None and time.monotonic() <= deadline:
+            if channel is None:
+                channel = grpc.insecure_channel(address, options=list(RECONNECT_OPTIONS))
             try:
                 if health_status(channel) == health_pb2.HealthCheckResponse.SERVING:
                     return True
             except grpc.RpcError:
-                pass
+                channel.close()
+                channel = None
             time.sleep(0.02)
+    finally:
+        if channel is not None:
+            channel.close()
     return False
 
 
