@@ -1725,6 +1725,9 @@ def test_history_is_truncated_in_place_between_rotations(
         await until(lambda: store.state.synced_offset == 6, "truncated in place")
         assert sorted((tmp_path / "txlog").glob("bak-*.dat")) == backups, "no rotation"
         assert set(store.state.txs) == {*ids[6:], late}
+        # The records that went are let go at once: a list of them in seq order kept
+        # them alive, histories and all, until they were as many as the held ones.
+        assert [r.tx_id for r in store.state._seq_order] == [*ids[6:], late]
         assert set(store.state.idempotency) == {"k6", "k7", "late"}
         assert sorted(store._unfiled) == [late]
         # Its counters move once the files are deleted, after the deleting thread ends.

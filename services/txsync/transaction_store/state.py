@@ -208,8 +208,8 @@ class StoreState:
         self.synced: list[TxMeta] = []
         self.txs: dict[str, TxRecord] = {}
         self._seq_order: list[TxRecord] = []
-        """Every record made, in seq order (forgotten ones too, until ``_compact_seq_order``):
-        a page after a seq is found by bisection, not by walking the dict from its start."""
+        """The records in seq order, and a few gone from ``txs`` (``_prune_seq_order``): a
+        page after a seq is found by bisection, not by walking the dict from its start."""
         self.idempotency: dict[str, str] = {}
         self.pending_local: dict[str, None] = {}
         """Local submits the protocol has not stamped yet, in submit order."""
@@ -556,12 +556,25 @@ class StoreState:
         del self.txs[tx_id]
         if record.state is TxState.INCOMING:
             self.incoming_state_txs -= 1
-        if len(self._seq_order) > 2 * len(self.txs) + 1024:
-            self._compact_seq_order()
+        self._prune_seq_order()
 
-    def _compact_seq_order(self) -> None:
-        """Drop forgotten records from ``_seq_order`` (amortised: once they are half)."""
-        self._seq_order = list(self.txs.values())
+    def _prune_seq_order(self) -> None:
+        """Let go of the records ``_seq_order`` holds that left ``txs``. Each one held
+        there is alive with its whole history and outcome: waiting until they were as
+        many as the live ones kept twice the held transactions' memory at a batched
+        load's peak, and that peak is what the allocator keeps (issue 47). Truncation
+        drops the oldest, so the dead front goes at once (one memmove); records that
+        left out of seq order go by a rebuild once they are an eighth (amortised O(1))."""
+        order, txs = self._seq_order, self.txs
+        dead_front = 0
+        for record in order:
+            if txs.get(record.tx_id) is record:
+                break
+            dead_front += 1
+        if dead_front:
+            del order[:dead_front]
+        if len(order) > len(txs) + len(txs) // 8 + 64:
+            self._seq_order = list(txs.values())  # dict order is seq order
 
     def _apply_synced(self, metas: list[TxMeta], at: int, moved: list[Moved]) -> None:
         for meta in metas:
@@ -944,8 +957,7 @@ class StoreState:
             record = self.txs.pop(tx_id, None)
             if record is not None:
                 self._let_go(record)  # an operator's truncate may cut open bodies
-        if len(self._seq_order) > 2 * len(self.txs) + 1024:
-            self._compact_seq_order()
+        self._prune_seq_order()
 
 
 def _seq_of(record: TxRecord) -> int:
