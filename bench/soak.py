@@ -30,9 +30,11 @@ middle history is measured after one, so middle -> long isolates what the histor
 adds: the figure the short test's "fails if memory grows with history" is about.
 
 Every ``--sample-s`` it samples the resident memory (VmRSS) of every process, each DC's
-bytes on disk (txlog and worker database), and the p99 of the submits (submit to
-ACCEPTED) of the last interval; rotations come from the stores' logs (when, how long,
-how long they held the lock, how much they truncated). It prints the comparison at the
+bytes on disk (txlog and worker database), the p99 of the submits (submit to ACCEPTED)
+of the last interval, each process's CPU time (CPU per steady submit by process kind)
+and the machine's idle and stolen time: where a p99 that drifts comes from. Rotations
+come from the stores' logs (when, how long, how long they held the lock, how much they
+truncated). It prints the comparison at the
 two histories against issue 47's targets, writes the samples as JSON and draws the
 curves (``--out``, default ``docs/benchmarks/soak``). Nothing is asserted: the figures go to
 ``docs/benchmarks.md`` by hand, with the date. ``tests/dev_cluster/test_history_bounded.py``
@@ -42,6 +44,7 @@ is the short version that fails.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import shlex
@@ -56,6 +59,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.proc_stats import cpu_seconds
 from tests.support.dev_up import free_base_port
 from txsync.client import BatchFailed, Client, TxSyncError
 from txsync.dev_cluster import DevCluster, Service, layout_of
@@ -90,6 +94,13 @@ class Sample:
     submits: int
     txs_held: dict[str, int] = field(default_factory=dict)
     """By DC: the transactions its store holds in memory (unfinished, or not truncated)."""
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """By process name: CPU seconds it has used since it started (a restart starts it
+    again): the differences between samples give CPU per submit over time."""
+    host_cpu: dict[str, int] = field(default_factory=dict)
+    """The machine's CPU time so far by kind ("idle", "steal", ...; /proc/stat, in
+    ticks): a p99 that moves while the host gives less time to this machine (steal) or
+    has none to spare (idle) is the host's, not the cluster's."""
 
 
 @dataclass
@@ -142,6 +153,49 @@ def rss_mib(pid: int) -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _cpu_by_process(services: list[Service]) -> dict[str, float]:
+    cpu = {}
+    for service in services:
+        if service.process is not None and service.process.poll() is None:
+            try:
+                cpu[service.name] = cpu_seconds(service.process.pid)
+            except OSError:
+                continue  # it ended meanwhile
+    return cpu
+
+
+HOST_CPU_KINDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _host_cpu() -> dict[str, int]:
+    first = Path("/proc/stat").read_text().split("\n", 1)[0].split()  # "cpu  user nice ..."
+    return dict(zip(HOST_CPU_KINDS, map(int, first[1:]), strict=False))
+
+
+def _host_share(earlier: Sample, later: Sample) -> str:
+    """ ", host idle 4%, steal 2%": the machine's time between two samples."""
+    spent = {k: later.host_cpu.get(k, 0) - earlier.host_cpu.get(k, 0) for k in HOST_CPU_KINDS}
+    total = sum(spent.values())
+    if total <= 0:
+        return ""
+    return (
+        f", host idle {100 * spent['idle'] / total:.0f}%, steal {100 * spent['steal'] / total:.0f}%"
+    )
+
+
+def cpu_ms_per_submit(earlier: Sample, later: Sample, kind: str) -> float | None:
+    """CPU milliseconds the processes of ``kind`` (every DC's) used per steady submit
+    between two samples; a process restarted meanwhile is left out of that interval."""
+    if not later.submits:
+        return None
+    used = sum(
+        later.cpu_s[name] - earlier.cpu_s[name]
+        for name in later.cpu_s
+        if _kind(name) == kind and later.cpu_s[name] >= earlier.cpu_s.get(name, float("inf"))
+    )
+    return 1000 * used / later.submits
 
 
 def bytes_under(path: Path) -> int:
@@ -217,7 +271,8 @@ class Soak:
         p99 = statistics.quantiles(latencies, n=100)[98] * 1000 if len(latencies) >= 20 else None
         return Sample(
             round(time.monotonic() - self.started, 1), self.phase, self.history(), rss, disk,
-            p99, len(latencies), self.txs_held(),
+            p99, len(latencies), self.txs_held(), _cpu_by_process(self.cluster.services),
+            _host_cpu(),
         )  # fmt: skip
 
     def txs_held(self) -> dict[str, int]:
@@ -246,6 +301,7 @@ class Soak:
                 sample = self.sample()
             except grpc.RpcError:
                 continue  # a store restarting
+            earlier = self.results.samples[-1] if self.results.samples else None
             self.results.samples.append(sample)
             store_rss = max(v for k, v in sample.rss_mib.items() if "transaction-store" in k)
             disk = max(sample.disk_mib.values())
@@ -253,6 +309,7 @@ class Soak:
             self.say(
                 f"{sample.phase}: history {sample.history:,}, store RSS {store_rss:.0f} MiB, "
                 f"held {held:,}, disk {disk:.0f} MiB, p99 {sample.submit_p99_ms or 0:.1f} ms"
+                + (_host_share(earlier, sample) if earlier is not None else "")
             )
 
     # --- load ------------------------------------------------------------------------
@@ -491,7 +548,9 @@ def summary(results: Results) -> str:
 
     def row(measure: str, values: Mapping[str, float], unit: str, target: str = "") -> str:
         cells = [
-            f"{values[n]:.2f} s" if unit == "s" else f"{values[n]:,.0f} {unit}".rstrip()
+            f"{values[n]:.2f} {unit}"
+            if unit in ("s", "ms of CPU")
+            else f"{values[n]:,.0f} {unit}".rstrip()
             for n in names
         ]
         cells.append(f"{values['long'] / values['small']:.2f}{target}")
@@ -518,6 +577,14 @@ def summary(results: Results) -> str:
         for n, samples in phases
     }
     lines.append(row("submit p99 (median of the samples)", p99s, "ms"))
+    for kind in kinds:
+        per_submit = {
+            n: v
+            for n, samples in phases
+            if (v := _median_cpu_per_submit(samples, kind)) is not None
+        }
+        if len(per_submit) == len(phases):
+            lines.append(row(f"CPU per steady submit, {kind} (all DCs)", per_submit, "ms of CPU"))
     restarts, replayed = results.restarts_s, results.restarts_replayed
     for kind in restarts.get("small", {}):
         seconds = {n: restarts[n][kind] for n in names if kind in restarts.get(n, {})}
@@ -544,6 +611,17 @@ def summary(results: Results) -> str:
     )
     lines.append(dc_down_summary(results))
     return "\n".join(lines)
+
+
+def _median_cpu_per_submit(samples: list[Sample], kind: str) -> float | None:
+    """The median over a phase's intervals of ``cpu_ms_per_submit``: the steady load's
+    cost at that history, by process kind, with no restart's interval in it."""
+    values = [
+        v
+        for earlier, later in itertools.pairwise(samples)
+        if (v := cpu_ms_per_submit(earlier, later, kind)) is not None
+    ]
+    return statistics.median(values) if values else None
 
 
 def dc_down_summary(results: Results) -> str:
@@ -607,8 +685,8 @@ def rotation_windows(results: Results, steady: list[Sample]) -> str:
 def draw(results: Results, out: Path) -> Path:
     from matplotlib.figure import Figure  # noqa: PLC0415 - only when drawing
 
-    figure = Figure(figsize=(10, 9), layout="constrained")
-    rss, disk, p99 = figure.subplots(3, 1, sharex=True)
+    figure = Figure(figsize=(10, 11), layout="constrained")
+    rss, disk, p99, cpu = figure.subplots(4, 1, sharex=True)
     at = [s.at_s for s in results.samples]
     for name in sorted({n for s in results.samples for n in s.rss_mib}):
         rss.plot(at, [s.rss_mib.get(name, float("nan")) for s in results.samples], label=name)
@@ -623,11 +701,21 @@ def draw(results: Results, out: Path) -> Path:
         [s.submit_p99_ms if s.submit_p99_ms is not None else float("nan") for s in results.samples],
     )
     p99.set_ylabel("submit p99 (ms)")
-    p99.set_xlabel("seconds")
     history = p99.twinx()
     history.plot(at, [s.history for s in results.samples], color="grey", linestyle=":")
     history.set_ylabel("history (transactions)")
-    for axes in (rss, disk, p99):
+    pairs = list(itertools.pairwise(results.samples))
+    for kind in sorted({_kind(n) for s in results.samples for n in s.cpu_s}):
+        per_submit = [cpu_ms_per_submit(a, b, kind) for a, b in pairs]
+        cpu.plot(
+            [b.at_s for _, b in pairs],
+            [v if v is not None else float("nan") for v in per_submit],
+            label=kind,
+        )
+    cpu.set_ylabel("CPU per steady submit (ms)")
+    cpu.set_xlabel("seconds")
+    cpu.legend(fontsize=7)
+    for axes in (rss, disk, p99, cpu):
         for phase_start in _phase_starts(results):
             axes.axvline(phase_start[0], color="lightgrey", linewidth=0.8)
     path = out.with_suffix(".png")
