@@ -7,6 +7,9 @@
   generated ``add_*_to_server`` helpers, except that a request whose bytes do not decode
   reaches the handler as ``MalformedRequest`` instead of failing inside gRPC (which answers
   UNKNOWN with a Python traceback in the log). Handlers answer it INVALID_ARGUMENT.
+  A method named ``undecoded`` gets its request's bytes instead, and decodes them itself
+  (``decode_request``) once it has room: a call waiting for its turn then holds one
+  buffer, not thousands of small objects.
 * ``answers_errors``: decorator for unary handlers that turns both into statuses.
 * Every call a served method handles is measured (``grpc_server_handling_seconds`` and
   ``grpc_server_handled_total`` by type, service, method and status code, the names of
@@ -32,6 +35,7 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Collection,
     Coroutine,
     Mapping,
     Sequence,
@@ -62,6 +66,9 @@ class ServiceError(Exception):
         self.code = code
         self.message = message
         self.retry_after_ms = retry_after_ms
+
+
+DecodedMessage = TypeVar("DecodedMessage", bound=Message)
 
 
 class MalformedRequest:
@@ -116,6 +123,28 @@ def _safe_deserializer(message_class: type[Message], method: str) -> Callable[[b
     return deserialize
 
 
+def _undecoded(method: str) -> Callable[[bytes], bytes]:
+    """A request's bytes, counted as ``_safe_deserializer`` counts a message."""
+    received, received_bytes = work.received, work.received_bytes
+
+    def deserialize(data: bytes) -> bytes:
+        received[method] += 1
+        received_bytes[method] += len(data)
+        return data
+
+    return deserialize
+
+
+def decode_request(message_class: type[DecodedMessage], data: bytes) -> DecodedMessage:
+    """The request of a method served ``undecoded``; INVALID_ARGUMENT when its bytes
+    are not a valid ``message_class``."""
+    work.count(work.REQUESTS_DECODED_LATE)
+    try:
+        return message_class.FromString(data)
+    except DecodeError as error:
+        raise MalformedRequest(message_class.DESCRIPTOR.full_name, str(error)).as_error() from None
+
+
 def _counted_serializer(message_class: type[Message], method: str) -> Callable[[Any], bytes]:
     sent, sent_bytes = work.sent, work.sent_bytes
     serialize = message_class.SerializeToString
@@ -134,10 +163,15 @@ def add_service(
     servicer: object,
     service: ServiceDescriptor,
     elsewhere: Mapping[str, str] | None = None,
+    undecoded: Collection[str] = (),
 ) -> None:
     """Serve ``service`` with ``servicer``'s methods of the same names. A method the
     servicer lacks answers UNIMPLEMENTED, naming who serves it (``elsewhere``: method
-    name -> owner) so that a caller knows where to go."""
+    name -> owner) so that a caller knows where to go. The methods named in
+    ``undecoded`` get their request's bytes (``decode_request``)."""
+    unknown = set(undecoded) - {method.name for method in service.methods}
+    if unknown:
+        raise ValueError(f"undecoded: {sorted(unknown)} are not methods of {service.full_name}")
     handlers = {}
     for method in service.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
@@ -163,7 +197,11 @@ def add_service(
             _measured_stream(implementation, labels)
             if method.server_streaming
             else _measured(implementation, labels),
-            request_deserializer=_safe_deserializer(request_class, method.name),
+            request_deserializer=(
+                _undecoded(method.name)
+                if method.name in undecoded
+                else _safe_deserializer(request_class, method.name)
+            ),
             response_serializer=_counted_serializer(response_class, method.name),
         )
     server.add_generic_rpc_handlers(

@@ -16,7 +16,8 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.support.clients import list_tx_ids
-from tests.support.processes import ServiceProcess, health_status, transaction_store
+from tests.support.metrics import sample, scrape
+from tests.support.processes import ServiceProcess, free_port, health_status, transaction_store
 from tests.support.store_stream import advance
 from tests.support.waiting import wait_until
 from txsync.transaction_store.txlog.bodies import BodyStore, body_digest
@@ -307,6 +308,47 @@ def test_many_clients_single_and_batched_submits(
     assert len(set(acknowledged)) == len(acknowledged)
     listed = [tx for tx in list_tx_ids(client) if tx not in before]
     assert sorted(listed) == sorted(acknowledged)  # each exactly once
+
+
+def test_batches_beyond_the_one_staged_wait_their_turn_as_bytes(tmp_path: Path) -> None:
+    """Six callers send a 500-transaction batch each at once: the store stages one at a
+    time (``SUBMIT_BATCHES_STAGED``), the others wait undecoded, and every transaction
+    is taken exactly once."""
+    metrics = f"127.0.0.1:{free_port()}"
+    store = transaction_store(tmp_path / "store", "dc1", "--metrics-listen", metrics)
+    store.start()
+    try:
+        callers, size = 6, 500
+        started = threading.Barrier(callers)
+        answered: list[list[client_pb2.SubmitResult]] = []
+        lock = threading.Lock()
+
+        def caller(n: int) -> None:
+            request = client_pb2.SubmitBatchRequest(submits=[
+                client_pb2.SubmitRequest(body=_body(i), idempotency_key=f"staged-{n}-{i}")
+                for i in range(size)
+            ])  # fmt: skip
+            with grpc.insecure_channel(store.address) as channel:
+                stub = client_pb2_grpc.ClientServiceStub(channel)
+                started.wait()
+                results = list(stub.SubmitBatch(request, timeout=120).results)
+            with lock:
+                answered.append(results)
+
+        threads = [threading.Thread(target=caller, args=(n,)) for n in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        tx_ids = [r.accepted.tx_id for results in answered for r in results]
+        assert len(answered) == callers and all(tx_ids)
+        assert len(set(tx_ids)) == callers * size
+        text = scrape(metrics)
+        assert sample(text, "txsync_work_total", kind="requests_decoded_late") == callers
+        # Six calls sent at once: at least one came while another was being staged.
+        assert sample(text, "txsync_work_total", kind="submit_batches_queued") >= 1
+    finally:
+        assert store.terminate() == 0, store.log()
 
 
 def test_a_submit_waits_for_the_state_asked_in_the_same_call(

@@ -51,6 +51,11 @@ BODY_ENCODES = "body_encodes"
 BODY_DECODES = "body_decodes"
 """Transaction bodies parsed: a submit's, as its request is read; a peer's, as the
 coordinator and the store check it; a worker's, to apply it; a body read for a client."""
+REQUESTS_DECODED_LATE = "requests_decoded_late"
+"""Requests a handler decoded itself once it had room (``txsync.rpc.decode_request``)."""
+SUBMIT_BATCHES_QUEUED = "submit_batches_queued"
+"""``SubmitBatch`` calls that waited, undecoded, for another's staging to end (the
+store's ``SUBMIT_BATCHES_STAGED``)."""
 INLINE_WRITES = "inline_writes"
 """txlog writes made on the event loop's thread, not handed to a worker thread (a quiet
 store: ``GroupCommitWriter``)."""
@@ -58,6 +63,7 @@ store: ``GroupCommitWriter``)."""
 KINDS = (
     FSYNCS, LOG_BATCHES, LOG_ENTRIES, STATE_ENTRIES, BODY_FILES, THREAD_HOPS, DB_COMMITS,
     STAMPS_RENEWED, STAMPS_AT_CLOCK, INLINE_WRITES, BODY_ENCODES, BODY_DECODES,
+    REQUESTS_DECODED_LATE, SUBMIT_BATCHES_QUEUED,
 )  # fmt: skip
 
 counts: collections.Counter[str] = collections.Counter()

@@ -43,6 +43,8 @@ CLIENT_SERVICE = client_pb2.DESCRIPTOR.services_by_name["ClientService"]
 STORE_SERVICE = store_pb2.DESCRIPTOR.services_by_name["StoreInternalService"]
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["AdminService"]
 SERVICES = (CLIENT_SERVICE, STORE_SERVICE, ADMIN_SERVICE)
+UNDECODED = ("SubmitBatch",)
+"""Client calls decoded by their handler when it has room (``ClientServicer.SubmitBatch``)."""
 
 
 def _store_gauges(store: TransactionStore) -> list[Gauge]:
@@ -132,7 +134,7 @@ async def serve(
         return 2
     dc_admin = DcAdmin(dc_services)
     server = new_server(*interceptors)
-    add_service(server, ClientServicer(store, dc_admin), CLIENT_SERVICE)
+    add_service(server, ClientServicer(store, dc_admin), CLIENT_SERVICE, undecoded=UNDECODED)
     add_service(server, AdminServicer(store, dc_admin), ADMIN_SERVICE, NOT_HERE)
     servers = [server]
     public = SERVICES if internal_listen is None else (CLIENT_SERVICE, ADMIN_SERVICE)

@@ -28,6 +28,7 @@ from txsync.rpc import (
     abort,
     answers_errors,
     check_request,
+    decode_request,
     record_message_as_call,
     service_error,
 )
@@ -86,6 +87,13 @@ SUBMIT_EACH_UNDER_WAY_MAX = 256
 FOLLOW_BODY_BYTES_MAX = 4 * 1024 * 1024
 """Bodies per FollowEnqueued message: a batch over it is split (a body alone may be
 BODY_BYTES_MAX, which still fits gRPC's MESSAGE_BYTES_MAX)."""
+SUBMIT_BATCHES_STAGED = 1
+"""``SubmitBatch`` calls decoded and staged at once; the rest wait, each as the bytes it
+came as. A 500-transaction batch is about 5,000 small objects while staged; 4 batches at
+once (a bulk load from 4 callers) raised a store's peak by about 10 MiB that pymalloc
+kept for good (``docs/benchmarks.md``, "The store's rest"). One at a time loaded a 150k
+history faster, not slower: batches staged together wait on one another's fsyncs and
+encodes anyway."""
 PERSIST_STEPS_AHEAD_MAX = 64
 """Steps of one PersistSteps stream staged but not yet answered; the stream's reader
 waits beyond it (the coordinator keeps fewer than this in flight)."""
@@ -252,6 +260,7 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
     def __init__(self, store: TransactionStore, dc: DcAdmin | None = None) -> None:
         self._store = store
         self._dc = dc or DcAdmin(DcServices())
+        self._staging = asyncio.Semaphore(SUBMIT_BATCHES_STAGED)
         self.streams = Shares(
             "submit streams", SUBMIT_STREAMS_MAX, retry_after_ms=store.config.retry_after_ms
         )
@@ -362,17 +371,28 @@ class ClientServicer(client_pb2_grpc.ClientServiceServicer):
 
     @answers_errors
     async def SubmitBatch(
-        self, request: client_pb2.SubmitBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request: client_pb2.SubmitBatchRequest | bytes,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> client_pb2.SubmitBatchResponse:
-        if not 1 <= len(request.submits) <= BATCH_SUBMITS_MAX:
-            raise invalid(f"submits: {len(request.submits)} is outside 1..{BATCH_SUBMITS_MAX}")
-        traceparent = _traceparent(context)
-        many = len(request.submits) > 1
-        args = [_submit_args(s, traceparent, one_of_many=many) for s in request.submits]
-        waits = [_wait_args(submit) for submit in request.submits]
-        answer = client_pb2.SubmitBatchResponse(
-            results=_results(await self._store.submit_many(args))
-        )
+        # Served undecoded (``serve``): a batch waiting for its turn is one buffer, and
+        # its bodies exist as objects only while it is staged, not while it waits for
+        # ACCEPTED either.
+        if self._staging.locked():
+            work.count(work.SUBMIT_BATCHES_QUEUED)
+        async with self._staging:
+            if isinstance(request, bytes):
+                request = decode_request(client_pb2.SubmitBatchRequest, request)
+            if not 1 <= len(request.submits) <= BATCH_SUBMITS_MAX:
+                raise invalid(f"submits: {len(request.submits)} is outside 1..{BATCH_SUBMITS_MAX}")
+            traceparent = _traceparent(context)
+            many = len(request.submits) > 1
+            args = [_submit_args(s, traceparent, one_of_many=many) for s in request.submits]
+            waits = [_wait_args(submit) for submit in request.submits]
+            answer = client_pb2.SubmitBatchResponse(
+                results=_results(await self._store.submit_many(args))
+            )
+            del request, args
         waiting: dict[tuple[TxState, float], list[client_pb2.SubmitResponse]] = {}
         for result, wait in zip(answer.results, waits, strict=True):
             if wait is not None and result.WhichOneof("result") == "accepted":
