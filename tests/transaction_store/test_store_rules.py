@@ -44,7 +44,7 @@ from txsync.transaction_store import (
 )
 from txsync.transaction_store.local_submits import LocalSubmit
 from txsync.transaction_store.retention import Progress, TruncationHold, peers_ordered
-from txsync.transaction_store.server import CLIENT_SERVICE
+from txsync.transaction_store.server import CLIENT_SERVICE, UNDECODED
 from txsync.transaction_store.service import ClientServicer
 from txsync.transaction_store.state import Outcome, StoreState, TxRecord
 from txsync.transaction_store.step_rules import ProtocolStep, StateChangeRequest
@@ -1788,6 +1788,55 @@ async def _wait_over_grpc(
             return await client_pb2_grpc.ClientServiceStub(channel).Wait(request, timeout=WAIT_S)
     finally:
         await server.stop(None)
+
+
+def test_batches_wait_undecoded_while_one_is_staged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three ``SubmitBatch`` calls at once, over the real server: while the first one's
+    write is on disk, the other two wait for it as the bytes they came in, decoded
+    only when their turn comes (``SUBMIT_BATCHES_STAGED``); then every submit of the
+    three is taken once."""
+
+    async def scenario(store: TransactionStore) -> None:
+        server = new_server()
+        add_service(server, ClientServicer(store), CLIENT_SERVICE, undecoded=UNDECODED)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        queued, decoded = work.counts[work.SUBMIT_BATCHES_QUEUED], work.REQUESTS_DECODED_LATE
+        decoded_before = work.counts[decoded]
+        gate = hold_writes(monkeypatch)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = client_pb2_grpc.ClientServiceStub(channel)
+                calls = [
+                    stub.SubmitBatch(
+                        client_pb2.SubmitBatchRequest(
+                            submits=[
+                                client_pb2.SubmitRequest(body=_body(), idempotency_key=f"b{n}-{i}")
+                                for i in range(100)
+                            ]
+                        ),
+                        timeout=WAIT_S,
+                    )
+                    for n in range(3)
+                ]
+                try:
+                    await until(
+                        lambda: work.counts[work.SUBMIT_BATCHES_QUEUED] == queued + 2,
+                        "two batches queued behind the first",
+                    )
+                    assert work.counts[decoded] == decoded_before + 1  # the first only
+                finally:
+                    gate.set()
+                answers = [await call for call in calls]
+        finally:
+            await server.stop(None)
+        tx_ids = [result.accepted.tx_id for answer in answers for result in answer.results]
+        assert len(set(tx_ids)) == 300 and all(tx_ids)
+        assert work.counts[decoded] == decoded_before + 3
+
+    _run(tmp_path, scenario)
 
 
 def test_a_duplicates_answer_carries_the_first_ones_rows_and_error(tmp_path: Path) -> None:
