@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from txsync.protocol import TxState
+from txsync.transaction_store.history import Step
 from txsync.transaction_store.state import (
     FINAL_STATES,
     IMPLIED_BY,
     Moved,
     RepeatedAbsentLost,
     RepeatedAbsentSynced,
-    Step,
     StoreState,
     TxRecord,
 )

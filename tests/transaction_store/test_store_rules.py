@@ -42,6 +42,7 @@ from txsync.transaction_store import (
     rotation,
     store_core,
 )
+from txsync.transaction_store.history import History
 from txsync.transaction_store.local_submits import LocalSubmit
 from txsync.transaction_store.retention import Progress, TruncationHold, peers_ordered
 from txsync.transaction_store.server import CLIENT_SERVICE, UNDECODED
@@ -1895,9 +1896,10 @@ def test_truncation_waits_for_a_verdict_on_disk_and_keeps_recent_ones(
         await store.advance_states(_finished(ids[2], 3), "wd")
         store.config = dataclasses.replace(store.config, history_kept_ms=60_000)
         assert store.truncation_hold() == TruncationHold(0, "")  # all finished just now
-        old = store.state.txs[ids[0]].history[-1]
-        store.state.txs[ids[0]].history[-1] = dataclasses.replace(
-            old, at_unix_ms=old.at_unix_ms - 61_000
+        record = store.state.txs[ids[0]]
+        old = record.history[-1]
+        record.history = History(
+            [*record.history[:-1], dataclasses.replace(old, at_unix_ms=old.at_unix_ms - 61_000)]
         )
         assert store.truncation_hold() == TruncationHold(2, "")
 

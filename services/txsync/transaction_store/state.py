@@ -56,6 +56,7 @@ from txsync.codec import (
     vote_to_proto,
 )
 from txsync.protocol import MergeBase, PersistViewVote, TxMeta, TxState, ViewProposal
+from txsync.transaction_store.history import History, Step
 from txsync.transaction_store.txlog.files import SnapshotForm
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -79,15 +80,6 @@ NO_PROGRESS: Mapping[str, int] = MappingProxyType({})
 ADOPTED_BY = "worker-dispatch"
 """The service named in the history of the transaction a DC adopted its base at: its
 dispatch copied a worker database that had applied it (``BaseAdopted``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One transition in a transaction's history."""
-
-    state: TxState
-    at_unix_ms: int
-    service: str
 
 
 class Outcome(NamedTuple):
@@ -142,7 +134,7 @@ class TxRecord:
     body_bytes: int = 0
     body_held: bool = False
     traceparent: str = ""
-    history: list[Step] = field(default_factory=list)
+    history: History = field(default_factory=History)
     outcome: Outcome | None = None
     position: int = 0
     """1-based position in the synced queue; 0 while not synced."""
@@ -161,7 +153,7 @@ class TxRecord:
 
     @property
     def state(self) -> TxState | None:
-        return self.history[-1].state if self.history else None
+        return self.history.last_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -680,9 +672,9 @@ class StoreState:
             record.body_bytes = saved.body_bytes
             record.body_held = saved.body_held
             record.traceparent = saved.traceparent
-            record.history = [
+            record.history = History(
                 Step(TxState(t.state), t.at.ToMilliseconds(), t.service) for t in saved.history
-            ]
+            )
             record.outcome = Outcome.of(saved.outcome) if saved.HasField("outcome") else None
             if record.idempotency_key:
                 self.idempotency[record.idempotency_key] = record.tx_id
