@@ -34,11 +34,11 @@ bytes on disk (txlog and worker database), the p99 of the submits (submit to ACC
 of the last interval, each process's CPU time (CPU per steady submit by process kind)
 and the machine's idle and stolen time: where a p99 that drifts comes from. Rotations
 come from the stores' logs (when, how long, how long they held the lock, how much they
-truncated). It prints the comparison at the
-two histories against issue 47's targets, writes the samples as JSON and draws the
-curves (``--out``, default ``docs/benchmarks/soak``). Nothing is asserted: the figures go to
-``docs/benchmarks.md`` by hand, with the date. ``tests/dev_cluster/test_history_bounded.py``
-is the short version that fails.
+truncated). It prints the comparison at the two histories against issue 47's targets,
+writes the samples as JSON and draws the curves (``--out``, default
+``docs/benchmarks/soak``). Nothing is asserted: the figures go to ``docs/benchmarks.md``
+by hand, with the date. ``tests/dev_cluster/test_history_bounded.py`` is the short
+version that fails.
 """
 
 from __future__ import annotations
@@ -146,24 +146,23 @@ def _entries_replayed(store: Service) -> int:
 
 
 def rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    """``pid``'s resident memory (OSError once it has ended)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise ProcessLookupError(f"process {pid} has no VmRSS: it is ending")
 
 
-def _cpu_by_process(services: list[Service]) -> dict[str, float]:
-    cpu = {}
+def _by_process(services: list[Service], read: Callable[[int], float]) -> dict[str, float]:
+    """``read(pid)`` of every service running, by name."""
+    found = {}
     for service in services:
         if service.process is not None and service.process.poll() is None:
             try:
-                cpu[service.name] = cpu_seconds(service.process.pid)
+                found[service.name] = read(service.process.pid)
             except OSError:
                 continue  # it ended meanwhile
-    return cpu
+    return found
 
 
 HOST_CPU_KINDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -175,7 +174,8 @@ def _host_cpu() -> dict[str, int]:
 
 
 def _host_share(earlier: Sample, later: Sample) -> str:
-    """ ", host idle 4%, steal 2%": the machine's time between two samples."""
+    """The machine's time between two samples, as ", host idle 4%, steal 2%" (to end
+    a sample's line), or "" if none was counted."""
     spent = {k: later.host_cpu.get(k, 0) - earlier.host_cpu.get(k, 0) for k in HOST_CPU_KINDS}
     total = sum(spent.values())
     if total <= 0:
@@ -258,11 +258,7 @@ class Soak:
             time.sleep(0.5)
 
     def sample(self) -> Sample:
-        rss = {
-            service.name: rss_mib(service.process.pid)
-            for service in self.cluster.services
-            if service.process is not None and service.process.poll() is None
-        }
+        rss = _by_process(self.cluster.services, rss_mib)
         disk = {
             dc: bytes_under(Path(entry["data"])) / 2**20 for dc, entry in self.layout["dcs"].items()
         }
@@ -271,7 +267,7 @@ class Soak:
         p99 = statistics.quantiles(latencies, n=100)[98] * 1000 if len(latencies) >= 20 else None
         return Sample(
             round(time.monotonic() - self.started, 1), self.phase, self.history(), rss, disk,
-            p99, len(latencies), self.txs_held(), _cpu_by_process(self.cluster.services),
+            p99, len(latencies), self.txs_held(), _by_process(self.cluster.services, cpu_seconds),
             _host_cpu(),
         )  # fmt: skip
 
