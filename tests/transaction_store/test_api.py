@@ -350,6 +350,30 @@ def test_batches_sent_at_once_are_decoded_by_the_store_one_by_one(tmp_path: Path
         assert store.terminate() == 0, store.log()
 
 
+def test_the_log_rotates_by_entries_too_so_a_start_replays_few(tmp_path: Path) -> None:
+    """Small entries fill the bytes bound late (16 MiB of state changes were 106,355
+    entries, 2 s to start): past ``--log-file-entries-max`` entries appended the file
+    rotates as well, and a start replays its snapshot, not the entries before it."""
+    store = transaction_store(tmp_path / "store", "dc1", "--log-file-entries-max", "300")
+    store.start()
+    try:
+        with grpc.insecure_channel(store.address) as channel:
+            stub = client_pb2_grpc.ClientServiceStub(channel)
+            for n in range(4):  # an entry each: the fourth batch passes the bound
+                stub.SubmitBatch(client_pb2.SubmitBatchRequest(submits=[
+                    client_pb2.SubmitRequest(body=_body(n * 100 + i)) for i in range(100)
+                ]), timeout=60)  # fmt: skip
+        wait_until("a rotation paced by entries", lambda: "txlog rotated" in store.log(), 120)
+        assert store.terminate() == 0, store.log()
+        store.start()
+        recovered = [line for line in store.log().splitlines() if "txlog recovered" in line]
+        assert "(0 since the snapshot)" in recovered[-1], recovered
+        with grpc.insecure_channel(store.address) as channel:
+            assert len(list_tx_ids(client_pb2_grpc.ClientServiceStub(channel))) == 400
+    finally:
+        assert store.terminate() == 0, store.log()
+
+
 def test_a_submit_waits_for_the_state_asked_in_the_same_call(
     client: client_pb2_grpc.ClientServiceStub, internal: store_pb2_grpc.StoreInternalServiceStub
 ) -> None:

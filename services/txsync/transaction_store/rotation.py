@@ -262,6 +262,7 @@ class Rotations(StoreCore):
         async with self._lock:
             locked = time.monotonic()
             await self._writer.flush()
+            entries_covered = self._appended_entries  # what the new file's snapshot holds
             snapshot, dropped = self.state.snapshot(
                 below_position,
                 self.progress.peer_synced_len,
@@ -310,6 +311,7 @@ class Rotations(StoreCore):
             except BaseException:
                 self.files.discard_rotation(rotation)
                 raise
+            self._appended_entries -= entries_covered  # the copied tail's stay counted
             # Bodies staged since the snapshot are in the copied tail: still unfiled.
             appended = {t: e for t, e in self._unfiled.items() if t not in in_old_file}
             unfiled, self._unfiled = self._unfiled, {**dict(carried), **appended}

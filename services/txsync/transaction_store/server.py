@@ -117,8 +117,9 @@ async def serve(
         return 3
     recovery = store.recovery
     log.info(
-        "txlog recovered: %d entries in %d batches from %s%s",
+        "txlog recovered: %d entries (%d since the snapshot) in %d batches from %s%s",
         recovery.entries,
+        recovery.entries_since_snapshot,
         recovery.batches,
         ", ".join(recovery.files_replayed) or "a new log",
         f"; TORN TAIL: {recovery.torn_tail}" if recovery.torn_tail else "",
@@ -272,6 +273,7 @@ def run(options: argparse.Namespace) -> int:
         unpassed_max=options.unpassed_max,
         open_body_bytes_max=options.body_bytes_max,
         log_file_bytes_max=options.log_file_bytes_max,
+        log_file_entries_max=options.log_file_entries_max,
         history_kept=options.history_kept,
         history_kept_ms=options.history_kept_ms,
         backups_kept=options.backups_kept,

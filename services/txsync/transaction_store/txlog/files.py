@@ -63,6 +63,9 @@ class Recovery:
     files_replayed: list[str] = field(default_factory=list)
     batches: int = 0
     entries: int = 0
+    entries_since_snapshot: int = 0
+    """Of those, the last file's after its snapshot and the bodies its rotation carried:
+    what was appended to it since (rotation is paced by them)."""
     torn_tail: str | None = None
     """What was cut from the end of the last file, if anything."""
     superseded: list[str] = field(default_factory=list)
@@ -356,6 +359,7 @@ class LogFiles:
                     os.fsync(log.fileno())
             snapshot_end = 0
             parts_missing = 0
+            since_snapshot = 0
             for offset, payload in result.frames:
                 batch = txlog_pb2.LogBatch()
                 try:
@@ -387,12 +391,15 @@ class LogFiles:
                     except (ValueError, KeyError, AssertionError) as error:
                         raise LogCorruptionError(path, offset, f"unusable entry: {error}") from None
                     report.entries += 1
+                if offset >= snapshot_end:
+                    since_snapshot += len(batch.entries)
                 report.batches += 1
             if parts_missing:
                 raise LogCorruptionError(
                     path, result.good_end, f"snapshot incomplete: {parts_missing} parts missing"
                 )
             report.files_replayed.append(path.name)
+            report.entries_since_snapshot = since_snapshot
         self._open(live[-1])
         self.snapshot_bytes = snapshot_end  # of the last file: rotation's pace
         return report
