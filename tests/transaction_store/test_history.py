@@ -32,6 +32,7 @@ def test_a_history_reads_back_the_steps_appended() -> None:
     with pytest.raises(IndexError):
         grown[-5]
     assert grown != STEPS[:3] and grown != "not a history"
+    assert list(grown.fields()) == [(s.state.value, s.at_unix_ms, s.service) for s in STEPS]
 
 
 def test_service_names_past_the_bound_are_recorded_as_another_service(

@@ -224,13 +224,10 @@ def record_to_get_response(
         response.state = common_pb2.TxState.ValueType(record.state.value)
     if record.meta is not None:
         response.meta.CopyFrom(meta_to_proto(record.meta))
-    for step in record.history:
-        transition = response.history.add(
-            state=common_pb2.TxState.ValueType(step.state.value),
-            service=step.service,
-            node_id=node_id,
-        )
-        transition.at.FromMilliseconds(step.at_unix_ms)
+    add, as_state = response.history.add, common_pb2.TxState.ValueType
+    for state, at_unix_ms, service in record.history.fields():
+        transition = add(state=as_state(state), service=service, node_id=node_id)
+        transition.at.FromMilliseconds(at_unix_ms)
     if record.outcome is not None:
         record.outcome.into(response.outcome)
     if body is not None:

@@ -917,11 +917,9 @@ class StoreState:
             saved.meta.CopyFrom(meta_to_proto(record.meta))
         if record.outcome is not None:
             record.outcome.into(saved.outcome)
-        for step in record.history:
-            transition = saved.history.add(
-                state=step.state.value, service=step.service, node_id=self.node_id
-            )
-            transition.at.FromMilliseconds(step.at_unix_ms)
+        add, node_id = saved.history.add, self.node_id
+        for state, at_unix_ms, service in record.history.fields():
+            add(state=state, service=service, node_id=node_id).at.FromMilliseconds(at_unix_ms)
         return saved
 
     def drop_truncated(self, snapshot: SnapshotForm, dropped: list[str]) -> None:
