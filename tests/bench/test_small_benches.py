@@ -3,9 +3,14 @@ services log (a rotation's line): each run small, figures printed, none asserted
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import grpc
 import pytest
 
-from bench import apply_cost, rotation_stall
+from bench import apply_cost, record_cost, rotation_stall
+from tests.support.processes import transaction_store
+from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
 
 def test_apply_cost_prints_both_settings(capsys: pytest.CaptureFixture[str]) -> None:
@@ -22,3 +27,25 @@ def test_rotation_stall_reads_the_rotations_a_store_logs(
     printed = capsys.readouterr().out
     assert "rotated in" in printed and "lock held median" in printed, printed
     assert "submits overlapping a rotation" in printed, printed
+
+
+def test_record_cost_measures_a_stores_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = transaction_store(tmp_path / "store", "dc1")
+    store.start()
+    try:
+        body = common_pb2.TxBody(statements=[common_pb2.Statement(sql="SELECT 1")])
+        with grpc.insecure_channel(store.address) as channel:
+            client_pb2_grpc.ClientServiceStub(channel).SubmitBatch(
+                client_pb2.SubmitBatchRequest(
+                    submits=[client_pb2.SubmitRequest(body=body) for _ in range(50)]
+                ),
+                timeout=60,
+            )
+    finally:
+        assert store.terminate() == 0, store.log()
+    assert record_cost.main([str(tmp_path / "store")]) == 0
+    printed = capsys.readouterr().out
+    assert "50 records (0 finished)" in printed and "bytes a record" in printed, printed
+    assert "snapshot forms" in printed and "Get answers" in printed, printed
