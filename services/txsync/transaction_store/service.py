@@ -89,11 +89,12 @@ FOLLOW_BODY_BYTES_MAX = 4 * 1024 * 1024
 BODY_BYTES_MAX, which still fits gRPC's MESSAGE_BYTES_MAX)."""
 SUBMIT_BATCHES_STAGED = 1
 """``SubmitBatch`` calls decoded and staged at once; the rest wait, each as the bytes it
-came as. A 500-transaction batch is about 5,000 small objects while staged; 4 batches at
-once (a bulk load from 4 callers) raised a store's peak by about 10 MiB that pymalloc
-kept for good (``docs/benchmarks.md``, "The store's rest"). One at a time loaded a 150k
-history faster, not slower: batches staged together wait on one another's fsyncs and
-encodes anyway."""
+came as. Parsed, a 1,000-transaction batch is thousands of small objects, held by gRPC
+for the whole call (its wait for ACCEPTED included): a bulk load from many callers held
+all of theirs at once. One at a time loaded a 150k history as fast (2,679 against 2,642
+transactions a second); the load's peak RSS did not move (docs/benchmarks.md, "Runs of
+2026-12-02 12:45-13:47"): what it bounds is the batches a store holds parsed, whatever
+the callers."""
 PERSIST_STEPS_AHEAD_MAX = 64
 """Steps of one PersistSteps stream staged but not yet answered; the stream's reader
 waits beyond it (the coordinator keeps fewer than this in flight)."""
