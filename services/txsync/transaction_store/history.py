@@ -2,12 +2,12 @@
 
 Every record the store holds has a history of about five steps (INCOMING to OK). As a
 list of ``Step`` objects, each with its own timestamp and service name, that was about
-700 bytes a record, half of what a finished record held (measured over 2,284 records
-of a soak's log). A store holds thousands of records at a batched load's peak, and
-pymalloc keeps the arenas such a peak filled for good (``docs/benchmarks.md``,
-"History bounded"): the fewer objects a record is, the lower the high-water mark the
-steady state inherits. ``History`` keeps the steps in one ``bytes`` (state, the
-service's number, milliseconds) and makes a ``Step`` only when one is read.
+700 bytes of a finished record's 1,480 (``bench/record_cost.py`` over 2,284 records of a
+soak's log; 956 bytes packed). ``History`` keeps the steps in one ``bytes`` (state, the
+service's number, milliseconds) and makes a ``Step`` only when one is read; messages
+are filled from ``fields`` without one. (It did not lower what a store keeps after a
+long batched load, which pymalloc's spread sets: ``docs/benchmarks.md``, "Runs of
+2026-12-02 12:45-13:47".)
 
 Service names are numbered process-wide (``service_number``): the steps name the few
 services that move transactions (the sync-coordinator, worker-dispatch, the store's
