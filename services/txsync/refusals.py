@@ -44,3 +44,12 @@ class Refusal(Exception):
         self.kind = kind
         self.message = message
         self.retry_after_ms = retry_after_ms
+
+    def copy(self) -> Refusal:
+        """The same refusal, a new exception, to raise where a frame holds this one: an
+        exception raised from a frame whose locals hold it is a reference cycle (the
+        exception, its traceback, the frame), freed only by a full collection, and the
+        frames keep the call's request and body until then. Refused single submits
+        left 458 such cycles alive for minutes in a store after a flow-controlled load
+        (``bench/heap_probe``, 2026-12-02)."""
+        return Refusal(self.kind, self.message, retry_after_ms=self.retry_after_ms)

@@ -41,7 +41,7 @@ from collections.abc import (
     Sequence,
 )
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf import message_factory
@@ -360,8 +360,17 @@ def answers_errors(handler: Handler[Request, Response]) -> Handler[Request, Resp
             check_request(request)
             return await handler(self, request, context)
         except REFUSALS as error:
-            await abort(context, error)
-            raise AssertionError("context.abort always raises") from None
+            refused = service_error(error).with_traceback(None)
+        # Answered with a status, not raised: ``context.abort`` raises an AbortError that
+        # gRPC's call state holds as the call state holds it, a cycle that keeps the
+        # call's frames (its request and body) until a full collection, which a busy
+        # service makes rarely: 50 refused submits left 2,995 objects to collect. gRPC
+        # sends no message with a status that is not OK.
+        if refused.retry_after_ms is not None:
+            context.set_trailing_metadata((("retry-after-ms", str(refused.retry_after_ms)),))
+        context.set_code(refused.code)
+        context.set_details(refused.message)
+        return cast(Response, None)
 
     return wrapper
 

@@ -253,7 +253,7 @@ class ClientCalls(StoreCore):
     ) -> Submitted:
         (result,) = await self.submit_many([(body, idempotency_key, traceparent)])
         if isinstance(result, Refusal):
-            raise result
+            raise result.copy()  # not ``result``, which this frame holds: no cycle
         return result
 
     def get(self, tx_id: str) -> TxRecord:
@@ -384,5 +384,5 @@ class ClientCalls(StoreCore):
             body = common_pb2.TxBody(membership=taken)
             (result,) = await self.submit_many([(body, "", "")], admin=True)
         if isinstance(result, Refusal):
-            raise result
+            raise result.copy()  # not ``result``, which this frame holds: no cycle
         return result
