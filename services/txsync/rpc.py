@@ -327,12 +327,22 @@ def service_error(error: ServiceError | Refusal) -> ServiceError:
     return ServiceError(code, error.message, retry_after_ms=error.retry_after_ms)
 
 
-async def abort(
+def _answer_refused(
     context: grpc.aio.ServicerContext[Any, Any], refused: ServiceError | Refusal
-) -> None:
+) -> ServiceError:
+    """Set the call's status (and retry hint) to what ``refused`` is answered with."""
     error = service_error(refused)
     if error.retry_after_ms is not None:
         context.set_trailing_metadata((("retry-after-ms", str(error.retry_after_ms)),))
+    context.set_code(error.code)
+    context.set_details(error.message)
+    return error
+
+
+async def abort(
+    context: grpc.aio.ServicerContext[Any, Any], refused: ServiceError | Refusal
+) -> None:
+    error = _answer_refused(context, refused)
     await context.abort(error.code, error.message)
 
 
@@ -362,14 +372,11 @@ def answers_errors(handler: Handler[Request, Response]) -> Handler[Request, Resp
         except REFUSALS as error:
             refused = service_error(error).with_traceback(None)
         # Answered with a status, not raised: ``context.abort`` raises an AbortError that
-        # gRPC's call state holds as the call state holds it, a cycle that keeps the
-        # call's frames (its request and body) until a full collection, which a busy
-        # service makes rarely: 50 refused submits left 2,995 objects to collect. gRPC
-        # sends no message with a status that is not OK.
-        if refused.retry_after_ms is not None:
-            context.set_trailing_metadata((("retry-after-ms", str(refused.retry_after_ms)),))
-        context.set_code(refused.code)
-        context.set_details(refused.message)
+        # gRPC's call state holds, a cycle that keeps the call's frames (its request and
+        # body) until a full collection, which a busy service makes rarely: 50 refused
+        # submits left 2,995 objects to collect. gRPC sends no message with a status
+        # that is not OK.
+        _answer_refused(context, refused)
         return cast(Response, None)
 
     return wrapper

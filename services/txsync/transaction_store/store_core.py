@@ -100,9 +100,10 @@ class StoreConfig:
     were appended since its snapshot. It also bounds start-up work: every body carried
     by the live log is checked against its file."""
     log_file_entries_max: int = LOG_FILE_ENTRIES_MAX_DEFAULT
-    """... or once this many entries were: a start replays every entry since the
-    snapshot, and 16 MiB of small entries (a steady load's state changes) were 106,355
-    entries, 2.01 s to start (docs/benchmarks.md, "History bounded")."""
+    """The current log file is also rotated once this many entries were appended since
+    its snapshot: a start replays every one, and 16 MiB of small entries (a steady
+    load's state changes) were 106,355 entries, 2.01 s to start (docs/benchmarks.md,
+    "History bounded")."""
     history_kept: int = HISTORY_KEPT_DEFAULT
     """Truncation keeps at least this many of the newest synced positions, passed by
     every peer and worker or not: ``tx get``, waits and retried submits find them. Memory
@@ -239,7 +240,7 @@ class StoreCore(ABC):
         self._rotating = False
         self._appended_entries = 0
         """Entries staged since the current file's snapshot (rotation is paced by them,
-        as by ``files.appended_bytes``); after a start, those it replayed."""
+        as by ``files.appended_bytes``); after a start, those the recovery found there."""
         self._closing = threading.Event()
         """Set by ``close``: a rotation stops filing bodies (in its thread) and gives up."""
         self._one_rotation = asyncio.Lock()
