@@ -3,6 +3,10 @@
     PYTHONPATH=bench/heap_probe .venv/bin/python -m bench.soak --history 150000 ...
     kill -USR2 <pid>    # allocator figures and a census of the objects, by type
 
+    HEAP_PROBE_TRIM=1 PYTHONPATH=bench/heap_probe ...
+    kill -USR2 <pid>    # each also calls glibc's malloc_trim(0) first, and writes
+                        # the RSS before and after: what the C heap held free
+
     HEAP_PROBE_TRACE=1 PYTHONPATH=bench/heap_probe ...
     kill -USR2 <pid>    # the first also starts tracemalloc; each later one also
                         # writes what was allocated since, by line and traceback
@@ -27,6 +31,7 @@ records a truncation left alive: ``docs/benchmarks.md``, 2026-12-02.
 from __future__ import annotations
 
 import collections
+import ctypes
 import gc
 import itertools
 import os
@@ -42,6 +47,7 @@ TOP_LINES = 50
 TOP_TRACEBACKS = 30
 TOP_TYPES = 40
 TRACING = os.environ.get("HEAP_PROBE_TRACE") == "1"
+TRIMMING = os.environ.get("HEAP_PROBE_TRIM") == "1"
 _signal_numbers = itertools.count(1)
 
 
@@ -77,9 +83,26 @@ def _write_live_allocations(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _trim(path: Path) -> None:
+    """glibc's ``malloc_trim(0)``: what RSS the C heap (gRPC's buffers, objects over
+    512 bytes) holds in free pages, measured by returning them."""
+    before = _rss_kib()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    path.write_text(f"rss before {before} KiB, after malloc_trim {_rss_kib()} KiB\n")
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     OUT.mkdir(exist_ok=True)
     stem = f"{os.getpid()}.{next(_signal_numbers)}"
+    if TRIMMING:
+        _trim(OUT / f"{stem}.trim")
     _write_mallocstats(OUT / f"{stem}.mstat")
     _write_census(OUT / f"{stem}.census")
     if tracemalloc.is_tracing():
