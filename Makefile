@@ -13,7 +13,7 @@ BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 PREVIOUS_RELEASE := $(shell sed -n 's/^previous-release-commit = "\([0-9a-f]*\)"/\1/p' pyproject.toml)
 
-.PHONY: help venv system-packages run sim-demo test test-quick test-pipeline-oldest lint proto proto-check sim nemesis image spark-image pipeline-archive pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-verify bench-startup bench-records bench-client bench-soak dashboard clean
+.PHONY: help venv system-packages run sim-demo test test-quick test-pipeline-oldest lint proto proto-check sim nemesis image spark-image pipeline-archive pipeline-demo bench bench-rpcs bench-messages bench-waits bench-store bench-agreement bench-protocol bench-breakdown bench-apply bench-apply-cost bench-rotation bench-rotation-memory bench-verify bench-startup bench-records bench-client bench-soak dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -142,6 +142,9 @@ bench-apply-cost: venv  ## CPU per transaction of one SQLite worker's apply, in-
 
 bench-rotation: venv  ## what a txlog rotation costs one store's submits at a steady rate
 	$(BIN)/python -m bench.rotation_stall
+
+bench-rotation-memory: venv  ## what txlog rotations leave in one store's RSS, at rest (6,000 kept)
+	$(BIN)/python -m bench.rotation_memory
 
 bench-records: venv  ## bytes and copy-out CPU of a store's records (DATA=<a store's --data dir>)
 	$(BIN)/python -m bench.record_cost $(DATA)

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import apply_cost, record_cost, rotation_stall
+from bench import apply_cost, record_cost, rotation_memory, rotation_stall
 from tests.support.processes import transaction_store
 from txsync.v1 import client_pb2, client_pb2_grpc, common_pb2
 
@@ -49,3 +49,12 @@ def test_record_cost_measures_a_stores_records(
     printed = capsys.readouterr().out
     assert "50 records (0 finished)" in printed and "bytes a record" in printed, printed
     assert "snapshot forms" in printed and "Get answers" in printed, printed
+
+
+def test_rotation_memory_reads_the_store_around_each_rotation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert rotation_memory.main(["--kept", "700", "--rotations", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "700 transactions held: RSS" in printed, printed
+    assert "after rotation 2: RSS" in printed and "the rotations left" in printed, printed
