@@ -7,7 +7,7 @@ store's rotation and truncation (``rotation.py``) use them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -415,12 +415,13 @@ def carried_entries(bodies: Sequence[Carried], now_ms: int) -> dict[str, bytes]:
 
 
 def split_by_budget(
-    bodies: list[tuple[str, bytes]], budget: int
-) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
-    """The bodies that fit ``budget`` bytes (in order: the oldest first), and the rest."""
+    tx_ids: list[str], bodies: Mapping[str, bytes], budget: int
+) -> tuple[list[str], list[str]]:
+    """Of ``tx_ids``, those whose ``bodies`` fit ``budget`` bytes (in order: the oldest
+    first), and the rest."""
     taken = 0
-    for index, (_, encoded) in enumerate(bodies):
-        taken += len(encoded)
+    for index, tx_id in enumerate(tx_ids):
+        taken += len(bodies[tx_id])
         if taken > budget:
-            return bodies[:index], bodies[index:]
-    return bodies, []
+            return tx_ids[:index], tx_ids[index:]
+    return tx_ids, []

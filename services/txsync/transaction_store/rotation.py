@@ -229,20 +229,28 @@ class Rotations(StoreCore):
         # most half the last one's to file. Submits that outrun the filing (a storm of
         # batches) would make every pass longer than the last: what the first pass
         # leaves is filed under the lock, holding them back.
+        #
+        # Kept bodies go by id, not as (id, body) pairs: thousands of pairs made in a
+        # burst outlive it in CPython's free list and pin the pools they were spread
+        # over (issue 47: a rotation under load set a store's high-water mark). The
+        # bodies stay in ``_unfiled`` meanwhile: only what takes ``_one_rotation``
+        # (a truncation, a copy's adoption) takes one out.
         early: list[tuple[str, bytes]] = []
         filed_early: set[str] = set()
         last_pass: int | None = None
+        unfiled = self._unfiled
         for _ in range(EARLY_FILING_PASSES):
-            kept = [b for b in self._unfiled_kept(below_position) if b[0] not in filed_early]
-            carry_now, to_file = split_by_budget(kept, budget)
+            kept = [t for t in self._unfiled_kept(below_position) if t not in filed_early]
+            carry_now, to_file_ids = split_by_budget(kept, unfiled, budget)
             if last_pass is not None and (
-                len(to_file) <= FILED_UNDER_THE_LOCK_MOST or len(to_file) > last_pass // 2
+                len(to_file_ids) <= FILED_UNDER_THE_LOCK_MOST or len(to_file_ids) > last_pass // 2
             ):
                 break  # the first pass always files (a shutdown can stop it there)
+            to_file = [(tx_id, unfiled[tx_id]) for tx_id in to_file_ids]
             if not await work.in_thread(self.bodies.file_many, to_file, self._closing.is_set):
                 raise Refusal(Refused.UNAVAILABLE, "the store is shutting down")
             early += to_file
-            filed_early.update(tx_id for tx_id, _ in to_file)
+            filed_early.update(to_file_ids)
             last_pass = len(to_file)
         # What the rotation will write is built in a thread before it takes the lock:
         # the snapshot form of the records it keeps (rebuilt under the lock only if
@@ -252,7 +260,7 @@ class Rotations(StoreCore):
             self.state.prepare_snapshot, self.state.unsaved_kept(below_position)
         )
         StoreState.keep_prepared(built)
-        described = [self._carried_fields(tx_id, encoded) for tx_id, encoded in carry_now]
+        described = [self._carried_fields(tx_id, unfiled[tx_id]) for tx_id in carry_now]
         prepared = await work.in_thread(carried_entries, described, now_ms())
         # The lock is taken twice, briefly: to take the snapshot (the state as the
         # current file holds it up to its end), and, once the new file is written and
@@ -270,20 +278,18 @@ class Rotations(StoreCore):
             )
             gone = set(dropped)
             filed = {tx_id for tx_id, _ in early}
-            kept_unfiled = [
-                (tx_id, encoded)
-                for tx_id, encoded in self._unfiled.items()
-                if tx_id not in gone and tx_id not in filed
-            ]
-            carried, late = split_by_budget(kept_unfiled, budget)
+            unfiled = self._unfiled
+            kept_unfiled = [t for t in unfiled if t not in gone and t not in filed]
+            carried, late_ids = split_by_budget(kept_unfiled, unfiled, budget)
             # Staged since the early filing: few, unless submits outrun the filing (a
             # storm of batches); then filed here, holding the submits back, or the
             # filing outside the lock would never catch up with them.
+            late = [(tx_id, unfiled[tx_id]) for tx_id in late_ids]
             await work.in_thread(self.bodies.file_many, late)
             entries = [
                 prepared.get(tx_id)
-                or carried_entries([self._carried_fields(tx_id, encoded)], now_ms())[tx_id]
-                for tx_id, encoded in carried
+                or carried_entries([self._carried_fields(tx_id, unfiled[tx_id])], now_ms())[tx_id]
+                for tx_id in carried
             ]
             self._remember_verdicts(dropped)
             self.state.drop_truncated(snapshot, dropped)
@@ -313,8 +319,10 @@ class Rotations(StoreCore):
                 raise
             self._appended_entries -= entries_covered  # the copied tail's stay counted
             # Bodies staged since the snapshot are in the copied tail: still unfiled.
-            appended = {t: e for t, e in self._unfiled.items() if t not in in_old_file}
-            unfiled, self._unfiled = self._unfiled, {**dict(carried), **appended}
+            unfiled = self._unfiled
+            carried_on = {tx_id: unfiled[tx_id] for tx_id in carried}
+            carried_on.update((t, e) for t, e in unfiled.items() if t not in in_old_file)
+            self._unfiled = carried_on
             commit_locked_s = time.monotonic() - locked
         for tx_id, encoded in (*early, *late):
             record = self.state.txs.get(tx_id)
@@ -357,15 +365,15 @@ class Rotations(StoreCore):
         record = self.state.txs[tx_id]
         return Carried(tx_id, encoded, record.body_digest, record.membership, record.traceparent)
 
-    def _unfiled_kept(self, below_position: int) -> list[tuple[str, bytes]]:
+    def _unfiled_kept(self, below_position: int) -> list[str]:
         """The unfiled bodies a rotation below ``below_position`` would keep, as far as
         can be told outside the lock (the synced queue may grow meanwhile)."""
         txs = self.state.txs
-        kept: list[tuple[str, bytes]] = []
-        for tx_id, encoded in self._unfiled.items():
+        kept: list[str] = []
+        for tx_id in self._unfiled:
             record = txs.get(tx_id)
             if record is None or not 0 < record.position < below_position:
-                kept.append((tx_id, encoded))
+                kept.append(tx_id)
         return kept
 
     async def _rotate_in_background(self) -> None:

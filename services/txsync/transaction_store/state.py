@@ -40,6 +40,7 @@ it made, for the spans (``tx_tracing``), the waiters and the pipeline's rows.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -166,6 +167,15 @@ class Moved:
     @property
     def step(self) -> Step:
         return self.record.history[self.index]
+
+
+class PreparedForms(NamedTuple):
+    """Snapshot forms built outside the store's lock (``prepare_snapshot``): the
+    records, their versions before the forms were built, and the forms."""
+
+    records: list[TxRecord]
+    versions: list[int]
+    forms: list[bytes]
 
 
 def needs_no_body(record: TxRecord) -> bool:
@@ -845,8 +855,12 @@ class StoreState:
             epoch=self.epoch,
             epoch_local_admit_txs_max=self.epoch_local_admit,
             synced_len=self.synced_len,
-            synced=[meta_to_proto(m) for m in self.synced[cut:]],
         )
+        # One at a time, not a list of messages: each held its own arena while the
+        # list lived, thousands at once under the store's lock.
+        add_synced = snapshot.synced.add
+        for meta in itertools.islice(self.synced, cut, None):
+            add_synced(ts=meta.ts, tx_id=meta.tx_id, origin=meta.origin)
         if self.view is not None:
             snapshot.view.installed.CopyFrom(proposal_to_proto(self.view))
         if self.vote is not None:
@@ -872,28 +886,30 @@ class StoreState:
                 kept.append(form.SerializeToString())
         return SnapshotForm(snapshot, kept), dropped
 
-    def unsaved_kept(self, truncate_below: int) -> list[tuple[TxRecord, int]]:
+    def unsaved_kept(self, truncate_below: int) -> list[TxRecord]:
         """The records a snapshot below ``truncate_below`` would keep whose snapshot
-        form is not built, with their versions now (for ``prepare_snapshot``)."""
+        form is not built (for ``prepare_snapshot``)."""
         return [
-            (record, record.version)
+            record
             for record in self.txs.values()
             if record.saved is None and not 0 < record.position < truncate_below
         ]
 
-    def prepare_snapshot(
-        self, records: list[tuple[TxRecord, int]]
-    ) -> list[tuple[TxRecord, int, bytes]]:
+    def prepare_snapshot(self, records: list[TxRecord]) -> PreparedForms:
         """Build the snapshot form of these records (``unsaved_kept``), in a thread while
         the store goes on, so that ``snapshot`` under the lock builds only what changed
-        meanwhile. A record may change while it is read here: ``keep_prepared``, on the
-        loop, keeps only forms built from the version it still has. Building 12,000
-        took 1 s, all of it under the lock (issue 47's stall)."""
-        return [(record, version, self._saved(record)) for record, version in records]
+        meanwhile (building 12,000 took 1 s, all of it under the lock: issue 47's
+        stall). A record may change while it is read here: each form comes with the
+        version read before it was built, and ``keep_prepared``, on the loop, keeps
+        only those whose record still has it. Lists side by side, not a tuple a
+        record: thousands of tuples made in a burst outlive it in CPython's free list
+        and pin the pools they were spread over."""
+        versions = [record.version for record in records]
+        return PreparedForms(records, versions, [self._saved(record) for record in records])
 
     @staticmethod
-    def keep_prepared(built: list[tuple[TxRecord, int, bytes]]) -> None:
-        for record, version, saved in built:
+    def keep_prepared(built: PreparedForms) -> None:
+        for record, version, saved in zip(built.records, built.versions, built.forms, strict=True):
             if record.version == version:
                 record.saved = saved
 
