@@ -234,7 +234,8 @@ class Rotations(StoreCore):
         # burst outlive it in CPython's free list and pin the pools they were spread
         # over (issue 47: a rotation under load set a store's high-water mark). The
         # bodies stay in ``_unfiled`` meanwhile: only what takes ``_one_rotation``
-        # (a truncation, a copy's adoption) takes one out.
+        # (a truncation, a copy's adoption) takes one out, and the commit below
+        # replaces the dict: ``unfiled`` is the current file's until then.
         early: list[tuple[str, bytes]] = []
         filed_early: set[str] = set()
         last_pass: int | None = None
@@ -277,9 +278,7 @@ class Rotations(StoreCore):
                 peers_ordered(self.state, self.progress),
             )
             gone = set(dropped)
-            filed = {tx_id for tx_id, _ in early}
-            unfiled = self._unfiled
-            kept_unfiled = [t for t in unfiled if t not in gone and t not in filed]
+            kept_unfiled = [t for t in unfiled if t not in gone and t not in filed_early]
             carried, late_ids = split_by_budget(kept_unfiled, unfiled, budget)
             # Staged since the early filing: few, unless submits outrun the filing (a
             # storm of batches); then filed here, holding the submits back, or the
@@ -319,7 +318,6 @@ class Rotations(StoreCore):
                 raise
             self._appended_entries -= entries_covered  # the copied tail's stay counted
             # Bodies staged since the snapshot are in the copied tail: still unfiled.
-            unfiled = self._unfiled
             carried_on = {tx_id: unfiled[tx_id] for tx_id in carried}
             carried_on.update((t, e) for t, e in unfiled.items() if t not in in_old_file)
             self._unfiled = carried_on
@@ -330,7 +328,7 @@ class Rotations(StoreCore):
                 self.body_cache.put(tx_id, encoded)  # likely read again
         # A dropped transaction has a file if an earlier rotation kept it, or if this
         # one filed it early; the others never had one.
-        with_files = [tx_id for tx_id in dropped if tx_id not in unfiled or tx_id in filed]
+        with_files = [tx_id for tx_id in dropped if tx_id not in unfiled or tx_id in filed_early]
         if with_files:
             await work.in_thread(self._delete_bodies, with_files)
         deleted = await work.in_thread(self.files.delete_backups, self.config.backups_kept)
