@@ -13,9 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from txsync.transaction_store.state import StoreState
+from txsync.transaction_store.retention import CarriedBodies, carried_entries
+from txsync.transaction_store.state import StoreState, TxRecord
 from txsync.transaction_store.txlog.bodies import SMALL_BODY_BYTES, BodyStore, gzip_body
-from txsync.transaction_store.txlog.files import LogCorruptionError, LogFiles, snapshot_batches
+from txsync.transaction_store.txlog.files import (
+    LogCorruptionError,
+    LogFiles,
+    SnapshotForm,
+    rotation_frames,
+    snapshot_batches,
+)
 from txsync.transaction_store.txlog.framing import HEADER, encode_frame, scan
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -263,6 +270,37 @@ def test_snapshot_frames_encoded_from_bytes_hold_the_snapshot_message(tmp_path: 
     assert split[0].entries[0].snapshot.parts == len(parts) > 2
     assert [tx for part in parts for tx in part.txs] == list(whole.txs)
     assert [meta for part in parts for meta in part.synced] == list(whole.synced)
+
+
+def test_carried_bodies_are_encoded_one_at_a_time_and_framed_in_order() -> None:
+    """A rotation's carried bodies go from lists side by side (``CarriedBodies``) to
+    entries encoded one at a time as the file is written: framed in batches of about
+    ``frame_bytes``, every body comes back once, in order, with what its record said."""
+    count = 60
+    tx_ids = [f"tx-{n}" for n in range(count)]
+    records = {tx_id: TxRecord(tx_id, n) for n, tx_id in enumerate(tx_ids)}
+    for n, record in enumerate(records.values()):
+        record.body_digest, record.membership = bytes([n]) * 32, n % 7 == 0
+        record.traceparent = f"00-{n:032x}-{n:016x}-01"
+    bodies = {tx_id: tx_id.encode() * 20 for tx_id in tx_ids}
+    carried = CarriedBodies.of(tx_ids, bodies, records)
+    form = SnapshotForm(txlog_pb2.Snapshot(synced_len=0))
+    frames = list(rotation_frames(form, 5, carried_entries(carried, 9), frame_bytes=2000))
+    payloads = [payload for _, payload in scan(b"".join(frames)).frames]
+    assert len(payloads) > 4 and max(map(len, payloads[1:])) <= 2000
+    assert txlog_pb2.LogBatch.FromString(payloads[0]).entries[0].HasField("snapshot")
+    stored = [
+        entry.body_stored
+        for payload in payloads[1:]
+        for entry in txlog_pb2.LogBatch.FromString(payload).entries
+    ]
+    assert [s.tx_id for s in stored] == tx_ids
+    for s in stored:
+        record = records[s.tx_id]
+        assert s.carried and s.body == bodies[s.tx_id] and s.body_bytes == len(s.body)
+        assert (s.body_digest, s.membership, s.traceparent) == (
+            record.body_digest, record.membership, record.traceparent,
+        )  # fmt: skip
 
 
 def test_a_snapshot_missing_a_part_or_out_of_order_refuses_start(tmp_path: Path) -> None:

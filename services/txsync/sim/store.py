@@ -49,7 +49,7 @@ from txsync.sim.invariants import InvariantViolation
 from txsync.sync_coordinator.shell import StepWrite
 from txsync.sync_coordinator.store_wire import durable_from_proto, persist_request
 from txsync.transaction_store.retention import (
-    Carried,
+    CarriedBodies,
     Progress,
     TruncationHold,
     carried_entries,
@@ -308,15 +308,10 @@ class SimStore:
         orders = peers_ordered(state, self.progress)
         snapshot, dropped = state.snapshot(below, self.progress.peer_synced_len, orders)
         state.drop_truncated(snapshot, dropped)
-        carried = carried_entries(
-            [
-                Carried(tx_id, b"", record.body_digest, record.membership, record.traceparent)
-                for tx_id, record in state.txs.items()
-                if record.body_held
-            ],
-            now_ms,
-        )
-        frames = rotation_frames(snapshot, now_ms, list(carried.values()), SNAPSHOT_FRAME_BYTES)
+        held = [tx_id for tx_id, record in state.txs.items() if record.body_held]
+        carried = CarriedBodies.of(held, dict.fromkeys(held, b""), state.txs)  # no bodies here
+        entries = carried_entries(carried, now_ms)
+        frames = rotation_frames(snapshot, now_ms, entries, SNAPSHOT_FRAME_BYTES)
         testing = [e for t, e in self._testing_unwritten.items() if t in state.txs]
         self._rotation = _Rotation(b"".join(frames), len(self.disk), snapshot, dropped, testing)
 

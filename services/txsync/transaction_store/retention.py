@@ -1,18 +1,18 @@
 """What the store keeps of its history, and what it lets go: how far truncation may go
 and what holds it (``truncation_hold``, from the progress the coordinator and dispatch
 report), a truncated transaction's verdict (``Verdict``, for the clients still waiting
-on it) and a rotation's bodies not yet filed, carried into the new log (``Carried``,
+on it) and a rotation's bodies not yet filed, carried into the new log (``CarriedBodies``,
 written as ``BodyStored`` entries after the snapshot). Pure, with the time given: the
 store's rotation and truncation (``rotation.py``) use them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from txsync.protocol import TxState
-from txsync.transaction_store.state import Outcome, StoreState
+from txsync.transaction_store.state import Outcome, StoreState, TxRecord
 from txsync.v1 import common_pb2, txlog_pb2
 
 HISTORY_KEPT_BY_AGE_MOST = 2_048
@@ -388,30 +388,55 @@ class Verdict(NamedTuple):
         message.duplicate_of = self.duplicate_of
 
 
-class Carried(NamedTuple):
-    """A body a rotation carries into the new log, not yet filed among the bodies."""
+@dataclass(frozen=True, slots=True)
+class CarriedBodies:
+    """The bodies a rotation carries into the new log, not yet filed among the bodies:
+    what each one's entry holds, read on the loop under the store's lock (a record may
+    change), as lists side by side, and encoded one at a time as the new file is
+    written (``carried_entries``). Lists of references are one allocation each, however
+    many bodies; a tuple a body, and every entry encoded ahead and held for the
+    rotation's length, were thousands of small objects made in a burst under a batched
+    load, and the pools they were spread over outlived it (issue 47: each store's
+    high-water mark was set by its first rotation under that load)."""
 
-    tx_id: str
-    body: bytes
-    digest: bytes
-    membership: bool
-    traceparent: str
+    tx_ids: list[str]
+    bodies: list[bytes]
+    digests: list[bytes]
+    memberships: list[bool]
+    traceparents: list[str]
+
+    @classmethod
+    def of(
+        cls, tx_ids: list[str], bodies: Mapping[str, bytes], records: Mapping[str, TxRecord]
+    ) -> CarriedBodies:
+        """The bodies of ``tx_ids`` (each in ``bodies``, with its record in ``records``)."""
+        return cls(
+            tx_ids,
+            [bodies[tx_id] for tx_id in tx_ids],
+            [records[tx_id].body_digest for tx_id in tx_ids],
+            [records[tx_id].membership for tx_id in tx_ids],
+            [records[tx_id].traceparent for tx_id in tx_ids],
+        )
+
+    def __len__(self) -> int:
+        return len(self.tx_ids)
 
 
-def carried_entries(bodies: Sequence[Carried], now_ms: int) -> dict[str, bytes]:
+def carried_entries(carried: CarriedBodies, now_ms: int) -> Iterator[bytes]:
     """The ``BodyStored`` entries (``carried``) a rotation writes after its snapshot,
-    encoded: as messages, thousands of them held while a rotation ran cost about 2 KB
-    each (``txlog.files.SnapshotForm`` has the measure)."""
-    entries: dict[str, bytes] = {}
-    for body in bodies:
+    encoded, one at a time (``CarriedBodies``): as messages, thousands of them held
+    while a rotation ran cost about 2 KB each (``txlog.files.SnapshotForm`` has the
+    measure), and as bytes still a small object each."""
+    fields = zip(
+        carried.tx_ids, carried.bodies, carried.digests, carried.memberships,
+        carried.traceparents, strict=True,
+    )  # fmt: skip
+    for tx_id, body, digest, membership, traceparent in fields:
         stored = txlog_pb2.BodyStored(
-            tx_id=body.tx_id, body_digest=body.digest, body_bytes=len(body.body),
-            body=body.body, membership=body.membership, traceparent=body.traceparent,
-            carried=True,
+            tx_id=tx_id, body_digest=digest, body_bytes=len(body), body=body,
+            membership=membership, traceparent=traceparent, carried=True,
         )  # fmt: skip
-        entry = txlog_pb2.LogEntry(at_unix_ms=now_ms, body_stored=stored)
-        entries[body.tx_id] = entry.SerializeToString()
-    return entries
+        yield txlog_pb2.LogEntry(at_unix_ms=now_ms, body_stored=stored).SerializeToString()
 
 
 def split_by_budget(

@@ -17,7 +17,7 @@ from txsync.refusals import Refusal, Refused
 from txsync.telemetry import work
 from txsync.telemetry.logs import event as log_event
 from txsync.transaction_store.retention import (
-    Carried,
+    CarriedBodies,
     TruncationHold,
     Verdict,
     carried_entries,
@@ -242,7 +242,7 @@ class Rotations(StoreCore):
         unfiled = self._unfiled
         for _ in range(EARLY_FILING_PASSES):
             kept = [t for t in self._unfiled_kept(below_position) if t not in filed_early]
-            carry_now, to_file_ids = split_by_budget(kept, unfiled, budget)
+            _, to_file_ids = split_by_budget(kept, unfiled, budget)
             if last_pass is not None and (
                 len(to_file_ids) <= FILED_UNDER_THE_LOCK_MOST or len(to_file_ids) > last_pass // 2
             ):
@@ -253,16 +253,14 @@ class Rotations(StoreCore):
             early += to_file
             filed_early.update(to_file_ids)
             last_pass = len(to_file)
-        # What the rotation will write is built in a thread before it takes the lock:
-        # the snapshot form of the records it keeps (rebuilt under the lock only if
-        # they changed meanwhile) and the entries of the bodies it carries (16,000 of
-        # each: 0.4 s of an idle core).
+        # The snapshot form of the records it keeps is built in a thread before it
+        # takes the lock (rebuilt under the lock only if they changed meanwhile;
+        # 16,000: 0.4 s of an idle core). The entries of the bodies it carries are
+        # encoded as the new file is written, outside the lock too (``CarriedBodies``).
         built = await work.in_thread(
             self.state.prepare_snapshot, self.state.unsaved_kept(below_position)
         )
         StoreState.keep_prepared(built)
-        described = [self._carried_fields(tx_id, unfiled[tx_id]) for tx_id in carry_now]
-        prepared = await work.in_thread(carried_entries, described, now_ms())
         # The lock is taken twice, briefly: to take the snapshot (the state as the
         # current file holds it up to its end), and, once the new file is written and
         # synced outside it, to copy on what was appended meanwhile and switch files.
@@ -285,19 +283,17 @@ class Rotations(StoreCore):
             # filing outside the lock would never catch up with them.
             late = [(tx_id, unfiled[tx_id]) for tx_id in late_ids]
             await work.in_thread(self.bodies.file_many, late)
-            entries = [
-                prepared.get(tx_id)
-                or carried_entries([self._carried_fields(tx_id, unfiled[tx_id])], now_ms())[tx_id]
-                for tx_id in carried
-            ]
+            carried_bodies = CarriedBodies.of(carried, unfiled, self.state.txs)
             self._remember_verdicts(dropped)
             self.state.drop_truncated(snapshot, dropped)
             in_old_file = set(self._unfiled)
             covered = (self.files.current, self.files.current_bytes)
             snapshot_locked_s = time.monotonic() - locked
         try:
+            at_ms = now_ms()
+            entries = carried_entries(carried_bodies, at_ms)
             rotation = await work.in_thread(
-                self.files.prepare_rotation, snapshot, covered, now_ms(), entries
+                self.files.prepare_rotation, snapshot, covered, at_ms, entries
             )
         except BaseException:
             # Nothing changed for recovery (a .tmp file is never read): the current
@@ -357,11 +353,6 @@ class Rotations(StoreCore):
         filed (once: a filed body stays filed). Half a file: a long partition's bodies
         are not rewritten at every rotation."""
         return self.config.log_file_bytes_max // 2
-
-    def _carried_fields(self, tx_id: str, encoded: bytes) -> Carried:
-        """What a carried body's entry holds, read on the loop (the record may change)."""
-        record = self.state.txs[tx_id]
-        return Carried(tx_id, encoded, record.body_digest, record.membership, record.traceparent)
 
     def _unfiled_kept(self, below_position: int) -> list[str]:
         """The unfiled bodies a rotation below ``below_position`` would keep, as far as

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import islice
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
@@ -132,7 +132,6 @@ class SnapshotForm:
 
 _SNAPSHOT_TXS = txlog_pb2.Snapshot.DESCRIPTOR.fields_by_name["txs"].number
 _MORE_TXS = txlog_pb2.SnapshotMore.DESCRIPTOR.fields_by_name["txs"].number
-_MORE_SYNCED = txlog_pb2.SnapshotMore.DESCRIPTOR.fields_by_name["synced"].number
 _ENTRY_SNAPSHOT = txlog_pb2.LogEntry.DESCRIPTOR.fields_by_name["snapshot"].number
 _ENTRY_SNAPSHOT_MORE = txlog_pb2.LogEntry.DESCRIPTOR.fields_by_name["snapshot_more"].number
 _BATCH_ENTRIES = txlog_pb2.LogBatch.DESCRIPTOR.fields_by_name["entries"].number
@@ -140,26 +139,44 @@ _BATCH_ENTRIES = txlog_pb2.LogBatch.DESCRIPTOR.fields_by_name["entries"].number
 
 def _varint(value: int) -> bytes:
     out = bytearray()
+    _put_varint(out, value)
+    return bytes(out)
+
+
+def _put_varint(out: bytearray, value: int) -> None:
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
         value >>= 7
     out.append(value)
-    return bytes(out)
 
 
-def _length_delimited(field_number: int, payloads: Sequence[bytes]) -> bytes:
-    """``payloads`` as the wire form of a repeated message field: parsed into a message,
-    they append to that field (protobuf's encoding, so no message is built per item)."""
-    return b"".join(_length_delimited_pieces(field_number, payloads))
+def _varint_bytes(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
 
 
-def _length_delimited_pieces(field_number: int, payloads: Sequence[bytes]) -> list[bytes]:
-    """``_length_delimited``'s pieces, to be joined once with others."""
+def _delimited_bytes(field_number: int, payload_bytes: int) -> int:
+    """The bytes of a payload of ``payload_bytes`` as a length-delimited field."""
+    return _varint_bytes(field_number << 3 | 2) + _varint_bytes(payload_bytes) + payload_bytes
+
+
+def _put_delimited(out: bytearray, field_number: int, payloads: Iterable[bytes]) -> None:
+    """Append ``payloads`` to ``out`` as the wire form of a repeated message field:
+    parsed into a message, they append to that field (protobuf's encoding, so no
+    message is built per item). Into the one buffer, one at a time: a piece made per
+    item was thousands of small objects in a burst, and the pymalloc pools they were
+    spread over outlived the rotation (issue 47)."""
     tag = _varint(field_number << 3 | 2)
-    pieces: list[bytes] = []
     for payload in payloads:
-        pieces += (tag + _varint(len(payload)), payload)
-    return pieces
+        out += tag
+        _put_varint(out, len(payload))
+        out += payload
+
+
+def _length_delimited(field_number: int, payloads: Iterable[bytes]) -> bytes:
+    """``payloads`` as the wire form of a repeated message field (``_put_delimited``)."""
+    out = bytearray()
+    _put_delimited(out, field_number, payloads)
+    return bytes(out)
 
 
 def snapshot_batches(
@@ -167,14 +184,14 @@ def snapshot_batches(
 ) -> list[txlog_pb2.LogBatch]:
     """``snapshot_payloads``, parsed (for tests and tools)."""
     return [
-        txlog_pb2.LogBatch.FromString(payload)
+        txlog_pb2.LogBatch.FromString(bytes(payload))
         for payload in snapshot_payloads(snapshot, at_unix_ms, frame_bytes)
     ]
 
 
 def snapshot_payloads(
     snapshot: SnapshotForm, at_unix_ms: int, frame_bytes: int = SNAPSHOT_FRAME_BYTES
-) -> Iterator[bytes]:
+) -> Iterator[bytes | bytearray]:
     """The encoded batches (a frame each) that start a new log file with ``snapshot``:
     one, or if it is larger than ``frame_bytes``, its other fields first (``continued``),
     then parts (``SnapshotMore``) of at most about ``frame_bytes`` each, with its
@@ -184,8 +201,9 @@ def snapshot_payloads(
     assert not head.txs, "the kept transactions travel encoded, in snapshot.txs"
     txs_bytes = sum(len(tx) + 8 for tx in txs)  # 8: the field's tag and length, roughly
     if head.ByteSize() + txs_bytes + 64 <= frame_bytes:  # 64: the batch's and entry's own
-        pieces = [head.SerializeToString(), *_length_delimited_pieces(_SNAPSHOT_TXS, txs)]
-        yield _one_entry_batch(at_unix_ms, _ENTRY_SNAPSHOT, pieces)
+        yield _one_entry_batch(
+            at_unix_ms, _ENTRY_SNAPSHOT, head.SerializeToString(), _SNAPSHOT_TXS, txs
+        )
         return
     # The parts, planned first (the head names how many there are): runs of the
     # transactions, then of the synced entries, each part at most about frame_bytes.
@@ -222,51 +240,63 @@ def snapshot_payloads(
     first.parts = len(parts)
     yield start.SerializeToString()
     for planned in parts:
+        # The part's synced entries copied one at a time (a list of them was a
+        # message wrapper each), ahead of its transactions: parsed, the same part.
+        more = txlog_pb2.SnapshotMore(synced_from=planned.synced_from)
+        add_synced = more.synced.add
         end = planned.synced_first + planned.synced_count
-        synced = [meta.SerializeToString() for meta in head.synced[planned.synced_first : end]]
-        pieces = [
-            txlog_pb2.SnapshotMore(synced_from=planned.synced_from).SerializeToString(),
-            *_length_delimited_pieces(_MORE_TXS, planned.txs),
-            *_length_delimited_pieces(_MORE_SYNCED, synced),
-        ]
-        yield _one_entry_batch(at_unix_ms, _ENTRY_SNAPSHOT_MORE, pieces)
+        for meta in islice(head.synced, planned.synced_first, end):
+            add_synced().CopyFrom(meta)
+        yield _one_entry_batch(
+            at_unix_ms, _ENTRY_SNAPSHOT_MORE, more.SerializeToString(), _MORE_TXS, planned.txs
+        )
 
 
 def rotation_frames(
     snapshot: SnapshotForm,
     at_unix_ms: int,
-    carried: Sequence[bytes] = (),
+    carried: Iterable[bytes] = (),
     frame_bytes: int = SNAPSHOT_FRAME_BYTES,
 ) -> Iterator[bytes]:
     """The frames that start a rotated log file, one at a time: ``snapshot``'s
     (``snapshot_payloads``), then the ``carried`` body entries (encoded ``LogEntry``
-    messages) in batches of at most about ``frame_bytes``. The store writes them to its
-    new file; the simulator's store (``sim/store.py``) to its disk in memory."""
-    batches: list[list[bytes]] = []  # the carried entries, in frames
-    size = 0  # bytes in the last batch of bodies
-    for entry in carried:
-        entry_bytes = len(entry) + 8  # the field's tag and length, roughly
-        if not batches or (size + entry_bytes > frame_bytes and size > 0):
-            batches.append([])
-            size = 0
-        batches[-1].append(entry)
-        size += entry_bytes
-    payloads = snapshot_payloads(snapshot, at_unix_ms, frame_bytes)
-    carried_payloads = (_length_delimited(_BATCH_ENTRIES, batch) for batch in batches)
-    for payload in chain(payloads, carried_payloads):
+    messages, taken one at a time as they come) in batches of at most about
+    ``frame_bytes``. The store writes them to its new file; the simulator's store
+    (``sim/store.py``) to its disk in memory."""
+    for payload in snapshot_payloads(snapshot, at_unix_ms, frame_bytes):
         yield encode_frame(payload)
+    batch = bytearray()  # a LogBatch of carried entries
+    tag = _varint(_BATCH_ENTRIES << 3 | 2)
+    for entry in carried:
+        if batch and len(batch) + len(entry) + 8 > frame_bytes:  # 8: its tag and length
+            yield encode_frame(batch)
+            batch = bytearray()
+        batch += tag
+        _put_varint(batch, len(entry))
+        batch += entry
+    if batch:
+        yield encode_frame(batch)
 
 
-def _one_entry_batch(at_unix_ms: int, entry_field: int, message: list[bytes]) -> bytes:
-    """An encoded ``LogBatch`` of one ``LogEntry``: ``at_unix_ms``, and the message whose
-    encoding is the concatenation of ``message`` as its field ``entry_field``; joined
-    once (a snapshot is megabytes: every concatenation on the way was a copy)."""
-    message_bytes = sum(map(len, message))
+def _one_entry_batch(
+    at_unix_ms: int, entry_field: int, message_head: bytes, txs_field: int, txs: Sequence[bytes]
+) -> bytearray:
+    """An encoded ``LogBatch`` of one ``LogEntry``: ``at_unix_ms``, and as its field
+    ``entry_field`` the message encoded as ``message_head`` followed by ``txs`` as its
+    field ``txs_field``. Written once into one buffer: a snapshot is megabytes, and every
+    concatenation on the way was a copy."""
+    message_bytes = len(message_head) + sum(_delimited_bytes(txs_field, len(tx)) for tx in txs)
     entry_head = txlog_pb2.LogEntry(at_unix_ms=at_unix_ms).SerializeToString()
-    entry_head += _varint(entry_field << 3 | 2) + _varint(message_bytes)
-    entry_bytes = len(entry_head) + message_bytes
-    batch_head = _varint(_BATCH_ENTRIES << 3 | 2) + _varint(entry_bytes)
-    return b"".join([batch_head, entry_head, *message])
+    entry_bytes = len(entry_head) + _delimited_bytes(entry_field, message_bytes)
+    out = bytearray()
+    _put_varint(out, _BATCH_ENTRIES << 3 | 2)
+    _put_varint(out, entry_bytes)
+    out += entry_head
+    _put_varint(out, entry_field << 3 | 2)
+    _put_varint(out, message_bytes)
+    out += message_head
+    _put_delimited(out, txs_field, txs)
+    return out
 
 
 @dataclass(slots=True)
@@ -422,7 +452,7 @@ class LogFiles:
         self,
         snapshot: SnapshotForm,
         at_unix_ms: int,
-        carried: Sequence[bytes] = (),
+        carried: Iterable[bytes] = (),
     ) -> list[str]:
         """Start a new log file that begins with ``snapshot`` and the ``carried`` body
         entries (encoded ``LogEntry`` messages, in frames of at most the snapshot's frame
@@ -436,7 +466,7 @@ class LogFiles:
         snapshot: SnapshotForm,
         covered: tuple[Path, int],
         at_unix_ms: int,
-        carried: Sequence[bytes] = (),
+        carried: Iterable[bytes] = (),
     ) -> PreparedRotation:
         """The new log file, written and synced under a temporary name, while appends
         go on to the current one. ``snapshot`` describes the current file up to

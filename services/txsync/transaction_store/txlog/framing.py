@@ -20,7 +20,7 @@ FRAME_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 """A frame's payload is at most this big; a larger length field is damage."""
 
 
-def encode_frame(payload: bytes) -> bytes:
+def encode_frame(payload: bytes | bytearray) -> bytes:
     assert 0 < len(payload) <= FRAME_PAYLOAD_BYTES_MAX, len(payload)
     return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
