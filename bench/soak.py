@@ -50,6 +50,7 @@ import itertools
 import json
 import re
 import shlex
+import shutil
 import statistics
 import tempfile
 import threading
@@ -793,13 +794,25 @@ def main() -> None:
     for flag, kind, default, meaning in OPTIONS:
         help_text = f"{meaning} (default %(default)s)"
         parser.add_argument(flag, type=kind, default=default, help=help_text)
+    parser.add_argument(
+        "--keep-data",
+        action="store_true",
+        help="leave the cluster's data directory (txlogs, service logs, worker databases) "
+        "for inspection; by default it is deleted at the end",
+    )
     options = parser.parse_args()
     if not 0 < options.small < options.history:
         parser.error("--small must be positive and below --history")
     if options.middle and not options.small < options.middle < options.history:
         parser.error("--middle must lie between --small and --history (or be 0)")
     soak = Soak(options)
-    results = soak.run()
+    try:
+        results = soak.run()
+    finally:
+        if options.keep_data:
+            print(f"the cluster's data (txlogs, logs, databases): {soak.root}")
+        else:
+            shutil.rmtree(soak.root, ignore_errors=True)  # 100 MB at 150k, more at 1M
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.with_suffix(".json").write_text(json.dumps(asdict(results), indent=1))
     print(summary(results))
