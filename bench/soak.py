@@ -798,7 +798,7 @@ def main() -> None:
         "--keep-data",
         action="store_true",
         help="leave the cluster's data directory (txlogs, service logs, worker databases) "
-        "for inspection; by default it is deleted at the end",
+        "for inspection; by default it is deleted at the end of a run that did not fail",
     )
     options = parser.parse_args()
     if not 0 < options.small < options.history:
@@ -808,11 +808,13 @@ def main() -> None:
     soak = Soak(options)
     try:
         results = soak.run()
-    finally:
-        if options.keep_data:
-            print(f"the cluster's data (txlogs, logs, databases): {soak.root}")
-        else:
-            shutil.rmtree(soak.root, ignore_errors=True)  # 100 MB at 150k, more at 1M
+    except BaseException:
+        print(f"the cluster's data, left to see what failed: {soak.root}")
+        raise
+    if options.keep_data:
+        print(f"the cluster's data (txlogs, logs, databases): {soak.root}")
+    else:
+        shutil.rmtree(soak.root, ignore_errors=True)  # 100 MB at 150k, more at 1M
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.with_suffix(".json").write_text(json.dumps(asdict(results), indent=1))
     print(summary(results))

@@ -418,9 +418,6 @@ class CarriedBodies:
             [records[tx_id].traceparent for tx_id in tx_ids],
         )
 
-    def __len__(self) -> int:
-        return len(self.tx_ids)
-
 
 def carried_entries(carried: CarriedBodies, now_ms: int) -> Iterator[bytes]:
     """The ``BodyStored`` entries (``carried``) a rotation writes after its snapshot,

@@ -154,28 +154,32 @@ def _varint_bytes(value: int) -> int:
     return max(1, (value.bit_length() + 6) // 7)
 
 
-def _delimited_bytes(field_number: int, payload_bytes: int) -> int:
+def _delimited_bytes(tag: bytes, payload_bytes: int) -> int:
     """The bytes of a payload of ``payload_bytes`` as a length-delimited field."""
-    return _varint_bytes(field_number << 3 | 2) + _varint_bytes(payload_bytes) + payload_bytes
+    return len(tag) + _varint_bytes(payload_bytes) + payload_bytes
 
 
-def _put_delimited(out: bytearray, field_number: int, payloads: Iterable[bytes]) -> None:
-    """Append ``payloads`` to ``out`` as the wire form of a repeated message field:
-    parsed into a message, they append to that field (protobuf's encoding, so no
-    message is built per item). Into the one buffer, one at a time: a piece made per
-    item was thousands of small objects in a burst, and the pymalloc pools they were
-    spread over outlived the rotation (issue 47)."""
-    tag = _varint(field_number << 3 | 2)
-    for payload in payloads:
-        out += tag
-        _put_varint(out, len(payload))
-        out += payload
+def _tag(field_number: int) -> bytes:
+    """A length-delimited field's tag."""
+    return _varint(field_number << 3 | 2)
+
+
+def _put_one_delimited(out: bytearray, tag: bytes, payload: bytes) -> None:
+    """Append ``payload`` to ``out`` as one item of a repeated message field (``tag``):
+    parsed into a message, the items append to that field (protobuf's encoding, so no
+    message is built per item). Into one buffer, item by item: a piece made per item
+    was thousands of small objects in a burst, and the pymalloc pools they were spread
+    over outlived the rotation (issue 47)."""
+    out += tag
+    _put_varint(out, len(payload))
+    out += payload
 
 
 def _length_delimited(field_number: int, payloads: Iterable[bytes]) -> bytes:
-    """``payloads`` as the wire form of a repeated message field (``_put_delimited``)."""
-    out = bytearray()
-    _put_delimited(out, field_number, payloads)
+    """``payloads`` as the wire form of a repeated message field."""
+    out, tag = bytearray(), _tag(field_number)
+    for payload in payloads:
+        _put_one_delimited(out, tag, payload)
     return bytes(out)
 
 
@@ -266,14 +270,12 @@ def rotation_frames(
     for payload in snapshot_payloads(snapshot, at_unix_ms, frame_bytes):
         yield encode_frame(payload)
     batch = bytearray()  # a LogBatch of carried entries
-    tag = _varint(_BATCH_ENTRIES << 3 | 2)
+    tag = _tag(_BATCH_ENTRIES)
     for entry in carried:
         if batch and len(batch) + len(entry) + 8 > frame_bytes:  # 8: its tag and length
             yield encode_frame(batch)
             batch = bytearray()
-        batch += tag
-        _put_varint(batch, len(entry))
-        batch += entry
+        _put_one_delimited(batch, tag, entry)
     if batch:
         yield encode_frame(batch)
 
@@ -285,17 +287,18 @@ def _one_entry_batch(
     ``entry_field`` the message encoded as ``message_head`` followed by ``txs`` as its
     field ``txs_field``. Written once into one buffer: a snapshot is megabytes, and every
     concatenation on the way was a copy."""
-    message_bytes = len(message_head) + sum(_delimited_bytes(txs_field, len(tx)) for tx in txs)
+    txs_tag, entry_tag = _tag(txs_field), _tag(entry_field)
+    message_bytes = len(message_head) + sum(_delimited_bytes(txs_tag, len(tx)) for tx in txs)
     entry_head = txlog_pb2.LogEntry(at_unix_ms=at_unix_ms).SerializeToString()
-    entry_bytes = len(entry_head) + _delimited_bytes(entry_field, message_bytes)
-    out = bytearray()
-    _put_varint(out, _BATCH_ENTRIES << 3 | 2)
+    entry_bytes = len(entry_head) + _delimited_bytes(entry_tag, message_bytes)
+    out = bytearray(_tag(_BATCH_ENTRIES))
     _put_varint(out, entry_bytes)
     out += entry_head
-    _put_varint(out, entry_field << 3 | 2)
+    out += entry_tag
     _put_varint(out, message_bytes)
     out += message_head
-    _put_delimited(out, txs_field, txs)
+    for tx in txs:
+        _put_one_delimited(out, txs_tag, tx)
     return out
 
 
