@@ -440,9 +440,7 @@ def test_a_new_dc_adopts_a_copy_keeping_its_own_metas_and_forgetting_the_others(
     assert joiner.bodies_held_len() == 4, "a finished entry needs no body"
     assert protocol_state(joiner).synced_unacquired == []
     snapshot, dropped = joiner.snapshot(0, {})
-    whole = txlog_pb2.Snapshot()
-    whole.CopyFrom(snapshot.head)
-    whole.txs.extend(txlog_pb2.SnapshotTx.FromString(saved) for saved in snapshot.txs)
+    whole = snapshot.message()
     replayed = StoreState("dc4")
     replayed.apply(txlog_pb2.LogEntry(snapshot=whole))
     assert not dropped and replayed.merge_base == joiner.merge_base
@@ -491,9 +489,7 @@ def test_what_is_truncated_of_an_origin_that_did_not_pass_it_is_listed_until_it_
 
 def _replay_log(state: StoreState) -> list[txlog_pb2.LogEntry]:
     snapshot, _ = state.snapshot(0, {})
-    whole = txlog_pb2.Snapshot()
-    whole.CopyFrom(snapshot.head)
-    whole.txs.extend(txlog_pb2.SnapshotTx.FromString(saved) for saved in snapshot.txs)
+    whole = snapshot.message()
     return [txlog_pb2.LogEntry(snapshot=whole)]
 
 

@@ -272,6 +272,54 @@ def test_snapshot_frames_encoded_from_bytes_hold_the_snapshot_message(tmp_path: 
     assert [meta for part in parts for meta in part.synced] == list(whole.synced)
 
 
+def test_forms_prepared_outside_the_lock_give_the_snapshot_built_under_it(
+    tmp_path: Path,
+) -> None:
+    """A rotation builds its kept records' forms into one buffer before it takes the
+    lock (``prepare_snapshot``); the snapshot under the lock takes those whose record
+    did not change since and builds the rest: one that changed, one new, none for one
+    gone or truncated. The snapshot is the one built whole under the lock, and the
+    records keep no form of their own."""
+    _held_state(tmp_path, 400)
+    state, files = _recover(tmp_path)
+    files.close()
+    synced_ids = [meta.tx_id for meta in state.synced]
+    prepared = state.prepare_snapshot(state.kept_records(truncate_below=51))
+    assert len(prepared.forms) == len(prepared.records) == len(state.txs) - 50
+    assert [bytes(form) for form in prepared.forms] == [
+        state._saved(record) for record in prepared.records
+    ]
+    changed, gone_since = synced_ids[100], next(iter(state.incoming))
+    moved = txlog_pb2.LogEntry(at_unix_ms=900)
+    moved.state.tx_id, moved.state.service = changed, "wd"
+    moved.state.state = moved.state.outcome.state = common_pb2.TX_STATE_OK
+    state.apply(moved)
+    new = txlog_pb2.LogEntry(at_unix_ms=901)
+    new.submitted.CopyFrom(
+        txlog_pb2.TxSubmitted(tx_id="tx-new", body_digest=b"n" * 32, service="client")
+    )
+    state.apply(new)
+    state._drop_incoming(gone_since)
+    built = []
+    build = state._saved
+
+    def counted(record: TxRecord) -> bytes:
+        built.append(record.tx_id)
+        return build(record)
+
+    state._saved = counted  # type: ignore[method-assign]
+    with_prepared, dropped = state.snapshot(51, prepared=prepared)
+    assert built == [changed, "tx-new"] and dropped == synced_ids[:50]
+    built.clear()
+    whole, _ = state.snapshot(51)
+    assert len(built) > 300
+    assert [bytes(tx) for tx in with_prepared.txs] == [bytes(tx) for tx in whole.txs]
+    assert with_prepared.message() == whole.message()
+    kept_ids = [tx.tx_id for tx in whole.message().txs]
+    assert gone_since not in kept_ids and not set(dropped) & set(kept_ids)
+    assert not hasattr(state.txs[changed], "saved")
+
+
 def test_carried_bodies_are_encoded_one_at_a_time_and_framed_in_order() -> None:
     """A rotation's carried bodies go from lists side by side (``CarriedBodies``) to
     entries encoded one at a time as the file is written: framed in batches of about

@@ -27,7 +27,7 @@ from txsync.transaction_store.retention import (
     truncation_hold,
     within_core,
 )
-from txsync.transaction_store.state import FINAL_STATES, StoreState
+from txsync.transaction_store.state import FINAL_STATES, PreparedForms
 from txsync.transaction_store.store_core import StoreCore, now_ms
 
 log = logging.getLogger(__name__)
@@ -254,13 +254,12 @@ class Rotations(StoreCore):
             filed_early.update(to_file_ids)
             last_pass = len(to_file)
         # The snapshot form of the records it keeps is built in a thread before it
-        # takes the lock (rebuilt under the lock only if they changed meanwhile;
-        # 16,000: 0.4 s of an idle core). The entries of the bodies it carries are
+        # takes the lock, into one buffer (rebuilt under the lock only if they changed
+        # meanwhile; 16,000: 0.4 s of an idle core). The entries of the bodies it carries are
         # encoded as the new file is written, outside the lock too (``CarriedBodies``).
-        built = await work.in_thread(
-            self.state.prepare_snapshot, self.state.unsaved_kept(below_position)
+        prepared: PreparedForms | None = await work.in_thread(
+            self.state.prepare_snapshot, self.state.kept_records(below_position)
         )
-        StoreState.keep_prepared(built)
         # The lock is taken twice, briefly: to take the snapshot (the state as the
         # current file holds it up to its end), and, once the new file is written and
         # synced outside it, to copy on what was appended meanwhile and switch files.
@@ -274,7 +273,9 @@ class Rotations(StoreCore):
                 below_position,
                 self.progress.peer_synced_len,
                 peers_ordered(self.state, self.progress),
+                prepared,
             )
+            prepared = None  # its forms are copied into the snapshot's buffer
             gone = set(dropped)
             kept_unfiled = [t for t in unfiled if t not in gone and t not in filed_early]
             carried, late_ids = split_by_budget(kept_unfiled, unfiled, budget)

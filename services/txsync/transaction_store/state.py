@@ -58,7 +58,7 @@ from txsync.codec import (
 )
 from txsync.protocol import MergeBase, PersistViewVote, TxMeta, TxState, ViewProposal
 from txsync.transaction_store.history import History, Step
-from txsync.transaction_store.txlog.files import SnapshotForm
+from txsync.transaction_store.txlog.files import EncodedForms, SnapshotForm
 from txsync.v1 import common_pb2, txlog_pb2
 
 RepeatedAbsentSynced = RepeatedCompositeFieldContainer[txlog_pb2.AbsentSynced]
@@ -141,16 +141,12 @@ class TxRecord:
     """1-based position in the synced queue; 0 while not synced."""
     membership: bool = False
     """The body is a membership entry (known once the body is)."""
-    saved: bytes | None = None
-    """This record as a snapshot holds it (an encoded ``SnapshotTx``: 0.4 KB, where the
-    message took 2.9 KB), built by ``prepare_snapshot`` before a rotation takes the
-    store's lock; None once anything in it changed (``touch``)."""
     version: int = 0
-    """Bumped by every change (``touch``): a form built from an older version is stale."""
+    """Bumped by every change (``touch``): a snapshot form built from an older version
+    is stale (``prepare_snapshot``)."""
 
     def touch(self) -> None:
         self.version += 1
-        self.saved = None
 
     @property
     def state(self) -> TxState | None:
@@ -171,11 +167,14 @@ class Moved:
 
 class PreparedForms(NamedTuple):
     """Snapshot forms built outside the store's lock (``prepare_snapshot``): the
-    records, their versions before the forms were built, and the forms."""
+    records, their versions before the forms were built, and the forms, in one buffer
+    (``EncodedForms``). Kept by the rotation that built them only, not by the records:
+    a form a record kept (about 400 bytes) outlived most of them under a batched load,
+    where records come and go within seconds."""
 
     records: list[TxRecord]
     versions: list[int]
-    forms: list[bytes]
+    forms: EncodedForms
 
 
 def needs_no_body(record: TxRecord) -> bool:
@@ -840,11 +839,14 @@ class StoreState:
         truncate_below: int,
         peer_progress: Mapping[str, int] = NO_PROGRESS,
         peers_ordered: Mapping[str, int] | None = None,
+        prepared: PreparedForms | None = None,
     ) -> tuple[SnapshotForm, list[str]]:
         """A snapshot without the synced history below position ``truncate_below``
         (``truncation_cut``), and the ids it leaves out; ``peer_progress`` and
         ``peers_ordered`` as for ``truncated_entry`` (none reported: every origin's
-        dropped entries listed; ``peers_ordered`` None: as recorded so far)."""
+        dropped entries listed; ``peers_ordered`` None: as recorded so far). The kept
+        records' forms are taken from ``prepared`` where it holds their version, and
+        built here for the others."""
         dropped = self.truncation_cut(truncate_below)
         cut = len(dropped)
         gone = set(dropped)
@@ -873,45 +875,50 @@ class StoreState:
         recorded = self.peers_ordered if peers_ordered is None else peers_ordered
         snapshot.peers_ordered.extend(_orders_proto(recorded))
         snapshot.removed_order_end = self.removed_order_end
-        kept: list[bytes] = []
-        for record in self.txs.values():
+        kept = EncodedForms()
+        txs = self.txs
+        records = prepared.records if prepared is not None else []
+        at = 0  # the next prepared record: they are in ``txs``'s order, as the kept ones
+        for record in txs.values():
+            built = -1
+            while at < len(records) and records[at] is not record:
+                if txs.get(records[at].tx_id) is records[at]:
+                    break  # still here, further on: ``record`` was not prepared
+                at += 1  # gone since it was prepared
+            if at < len(records) and records[at] is record:
+                built, at = at, at + 1
             if record.tx_id in gone:
                 continue
             stamped = self.unsettled.get(record.tx_id)
-            if stamped is None:
-                kept.append(record.saved or self._saved(record))
-            else:  # the stamp is not the record's (settled apart): not in its saved form
+            if stamped is not None:  # the stamp is not the record's (settled apart)
                 form = self._snapshot_tx(record)
                 form.stamp_local_seq = stamped[1]
                 kept.append(form.SerializeToString())
+            elif prepared is not None and built >= 0 and prepared.versions[built] == record.version:
+                kept.append_from(prepared.forms, built)
+            else:
+                kept.append(self._saved(record))
         return SnapshotForm(snapshot, kept), dropped
 
-    def unsaved_kept(self, truncate_below: int) -> list[TxRecord]:
-        """The records a snapshot below ``truncate_below`` would keep whose snapshot
-        form is not built (for ``prepare_snapshot``)."""
-        return [
-            record
-            for record in self.txs.values()
-            if record.saved is None and not 0 < record.position < truncate_below
-        ]
+    def kept_records(self, truncate_below: int) -> list[TxRecord]:
+        """The records a snapshot below ``truncate_below`` would keep (for
+        ``prepare_snapshot``), in ``txs``'s order."""
+        return [record for record in self.txs.values() if not 0 < record.position < truncate_below]
 
     def prepare_snapshot(self, records: list[TxRecord]) -> PreparedForms:
-        """Build the snapshot form of these records (``unsaved_kept``), in a thread while
+        """Build the snapshot form of these records (``kept_records``), in a thread while
         the store goes on, so that ``snapshot`` under the lock builds only what changed
         meanwhile (building 12,000 took 1 s, all of it under the lock: issue 47's
         stall). A record may change while it is read here: each form comes with the
-        version read before it was built, and ``keep_prepared``, on the loop, keeps
-        only those whose record still has it. Lists side by side, not a tuple a
-        record: thousands of tuples made in a burst outlive it in CPython's free list
-        and pin the pools they were spread over."""
+        version read before it was built, and ``snapshot`` takes only those whose record
+        still has it. Lists side by side, not a tuple a record: thousands of tuples made
+        in a burst outlive it in CPython's free list and pin the pools they were spread
+        over."""
         versions = [record.version for record in records]
-        return PreparedForms(records, versions, [self._saved(record) for record in records])
-
-    @staticmethod
-    def keep_prepared(built: PreparedForms) -> None:
-        for record, version, saved in zip(built.records, built.versions, built.forms, strict=True):
-            if record.version == version:
-                record.saved = saved
+        forms = EncodedForms()
+        for record in records:
+            forms.append(self._saved(record))
+        return PreparedForms(records, versions, forms)
 
     def _saved(self, record: TxRecord) -> bytes:
         return self._snapshot_tx(record).SerializeToString()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -107,20 +108,64 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+Encoded = bytes | bytearray | memoryview
+"""An encoded message, wherever its bytes are."""
+
+
+class EncodedForms(Sequence[memoryview]):
+    """Encoded messages end to end in one buffer, with where each one ends: thousands of
+    forms as two allocations, where a ``bytes`` each were thousands of small objects
+    made in a burst (a rotation's kept transactions, about 400 bytes each), and the
+    pymalloc pools they were spread over outlived the rotation (issue 47). An item is a
+    ``memoryview`` of the buffer, made when it is read: take each one in turn and let
+    it go (appending to the buffer while one is held raises ``BufferError``)."""
+
+    __slots__ = ("_buffer", "_ends")
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._ends = array("Q")
+
+    def append(self, encoded: Encoded) -> None:
+        self._buffer += encoded
+        self._ends.append(len(self._buffer))
+
+    def append_from(self, other: EncodedForms, index: int) -> None:
+        """Append ``other``'s form at ``index`` (copied: ``other`` may go)."""
+        start = other._ends[index - 1] if index else 0
+        self.append(memoryview(other._buffer)[start : other._ends[index]])
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index: int) -> memoryview:  # type: ignore[override]
+        if index < 0:
+            index += len(self._ends)
+        start = self._ends[index - 1] if index else 0
+        return memoryview(self._buffer)[start : self._ends[index]]
+
+    def __iter__(self) -> Iterator[memoryview]:
+        whole, start = memoryview(self._buffer), 0
+        for end in self._ends:
+            yield whole[start:end]
+            start = end
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotForm:
     """A snapshot as a rotation writes it: every field but the kept transactions
     (``head``, whose ``txs`` is empty), and those as encoded ``SnapshotTx`` messages.
 
-    Why bytes: a ``SnapshotTx`` message of its own took 2.9 KB in memory (its encoding
+    Why encoded: a ``SnapshotTx`` message of its own took 2.9 KB in memory (its encoding
     0.4 KB), and a rotation copied each kept one into the snapshot, then into its frame's
     batch. At a batched load's peak (14,000 kept) one rotation raised a store's RSS by
     about 35 MiB while it ran and 20 MiB after (the records kept their forms): the
     high-water mark the soak measured (issue 47, ``docs/benchmarks.md``). The frames are
-    now encoded from the bytes (``snapshot_payloads``)."""
+    encoded from the bytes (``snapshot_payloads``); a rotation's are one buffer
+    (``EncodedForms``), which goes with the rotation."""
 
     head: txlog_pb2.Snapshot
-    txs: Sequence[bytes] = ()
+    txs: Sequence[Encoded] = ()
 
     def message(self) -> txlog_pb2.Snapshot:
         """The whole snapshot as one message (what replaying its frames gives)."""
@@ -164,7 +209,7 @@ def _tag(field_number: int) -> bytes:
     return _varint(field_number << 3 | 2)
 
 
-def _put_one_delimited(out: bytearray, tag: bytes, payload: bytes) -> None:
+def _put_one_delimited(out: bytearray, tag: bytes, payload: Encoded) -> None:
     """Append ``payload`` to ``out`` as one item of a repeated message field (``tag``):
     parsed into a message, the items append to that field (protobuf's encoding, so no
     message is built per item). Into one buffer, item by item: a piece made per item
@@ -175,7 +220,7 @@ def _put_one_delimited(out: bytearray, tag: bytes, payload: bytes) -> None:
     out += payload
 
 
-def _length_delimited(field_number: int, payloads: Iterable[bytes]) -> bytes:
+def _length_delimited(field_number: int, payloads: Iterable[Encoded]) -> bytes:
     """``payloads`` as the wire form of a repeated message field."""
     out, tag = bytearray(), _tag(field_number)
     for payload in payloads:
@@ -206,8 +251,9 @@ def snapshot_payloads(
     txs_bytes = sum(len(tx) + 8 for tx in txs)  # 8: the field's tag and length, roughly
     if head.ByteSize() + txs_bytes + 64 <= frame_bytes:  # 64: the batch's and entry's own
         yield _one_entry_batch(
-            at_unix_ms, _ENTRY_SNAPSHOT, head.SerializeToString(), _SNAPSHOT_TXS, txs
-        )
+            at_unix_ms, _ENTRY_SNAPSHOT, head.SerializeToString(), _SNAPSHOT_TXS,
+            txs, taken=range(len(txs)),
+        )  # fmt: skip
         return
     # The parts, planned first (the head names how many there are): runs of the
     # transactions, then of the synced entries, each part at most about frame_bytes.
@@ -222,8 +268,11 @@ def snapshot_payloads(
         size += item_bytes + 8  # the field's tag and length, roughly
         return parts[-1]
 
-    for tx in txs:
-        room_for(len(tx), head.synced_offset).txs.append(tx)
+    for index in range(len(txs)):
+        part = room_for(len(txs[index]), head.synced_offset)
+        if not part.txs_count:
+            part.txs_first = index
+        part.txs_count += 1
     for index, meta in enumerate(head.synced):
         part = room_for(meta.ByteSize(), head.synced_offset + index)
         if not part.synced_count:
@@ -252,8 +301,9 @@ def snapshot_payloads(
         for meta in islice(head.synced, planned.synced_first, end):
             add_synced().CopyFrom(meta)
         yield _one_entry_batch(
-            at_unix_ms, _ENTRY_SNAPSHOT_MORE, more.SerializeToString(), _MORE_TXS, planned.txs
-        )
+            at_unix_ms, _ENTRY_SNAPSHOT_MORE, more.SerializeToString(), _MORE_TXS,
+            txs, taken=range(planned.txs_first, planned.txs_first + planned.txs_count),
+        )  # fmt: skip
 
 
 def rotation_frames(
@@ -281,14 +331,22 @@ def rotation_frames(
 
 
 def _one_entry_batch(
-    at_unix_ms: int, entry_field: int, message_head: bytes, txs_field: int, txs: Sequence[bytes]
+    at_unix_ms: int,
+    entry_field: int,
+    message_head: bytes,
+    txs_field: int,
+    txs: Sequence[Encoded],
+    *,
+    taken: range,
 ) -> bytearray:
     """An encoded ``LogBatch`` of one ``LogEntry``: ``at_unix_ms``, and as its field
-    ``entry_field`` the message encoded as ``message_head`` followed by ``txs`` as its
-    field ``txs_field``. Written once into one buffer: a snapshot is megabytes, and every
-    concatenation on the way was a copy."""
+    ``entry_field`` the message encoded as ``message_head`` followed by the ``taken``
+    items of ``txs`` as its field ``txs_field``. Written once into one buffer: a
+    snapshot is megabytes, and every concatenation on the way was a copy."""
     txs_tag, entry_tag = _tag(txs_field), _tag(entry_field)
-    message_bytes = len(message_head) + sum(_delimited_bytes(txs_tag, len(tx)) for tx in txs)
+    message_bytes = len(message_head) + sum(
+        _delimited_bytes(txs_tag, len(txs[index])) for index in taken
+    )
     entry_head = txlog_pb2.LogEntry(at_unix_ms=at_unix_ms).SerializeToString()
     entry_bytes = len(entry_head) + _delimited_bytes(entry_tag, message_bytes)
     out = bytearray(_tag(_BATCH_ENTRIES))
@@ -297,8 +355,8 @@ def _one_entry_batch(
     out += entry_tag
     _put_varint(out, message_bytes)
     out += message_head
-    for tx in txs:
-        _put_one_delimited(out, txs_tag, tx)
+    for index in taken:
+        _put_one_delimited(out, txs_tag, txs[index])
     return out
 
 
@@ -307,7 +365,9 @@ class _Part:
     """One ``SnapshotMore`` of a split snapshot, as planned."""
 
     synced_from: int
-    txs: list[bytes] = field(default_factory=list)
+    txs_first: int = 0
+    """Index in the snapshot's ``txs`` of this part's first transaction."""
+    txs_count: int = 0
     synced_first: int = 0
     """Index in the head's ``synced`` of this part's first synced entry."""
     synced_count: int = 0
