@@ -117,15 +117,14 @@ def enqueued_or_truncated(dc: InProcessDc, tx_ids: list[str]) -> Callable[[], bo
     from it by a truncation. A witness that keeps no history truncates what its peer
     passed within a progress report or two: on a loaded machine it dropped some before
     the test looked, and waiting for them to be ENQUEUED timed out (CI, 2026-12-03)."""
-    enqueued = reached(dc, tx_ids)
 
     def check() -> bool:
         state = dc.store.state
-        if enqueued():
-            return True
         records = [state.tx(tx_id) for tx_id in tx_ids]
-        return state.synced_offset > 0 and all(
-            record is None or (record.state is not None and record.state >= TxState.ENQUEUED)
+        return all(
+            state.synced_offset > 0
+            if record is None
+            else record.state is not None and record.state >= TxState.ENQUEUED
             for record in records
         )
 

@@ -877,7 +877,7 @@ class StoreState:
         snapshot.removed_order_end = self.removed_order_end
         kept = EncodedForms()
         txs = self.txs
-        records = prepared.records if prepared is not None else []
+        records, versions, forms = prepared or ([], [], EncodedForms())
         at = 0  # the next prepared record: they are in ``txs``'s order, as the kept ones
         for record in txs.values():
             built = -1
@@ -894,8 +894,8 @@ class StoreState:
                 form = self._snapshot_tx(record)
                 form.stamp_local_seq = stamped[1]
                 kept.append(form.SerializeToString())
-            elif prepared is not None and built >= 0 and prepared.versions[built] == record.version:
-                kept.append_from(prepared.forms, built)
+            elif built >= 0 and versions[built] == record.version:
+                kept.append_from(forms, built)
             else:
                 kept.append(self._saved(record))
         return SnapshotForm(snapshot, kept), dropped

@@ -132,8 +132,7 @@ class EncodedForms(Sequence[memoryview]):
 
     def append_from(self, other: EncodedForms, index: int) -> None:
         """Append ``other``'s form at ``index`` (copied: ``other`` may go)."""
-        start = other._ends[index - 1] if index else 0
-        self.append(memoryview(other._buffer)[start : other._ends[index]])
+        self.append(other[index])
 
     def __len__(self) -> int:
         return len(self._ends)
