@@ -1882,6 +1882,52 @@ def test_a_refused_call_leaves_no_cycle_holding_its_request(tmp_path: Path) -> N
     _run(tmp_path, scenario, incoming_txs_max=1, unfinished_txs_max=1)
 
 
+def test_a_refused_batch_leaves_no_cycle_holding_its_bodies(tmp_path: Path) -> None:
+    """``SubmitBatch`` calls over the real server, the store full part way through the
+    first (3 of 5 taken, the rest refused one by one) and before each of the others
+    (every submit refused at once): nothing of the calls is left for the cyclic
+    collector. A refusal raised and caught by the frame that keeps the batch's answers
+    was a cycle holding the frame, with its 500 bodies, log entries and records, until
+    a full collection: under a batched load's flow control, batches stayed alive for
+    minutes and set the store's memory high-water mark."""
+
+    async def scenario(store: TransactionStore) -> None:
+        server = new_server()
+        add_service(server, ClientServicer(store), CLIENT_SERVICE, undecoded=UNDECODED)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = client_pb2_grpc.ClientServiceStub(channel)
+
+                def batch() -> client_pb2.SubmitBatchRequest:
+                    return client_pb2.SubmitBatchRequest(
+                        submits=[client_pb2.SubmitRequest(body=_body()) for _ in range(5)]
+                    )
+
+                gc.collect()
+                gc.disable()
+                try:
+                    answers = [await stub.SubmitBatch(batch(), timeout=WAIT_S) for _ in range(4)]
+                    gc.set_debug(gc.DEBUG_SAVEALL)
+                    gc.collect()
+                finally:
+                    gc.set_debug(0)
+                    gc.enable()
+                left = [type(o).__name__ for o in gc.garbage]
+                gc.garbage.clear()
+                taken = [[r.WhichOneof("result") == "accepted" for r in a.results] for a in answers]
+                assert taken == [[True] * 3 + [False] * 2] + [[False] * 5] * 3, taken
+                refusals = [r.error for a in answers for r in a.results if r.error]
+                assert all(e.startswith("RESOURCE_EXHAUSTED") for e in refusals), refusals
+                for kind in ("Refusal", "TxBody", "LogEntry", "TxRecord", "frame"):
+                    assert kind not in left, f"{left.count(kind)} {kind} in cycles"
+        finally:
+            await server.stop(None)
+
+    _run(tmp_path, scenario, incoming_txs_max=3)
+
+
 def test_a_duplicates_answer_carries_the_first_ones_rows_and_error(tmp_path: Path) -> None:
     """A retry whose idempotency key an earlier transaction held finishes as a duplicate
     of it; a client waiting on the retry is told the first one's rows affected and

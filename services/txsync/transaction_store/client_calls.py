@@ -53,14 +53,21 @@ class Submitted:
 class ClientCalls(StoreCore):
     """Clients' calls and the admin API's (``service.py``, ``admin.py``)."""
 
-    def _check_capacity(self, *, staged: int = 0, admin: bool = False) -> None:
-        """Backpressure; ``staged`` counts submits of this batch not yet applied. A
-        membership change (``admin``) passes the workers' backlog: removing a DC must
-        not wait for this DC's workers."""
+    def _capacity_refusal(self, *, staged: int = 0, admin: bool = False) -> Refusal | None:
+        """Backpressure: the refusal a submit gets now, or None if there is room;
+        ``staged`` counts submits of this batch not yet applied. A membership change
+        (``admin``) passes the workers' backlog: removing a DC must not wait for this
+        DC's workers.
+
+        Returned, not raised: a batch's answers hold its refusals, and one raised and
+        caught by the frame that keeps it is a reference cycle (the refusal, its
+        traceback, the frame) holding the whole call, its 500 bodies, log entries and
+        records, until a full collection. Under a batched load's flow control that
+        kept batches alive for minutes (``bench/heap_probe``, 2026-12-03)."""
         state, config = self.state, self.config
         waiting = state.incoming_state_txs + staged
         if waiting >= config.incoming_txs_max:
-            raise Refusal(
+            return Refusal(
                 Refused.OVERLOADED,
                 f"{waiting} transactions are waiting to be ordered "
                 f"(limit {config.incoming_txs_max}); retry later",
@@ -69,7 +76,7 @@ class ClientCalls(StoreCore):
         if not admin and not config.witness:
             unfinished = waiting + self.ordered_unfinished()
             if unfinished >= config.unfinished_txs_max:
-                raise Refusal(
+                return Refusal(
                     Refused.OVERLOADED,
                     f"{unfinished} transactions are waiting to be ordered or applied at "
                     f"{config.node_id} (limit {config.unfinished_txs_max}: its workers are "
@@ -82,7 +89,7 @@ class ClientCalls(StoreCore):
             behind, holder = self.unpassed()
             ahead = behind + waiting
             if config.unpassed_max and holder and ahead >= config.unpassed_max:
-                raise Refusal(
+                return Refusal(
                     Refused.OVERLOADED,
                     f"{config.node_id} is {ahead} transactions ahead of the slowest of its "
                     f"peers and workers ({holder}, {behind} positions behind the synced "
@@ -90,12 +97,13 @@ class ClientCalls(StoreCore):
                     retry_after_ms=config.retry_after_ms,
                 )
         if state.open_body_bytes >= config.open_body_bytes_max:
-            raise Refusal(
+            return Refusal(
                 Refused.OVERLOADED,
                 f"unfinished transactions' bodies take {state.open_body_bytes} bytes "
                 f"(limit {config.open_body_bytes_max}); retry later",
                 retry_after_ms=config.retry_after_ms,
             )
+        return None
 
     async def submit_many(
         self, submits: Sequence[tuple[common_pb2.TxBody, str, str]], *, admin: bool = False
@@ -120,15 +128,14 @@ class ClientCalls(StoreCore):
                 f"{self.config.node_id} is a witness (it applies nothing): submit at a DC",
             )
         keys = [key or body.idempotency_key for body, key, _ in submits]
-        if not any(key in self.state.idempotency for key in keys if key):
-            # Over a limit already, and no retry of a submit taken here among them (those
-            # are answered whatever the load): refuse the lot before encoding, checking
-            # and hashing each body. Clients retry refused submits; a refusal must cost
-            # the store less than taking them, or the retries keep it over the limit.
-            try:
-                self._check_capacity(admin=admin)
-            except Refusal as full:
-                return [full] * len(submits)
+        # Over a limit already, and no retry of a submit taken here among them (those
+        # are answered whatever the load): refuse the lot before encoding, checking and
+        # hashing each body. Clients retry refused submits; a refusal must cost the
+        # store less than taking them, or the retries keep it over the limit.
+        if (full := self._capacity_refusal(admin=admin)) is not None and not any(
+            key in self.state.idempotency for key in keys if key
+        ):
+            return [full] * len(submits)
         prepared: list[tuple[str, bytes] | Refusal] = []
         taken_ms = now_ms()  # each keyed body's and its INCOMING step's (a retry's check)
         for (body, _, _), key in zip(submits, keys, strict=True):
@@ -157,7 +164,7 @@ class ClientCalls(StoreCore):
                 if body.HasField("membership") and not admin:
                     raise invalid("body.membership: membership changes go through the admin API")
             except Refusal as error:
-                prepared.append(error)
+                prepared.append(error.with_traceback(None))  # kept by this frame: no cycle
                 continue
             prepared.append((str(uuid.uuid4()), encoded))
         results: list[Submitted | Refusal] = []
@@ -201,10 +208,9 @@ class ClientCalls(StoreCore):
                             state = written  # what the log holds, not what is on its way
                     results.append(Submitted(existing, False, state))
                     continue
-                try:
-                    self._check_capacity(staged=len(entries), admin=admin)
-                except Refusal as error:
-                    results.append(error)
+                refusal = self._capacity_refusal(staged=len(entries), admin=admin)
+                if refusal is not None:
+                    results.append(refusal)
                     continue
                 stamp += 1
                 local_seq += 1
