@@ -736,7 +736,10 @@ def draw(results: Results, out: Path) -> Path:
     history = p99.twinx()
     history.plot(at, [s.history for s in results.samples], color="grey", linestyle=":")
     history.set_ylabel("history (transactions)")
-    pairs = list(itertools.pairwise(results.samples))
+    # Within one phase only: a steady phase's first interval also holds the load's CPU
+    # before it, over a few steady submits (a spike of 7 s a submit at 250 s in the 1M
+    # run of 2026-12-03 16:17 that flattened the rest).
+    pairs = [(a, b) for a, b in itertools.pairwise(results.samples) if a.phase == b.phase]
     for kind in sorted({_kind(n) for s in results.samples for n in s.cpu_s}):
         per_submit = [cpu_ms_per_submit(a, b, kind) for a, b in pairs]
         cpu.plot(
