@@ -1841,6 +1841,37 @@ def test_batches_wait_undecoded_while_one_is_staged(
     _run(tmp_path, scenario)
 
 
+async def _cycles_left_by(
+    store: TransactionStore,
+    calls: Callable[[client_pb2_grpc.ClientServiceAsyncStub], Awaitable[None]],
+) -> list[str]:
+    """The type names of what ``calls`` (made on the real server of ``store``, after a
+    warm-up ``Submit``) left for the cyclic collector: collected with the collector off
+    meanwhile, kept (``DEBUG_SAVEALL``) and counted."""
+    server = new_server()
+    add_service(server, ClientServicer(store), CLIENT_SERVICE, undecoded=UNDECODED)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = client_pb2_grpc.ClientServiceStub(channel)
+            await stub.Submit(client_pb2.SubmitRequest(body=_body()), timeout=WAIT_S)
+            gc.collect()
+            gc.disable()
+            try:
+                await calls(stub)
+                gc.set_debug(gc.DEBUG_SAVEALL)
+                gc.collect()
+            finally:
+                gc.set_debug(0)
+                gc.enable()
+            left = [type(o).__name__ for o in gc.garbage]
+            gc.garbage.clear()
+            return left
+    finally:
+        await server.stop(None)
+
+
 def test_a_refused_call_leaves_no_cycle_holding_its_request(tmp_path: Path) -> None:
     """Submits refused (the store is full) over the real server: each is answered
     RESOURCE_EXHAUSTED with its retry hint, and nothing of the call is left for the
@@ -1848,82 +1879,51 @@ def test_a_refused_call_leaves_no_cycle_holding_its_request(tmp_path: Path) -> N
     held by its call state, each made a cycle that kept the call's frames, request and
     body until a full collection (2,995 objects for 50 calls)."""
 
-    async def scenario(store: TransactionStore) -> None:
-        server = new_server()
-        add_service(server, ClientServicer(store), CLIENT_SERVICE, undecoded=UNDECODED)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = client_pb2_grpc.ClientServiceStub(channel)
+    async def calls(stub: client_pb2_grpc.ClientServiceAsyncStub) -> None:
+        # ``except ... as``, not ``pytest.raises``: its kept error would be a cycle
+        # of this frame's own, holding the client's request.
+        for _ in range(20):
+            try:
                 await stub.Submit(client_pb2.SubmitRequest(body=_body()), timeout=WAIT_S)
-                gc.collect()
-                gc.disable()
-                try:
-                    for _ in range(20):
-                        call = stub.Submit(client_pb2.SubmitRequest(body=_body()), timeout=WAIT_S)
-                        with pytest.raises(grpc.aio.AioRpcError) as refused:
-                            await call
-                        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-                        hint = dict(refused.value.trailing_metadata() or ())
-                        assert "retry-after-ms" in hint, hint
-                    gc.set_debug(gc.DEBUG_SAVEALL)
-                    gc.collect()
-                finally:
-                    gc.set_debug(0)
-                    gc.enable()
-                left = [type(o).__name__ for o in gc.garbage]
-                gc.garbage.clear()
-                for kind in ("Refusal", "SubmitRequest", "TxBody", "frame"):
-                    assert kind not in left, f"{left.count(kind)} {kind} in cycles"
-        finally:
-            await server.stop(None)
+            except grpc.aio.AioRpcError as refused:
+                assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                hint = dict(refused.trailing_metadata() or ())
+                assert "retry-after-ms" in hint, hint
+            else:
+                pytest.fail("a submit to a full store was taken")
+
+    async def scenario(store: TransactionStore) -> None:
+        left = await _cycles_left_by(store, calls)
+        for kind in ("Refusal", "SubmitRequest", "TxBody", "frame"):
+            assert kind not in left, f"{left.count(kind)} {kind} in cycles"
 
     _run(tmp_path, scenario, incoming_txs_max=1, unfinished_txs_max=1)
 
 
 def test_a_refused_batch_leaves_no_cycle_holding_its_bodies(tmp_path: Path) -> None:
     """``SubmitBatch`` calls over the real server, the store full part way through the
-    first (3 of 5 taken, the rest refused one by one) and before each of the others
-    (every submit refused at once): nothing of the calls is left for the cyclic
-    collector. A refusal raised and caught by the frame that keeps the batch's answers
-    was a cycle holding the frame, with its 500 bodies, log entries and records, until
-    a full collection: under a batched load's flow control, batches stayed alive for
-    minutes and set the store's memory high-water mark."""
+    first (2 of 5 taken after the warm-up's 1, the rest refused one by one) and before
+    each of the others (every submit refused at once): nothing of the calls is left for
+    the cyclic collector. A refusal raised and caught by the frame that keeps the
+    batch's answers was a cycle holding the frame, with its 500 bodies, log entries and
+    records, until a full collection: under a batched load's flow control, batches
+    stayed alive for minutes and set the store's memory high-water mark."""
+    answers: list[client_pb2.SubmitBatchResponse] = []
+
+    async def calls(stub: client_pb2_grpc.ClientServiceAsyncStub) -> None:
+        for _ in range(4):
+            submits = [client_pb2.SubmitRequest(body=_body()) for _ in range(5)]
+            request = client_pb2.SubmitBatchRequest(submits=submits)
+            answers.append(await stub.SubmitBatch(request, timeout=WAIT_S))
 
     async def scenario(store: TransactionStore) -> None:
-        server = new_server()
-        add_service(server, ClientServicer(store), CLIENT_SERVICE, undecoded=UNDECODED)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = client_pb2_grpc.ClientServiceStub(channel)
-
-                def batch() -> client_pb2.SubmitBatchRequest:
-                    return client_pb2.SubmitBatchRequest(
-                        submits=[client_pb2.SubmitRequest(body=_body()) for _ in range(5)]
-                    )
-
-                gc.collect()
-                gc.disable()
-                try:
-                    answers = [await stub.SubmitBatch(batch(), timeout=WAIT_S) for _ in range(4)]
-                    gc.set_debug(gc.DEBUG_SAVEALL)
-                    gc.collect()
-                finally:
-                    gc.set_debug(0)
-                    gc.enable()
-                left = [type(o).__name__ for o in gc.garbage]
-                gc.garbage.clear()
-                taken = [[r.WhichOneof("result") == "accepted" for r in a.results] for a in answers]
-                assert taken == [[True] * 3 + [False] * 2] + [[False] * 5] * 3, taken
-                refusals = [r.error for a in answers for r in a.results if r.error]
-                assert all(e.startswith("RESOURCE_EXHAUSTED") for e in refusals), refusals
-                for kind in ("Refusal", "TxBody", "LogEntry", "TxRecord", "frame"):
-                    assert kind not in left, f"{left.count(kind)} {kind} in cycles"
-        finally:
-            await server.stop(None)
+        left = await _cycles_left_by(store, calls)
+        taken = [[r.WhichOneof("result") == "accepted" for r in a.results] for a in answers]
+        assert taken == [[True] * 2 + [False] * 3] + [[False] * 5] * 3, taken
+        refusals = [r.error for a in answers for r in a.results if r.error]
+        assert all(e.startswith("RESOURCE_EXHAUSTED") for e in refusals), refusals
+        for kind in ("Refusal", "TxBody", "LogEntry", "TxRecord", "frame"):
+            assert kind not in left, f"{left.count(kind)} {kind} in cycles"
 
     _run(tmp_path, scenario, incoming_txs_max=3)
 
