@@ -63,7 +63,7 @@ class ClientCalls(StoreCore):
         caught by the frame that keeps it is a reference cycle (the refusal, its
         traceback, the frame) holding the whole call, its 500 bodies, log entries and
         records, until a full collection. Under a batched load's flow control that
-        kept batches alive for minutes (``bench/heap_probe``, 2026-12-03)."""
+        kept batches alive for minutes (docs/benchmarks.md, "Run of 2026-12-03 15:37")."""
         state, config = self.state, self.config
         waiting = state.incoming_state_txs + staged
         if waiting >= config.incoming_txs_max:
