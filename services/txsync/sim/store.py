@@ -27,7 +27,7 @@ What runs here as it runs in ``TransactionStore``:
   writer under its lock first), the staged state's snapshot (``StoreState.snapshot``),
   less the history the reports allow to go, is dropped from memory
   (``drop_truncated``) and encoded as the store encodes its new file
-  (``txlog.files.rotation_frames``: split into parts, the kept bodies carried after
+  (``txlog.files.write_rotation``: split into parts, the kept bodies carried after
   it); at the commit, later, what was appended meanwhile is copied on after it and the
   new file replaces the disk, whose replay must give the durable state. A crash before
   the commit leaves the old disk (the new file was a ``.tmp`` no one reads).
@@ -39,6 +39,7 @@ I/O (the txlog tests cover them).
 
 from __future__ import annotations
 
+import io
 from collections import deque
 from collections.abc import Callable, Container
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ from txsync.transaction_store.step_rules import (
     stamps_at_clock,
 )
 from txsync.transaction_store.step_wire import protocol_state_to_proto, step_from_proto
-from txsync.transaction_store.txlog.files import SnapshotForm, rotation_frames
+from txsync.transaction_store.txlog.files import SnapshotForm, write_rotation
 from txsync.transaction_store.txlog.framing import encode_frame, scan
 from txsync.v1 import common_pb2, txlog_pb2
 
@@ -311,9 +312,10 @@ class SimStore:
         held = [tx_id for tx_id, record in state.txs.items() if record.body_held]
         carried = CarriedBodies.of(held, dict.fromkeys(held, b""), state.txs)  # no bodies here
         entries = carried_entries(carried, now_ms)
-        frames = rotation_frames(snapshot, now_ms, entries, SNAPSHOT_FRAME_BYTES)
+        new_file = io.BytesIO()
+        write_rotation(new_file, snapshot, now_ms, entries, SNAPSHOT_FRAME_BYTES)
         testing = [e for t, e in self._testing_unwritten.items() if t in state.txs]
-        self._rotation = _Rotation(b"".join(frames), len(self.disk), snapshot, dropped, testing)
+        self._rotation = _Rotation(new_file.getvalue(), len(self.disk), snapshot, dropped, testing)
 
     def commit_rotation(self) -> tuple[int, list[Moved]]:
         """The new file, with what was appended since its snapshot copied on, replaces

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 
@@ -28,11 +29,15 @@ from txsync.telemetry.histograms import (
 from txsync.transaction_store.txlog.framing import (
     FRAME_PAYLOAD_BYTES_MAX,
     HEADER,
-    encode_frame,
     scan,
+    write_frame,
 )
 from txsync.v1 import txlog_pb2
 
+PIECE_BYTES = 64 * 1024
+"""A rotation writes a snapshot's frame in pieces of about this size (``write_rotation``)."""
+TAIL_COPY_BYTES = 1 << 20
+"""A rotation's commit copies what was appended meanwhile in pieces of this size."""
 LOG_PREFIX = "log-"
 BAK_PREFIX = "bak-"
 SUFFIX = ".dat"
@@ -239,12 +244,23 @@ def snapshot_batches(
 
 def snapshot_payloads(
     snapshot: SnapshotForm, at_unix_ms: int, frame_bytes: int = SNAPSHOT_FRAME_BYTES
-) -> Iterator[bytes | bytearray]:
-    """The encoded batches (a frame each) that start a new log file with ``snapshot``:
-    one, or if it is larger than ``frame_bytes``, its other fields first (``continued``),
-    then parts (``SnapshotMore``) of at most about ``frame_bytes`` each, with its
-    transactions and then its synced entries, in order. Encoded from the transactions'
-    bytes, one frame at a time: no message is built per transaction."""
+) -> Iterator[bytes]:
+    """The encoded batches (a frame each) that start a new log file with ``snapshot``,
+    each whole (``_snapshot_frames``; for tests and tools: a rotation writes the
+    pieces)."""
+    for pieces in _snapshot_frames(snapshot, at_unix_ms, frame_bytes):
+        yield b"".join(pieces)
+
+
+def _snapshot_frames(
+    snapshot: SnapshotForm, at_unix_ms: int, frame_bytes: int
+) -> Iterator[Iterable[bytes | bytearray]]:
+    """The encoded batches (a frame each) that start a new log file with ``snapshot``,
+    each as the pieces of its payload in order: one, or if it is larger than
+    ``frame_bytes``, its other fields first (``continued``), then parts
+    (``SnapshotMore``) of at most about ``frame_bytes`` each, with its transactions and
+    then its synced entries, in order. Encoded from the transactions' bytes, one frame
+    at a time: no message is built per transaction."""
     head, txs = snapshot.head, snapshot.txs
     assert not head.txs, "the kept transactions travel encoded, in snapshot.txs"
     txs_bytes = sum(len(tx) + 8 for tx in txs)  # 8: the field's tag and length, roughly
@@ -290,7 +306,7 @@ def snapshot_payloads(
             setattr(first, descriptor.name, value)
     first.continued = True
     first.parts = len(parts)
-    yield start.SerializeToString()
+    yield (start.SerializeToString(),)
     for planned in parts:
         # The part's synced entries copied one at a time (a list of them was a
         # message wrapper each), ahead of its transactions: parsed, the same part.
@@ -305,28 +321,34 @@ def snapshot_payloads(
         )  # fmt: skip
 
 
-def rotation_frames(
+def write_rotation(
+    out: BinaryIO,
     snapshot: SnapshotForm,
     at_unix_ms: int,
     carried: Iterable[bytes] = (),
     frame_bytes: int = SNAPSHOT_FRAME_BYTES,
-) -> Iterator[bytes]:
-    """The frames that start a rotated log file, one at a time: ``snapshot``'s
-    (``snapshot_payloads``), then the ``carried`` body entries (encoded ``LogEntry``
-    messages, taken one at a time as they come) in batches of at most about
-    ``frame_bytes``. The store writes them to its new file; the simulator's store
-    (``sim/store.py``) to its disk in memory."""
-    for payload in snapshot_payloads(snapshot, at_unix_ms, frame_bytes):
-        yield encode_frame(payload)
+) -> int:
+    """Write to ``out`` (seekable, at its end) the frames that start a rotated log file,
+    one at a time; the bytes written. First ``snapshot``'s (``_snapshot_frames``), each
+    streamed in pieces with its header put in place after them (``write_frame``): a
+    payload of megabytes built whole, then copied into one piece with its header, was
+    twice the snapshot held at once on top of its forms. Then the ``carried`` body
+    entries (encoded ``LogEntry`` messages, taken one at a time as they come) in batches
+    of at most about ``frame_bytes``. The store writes its new file with it; the
+    simulator's store (``sim/store.py``) its disk in memory."""
+    written = 0
+    for pieces in _snapshot_frames(snapshot, at_unix_ms, frame_bytes):
+        written += write_frame(out, pieces)
     batch = bytearray()  # a LogBatch of carried entries
     tag = _tag(_BATCH_ENTRIES)
     for entry in carried:
         if batch and len(batch) + len(entry) + 8 > frame_bytes:  # 8: its tag and length
-            yield encode_frame(batch)
+            written += write_frame(out, (batch,))
             batch = bytearray()
         _put_one_delimited(batch, tag, entry)
     if batch:
-        yield encode_frame(batch)
+        written += write_frame(out, (batch,))
+    return written
 
 
 def _one_entry_batch(
@@ -337,11 +359,12 @@ def _one_entry_batch(
     txs: Sequence[Encoded],
     *,
     taken: range,
-) -> bytearray:
+) -> Iterator[bytearray]:
     """An encoded ``LogBatch`` of one ``LogEntry``: ``at_unix_ms``, and as its field
     ``entry_field`` the message encoded as ``message_head`` followed by the ``taken``
-    items of ``txs`` as its field ``txs_field``. Written once into one buffer: a
-    snapshot is megabytes, and every concatenation on the way was a copy."""
+    items of ``txs`` as its field ``txs_field``; in pieces of about ``PIECE_BYTES``,
+    each written once into its own buffer: a snapshot is megabytes, and it was one
+    buffer, every concatenation on the way a copy."""
     txs_tag, entry_tag = _tag(txs_field), _tag(entry_field)
     message_bytes = len(message_head) + sum(
         _delimited_bytes(txs_tag, len(txs[index])) for index in taken
@@ -356,7 +379,11 @@ def _one_entry_batch(
     out += message_head
     for index in taken:
         _put_one_delimited(out, txs_tag, txs[index])
-    return out
+        if len(out) >= PIECE_BYTES:
+            yield out
+            out = bytearray()
+    if out:
+        yield out
 
 
 @dataclass(slots=True)
@@ -537,12 +564,8 @@ class LogFiles:
         recovery until the commit: a crash leaves a ``.tmp`` file that no one reads."""
         path = self._new_path()
         temporary = path.with_suffix(".tmp")
-        written = 0
         with open(temporary, "wb") as out:
-            # Frame by frame: the snapshot's payloads are megabytes, held one at a time.
-            frames = rotation_frames(snapshot, at_unix_ms, carried, self._snapshot_frame_bytes)
-            for frame in frames:
-                written += out.write(frame)
+            written = write_rotation(out, snapshot, at_unix_ms, carried, self._snapshot_frame_bytes)
             out.flush()
             os.fsync(out.fileno())
         work.count(work.FSYNCS)
@@ -556,14 +579,17 @@ class LogFiles:
         still: the copy is all that was appended meanwhile, not the history."""
         assert prepared.source == self.current, "a rotation is prepared from the current file"
         old_files = self.log_files()
-        tail = b""
-        if self.current_bytes > prepared.source_bytes:
-            with open(prepared.source, "rb") as source:
+        tail_bytes = self.current_bytes - prepared.source_bytes
+        if tail_bytes > 0:
+            with open(prepared.source, "rb") as source, open(prepared.temporary, "ab") as out:
                 source.seek(prepared.source_bytes)
-                tail = source.read(self.current_bytes - prepared.source_bytes)
-        if tail:
-            with open(prepared.temporary, "ab") as out:
-                out.write(tail)
+                # In pieces: under a batched load the tail is megabytes, and read whole it
+                # was held at once while the writer waited.
+                while tail_bytes > 0:
+                    piece = source.read(min(tail_bytes, TAIL_COPY_BYTES))
+                    assert piece, "the current file ends before what was appended to it"
+                    out.write(piece)
+                    tail_bytes -= len(piece)
                 out.flush()
                 os.fsync(out.fileno())
             work.count(work.FSYNCS)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import BinaryIO
 
 HEADER = struct.Struct("<II")
 FRAME_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
@@ -23,6 +25,26 @@ FRAME_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 def encode_frame(payload: bytes | bytearray) -> bytes:
     assert 0 < len(payload) <= FRAME_PAYLOAD_BYTES_MAX, len(payload)
     return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def write_frame(out: BinaryIO, pieces: Iterable[bytes | bytearray]) -> int:
+    """Write to ``out`` (seekable, at its end) the frame of the payload ``pieces`` make,
+    taking one piece at a time; the bytes written. The header goes in place after the
+    payload (its length and checksum are known then), so the payload is never held
+    whole: a rotation's snapshot is megabytes. Only for a file no one reads until it is
+    complete (a rotation's ``.tmp``): until the header is in place the frame is damage."""
+    start = out.tell()
+    out.write(bytes(HEADER.size))
+    length = crc = 0
+    for piece in pieces:
+        crc = zlib.crc32(piece, crc)
+        length += out.write(piece)
+    assert 0 < length <= FRAME_PAYLOAD_BYTES_MAX, length
+    end = out.tell()
+    out.seek(start)
+    out.write(HEADER.pack(length, crc))
+    out.seek(end)
+    return HEADER.size + length
 
 
 @dataclass(frozen=True, slots=True)
