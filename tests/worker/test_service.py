@@ -16,6 +16,8 @@ from tests.support.processes import ServiceProcess, worker
 from tests.support.waiting import wait_until
 from tests.worker.apply_driver import request_body_at
 from txsync.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from txsync.worker.backend import APPLY_BATCH_MAX
+from txsync.worker.service import RECENT_TX_IDS_MAX
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -125,6 +127,36 @@ def test_batched_applies_answer_each_batch_with_one_message(
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "over 64" in (refused.value.details() or "")
         assert stub.Heartbeat(worker_pb2.HeartbeatRequest()).position == 210
+
+
+def test_a_read_after_a_tx_id_older_than_the_recent_ones_is_answered_at_once(
+    tmp_path: Path,
+) -> None:
+    """The worker wakes reads by the newest ``RECENT_TX_IDS_MAX`` ids applied and keeps
+    older ones as digests (issue 47: 15 MiB of ids made 1 MiB): a read after an id past
+    the newest, and past the database's outcomes, waits for nothing, as one after a
+    recent id does. Before the digests it waited for its timeout."""
+    process = worker(tmp_path / "w1", "w1")
+    process.start()
+    last = RECENT_TX_IDS_MAX + APPLY_BATCH_MAX
+    batches = (
+        worker_pb2.ApplyBatchesRequest(
+            txs=list(_requests(first, min(first + APPLY_BATCH_MAX - 1, last)))
+        )
+        for first in range(1, last + 1, APPLY_BATCH_MAX)
+    )
+    try:
+        with grpc.insecure_channel(process.address) as channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            assert sum(len(answer.outcomes) for answer in stub.ApplyBatches(batches)) == last
+            for tx_id in ("tx-1", f"tx-{last}"):
+                request = worker_pb2.WorkerServiceQueryRequest(
+                    statement=common_pb2.Statement(sql="SELECT count(*) FROM applied_log"),
+                    after_tx_id=tx_id,
+                )
+                assert stub.Query(request).position == last
+    finally:
+        assert process.terminate() == 0, process.log()
 
 
 def test_queries_refuse_writes_bad_limits_and_time_out(running_worker: ServiceProcess) -> None:

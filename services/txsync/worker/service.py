@@ -36,6 +36,7 @@ from txsync.worker.backend import (
     ToApply,
 )
 from txsync.worker.outcomes import Applied, Outcome
+from txsync.worker.recent_ids import RecentIds
 from txsync.worker.transactions import (
     Transaction,
     param_to_proto,
@@ -58,7 +59,12 @@ READS_PENDING_MAX = 64
 """Reads running or waiting (for their position or a read thread); one more is refused
 (RESOURCE_EXHAUSTED) rather than queued without end, and one caller may hold 48."""
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
-RECENT_TX_IDS_MAX = 65_536
+RECENT_TX_IDS_MAX = 8_192
+"""Ids of the latest transactions applied, by which a read waiting for one is woken (it
+checks them at every batch applied, ``APPLY_BATCH_MAX``)."""
+APPLIED_IDS_KEPT = 65_536
+"""Ids of transactions applied since start remembered as digests (``RecentIds``, 1 MiB):
+a read after an older id than these, or than the database's outcomes, waits for it."""
 APPLY_QUEUE_MAX = 1_024
 """Apply requests read ahead of the one being applied (dispatch keeps at most its window
 in flight, far fewer; past this gRPC's flow control holds the sender back)."""
@@ -118,7 +124,9 @@ class WorkerServicer:
         self._applied_changed = asyncio.Condition()
         self._exported: Applied | None = None
         self._recent: OrderedDict[str, int] = OrderedDict()
-        """Ids applied since start, for reads after a tx id (older ones: the backend)."""
+        """The newest ids applied, which wake the reads waiting for them."""
+        self._applied_ids = RecentIds(APPLIED_IDS_KEPT)
+        """Ids applied since start, further back (older ones: the backend's outcomes)."""
         self._read_threads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="read")
         self._storage: Storage | None = None
         self._storage_at = 0.0
@@ -249,6 +257,7 @@ class WorkerServicer:
         if outcome.position > self.applied.position:
             self.applied = Applied(outcome.position, outcome.tx_id, outcome.state_digest)
             self._recent[outcome.tx_id] = outcome.position
+            self._applied_ids.add(outcome.tx_id)
             if len(self._recent) > RECENT_TX_IDS_MAX:
                 self._recent.popitem(last=False)
 
@@ -468,7 +477,7 @@ class WorkerServicer:
         )
 
     async def _wait_applied_tx(self, tx_id: str, timeout_s: float) -> None:
-        if tx_id in self._recent:
+        if tx_id in self._recent or tx_id in self._applied_ids:
             return
         if await work.in_thread(self.backend.position_of, tx_id) is not None:
             return  # applied before this process started
