@@ -6,8 +6,10 @@ Starts one real transaction-store (no coordinator: every transaction stays INCOM
 so every rotation keeps all of them), submits ``--kept`` one-row transactions in
 batches, then asks for ``--rotations`` rotations one after another (the admin API's
 ``TruncateLog``, as an operator would) and prints the store's RSS before and after
-each. The live objects are the same after each rotation as before it: what RSS gains
-is what the allocator keeps of the rotation's burst. A store's rotation under a
+each, and its peak while the rotation ran (``VmHWM``, reset before each through
+``/proc/<pid>/clear_refs``). The live objects are the same after each rotation as
+before it: what RSS gains is what the allocator keeps of the rotation's burst, and the
+peak is what the rotation held at once. A store's rotation under a
 batched load set its high-water mark for good (issue 47, ``docs/benchmarks.md``); at
 rest the same burst shows, smaller, with nothing else running. To see pymalloc's
 arenas as well, load ``bench/heap_probe`` (its docstring) and signal the store.
@@ -44,6 +46,19 @@ def _batch(first: int, count: int) -> client_pb2.SubmitBatchRequest:
     )
 
 
+def _reset_peak_rss(pid: int) -> None:
+    """Start ``pid``'s ``VmHWM`` afresh from its RSS now (Linux's ``clear_refs``, 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """``pid``'s highest resident memory since it started or its peak was reset."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise ProcessLookupError(f"process {pid} has no VmHWM: it is ending")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kept", type=int, default=6000, help="transactions every rotation keeps")
@@ -69,8 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{options.kept:,} transactions held: RSS {before:.1f} MiB")
                 truncate = admin_pb2_grpc.AdminServiceStub(channel).TruncateLog
                 for number in range(1, options.rotations + 1):
+                    _reset_peak_rss(pid)
                     truncate(admin_pb2.TruncateLogRequest(), timeout=TIMEOUT_S)
-                    print(f"after rotation {number}: RSS {rss_mib(pid):.1f} MiB")
+                    print(
+                        f"after rotation {number}: RSS {rss_mib(pid):.1f} MiB "
+                        f"(at most {_peak_rss_mib(pid):.1f} MiB while it ran)"
+                    )
                 print(f"the rotations left {rss_mib(pid) - before:+.1f} MiB")
         finally:
             store.terminate()

@@ -58,3 +58,4 @@ def test_rotation_memory_reads_the_store_around_each_rotation(
     printed = capsys.readouterr().out
     assert "700 transactions held: RSS" in printed, printed
     assert "after rotation 2: RSS" in printed and "the rotations left" in printed, printed
+    assert "MiB while it ran" in printed, printed
