@@ -30,6 +30,12 @@ def context_switches(pid: int) -> int:
     return total
 
 
+def reset_peak_rss(pid: int) -> None:
+    """Start the process's peak resident memory afresh from its RSS now (Linux's
+    ``/proc/<pid>/clear_refs``, 5): ``peak_rss_mib`` then reads the peak since."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def peak_rss_mib(pid: int) -> float:
     """The process's peak resident memory (VmHWM)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.proc_stats import peak_rss_mib, reset_peak_rss
 from bench.soak import rss_mib
 from tests.support.processes import transaction_store
 from txsync.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc, common_pb2
@@ -44,19 +45,6 @@ def _batch(first: int, count: int) -> client_pb2.SubmitBatchRequest:
             for k in range(first, first + count)
         ]
     )
-
-
-def _reset_peak_rss(pid: int) -> None:
-    """Start ``pid``'s ``VmHWM`` afresh from its RSS now (Linux's ``clear_refs``, 5)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
-
-
-def _peak_rss_mib(pid: int) -> float:
-    """``pid``'s highest resident memory since it started or its peak was reset."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise ProcessLookupError(f"process {pid} has no VmHWM: it is ending")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -84,11 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{options.kept:,} transactions held: RSS {before:.1f} MiB")
                 truncate = admin_pb2_grpc.AdminServiceStub(channel).TruncateLog
                 for number in range(1, options.rotations + 1):
-                    _reset_peak_rss(pid)
+                    reset_peak_rss(pid)
                     truncate(admin_pb2.TruncateLogRequest(), timeout=TIMEOUT_S)
                     print(
                         f"after rotation {number}: RSS {rss_mib(pid):.1f} MiB "
-                        f"(at most {_peak_rss_mib(pid):.1f} MiB while it ran)"
+                        f"(at most {peak_rss_mib(pid):.1f} MiB while it ran)"
                     )
                 print(f"the rotations left {rss_mib(pid) - before:+.1f} MiB")
         finally:
